@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from blockpool.errors import PoolAssertionError
 from blockpool.hashing import BlockHashWithGroupId
 
 
@@ -44,7 +45,8 @@ class KVCacheBlock:
 
     @block_hash.setter
     def block_hash(self, block_hash: BlockHashWithGroupId) -> None:
-        assert self._block_hash is None, "The block already has a hash. This should not happen."
+        if self._block_hash is not None:
+            raise PoolAssertionError("The block already has a hash. This should not happen.")
         self._block_hash = block_hash
 
     def reset_hash(self) -> None:

@@ -2,9 +2,10 @@
 
 The structs are msgspec ``array_like`` + ``tag=True``: on the wire (vLLM's ZMQ
 KV-event stream) an event is a positional msgpack array starting with its
-class name, and a batch is ``[ts, [event, ...], data_parallel_rank]`` (the rank
-omitted when it is None).  Class and field names, field order and options
-match vLLM so that its subscribers decode what we publish.
+class name, and a batch is ``[ts, [event, ...], data_parallel_rank]`` (a rank of
+None is sent as nil: array-like structs keep every field, as in vLLM).  Class
+and field names, field order and options match vLLM so that its subscribers
+decode what we publish.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ from typing import Any, NewType, TypeAlias, overload
 
 import cbor2
 
+from blockpool.errors import PoolAssertionError
+
 BlockHash = NewType("BlockHash", bytes)
 BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
 # What events carry: an int (default) or the raw digest.
@@ -189,7 +191,7 @@ class BlockHashListWithBlockSize:
         self, block_hashes: list[BlockHash], hash_block_size: int, target_block_size: int
     ) -> None:
         if hash_block_size <= 0 or target_block_size % hash_block_size:
-            raise ValueError(
+            raise PoolAssertionError(
                 f"target block size {target_block_size} is not a multiple of "
                 f"hash block size {hash_block_size}"
             )

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from blockpool.errors import PoolAssertionError
+
 if TYPE_CHECKING:
     from blockpool.block import KVCacheBlock
 
@@ -81,7 +83,7 @@ class KVCacheMetricsCollector:
         rng: Rng | None = None,
     ) -> None:
         if not (isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1.0):
-            raise AssertionError(f"sample_rate must be in (0, 1.0], got {sample_rate}")
+            raise PoolAssertionError(f"sample_rate must be in (0, 1.0], got {sample_rate}")
         self.sample_rate = sample_rate
         self.clock = clock
         self.rng = rng
