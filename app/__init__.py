@@ -1,0 +1,1 @@
+"""The blockpool service: FastAPI + uvicorn around one engine that owns the pool."""

@@ -1,0 +1,1 @@
+"""HTTP routes, dependencies and error handling."""

@@ -1,0 +1,164 @@
+"""One JSON error shape for every 4xx/5xx, and the request-size limit."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import ApiError, error_body
+
+logger = logging.getLogger("blockpool.api")
+
+_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "invalid_input",
+    429: "too_many_requests",
+}
+
+
+class ErrorInfo(BaseModel):
+    status: int
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class ErrorBody(BaseModel):
+    """Every error response has this shape."""
+
+    error: ErrorInfo
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": desc}
+    for code, desc in (
+        (401, "missing or wrong bearer token"),
+        (404, "no such block / request / route"),
+        (409, "refused by the pool's state (nothing changed)"),
+        (413, "over a size limit"),
+        (422, "invalid input (nothing changed)"),
+    )
+}
+
+
+def _json(status: int, code: str, message: str, details: dict[str, Any] | None = None,
+          headers: dict[str, str] | None = None) -> JSONResponse:  # fmt: skip
+    return JSONResponse(error_body(status, code, message, details), status, headers=headers)
+
+
+def _clean(errors: Any) -> list[dict[str, Any]]:
+    out = []
+    for e in errors:
+        out.append(
+            {
+                "loc": [str(x) for x in e.get("loc", ())],
+                "message": str(e.get("msg", "")),
+                "type": str(e.get("type", "")),
+            }
+        )
+    return out
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(exc.body(), exc.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = _clean(exc.errors())
+        first = errors[0] if errors else {"loc": [], "message": "invalid input"}
+        where = ".".join(x for x in first["loc"] if x != "body") or "request"
+        return _json(
+            422,
+            "invalid_input",
+            f"invalid input at {where}: {first['message']}",
+            {"errors": errors[:50], "error_count": len(errors)},
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _CODES.get(exc.status_code, "error")
+        message = str(exc.detail) if exc.detail else code.replace("_", " ")
+        return _json(
+            exc.status_code,
+            code,
+            message,
+            getattr(exc, "details", None),
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return _json(500, "internal_error", f"internal error: {type(exc).__name__}: {exc}")
+
+
+class BodyLimit:
+    """Refuse bodies over ``limit`` bytes with 413 (declared or streamed)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared > self.limit or declared < 0:
+                    await self._refuse(scope, receive, send, declared)
+                    return
+        seen = 0
+        limit = self.limit
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _TooLarge(seen)
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge as exc:
+            await self._refuse(scope, receive, send, exc.size)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
+        response = _json(
+            413,
+            "too_large",
+            f"the request body is over the limit of {self.limit} bytes",
+            {"limit": self.limit, "size": size},
+        )
+        await response(scope, receive, send)
+
+
+class _TooLarge(HTTPException):
+    """Raised while the body streams in; FastAPI re-raises HTTPExceptions."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(413, "the request body is over the size limit")
+        self.size = size
+        self.details = {"size_so_far": size}

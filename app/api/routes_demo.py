@@ -1,0 +1,45 @@
+"""Start, stop and tune the demo workload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from app.api.deps import ReadAuth, WriteAuth
+from app.api.errors import ERROR_RESPONSES
+from app.demo import DemoWorkload
+from app.schemas import DemoConfig
+
+router = APIRouter(prefix="/api/demo", tags=["demo"], responses=ERROR_RESPONSES)
+
+
+def _demo(request: Request) -> DemoWorkload:
+    demo: DemoWorkload = request.app.state.demo
+    return demo
+
+
+@router.get("", dependencies=[ReadAuth], summary="Demo workload status")
+async def status(request: Request) -> dict[str, Any]:
+    return _demo(request).status()
+
+
+@router.post("/start", dependencies=[WriteAuth], summary="Start the demo workload")
+async def start(request: Request) -> dict[str, Any]:
+    demo = _demo(request)
+    demo.start()
+    return demo.status()
+
+
+@router.post("/stop", dependencies=[WriteAuth], summary="Stop it (running requests finish)")
+async def stop(request: Request) -> dict[str, Any]:
+    demo = _demo(request)
+    await demo.stop()
+    return demo.status()
+
+
+@router.post("/config", dependencies=[WriteAuth], summary="Tune rate, mix, decode length")
+async def configure(request: Request, body: DemoConfig) -> dict[str, Any]:
+    demo = _demo(request)
+    demo.configure(**body.model_dump(exclude_none=True))
+    return demo.status()

@@ -1,0 +1,77 @@
+"""Looking inside the pool: blocks, the LRU queue, the hash map, logs, series."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+
+from app import views
+from app.api.deps import EngineDep, ReadAuth
+from app.api.errors import ERROR_RESPONSES
+
+router = APIRouter(prefix="/api", tags=["inspect"], responses=ERROR_RESPONSES)
+
+Offset = Annotated[int, Query(ge=0, le=10_000_000)]
+Limit = Annotated[int, Query(ge=1, le=10_000)]
+
+
+@router.get("/blocks/{block_id}", dependencies=[ReadAuth], summary="One block's details")
+async def block(
+    engine: EngineDep, block_id: Annotated[int, Path(ge=0, le=2**31 - 1)]
+) -> dict[str, Any]:
+    """State, ref count, hash, queue position, holders, sampled metrics."""
+    return views.block(engine, block_id)
+
+
+@router.get("/queue", dependencies=[ReadAuth], summary="The LRU free queue, paged")
+async def queue(engine: EngineDep, offset: Offset = 0, limit: Limit = 100) -> dict[str, Any]:
+    """In eviction order: position 0 is the next block to be reused."""
+    return views.queue(engine, offset, limit)
+
+
+@router.get("/hashmap", dependencies=[ReadAuth], summary="The hash -> block map, paged")
+async def hash_map(
+    engine: EngineDep,
+    offset: Offset = 0,
+    limit: Limit = 100,
+    hash: Annotated[str | None, Query(pattern=r"^[0-9a-fA-F]{1,128}$")] = None,  # noqa: A002
+    block_id: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+    multi_only: bool = False,
+) -> dict[str, Any]:
+    """Search by hash prefix (digest or 64-bit form) or block id; ``multi_only``
+    lists the keys holding several physical copies."""
+    return views.hash_map(engine, offset, limit, hash, block_id, multi_only)
+
+
+@router.get("/events", dependencies=[ReadAuth], summary="KV events since a sequence number")
+async def events(
+    engine: EngineDep,
+    since: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    type: Annotated[list[str] | None, Query()] = None,  # noqa: A002
+) -> dict[str, Any]:
+    """``truncated`` is true when events after ``since`` were already dropped
+    from the bounded log (``dropped_total`` counts them)."""
+    return views.events(engine, since, limit, set(type) if type else None)
+
+
+@router.get("/samples", dependencies=[ReadAuth], summary="Eviction samples (residency)")
+async def samples(
+    engine: EngineDep,
+    since: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> dict[str, Any]:
+    return views.samples(engine, since, limit)
+
+
+@router.get("/series", dependencies=[ReadAuth], summary="Recent time-series points")
+async def series(
+    engine: EngineDep, limit: Annotated[int, Query(ge=1, le=6000)] = 600
+) -> dict[str, Any]:
+    return views.series(engine, limit)
+
+
+@router.get("/health", summary="Liveness")
+async def health(engine: EngineDep) -> dict[str, Any]:
+    return {"status": "ok", "num_blocks": engine.pool.num_gpu_blocks}

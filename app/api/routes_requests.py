@@ -1,0 +1,94 @@
+"""The request-level API: admit, append tokens, finish, list; and /batch."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+
+from app import ops, views
+from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
+from app.api.errors import ERROR_RESPONSES
+from app.errors import ApiError, TooLarge
+from app.schemas import AdmitOp, AppendBody, AppendOp, BatchRequest, FinishOp
+
+router = APIRouter(prefix="/api", tags=["requests"], responses=ERROR_RESPONSES)
+
+Rid = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+
+
+@router.post("/requests", status_code=201, dependencies=[WriteAuth], summary="Admit a request")
+async def admit(op: AdmitOp, engine: EngineDep) -> dict[str, Any]:
+    """Hashes the full blocks, reuses the longest cached prefix (never the
+    block of the last prompt token), allocates the rest and caches the full
+    blocks.  409 ``not_enough_blocks`` (nothing changed) when it cannot fit."""
+    return await run(engine, op)
+
+
+@router.get("/requests", dependencies=[ReadAuth], summary="Running requests")
+async def list_requests(
+    engine: EngineDep,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+) -> dict[str, Any]:
+    return views.requests(engine, offset, limit)
+
+
+@router.get("/requests/{request_id}", dependencies=[ReadAuth], summary="One request")
+async def get_request(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
+    """Its blocks per group, which were prefix hits, and their hashes."""
+    return views.request(engine, request_id)
+
+
+@router.post(
+    "/requests/{request_id}/tokens", dependencies=[WriteAuth], summary="Append decode tokens"
+)
+async def append(engine: EngineDep, request_id: Rid, body: AppendBody) -> dict[str, Any]:
+    return await run(engine, AppendOp(request_id=request_id, token_ids=body.token_ids))
+
+
+@router.post("/requests/{request_id}/finish", dependencies=[WriteAuth], summary="Finish")
+async def finish(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
+    """Frees the request's blocks in reverse (its shared prefix is evicted last)."""
+    return await run(engine, FinishOp(request_id=request_id))
+
+
+@router.post("/batch", dependencies=[WriteAuth], tags=["batch"], summary="Many operations")
+async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
+    """Operations run in order in one engine step.  Each is all-or-nothing; the
+    batch is not a transaction.  The whole batch is checked against the limits
+    first (413/422, nothing applied).  Results come per operation
+    (``ok`` + ``result`` or ``error``); with ``on_error: stop`` the batch stops
+    at the first refused operation and the rest are ``skipped``."""
+    limit = engine.settings.max_batch_ops
+    if len(body.ops) > limit:
+        raise TooLarge(
+            f"batch: {len(body.ops)} operations, the limit is {limit}",
+            given=len(body.ops),
+            limit=limit,
+        )
+    for i, op in enumerate(body.ops):
+        try:
+            ops.precheck(engine, op)
+        except ApiError as exc:
+            exc.details["op_index"] = i
+            exc.message = f"ops[{i}]: {exc.message}"
+            raise
+
+    def apply() -> dict[str, Any]:
+        results: list[dict[str, Any]] = []
+        failed = 0
+        for op in body.ops:
+            if failed and body.on_error == "stop":
+                results.append({"ok": False, "skipped": True})
+                continue
+            try:
+                results.append({"ok": True, "result": engine.apply(op)})
+            except ApiError as exc:
+                failed += 1
+                results.append({"ok": False, "error": exc.body()["error"]})
+        applied = sum(1 for r in results if r["ok"])
+        return {"applied": applied, "failed": failed, "errors": failed > 0, "results": results}
+
+    result: dict[str, Any] = await engine.submit(apply)
+    return result

@@ -1,0 +1,109 @@
+"""``blockpool`` command line: ``blockpool serve`` starts the service.
+
+Flags override ``BLOCKPOOL_*`` environment settings, which override defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from app.settings import Settings
+
+logger = logging.getLogger("blockpool")
+
+
+def _bool_flag(p: argparse.ArgumentParser, name: str, dest: str, help_text: str) -> None:
+    p.add_argument(f"--{name}", dest=dest, action="store_true", default=None, help=help_text)
+    p.add_argument(f"--no-{name}", dest=dest, action="store_false", default=None)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="blockpool", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the service (REST, stream, dashboard, /metrics)")
+    size = s.add_mutually_exclusive_group()
+    size.add_argument("--num-blocks", type=int, help="blocks in the pool (default 8192)")
+    size.add_argument(
+        "--memory-budget", dest="memory_budget_bytes", type=int,
+        help="derive the block count from this K/V byte budget (needs storage)",
+    )  # fmt: skip
+    s.add_argument("--block-size", type=int, help="tokens per block (default 16)")
+    s.add_argument("--num-groups", type=int, help="KV-cache groups (default 1)")
+    s.add_argument("--hash-fn", choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
+    _bool_flag(s, "caching", "enable_caching", "prefix caching (default on)")
+    _bool_flag(s, "events", "enable_events", "KV events (default on)")
+    s.add_argument("--metrics-sample-rate", type=float, help="residency sampling (0.01)")
+    _bool_flag(s, "storage", "storage", "torch K/V storage (default on)")
+    s.add_argument("--device", dest="storage_device", help="storage device (cuda when present)")
+    s.add_argument("--host", help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="port (default 8000)")
+    s.add_argument("--token", help="bearer token required by mutating endpoints")
+    _bool_flag(s, "demo", "demo", "run the demo workload")
+    s.add_argument("--demo-rate", type=float, help="demo requests per second")
+    s.add_argument("--tick-hz", type=float, help="stream ticks per second (10)")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return ap
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    skip = {"command", "log_level"}
+    given: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
+    return Settings(**given)
+
+
+def describe(settings: Settings, num_blocks: int) -> str:
+    s = settings
+    return (
+        f"pool: {num_blocks} blocks x {s.block_size} tokens, {s.num_groups} group(s), "
+        f"hash {s.hash_fn}, caching {'on' if s.enable_caching else 'off'}, events "
+        f"{'on' if s.enable_events else 'off'}, metrics sample rate {s.metrics_sample_rate}; "
+        f"storage {'on' if s.storage else 'off'}; demo "
+        f"{f'on at {s.demo_rate}/s' if s.demo else 'off'}; "
+        f"auth {'token required for writes' if s.token else 'off'}"
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.main import create_app
+
+    try:
+        settings = settings_from(args)
+    except ValidationError as exc:
+        print(f"blockpool: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    engine = app.state.engine
+    logger.info("%s", describe(app.state.settings, engine.pool.num_gpu_blocks))
+    if engine.storage is not None:
+        logger.info("storage: %s", engine.storage_facts())
+    host = settings.host
+    shown = f"[{host}]" if ":" in host else host
+    logger.info(
+        "dashboard: http://%s:%d/  API docs: http://%s:%d/docs",
+        shown,
+        settings.port,
+        shown,
+        settings.port,
+    )
+    uvicorn.run(app, host=host, port=settings.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    return 2  # pragma: no cover - argparse enforces the subcommands
+
+
+if __name__ == "__main__":
+    sys.exit(main())

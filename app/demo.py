@@ -1,0 +1,266 @@
+"""The demo workload: realistic request streams driven through the engine.
+
+Four kinds of traffic, mixed by weight:
+
+- chat: one of a few shared system prompts + a short user message;
+- conversation: multi-turn chats whose prompt is the whole history so far,
+  so each turn re-uses the previous turn's prefix;
+- document: one of a few long shared documents + a short question;
+- noise: random prompts that share nothing.
+
+Requests arrive as a Poisson process at ``rate`` per second, decode a few
+tokens per step, and finish; when the pool is full, arrivals wait (vLLM's
+scheduler would queue them) and the oldest waiting ones go first.  Every
+action goes through the engine's queue like any other client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from app.errors import ApiError
+from app.schemas import AdmitOp, AppendOp, FinishOp
+
+if TYPE_CHECKING:
+    from app.engine import Engine
+
+logger = logging.getLogger("blockpool.demo")
+VOCAB = 32000
+STEP_S = 0.05
+KINDS = ("chat", "conversation", "document", "noise")
+
+
+@dataclass
+class DemoRequest:
+    request_id: str
+    kind: str
+    prompt: list[int]
+    decode_left: int
+    conversation: int | None = None
+    output: list[int] = field(default_factory=list)
+
+
+@dataclass
+class DemoStats:
+    arrived: int = 0
+    admitted: int = 0
+    finished: int = 0
+    waiting_peak: int = 0
+    dropped_waiting: int = 0
+    refused: int = 0
+
+
+class DemoWorkload:
+    def __init__(self, engine: Engine, rate: float = 8.0, seed: int = 0) -> None:
+        self.engine = engine
+        self.rate = rate
+        self.mix: dict[str, float] = {"chat": 4, "conversation": 3, "document": 2, "noise": 1}
+        self.decode_tokens = (16, 160)
+        self.decode_per_step = 4
+        self.max_running = 64
+        self.max_waiting = 256
+        self.rng = random.Random(seed)
+        r = self.rng
+        self.system_prompts = [self._tokens(r.randint(150, 600)) for _ in range(4)]
+        self.documents = [self._tokens(r.randint(800, 2500)) for _ in range(8)]
+        self.conversations: list[list[int]] = [[] for _ in range(24)]
+        self.busy_conversations: set[int] = set()
+        self.running: dict[str, DemoRequest] = {}
+        self.waiting: deque[DemoRequest] = deque()
+        self.stats = DemoStats()
+        self._task: asyncio.Task[None] | None = None
+        self._seq = 0
+
+    # ------------------------------------------------------------- control
+
+    @property
+    def running_task(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        if not self.running_task:
+            self._task = asyncio.create_task(self._loop(), name="demo-workload")
+
+    async def stop(self, finish_running: bool = True) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.waiting.clear()
+        if finish_running and self.running:
+            ids = list(self.running)
+            self.running.clear()
+            self.busy_conversations.clear()
+            await self.engine.submit(lambda: self._finish_all(ids))
+
+    def configure(self, **changes: Any) -> None:
+        if changes.get("rate") is not None:
+            self.rate = float(changes["rate"])
+        if changes.get("mix") is not None:
+            mix = {k: float(v) for k, v in changes["mix"].items()}
+            unknown = set(mix) - set(KINDS)
+            if unknown or any(v < 0 for v in mix.values()) or not any(mix.values()):
+                from app.errors import InvalidInput
+
+                raise InvalidInput(
+                    f"mix: weights for {', '.join(KINDS)} (non-negative, not all 0)",
+                    unknown=sorted(unknown),
+                )
+            self.mix = {k: mix.get(k, 0.0) for k in KINDS}
+        if changes.get("decode_tokens") is not None:
+            lo, hi = changes["decode_tokens"]
+            if not 1 <= lo <= hi <= 100_000:
+                from app.errors import InvalidInput
+
+                raise InvalidInput("decode_tokens: need 1 <= min <= max <= 100000")
+            self.decode_tokens = (int(lo), int(hi))
+        if changes.get("max_running") is not None:
+            self.max_running = int(changes["max_running"])
+
+    def status(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "running": self.running_task,
+            "rate": self.rate,
+            "mix": self.mix,
+            "decode_tokens": list(self.decode_tokens),
+            "max_running": self.max_running,
+            "requests_running": len(self.running),
+            "requests_waiting": len(self.waiting),
+            "stats": {
+                "arrived": s.arrived,
+                "admitted": s.admitted,
+                "finished": s.finished,
+                "refused_for_space": s.refused,
+                "waiting_peak": s.waiting_peak,
+                "dropped_waiting": s.dropped_waiting,
+            },
+        }
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "running": float(self.running_task),
+            "requests_waiting": float(len(self.waiting)),
+            "requests_arrived_total": float(self.stats.arrived),
+            "dropped_waiting_total": float(self.stats.dropped_waiting),
+        }
+
+    # ------------------------------------------------------------ requests
+
+    def _tokens(self, n: int) -> list[int]:
+        r = self.rng
+        return [r.randrange(VOCAB) for _ in range(n)]
+
+    def _new_request(self) -> DemoRequest:
+        kinds = list(self.mix)
+        kind = self.rng.choices(kinds, [self.mix[k] for k in kinds])[0]
+        conv = None
+        if kind == "chat":
+            prompt = self.rng.choice(self.system_prompts) + self._tokens(self.rng.randint(20, 200))
+        elif kind == "document":
+            prompt = self.rng.choice(self.documents) + self._tokens(self.rng.randint(10, 60))
+        elif kind == "conversation":
+            free = [i for i in range(len(self.conversations)) if i not in self.busy_conversations]
+            if not free:
+                kind, prompt = "noise", self._tokens(self.rng.randint(100, 1000))
+            else:
+                conv = self.rng.choice(free)
+                history = self.conversations[conv]
+                if len(history) > 6000:  # a long conversation ends; a new one starts
+                    history.clear()
+                if not history:
+                    history.extend(self.rng.choice(self.system_prompts))
+                history.extend(self._tokens(self.rng.randint(20, 120)))
+                prompt = list(history)
+                self.busy_conversations.add(conv)
+        else:
+            prompt = self._tokens(self.rng.randint(100, 1000))
+        self._seq += 1
+        lo, hi = self.decode_tokens
+        return DemoRequest(f"demo-{self._seq}", kind, prompt, self.rng.randint(lo, hi), conv)
+
+    # ---------------------------------------------------------------- loop
+
+    async def _loop(self) -> None:
+        last = time.monotonic()
+        carry = 0.0
+        while True:
+            await asyncio.sleep(STEP_S)
+            now = time.monotonic()
+            dt, last = now - last, now
+            carry += self.rate * dt
+            arrivals = 0
+            # Poisson-ish: the expected count, with the fraction drawn.
+            while carry >= 1.0:
+                arrivals += 1
+                carry -= 1.0
+            if self.rng.random() < carry:
+                arrivals += 1
+                carry = 0.0
+            for _ in range(arrivals):
+                self.stats.arrived += 1
+                self.waiting.append(self._new_request())
+            while len(self.waiting) > self.max_waiting:
+                req = self.waiting.popleft()
+                self._release_conversation(req)
+                self.stats.dropped_waiting += 1
+            self.stats.waiting_peak = max(self.stats.waiting_peak, len(self.waiting))
+            try:
+                await self.engine.submit(self._step)
+            except ApiError:
+                logger.exception("demo step refused")
+
+    def _release_conversation(self, req: DemoRequest) -> None:
+        if req.conversation is not None:
+            self.busy_conversations.discard(req.conversation)
+
+    def _step(self) -> None:
+        """One scheduler step, in the engine's context."""
+        engine = self.engine
+        for rid, req in list(self.running.items()):
+            n = min(self.decode_per_step, req.decode_left)
+            toks = self._tokens(n)
+            try:
+                engine.apply(AppendOp(request_id=rid, token_ids=toks))
+            except ApiError:
+                # No room to grow: preempt (finish) it; it will not come back.
+                self._finish(rid, req)
+                continue
+            req.output.extend(toks)
+            req.decode_left -= n
+            if req.decode_left <= 0:
+                self._finish(rid, req)
+        while self.waiting and len(self.running) < self.max_running:
+            req = self.waiting[0]
+            try:
+                engine.apply(AdmitOp(request_id=req.request_id, token_ids=req.prompt))
+            except ApiError:
+                self.stats.refused += 1
+                break  # no room now; try again next step
+            self.waiting.popleft()
+            self.running[req.request_id] = req
+            self.stats.admitted += 1
+
+    def _finish(self, rid: str, req: DemoRequest) -> None:
+        self.running.pop(rid, None)
+        try:
+            self.engine.apply(FinishOp(request_id=rid))
+        except ApiError:
+            logger.warning("demo request %s could not be finished", rid)
+        if req.conversation is not None:
+            self.conversations[req.conversation].extend(req.output)
+            self._release_conversation(req)
+        self.stats.finished += 1
+
+    def _finish_all(self, ids: list[str]) -> None:
+        for rid in ids:
+            with contextlib.suppress(ApiError):
+                self.engine.apply(FinishOp(request_id=rid))

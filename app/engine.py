@@ -1,0 +1,377 @@
+"""The engine: the one object that owns and mutates the pool.
+
+HTTP handlers, the demo workload and the batch endpoint hand it operations
+through an asyncio queue (``submit``); one consumer task applies them in
+order.  After every operation the engine drains the pool's KV events and the
+collector's eviction samples into sequenced logs, and re-reads the blocks the
+operation touched into its columns.  Once per tick it hands a TickData to its
+listeners (the stream, the ZMQ publisher) without awaiting them.
+
+The pool runs in strict mode and every operation is validated as a whole
+before it changes anything (see ops.py), so a refused operation changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from app import ops
+from app.columns import BlockColumns
+from app.errors import ApiError, Unavailable
+from app.event_log import SeqLog
+from app.settings import Settings
+from blockpool import (
+    BlockPool,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    KVCacheEvictionEvent,
+    KVCacheMetricsCollector,
+    RequestManager,
+    check_invariants,
+    get_hash_fn_by_name,
+    init_none_hash,
+)
+
+logger = logging.getLogger("blockpool.engine")
+
+# vLLM's residency buckets (seconds) for the eviction-sample histograms.
+RESIDENCY_BUCKETS = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5,
+    10, 20, 30, 60, 120, 300, 600, 1200, 1800,
+)  # fmt: skip
+SERIES_CAPACITY = 6000
+
+
+class Histogram:
+    """Cumulative-bucket histogram (Prometheus semantics) kept by the engine."""
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = tuple(float(b) for b in buckets)
+        self.counts = [0] * (len(self.buckets) + 1)  # last = +Inf overflow
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        i = 0
+        for i, bound in enumerate(self.buckets):  # noqa: B007
+            if value <= bound:
+                break
+        else:
+            i = len(self.buckets)
+        self.counts[i] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        out, acc = [], 0
+        for bound, c in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            acc += c
+            out.append((bound, acc))
+        return out
+
+
+@dataclass
+class Counters:
+    ops: int = 0
+    ops_failed: int = 0
+    blocks_allocated: int = 0
+    blocks_freed: int = 0
+    blocks_touched: int = 0
+    blocks_cached: int = 0
+    evictions: int = 0
+    resets: int = 0
+    resets_refused: int = 0
+    requests_admitted: int = 0
+    requests_refused: int = 0
+    requests_finished: int = 0
+    events: dict[str, int] = field(
+        default_factory=lambda: {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
+    )
+
+
+@dataclass
+class TickData:
+    """What changed since the previous tick."""
+
+    tick: int
+    ts: float
+    dirty: np.ndarray
+    events: list[tuple[int, float, KVCacheEvent]]
+    samples: list[tuple[int, float, KVCacheEvictionEvent]]
+    point: dict[str, float]
+    full: bool  # every block changed (reset): clients may prefer a snapshot
+
+
+TickListener = Callable[[TickData], None]
+Command = tuple[Callable[[], Any], "asyncio.Future[Any]"]
+
+
+class Engine:
+    def __init__(self, settings: Settings, storage: Any = None) -> None:
+        self.settings = settings
+        self.hash_fn = get_hash_fn_by_name(settings.hash_fn)
+        init_none_hash(self.hash_fn, seed=settings.hash_seed)
+        self.collector = KVCacheMetricsCollector(sample_rate=settings.metrics_sample_rate)
+        self.pool = BlockPool(
+            settings.effective_num_blocks,
+            enable_caching=settings.enable_caching,
+            hash_block_size=settings.block_size,
+            enable_kv_cache_events=settings.enable_events,
+            metrics_collector=self.collector,
+            strict=True,
+        )
+        self.manager = RequestManager(
+            self.pool,
+            settings.block_size,
+            group_ids=range(settings.num_groups),
+            hash_fn=self.hash_fn,
+        )
+        self.storage = storage
+        self.columns = BlockColumns(self.pool)
+        # References held through the raw block API (not by managed requests).
+        self.raw_refs = np.zeros(self.pool.num_gpu_blocks, dtype=np.int32)
+        self.events: SeqLog[KVCacheEvent] = SeqLog(settings.event_log_capacity)
+        self.samples: SeqLog[KVCacheEvictionEvent] = SeqLog(settings.sample_log_capacity)
+        self.counters = Counters()
+        self.histograms = {
+            "lifetime": Histogram(RESIDENCY_BUCKETS),
+            "idle": Histogram(RESIDENCY_BUCKETS),
+            "reuse_gap": Histogram(RESIDENCY_BUCKETS),
+        }
+        self.series: deque[dict[str, float]] = deque(maxlen=SERIES_CAPACITY)
+        self.listeners: list[TickListener] = []
+        self.started_at = time.time()
+        self.paranoid = False  # check_invariants after every operation (tests)
+        self.tick_no = 0
+        self._tick_event_seq = 0
+        self._tick_sample_seq = 0
+        self._full_dirty = True
+        self._last_point_counters = (time.monotonic(), 0, 0, 0, 0)
+        self._queue: asyncio.Queue[Command] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._next_request = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._tasks = [
+            asyncio.create_task(self._consume(), name="engine-commands"),
+            asyncio.create_task(self._ticker(), name="engine-ticks"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._queue is not None:
+            while not self._queue.empty():
+                _, fut = self._queue.get_nowait()
+                if not fut.done():
+                    fut.set_exception(Unavailable("the engine is shutting down"))
+        self._queue = None
+
+    async def submit(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` (an operation closure) on the engine, in order."""
+        if self._queue is None:
+            raise Unavailable("the engine is not running")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((fn, fut))
+        return await fut
+
+    async def _consume(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        while True:
+            fn, fut = await queue.get()
+            while True:
+                if not fut.cancelled():
+                    try:
+                        fut.set_result(self.run_op(fn))
+                    except ApiError as exc:
+                        fut.set_exception(exc)
+                    except Exception as exc:  # a bug: report it, keep serving
+                        logger.exception("operation failed unexpectedly")
+                        fut.set_exception(exc)
+                if queue.empty():
+                    break
+                fn, fut = queue.get_nowait()
+
+    async def _ticker(self) -> None:
+        period = 1.0 / self.settings.tick_hz
+        while True:
+            await asyncio.sleep(period)
+            try:
+                self.tick()
+            except Exception:
+                logger.exception("tick failed")
+
+    # ----------------------------------------------------------- operations
+
+    def run_op(self, fn: Callable[[], Any]) -> Any:
+        """Apply one operation now (engine context only) and absorb its effects."""
+        self.counters.ops += 1
+        try:
+            return fn()
+        except ApiError:
+            self.counters.ops_failed += 1
+            raise
+        finally:
+            self.absorb()
+            if self.paranoid:
+                check_invariants(self.pool)
+
+    def apply(self, op: Any) -> dict[str, Any]:
+        """Apply one operation model now (engine context)."""
+        return self.run_op(partial(ops.execute, self, op))  # type: ignore[no-any-return]
+
+    async def submit_op(self, op: Any) -> dict[str, Any]:
+        """Queue one operation model and wait for its result."""
+        result: dict[str, Any] = await self.submit(partial(ops.execute, self, op))
+        return result
+
+    def absorb(self) -> None:
+        """Drain pool events and eviction samples into the logs and counters."""
+        now = time.time()
+        events = self.pool.take_events()
+        if events:
+            counts = self.counters.events
+            for ev in events:
+                name = type(ev).__name__
+                counts[name] = counts.get(name, 0) + 1
+                if ev.__class__ is BlockRemoved:
+                    self.counters.evictions += 1
+                elif ev.__class__ is BlockStored:
+                    self.counters.blocks_cached += len(ev.block_hashes)
+            self.events.extend(now, events)
+        samples = self.collector.drain_events()
+        if samples:
+            h = self.histograms
+            for s in samples:
+                h["lifetime"].observe(s.lifetime_seconds)
+                h["idle"].observe(s.idle_seconds)
+                for gap in s.reuse_gaps_seconds:
+                    h["reuse_gap"].observe(gap)
+            self.samples.extend(now, samples)
+
+    # -------------------------------------------------------------- storage
+
+    def storage_write(self, request_id: str, start_token: int) -> None:
+        """Write K/V for the request's tokens from ``start_token`` on (the
+        tokens this operation computed) into its blocks."""
+        if self.storage is None:
+            return
+        managed = self.manager.requests[request_id]
+        self.storage.write_request(managed, start_token)
+
+    def storage_facts(self) -> dict[str, Any] | None:
+        if self.storage is None:
+            return None
+        counts = self.columns.counts
+        facts: dict[str, Any] = self.storage.facts(counts[1], counts[2], counts[3])
+        return facts
+
+    def new_request_id(self) -> str:
+        while True:
+            self._next_request += 1
+            rid = f"req-{self._next_request}"
+            if rid not in self.manager.requests:
+                return rid
+
+    # ---------------------------------------------------------------- ticks
+
+    def point(self) -> dict[str, float]:
+        """One time-series point: block states, usage, rates since the last."""
+        now = time.monotonic()
+        c = self.counters
+        stats = self.manager.stats
+        t0, alloc0, evict0, q0, h0 = self._last_point_counters
+        dt = max(now - t0, 1e-9)
+        dq = stats.queries - q0
+        counts = self.columns.counts
+        point = {
+            "ts": time.time(),
+            "in_use": float(counts[1]),
+            "cached": float(counts[2]),
+            "empty": float(counts[3]),
+            "usage": float(self.pool.get_usage()),
+            "hit_rate": (stats.hits - h0) / dq if dq else float("nan"),
+            "hit_rate_total": stats.hit_rate,
+            "alloc_per_s": (c.blocks_allocated - alloc0) / dt,
+            "evict_per_s": (c.evictions - evict0) / dt,
+            "requests": float(len(self.manager.requests)),
+        }
+        self._last_point_counters = (
+            now,
+            c.blocks_allocated,
+            c.evictions,
+            stats.queries,
+            stats.hits,
+        )
+        return point
+
+    def tick(self) -> TickData:
+        """Collect what changed since the last tick and hand it to listeners."""
+        self.tick_no += 1
+        point = self.point()
+        self.series.append(point)
+        events, _ = self.events.since(self._tick_event_seq, 1 << 30)
+        samples, _ = self.samples.since(self._tick_sample_seq, 1 << 30)
+        self._tick_event_seq = self.events.last_seq
+        self._tick_sample_seq = self.samples.last_seq
+        data = TickData(
+            tick=self.tick_no,
+            ts=point["ts"],
+            dirty=self.columns.take_dirty(),
+            events=events,
+            samples=samples,
+            point=point,
+            full=self._full_dirty,
+        )
+        self._full_dirty = False
+        for listener in list(self.listeners):
+            try:
+                listener(data)
+            except Exception:
+                logger.exception("tick listener failed")
+        return data
+
+    def mark_all_dirty(self) -> None:
+        self.columns.resync_all()
+        self._full_dirty = True
+
+    def check(self) -> None:
+        """The pool's invariants plus the engine's own bookkeeping."""
+        check_invariants(self.pool)
+        cols = self.columns
+        pool = self.pool
+        for bid, block in enumerate(pool.blocks):
+            if bid == 0:
+                continue
+            assert cols.ref_cnt[bid] == block.ref_cnt, f"column ref_cnt of block {bid}"
+            assert bool(cols.hashed[bid]) == (block.block_hash is not None), f"hashed {bid}"
+        order = [b.block_id for b in pool.free_block_queue]
+        assert cols.queue_order().tolist() == order, "stamps disagree with the free queue"
+        held_by_requests = np.zeros(pool.num_gpu_blocks, dtype=np.int64)
+        for managed in self.manager.requests.values():
+            for table in managed.block_tables:
+                for b in table:
+                    held_by_requests[b.block_id] += 1
+        refs = np.array([b.ref_cnt for b in pool.blocks], dtype=np.int64)
+        refs[0] = 0
+        assert np.array_equal(refs, held_by_requests + self.raw_refs), "ref counts vs holders"

@@ -1,0 +1,99 @@
+"""The application factory: settings -> engine -> FastAPI app."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from app.api import errors as api_errors
+from app.api import routes_demo, routes_inspect, routes_pool, routes_requests
+from app.api.deps import require_read
+from app.demo import DemoWorkload
+from app.engine import Engine
+from app.metrics import StatsSource, make_registry
+from app.settings import Settings
+
+logger = logging.getLogger("blockpool")
+FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
+
+
+def build_storage(settings: Settings) -> Any:
+    """Torch-backed K/V storage for the pool, or None when storage is off."""
+    if not settings.storage:
+        return None
+    from app.storage_link import make_storage
+
+    return make_storage(settings)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    storage, num_blocks = None, settings.num_blocks
+    if settings.storage:
+        storage = build_storage(settings)
+        if settings.memory_budget_bytes is not None:
+            num_blocks = storage.num_blocks
+            settings = settings.model_copy(
+                update={"num_blocks": num_blocks, "memory_budget_bytes": None}
+            )
+    engine = Engine(settings, storage)
+    demo = DemoWorkload(engine, rate=settings.demo_rate)
+    extra: dict[str, StatsSource] = {"demo": demo.metrics}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
+        for hook in app.state.startup_hooks:
+            await hook()
+        if settings.demo:
+            demo.start()
+        try:
+            yield
+        finally:
+            await demo.stop(finish_running=False)
+            for hook in reversed(app.state.shutdown_hooks):
+                await hook()
+            await engine.stop()
+
+    app = FastAPI(
+        title="blockpool",
+        version="0.1.0",
+        summary="vLLM's paged KV-cache block pool, observable and driveable over REST",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.demo = demo
+    app.state.metrics_sources = extra
+    app.state.startup_hooks = []
+    app.state.shutdown_hooks = []
+    registry = make_registry(engine, extra)
+
+    api_errors.install(app)
+    app.include_router(routes_pool.router)
+    app.include_router(routes_inspect.router)
+    app.include_router(routes_requests.router)
+    app.include_router(routes_demo.router)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        require_read(request)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    if FRONTEND.is_dir():
+        app.mount("/static", StaticFiles(directory=FRONTEND), name="static")
+
+        @app.get("/", include_in_schema=False)
+        async def index() -> FileResponse:
+            return FileResponse(FRONTEND / "index.html")
+
+    app.add_middleware(api_errors.BodyLimit, limit=settings.max_body_bytes)
+    return app
