@@ -94,7 +94,7 @@ def verify_request(
     got = storage.gather(table, n)
     want = expected_kv(storage, model, token_ids, 0, n)
     bits = _BITS[storage.dtype.itemsize]
-    differs = (got.view(bits) != want.view(bits)).permute(2, 0, 1, 3, 4).reshape(n, -1).any(1)
+    differs = (got.view(bits) != want.view(bits)).any(dim=(0, 1, 3, 4))
     bad_tokens = torch.nonzero(differs).flatten().tolist()
     if not bad_tokens:
         return Verification(True, n, [], None, None)
