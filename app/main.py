@@ -20,6 +20,8 @@ from app.demo import DemoWorkload
 from app.engine import Engine
 from app.metrics import StatsSource, make_registry
 from app.settings import Settings
+from app.stream import ws as stream_ws
+from app.stream.hub import StreamHub
 
 logger = logging.getLogger("blockpool")
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
@@ -46,7 +48,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
     engine = Engine(settings, storage)
     demo = DemoWorkload(engine, rate=settings.demo_rate)
-    extra: dict[str, StatsSource] = {"demo": demo.metrics}
+    hub = StreamHub(engine)
+    extra: dict[str, StatsSource] = {"demo": demo.metrics, "stream": hub.metrics}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.demo = demo
+    app.state.stream = hub
     app.state.metrics_sources = extra
     app.state.startup_hooks = []
     app.state.shutdown_hooks = []
@@ -82,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes_inspect.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_demo.router)
+    app.include_router(stream_ws.router)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:

@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     token: str | None = Field(default=None, description="bearer token for mutating endpoints")
     protect_reads: bool = False
-    tick_hz: float = Field(default=10.0, gt=0, le=200)
+    tick_hz: float = Field(default=20.0, gt=0, le=200)
     event_log_capacity: int = Field(default=200_000, ge=100)
     sample_log_capacity: int = Field(default=50_000, ge=100)
 

@@ -1,0 +1,1 @@
+"""The live stream: a websocket protocol of snapshot + sequenced deltas."""

@@ -1,0 +1,322 @@
+"""StreamHub: encode each tick once, fan it out without ever awaiting a client.
+
+The engine calls ``on_tick`` (synchronously) once per tick.  The hub encodes
+one delta frame per distinct channel set, keeps the full frames in a ring
+buffer for resuming clients, and puts the bytes on each client's small
+bounded queue with ``put_nowait``.  A client whose queue is full loses its
+queue and is marked "needs snapshot": at the next tick it gets a fresh
+snapshot instead of a delta.  Drops and resyncs are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from app.stream import protocol as p
+from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+
+if TYPE_CHECKING:
+    from app.engine import Engine, TickData
+
+QUEUE_FRAMES = 32
+RING_FRAMES = 1200
+RING_BYTES = 64 * 1024 * 1024
+MAX_EVENTS_PER_FRAME = 4000
+RECENT_EVENTS = 500
+RECENT_POINTS = 1200
+
+
+def _hx(h: int | bytes) -> str:
+    return f"{h:016x}" if isinstance(h, int) else h.hex()
+
+
+def compact_event(seq: int, ev: KVCacheEvent) -> list[Any]:
+    """[seq, type, ...] — see docs/protocol.md."""
+    if isinstance(ev, BlockRemoved):
+        return [seq, p.EV_REMOVED, [_hx(h) for h in ev.block_hashes]]
+    if isinstance(ev, BlockStored):
+        return [
+            seq,
+            p.EV_STORED,
+            [_hx(h) for h in ev.block_hashes],
+            None if ev.parent_block_hash is None else _hx(ev.parent_block_hash),
+            len(ev.token_ids),
+            ev.block_size,
+            ev.lora_name,
+        ]
+    if isinstance(ev, AllBlocksCleared):
+        return [seq, p.EV_CLEARED]
+    return [seq, -1]
+
+
+def _finite(d: dict[str, float]) -> dict[str, float | None]:
+    return {k: (v if np.isfinite(v) else None) for k, v in d.items()}
+
+
+@dataclass(eq=False)
+class Client:
+    channels: frozenset[str]
+    queue: asyncio.Queue[bytes] = field(default_factory=lambda: asyncio.Queue(QUEUE_FRAMES))
+    needs_snapshot: bool = True
+    connected_at: float = field(default_factory=time.time)
+    last_queued_seq: int = 0
+    last_sent_seq: int = 0
+    frames: int = 0
+    bytes: int = 0
+    drops: int = 0
+    resyncs: int = 0
+    sending: bool = False  # its sender is inside a send (a stalled peer stays here)
+
+
+class StreamHub:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.seq = 0
+        self.clients: set[Client] = set()
+        self.ring: deque[tuple[int, bytes]] = deque()
+        self.ring_bytes = 0
+        self.frames_total = 0
+        self.bytes_total = 0
+        self.drops_total = 0
+        self.resyncs_total = 0
+        self.snapshots_total = 0
+        self.disconnects_total = 0
+        self.recent_events: deque[list[Any]] = deque(maxlen=RECENT_EVENTS)
+        self.epoch = f"{time.time():.6f}"  # a new server = a new epoch
+        engine.listeners.append(self.on_tick)
+
+    # ------------------------------------------------------------- clients
+
+    def connect(self, channels: frozenset[str], resume_from: int | None) -> Client:
+        client = Client(channels)
+        client.queue.put_nowait(self.config_frame())
+        if resume_from is not None and self.resume(client, resume_from):
+            client.needs_snapshot = False
+        self.clients.add(client)
+        return client
+
+    def disconnect(self, client: Client) -> None:
+        if client in self.clients:
+            self.clients.discard(client)
+            self.disconnects_total += 1
+
+    def resume(self, client: Client, from_seq: int) -> bool:
+        """Queue frames ``from_seq``.. from the ring; False (snapshot needed)
+        when the ring no longer holds them all or they would not fit."""
+        if from_seq > self.seq + 1:
+            return False
+        frames = [f for s, f in self.ring if s >= from_seq]
+        first = self.ring[0][0] if self.ring else self.seq + 1
+        if from_seq < first or len(frames) > QUEUE_FRAMES - client.queue.qsize():
+            return False
+        for frame in frames:
+            client.queue.put_nowait(frame)
+        client.last_queued_seq = self.seq
+        return True
+
+    def request_snapshot(self, client: Client) -> None:
+        self._drop_queue(client)
+        client.needs_snapshot = True
+        client.resyncs += 1
+        self.resyncs_total += 1
+
+    def _drop_queue(self, client: Client) -> None:
+        while not client.queue.empty():
+            client.queue.get_nowait()
+
+    # -------------------------------------------------------------- frames
+
+    def config_frame(self) -> bytes:
+        from app import views
+
+        header = {
+            "protocol": p.VERSION,
+            "epoch": self.epoch,
+            "seq": self.seq,
+            "config": views.config(self.engine),
+            "channels": list(p.CHANNELS),
+            "state_names": ["null", "in_use", "cached", "empty"],
+        }
+        return p.encode(p.CONFIG, self.seq, header)
+
+    def _counts(self) -> dict[str, Any]:
+        e = self.engine
+        return {
+            "counts": e.columns.summary(),
+            "num_free": e.pool.get_num_free_blocks(),
+            "usage": float(e.pool.get_usage()),
+            "hash_map_keys": len(e.pool.cached_block_hash_to_block),
+            "running_requests": len(e.manager.requests),
+            "prefix_cache": {
+                "queries": e.manager.stats.queries,
+                "hits": e.manager.stats.hits,
+            },
+        }
+
+    def snapshot_frame(self) -> bytes:
+        e = self.engine
+        cols = e.columns
+        header: dict[str, Any] = {
+            "as_of": self.seq,
+            "num_blocks": cols.num_blocks,
+            "next_stamp": cols.next_stamp,
+            "events_last_seq": e.events.last_seq,
+            "samples_last_seq": e.samples.last_seq,
+            "recent_events": list(self.recent_events),
+            "series": [_finite(pt) for pt in list(e.series)[-RECENT_POINTS:]],
+            "histograms": self._histograms(),
+            "stream": self.stats(),
+            **self._counts(),
+        }
+        columns: dict[str, tuple[str, np.ndarray]] = {
+            "state": ("u8", cols.state),
+            "ref_cnt": ("i32", cols.ref_cnt),
+            "hashed": ("u8", cols.hashed),
+            "hash64": ("u64", cols.hash64),
+            "group": ("u32", cols.group),
+            "stamp": ("f64", cols.stamp.astype(np.float64)),
+        }
+        self.snapshots_total += 1
+        return p.encode(p.SNAPSHOT, self.seq, header, columns)
+
+    def _histograms(self) -> dict[str, Any]:
+        return {
+            name: {
+                "buckets": list(h.buckets),
+                "counts": list(h.counts),
+                "sum": h.sum,
+                "count": h.count,
+            }
+            for name, h in self.engine.histograms.items()
+        }
+
+    def _delta(self, data: TickData, channels: frozenset[str], parts: dict[str, Any]) -> bytes:
+        header: dict[str, Any] = {"tick": data.tick, "ts": data.ts, "stream": parts["stream"]}
+        header.update(parts["counts"])
+        columns = None
+        if "blocks" in channels:
+            columns = parts["columns"]
+        if "events" in channels:
+            header.update(parts["events"])
+        if "series" in channels:
+            header["point"] = parts["point"]
+        if "samples" in channels:
+            header.update(parts["samples"])
+        return p.encode(p.DELTA, self.seq, header, columns)
+
+    # ---------------------------------------------------------------- tick
+
+    def on_tick(self, data: TickData) -> None:
+        """Engine context: encode once, fan out with put_nowait only."""
+        self.seq += 1
+        e = self.engine
+        events = [compact_event(seq, ev) for seq, _, ev in data.events]
+        self.recent_events.extend(events[-RECENT_EVENTS:])
+        omitted = max(0, len(events) - MAX_EVENTS_PER_FRAME)
+        ids = data.dirty
+        cols = e.columns
+        parts: dict[str, Any] = {
+            "stream": self.stats(),
+            "counts": self._counts(),
+            "point": _finite(data.point),
+            "events": {
+                "events": events[omitted:],
+                "events_omitted": omitted,
+                "events_last_seq": e.events.last_seq,
+            },
+            "samples": {
+                "samples": [
+                    [seq, s.lifetime_seconds, s.idle_seconds, list(s.reuse_gaps_seconds)]
+                    for seq, _, s in data.samples
+                ],
+                "samples_last_seq": e.samples.last_seq,
+                "histograms": self._histograms() if data.samples else None,
+            },
+            "columns": {
+                "ids": ("u32", ids),
+                "state": ("u8", cols.state[ids]),
+                "ref_cnt": ("i32", cols.ref_cnt[ids]),
+                "hashed": ("u8", cols.hashed[ids]),
+                "hash64": ("u64", cols.hash64[ids]),
+                "group": ("u32", cols.group[ids]),
+                "stamp": ("f64", cols.stamp[ids].astype(np.float64)),
+            },
+        }
+        full = self._delta(data, frozenset(p.CHANNELS), parts)
+        self.ring.append((self.seq, full))
+        self.ring_bytes += len(full)
+        while self.ring and (len(self.ring) > RING_FRAMES or self.ring_bytes > RING_BYTES):
+            self.ring_bytes -= len(self.ring.popleft()[1])
+        if not self.clients:
+            return
+        if data.full:
+            for client in self.clients:
+                self._drop_queue(client)
+                client.needs_snapshot = True
+        encoded: dict[frozenset[str], bytes] = {frozenset(p.CHANNELS): full}
+        snapshot: bytes | None = None
+        for client in list(self.clients):
+            if client.needs_snapshot:
+                if client.sending:
+                    continue  # stalled in a send: no snapshot until it is free
+                if snapshot is None:
+                    snapshot = self.snapshot_frame()
+                frame = snapshot
+            else:
+                cached = encoded.get(client.channels)
+                if cached is None:
+                    cached = encoded[client.channels] = self._delta(data, client.channels, parts)
+                frame = cached
+            try:
+                client.queue.put_nowait(frame)
+            except asyncio.QueueFull:
+                # Too slow: drop its queue; it gets a snapshot next tick.
+                self._drop_queue(client)
+                client.needs_snapshot = True
+                client.drops += 1
+                self.drops_total += 1
+                continue
+            client.needs_snapshot = False
+            client.last_queued_seq = self.seq
+
+    # --------------------------------------------------------------- stats
+
+    def record_sent(self, client: Client, frame: bytes) -> None:
+        client.frames += 1
+        client.bytes += len(frame)
+        client.last_sent_seq = int.from_bytes(frame[8:16], "little")
+        self.frames_total += 1
+        self.bytes_total += len(frame)
+
+    def stats(self) -> dict[str, Any]:
+        lag = max((self.seq - c.last_sent_seq for c in self.clients), default=0)
+        return {
+            "seq": self.seq,
+            "clients": len(self.clients),
+            "frames_total": self.frames_total,
+            "bytes_total": self.bytes_total,
+            "drops_total": self.drops_total,
+            "resyncs_total": self.resyncs_total,
+            "snapshots_total": self.snapshots_total,
+            "max_lag_frames": lag,
+            "ring_frames": len(self.ring),
+        }
+
+    def metrics(self) -> dict[str, float]:
+        s = self.stats()
+        return {
+            "clients": float(s["clients"]),
+            "frames_total": float(s["frames_total"]),
+            "bytes_total": float(s["bytes_total"]),
+            "drops_total": float(s["drops_total"]),
+            "resyncs_total": float(s["resyncs_total"]),
+            "snapshots_total": float(s["snapshots_total"]),
+            "disconnects_total": float(self.disconnects_total),
+            "max_lag_frames": float(s["max_lag_frames"]),
+        }

@@ -1,0 +1,114 @@
+"""PoolMirror: applies stream frames and keeps an exact copy of the pool.
+
+Pure (no I/O): the reference for the browser code and what the Python client
+uses.  After a snapshot at seq S it accepts deltas S+1, S+2, ... in order; a
+delta with another seq raises Gap, and the caller resumes from
+``mirror.next_seq`` (or asks for a snapshot).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from typing import Any
+
+import numpy as np
+
+from app.stream import protocol as p
+
+FREE_STATES = (2, 3)
+
+
+class Gap(Exception):
+    def __init__(self, expected: int, got: int) -> None:
+        super().__init__(f"expected frame {expected}, got {got}")
+        self.expected = expected
+        self.got = got
+
+
+class PoolMirror:
+    def __init__(self, keep_events: int = 10_000) -> None:
+        self.config: dict[str, Any] | None = None
+        self.epoch: str | None = None
+        self.seq: int | None = None  # last applied frame (None: no snapshot yet)
+        self.state = np.zeros(0, dtype=np.uint8)
+        self.ref_cnt = np.zeros(0, dtype=np.int32)
+        self.hashed = np.zeros(0, dtype=np.uint8)
+        self.hash64 = np.zeros(0, dtype=np.uint64)
+        self.group = np.zeros(0, dtype=np.uint32)
+        self.stamp = np.zeros(0, dtype=np.float64)
+        self.header: dict[str, Any] = {}
+        self.events: deque[list[Any]] = deque(maxlen=keep_events)
+        self.points: deque[dict[str, Any]] = deque(maxlen=6000)
+        self.snapshots = 0
+        self.deltas = 0
+        self.events_omitted = 0
+
+    @property
+    def next_seq(self) -> int | None:
+        return None if self.seq is None else self.seq + 1
+
+    def apply_bytes(self, data: bytes) -> p.Frame:
+        frame = p.decode(data)
+        self.apply(frame)
+        return frame
+
+    def apply(self, frame: p.Frame) -> None:
+        if frame.kind == p.CONFIG:
+            epoch = frame.header.get("epoch")
+            if self.epoch is not None and epoch != self.epoch:
+                self.seq = None  # another server: wait for its snapshot
+            self.epoch = epoch
+            self.config = frame.header.get("config")
+        elif frame.kind == p.SNAPSHOT:
+            c = frame.columns
+            self.state, self.ref_cnt, self.hashed = c["state"], c["ref_cnt"], c["hashed"]
+            self.hash64, self.group, self.stamp = c["hash64"], c["group"], c["stamp"]
+            self.header = frame.header
+            self.seq = frame.seq
+            self.events.clear()
+            self.events.extend(frame.header.get("recent_events", []))
+            self.points.clear()
+            self.points.extend(frame.header.get("series", []))
+            self.snapshots += 1
+        elif frame.kind == p.DELTA:
+            if self.seq is None:
+                return  # waiting for a snapshot
+            if frame.seq <= self.seq:
+                return  # already applied (a resumed range overlaps)
+            if frame.seq != self.seq + 1:
+                raise Gap(self.seq + 1, frame.seq)
+            c = frame.columns
+            if "ids" in c:
+                ids = c["ids"].astype(np.int64)
+                self.state[ids] = c["state"]
+                self.ref_cnt[ids] = c["ref_cnt"]
+                self.hashed[ids] = c["hashed"]
+                self.hash64[ids] = c["hash64"]
+                self.group[ids] = c["group"]
+                self.stamp[ids] = c["stamp"]
+            h = frame.header
+            self.header = {**self.header, **{k: v for k, v in h.items() if k != "columns"}}
+            self.events.extend(h.get("events", []))
+            self.events_omitted += h.get("events_omitted", 0)
+            if h.get("point") is not None:
+                self.points.append(h["point"])
+            self.seq = frame.seq
+            self.deltas += 1
+
+    # ------------------------------------------------------------- views
+
+    def queue_order(self) -> list[int]:
+        """Free block ids from head (next to be evicted) to tail."""
+        free = np.flatnonzero(np.isin(self.state, FREE_STATES))
+        return free[np.argsort(self.stamp[free], kind="stable")].tolist()
+
+    def hash_map(self) -> dict[tuple[int, int], list[int]]:
+        """(64-bit hash, group) -> sorted block ids holding it."""
+        out: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for bid in np.flatnonzero(self.hashed).tolist():
+            out[(int(self.hash64[bid]), int(self.group[bid]))].append(bid)
+        return dict(out)
+
+    def counts(self) -> dict[str, int]:
+        c = np.bincount(self.state, minlength=4)
+        return {"null": int(c[0]), "in_use": int(c[1]), "cached": int(c[2]), "empty": int(c[3])}

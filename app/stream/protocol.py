@@ -1,0 +1,100 @@
+"""The stream's wire format: one binary envelope for every server frame.
+
+    offset  size  field
+    0       4     magic b"BPS1"
+    4       1     kind: 1 config, 2 snapshot, 3 delta
+    5       3     reserved (0)
+    8       8     seq (u64, little-endian)
+    16      4     header length H (u32)
+    20      4     body length B (u32)
+    24      H     header: UTF-8 JSON, space-padded so the body starts at a
+                  multiple of 8
+    24+H    B     body: columns, each starting at a multiple of 8, described
+                  by header["columns"] = [[name, dtype, count, offset], ...]
+                  (offset from the body's start)
+
+dtypes: u8, i32, u32, u64, f64 (all little-endian).  See docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"BPS1"
+VERSION = 1
+CONFIG, SNAPSHOT, DELTA = 1, 2, 3
+KIND_NAMES = {CONFIG: "config", SNAPSHOT: "snapshot", DELTA: "delta"}
+_HEAD = struct.Struct("<4sB3xQII")
+DTYPES: dict[str, np.dtype[Any]] = {
+    "u8": np.dtype("<u1"),
+    "i32": np.dtype("<i4"),
+    "u32": np.dtype("<u4"),
+    "u64": np.dtype("<u8"),
+    "f64": np.dtype("<f8"),
+}
+CHANNELS = ("blocks", "events", "series", "samples")
+
+# Event type codes in frames' compact event arrays.
+EV_STORED, EV_REMOVED, EV_CLEARED = 0, 1, 2
+
+
+def encode(
+    kind: int,
+    seq: int,
+    header: dict[str, Any],
+    columns: dict[str, tuple[str, np.ndarray]] | None = None,
+) -> bytes:
+    """Build one frame.  ``columns`` maps name -> (dtype name, array)."""
+    parts: list[bytes] = []
+    spec: list[list[Any]] = []
+    offset = 0
+    for name, (dtype, arr) in (columns or {}).items():
+        data = np.ascontiguousarray(arr, dtype=DTYPES[dtype]).tobytes()
+        spec.append([name, dtype, len(arr), offset])
+        pad = (-len(data)) % 8
+        parts.append(data + b"\0" * pad)
+        offset += len(data) + pad
+    head = dict(header)
+    head["columns"] = spec
+    raw = json.dumps(head, separators=(",", ":"), allow_nan=False).encode()
+    raw += b" " * ((-(_HEAD.size + len(raw))) % 8)
+    body = b"".join(parts)
+    return _HEAD.pack(MAGIC, kind, seq, len(raw), len(body)) + raw + body
+
+
+@dataclass
+class Frame:
+    kind: int
+    seq: int
+    header: dict[str, Any]
+    columns: dict[str, np.ndarray]
+
+    @property
+    def kind_name(self) -> str:
+        return KIND_NAMES.get(self.kind, str(self.kind))
+
+
+class ProtocolError(ValueError):
+    """A frame that does not follow the protocol."""
+
+
+def decode(data: bytes) -> Frame:
+    if len(data) < _HEAD.size:
+        raise ProtocolError(f"frame of {len(data)} bytes is shorter than the envelope")
+    magic, kind, seq, hlen, blen = _HEAD.unpack_from(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {magic!r}")
+    if len(data) != _HEAD.size + hlen + blen:
+        raise ProtocolError("frame length does not match its envelope")
+    header = json.loads(data[_HEAD.size : _HEAD.size + hlen])
+    body = memoryview(data)[_HEAD.size + hlen :]
+    columns: dict[str, np.ndarray] = {}
+    for name, dtype, count, offset in header.get("columns", []):
+        dt = DTYPES[dtype]
+        columns[name] = np.frombuffer(body, dtype=dt, count=count, offset=offset).copy()
+    return Frame(kind, seq, header, columns)
