@@ -152,6 +152,9 @@ class Engine:
         }
         self.series: deque[dict[str, float]] = deque(maxlen=SERIES_CAPACITY)
         self.listeners: list[TickListener] = []
+        # The prefix tree from BlockStored parents: hash -> (parent, copies).
+        self.parents: dict[int | bytes, int | bytes | None] = {}
+        self.copies: dict[int | bytes, int] = {}
         self.started_at = time.time()
         self.paranoid = False  # check_invariants after every operation (tests)
         self.tick_no = 0
@@ -258,6 +261,7 @@ class Engine:
                     self.counters.evictions += 1
                 elif ev.__class__ is BlockStored:
                     self.counters.blocks_cached += len(ev.block_hashes)
+                self._track_tree(ev)
             self.events.extend(now, events)
         samples = self.collector.drain_events()
         if samples:
@@ -285,6 +289,26 @@ class Engine:
         counts = self.columns.counts
         facts: dict[str, Any] = self.storage.facts(counts[1], counts[2], counts[3])
         return facts
+
+    def _track_tree(self, ev: KVCacheEvent) -> None:
+        parents, copies = self.parents, self.copies
+        if isinstance(ev, BlockStored):
+            parent = ev.parent_block_hash
+            for h in ev.block_hashes:
+                parents[h] = parent
+                copies[h] = copies.get(h, 0) + 1
+                parent = h
+        elif isinstance(ev, BlockRemoved):
+            for h in ev.block_hashes:
+                n = copies.get(h, 0) - 1
+                if n > 0:
+                    copies[h] = n
+                else:
+                    copies.pop(h, None)
+                    parents.pop(h, None)
+        else:
+            parents.clear()
+            copies.clear()
 
     def new_request_id(self) -> str:
         while True:

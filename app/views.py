@@ -213,6 +213,28 @@ def hash_map(
     }
 
 
+def prefix_tree(engine: Engine, limit: int) -> dict[str, Any]:
+    """Cached hashes with their parents (from BlockStored), for a prefix tree.
+    Hashes are in the 64-bit form events use; ``block_ids`` are the blocks
+    holding each one now."""
+    ids: dict[str, list[int]] = {}
+    for key, blocks in engine.pool.cached_block_hash_to_block.iter_entries():
+        ids.setdefault(f"{hash64(key):016x}", []).extend(b.block_id for b in blocks)
+    nodes = []
+    for h, parent in islice(engine.parents.items(), limit):
+        hx = _h(h)
+        nodes.append(
+            {
+                "hash": hx,
+                "parent": None if parent is None else _h(parent),
+                "block_ids": ids.get(hx, []),
+            }
+        )
+    known = {n["hash"] for n in nodes}
+    roots = sum(1 for n in nodes if n["parent"] is None or n["parent"] not in known)
+    return {"total": len(engine.parents), "limit": limit, "roots": roots, "nodes": nodes}
+
+
 def event_json(seq: int, ts: float, ev: KVCacheEvent) -> dict[str, Any]:
     out: dict[str, Any] = {"seq": seq, "ts": ts, "type": type(ev).__name__}
     if isinstance(ev, BlockStored):

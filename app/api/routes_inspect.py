@@ -44,6 +44,15 @@ async def hash_map(
     return views.hash_map(engine, offset, limit, hash, block_id, multi_only)
 
 
+@router.get("/prefix-tree", dependencies=[ReadAuth], summary="Cached prefixes as a tree")
+async def prefix_tree(
+    engine: EngineDep, limit: Annotated[int, Query(ge=1, le=200_000)] = 20_000
+) -> dict[str, Any]:
+    """Every cached hash with its parent (from BlockStored events) and the
+    blocks holding it: the tree of shared prefixes."""
+    return views.prefix_tree(engine, limit)
+
+
 @router.get("/events", dependencies=[ReadAuth], summary="KV events since a sequence number")
 async def events(
     engine: EngineDep,
