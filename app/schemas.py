@@ -27,7 +27,9 @@ ExtraKey = Annotated[str, Field(min_length=1, max_length=200)]
 
 
 class _Op(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a JSON string or boolean is not silently taken for a number
+    # ({"num_blocks": true} would otherwise allocate one block).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class AllocateOp(_Op):
@@ -161,6 +163,8 @@ class DemoConfig(_Op):
         examples=[{"chat": 4, "conversation": 3, "document": 2, "noise": 1}],
     )
     decode_tokens: tuple[int, int] | None = Field(
-        default=None, description="min and max decode tokens per request"
+        default=None,
+        strict=False,  # a JSON array (strict would want a Python tuple); items stay strict
+        description="min and max decode tokens per request",
     )
     max_running: int | None = Field(default=None, ge=1, le=100_000)

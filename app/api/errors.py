@@ -49,6 +49,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (404, "no such block / request / route"),
         (409, "refused by the pool's state (nothing changed)"),
         (413, "over a size limit"),
+        (415, "the body is not JSON (Content-Type: application/json)"),
         (422, "invalid input (nothing changed)"),
     )
 }
@@ -79,8 +80,32 @@ def install(app: FastAPI) -> None:
         return JSONResponse(exc.body(), exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = _clean(exc.errors())
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI reads and parses the body before it runs the route's auth
+        # dependency: check the token first, so an unauthorised client is
+        # told 401 whatever it sent.
+        denied = _auth_denied(request)
+        if denied is not None:
+            return denied
+        raw = exc.errors()
+        if any(e.get("loc") == ("body",) and isinstance(e.get("input"), bytes) for e in raw):
+            return _json(
+                415,
+                "unsupported_media_type",
+                "the request body must be JSON, sent with 'Content-Type: application/json'",
+                {"content_type": request.headers.get("content-type")},
+            )
+        bad_json = next((e for e in raw if e.get("type") == "json_invalid"), None)
+        if bad_json is not None:
+            pos = bad_json.get("loc", ("body", "?"))[-1]
+            reason = (bad_json.get("ctx") or {}).get("error", "JSON decode error")
+            return _json(
+                422,
+                "invalid_input",
+                f"the request body is not valid JSON: {reason} (at character {pos})",
+                {"errors": _clean([bad_json]), "error_count": 1},
+            )
+        errors = _clean(raw)
         first = errors[0] if errors else {"loc": [], "message": "invalid input"}
         where = ".".join(x for x in first["loc"] if x != "body") or "request"
         return _json(
@@ -106,6 +131,20 @@ def install(app: FastAPI) -> None:
     async def _bug(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
         return _json(500, "internal_error", f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _auth_denied(request: Request) -> JSONResponse | None:
+    """The 401 response when the matched route's auth dependency refuses."""
+    from app.api.deps import require_read, require_write
+
+    route = request.scope.get("route")
+    for dep in getattr(route, "dependencies", ()):
+        if dep.dependency in (require_write, require_read):
+            try:
+                dep.dependency(request)
+            except ApiError as exc:
+                return JSONResponse(exc.body(), exc.status, headers={"WWW-Authenticate": "Bearer"})
+    return None
 
 
 class BodyLimit:
@@ -137,7 +176,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise _TooLarge(seen)
+                    raise _TooLarge(seen, limit)
             return message
 
         try:
@@ -158,7 +197,7 @@ class BodyLimit:
 class _TooLarge(HTTPException):
     """Raised while the body streams in; FastAPI re-raises HTTPExceptions."""
 
-    def __init__(self, size: int) -> None:
-        super().__init__(413, "the request body is over the size limit")
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(413, f"the request body is over the limit of {limit} bytes")
         self.size = size
-        self.details = {"size_so_far": size}
+        self.details = {"limit": limit, "size_so_far": size}
