@@ -1,7 +1,8 @@
 """Index checks shared by the storage operations.
 
-Every check runs before anything is written, with at most one device sync
-per operation (the statistics are stacked and read back together).
+Checks run before anything is written, on the device the index came on:
+Python sequences are checked on the host (no device sync); device tensors
+cost one sync, all statistics stacked and read back together.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ IndexLike = Sequence[int] | torch.Tensor
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def to_index(values: IndexLike, device: torch.device, what: str) -> torch.Tensor:
-    """A 1-D int64 tensor on ``device`` from a sequence of ints or an integer tensor."""
+def as_index(values: IndexLike, what: str) -> torch.Tensor:
+    """A 1-D int64 tensor from a sequence of ints (on the CPU) or an integer
+    tensor (on its own device)."""
     if isinstance(values, torch.Tensor):
         tensor = values
     else:
@@ -30,17 +32,29 @@ def to_index(values: IndexLike, device: torch.device, what: str) -> torch.Tensor
         raise StorageError(f"{what} must hold integers, got dtype {tensor.dtype}")
     if tensor.dim() != 1:
         raise StorageError(f"{what} must be 1-D, got shape {tuple(tensor.shape)}")
-    return tensor.to(device=device, dtype=torch.int64)
+    return tensor.to(torch.int64)
 
 
-def check_index(index: torch.Tensor, upper: int, what: str, *, unique: bool = False) -> None:
-    """Every value in ``[0, upper)`` and, with ``unique``, none repeated."""
+def checked_index(
+    values: IndexLike,
+    what: str,
+    upper: int,
+    *,
+    unique: bool = False,
+    exclude: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``as_index(values)`` with every value in ``[0, upper)``; with
+    ``unique`` none repeated; none in ``exclude`` (same device) if given."""
+    index = as_index(values, what)
     if index.numel() == 0:
-        return
+        return index
     lo, hi = torch.aminmax(index)
     parts = [lo, hi]
     if unique:
-        parts.append(count_repeats(index))
+        ordered = torch.sort(index).values
+        parts.append((ordered[1:] == ordered[:-1]).sum())
+    if exclude is not None:
+        parts.append(torch.isin(index, exclude.to(index.device)).sum())
     stats = torch.stack(parts).tolist()
     if stats[0] < 0 or stats[1] >= upper:
         bad = index[(index < 0) | (index >= upper)]
@@ -49,13 +63,10 @@ def check_index(index: torch.Tensor, upper: int, what: str, *, unique: bool = Fa
             f"{' ...' if bad.numel() > 8 else ''}"
         )
     if unique and stats[2]:
-        raise StorageError(f"{what} repeats {stats[2]} value(s); each may appear once")
-
-
-def count_repeats(index: torch.Tensor) -> torch.Tensor:
-    """How many entries equal their predecessor once sorted (a 0-d tensor)."""
-    ordered = torch.sort(index).values
-    return (ordered[1:] == ordered[:-1]).sum()
+        raise StorageError(f"{what} repeat {stats[2]} value(s); each may appear once")
+    if exclude is not None and stats[-1]:
+        raise StorageError(f"{stats[-1]} of the {what} also appear among the sources")
+    return index
 
 
 def check_count(value: object, what: str, upper: int) -> int:

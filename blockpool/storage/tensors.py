@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from blockpool.storage._index import IndexLike, check_count, check_index, to_index
+from blockpool.storage._index import IndexLike, as_index, check_count, checked_index
 from blockpool.storage.config import (
     CachePlan,
     DeviceLike,
@@ -142,9 +142,7 @@ class KVCacheStorage:
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def _block_table(self, block_ids: IndexLike) -> torch.Tensor:
-        table = to_index(block_ids, self.device, "block ids")
-        check_index(table, self.num_blocks, "block ids")
-        return table
+        return checked_index(block_ids, "block ids", self.num_blocks).to(self.device)
 
     def _planes_for(self, layer: int | None) -> torch.Tensor:
         if layer is None:
@@ -187,13 +185,13 @@ class KVCacheStorage:
         ``kv`` is ``[num_layers, 2, T, heads, head_size]`` (every layer) or,
         with ``layer``, ``[2, T, heads, head_size]``; ``slot_mapping`` holds T
         distinct slots in ``[0, num_blocks * block_size)``."""
-        slots = to_index(slot_mapping, self.device, "slot mapping")
-        n = slots.numel()
+        n = as_index(slot_mapping, "slot mapping").numel()
         kv = self._check_tensor(kv, self._kv_shape(n, layer), "kv")
         planes = self._planes_for(layer)
-        check_index(slots, self.num_slots, "slots", unique=True)
+        slots = checked_index(slot_mapping, "slots", self.num_slots, unique=True)
         if n == 0:
             return
+        slots = slots.to(self.device)
         rows = self._rows(planes, slots, self.num_slots)
         self._token_rows.index_copy_(0, rows, self._as_rows(kv))
 
@@ -226,16 +224,16 @@ class KVCacheStorage:
     def copy_blocks(self, src_block_ids: IndexLike, dst_block_ids: IndexLike) -> None:
         """Copy every layer's K/V of block ``src[i]`` into ``dst[i]``, for all
         pairs at once.  Destinations must be distinct and not sources."""
-        src = to_index(src_block_ids, self.device, "source block ids")
-        dst = to_index(dst_block_ids, self.device, "destination block ids")
+        src = as_index(src_block_ids, "source block ids")
+        dst = as_index(dst_block_ids, "destination block ids")
         if src.numel() != dst.numel():
             raise StorageError(f"{src.numel()} source ids but {dst.numel()} destination ids")
-        check_index(src, self.num_blocks, "source block ids")
-        check_index(dst, self.num_blocks, "destination block ids", unique=True)
+        src = checked_index(src, "source block ids", self.num_blocks).to(self.device)
+        dst = checked_index(
+            dst, "destination block ids", self.num_blocks, unique=True, exclude=src
+        ).to(self.device)
         if src.numel() == 0:
             return
-        if bool(torch.isin(dst, src).any()):
-            raise StorageError("a destination block is also a source; copy in two steps")
         planes = self._planes_for(None)
         src_rows = self._rows(planes, src, self.num_blocks)
         dst_rows = self._rows(planes, dst, self.num_blocks)
@@ -258,8 +256,7 @@ class KVCacheStorage:
 
     def zero_blocks(self, block_ids: IndexLike) -> None:
         """Fill every layer's K/V of the given blocks with zeros."""
-        ids = to_index(block_ids, self.device, "block ids")
-        check_index(ids, self.num_blocks, "block ids")
+        ids = checked_index(block_ids, "block ids", self.num_blocks).to(self.device)
         if ids.numel():
             rows = self._rows(self._planes_for(None), ids, self.num_blocks)
             self._block_rows.index_fill_(0, rows, 0)
