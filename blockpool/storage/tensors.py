@@ -185,10 +185,11 @@ class KVCacheStorage:
         ``kv`` is ``[num_layers, 2, T, heads, head_size]`` (every layer) or,
         with ``layer``, ``[2, T, heads, head_size]``; ``slot_mapping`` holds T
         distinct slots in ``[0, num_blocks * block_size)``."""
-        n = as_index(slot_mapping, "slot mapping").numel()
+        slots = as_index(slot_mapping, "slot mapping")
+        n = slots.numel()
         kv = self._check_tensor(kv, self._kv_shape(n, layer), "kv")
         planes = self._planes_for(layer)
-        slots = checked_index(slot_mapping, "slots", self.num_slots, unique=True)
+        slots = checked_index(slots, "slots", self.num_slots, unique=True)
         if n == 0:
             return
         slots = slots.to(self.device)

@@ -172,6 +172,7 @@ def test_plan_from_real_free_memory() -> None:
     ],
 )
 def test_plan_rejects_bad_configs(kwargs: dict[str, object], message: str) -> None:
+    assert issubclass(StorageError, ValueError)
     with pytest.raises(StorageError, match=message):
         plan_cache(SHAPE, device="cpu", **kwargs)  # type: ignore[arg-type]
 
@@ -266,6 +267,11 @@ def test_write_accepts_non_contiguous_and_offset_sources(storage: KVCacheStorage
     swapped = _random_kv(storage, 4).transpose(3, 4).contiguous().transpose(3, 4)
     storage.write([10, 11, 12, 13], swapped)
     assert torch.equal(_by_slot(storage)[:, :, 10:14], swapped)
+    flat = _random_kv(storage, 3).flatten()
+    shifted = flat[1 : 1 + flat.numel() // 3 * 2].view(3, 2, 2, 2, 8)  # contiguous, misaligned
+    assert shifted.is_contiguous() and shifted.data_ptr() % 16
+    storage.write([20, 21], shifted)
+    assert torch.equal(_by_slot(storage)[:, :, 20:22], shifted)
 
 
 def test_gather_through_block_table(storage: KVCacheStorage) -> None:

@@ -149,6 +149,8 @@ def test_write_and_verify_report_the_bad_block_and_slot(
         "first_bad_slot": 3 * BS + 2,
     }
     assert verify_request(st, model, table, tokens, num_tokens=10).ok
+    as_tensors = verify_request(st, model, torch.tensor(table), torch.tensor(tokens))
+    assert as_tensors == bad
     mgr.finish("a")
     check_invariants(pool)
 
