@@ -36,7 +36,7 @@ class StorageError(BlockPoolError, ValueError):
     """A bad storage configuration or a bad storage operation; nothing changed."""
 
 
-def _positive_int(name: str, value: object) -> int:
+def positive_int(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise StorageError(f"{name} must be a positive int, got {value!r}")
     return value
@@ -53,7 +53,7 @@ class KVCacheShape:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            _positive_int(name, value)
+            positive_int(name, value)
 
     def bytes_per_block(self, dtype: torch.dtype) -> int:
         """2 (K and V) * block_size * num_kv_heads * head_size * dtype size * num_layers."""
@@ -154,7 +154,7 @@ def plan_cache(
             f"give exactly one of num_blocks, budget_bytes, memory_fraction; got {chosen or 'none'}"
         )
     if num_blocks is not None:
-        count = _positive_int("num_blocks", num_blocks)
+        count = positive_int("num_blocks", num_blocks)
         budget = count * per_block
     else:
         budget = _budget(budget_bytes, memory_fraction, free_bytes, dev)
@@ -186,7 +186,7 @@ def _budget(
     device: torch.device,
 ) -> int:
     if budget_bytes is not None:
-        return _positive_int("budget_bytes", budget_bytes)
+        return positive_int("budget_bytes", budget_bytes)
     fraction = memory_fraction
     if isinstance(fraction, bool) or not isinstance(fraction, int | float):
         raise StorageError(f"memory_fraction must be a number, got {fraction!r}")

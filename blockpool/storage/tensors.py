@@ -7,7 +7,8 @@ Token ``slot = block_id * block_size + offset``.  Storage knows nothing of
 ref counts or hashes: the pool hands out block ids, the engine joins them.
 
 Speed.  Every operation is one indexed kernel over all layers (no Python
-loop per token, layer or block): the buffer is also seen as rows, one per
+loop per token, layer or block; block copies take two kernels per
+scratch-sized chunk): the buffer is also seen as rows, one per
 (layer, K/V, slot) or (layer, K/V, block), and those rows are reinterpreted
 as the widest element type dividing a row (16-byte complex128 where
 possible).  Indexed kernels move one element per index step, so wide
@@ -30,8 +31,8 @@ from blockpool.storage.config import (
     DtypeLike,
     KVCacheShape,
     StorageError,
-    _positive_int,
     dtype_name,
+    positive_int,
     resolve_device,
     resolve_dtype,
 )
@@ -65,7 +66,7 @@ class KVCacheStorage:
         copy_chunk_bytes: int | None = None,
     ) -> None:
         self.shape = shape
-        self.num_blocks = _positive_int("num_blocks", num_blocks)
+        self.num_blocks = positive_int("num_blocks", num_blocks)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.block_size = shape.block_size
@@ -83,7 +84,7 @@ class KVCacheStorage:
         self._block_rows = self.buffer.view(-1, self.block_size * row).view(self._wide)
         self._scratch: torch.Tensor | None = None
         default_chunk = _COPY_CHUNK_BYTES.get(self.device.type, 4 << 20)
-        self.copy_chunk_bytes = _positive_int(
+        self.copy_chunk_bytes = positive_int(
             "copy_chunk_bytes", default_chunk if copy_chunk_bytes is None else copy_chunk_bytes
         )
 
