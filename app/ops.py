@@ -244,8 +244,8 @@ def prefix_lookup(engine: Engine, op: PrefixLookupOp) -> dict[str, Any]:
 
 
 def evict(engine: Engine, op: EvictOp) -> dict[str, Any]:
+    check_ids(engine, op.block_ids, "evict")  # the ids as given (as /batch checks them)
     ids = list(dict.fromkeys(op.block_ids))
-    check_ids(engine, ids, "evict")
     cols = engine.columns
     evicted = [i for i in ids if cols.hashed[i]]
     engine.pool.evict_blocks(ids)
