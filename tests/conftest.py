@@ -23,7 +23,7 @@ from blockpool import BlockPool
 # count it actually ran.
 settings.register_profile(
     "ci",
-    max_examples=220,
+    max_examples=300,
     stateful_step_count=60,
     derandomize=True,
     database=None,
