@@ -1,0 +1,204 @@
+"""Bearer-token auth: every mutating endpoint needs the token (401 + the error
+shape + WWW-Authenticate otherwise, nothing changed); reads stay open unless
+protect_reads; the default bind address is loopback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.routing import APIRoute
+
+from app.api import routes_demo, routes_inspect, routes_pool, routes_requests
+from app.api.deps import require_read, require_write
+from app.cli import parser, settings_from
+from app.settings import Settings
+from tests.app.conftest import Api, assert_error, make_app, running
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "s3cret"
+GOOD = {"authorization": f"Bearer {TOKEN}"}
+
+# Every mutating endpoint, with a body that would succeed on the seeded state.
+WRITES: dict[str, Any] = {
+    "/api/pool/allocate": {"num_blocks": 1},
+    "/api/pool/touch": {"block_ids": [1]},
+    "/api/pool/cache": {"block_ids": [3], "token_ids": [1, 2, 3, 4]},
+    "/api/pool/free": {"block_ids": [3]},
+    "/api/pool/evict": {"block_ids": [1]},
+    "/api/pool/reset": None,
+    "/api/requests": {"token_ids": [1, 2, 3]},
+    "/api/requests/r/tokens": {"token_ids": [1]},
+    "/api/requests/r/finish": None,
+    "/api/batch": {"ops": [{"op": "allocate", "num_blocks": 1}]},
+    "/api/demo/start": None,
+    "/api/demo/stop": None,
+    "/api/demo/config": {"rate": 3},
+}
+READS = [
+    "/api/config",
+    "/api/summary",
+    "/api/blocks/1",
+    "/api/queue",
+    "/api/hashmap",
+    "/api/events",
+    "/api/samples",
+    "/api/series",
+    "/api/requests",
+    "/api/requests/r",
+    "/api/demo",
+    "/api/pool/lookup?block_hash=abcd",
+    "/metrics",
+]
+BAD_HEADERS = [
+    {},
+    {"authorization": "Bearer wrong"},
+    {"authorization": f"Bearer {TOKEN}x"},
+    {"authorization": f"Basic {TOKEN}"},
+    {"authorization": TOKEN},
+    {"authorization": "Bearer"},
+]
+
+
+def route_auth() -> dict[tuple[str, str], str]:
+    out = {}
+    routers = [routes_pool, routes_inspect, routes_requests, routes_demo]
+    for route in [r for m in routers for r in m.router.routes]:
+        assert isinstance(route, APIRoute)
+        deps = {d.dependency for d in route.dependencies}
+        kind = "write" if require_write in deps else "read" if require_read in deps else "open"
+        for method in route.methods:
+            out[(method, route.path)] = kind
+    return out
+
+
+def test_every_mutating_route_requires_write_auth() -> None:
+    kinds = route_auth()
+    assert len(kinds) == len(make_app().openapi()["paths"]) + 1  # /api/requests: GET + POST
+    writes = {path for (method, path), kind in kinds.items() if kind == "write"}
+    expected = {p.replace("/r/", "/{request_id}/") for p in WRITES}
+    assert writes == expected
+    for (method, path), kind in kinds.items():
+        if method == "POST" and path != "/api/pool/prefix-lookup":
+            assert kind == "write", path
+        if path in ("/api/health",) or path.startswith(("/docs", "/openapi", "/redoc")):
+            continue
+        if method == "GET" and path.startswith("/api"):
+            assert kind == "read", path
+
+
+async def seed(api: Api) -> dict[str, Any]:
+    await api.ok("POST", "/api/pool/allocate", {"num_blocks": 4}, headers=GOOD)
+    await api.ok(
+        "POST", "/api/pool/cache", {"block_ids": [1], "token_ids": [9, 9, 9, 9]}, headers=GOOD
+    )
+    await api.ok(
+        "POST", "/api/requests", {"token_ids": list(range(9)), "request_id": "r"}, 201, headers=GOOD
+    )
+    return api.fingerprint()
+
+
+@pytest.mark.app_settings(token=TOKEN)
+async def test_writes_without_the_token_are_401_and_change_nothing(api: Api) -> None:
+    before = await seed(api)
+    demo_before = await api.ok("GET", "/api/demo")
+    for path, body in WRITES.items():
+        for headers in BAD_HEADERS:
+            kw: dict[str, Any] = {"headers": headers}
+            if body is not None:
+                kw["json"] = body
+            r = await api.client.post(path, **kw)
+            err = assert_error(r, 401, "unauthorized")
+            assert r.headers["www-authenticate"] == "Bearer"
+            if headers:
+                assert "wrong" in err["message"]
+            else:
+                assert "Authorization: Bearer" in err["message"]
+            # a broken body does not get past the token check either
+            r = await api.client.post(
+                path, content=b"{oops", headers={**headers, "content-type": "application/json"}
+            )
+            assert_error(r, 401, "unauthorized")
+            r = await api.client.post(
+                path, content=b"x", headers={**headers, "content-type": "text/plain"}
+            )
+            assert_error(r, 401, "unauthorized")
+            r = await api.client.post(path, json={"wrong": "fields"}, headers=headers)
+            assert_error(r, 401, "unauthorized")
+    assert api.fingerprint() == before
+    assert await api.ok("GET", "/api/demo") == demo_before
+    assert not api.app.state.demo.running_task
+    api.check()
+
+
+@pytest.mark.app_settings(token=TOKEN)
+async def test_writes_with_the_token_work(api: Api) -> None:
+    await seed(api)
+    for path, body in WRITES.items():
+        kw: dict[str, Any] = {"headers": GOOD}
+        if body is not None:
+            kw["json"] = body
+        if path == "/api/pool/reset":
+            r = await api.client.post(path, **kw)
+            assert_error(r, 409, "reset_refused")  # authorised, refused by the state
+            continue
+        r = await api.client.post(path, **kw)
+        assert r.status_code in (200, 201), (path, r.text)
+    # the token scheme is case-insensitive, surrounding space is tolerated
+    r = await api.client.post(
+        "/api/pool/allocate", json={"num_blocks": 1}, headers={"authorization": f"bearer  {TOKEN} "}
+    )
+    assert r.status_code == 200, r.text
+    api.check()
+
+
+@pytest.mark.app_settings(token=TOKEN)
+async def test_reads_stay_open_by_default(api: Api) -> None:
+    await seed(api)
+    for path in READS:
+        r = await api.get(path)
+        assert r.status_code == 200, (path, r.text)
+    r = await api.post("/api/pool/prefix-lookup", {"token_ids": [1, 2, 3]})
+    assert r.status_code == 200
+    cfg = await api.ok("GET", "/api/config")
+    assert cfg["auth_required_for_writes"] is True and cfg["auth_required_for_reads"] is False
+    assert TOKEN not in (await api.get("/api/config")).text
+
+
+@pytest.mark.app_settings(token=TOKEN, protect_reads=True)
+async def test_protect_reads(api: Api) -> None:
+    await seed(api)
+    for path in READS:
+        for headers in BAD_HEADERS:
+            r = await api.get(path, headers=headers)
+            assert_error(r, 401, "unauthorized")
+            assert r.headers["www-authenticate"] == "Bearer"
+        r = await api.get(path, headers=GOOD)
+        assert r.status_code == 200, (path, r.text)
+    r = await api.post("/api/pool/prefix-lookup", {"token_ids": [1, 2, 3]})
+    assert_error(r, 401)
+    r = await api.get("/api/pool/lookup?block_hash=zz")  # bad query: still 401 first
+    assert_error(r, 401)
+    # liveness stays open for probes
+    assert (await api.get("/api/health")).status_code == 200
+    cfg = await api.ok("GET", "/api/config", headers=GOOD)
+    assert cfg["auth_required_for_reads"] is True
+    api.check()
+
+
+async def test_protect_reads_without_a_token_is_open() -> None:
+    app = make_app(protect_reads=True)
+    async with running(app) as api:
+        assert (await api.get("/metrics")).status_code == 200
+        assert (await api.post("/api/pool/allocate", {"num_blocks": 1})).status_code == 200
+        api.check()
+
+
+def test_default_bind_host_is_loopback() -> None:
+    assert Settings().host == "127.0.0.1"
+    assert Settings().token is None and Settings().protect_reads is False
+    args = parser().parse_args(["serve"])
+    assert settings_from(args).host == "127.0.0.1"
+    args = parser().parse_args(["serve", "--token", TOKEN])
+    assert settings_from(args).token == TOKEN
