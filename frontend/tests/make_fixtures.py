@@ -118,7 +118,7 @@ def small(out: Path) -> str:
     c = a[:20]  # 5 full blocks: its last block is recomputed -> a second copy
     r.step("admit A", lambda e: e.apply(AdmitOp(request_id="A", token_ids=a)))
     r.step("admit B (shared prefix)", lambda e: e.apply(AdmitOp(request_id="B", token_ids=b)))
-    r.step("admit C (duplicate last block)", lambda e: e.apply(AdmitOp(request_id="C", token_ids=c)))
+    r.step("admit C (duplicate)", lambda e: e.apply(AdmitOp(request_id="C", token_ids=c)))
     r.step("finish A", lambda e: e.apply(FinishOp(request_id="A")))
     r.step("empty tick")
 
