@@ -382,6 +382,20 @@ def test_free_blocks_appends_in_the_given_order_and_never_queues_null(qids: QIds
     check_invariants(pool)
 
 
+def test_a_block_listed_twice_in_one_free_is_queued_once_at_its_last_mention(
+    qids: QIds,
+) -> None:
+    # vLLM 0.16 decrements every count first and then appends each block at
+    # 0 -- this one twice, which cuts blocks 2 and 3 out of its linked list
+    # while counting them.  We keep the list whole (compare_vllm avoids it).
+    pool = BlockPool(6, True, 2)
+    a, b, c = pool.get_new_blocks(3)
+    pool.touch([a])
+    pool.free_blocks([a, b, c, a])
+    assert qids(pool) == [4, 5, 2, 3, 1] and pool.get_num_free_blocks() == 5
+    check_invariants(pool)
+
+
 def test_non_strict_free_does_not_check_double_frees(qids: QIds) -> None:
     # As vLLM: the count goes negative and the block stays queued once.
     pool = BlockPool(4, True, 2)
