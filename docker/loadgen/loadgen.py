@@ -468,6 +468,7 @@ class LoadGen:
     async def wait_ready(self) -> None:
         deadline = time.monotonic() + self.config.wait_ready
         while True:
+            self.beat()
             try:
                 resp = await self.client.get("/api/health")
                 if resp.status_code == 200:
