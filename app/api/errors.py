@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -116,21 +117,52 @@ def install(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == _FASTAPI_BODY_ERROR:
+            # FastAPI's answer to a JSON body that is not even text (bad UTF-8):
+            # the same 422 as any other malformed JSON, after the token check.
+            denied = _auth_denied(request)
+            if denied is not None:
+                return denied
+            cause = exc.__cause__
+            reason = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+            return _json(
+                422,
+                "invalid_input",
+                f"the request body is not valid JSON: it could not be decoded{reason}"[:300],
+                {"errors": [], "error_count": 1},
+            )
         code = _CODES.get(exc.status_code, "error")
         message = str(exc.detail) if exc.detail else code.replace("_", " ")
-        return _json(
-            exc.status_code,
-            code,
-            message,
-            getattr(exc, "details", None),
-            headers=getattr(exc, "headers", None),
-        )
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            headers = {**(headers or {}), **_allow(request)}
+        return _json(exc.status_code, code, message, getattr(exc, "details", None), headers)
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
         return _json(500, "internal_error", f"internal error: {type(exc).__name__}: {exc}")
+
+
+_FASTAPI_BODY_ERROR = "There was an error parsing the body"
+
+
+def _allow(request: Request) -> dict[str, str]:
+    """``Allow`` for a 405: every method of the path (Starlette names only
+    those of the first route that matched the path, e.g. POST but not GET
+    for /api/requests)."""
+    path = request.scope.get("path", "")
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, path):
+            methods.update(m.upper() for m in operations)
+    if not methods:
+        return {}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return {"Allow": ", ".join(sorted(methods))}
 
 
 def _auth_denied(request: Request) -> JSONResponse | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
 
@@ -12,7 +12,9 @@ from app.api.errors import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["inspect"], responses=ERROR_RESPONSES)
 
+EventType = Literal["BlockStored", "BlockRemoved", "AllBlocksCleared"]
 Offset = Annotated[int, Query(ge=0, le=10_000_000)]
+Since = Annotated[int, Query(ge=0, le=2**53)]  # a sequence number (bounded: islice needs it)
 Limit = Annotated[int, Query(ge=1, le=10_000)]
 
 
@@ -56,19 +58,20 @@ async def prefix_tree(
 @router.get("/events", dependencies=[ReadAuth], summary="KV events since a sequence number")
 async def events(
     engine: EngineDep,
-    since: Annotated[int, Query(ge=0)] = 0,
+    since: Since = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    type: Annotated[list[str] | None, Query()] = None,  # noqa: A002
+    type: Annotated[list[EventType] | None, Query()] = None,  # noqa: A002
 ) -> dict[str, Any]:
     """``truncated`` is true when events after ``since`` were already dropped
-    from the bounded log (``dropped_total`` counts them)."""
+    from the bounded log (``dropped_total`` counts them); ``type`` (repeatable)
+    keeps only those event types."""
     return views.events(engine, since, limit, set(type) if type else None)
 
 
 @router.get("/samples", dependencies=[ReadAuth], summary="Eviction samples (residency)")
 async def samples(
     engine: EngineDep,
-    since: Annotated[int, Query(ge=0)] = 0,
+    since: Since = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> dict[str, Any]:
     return views.samples(engine, since, limit)

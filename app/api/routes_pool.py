@@ -14,6 +14,7 @@ from app.schemas import (
     CacheOp,
     EvictOp,
     FreeOp,
+    GroupId,
     HexHash,
     LookupOp,
     PrefixLookupOp,
@@ -75,7 +76,7 @@ async def reset(engine: EngineDep) -> dict[str, Any]:
 async def lookup(
     engine: EngineDep,
     block_hash: HexHash,
-    group_id: Annotated[list[int], Query(min_length=1, max_length=64)] = [0],  # noqa: B006
+    group_id: Annotated[list[GroupId], Query(min_length=1, max_length=64)] = [0],  # noqa: B006
 ) -> dict[str, Any]:
     """All-or-nothing across groups: a miss in any group is a miss."""
     group_ids = list(group_id)

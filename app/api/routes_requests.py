@@ -28,7 +28,7 @@ async def admit(op: AdmitOp, engine: EngineDep) -> dict[str, Any]:
 @router.get("/requests", dependencies=[ReadAuth], summary="Running requests")
 async def list_requests(
     engine: EngineDep,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> dict[str, Any]:
     return views.requests(engine, offset, limit)

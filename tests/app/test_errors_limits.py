@@ -82,6 +82,10 @@ async def test_malformed_json_wrong_content_type_and_empty_body(api: Api, path: 
     err = assert_error(await api.client.post(path, content=b'{"num_blocks": 1', headers=JSON), 422)
     assert "not valid JSON" in err["message"] and "at character" in err["message"]
     err = assert_error(await api.client.post(path, content=b"\xff\xfe", headers=JSON), 422)
+    for not_utf8 in [b'{"block_ids": [3]}\xff', b"E\x08\x02\xff\x9a"]:
+        r = await api.client.post(path, content=not_utf8, headers=JSON)
+        err = assert_error(r, 422, "invalid_input", contains="not valid JSON")
+        assert "UnicodeDecodeError" in err["message"]
     for ctype in ["text/plain", "application/x-www-form-urlencoded", "application/xml"]:
         r = await api.client.post(
             path, content=b'{"block_ids": [3]}', headers={"content-type": ctype}
@@ -209,9 +213,20 @@ def test_oversized_body_on_a_real_server(live_server: LiveServer) -> None:
 async def test_unknown_routes_and_methods(api: Api) -> None:
     err = assert_error(await api.get("/api/nope"), 404, "not_found")
     assert err["message"]
-    assert_error(await api.get("/api/pool/allocate"), 405, "method_not_allowed")
-    assert_error(await api.client.delete("/api/requests/r"), 405, "method_not_allowed")
-    assert_error(await api.client.put("/api/batch", json={}), 405)
+    r = await api.get("/api/pool/allocate")
+    assert_error(r, 405, "method_not_allowed")
+    assert r.headers["allow"] == "POST"
+    r = await api.client.delete("/api/requests/r")
+    assert_error(r, 405, "method_not_allowed")
+    assert r.headers["allow"] == "GET, HEAD"
+    # /api/requests has GET and POST routes: Allow names both (it used to say POST)
+    for method in ("DELETE", "PUT", "PATCH", "OPTIONS"):
+        r = await api.client.request(method, "/api/requests")
+        assert_error(r, 405, "method_not_allowed")
+        assert r.headers["allow"] == "GET, HEAD, POST"
+    r = await api.client.put("/api/batch", json={})
+    assert_error(r, 405)
+    assert r.headers["allow"] == "POST"
 
 
 async def test_bad_path_and_query_params(api: Api) -> None:

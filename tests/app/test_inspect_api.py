@@ -184,6 +184,12 @@ async def test_events_are_sequenced_and_filterable(api: Api) -> None:
     ts = [e["ts"] for e in body["items"]]
     assert ts == sorted(ts)
     assert_error(await api.get("/api/events", params={"since": -1}), 422)
+    err = assert_error(await api.get("/api/events", params={"type": "BlockEvicted"}), 422)
+    assert "BlockStored" in err["message"]  # says which types exist
+    far = await api.ok("GET", "/api/events", params={"since": 2**53})
+    assert far["items"] == [] and far["truncated"] is False
+    assert_error(await api.get("/api/events", params={"since": 2**63}), 422)  # was a 500
+    assert_error(await api.get("/api/samples", params={"since": 2**63}), 422)
     api.check()
 
 

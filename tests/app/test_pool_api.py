@@ -376,6 +376,11 @@ async def test_lookup_bad_hash_is_422(api: Api) -> None:
     assert_error(r, 422, "invalid_input", contains="block_hash")
     r = await api.get("/api/pool/lookup")
     assert_error(r, 422, "invalid_input", contains="Field required")
+    for bad in ["-1", "x", str(2**31)]:  # -1 used to reach the engine and 500
+        r = await api.get("/api/pool/lookup", params={"block_hash": "ab", "group_id": bad})
+        assert_error(r, 422, "invalid_input", contains="group_id")
+    r = await api.get("/api/pool/lookup", params={"block_hash": "ab", "group_id": list(range(65))})
+    assert_error(r, 422, "invalid_input")
 
 
 async def test_prefix_lookup_changes_nothing(api: Api) -> None:

@@ -108,6 +108,10 @@ async def test_admit_assigns_request_ids(api: Api) -> None:
     }
     page = await api.ok("GET", "/api/requests", params={"offset": 1, "limit": 1})
     assert [i["request_id"] for i in page["items"]] == [b["request_id"]]
+    page = await api.ok("GET", "/api/requests", params={"offset": 10_000_000})
+    assert page["items"] == [] and page["total"] == 2
+    r = await api.get("/api/requests", params={"offset": 2**63})  # was a 500
+    assert_error(r, 422, "invalid_input", contains="offset")
     api.check()
 
 
