@@ -94,7 +94,14 @@ def serve(args: argparse.Namespace) -> int:
         shown,
         settings.port,
     )
-    uvicorn.run(app, host=host, port=settings.port, log_level=args.log_level, access_log=False)
+    uvicorn.run(
+        app,
+        host=host,
+        port=settings.port,
+        log_level=args.log_level,
+        access_log=False,
+        ws="websockets-sansio",
+    )
     return 0
 
 

@@ -26,7 +26,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from app.stream.mirror import Gap, PoolMirror
-from app.stream.protocol import Frame, decode
+from app.stream.protocol import DELTA, Frame, decode
 
 
 class StreamClient:
@@ -54,6 +54,7 @@ class StreamClient:
         self._changed = asyncio.Event()
         self._ws: Any = None
         self.paused = False  # tests: stop reading (a stalled client)
+        self.lose_deltas = 0  # tests: drop the next N deltas as if lost in transit
 
     def _connect_url(self) -> str:
         q: dict[str, str] = {}
@@ -119,6 +120,9 @@ class StreamClient:
             self.frames += 1
             self.bytes += len(data)
             frame = decode(data)
+            if self.lose_deltas and frame.kind == DELTA:
+                self.lose_deltas -= 1
+                continue
             try:
                 self.mirror.apply(frame)
             except Gap as gap:

@@ -70,6 +70,9 @@ async def _receiver(ws: WebSocket, hub: StreamHub, client: Client) -> None:
 async def stream(ws: WebSocket) -> None:
     hub: StreamHub = ws.app.state.stream
     if not _authorized(ws):
+        # Accept, then close with a code a browser can read (a refused
+        # handshake only shows up as a failed connection there).
+        await ws.accept()
         await ws.close(code=4401, reason="token required")
         return
     raw = ws.query_params.get("channels")
