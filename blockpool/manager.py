@@ -120,8 +120,9 @@ class RequestManager:
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        lora_id: int = 1,
     ) -> Request:
-        lora = LoRARequest(lora_name) if lora_name else None
+        lora = LoRARequest(lora_name, lora_id) if lora_name else None
         return Request(
             request_id,
             token_ids,
@@ -194,15 +195,20 @@ class RequestManager:
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        lora_id: int = 1,
     ) -> Admission:
         """Start a request: reuse its cached prefix, allocate the rest, cache
         its full blocks.  NotEnoughBlocksError (nothing changed) when the
-        pool cannot hold it."""
+        pool cannot hold it.  ``lora_id`` is the adapter's int id that
+        BlockStored events carry (vLLM's ``lora_int_id``); only the name
+        enters the hashes."""
         if request_id in self.requests:
             raise DuplicateRequestError(f"request {request_id!r} is already running")
         if len(token_ids) == 0:
             raise ValueError("a request needs at least one token")
-        req = self.make_request(request_id, token_ids, lora_name=lora_name, cache_salt=cache_salt)
+        req = self.make_request(
+            request_id, token_ids, lora_name=lora_name, cache_salt=cache_salt, lora_id=lora_id
+        )
         hashes = self._view(req)
         hits = self.find_longest_cache_hit(hashes, req.num_tokens)
         num_hit = len(hits[0])
