@@ -241,8 +241,12 @@ def test_lora_and_cache_salt_change_hashes() -> None:
     assert m.admit("s", [*toks, 0], cache_salt="tenant-1").num_hit_blocks == 0
     assert m.admit("s2", [*toks, 0], cache_salt="tenant-1").num_hit_blocks == 2
     assert m.admit("s3", [*toks, 0], cache_salt="tenant-2").num_hit_blocks == 0
-    assert m.admit("l2", [*toks, 0], lora_name="sql").num_hit_blocks == 2
+    assert m.admit("l2", [*toks, 0], lora_name="sql", lora_id=7).num_hit_blocks == 2
     assert m.admit("p2", [*toks, 0]).num_hit_blocks == 2
+    m.append_tokens("l2", [1, 2, 3, 4])  # the adapter's id rides on the event
+    assert pool.take_events()[-1] == BlockStored(
+        [as_int(m.block_hashes_of("l2")[2])], as_int(lora[1]), [0, 1, 2, 3], 4, 7, "GPU", "sql"
+    )
     assert m.stats == PrefixCacheStats(requests=7, queries=63, hits=24)
     assert m.stats.hit_rate == 24 / 63
     check_invariants(pool)
