@@ -194,6 +194,10 @@ export class PoolModel {
     for (const id of ids) if (id < this.n) this._markDirty(id);
   }
 
+  touchOne(id) {
+    if (id < this.n) this._markDirty(id);
+  }
+
   /**
    * Hand the renderer what changed: fn(full, ids, count).  `ids` is only
    * valid during the call.

@@ -1,0 +1,217 @@
+// The block detail panel: what the model knows at once, then the REST view
+// (GET /api/blocks/{id}: holders, digest, queue position, sampled metrics).
+// Highlights on the map: every block of the same request (holders +
+// GET /api/requests/{id}) and of the same hash (the hash index).
+
+import { get } from "./api.js";
+import { $, dur, h, int } from "./format.js";
+import { STATE_NAMES, hex64 } from "./protocol.js";
+
+const STATE_LABEL = { null: "null", in_use: "in use", cached: "cached", empty: "empty" };
+
+export class DetailPanel {
+  constructor(model, map, queueEta) {
+    this.model = model;
+    this.map = map;
+    this.queueEta = queueEta; // pos -> seconds
+    this.root = $("detail-body");
+    this.title = $("detail-title");
+    this.pinned = -1;
+    this.shown = -1;
+    this.rest = null;
+    this.restFor = -1;
+    this.request = null; // {id, blocks}
+    this.hoverTimer = null;
+    this.fetchSeq = 0;
+    this.onRequestHighlight = null;
+    document.addEventListener("keydown", (ev) => {
+      if (ev.key === "Escape") this.select(-1);
+    });
+  }
+
+  /** Hover: show at once; fetch REST after a short pause. */
+  hover(id) {
+    if (this.pinned >= 0) return;
+    this.show(id);
+  }
+
+  /** Click: pin (or unpin with -1 / the same block). */
+  select(id) {
+    if (id >= 0 && id === this.pinned) id = -1;
+    this.pinned = id;
+    this.map.setHighlight("selected", id);
+    if (id < 0) {
+      this.clearHighlights();
+      this.show(-1);
+      return;
+    }
+    this.show(id, true);
+  }
+
+  clearHighlights() {
+    this.request = null;
+    this.map.setHighlight("request", []);
+    this.map.setHighlight("hash", []);
+  }
+
+  show(id, now = false) {
+    this.shown = id;
+    clearTimeout(this.hoverTimer);
+    if (id < 0) {
+      this.rest = null;
+      this.restFor = -1;
+      this.render();
+      return;
+    }
+    if (this.restFor !== id) this.rest = null;
+    this.render();
+    this.hoverTimer = setTimeout(() => this.fetch(id), now ? 0 : 150);
+  }
+
+  async fetch(id) {
+    const seq = ++this.fetchSeq;
+    try {
+      const data = await get(`/api/blocks/${id}`);
+      if (seq !== this.fetchSeq || this.shown !== id) return;
+      this.rest = data;
+      this.restFor = id;
+      if (this.pinned === id) {
+        this.highlightHash(id);
+        if (data.requests.length && (!this.request || !data.requests.includes(this.request.id))) {
+          await this.highlightRequest(data.requests[0]);
+        } else if (!data.requests.length) {
+          this.request = null;
+          this.map.setHighlight("request", []);
+        }
+      }
+      this.render();
+    } catch (err) {
+      if (seq === this.fetchSeq) {
+        this.rest = { error: err.message };
+        this.restFor = id;
+        this.render();
+      }
+    }
+  }
+
+  highlightHash(id) {
+    const m = this.model;
+    const ids = m.index && m.hashed[id] ? m.index.sameAs(id) : [];
+    this.map.setHighlight("hash", ids.length > 1 ? ids : []);
+    this.sameHash = ids;
+  }
+
+  async highlightRequest(rid) {
+    try {
+      const req = await get(`/api/requests/${encodeURIComponent(rid)}`);
+      const ids = [];
+      for (const b of req.blocks) for (const x of b.block_ids) if (x > 0) ids.push(x);
+      this.request = { id: rid, blocks: ids, hits: req.num_hit_blocks, tokens: req.num_tokens };
+      this.map.setHighlight("request", ids);
+      if (this.onRequestHighlight) this.onRequestHighlight(this.request);
+    } catch (err) {
+      this.request = { id: rid, blocks: [], error: err.message };
+      this.map.setHighlight("request", []);
+    }
+    this.render();
+  }
+
+  /** Highlight a request's blocks without a block selected (controls panel). */
+  async showRequest(rid) {
+    this.map.setHighlight("hash", []);
+    await this.highlightRequest(rid);
+  }
+
+  /** Highlight the blocks of one hash (hash map / tree panels). */
+  showHash(ids) {
+    this.map.setHighlight("hash", ids);
+  }
+
+  render() {
+    const id = this.shown;
+    const m = this.model;
+    this.root.replaceChildren();
+    if (id < 0 || id >= m.n) {
+      this.title.textContent = "Block";
+      const tip = this.request
+        ? `Request ${this.request.id}: ${this.request.blocks.length} blocks highlighted`
+        : "Hover a block for its details; click to pin it (Esc to unpin).";
+      this.root.append(h("p", { class: "muted" }, tip));
+      return;
+    }
+    const state = STATE_NAMES[m.state[id]];
+    const hashed = m.hashed[id];
+    const hex = hashed ? hex64(m.hash64[2 * id], m.hash64[2 * id + 1]) : null;
+    this.title.replaceChildren(
+      `Block #${id} `,
+      h("span", { class: `badge st-${state}`, id: "detail-state" }, STATE_LABEL[state]),
+      this.pinned === id ? h("span", { class: "pin", title: "pinned (Esc to unpin)" }, "pinned") : null,
+    );
+    const r = this.restFor === id ? this.rest : null;
+    const rows = [];
+    const row = (k, v, attrs) => rows.push(h("tr", null, h("th", null, k), h("td", attrs || null, v)));
+    row("ref count", String(r && !r.error ? r.ref_cnt : m.refCnt[id]), { id: "detail-ref" });
+    if (r && !r.error && r.raw_refs) row("raw refs", String(r.raw_refs));
+    row("hash64", hex || "—", { id: "detail-hash", class: "mono" });
+    if (r && r.block_hash) row("digest", `${r.block_hash.slice(0, 24)}…`, { class: "mono", title: r.block_hash });
+    if (hashed) row("group", String(m.group[id]));
+    if (hashed && this.sameHash && this.pinned === id) {
+      row("copies", String(r && !r.error ? r.copies_under_hash : this.sameHash.length), { id: "detail-copies" });
+    }
+    const free = state === "cached" || state === "empty";
+    if (free) {
+      const pos = r && !r.error && r.queue_position !== null ? r.queue_position : m.queuePosition(id);
+      row("queue position", `${int(pos)} (evicted in ~${dur(this.queueEta(pos))})`, { id: "detail-qpos" });
+    } else {
+      row("queue position", "— (not free)", { id: "detail-qpos" });
+    }
+    row("stamp", int(m.stamp[id]));
+    if (r && !r.error) {
+      const holders = r.requests.length
+        ? r.requests.map((rid) =>
+            h(
+              "button",
+              {
+                class: `chip${this.request && this.request.id === rid ? " on" : ""}`,
+                onclick: () => this.highlightRequest(rid),
+                title: "highlight this request's blocks",
+              },
+              rid,
+            ),
+          )
+        : ["none"];
+      rows.push(h("tr", null, h("th", null, "holders"), h("td", { id: "detail-holders" }, ...holders)));
+      const mt = r.metrics;
+      row(
+        "lifetime",
+        mt ? `age ${dur(mt.age_seconds)} · idle ${dur(mt.idle_seconds)}` : "not sampled",
+        { id: "detail-metrics" },
+      );
+      if (mt && mt.reuse_gaps_seconds.length) {
+        row("reuse gaps", mt.reuse_gaps_seconds.slice(-6).map(dur).join(", "));
+      }
+    } else if (r && r.error) {
+      row("details", r.error, { class: "err" });
+    } else {
+      row("details", "loading…", { class: "muted" });
+    }
+    this.root.append(h("table", { class: "kv" }, ...rows));
+    if (this.request && this.pinned === id) {
+      const q = this.request;
+      this.root.append(
+        h(
+          "p",
+          { class: "hl-note", id: "detail-request-note" },
+          h("span", { class: "sw sw-req" }),
+          `request ${q.id}: ${q.blocks.length} blocks`,
+          q.hits !== undefined ? ` (${q.hits} prefix hits)` : "",
+        ),
+      );
+    }
+    if (this.sameHash && this.sameHash.length > 1 && this.pinned === id) {
+      this.root.append(
+        h("p", { class: "hl-note" }, h("span", { class: "sw sw-hash" }), `${this.sameHash.length} blocks share this hash`),
+      );
+    }
+  }
+}

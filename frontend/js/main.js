@@ -1,0 +1,243 @@
+// The dashboard: wires the model, the stream, the map and the panels, and
+// runs one requestAnimationFrame loop (one map draw per frame; panels on
+// their own slower cadences).  window.__bp exposes the parts for tests and
+// the benchmark.
+
+import { ApiError, get, getToken, onApiError } from "./api.js";
+import { BlockMap } from "./blockmap.js";
+import { Charts } from "./charts.js";
+import { Controls } from "./controls.js";
+import { DetailPanel } from "./detail.js";
+import { EventLog } from "./events.js";
+import { $, Every, h, int, pct, rate, setText } from "./format.js";
+import { HashMapPanel } from "./hashmap.js";
+import { HealthBar } from "./health.js";
+import { LruPanel } from "./lru.js";
+import { PoolModel } from "./model.js";
+import { COLORS, colorsForState, rgbCss } from "./palette.js";
+import { PrefixTree } from "./prefixtree.js";
+import { STATE_NAMES } from "./protocol.js";
+import { StreamConnection } from "./stream.js";
+import { TreePanel } from "./treeview.js";
+
+const model = new PoolModel();
+const tree = new PrefixTree();
+const perf = { raf: 0, frameMs: 0, maxFrameMs: 0, longFrames: 0, map: null, started: performance.now() };
+const errors = [];
+
+function showError(msg) {
+  errors.push(msg);
+  const el = $("errline");
+  el.textContent = msg;
+  el.classList.add("on");
+  clearTimeout(showError.timer);
+  showError.timer = setTimeout(() => el.classList.remove("on"), 8000);
+}
+
+function legend() {
+  const item = (color, label) => h("span", { class: "lg" }, h("i", { style: `background:${rgbCss(color)}` }), label);
+  $("legend").replaceChildren(
+    item(COLORS.in_use[0], "in use ×1"),
+    item(COLORS.in_use[1], "×2"),
+    item(COLORS.in_use[2], "×3"),
+    item(COLORS.in_use[3], "×4+"),
+    item(COLORS.cached, "cached"),
+    item(COLORS.risk, "evicted soon"),
+    item(COLORS.empty, "empty"),
+    item(COLORS.null, "null"),
+  );
+}
+
+function stat(key, label, cls) {
+  return h("div", { class: `stat ${cls || ""}` }, h("span", { class: "label" }, label), h("span", { class: "value", id: `stat-${key}` }, "—"));
+}
+
+function buildStats() {
+  $("stats").replaceChildren(
+    stat("in_use", "in use", "st-in_use"),
+    stat("cached", "cached", "st-cached"),
+    stat("empty", "empty", "st-empty"),
+    stat("usage", "usage"),
+    stat("hit", "prefix hit rate"),
+    stat("keys", "hash keys"),
+    stat("requests", "requests"),
+    stat("alloc", "alloc/s"),
+    stat("evict", "evict/s"),
+  );
+}
+
+function setStat(key, text, value) {
+  const el = document.getElementById(`stat-${key}`);
+  setText(el, text);
+  el.dataset.value = String(value);
+}
+
+function updateStats() {
+  const hd = model.header;
+  if (!hd.counts) return;
+  const c = hd.counts;
+  const total = Math.max(1, model.n - 1);
+  setStat("in_use", `${int(c.in_use)} · ${pct(c.in_use / total, 0)}`, c.in_use);
+  setStat("cached", `${int(c.cached)} · ${pct(c.cached / total, 0)}`, c.cached);
+  setStat("empty", `${int(c.empty)} · ${pct(c.empty / total, 0)}`, c.empty);
+  setStat("usage", pct(hd.usage), hd.usage);
+  const pc = hd.prefix_cache || {};
+  const hr = pc.queries ? pc.hits / pc.queries : null;
+  setStat("hit", pct(hr), hr);
+  setStat("keys", int(hd.hash_map_keys), hd.hash_map_keys);
+  setStat("requests", int(hd.running_requests), hd.running_requests);
+  const pts = model.points;
+  const recent = pts.slice(-20);
+  const avg = (k) => recent.reduce((a, p) => a + (Number.isFinite(p[k]) ? p[k] : 0), 0) / Math.max(1, recent.length);
+  setStat("alloc", rate(avg("alloc_per_s")), avg("alloc_per_s"));
+  setStat("evict", rate(avg("evict_per_s")), avg("evict_per_s"));
+  setText($("map-zoom"), map && map.zoom > 1 ? `zoom ×${map.zoom.toFixed(1)}` : "");
+}
+
+function showFacts(cfg) {
+  if (!cfg) return;
+  setText(
+    $("facts"),
+    `${int(cfg.num_blocks)} blocks × ${cfg.block_size} tok · ${cfg.hash_fn} · ${cfg.num_groups} group${cfg.num_groups > 1 ? "s" : ""} · caching ${cfg.enable_caching ? "on" : "off"} · ${cfg.tick_hz} Hz`,
+  );
+  controls.setAuth(Boolean(cfg.auth_required_for_writes));
+}
+
+function hoverLine(id) {
+  if (id < 0 || id >= model.n) return "—";
+  const st = STATE_NAMES[model.state[id]];
+  return `#${id} · ${st.replace("_", " ")} · ref ${model.refCnt[id]}`;
+}
+
+legend();
+buildStats();
+const map = new BlockMap($("map"), $("map-overlay"), model);
+perf.map = map.perf;
+let lru = null;
+const detail = new DetailPanel(model, map, (pos) => (lru ? lru.eta(pos) : null));
+lru = new LruPanel(model, map, tree, (id) => detail.select(id));
+const charts = new Charts(model);
+const events = new EventLog(model);
+const hashmap = new HashMapPanel(
+  model,
+  (ids) => detail.showHash(ids),
+  (id) => detail.select(id),
+);
+const treePanel = new TreePanel(model, tree, (hex) => {
+  const p = model.index.searchPrefix(hex, 4);
+  detail.showHash(p.flatMap((s) => model.index.idsOf(s)));
+});
+const conn = new StreamConnection(model, { token: getToken });
+const controls = new Controls(model, detail, () => {
+  conn.reconnectNow();
+  boot();
+});
+const health = new HealthBar(conn, model, perf);
+
+map.onhover = (id) => {
+  setText($("map-hover"), hoverLine(id));
+  detail.hover(id);
+};
+map.onselect = (id) => detail.select(id);
+onApiError((err) => {
+  if (err.status === 404 && err.code === "not_found") return; // a request that just finished
+  showError(`${err.message}${err.code ? ` (${err.code})` : ""}`);
+});
+
+model.on("config", (frame) => {
+  showFacts(frame.header.config);
+  if (model.seq === null) tree.clear(); // another server (or the first connect)
+});
+model.on("snapshot", (frame) => {
+  tree.applyEvents(frame.header.recent_events || []);
+  treePanel.load();
+  events.dirty = true;
+  detail.render();
+});
+model.on("delta", (frame) => {
+  const ev = frame.header.events;
+  if (ev && ev.length) tree.applyEvents(ev);
+});
+
+const cadence = (window.__bpCadence = {
+  stats: new Every(250),
+  health: new Every(250),
+  lru: new Every(500),
+  charts: new Every(250),
+  events: new Every(250),
+  hashmap: new Every(1000),
+  tree: new Every(2000),
+  demo: new Every(2000),
+  requests: new Every(2000),
+  detail: new Every(1000),
+});
+
+function frame(now) {
+  perf.raf++;
+  const t0 = performance.now();
+  try {
+    map.render();
+    cadence.stats.run(now, updateStats);
+    cadence.health.run(now, () => health.update(now));
+    if (model.seq !== null) {
+      cadence.lru.run(now, () => lru.update(now));
+      cadence.charts.run(now, () => charts.update());
+      cadence.events.run(now, () => events.update());
+      cadence.hashmap.run(now, () => hashmap.update());
+      cadence.tree.run(now, () => treePanel.update());
+      cadence.demo.run(now, () => controls.refreshDemo());
+      cadence.requests.run(now, () => controls.refreshRequests());
+      if (detail.pinned >= 0) cadence.detail.run(now, () => detail.fetch(detail.pinned));
+    }
+  } catch (err) {
+    showError(`render: ${err.message}`);
+    console.error(err); // eslint-disable-line no-console
+  }
+  const ms = performance.now() - t0;
+  perf.frameMs += ms;
+  perf.maxFrameMs = Math.max(perf.maxFrameMs, ms);
+  if (ms > 50) perf.longFrames++;
+  requestAnimationFrame(frame);
+}
+
+async function boot() {
+  try {
+    const cfg = await get("/api/config");
+    showFacts(cfg);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) {
+      controls.setAuth(true);
+      showError("this server protects reads: enter its token at the top right");
+    }
+  }
+}
+
+window.__bp = {
+  model,
+  map,
+  conn,
+  lru,
+  detail,
+  tree,
+  treePanel,
+  charts,
+  events,
+  hashmap,
+  controls,
+  perf,
+  errors,
+  palette: { COLORS, colorsForState },
+  ready: () => model.seq !== null && map.n === model.n,
+  resetPerf() {
+    perf.raf = 0;
+    perf.frameMs = 0;
+    perf.maxFrameMs = 0;
+    perf.longFrames = 0;
+    perf.started = performance.now();
+    Object.assign(map.perf, { draws: 0, drawMs: 0, lastMs: 0, maxMs: 0, cells: 0, fullPaints: 0 });
+  },
+};
+
+boot();
+conn.start();
+requestAnimationFrame(frame);

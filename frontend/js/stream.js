@@ -1,0 +1,192 @@
+// StreamConnection: the websocket to /api/stream, feeding a PoolModel.
+//
+// As docs/protocol.md (and app/stream/client.py) say: reconnect with
+// exponential backoff and jitter, passing resume_from=seq+1&epoch=E so the
+// server replays from its ring (or sends a snapshot; another epoch always
+// gets one); on a gap send {"type":"resume","from":seq+1} and keep going.
+
+import { decodeFrame } from "./protocol.js";
+
+export class StreamConnection {
+  constructor(model, { path = "/api/stream", channels = null, token = () => "", backoff = [250, 5000] } = {}) {
+    this.model = model;
+    this.path = path;
+    this.channels = channels;
+    this.token = token;
+    this.backoff = backoff;
+    this.ws = null;
+    this.stopped = true;
+    this.delay = backoff[0];
+    this.timer = null;
+    this.watchdog = null;
+    this.pendingResume = null; // [expected, sentAt]
+    this.dropNext = 0; // tests: lose the next N delta frames
+    this.health = {
+      state: "idle", // connecting | open | retrying | auth | idle
+      connects: 0,
+      reconnects: 0,
+      snapshots: 0,
+      resyncs: 0, // snapshots after the first of a connection
+      gapsResumed: 0,
+      frames: 0,
+      bytes: 0,
+      lastFrameAt: 0,
+      lagMs: null,
+      nextRetryAt: 0,
+      lastError: "",
+      closeCode: null,
+      server: null, // header.stream of the last frame
+    };
+    this.onchange = null;
+    this._snapshotsThisConn = 0;
+  }
+
+  url() {
+    const loc = window.location;
+    const q = new URLSearchParams();
+    if (this.channels) q.set("channels", this.channels.join(","));
+    const m = this.model;
+    if (m.nextSeq !== null && m.epoch !== null) {
+      q.set("resume_from", String(m.nextSeq));
+      q.set("epoch", m.epoch);
+    }
+    const tok = this.token();
+    if (tok) q.set("token", tok);
+    const scheme = loc.protocol === "https:" ? "wss:" : "ws:";
+    const qs = q.toString();
+    return `${scheme}//${loc.host}${this.path}${qs ? `?${qs}` : ""}`;
+  }
+
+  start() {
+    if (!this.stopped) return;
+    this.stopped = false;
+    this._open();
+    this.watchdog = setInterval(() => this._checkAlive(), 1000);
+  }
+
+  stop() {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    clearInterval(this.watchdog);
+    if (this.ws) this.ws.close();
+    this.ws = null;
+    this.health.state = "idle";
+  }
+
+  /** Reconnect now (e.g. after a token was entered). */
+  reconnectNow() {
+    clearTimeout(this.timer);
+    this.delay = this.backoff[0];
+    if (this.ws) this.ws.close();
+    else if (!this.stopped) this._open();
+  }
+
+  _open() {
+    const h = this.health;
+    h.state = "connecting";
+    this._changed();
+    let ws;
+    try {
+      ws = new WebSocket(this.url());
+    } catch (exc) {
+      h.lastError = String(exc);
+      this._retry();
+      return;
+    }
+    ws.binaryType = "arraybuffer";
+    this.ws = ws;
+    this._snapshotsThisConn = 0;
+    this.pendingResume = null;
+    ws.onopen = () => {
+      if (h.connects > 0) h.reconnects++;
+      h.connects++;
+      h.state = "open";
+      h.closeCode = null;
+      h.lastFrameAt = performance.now();
+      this._changed();
+    };
+    ws.onmessage = (ev) => this._onMessage(ev);
+    ws.onerror = () => {
+      h.lastError = "websocket error";
+    };
+    ws.onclose = (ev) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      h.closeCode = ev.code;
+      if (ev.code === 4401) {
+        h.state = "auth";
+        h.lastError = "the stream needs a token";
+        this._changed();
+        return; // wait for reconnectNow() with a token
+      }
+      if (!this.stopped) this._retry();
+    };
+  }
+
+  _retry() {
+    const h = this.health;
+    const wait = this.delay * (0.5 + Math.random());
+    this.delay = Math.min(this.delay * 2, this.backoff[1]);
+    h.state = "retrying";
+    h.nextRetryAt = performance.now() + wait;
+    this._changed();
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => {
+      if (!this.stopped) this._open();
+    }, wait);
+  }
+
+  _checkAlive() {
+    // The server sends a delta every tick: silence means a dead peer.
+    const h = this.health;
+    if (h.state === "open" && performance.now() - h.lastFrameAt > 5000 && this.ws) {
+      h.lastError = "no frame for 5 s";
+      this.ws.close();
+    }
+    this._changed();
+  }
+
+  _onMessage(ev) {
+    if (typeof ev.data === "string") return;
+    const h = this.health;
+    h.frames++;
+    h.bytes += ev.data.byteLength;
+    h.lastFrameAt = performance.now();
+    const frame = decodeFrame(ev.data);
+    if (frame.kind === 3 && this.dropNext > 0 && this.model.seq !== null) {
+      this.dropNext--;
+      return; // simulated loss (tests)
+    }
+    const r = this.model.apply(frame);
+    if (r.status === "snapshot") {
+      h.snapshots++;
+      if (this._snapshotsThisConn++ > 0) h.resyncs++;
+      this.pendingResume = null;
+    } else if (r.status === "applied") {
+      this.pendingResume = null;
+      this.delay = this.backoff[0]; // a healthy connection resets the backoff
+    } else if (r.status === "gap") {
+      const now = performance.now();
+      const p = this.pendingResume;
+      if (!p || p[0] !== r.expected || now - p[1] > 2000) {
+        this.pendingResume = [r.expected, now];
+        h.gapsResumed++;
+        this.send({ type: "resume", from: r.expected });
+      }
+    }
+    if (frame.header.stream) h.server = frame.header.stream;
+    if (frame.kind === 3 && frame.header.ts) h.lagMs = Math.max(0, Date.now() - frame.header.ts * 1000);
+  }
+
+  send(msg) {
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(msg));
+  }
+
+  requestSnapshot() {
+    this.send({ type: "snapshot" });
+  }
+
+  _changed() {
+    if (this.onchange) this.onchange(this.health);
+  }
+}

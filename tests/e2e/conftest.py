@@ -1,0 +1,184 @@
+"""Browser tests: a REAL server (uvicorn in a subprocess) and headless Chromium.
+
+Chromium is Debian's /usr/bin/chromium driven by Playwright (``playwright
+install`` cannot download browsers here).  These tests never skip: when
+Chromium or the server cannot run, they fail.  Screenshots go to
+test-artifacts/e2e/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts" / "e2e"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORT = {"width": 1600, "height": 1000}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """``python -m app.cli serve`` on a port, with its log in test-artifacts."""
+
+    def __init__(self, port: int, *args: str, name: str = "server") -> None:
+        self.port = port
+        self.args = list(args)
+        self.name = name
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.http = httpx.Client(base_url=self.url, timeout=10)
+        self.token: str | None = None
+        self._log: Any = None
+        self.starts = 0
+
+    def start(self, *args: str) -> Server:
+        if args:
+            self.args = list(args)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.starts += 1
+        self._log = open(ARTIFACTS / f"{self.name}-{self.starts}.log", "wb")  # noqa: SIM115
+        cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), *self.args]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=self._log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.stop()
+                pytest.fail(f"the server exited with {self.proc.returncode}: see {self._log.name}")
+            with contextlib.suppress(httpx.HTTPError):
+                if self.http.get("/api/health", timeout=1).status_code == 200:
+                    return self
+            time.sleep(0.1)
+        self.stop()
+        pytest.fail(f"the server did not answer on port {self.port} within 30 s")
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is not None:
+            if kill:
+                self.proc.kill()
+            else:
+                self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def close(self) -> None:
+        self.stop()
+        self.http.close()
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def get(self, path: str) -> Any:
+        r = self.http.get(path, headers=self._headers())
+        r.raise_for_status()
+        return r.json()
+
+    def post(self, path: str, body: Any = None) -> httpx.Response:
+        return self.http.post(path, json={} if body is None else body, headers=self._headers())
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (browser tests never skip)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server(free_port(), "--num-blocks", "4096", "--demo", "--log-level", "warning")
+    srv.start()
+    yield srv
+    srv.close()
+
+
+class Page:
+    """A dashboard tab with its console errors collected."""
+
+    def __init__(self, browser: Any, url: str, name: str) -> None:
+        self.ctx = browser.new_context(viewport=VIEWPORT)
+        self.page = self.ctx.new_page()
+        self.name = name
+        self.errors: list[str] = []  # page errors and console.error
+        # the browser's own network lines: HTTP errors, refused connections
+        self.network: list[str] = []
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+        self.page.goto(url + "/")
+        self.page.wait_for_function("() => window.__bp && window.__bp.ready()", timeout=20_000)
+
+    def _console(self, msg: Any) -> None:
+        if msg.type == "error":
+            if msg.text.startswith(("Failed to load resource", "WebSocket connection to")):
+                self.network.append(msg.text)
+            else:
+                self.errors.append(f"console: {msg.text}")
+
+    def js(self, expr: str, arg: Any = None) -> Any:
+        return self.page.evaluate(expr, arg)
+
+    def shot(self, suffix: str = "") -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / f"{self.name}{suffix}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+@pytest.fixture
+def dashboard(browser: Any, server: Server, request: pytest.FixtureRequest) -> Iterator[Page]:
+    page = Page(browser, server.url, request.node.name)
+    yield page
+    page.shot()
+    page.close()
