@@ -190,6 +190,14 @@ def cache(engine: Engine, op: CacheOp) -> dict[str, Any]:
             )
         if block.block_hash is not None:
             raise Conflict(f"cache: block {bid} is already cached", block_id=bid)
+        if block.ref_cnt > engine.raw_refs[bid]:
+            # A running request holds it too: the request caches its blocks as
+            # they fill, and a hash set here would make that fail half-way.
+            raise Conflict(
+                f"cache: block {bid} belongs to a running request, which caches its "
+                "blocks itself as they fill",
+                block_id=bid,
+            )
     parent = BlockHash(bytes.fromhex(op.parent_block_hash)) if op.parent_block_hash else None
     if op.block_hashes is not None:
         if len(op.block_hashes) != len(ids):

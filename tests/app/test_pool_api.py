@@ -332,6 +332,26 @@ async def test_cache_refused_changes_nothing(
     api.check()
 
 
+async def test_cache_refuses_a_running_requests_block(api: Api) -> None:
+    """A request's tail block, touched through the block API, must not be
+    hashed from outside: the request caches it itself once it fills (this
+    used to end in a 500 half-way through the request's append)."""
+    adm = await api.admit([1, 2, 3, 4, 5, 6], request_id="r")
+    tail = adm["block_ids"][0][1]
+    await api.ok("POST", "/api/pool/touch", {"block_ids": [tail]})
+    before = api.fingerprint()
+    r = await api.post("/api/pool/cache", {"block_ids": [tail], "token_ids": [9, 9, 9, 9]})
+    err = assert_error(r, 409, "conflict", contains="belongs to a running request")
+    assert err["details"] == {"block_id": tail}
+    assert api.fingerprint() == before
+    body = await api.ok("POST", "/api/requests/r/tokens", {"token_ids": [7, 8]})
+    assert body["new_block_ids"] == [[]]
+    assert api.engine.pool.blocks[tail].block_hash is not None  # cached by the request
+    await api.finish("r")
+    await api.free([tail])
+    api.check()
+
+
 # ------------------------------------------------------------ lookups
 
 

@@ -265,3 +265,90 @@ async def test_many_requests_share_a_prefix_and_free_in_reverse(api: Api) -> Non
     assert s["prefix_cache"]["hits_tokens"] == 4 * 16
     assert s["prefix_cache"]["queries_tokens"] == 5 * 18
     api.check()
+
+
+@pytest.mark.app_settings(num_blocks=40)
+async def test_seeded_random_walk_keeps_every_invariant(api: Api) -> None:
+    """1,500 state-aware operations of every kind (some bound to be refused):
+    never a 5xx, refusals change nothing, engine.check() after each step, and
+    the block API's own reference model agrees with the pool."""
+    import random
+
+    rng = random.Random(1234)
+    held: list[int] = []  # block references taken through the block API
+    running: list[str] = []
+    finished: list[str] = []
+    prefixes = [list(range(100 * i, 100 * i + 8)) for i in range(3)]
+    statuses: dict[int, int] = {}
+    for step in range(1500):
+        kind = rng.choice(
+            ["allocate", "free", "touch", "cache", "evict", "admit", "append", "finish", "reset",
+             "lookup", "refinish"]
+        )  # fmt: skip
+        before = api.fingerprint()
+        if kind == "allocate":
+            r = await api.post("/api/pool/allocate", {"num_blocks": rng.randint(0, 6)})
+            if r.status_code == 200:
+                held += r.json()["block_ids"]
+        elif kind == "free":
+            ids = rng.sample(held, k=min(len(held), rng.randint(0, 4)))
+            if rng.random() < 0.1:
+                ids.append(rng.randrange(1, 40))  # maybe not held: refused as a whole
+            r = await api.post("/api/pool/free", {"block_ids": ids})
+            if r.status_code == 200:
+                for b in ids:
+                    held.remove(b)
+        elif kind == "touch":
+            ids = [rng.randrange(1, 40) for _ in range(rng.randint(1, 3))]
+            r = await api.post("/api/pool/touch", {"block_ids": ids})
+            if r.status_code == 200:
+                held += ids
+        elif kind == "cache":
+            ids = list(dict.fromkeys(rng.sample(held, k=min(len(held), 2))))
+            if not ids:
+                continue
+            body = {"block_ids": ids, "token_ids": [rng.randrange(50) for _ in range(4 * len(ids))]}
+            r = await api.post("/api/pool/cache", body)
+        elif kind == "evict":
+            r = await api.post("/api/pool/evict", {"block_ids": [rng.randrange(0, 40)]})
+        elif kind == "admit":
+            tokens = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randint(1, 9))]
+            r = await api.post("/api/requests", {"token_ids": tokens})
+            if r.status_code == 201:
+                running.append(r.json()["request_id"])
+        elif kind == "append" and running:
+            rid = rng.choice(running)
+            n = rng.randint(1, 6)
+            r = await api.post(f"/api/requests/{rid}/tokens", {"token_ids": [7] * n})
+        elif kind == "finish" and running:
+            rid = running.pop(rng.randrange(len(running)))
+            r = await api.post(f"/api/requests/{rid}/finish")
+            assert r.status_code == 200, r.text
+            finished.append(rid)
+        elif kind == "refinish" and finished:
+            r = await api.post(f"/api/requests/{rng.choice(finished)}/finish")
+            assert r.status_code == 409, r.text
+        elif kind == "reset":
+            r = await api.post("/api/pool/reset")
+            assert r.status_code == (409 if held or running else 200), r.text
+        elif kind == "lookup":
+            r = await api.post("/api/pool/prefix-lookup", {"token_ids": rng.choice(prefixes)})
+            assert api.fingerprint() == before
+        else:
+            continue
+        statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+        assert r.status_code < 500, r.text
+        if r.status_code >= 400:
+            assert_error(r, r.status_code)
+            assert api.fingerprint() == before, (step, kind, r.text)
+        api.check()
+        raw = api.engine.raw_refs.tolist()
+        assert raw == [held.count(b) for b in range(40)], step
+    assert statuses.get(409, 0) > 50 and statuses.get(200, 0) > 500, statuses
+    for rid in running:
+        await api.finish(rid)
+    await api.free(held)
+    assert await api.ok("POST", "/api/pool/reset") == {"reset": True}
+    s = await api.summary()
+    assert s["blocks"] == {"null": 1, "in_use": 0, "cached": 0, "empty": 39}
+    api.check()
