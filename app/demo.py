@@ -102,28 +102,29 @@ class DemoWorkload:
             await self.engine.submit(lambda: self._finish_all(ids))
 
     def configure(self, **changes: Any) -> None:
-        if changes.get("rate") is not None:
-            self.rate = float(changes["rate"])
-        if changes.get("mix") is not None:
-            mix = {k: float(v) for k, v in changes["mix"].items()}
-            unknown = set(mix) - set(KINDS)
-            if unknown or any(v < 0 for v in mix.values()) or not any(mix.values()):
-                from app.errors import InvalidInput
+        """Apply the given settings, all or none: every value is checked first."""
+        from app.errors import InvalidInput
 
+        rate, mix, decode, max_running = self.rate, self.mix, self.decode_tokens, self.max_running
+        if changes.get("rate") is not None:
+            rate = float(changes["rate"])
+        if changes.get("mix") is not None:
+            weights = {k: float(v) for k, v in changes["mix"].items()}
+            unknown = set(weights) - set(KINDS)
+            if unknown or any(v < 0 for v in weights.values()) or not any(weights.values()):
                 raise InvalidInput(
                     f"mix: weights for {', '.join(KINDS)} (non-negative, not all 0)",
                     unknown=sorted(unknown),
                 )
-            self.mix = {k: mix.get(k, 0.0) for k in KINDS}
+            mix = {k: weights.get(k, 0.0) for k in KINDS}
         if changes.get("decode_tokens") is not None:
             lo, hi = changes["decode_tokens"]
             if not 1 <= lo <= hi <= 100_000:
-                from app.errors import InvalidInput
-
                 raise InvalidInput("decode_tokens: need 1 <= min <= max <= 100000")
-            self.decode_tokens = (int(lo), int(hi))
+            decode = (int(lo), int(hi))
         if changes.get("max_running") is not None:
-            self.max_running = int(changes["max_running"])
+            max_running = int(changes["max_running"])
+        self.rate, self.mix, self.decode_tokens, self.max_running = rate, mix, decode, max_running
 
     def status(self) -> dict[str, Any]:
         s = self.stats

@@ -259,6 +259,11 @@ async def test_bad_path_and_query_params(api: Api) -> None:
         {"max_running": 0},
         {"max_running": "3"},
         {"speed": 3},
+        # a valid field next to an invalid one: nothing is applied (the rate
+        # used to change before the mix was refused)
+        {"rate": 77, "max_running": 3, "mix": {"nonsense": 1}},
+        {"rate": 77, "decode_tokens": [9, 2]},
+        {"max_running": 3, "mix": {"chat": 0}},
     ],
 )
 async def test_demo_config_validation_changes_nothing(api: Api, body: dict[str, Any]) -> None:
