@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ops", type=int, default=200_000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--blocks", type=int, default=2048)
+    p.add_argument("--blocks", type=int, default=768)
     p.add_argument("--block-size", type=int, default=4)
     p.add_argument("--groups", type=int, default=1)
     p.add_argument("--max-running", type=int, default=64)
