@@ -31,12 +31,12 @@ export function setToken(token) {
 
 const listeners = [];
 
-/** fn(err) for every failed call (the page shows them). */
+/** fn(err) for every failed background call (GETs; POSTs report to their control). */
 export function onApiError(fn) {
   listeners.push(fn);
 }
 
-export async function api(method, path, body) {
+export async function api(method, path, body, { quiet = false } = {}) {
   const headers = { Accept: "application/json" };
   const token = getToken();
   if (token) headers.Authorization = `Bearer ${token}`;
@@ -50,7 +50,7 @@ export async function api(method, path, body) {
     resp = await fetch(path, init);
   } catch (exc) {
     const err = new ApiError(0, "network", `${method} ${path}: ${exc.message || exc}`, {});
-    for (const fn of listeners) fn(err);
+    if (!quiet) for (const fn of listeners) fn(err);
     throw err;
   }
   let data = null;
@@ -65,11 +65,11 @@ export async function api(method, path, body) {
   if (!resp.ok) {
     const e = (data && data.error) || {};
     const err = new ApiError(resp.status, e.code || `http_${resp.status}`, e.message || resp.statusText, e.details);
-    for (const fn of listeners) fn(err);
+    if (!quiet) for (const fn of listeners) fn(err);
     throw err;
   }
   return data;
 }
 
 export const get = (path) => api("GET", path);
-export const post = (path, body) => api("POST", path, body === undefined ? {} : body);
+export const post = (path, body) => api("POST", path, body === undefined ? {} : body, { quiet: true });

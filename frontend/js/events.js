@@ -108,7 +108,7 @@ export class EventLog {
         rows.push(this.gapRow(e[0], prevSeq));
       }
       prevSeq = e[0];
-      if (eventMatches(e, types, q)) rows.push(this.row(e));
+      if (eventMatches(e, types, q)) rows.push(this.row(e, q));
     }
     this.body.replaceChildren(...rows);
   }
@@ -136,11 +136,16 @@ export class EventLog {
     );
   }
 
-  row(e) {
+  row(e, q) {
     const [seq, type] = e;
     const hashes = type === EV_CLEARED ? [] : e[2].map(eventHash64);
-    const shown = hashes.slice(0, 2).join(" ");
-    const more = hashes.length > 2 ? ` +${hashes.length - 2}` : "";
+    if (q) {
+      // the hash that matched the filter goes first
+      const i = hashes.findIndex((x) => x.startsWith(q));
+      if (i > 0) hashes.unshift(...hashes.splice(i, 1));
+    }
+    const shown = hashes.slice(0, 1).join(" ");
+    const more = hashes.length > 1 ? ` +${hashes.length - 1}` : "";
     const parent = type === EV_STORED && e[3] ? eventHash64(e[3]).slice(0, 8) : "";
     const info = type === EV_STORED ? `${e[4]} tok${e[6] ? ` · ${e[6]}` : ""}` : "";
     return h(

@@ -50,6 +50,17 @@ export class HealthBar {
     if (state === "open" && m.seq === null) state = "syncing";
     setText(cell.state, label);
     this.root.dataset.state = state;
+    document.body.dataset.stream = state === "open" ? "live" : state;
+    const banner = document.getElementById("stale-banner");
+    if (banner) {
+      const age = c.lastFrameAt ? ((now - c.lastFrameAt) / 1000).toFixed(0) : "?";
+      setText(
+        banner,
+        state === "auth"
+          ? "The stream needs a token: enter it at the top right."
+          : `Stream ${state === "syncing" ? "resyncing" : "disconnected"}: showing the pool as of seq ${m.seq ?? "—"} (${age} s ago) · ${label}`,
+      );
+    }
     setText(cell.seq, m.seq === null ? "—" : int(m.seq));
     setText(cell.lag, c.lagMs === null ? "—" : `${int(c.lagMs)}ms`);
     const server = c.server || {};

@@ -92,6 +92,8 @@ function updateStats() {
   setStat("alloc", rate(avg("alloc_per_s")), avg("alloc_per_s"));
   setStat("evict", rate(avg("evict_per_s")), avg("evict_per_s"));
   setText($("map-zoom"), map && map.zoom > 1 ? `zoom ×${map.zoom.toFixed(1)}` : "");
+  const px = map.k * map.effScale;
+  setText($("map-info"), px >= 1 ? `${px.toFixed(px < 3 ? 1 : 0)} px / block` : `${(1 / (px * px)).toFixed(1)} blocks / px`);
 }
 
 function showFacts(cfg) {
@@ -123,9 +125,10 @@ const hashmap = new HashMapPanel(
   (ids) => detail.showHash(ids),
   (id) => detail.select(id),
 );
-const treePanel = new TreePanel(model, tree, (hex) => {
-  const p = model.index.searchPrefix(hex, 4);
-  detail.showHash(p.flatMap((s) => model.index.idsOf(s)));
+const treePanel = new TreePanel(model, tree, (hexes) => {
+  const ids = [];
+  for (const hex of hexes) for (const s of model.index.searchPrefix(hex, 4)) ids.push(...model.index.idsOf(s));
+  detail.showHash(ids);
 });
 const conn = new StreamConnection(model, { token: getToken });
 const controls = new Controls(model, detail, () => {

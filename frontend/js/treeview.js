@@ -14,7 +14,7 @@ export class TreePanel {
   constructor(model, tree, onHash) {
     this.model = model;
     this.tree = tree;
-    this.onHash = onHash; // (hex) -> highlight its blocks
+    this.onHash = onHash; // ([hex]) -> highlight their blocks
     this.root = $("tree-body");
     this.stats = $("tree-stats");
     this.loading = false;
@@ -31,6 +31,7 @@ export class TreePanel {
       this.tree.load(data.nodes);
       this.loadedEpoch = this.model.epoch;
       this.restTotal = data.total;
+      this.update(); // show it now, not at the next 2 s refresh
     } catch {
       /* shown by the global error line */
     } finally {
@@ -63,7 +64,7 @@ export class TreePanel {
     const multi = chain.some((n) => n.copies > 1);
     const label = h(
       "span",
-      { class: "chain", onclick: () => this.onHash(last.hash), title: `${chain.length} blocks: ${node.hash} … ${last.hash}` },
+      { class: "chain", onclick: () => this.onHash(chain.map((n) => n.hash)), title: `${chain.length} blocks: ${node.hash} … ${last.hash}` },
       h("span", { class: "mono" }, shortHash(node.hash)),
       chain.length > 1 ? h("span", { class: "len" }, ` ─ ${chain.length} blocks ─ `) : " ",
       chain.length > 1 ? h("span", { class: "mono" }, shortHash(last.hash)) : "",
