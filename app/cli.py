@@ -101,6 +101,9 @@ def serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=False,
         ws="websockets-sansio",
+        # Frames are compressed once per tick on request (?compress=zlib);
+        # per-connection deflate would compress every frame once per client.
+        ws_per_message_deflate=False,
     )
     return 0
 

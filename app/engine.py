@@ -52,6 +52,7 @@ RESIDENCY_BUCKETS = (
     10, 20, 30, 60, 120, 300, 600, 1200, 1800,
 )  # fmt: skip
 SERIES_CAPACITY = 6000
+IDLE_TICK_S = 0.5  # ticks while nothing changes (series points, liveness)
 
 
 class Histogram:
@@ -163,6 +164,7 @@ class Engine:
         self._full_dirty = True
         self._last_point_counters = (time.monotonic(), 0, 0, 0, 0)
         self._queue: asyncio.Queue[Command] | None = None
+        self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._next_request = 0
 
@@ -216,9 +218,23 @@ class Engine:
                 fn, fut = queue.get_nowait()
 
     async def _ticker(self) -> None:
+        """Ticks at most every 1/tick_hz; an operation after a quiet spell is
+        ticked at once (low latency), and an idle pool still ticks every
+        IDLE_TICK_S so that charts and clients see it alive."""
         period = 1.0 / self.settings.tick_hz
+        wake = self._wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        last = loop.time()
         while True:
-            await asyncio.sleep(period)
+            now = loop.time()
+            if not wake.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), max(0.0, last + IDLE_TICK_S - now))
+            now = loop.time()
+            if now < last + period:
+                await asyncio.sleep(last + period - now)
+            wake.clear()
+            last = loop.time()
             try:
                 self.tick()
             except Exception:
@@ -236,6 +252,8 @@ class Engine:
             raise
         finally:
             self.absorb()
+            if self._wake is not None:
+                self._wake.set()
             if self.paranoid:
                 check_invariants(self.pool)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 HashName = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     # --- the demo workload
     demo: bool = False
     demo_rate: float = Field(default=8.0, ge=0, le=10_000, description="requests per second")
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, v: object) -> object:
+        # BLOCKPOOL_TOKEN= (empty) means "no token", not "the empty token".
+        return None if isinstance(v, str) and not v.strip() else v
 
     @model_validator(mode="after")
     def _one_size(self) -> Settings:

@@ -38,12 +38,14 @@ class StreamClient:
         token: str | None = None,
         backoff: tuple[float, float] = (0.05, 5.0),
         on_frame: Callable[[Frame], None] | None = None,
+        compress: bool = True,
     ) -> None:
         self.url = url
         self.channels = channels
         self.token = token
         self.backoff = backoff
         self.on_frame = on_frame
+        self.compress = compress
         self.mirror = PoolMirror()
         self.connects = 0
         self.gaps = 0
@@ -58,6 +60,8 @@ class StreamClient:
 
     def _connect_url(self) -> str:
         q: dict[str, str] = {}
+        if self.compress:
+            q["compress"] = "zlib"
         if self.channels:
             q["channels"] = ",".join(self.channels)
         if self.token:
@@ -98,7 +102,7 @@ class StreamClient:
         while True:
             try:
                 async with websockets.connect(
-                    self._connect_url(), max_size=None, open_timeout=5
+                    self._connect_url(), max_size=None, open_timeout=5, compression=None
                 ) as ws:
                     self._ws = ws
                     self.connects += 1

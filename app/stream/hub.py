@@ -62,6 +62,7 @@ def _finite(d: dict[str, float]) -> dict[str, float | None]:
 @dataclass(eq=False)
 class Client:
     channels: frozenset[str]
+    compress: bool = False
     queue: asyncio.Queue[bytes] = field(default_factory=lambda: asyncio.Queue(QUEUE_FRAMES))
     needs_snapshot: bool = True
     connected_at: float = field(default_factory=time.time)
@@ -93,9 +94,11 @@ class StreamHub:
 
     # ------------------------------------------------------------- clients
 
-    def connect(self, channels: frozenset[str], resume_from: int | None) -> Client:
-        client = Client(channels)
-        client.queue.put_nowait(self.config_frame())
+    def connect(
+        self, channels: frozenset[str], resume_from: int | None, compress: bool = False
+    ) -> Client:
+        client = Client(channels, compress)
+        client.queue.put_nowait(self._for(client, self.config_frame()))
         if resume_from is not None and self.resume(client, resume_from):
             client.needs_snapshot = False
         self.clients.add(client)
@@ -116,7 +119,7 @@ class StreamHub:
         if from_seq < first or len(frames) > QUEUE_FRAMES - client.queue.qsize():
             return False
         for frame in frames:
-            client.queue.put_nowait(frame)
+            client.queue.put_nowait(self._for(client, frame))
         client.last_queued_seq = self.seq
         return True
 
@@ -125,6 +128,10 @@ class StreamHub:
         client.needs_snapshot = True
         client.resyncs += 1
         self.resyncs_total += 1
+
+    @staticmethod
+    def _for(client: Client, frame: bytes) -> bytes:
+        return p.compress_frame(frame) if client.compress else frame
 
     def _drop_queue(self, client: Client) -> None:
         while not client.queue.empty():
@@ -259,19 +266,28 @@ class StreamHub:
             for client in self.clients:
                 self._drop_queue(client)
                 client.needs_snapshot = True
-        encoded: dict[frozenset[str], bytes] = {frozenset(p.CHANNELS): full}
-        snapshot: bytes | None = None
+        # Each variant (channel set, compressed or not) is encoded once.
+        encoded: dict[tuple[frozenset[str], bool], bytes] = {(frozenset(p.CHANNELS), False): full}
+        snapshots: dict[bool, bytes] = {}
         for client in list(self.clients):
             if client.needs_snapshot:
                 if client.sending:
                     continue  # stalled in a send: no snapshot until it is free
-                if snapshot is None:
-                    snapshot = self.snapshot_frame()
-                frame = snapshot
+                if False not in snapshots:
+                    snapshots[False] = self.snapshot_frame()
+                if client.compress and True not in snapshots:
+                    snapshots[True] = p.compress_frame(snapshots[False])
+                frame = snapshots[client.compress]
             else:
-                cached = encoded.get(client.channels)
+                key = (client.channels, client.compress)
+                cached = encoded.get(key)
                 if cached is None:
-                    cached = encoded[client.channels] = self._delta(data, client.channels, parts)
+                    plain = encoded.get((client.channels, False))
+                    if plain is None:
+                        plain = encoded[(client.channels, False)] = self._delta(
+                            data, client.channels, parts
+                        )
+                    cached = encoded[key] = p.compress_frame(plain) if client.compress else plain
                 frame = cached
             try:
                 client.queue.put_nowait(frame)

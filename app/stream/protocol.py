@@ -3,7 +3,8 @@
     offset  size  field
     0       4     magic b"BPS1"
     4       1     kind: 1 config, 2 snapshot, 3 delta
-    5       3     reserved (0)
+    5       1     flags: bit 0 = what follows the envelope is zlib-compressed
+    6       2     reserved (0)
     8       8     seq (u64, little-endian)
     16      4     header length H (u32)
     20      4     body length B (u32)
@@ -13,13 +14,16 @@
                   by header["columns"] = [[name, dtype, count, offset], ...]
                   (offset from the body's start)
 
-dtypes: u8, i32, u32, u64, f64 (all little-endian).  See docs/protocol.md.
+dtypes: u8, i32, u32, u64, f64 (all little-endian).  A compressed frame
+(flag bit 0) is the envelope followed by zlib(header + body); H and B give the
+sizes after decompression.  See docs/protocol.md.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +33,9 @@ MAGIC = b"BPS1"
 VERSION = 1
 CONFIG, SNAPSHOT, DELTA = 1, 2, 3
 KIND_NAMES = {CONFIG: "config", SNAPSHOT: "snapshot", DELTA: "delta"}
-_HEAD = struct.Struct("<4sB3xQII")
+_HEAD = struct.Struct("<4sBB2xQII")
+FLAG_ZLIB = 1
+COMPRESS_MIN_BYTES = 256
 DTYPES: dict[str, np.dtype[Any]] = {
     "u8": np.dtype("<u1"),
     "i32": np.dtype("<i4"),
@@ -48,6 +54,7 @@ def encode(
     seq: int,
     header: dict[str, Any],
     columns: dict[str, tuple[str, np.ndarray]] | None = None,
+    compress: bool = False,
 ) -> bytes:
     """Build one frame.  ``columns`` maps name -> (dtype name, array)."""
     parts: list[bytes] = []
@@ -64,7 +71,19 @@ def encode(
     raw = json.dumps(head, separators=(",", ":"), allow_nan=False).encode()
     raw += b" " * ((-(_HEAD.size + len(raw))) % 8)
     body = b"".join(parts)
-    return _HEAD.pack(MAGIC, kind, seq, len(raw), len(body)) + raw + body
+    if compress and len(raw) + len(body) >= COMPRESS_MIN_BYTES:
+        packed = zlib.compress(raw + body, 1)
+        return _HEAD.pack(MAGIC, kind, FLAG_ZLIB, seq, len(raw), len(body)) + packed
+    return _HEAD.pack(MAGIC, kind, 0, seq, len(raw), len(body)) + raw + body
+
+
+def compress_frame(data: bytes) -> bytes:
+    """The same frame, compressed (as the encoder would have made it)."""
+    if data[5] & FLAG_ZLIB or len(data) - _HEAD.size < COMPRESS_MIN_BYTES:
+        return data
+    head = bytearray(data[: _HEAD.size])
+    head[5] |= FLAG_ZLIB
+    return bytes(head) + zlib.compress(data[_HEAD.size :], 1)
 
 
 @dataclass
@@ -86,13 +105,19 @@ class ProtocolError(ValueError):
 def decode(data: bytes) -> Frame:
     if len(data) < _HEAD.size:
         raise ProtocolError(f"frame of {len(data)} bytes is shorter than the envelope")
-    magic, kind, seq, hlen, blen = _HEAD.unpack_from(data)
+    magic, kind, flags, seq, hlen, blen = _HEAD.unpack_from(data)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {magic!r}")
-    if len(data) != _HEAD.size + hlen + blen:
+    payload = data[_HEAD.size :]
+    if flags & FLAG_ZLIB:
+        try:
+            payload = zlib.decompress(payload)
+        except zlib.error as exc:
+            raise ProtocolError(f"bad compressed payload: {exc}") from None
+    if len(payload) != hlen + blen:
         raise ProtocolError("frame length does not match its envelope")
-    header = json.loads(data[_HEAD.size : _HEAD.size + hlen])
-    body = memoryview(data)[_HEAD.size + hlen :]
+    header = json.loads(payload[:hlen])
+    body = memoryview(payload)[hlen:]
     columns: dict[str, np.ndarray] = {}
     for name, dtype, count, offset in header.get("columns", []):
         dt = DTYPES[dtype]

@@ -2,8 +2,9 @@
 
 Query: ``channels`` (comma list of blocks, events, series, samples; default
 all), ``resume_from`` (the first seq the client still needs) with ``epoch``
-(the server epoch those seqs belong to), ``token`` (when the server protects
-reads).  Client messages (JSON text):
+(the server epoch those seqs belong to), ``compress=zlib`` (frames compressed
+once per tick, shared by every such client), ``token`` (when the server
+protects reads).  Client messages (JSON text):
 ``{"type": "resume", "from": N}`` after a gap, ``{"type": "snapshot"}``.
 """
 
@@ -82,8 +83,9 @@ async def stream(ws: WebSocket) -> None:
     resume_from = int(resume) if resume and resume.isdigit() else None
     if ws.query_params.get("epoch") != hub.epoch:
         resume_from = None  # another server (restart): seqs mean nothing here
+    compress = ws.query_params.get("compress") in ("zlib", "1", "true")
     await ws.accept()
-    client = hub.connect(channels, resume_from)
+    client = hub.connect(channels, resume_from, compress)
     tasks = [
         asyncio.create_task(_sender(ws, hub, client)),
         asyncio.create_task(_receiver(ws, hub, client)),

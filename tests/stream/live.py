@@ -36,7 +36,12 @@ async def live_server(
     app.state.engine.paranoid = paranoid  # check_invariants after every operation
     app.state.port = port
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", ws="websockets-sansio"
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        ws="websockets-sansio",
+        ws_per_message_deflate=False,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
