@@ -50,6 +50,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     demo = DemoWorkload(engine, rate=settings.demo_rate)
     hub = StreamHub(engine)
     extra: dict[str, StatsSource] = {"demo": demo.metrics, "stream": hub.metrics}
+    if storage is not None:
+        extra["storage"] = storage.metrics
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -30,7 +30,7 @@ class Settings(BaseSettings):
     model_name: str = "blockpool-demo"
 
     # --- K/V storage (torch); off: metadata only
-    storage: bool = False
+    storage: bool = True
     storage_device: str | None = None
     num_layers: int = Field(default=2, ge=1, le=256)
     num_kv_heads: int = Field(default=2, ge=1, le=256)

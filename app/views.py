@@ -12,7 +12,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from app.columns import STATE_NAMES, hash64
-from app.errors import InvalidInput, NotFound
+from app.errors import Conflict, InvalidInput, NotFound
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 if TYPE_CHECKING:
@@ -329,6 +329,17 @@ def request(engine: Engine, rid: str) -> dict[str, Any]:
             for i in range(len(managed.block_tables[0]))
         ],
     }
+
+
+def verify(engine: Engine, rid: str) -> dict[str, Any]:
+    if engine.storage is None:
+        raise Conflict("verify: the server runs without K/V storage (--no-storage)")
+    managed = engine.manager.requests.get(rid)
+    if managed is None:
+        raise NotFound(f"no running request {rid!r}", request_id=rid)
+    result: dict[str, Any] = engine.storage.verify(managed)
+    result["request_id"] = rid
+    return result
 
 
 def requests(engine: Engine, offset: int, limit: int) -> dict[str, Any]:

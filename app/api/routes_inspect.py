@@ -84,6 +84,14 @@ async def series(
     return views.series(engine, limit)
 
 
+@router.get("/storage", dependencies=[ReadAuth], summary="K/V storage memory facts")
+async def storage(engine: EngineDep) -> dict[str, Any]:
+    """Device, dtype, bytes per block, bytes allocated, and the bytes holding
+    live / cached / empty blocks now (``enabled: false`` without storage)."""
+    facts = engine.storage_facts()
+    return {"enabled": facts is not None, **(facts or {})}
+
+
 @router.get("/health", summary="Liveness")
 async def health(engine: EngineDep) -> dict[str, Any]:
     return {"status": "ok", "num_blocks": engine.pool.num_gpu_blocks}

@@ -47,6 +47,14 @@ async def append(engine: EngineDep, request_id: Rid, body: AppendBody) -> dict[s
     return await run(engine, AppendOp(request_id=request_id, token_ids=body.token_ids))
 
 
+@router.post("/requests/{request_id}/verify", dependencies=[ReadAuth], summary="Verify its K/V")
+async def verify(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
+    """Check bit for bit that the request's blocks hold the K/V the stand-in
+    model computes for its tokens (prefix hits included).  409 when the
+    server runs without storage."""
+    return await engine.submit(lambda: views.verify(engine, request_id))
+
+
 @router.post("/requests/{request_id}/finish", dependencies=[WriteAuth], summary="Finish")
 async def finish(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Frees the request's blocks in reverse (its shared prefix is evicted last)."""
