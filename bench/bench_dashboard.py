@@ -91,7 +91,8 @@ class Churn(threading.Thread):
     def __init__(self, base: str, changes: int) -> None:
         super().__init__(daemon=True)
         self.base = base
-        self.k = max(1, round(changes * TICK_S / 2))  # each block changes on alloc and on free
+        # each block changes three times: allocated, cached (hash set), freed
+        self.k = max(1, round(changes * TICK_S / 3))
         self.stop_event = threading.Event()
         self.rounds = 0
         self.errors = 0

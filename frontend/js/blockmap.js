@@ -305,6 +305,7 @@ export class BlockMap {
     this.needOverlay = false;
     const { octx, W, H, hl } = this;
     octx.clearRect(0, 0, W, H);
+    this._grid();
     const groups = [
       [hl.request, HIGHLIGHT.request],
       [hl.hash, HIGHLIGHT.hash],
@@ -323,6 +324,23 @@ export class BlockMap {
     for (const [ids, color] of groups) this._outline(ids, color, 1.5);
     if (hl.hover >= 0 && hl.hover !== hl.selected) this._outline([hl.hover], HIGHLIGHT.hover, 1);
     if (hl.selected >= 0) this._outline([hl.selected], HIGHLIGHT.selected, 2);
+  }
+
+  /** Cell borders when zoomed in far enough to see them (visible cells only). */
+  _grid() {
+    const s = this.effScale;
+    const cell = this.k * s;
+    if (this.gap || cell < 6) return;
+    const { octx, W, H, k } = this;
+    const c0 = Math.floor(this.panX / k);
+    const r0 = Math.floor(this.panY / k);
+    const c1 = Math.min(this.cols, Math.ceil((this.panX + W / s) / k));
+    const r1 = Math.min(this.rows, Math.ceil((this.panY + H / s) / k));
+    octx.fillStyle = "rgba(13, 17, 23, 0.9)";
+    const x1 = (c1 * k - this.panX) * s;
+    const y1 = (r1 * k - this.panY) * s;
+    for (let c = c0; c <= c1; c++) octx.fillRect((c * k - this.panX) * s - 0.5, 0, 1, y1);
+    for (let r = r0; r <= r1; r++) octx.fillRect(0, (r * k - this.panY) * s - 0.5, x1, 1);
   }
 
   _outline(ids, color, lw) {

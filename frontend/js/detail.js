@@ -127,6 +127,40 @@ export class DetailPanel {
     this.map.setHighlight("hash", ids);
   }
 
+  /** In-use blocks by ref count: how much the running requests share. */
+  sharing() {
+    const m = this.model;
+    const by = [0, 0, 0, 0];
+    const { state, refCnt } = m;
+    for (let i = 0; i < m.n; i++) {
+      if (state[i] === 1) by[Math.min(refCnt[i], 4) - 1]++;
+    }
+    const total = by.reduce((a, b) => a + b, 0);
+    const refs = by[0] + 2 * by[1] + 3 * by[2];
+    let more = 0;
+    for (let i = 0; i < m.n; i++) if (state[i] === 1 && refCnt[i] >= 4) more += refCnt[i];
+    const rows = ["×1", "×2", "×3", "×4+"].map((label, i) =>
+      h(
+        "tr",
+        null,
+        h("th", null, `ref ${label}`),
+        h("td", null, h("span", { class: "bar", style: `width:${total ? (100 * by[i]) / total : 0}%` }), ` ${int(by[i])}`),
+      ),
+    );
+    const saved = refs + more - total;
+    return h(
+      "div",
+      { class: "sharing" },
+      h("div", { class: "ctl-title" }, "In-use blocks by reference count"),
+      h("table", { class: "kv" }, ...rows),
+      h(
+        "p",
+        { class: "muted" },
+        `${int(refs + more)} block references held through ${int(total)} physical blocks: sharing saves ${int(saved)} blocks.`,
+      ),
+    );
+  }
+
   render() {
     const id = this.shown;
     const m = this.model;
@@ -136,7 +170,7 @@ export class DetailPanel {
       const tip = this.request
         ? `Request ${this.request.id}: ${this.request.blocks.length} blocks highlighted`
         : "Hover a block for its details; click to pin it (Esc to unpin).";
-      this.root.append(h("p", { class: "muted" }, tip));
+      this.root.append(h("p", { class: "muted" }, tip), this.sharing());
       return;
     }
     const state = STATE_NAMES[m.state[id]];
@@ -145,7 +179,7 @@ export class DetailPanel {
     this.title.replaceChildren(
       `Block #${id} `,
       h("span", { class: `badge st-${state}`, id: "detail-state" }, STATE_LABEL[state]),
-      this.pinned === id ? h("span", { class: "pin", title: "pinned (Esc to unpin)" }, "pinned") : null,
+      ...(this.pinned === id ? [h("span", { class: "pin", title: "pinned (Esc to unpin)" }, "pinned")] : []),
     );
     const r = this.restFor === id ? this.rest : null;
     const rows = [];

@@ -191,6 +191,7 @@ function frame(now) {
       cadence.demo.run(now, () => controls.refreshDemo());
       cadence.requests.run(now, () => controls.refreshRequests());
       if (detail.pinned >= 0) cadence.detail.run(now, () => detail.fetch(detail.pinned));
+      else if (detail.shown < 0) cadence.detail.run(now, () => detail.render());
     }
   } catch (err) {
     showError(`render: ${err.message}`);
