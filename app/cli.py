@@ -1,4 +1,5 @@
-"""``blockpool`` command line: ``blockpool serve`` starts the service.
+"""``blockpool`` command line: ``blockpool serve`` starts the service,
+``blockpool observe`` follows vLLM KV-event streams.
 
 Flags override ``BLOCKPOOL_*`` environment settings, which override defaults.
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.settings import Settings
+from app.settings import ObserverSettings, Settings
 
 logger = logging.getLogger("blockpool")
 
@@ -48,13 +49,85 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--demo-rate", type=float, help="demo requests per second")
     s.add_argument("--tick-hz", type=float, help="stream ticks per second (10)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _kv_event_flags(s)
+    _observe_parser(sub)
     return ap
+
+
+def _kv_event_flags(s: argparse.ArgumentParser) -> None:
+    g = s.add_argument_group(
+        "KV-event stream (vLLM's ZMQ publisher; giving an endpoint turns it on)"
+    )
+    g.add_argument(
+        "--kv-events", dest="kv_events_publisher", action="store_true", default=None,
+        help="publish KV events over ZMQ as vLLM 0.16 does",
+    )  # fmt: skip
+    g.add_argument("--no-kv-events", dest="kv_events_publisher", action="store_false")
+    g.add_argument("--kv-events-endpoint", help="PUB endpoint (tcp://*:5557)")
+    g.add_argument("--kv-events-replay-endpoint", help="ROUTER replay endpoint (none)")
+    g.add_argument("--kv-events-topic", help="topic frame ('')")
+    g.add_argument("--kv-events-buffer-steps", type=int, help="batches kept for replay (10000)")
+    g.add_argument("--kv-events-hwm", type=int, help="ZMQ high-water mark (100000)")
+    g.add_argument("--kv-events-max-queue-size", type=int, help="batches queued (100000)")
+    g.add_argument(
+        "--kv-events-data-parallel-rank", type=int, help="DP rank: both ports move up by it (0)"
+    )
+    g.add_argument(
+        "--kv-events-bind", choices=["auto", "bind", "connect"],
+        help="auto: bind wildcard/ipc addresses, connect to others (vLLM's rule)",
+    )  # fmt: skip
+
+
+def _observe_parser(sub: Any) -> None:
+    o = sub.add_parser(
+        "observe",
+        help="follow vLLM/SGLang KV-event streams and serve a fleet dashboard",
+        description=(
+            "Subscribe to the ZMQ KV-event streams of one or more vLLM (or SGLang, or "
+            "blockpool) instances and serve a dashboard of their prefix caches, rebuilt "
+            "from the events alone."
+        ),
+    )
+    o.add_argument(
+        "endpoints", nargs="+", metavar="ENDPOINT",
+        help="[name=]tcp://host:port of a PUB socket (vLLM's kv-events-config endpoint)",
+    )  # fmt: skip
+    o.add_argument(
+        "--replay", dest="replay_endpoints", action="append", metavar="ENDPOINT",
+        help="the replay (ROUTER) endpoint of each ENDPOINT, in order; 'none' for one without",
+    )  # fmt: skip
+    o.add_argument("--dp-size", type=int, help="data-parallel ranks per endpoint: ports +0..N-1")
+    o.add_argument("--topic", help="topic prefix to subscribe to (all)")
+    o.add_argument(
+        "--no-bootstrap-replay", dest="bootstrap_replay", action="store_false", default=None,
+        help="do not ask for seq 0 on when joining mid-stream",
+    )  # fmt: skip
+    o.add_argument(
+        "--replay-timeout", dest="replay_timeout_s", type=float,
+        help="seconds without a replay answer before giving up (3)",
+    )  # fmt: skip
+    o.add_argument("--host", help="bind address (default 127.0.0.1)")
+    o.add_argument("--port", type=int, help="port (default 8000)")
+    o.add_argument("--token", help="bearer token required by every read")
+    o.add_argument("--tick-hz", type=float, help="websocket updates per second (5)")
+    o.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
     skip = {"command", "log_level"}
     given: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
+    # an endpoint flag turns the publisher on unless --no-kv-events says otherwise
+    if "kv_events_publisher" not in given and any(
+        k in given for k in ("kv_events_endpoint", "kv_events_replay_endpoint")
+    ):
+        given["kv_events_publisher"] = True
     return Settings(**given)
+
+
+def observer_settings_from(args: argparse.Namespace) -> ObserverSettings:
+    skip = {"command", "log_level"}
+    given: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
+    return ObserverSettings(**given)
 
 
 def describe(settings: Settings, num_blocks: int) -> str:
@@ -108,10 +181,47 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def observe(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.kvevents.observer_app import create_observer_app
+
+    try:
+        settings = observer_settings_from(args)
+    except ValidationError as exc:
+        print(f"blockpool observe: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = create_observer_app(settings)
+    for spec in settings.sources():
+        logger.info(
+            "observing %s: %s%s (dp rank %d)",
+            spec.name,
+            spec.endpoint,
+            f", replay {spec.replay_endpoint}" if spec.replay_endpoint else ", no replay",
+            spec.data_parallel_rank,
+        )
+    host = settings.host
+    shown = f"[{host}]" if ":" in host else host
+    logger.info("fleet dashboard: http://%s:%d/", shown, settings.port)
+    uvicorn.run(
+        app,
+        host=host,
+        port=settings.port,
+        log_level=args.log_level,
+        access_log=False,
+        ws="websockets-sansio",
+        ws_per_message_deflate=False,
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "observe":
+        return observe(args)
     return 2  # pragma: no cover - argparse enforces the subcommands
 
 

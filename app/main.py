@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from app.api import routes_demo, routes_inspect, routes_pool, routes_requests
 from app.api.deps import require_read
 from app.demo import DemoWorkload
 from app.engine import Engine
+from app.kvevents import routes as kvevents_routes
 from app.metrics import StatsSource, make_registry
 from app.settings import Settings
 from app.stream import ws as stream_ws
@@ -81,6 +83,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics_sources = extra
     app.state.startup_hooks = []
     app.state.shutdown_hooks = []
+    if settings.kv_events_publisher:
+        _add_kv_event_publisher(app, engine, settings)
     registry = make_registry(engine, extra)
 
     api_errors.install(app)
@@ -89,6 +93,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes_requests.router)
     app.include_router(routes_demo.router)
     app.include_router(stream_ws.router)
+    app.include_router(kvevents_routes.router)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:
@@ -104,3 +109,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.add_middleware(api_errors.BodyLimit, limit=settings.max_body_bytes)
     return app
+
+
+def _add_kv_event_publisher(app: FastAPI, engine: Engine, settings: Settings) -> None:
+    """Publish the engine's KV events over ZMQ as vLLM does (started and
+    stopped with the app; its counters under ``blockpool_kvevents_*``)."""
+    from app.kvevents.publisher import KVEventPublisher
+
+    publisher = KVEventPublisher(settings.kv_events_config())
+    app.state.kv_publisher = publisher
+
+    async def start() -> None:
+        publisher.start()
+        publisher.attach(engine)
+        replay = publisher.bound_replay_endpoint
+        logger.info(
+            "KV events: PUB %s%s", publisher.bound_endpoint, f", replay {replay}" if replay else ""
+        )
+
+    async def stop() -> None:
+        publisher.detach()
+        await asyncio.to_thread(publisher.stop)  # sends what is queued, up to 1 s
+
+    app.state.startup_hooks.append(start)
+    app.state.shutdown_hooks.append(stop)
+    app.state.metrics_sources["kvevents"] = publisher.metrics

@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.kvevents.config import KVEventsConfig, SourceSpec, plan_sources
+
 HashName = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 
 
@@ -52,6 +54,28 @@ class Settings(BaseSettings):
     max_batch_ops: int = Field(default=10_000, ge=1)
     max_requests: int = Field(default=100_000, ge=1)
 
+    # --- vLLM's ZMQ KV-event stream (vLLM's KVEventsConfig names)
+    kv_events_publisher: bool = Field(
+        default=False, description="publish KV events over ZMQ as vLLM 0.16 does"
+    )
+    kv_events_endpoint: str = Field(default="tcp://*:5557", description="PUB endpoint")
+    kv_events_replay_endpoint: str | None = Field(
+        default=None, description="ROUTER endpoint serving replays (none: no replay)"
+    )
+    kv_events_topic: str = ""
+    kv_events_buffer_steps: int = Field(default=10_000, ge=1, description="batches kept for replay")
+    kv_events_hwm: int = Field(default=100_000, ge=1, description="ZMQ high-water mark")
+    kv_events_max_queue_size: int = Field(
+        default=100_000, ge=1, description="batches queued for the publisher thread"
+    )
+    kv_events_data_parallel_rank: int = Field(
+        default=0, ge=0, le=4096, description="the DP rank: both ports move up by it"
+    )
+    kv_events_bind: Literal["auto", "bind", "connect"] = Field(
+        default="auto",
+        description="auto: vLLM's rule (bind wildcard/ipc addresses, connect to others)",
+    )
+
     # --- the demo workload
     demo: bool = False
     demo_rate: float = Field(default=8.0, ge=0, le=10_000, description="requests per second")
@@ -61,6 +85,31 @@ class Settings(BaseSettings):
     def _empty_token_is_none(cls, v: object) -> object:
         # BLOCKPOOL_TOKEN= (empty) means "no token", not "the empty token".
         return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("kv_events_replay_endpoint", mode="before")
+    @classmethod
+    def _no_replay(cls, v: object) -> object:
+        return None if isinstance(v, str) and v.strip().lower() in ("", "none") else v
+
+    @model_validator(mode="after")
+    def _kv_events(self) -> Settings:
+        if self.kv_events_publisher:
+            if not self.enable_events:
+                raise ValueError("kv_events_publisher needs KV events on (enable_events)")
+            self.kv_events_config()  # raises ValueError on a bad endpoint
+        return self
+
+    def kv_events_config(self) -> KVEventsConfig:
+        return KVEventsConfig(
+            endpoint=self.kv_events_endpoint,
+            replay_endpoint=self.kv_events_replay_endpoint,
+            buffer_steps=self.kv_events_buffer_steps,
+            hwm=self.kv_events_hwm,
+            max_queue_size=self.kv_events_max_queue_size,
+            topic=self.kv_events_topic,
+            data_parallel_rank=self.kv_events_data_parallel_rank,
+            bind=self.kv_events_bind,
+        )
 
     @model_validator(mode="after")
     def _one_size(self) -> Settings:
@@ -73,3 +122,48 @@ class Settings(BaseSettings):
     @property
     def effective_num_blocks(self) -> int:
         return self.num_blocks if self.num_blocks is not None else 8192
+
+
+class ObserverSettings(BaseSettings):
+    """``blockpool observe``: the streams to follow and the server showing them
+    (env prefix ``BLOCKPOOL_OBSERVER_``; lists as JSON)."""
+
+    model_config = SettingsConfigDict(env_prefix="BLOCKPOOL_OBSERVER_", extra="ignore")
+
+    endpoints: list[str] = Field(
+        default_factory=list, description="PUB endpoints to follow: [name=]tcp://host:port"
+    )
+    replay_endpoints: list[str] = Field(
+        default_factory=list, description="one ROUTER endpoint per endpoint ('none': no replay)"
+    )
+    dp_size: int = Field(default=1, ge=1, le=1024, description="DP ranks per endpoint")
+    topic: str = Field(default="", description="topic prefix to subscribe to ('' = all)")
+    bootstrap_replay: bool = Field(
+        default=True, description="on joining mid-stream, ask the replay socket for seq 0 on"
+    )
+    replay_timeout_s: float = Field(default=3.0, gt=0, le=600)
+    replay_backoff_s: float = Field(default=10.0, ge=0, le=3600)
+    max_pending: int = Field(default=100_000, ge=1, description="live batches held per replay")
+    rcvhwm: int = Field(default=100_000, ge=0, description="SUB socket high-water mark")
+    event_log_capacity: int = Field(default=20_000, ge=100, description="events kept per pool")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    token: str | None = Field(default=None, description="bearer token for every read")
+    tick_hz: float = Field(default=5.0, gt=0, le=100, description="websocket updates per second")
+    ws_queue: int = Field(default=64, ge=2, le=10_000, description="messages queued per client")
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @model_validator(mode="after")
+    def _plan(self) -> ObserverSettings:
+        if self.endpoints:
+            self.sources()  # raises ValueError on a bad plan
+        return self
+
+    def sources(self) -> list[SourceSpec]:
+        replays: list[str | None] = list(self.replay_endpoints)
+        return plan_sources(self.endpoints, replays, self.dp_size)

@@ -1,0 +1,395 @@
+"""Publish the engine's KV events over ZMQ, as vLLM 0.16's ZmqEventPublisher.
+
+The wire, as vLLM's subscribers read it:
+
+* a PUB socket on ``endpoint`` sends one message per engine tick that had
+  events: the frames ``topic``, the sequence number (8 bytes, big-endian,
+  from 0) and the msgpack of ``KVEventBatch(ts, events, data_parallel_rank)``
+  in vLLM's positional form (``blockpool.encode_event_batch``);
+* an optional ROUTER socket on ``replay_endpoint`` answers a request
+  ``[identity, b"", start_seq (8 bytes)]`` with every buffered batch whose
+  seq >= start as ``[identity, b"", seq, payload]``, then
+  ``[identity, b"", END_SEQ (-1), b""]``.
+
+What differs from vLLM, and why:
+
+* The engine never waits on ZMQ.  ``on_tick`` (the engine's tick listener)
+  only puts the tick's events on a bounded queue; when the queue is full the
+  batch is dropped and counted (vLLM blocks the scheduler instead).  A batch
+  takes its sequence number when it is queued, so a dropped batch leaves a
+  gap in the sequence that every subscriber sees: nothing is lost silently.
+* Replays are served a slice at a time between publishes (the ROUTER never
+  blocks the PUB), with the ROUTER's high-water mark raised to ``hwm``; a
+  replay to a peer that went away is abandoned and counted.
+* The PUB binds wildcard/ipc/inproc addresses and connects to others, like
+  vLLM; ``bind="bind"`` binds a concrete address too.
+
+One thread owns both sockets and a private ``zmq.Context`` (sockets are not
+thread-safe); ``stop()`` sends what is queued (up to ``shutdown_timeout``),
+closes the sockets with linger 0 and terminates the context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from app.kvevents.config import END_SEQ, KVEventsConfig
+from blockpool import KVCacheEvent, KVEventBatch, encode_event_batch
+
+if TYPE_CHECKING:
+    from app.engine import Engine, TickData
+
+logger = logging.getLogger("blockpool.kvevents")
+
+REPLAY_SLICE = 256  # replay messages sent per turn of the publisher loop
+MAX_REPLAY_JOBS = 64  # concurrent replay requests served; later ones get END at once
+_Item = tuple[int, float, list[KVCacheEvent]]
+
+
+class _ReplayJob:
+    __slots__ = ("client", "items", "pos")
+
+    def __init__(self, client: bytes, items: list[tuple[int, bytes]]) -> None:
+        self.client = client
+        self.items = items
+        self.pos = 0
+
+
+class KVEventPublisher:
+    def __init__(self, config: KVEventsConfig, shutdown_timeout: float = 1.0) -> None:
+        self.config = config
+        self.shutdown_timeout = shutdown_timeout
+        self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=config.max_queue_size)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self._topic = config.topic.encode()
+        self._rank = config.data_parallel_rank
+        self._next_seq = 0
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._running = False
+        self._engine: Engine | None = None
+        self.bound_endpoint: str | None = None
+        self.bound_replay_endpoint: str | None = None
+        # counters (engine side: queued/dropped; thread side: the rest)
+        self.batches_queued = 0
+        self.batches_dropped = 0
+        self.events_dropped = 0
+        self.batches_published = 0
+        self.events_published = 0
+        self.bytes_published = 0
+        self.send_errors = 0
+        self.last_published_seq = -1
+        self.replay_requests = 0
+        self.replay_batches_sent = 0
+        self.replay_invalid = 0
+        self.replay_aborted = 0
+        self.replay_refused = 0
+        self.buffer_evicted = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Open the sockets (raises when a bind fails) and start the thread."""
+        if self._thread is not None:
+            raise RuntimeError("the publisher is already started")
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="kv-event-publisher", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("the KV-event publisher did not start")
+        if self._startup_error is not None:
+            self._thread.join(timeout)
+            self._thread = None
+            self._running = False
+            err = self._startup_error
+            raise RuntimeError(f"KV-event publisher: {err}") from err
+
+    def stop(self) -> None:
+        """Send what is queued (bounded by shutdown_timeout), then close."""
+        self.detach()
+        thread = self._thread
+        if thread is None:
+            return
+        self._running = False
+        # when the queue is full the thread sees _running and stops after draining
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+        thread.join(self.shutdown_timeout + 5.0)
+        if thread.is_alive():  # pragma: no cover - a stuck libzmq call
+            logger.error("the KV-event publisher thread did not stop")
+        self._thread = None
+
+    def attach(self, engine: Engine) -> None:
+        """Publish every tick of ``engine`` that has events."""
+        self._engine = engine
+        if self.on_tick not in engine.listeners:
+            engine.listeners.append(self.on_tick)
+
+    def detach(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None and self.on_tick in engine.listeners:
+            engine.listeners.remove(self.on_tick)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._running
+
+    # ---------------------------------------------------------- engine side
+
+    def on_tick(self, data: TickData) -> None:
+        """The engine's tick listener: queue the tick's events, never wait."""
+        if data.events and self._running:
+            self.publish_events(data.ts, [ev for _, _, ev in data.events])
+
+    def publish_events(self, ts: float, events: Sequence[KVCacheEvent]) -> int | None:
+        """Queue one batch; returns its sequence number, or None when the
+        queue was full (the batch is dropped, its seq left as a gap)."""
+        if not self._running:
+            raise RuntimeError("the KV-event publisher is not running")
+        seq = self._next_seq
+        self._next_seq += 1
+        try:
+            self._queue.put_nowait((seq, ts, list(events)))
+        except queue.Full:
+            self.batches_dropped += 1
+            self.events_dropped += len(events)
+            return None
+        self.batches_queued += 1
+        return seq
+
+    # --------------------------------------------------------------- thread
+
+    def _open(self, ctx: zmq.Context[Any]) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
+        cfg = self.config
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.set_hwm(cfg.hwm)
+        router: zmq.Socket[Any] | None = None
+        try:
+            endpoint = cfg.pub_endpoint
+            if cfg.binds():
+                pub.bind(endpoint)
+                self.bound_endpoint = _last_endpoint(pub, endpoint)
+            else:
+                pub.connect(endpoint)
+                self.bound_endpoint = endpoint
+            replay = cfg.router_endpoint
+            if replay is not None:
+                router = ctx.socket(zmq.ROUTER)
+                router.setsockopt(zmq.LINGER, 0)
+                router.setsockopt(zmq.SNDHWM, cfg.hwm)
+                router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                router.bind(replay)
+                self.bound_replay_endpoint = _last_endpoint(router, replay)
+        except BaseException:
+            pub.close(linger=0)
+            if router is not None:
+                router.close(linger=0)
+            raise
+        return pub, router
+
+    def _run(self) -> None:
+        ctx: zmq.Context[Any] = zmq.Context()
+        try:
+            try:
+                pub, router = self._open(ctx)
+            except BaseException as exc:  # reported by start()
+                self._startup_error = exc
+                self._ready.set()
+                return
+            self._ready.set()
+            try:
+                self._loop(pub, router)
+            finally:
+                pub.close(linger=0)
+                if router is not None:
+                    router.close(linger=0)
+        finally:
+            ctx.term()
+
+    def _loop(self, pub: zmq.Socket[Any], router: zmq.Socket[Any] | None) -> None:
+        jobs: deque[_ReplayJob] = deque()
+        deadline: float | None = None
+        while True:
+            if not self._running and deadline is None:
+                deadline = time.monotonic() + self.shutdown_timeout
+            if deadline is not None and time.monotonic() > deadline:
+                left = self._queue.qsize()
+                if left:
+                    logger.warning("KV-event publisher: %d batch(es) unsent at shutdown", left)
+                return
+            # replay requests and replies (non-critical, never blocking)
+            if router is not None:
+                self._take_requests(router, jobs)
+                if jobs:
+                    self._serve_replays(router, jobs)
+            # the queue (critical): everything queued, then wait a little
+            wait = 0.0 if jobs else 0.05
+            try:
+                item = self._queue.get(timeout=wait) if wait else self._queue.get_nowait()
+            except queue.Empty:
+                if not self._running:
+                    return
+                if jobs:
+                    time.sleep(0.001)
+                continue
+            while True:
+                if item is None:
+                    if self._queue.empty():
+                        return
+                else:
+                    self._send(pub, item)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+
+    def _send(self, pub: zmq.Socket[Any], item: _Item) -> None:
+        seq, ts, events = item
+        try:
+            payload = encode_event_batch(
+                KVEventBatch(ts=ts, events=events, data_parallel_rank=self._rank)  # type: ignore[arg-type]
+            )
+            pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.batches_dropped += 1
+            self.events_dropped += len(events)
+            return
+        except Exception:
+            self.send_errors += 1
+            logger.exception("KV-event publisher: sending seq %d failed", seq)
+            return
+        if len(self._buffer) == self._buffer.maxlen:
+            self.buffer_evicted += 1
+        self._buffer.append((seq, payload))
+        self.batches_published += 1
+        self.events_published += len(events)
+        self.bytes_published += len(payload)
+        self.last_published_seq = seq
+
+    def _take_requests(self, router: zmq.Socket[Any], jobs: deque[_ReplayJob]) -> None:
+        for _ in range(64):
+            try:
+                frames = router.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.replay_requests += 1
+            if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
+                self.replay_invalid += 1
+                logger.warning("KV-event publisher: bad replay request (%d frames)", len(frames))
+                continue
+            client, _, start_bytes = frames
+            start = int.from_bytes(start_bytes, "big")
+            if len(jobs) >= MAX_REPLAY_JOBS:
+                self.replay_refused += 1
+                items: list[tuple[int, bytes]] = []
+            else:
+                items = [entry for entry in self._buffer if entry[0] >= start]
+            jobs.append(_ReplayJob(client, items))
+
+    def _serve_replays(self, router: zmq.Socket[Any], jobs: deque[_ReplayJob]) -> None:
+        for _ in range(len(jobs)):
+            job = jobs.popleft()
+            try:
+                sent = 0
+                while job.pos < len(job.items) and sent < REPLAY_SLICE:
+                    seq, payload = job.items[job.pos]
+                    router.send_multipart(
+                        (job.client, b"", seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK
+                    )
+                    job.pos += 1
+                    sent += 1
+                    self.replay_batches_sent += 1
+                if job.pos >= len(job.items):
+                    router.send_multipart((job.client, b"", END_SEQ, b""), flags=zmq.NOBLOCK)
+                    continue  # done
+            except zmq.Again:
+                pass  # the peer's queue is full: go on next turn
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:  # the requester went away
+                    self.replay_aborted += 1
+                    continue
+                raise
+            jobs.append(job)
+
+    # -------------------------------------------------------------- reading
+
+    def metrics(self) -> dict[str, float]:
+        """Counters and gauges for /metrics (``_total`` = counter)."""
+        buf = self._buffer
+        return {
+            "batches_published_total": float(self.batches_published),
+            "events_published_total": float(self.events_published),
+            "bytes_published_total": float(self.bytes_published),
+            "batches_dropped_total": float(self.batches_dropped),
+            "events_dropped_total": float(self.events_dropped),
+            "send_errors_total": float(self.send_errors),
+            "replay_requests_total": float(self.replay_requests),
+            "replay_batches_sent_total": float(self.replay_batches_sent),
+            "replay_invalid_total": float(self.replay_invalid),
+            "replay_aborted_total": float(self.replay_aborted),
+            "replay_refused_total": float(self.replay_refused),
+            "buffer_evicted_total": float(self.buffer_evicted),
+            "queue_batches": float(self._queue.qsize()),
+            "queue_capacity_batches": float(self.config.max_queue_size),
+            "buffer_batches": float(len(buf)),
+            "buffer_capacity_batches": float(self.config.buffer_steps),
+            "last_seq": float(self.last_published_seq),
+            "running": 1.0 if self.running else 0.0,
+        }
+
+    def status(self) -> dict[str, Any]:
+        """What /api/kv-events shows."""
+        cfg = self.config
+        first = self._buffer[0][0] if self._buffer else None
+        return {
+            "enabled": True,
+            "running": self.running,
+            "endpoint": cfg.pub_endpoint,
+            "bound_endpoint": self.bound_endpoint,
+            "binds": cfg.binds(),
+            "replay_endpoint": cfg.router_endpoint,
+            "bound_replay_endpoint": self.bound_replay_endpoint,
+            "topic": cfg.topic,
+            "data_parallel_rank": cfg.data_parallel_rank,
+            "buffer_steps": cfg.buffer_steps,
+            "hwm": cfg.hwm,
+            "max_queue_size": cfg.max_queue_size,
+            "next_seq": self._next_seq,
+            "last_seq": self.last_published_seq,
+            "buffer_first_seq": first,
+            "buffer_batches": len(self._buffer),
+            "queue_batches": self._queue.qsize(),
+            "batches_queued": self.batches_queued,
+            "batches_published": self.batches_published,
+            "events_published": self.events_published,
+            "bytes_published": self.bytes_published,
+            "batches_dropped": self.batches_dropped,
+            "events_dropped": self.events_dropped,
+            "send_errors": self.send_errors,
+            "replay_requests": self.replay_requests,
+            "replay_batches_sent": self.replay_batches_sent,
+            "replay_invalid": self.replay_invalid,
+            "replay_aborted": self.replay_aborted,
+            "replay_refused": self.replay_refused,
+        }
+
+
+def _last_endpoint(sock: zmq.Socket[Any], fallback: str) -> str:
+    """The address a bind really got (port 0 / wildcard resolved)."""
+    try:
+        value = sock.getsockopt(zmq.LAST_ENDPOINT)
+    except zmq.ZMQError:  # pragma: no cover
+        return fallback
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    return text or fallback

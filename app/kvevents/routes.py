@@ -1,0 +1,24 @@
+"""The service's view of its own KV-event publisher: ``GET /api/kv-events``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from app.api.deps import ReadAuth
+from app.api.errors import ERROR_RESPONSES
+
+router = APIRouter(prefix="/api", tags=["kv-events"], responses=ERROR_RESPONSES)
+
+
+@router.get("/kv-events", dependencies=[ReadAuth], summary="The ZMQ KV-event publisher")
+async def kv_events(request: Request) -> dict[str, Any]:
+    """Endpoints, sequence numbers, the replay buffer and every counter --
+    ``batches_dropped`` / ``events_dropped`` count batches the engine could
+    not queue (their seqs are left as gaps subscribers see)."""
+    publisher = getattr(request.app.state, "kv_publisher", None)
+    if publisher is None:
+        return {"enabled": False}
+    status: dict[str, Any] = publisher.status()
+    return status

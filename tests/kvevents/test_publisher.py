@@ -1,0 +1,249 @@
+"""Our ZMQ publisher read by a subscriber written to vLLM's documented
+protocol, over loopback TCP: the events the engine emitted, contiguous
+seqs, replays from a seq, bounded queues with drops counted."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+
+from app.engine import Engine, TickData
+from app.kvevents.config import KVEventsConfig
+from app.kvevents.publisher import KVEventPublisher
+from app.settings import Settings
+from blockpool import BlockStored, KVEventBatch
+from tests.kvevents.helpers import (
+    END_SEQ,
+    VllmSubscriber,
+    engine_step,
+    free_port,
+    positional,
+    wait_for,
+)
+
+STORED = BlockStored(
+    block_hashes=[1, 2], parent_block_hash=None, token_ids=[1, 2, 3, 4], block_size=2,
+    lora_id=None, medium="GPU", lora_name=None,
+)  # fmt: skip
+
+
+def make_engine() -> Engine:
+    return Engine(Settings(num_blocks=48, block_size=4, storage=False, hash_seed="0"))
+
+
+def connect(pub: KVEventPublisher, topic: bytes = b"") -> tuple[VllmSubscriber, int]:
+    """A subscriber that has seen one (poke) batch; returns the next seq."""
+    assert pub.bound_endpoint is not None
+    sub = VllmSubscriber(pub.bound_endpoint, pub.bound_replay_endpoint, topic)
+    sub.wait_connected(lambda: pub.publish_events(0.0, []))
+    time.sleep(0.05)
+    while sub.sub.poll(50):
+        sub.recv(1)
+    return sub, pub._next_seq
+
+
+def test_engine_ticks_arrive_as_vllm_batches_with_contiguous_seqs() -> None:
+    port = free_port()
+    cfg = KVEventsConfig(
+        endpoint=f"tcp://127.0.0.1:{port - 2}", replay_endpoint=f"tcp://127.0.0.1:{free_port()}",
+        topic="kv@blockpool", data_parallel_rank=2, bind="bind",
+    )  # fmt: skip
+    # vLLM moves both ports up by the rank
+    assert cfg.pub_endpoint == f"tcp://127.0.0.1:{port}"
+    pub = KVEventPublisher(cfg)
+    pub.start()
+    engine = make_engine()
+    emitted: list[TickData] = []
+    try:
+        assert pub.bound_endpoint == f"tcp://127.0.0.1:{port}"
+        sub, first = connect(pub, b"kv@")
+        pub.attach(engine)
+        engine.listeners.append(lambda d: emitted.append(d) if d.events else None)
+        rng = random.Random(4)
+        prefixes = [[rng.randrange(40) for _ in range(rng.randint(4, 16))] for _ in range(4)]
+        for _ in range(120):
+            engine_step(engine, rng, prefixes)
+            engine.tick()
+        engine.tick()  # a tick without events publishes nothing
+        got = sub.recv_n(len(emitted))
+        assert not sub.sub.poll(200)
+        assert len(emitted) > 50
+        for i, ((topic, seq, batch), tick) in enumerate(zip(got, emitted, strict=True)):
+            assert topic == b"kv@blockpool"
+            assert seq == first + i
+            assert batch.ts == tick.ts
+            assert batch.data_parallel_rank == 2
+            assert batch.events == [ev for _, _, ev in tick.events]
+        m = pub.metrics()
+        assert m["batches_published_total"] == first + len(emitted)
+        assert m["events_published_total"] == sum(len(t.events) for t in emitted)
+        assert m["batches_dropped_total"] == 0 and m["last_seq"] == first + len(emitted) - 1
+        # the replay gives back the very bytes that were published
+        replay = sub.replay(first)
+        assert [s for s, _ in replay] == list(range(first, first + len(emitted)))
+        decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        assert [decoder.decode(p) for _, p in replay] == [b for _, _, b in got]
+        sub.close()
+    finally:
+        pub.stop()
+    engine.check()
+
+
+def test_replay_serves_exactly_the_buffered_batches_then_minus_one() -> None:
+    pub = KVEventPublisher(
+        KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*",
+                       buffer_steps=10)
+    )  # fmt: skip
+    pub.start()
+    try:
+        sub, first = connect(pub)
+        for i in range(30):
+            pub.publish_events(float(i), [STORED] * (i % 3 + 1))
+        live = sub.recv_n(30)
+        assert [s for _, s, _ in live] == list(range(first, first + 30))
+        last = first + 29
+        wait_for(lambda: pub.last_published_seq == last)
+        # the buffer holds the last 10 batches
+        assert [s for s, _ in sub.replay(0)] == list(range(last - 9, last + 1))
+        assert [s for s, _ in sub.replay(last - 3)] == list(range(last - 3, last + 1))
+        assert sub.replay(last + 1) == []  # nothing newer: only the end marker
+        for seq, payload in sub.replay(last - 9):
+            assert msgspec.msgpack.decode(payload, type=KVEventBatch) == live[seq - first][2]
+        status = pub.status()
+        assert status["buffer_first_seq"] == last - 9 and status["buffer_batches"] == 10
+        assert status["replay_requests"] == 4
+        assert pub.metrics()["buffer_evicted_total"] == first + 30 - 10
+        sub.close()
+    finally:
+        pub.stop()
+
+
+def test_bad_replay_requests_are_counted_and_answered_by_nothing() -> None:
+    pub = KVEventPublisher(
+        KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+    )
+    pub.start()
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    try:
+        assert pub.bound_replay_endpoint is not None
+        dealer.connect(pub.bound_replay_endpoint)
+        dealer.send_multipart([b"", b"\x00\x01"])  # not 8 bytes
+        dealer.send_multipart([b"x", (0).to_bytes(8, "big")])  # no empty delimiter
+        wait_for(lambda: pub.replay_invalid == 2)
+        assert not dealer.poll(100)
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        assert dealer.poll(5000)
+        assert dealer.recv_multipart() == [b"", END_SEQ, b""]
+    finally:
+        dealer.close(linger=0)
+        ctx.term()
+        pub.stop()
+
+
+class _Stalled(KVEventPublisher):
+    """A publisher whose thread stalls in its first send until released."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.release = threading.Event()
+        self.stalled = threading.Event()
+
+    def _send(self, pub: Any, item: Any) -> None:
+        if not self.stalled.is_set():
+            self.stalled.set()
+            self.release.wait(10)
+        super()._send(pub, item)
+
+
+def test_a_full_queue_drops_batches_counts_them_and_leaves_a_seq_gap() -> None:
+    pub = _Stalled(
+        KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*",
+                       max_queue_size=3)
+    )  # fmt: skip
+    pub.start()
+    try:
+        assert pub.bound_endpoint is not None
+        sub = VllmSubscriber(pub.bound_endpoint, pub.bound_replay_endpoint)
+        time.sleep(0.3)  # let the subscription reach the PUB before anything is sent
+        engine = make_engine()
+        pub.attach(engine)
+        pub.publish_events(0.0, [STORED])  # seq 0: taken by the thread, which stalls
+        assert pub.stalled.wait(5)
+        wait_for(lambda: pub._queue.qsize() == 0)
+        t0 = time.monotonic()
+        for i in range(10):  # seqs 1..3 queued, 4..10 dropped
+            pub.on_tick(TickData(i, float(i), None, [(i, 0.0, STORED)], [], {}, False))  # type: ignore[arg-type]
+        assert time.monotonic() - t0 < 0.5  # the engine never waited
+        assert (pub.batches_dropped, pub.events_dropped, pub._queue.qsize()) == (7, 7, 3)
+        pub.release.set()
+        wait_for(lambda: pub.last_published_seq == 3)
+        pub.publish_events(11.0, [STORED])  # seq 11
+        try:
+            got = [s for _, s, _ in sub.recv_n(5)]
+            assert got == [0, 1, 2, 3, 11]  # the drops show as a gap
+            assert [s for s, _ in sub.replay(4)] == [11]  # the replay cannot fill it
+        finally:
+            sub.close()
+        m = pub.metrics()
+        assert (m["batches_dropped_total"], m["events_dropped_total"]) == (7, 7)
+        assert m["queue_capacity_batches"] == 3
+        pub.detach()
+        assert pub.on_tick not in engine.listeners
+    finally:
+        pub.release.set()
+        pub.stop()
+
+
+def test_the_publisher_connects_to_a_concrete_address_like_vllm() -> None:
+    """vLLM binds wildcard addresses and connects to concrete ones (the
+    subscriber binds): the publisher then dials out."""
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    port = free_port()
+    sub.bind(f"tcp://127.0.0.1:{port}")
+    pub = KVEventPublisher(KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}"))
+    pub.start()
+    try:
+        assert not pub.config.binds()
+        deadline = time.monotonic() + 10
+        while not sub.poll(100):
+            assert time.monotonic() < deadline
+            pub.publish_events(1.0, [STORED])
+        topic, seq, payload = sub.recv_multipart()
+        assert (topic, len(seq)) == (b"", 8)
+        assert msgspec.msgpack.decode(payload, type=KVEventBatch).events == [STORED]
+        assert payload == positional([STORED], ts=1.0, rank=0)
+    finally:
+        pub.stop()
+        sub.close(linger=0)
+        ctx.term()
+
+
+def test_bind_failures_surface_at_start_and_stop_leaves_no_thread() -> None:
+    a = KVEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:*"))
+    a.start()
+    try:
+        assert a.bound_endpoint is not None
+        b = KVEventPublisher(KVEventsConfig(endpoint=a.bound_endpoint, bind="bind"))
+        with pytest.raises(RuntimeError, match="KV-event publisher"):
+            b.start()
+        assert not b.running
+        with pytest.raises(RuntimeError, match="not running"):
+            b.publish_events(0.0, [STORED])
+    finally:
+        a.stop()
+    a.stop()  # twice is fine
+    assert not a.running
+    assert not [t for t in threading.enumerate() if t.name == "kv-event-publisher"]
+    with pytest.raises(RuntimeError, match="not running"):
+        a.publish_events(0.0, [STORED])
