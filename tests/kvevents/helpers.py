@@ -49,7 +49,10 @@ class Workload:
     shared prefixes, LoRA adapters, decode, finishes, evictions, resets.
     ``step()`` returns that step's events (one batch)."""
 
-    def __init__(self, seed: int, num_blocks: int = 48, block_size: int = 4) -> None:
+    def __init__(
+        self, seed: int, num_blocks: int = 48, block_size: int = 4, lora: bool = True
+    ) -> None:
+        self.lora = lora
         self.rng = random.Random(seed)
         self.pool = BlockPool(
             num_blocks, enable_caching=True, hash_block_size=block_size,
@@ -73,7 +76,7 @@ class Workload:
                     toks = rng.choice(self.prefixes) + [
                         rng.randrange(40) for _ in range(rng.randint(0, 10))
                     ]
-                    lora = rng.choice([None, None, None, "adapter-a"])
+                    lora = rng.choice([None, None, None, "adapter-a"]) if self.lora else None
                     self.manager.admit(rid, toks, lora_name=lora, lora_id=7 if lora else 1)
                     self.running.append(rid)
                 elif r < 0.65:
@@ -284,6 +287,11 @@ class FakePublisher:
             if keep:
                 self.buffer[seq] = payload
             self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
+
+    def record(self, seq: int, payload: bytes) -> None:
+        """Keep a batch for replay without sending it live (a lost message)."""
+        with self._lock:
+            self.buffer[seq] = payload
 
     def _serve(self) -> None:
         router = self.ctx.socket(zmq.ROUTER)

@@ -1,0 +1,277 @@
+"""A tolerant decoder for KV-event batches from any vLLM-like publisher.
+
+Publishers disagree on the msgpack shape of the same three events:
+
+* vLLM 0.16 (and blockpool, and SGLang's copy of vLLM's classes) send
+  positional arrays: a batch is ``[ts, [event, ...], dp_rank]`` and an event
+  ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
+  lora_id, medium, lora_name]``; older releases stop earlier (no medium, no
+  lora_name, no rank), newer ones may append fields.
+* Others send maps tagged by a ``"type"`` field:
+  ``{"ts": .., "events": [{"type": "BlockStored", "block_hashes": [..],
+  ...}], "data_parallel_rank": 0}``, possibly with fields we do not know
+  (``extra_keys``, ...).
+
+Hashes come as 64-bit ints (vLLM's default, sometimes signed) or as bytes
+(the full digest).  Ints are normalised to unsigned 64-bit; bytes stay bytes.
+The payload is decoded untyped (``msgspec.msgpack.decode``) and read field by
+field, so an unexpected shape costs one event (counted), never the stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+MASK64 = (1 << 64) - 1
+Hash = int | bytes
+Encoding = Literal["positional", "map"]
+
+
+class DecodeError(ValueError):
+    """The payload is not a KV-event batch at all."""
+
+
+class StoredEvent(msgspec.Struct, gc=False):
+    hashes: list[Hash]
+    parent: Hash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra: dict[str, Any] | None = None
+
+
+class RemovedEvent(msgspec.Struct, gc=False):
+    hashes: list[Hash]
+    medium: str | None = None
+    extra: dict[str, Any] | None = None
+
+
+class ClearedEvent(msgspec.Struct, gc=False):
+    medium: str | None = None
+    extra: dict[str, Any] | None = None
+
+
+ObservedEvent = StoredEvent | RemovedEvent | ClearedEvent
+
+
+class ObservedBatch(msgspec.Struct, gc=False):
+    ts: float
+    events: list[ObservedEvent]
+    data_parallel_rank: int | None
+    encoding: Encoding
+    unknown: int = 0  # events of a type we do not know (skipped)
+    malformed: int = 0  # events we could not read (skipped)
+
+
+_STORED = "blockstored"
+_REMOVED = "blockremoved"
+_CLEARED = "allblockscleared"
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+)
+_REMOVED_FIELDS = ("block_hashes", "medium")
+_CLEARED_FIELDS: tuple[str, ...] = ()
+_ALIASES = {
+    "hashes": "block_hashes",
+    "parent_hash": "parent_block_hash",
+    "tokens": "token_ids",
+    "token_id": "token_ids",
+}
+_TAG_KEYS = ("type", "event_type", "kind", "tag")
+
+
+def _tag(value: Any) -> str:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        raise TypeError("event tag is not a string")
+    return "".join(ch for ch in value.lower() if ch.isalnum())
+
+
+def norm_hash(value: Any) -> Hash:
+    """An event hash as the observer keys it: unsigned 64-bit int or bytes."""
+    if isinstance(value, bool):
+        raise TypeError("a hash cannot be a bool")
+    if isinstance(value, int):
+        return value & MASK64
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        text = value.strip().lower().removeprefix("0x")
+        if text and all(c in "0123456789abcdef" for c in text):
+            if len(text) <= 16:
+                return int(text, 16)
+            return bytes.fromhex(text if len(text) % 2 == 0 else "0" + text)
+        raise ValueError(f"a text hash must be hex, not {value[:40]!r}")
+    raise TypeError(f"a hash cannot be a {type(value).__name__}")
+
+
+def _hashes(value: Any) -> list[Hash]:
+    if isinstance(value, list | tuple):
+        return [norm_hash(v) for v in value]
+    if value is None:
+        return []
+    return [norm_hash(value)]
+
+
+def _opt_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("expected an int")
+    return value
+
+
+def _opt_str(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _fields(raw: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(known fields by name, extra fields) of a positional or map event."""
+    if isinstance(raw, dict):
+        known: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for k, v in raw.items():
+            key = k.decode() if isinstance(k, bytes) else str(k)
+            if key in _TAG_KEYS:
+                continue
+            key = _ALIASES.get(key, key)
+            if key in names:
+                known[key] = v
+            else:
+                extra[key] = v
+        return known, extra or None
+    values = list(raw[1:])
+    known = dict(zip(names, values, strict=False))
+    rest = values[len(names) :]
+    return known, ({"positional": rest} if rest else None)
+
+
+def _event(raw: Any) -> ObservedEvent | None:
+    """One event, or None for a type we do not know."""
+    if isinstance(raw, dict):
+        tag_value = next((raw[k] for k in _TAG_KEYS if k in raw), None)
+        if tag_value is None:
+            raise TypeError("map event without a type field")
+        tag = _tag(tag_value)
+    elif isinstance(raw, list | tuple) and raw:
+        tag = _tag(raw[0])
+    else:
+        raise TypeError("event is neither an array nor a map")
+    if tag == _STORED:
+        f, extra = _fields(raw, _STORED_FIELDS)
+        hashes = _hashes(f.get("block_hashes"))
+        tokens_raw = f.get("token_ids") or []
+        if not isinstance(tokens_raw, list | tuple):
+            raise TypeError("token_ids is not a list")
+        tokens = [int(t) for t in tokens_raw]
+        size = _opt_int(f.get("block_size"))
+        if size is None or size <= 0:
+            size = len(tokens) // len(hashes) if hashes and tokens else 0
+        parent = f.get("parent_block_hash")
+        return StoredEvent(
+            hashes=hashes,
+            parent=None if parent is None else norm_hash(parent),
+            token_ids=tokens,
+            block_size=size,
+            lora_id=_opt_int(f.get("lora_id")),
+            medium=_opt_str(f.get("medium")),
+            lora_name=_opt_str(f.get("lora_name")),
+            extra=extra,
+        )
+    if tag == _REMOVED:
+        f, extra = _fields(raw, _REMOVED_FIELDS)
+        return RemovedEvent(
+            hashes=_hashes(f.get("block_hashes")), medium=_opt_str(f.get("medium")), extra=extra
+        )
+    if tag == _CLEARED:
+        f, extra = _fields(raw, ("medium",))
+        return ClearedEvent(medium=_opt_str(f.get("medium")), extra=extra)
+    return None
+
+
+def decode_batch(payload: bytes) -> ObservedBatch:
+    """Decode one message payload, whichever encoding it uses."""
+    try:
+        raw = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"not msgpack: {exc}") from exc
+    encoding: Encoding
+    if isinstance(raw, list):
+        if len(raw) < 2:
+            raise DecodeError("a positional batch needs at least [ts, events]")
+        ts_raw, events_raw = raw[0], raw[1]
+        rank_raw = raw[2] if len(raw) > 2 else None
+        encoding = "positional"
+    elif isinstance(raw, dict):
+        if "events" not in raw:
+            raise DecodeError("a map batch needs an 'events' field")
+        ts_raw = raw.get("ts")
+        events_raw = raw["events"]
+        rank_raw = raw.get("data_parallel_rank", raw.get("dp_rank"))
+        encoding = "map"
+    else:
+        raise DecodeError(f"a batch is an array or a map, not {type(raw).__name__}")
+    if not isinstance(events_raw, list):
+        raise DecodeError("the batch's events are not a list")
+    if isinstance(ts_raw, bool) or not isinstance(ts_raw, int | float | None):
+        raise DecodeError("the batch's ts is not a number")
+    ts = float(ts_raw) if ts_raw is not None else 0.0
+    rank = rank_raw if isinstance(rank_raw, int) and not isinstance(rank_raw, bool) else None
+    events: list[ObservedEvent] = []
+    unknown = malformed = 0
+    for item in events_raw:
+        try:
+            ev = _event(item)
+        except (TypeError, ValueError, IndexError, UnicodeDecodeError):
+            malformed += 1
+            continue
+        if ev is None:
+            unknown += 1
+        else:
+            events.append(ev)
+    if encoding == "positional" and any(isinstance(e, dict) for e in events_raw):
+        encoding = "map"
+    return ObservedBatch(
+        ts=ts,
+        events=events,
+        data_parallel_rank=rank,
+        encoding=encoding,
+        unknown=unknown,
+        malformed=malformed,
+    )
+
+
+def hash_hex(h: Hash) -> str:
+    """A hash as the pages show it: 16 hex digits for the 64-bit int form."""
+    return f"{h:016x}" if isinstance(h, int) else h.hex()
+
+
+def parse_hash(text: str) -> Hash:
+    """The inverse of ``hash_hex``: 16 or fewer hex digits are the int form;
+    a decimal number prefixed ``d:`` too; longer hex is a digest."""
+    t = text.strip().lower()
+    if t.startswith("d:"):
+        return int(t[2:]) & MASK64
+    t = t.removeprefix("0x")
+    if not t or any(c not in "0123456789abcdef" for c in t):
+        raise ValueError(f"{text!r} is not a hash (hex digits, or d:<decimal>)")
+    if len(t) <= 16:
+        return int(t, 16)
+    if len(t) % 2:
+        raise ValueError(f"{text!r}: a digest needs an even number of hex digits")
+    return bytes.fromhex(t)

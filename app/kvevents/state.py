@@ -1,0 +1,270 @@
+"""One instance's prefix cache as its KV events describe it.
+
+The hash map is ``hash -> entry``: how many physical copies hold the hash
+(BlockStored adds one per hash, BlockRemoved takes one away -- vLLM does not
+de-duplicate, so two blocks may share a hash), per storage medium, and what
+the first BlockStored said about it: its parent (the prefix tree), its tokens,
+block size and LoRA.  AllBlocksCleared empties it.
+
+That is all an observer can know.  Block ids, reference counts, which blocks
+are free or in use, the free queue's order and the pool's size never appear
+in events; neither do blocks cached before the observer's first event (unless
+a replay from seq 0 covers them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from app.kvevents.decode import (
+    ClearedEvent,
+    Hash,
+    ObservedEvent,
+    RemovedEvent,
+    StoredEvent,
+    hash_hex,
+)
+
+
+class Entry:
+    __slots__ = (
+        "block_size",
+        "copies",
+        "lora_id",
+        "lora_name",
+        "media",
+        "parent",
+        "stored_seq",
+        "stored_ts",
+        "tokens",
+    )
+
+    def __init__(
+        self,
+        parent: Hash | None,
+        tokens: tuple[int, ...],
+        block_size: int,
+        lora_id: int | None,
+        lora_name: str | None,
+        medium: str | None,
+        seq: int,
+        ts: float,
+    ) -> None:
+        self.parent = parent
+        self.tokens = tokens
+        self.block_size = block_size
+        self.lora_id = lora_id
+        self.lora_name = lora_name
+        self.media: dict[str | None, int] = {medium: 1}
+        self.copies = 1
+        self.stored_seq = seq
+        self.stored_ts = ts
+
+
+class InstanceState:
+    """The rebuilt hash map of one stream; ``apply`` is the only mutator."""
+
+    def __init__(self) -> None:
+        self.entries: dict[Hash, Entry] = {}
+        self.blocks = 0  # sum of copies
+        self.block_size: int | None = None  # the latest BlockStored's
+        self.stored_blocks = 0
+        self.removed_blocks = 0
+        self.clears = 0
+        self.unknown_removals = 0  # BlockRemoved of a hash not held
+        self.events = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
+
+    def reset(self) -> None:
+        self.entries.clear()
+        self.blocks = 0
+
+    def apply(self, events: Iterable[ObservedEvent], seq: int, ts: float) -> None:
+        for ev in events:
+            if isinstance(ev, StoredEvent):
+                self._stored(ev, seq, ts)
+            elif isinstance(ev, RemovedEvent):
+                self._removed(ev)
+            elif isinstance(ev, ClearedEvent):
+                self.events["AllBlocksCleared"] += 1
+                self.clears += 1
+                self.reset()
+
+    def _stored(self, ev: StoredEvent, seq: int, ts: float) -> None:
+        self.events["BlockStored"] += 1
+        entries = self.entries
+        parent = ev.parent
+        size = ev.block_size
+        tokens = ev.token_ids
+        if size:
+            self.block_size = size
+        for i, h in enumerate(ev.hashes):
+            entry = entries.get(h)
+            if entry is None:
+                chunk = tuple(tokens[i * size : (i + 1) * size]) if size else ()
+                entries[h] = Entry(
+                    parent, chunk, size, ev.lora_id, ev.lora_name, ev.medium, seq, ts
+                )
+            else:
+                entry.copies += 1
+                entry.media[ev.medium] = entry.media.get(ev.medium, 0) + 1
+            parent = h
+        self.blocks += len(ev.hashes)
+        self.stored_blocks += len(ev.hashes)
+
+    def _removed(self, ev: RemovedEvent) -> None:
+        self.events["BlockRemoved"] += 1
+        entries = self.entries
+        for h in ev.hashes:
+            entry = entries.get(h)
+            if entry is None:
+                self.unknown_removals += 1
+                continue
+            media = entry.media
+            medium = ev.medium
+            if medium not in media:
+                if len(media) != 1:
+                    self.unknown_removals += 1
+                    continue
+                medium = next(iter(media))
+            left = media[medium] - 1
+            if left:
+                media[medium] = left
+            else:
+                del media[medium]
+            entry.copies -= 1
+            self.blocks -= 1
+            self.removed_blocks += 1
+            if entry.copies <= 0:
+                del entries[h]
+
+    # ---------------------------------------------------------------- reads
+
+    def copies(self) -> dict[Hash, int]:
+        """hash -> copies: the map to compare against a pool's."""
+        return {h: e.copies for h, e in self.entries.items()}
+
+    def chain(self, h: Hash) -> list[Hash]:
+        """``h`` and its ancestors this instance holds, root first."""
+        out: list[Hash] = []
+        seen: set[Hash] = set()
+        cur: Hash | None = h
+        entries = self.entries
+        while cur is not None and cur in entries and cur not in seen:
+            seen.add(cur)
+            out.append(cur)
+            cur = entries[cur].parent
+        out.reverse()
+        return out
+
+    def leading(self, hashes: list[Hash]) -> int:
+        """How many of ``hashes`` (a request's block hashes, in order) this
+        instance holds from the first on: its prefix-cache hit in blocks."""
+        n = 0
+        for h in hashes:
+            if h not in self.entries:
+                break
+            n += 1
+        return n
+
+    def match_tokens(self, tokens: list[int], block_size: int | None = None) -> list[Hash]:
+        """The longest chain of held blocks whose tokens are the leading
+        full blocks of ``tokens`` (parent links and tokens from BlockStored).
+        Chains that differ only by LoRA / extra keys are followed alike and
+        the deepest wins."""
+        size = block_size or self.block_size
+        if not size:
+            return []
+        children = self.children()
+        entries = self.entries
+        best: list[Hash] = []
+        frontier: list[tuple[Hash | None, list[Hash]]] = [(None, [])]
+        for start in range(0, len(tokens) - size + 1, size):
+            chunk = tuple(tokens[start : start + size])
+            nxt: list[tuple[Hash | None, list[Hash]]] = []
+            for parent, path in frontier:
+                for c in children.get(parent, ()):
+                    if entries[c].tokens == chunk:
+                        nxt.append((c, [*path, c]))
+            if not nxt:
+                break
+            frontier = nxt
+            best = nxt[0][1]
+        return best
+
+    def children(self) -> dict[Hash | None, list[Hash]]:
+        """parent -> children; a block whose parent is not held (a first
+        block, or one whose parent was evicted first) is a root, under None."""
+        out: dict[Hash | None, list[Hash]] = {}
+        entries = self.entries
+        for h, e in entries.items():
+            p = e.parent if e.parent in entries else None
+            out.setdefault(p, []).append(h)
+        return out
+
+    def depths(self) -> dict[Hash, tuple[Hash, int]]:
+        """hash -> (its root among held blocks, depth from 1)."""
+        entries = self.entries
+        memo: dict[Hash, tuple[Hash, int]] = {}
+        for h in entries:
+            if h in memo:
+                continue
+            path: list[Hash] = []
+            cur: Hash | None = h
+            while cur is not None and cur in entries and cur not in memo:
+                path.append(cur)
+                if len(path) > len(entries):  # a cycle: not from vLLM
+                    break
+                cur = entries[cur].parent
+            if cur is not None and cur in memo:
+                root, depth = memo[cur]
+            else:
+                root, depth = path[-1], 0
+            for node in reversed(path):
+                depth += 1
+                memo[node] = (root, depth)
+        return memo
+
+    def iter_sorted(self) -> Iterator[tuple[Hash, Entry]]:
+        """Entries in the order they were first stored."""
+        return iter(sorted(self.entries.items(), key=lambda kv: kv[1].stored_seq))
+
+    def summary(self) -> dict[str, Any]:
+        multi = sum(1 for e in self.entries.values() if e.copies > 1)
+        media: dict[str, int] = {}
+        for e in self.entries.values():
+            for m, n in e.media.items():
+                key = m if m is not None else "-"
+                media[key] = media.get(key, 0) + n
+        return {
+            "keys": len(self.entries),
+            "blocks": self.blocks,
+            "multi_copy_keys": multi,
+            "block_size": self.block_size,
+            "media": media,
+            "stored_blocks": self.stored_blocks,
+            "removed_blocks": self.removed_blocks,
+            "clears": self.clears,
+            "unknown_removals": self.unknown_removals,
+            "events": dict(self.events),
+        }
+
+
+def entry_json(h: Hash, e: Entry, depth: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "hash": hash_hex(h),
+        "hash_int": str(h) if isinstance(h, int) else None,
+        "parent": None if e.parent is None else hash_hex(e.parent),
+        "copies": e.copies,
+        "media": {("-" if m is None else m): n for m, n in e.media.items()},
+        "block_size": e.block_size,
+        "num_tokens": len(e.tokens),
+        "tokens": list(e.tokens[:64]),
+        "lora_id": e.lora_id,
+        "lora_name": e.lora_name,
+        "stored_seq": e.stored_seq,
+        "stored_ts": e.stored_ts,
+    }
+    if depth is not None:
+        out["depth"] = depth
+    return out

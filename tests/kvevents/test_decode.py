@@ -1,0 +1,174 @@
+"""The tolerant decoder: vLLM 0.16's positional form, map-tagged forms with
+unknown fields, older/newer field counts, int or bytes hashes."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from app.kvevents.decode import (
+    ClearedEvent,
+    DecodeError,
+    RemovedEvent,
+    StoredEvent,
+    decode_batch,
+    hash_hex,
+    norm_hash,
+    parse_hash,
+)
+from blockpool import AllBlocksCleared, BlockRemoved, BlockStored
+from tests.kvevents.helpers import Workload, map_tagged, positional
+
+STORED = BlockStored(
+    block_hashes=[11, 2**64 - 1],
+    parent_block_hash=7,
+    token_ids=[1, 2, 3, 4, 5, 6],
+    block_size=3,
+    lora_id=5,
+    medium="GPU",
+    lora_name="ad",
+)
+REMOVED = BlockRemoved(block_hashes=[11], medium="GPU")
+
+
+def test_positional_vllm_016_batch() -> None:
+    b = decode_batch(positional([STORED, REMOVED, AllBlocksCleared()], ts=2.5, rank=3))
+    assert (b.ts, b.data_parallel_rank, b.encoding, b.unknown, b.malformed) == (
+        2.5, 3, "positional", 0, 0,
+    )  # fmt: skip
+    assert b.events == [
+        StoredEvent([11, 2**64 - 1], 7, [1, 2, 3, 4, 5, 6], 3, 5, "GPU", "ad"),
+        RemovedEvent([11], "GPU"),
+        ClearedEvent(),
+    ]
+
+
+def test_map_tagged_batch_with_unknown_fields() -> None:
+    b = decode_batch(map_tagged([STORED, REMOVED, AllBlocksCleared()], ts=4.0, rank=1))
+    assert (b.ts, b.data_parallel_rank, b.encoding) == (4.0, 1, "map")
+    stored, removed, cleared = b.events
+    assert isinstance(stored, StoredEvent)
+    assert (stored.hashes, stored.parent, stored.block_size, stored.lora_name) == (
+        [11, 2**64 - 1], 7, 3, "ad",
+    )  # fmt: skip
+    assert stored.extra == {"extra_keys": [["mm-hash", 3]], "group_idx": 0}
+    assert removed == RemovedEvent([11], "GPU", {"group_idx": 0})
+    assert isinstance(cleared, ClearedEvent)
+
+
+def test_bytes_hashes_stay_bytes() -> None:
+    b = decode_batch(map_tagged([STORED], as_bytes=True))
+    ev = b.events[0]
+    assert isinstance(ev, StoredEvent)
+    assert ev.hashes == [(11).to_bytes(8, "big"), (2**64 - 1).to_bytes(8, "big")]
+    assert ev.parent == (7).to_bytes(8, "big")
+
+
+def test_older_and_newer_positional_shapes() -> None:
+    old = msgpack.packb(  # vLLM 0.9: no medium, no lora_name, no rank
+        [1.0, [["BlockStored", [1, 2], None, [9, 9, 9, 9], 2, None], ["BlockRemoved", [1]]]]
+    )
+    b = decode_batch(old)
+    assert b.data_parallel_rank is None
+    assert b.events == [StoredEvent([1, 2], None, [9, 9, 9, 9], 2), RemovedEvent([1])]
+    new = msgpack.packb(  # a later release appending a field
+        [1.0, [["BlockStored", [1], None, [9, 9], 2, None, "CPU", None, [["x", 1]]]], 0]
+    )
+    ev = decode_batch(new).events[0]
+    assert isinstance(ev, StoredEvent)
+    assert ev.medium == "CPU"
+    assert ev.extra == {"positional": [[["x", 1]]]}
+
+
+def test_signed_hashes_become_unsigned_64_bit() -> None:
+    payload = msgpack.packb([0.0, [["BlockStored", [-1, -2], -3, [1, 1], 1, None, None, None]]])
+    ev = decode_batch(payload).events[0]
+    assert isinstance(ev, StoredEvent)
+    assert ev.hashes == [2**64 - 1, 2**64 - 2]
+    assert ev.parent == 2**64 - 3
+
+
+def test_tags_are_matched_loosely_and_missing_block_size_is_inferred() -> None:
+    payload = msgpack.packb(
+        {"ts": 1, "dp_rank": 2, "events": [
+            {"event_type": "block_stored", "hashes": [5, 6], "tokens": [1, 2, 3, 4]},
+            {"type": b"BlockRemoved", "block_hashes": 5},
+            {"kind": "all_blocks_cleared"},
+        ]}
+    )  # fmt: skip
+    b = decode_batch(payload)
+    assert b.data_parallel_rank == 2
+    assert b.events == [
+        StoredEvent([5, 6], None, [1, 2, 3, 4], 2),
+        RemovedEvent([5]),
+        ClearedEvent(),
+    ]
+
+
+def test_unknown_and_malformed_events_are_skipped_and_counted() -> None:
+    payload = msgpack.packb(
+        [1.0, [["BlockUpdated", [1]], ["BlockStored", "oops"], 42, [], {"no": "type"},
+               ["BlockRemoved", [3], "GPU"]]]
+    )  # fmt: skip
+    b = decode_batch(payload)
+    assert (b.unknown, b.malformed) == (1, 4)
+    assert b.events == [RemovedEvent([3], "GPU")]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"\xc1", msgpack.packb(5), msgpack.packb([1.0]), msgpack.packb({"ts": 1}),
+     msgpack.packb([1.0, "x"]), msgpack.packb(["x", []])],
+)  # fmt: skip
+def test_what_is_not_a_batch_is_a_decode_error(payload: bytes) -> None:
+    with pytest.raises(DecodeError):
+        decode_batch(payload)
+
+
+def test_real_workload_decodes_identically_in_both_encodings() -> None:
+    w = Workload(seed=3)
+    for evs in w.batches(60):
+        a = decode_batch(positional(evs)).events
+        b = decode_batch(map_tagged(evs)).events
+        assert [type(x) for x in a] == [_kind(e) for e in evs]
+        for x, y in zip(a, b, strict=True):
+            assert type(x) is type(y)
+            if isinstance(x, StoredEvent) and isinstance(y, StoredEvent):
+                assert (x.hashes, x.parent, x.token_ids, x.lora_id, x.lora_name) == (
+                    y.hashes, y.parent, y.token_ids, y.lora_id, y.lora_name,
+                )  # fmt: skip
+            elif isinstance(x, RemovedEvent) and isinstance(y, RemovedEvent):
+                assert x.hashes == y.hashes
+    blockpool_check(w)
+
+
+def _kind(ev: object) -> type:
+    return {
+        "BlockStored": StoredEvent,
+        "BlockRemoved": RemovedEvent,
+        "AllBlocksCleared": ClearedEvent,
+    }[type(ev).__name__]
+
+
+def blockpool_check(w: Workload) -> None:
+    import blockpool
+
+    blockpool.check_invariants(w.pool)
+
+
+def test_hash_text_forms() -> None:
+    assert hash_hex(255) == "00000000000000ff"
+    assert hash_hex(b"\x01\xab") == "01ab"
+    assert parse_hash("00000000000000ff") == 255
+    assert parse_hash("0xFF") == 255
+    assert parse_hash("d:18446744073709551615") == 2**64 - 1
+    assert parse_hash("01" * 16) == b"\x01" * 16
+    for bad in ("", "xyz", "0" * 17):
+        with pytest.raises(ValueError):
+            parse_hash(bad)
+    assert norm_hash("ff") == 255
+    assert norm_hash("0x" + "ab" * 16) == b"\xab" * 16
+    with pytest.raises(TypeError):
+        norm_hash(True)
+    with pytest.raises(TypeError):
+        norm_hash(1.5)

@@ -1,0 +1,308 @@
+"""The observer over real ZMQ sockets: recorded batches in both encodings
+with gaps (replays served by a scripted publisher, racing live batches),
+restarts, replay timeouts; several publishers feeding one fleet view; and
+our own service joining an observer's fleet through its publisher."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+
+import pytest
+
+from app.kvevents.config import KVEventsConfig, SourceSpec
+from app.kvevents.decode import hash_hex
+from app.kvevents.fleet import Fleet, Source
+from app.kvevents.publisher import KVEventPublisher
+from blockpool import KVCacheEvent
+from tests.kvevents.helpers import (
+    FakePublisher,
+    Workload,
+    as_bytes_truth,
+    await_for,
+    engine_copies,
+    fake_publisher,
+    map_tagged,
+    positional,
+    truth,
+)
+from tests.stream.live import http, live_server, random_traffic
+
+ENCODE: dict[str, Callable[[list[KVCacheEvent]], bytes]] = {
+    "positional": positional,
+    "map-bytes": lambda evs: map_tagged(evs, as_bytes=True),
+}
+
+
+def spec_for(fp: FakePublisher, name: str = "fake", replay: bool = True) -> SourceSpec:
+    return SourceSpec(name, fp.endpoint, fp.replay_endpoint if replay else None, 0)
+
+
+async def settled(s: Source, last: int, timeout: float = 15.0) -> None:
+    t = s.tracker
+    await await_for(
+        lambda: t.applied == last and not t.replaying and not t.pending,
+        timeout,
+        f"{s.name} to apply up to seq {last} (at {t.applied}, replaying {t.replaying})",
+    )
+
+
+@pytest.mark.parametrize("enc", sorted(ENCODE))
+def test_gaps_are_filled_by_replays_racing_live_batches(enc: str) -> None:
+    w = Workload(seed=21)
+    batches = w.batches(150)
+    payloads = [ENCODE[enc](evs) for evs in batches]
+    rng = random.Random(5)
+
+    async def main() -> None:
+        with fake_publisher() as fp:
+            fleet = Fleet([Source(spec_for(fp))])
+            await fleet.start()
+            s = fleet.sources["fake"]
+            try:
+                await await_for(lambda: s.connected, what="the SUB to connect")
+                await asyncio.sleep(0.2)
+                next_live = 0
+                sent_during: list[int] = []
+
+                def race() -> None:
+                    # while the replay is being served, later batches go out live
+                    nonlocal next_live
+                    for _ in range(3):
+                        if next_live < len(payloads):
+                            fp.send(next_live, payloads[next_live])
+                            sent_during.append(next_live)
+                            next_live += 1
+
+                fp.during_replay = race
+                while next_live < len(payloads):
+                    i = next_live
+                    next_live += 1
+                    if rng.random() < 0.1:
+                        fp.record(i, payloads[i])  # lost on the way
+                    else:
+                        fp.send(i, payloads[i])
+                    if i % 10 == 0:
+                        await asyncio.sleep(0.01)
+                await settled(s, len(payloads) - 1)
+                t = s.tracker
+                want = truth(batches)
+                assert s.state.copies() == (as_bytes_truth(want) if enc == "map-bytes" else want)
+                assert t.exact and t.missed == 0 and t.replay_failures == 0
+                assert t.gaps >= 1 and len(fp.requests) == t.replays
+                assert sent_during  # replays really raced live batches
+                assert s.encodings == {"positional" if enc == "positional" else "map": t.batches}
+            finally:
+                await fleet.stop()
+        w.check()
+
+    asyncio.run(main())
+
+
+def test_restart_and_replay_timeout_over_sockets() -> None:
+    w1, w2 = Workload(seed=31), Workload(seed=32)
+    old, new = w1.batches(40), w2.batches(30)
+
+    async def main() -> None:
+        with fake_publisher() as fp:
+            src = Source(spec_for(fp), replay_timeout=0.3, replay_backoff=0.0)
+            fleet = Fleet([src])
+            await fleet.start()
+            try:
+                await await_for(lambda: src.connected, what="the SUB to connect")
+                await asyncio.sleep(0.2)
+                for i, evs in enumerate(old):
+                    fp.send(i, positional(evs))
+                await settled(src, len(old) - 1)
+                assert src.state.copies() == truth(old) and src.tracker.exact
+                # the publisher restarts: empty cache, seqs from 0 again
+                fp.restart()
+                for i, evs in enumerate(new):
+                    fp.send(i, map_tagged(evs))
+                await settled(src, len(new) - 1)
+                t = src.tracker
+                assert t.restarts == 1 and src.state.copies() == truth(new) and t.exact
+                # a replay that never comes: given up, the buffered batches applied
+                fp.serve_replays = False
+                more = w2.batches(6)
+                base = len(new)
+                fp.record(base, positional(more[0]))
+                for j in range(1, 6):
+                    fp.send(base + j, positional(more[j]))
+                await settled(src, base + 5)
+                assert t.replay_failures == 1 and t.missed == 1 and not t.exact
+                assert "no replay answer" in (t.last_failure or "")
+                assert src.state.copies() == truth(new + more[1:])
+            finally:
+                await fleet.stop()
+        w1.check()
+        w2.check()
+
+    asyncio.run(main())
+
+
+def test_joining_late_bootstraps_from_the_replay_buffer() -> None:
+    w = Workload(seed=41)
+    batches = w.batches(50)
+
+    async def main() -> None:
+        with fake_publisher() as fp:
+            for i in range(40):  # published before the observer existed
+                fp.record(i, positional(batches[i]))
+            fleet = Fleet([Source(spec_for(fp))])
+            await fleet.start()
+            s = fleet.sources["fake"]
+            try:
+                await await_for(lambda: s.connected, what="the SUB to connect")
+                await asyncio.sleep(0.2)
+                for i in range(40, 50):
+                    fp.send(i, positional(batches[i]))
+                await settled(s, 49)
+                assert fp.requests[0] == 0  # asked for the whole history
+                assert s.tracker.exact and s.tracker.first_seq == 0
+                assert s.state.copies() == truth(batches) == w.pool_copies()
+            finally:
+                await fleet.stop()
+        w.check()
+
+    asyncio.run(main())
+
+
+def shared_workloads(n: int) -> list[Workload]:
+    """Pools serving the same prompts (same prefixes) in different orders."""
+    ws = [Workload(seed=50 + i, num_blocks=64, lora=False) for i in range(n)]
+    for w in ws[1:]:
+        w.prefixes = ws[0].prefixes
+    return ws
+
+
+def test_several_publishers_feed_one_fleet_view() -> None:
+    ws = shared_workloads(3)
+    cfg = KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+    pubs = [KVEventPublisher(cfg) for _ in ws]
+    for p in pubs:
+        p.start()
+
+    async def main() -> None:
+        specs = [
+            SourceSpec(f"vllm-{i}", p.bound_endpoint or "", p.bound_replay_endpoint, 0)
+            for i, p in enumerate(pubs)
+        ]
+        fleet = Fleet([Source(sp) for sp in specs])
+        await fleet.start()
+        try:
+            srcs = list(fleet.sources.values())
+            await await_for(lambda: all(s.connected for s in srcs), what="every SUB to connect")
+            await asyncio.sleep(0.2)
+            for _ in range(80):
+                for w, p in zip(ws, pubs, strict=True):
+                    evs = w.step()
+                    if evs:
+                        p.publish_events(1.0, evs)
+                await asyncio.sleep(0)
+            for s, p in zip(srcs, pubs, strict=True):
+                await await_for(lambda p=p: p._queue.qsize() == 0, what="the queues to drain")
+                await settled(s, p.last_published_seq)
+            for s, w in zip(srcs, ws, strict=True):
+                assert s.state.copies() == w.pool_copies()
+                assert s.tracker.exact
+            # the router's question, per instance: leading blocks of a prompt
+            hits = 0
+            for prefix in ws[0].prefixes:
+                tokens = [*prefix, 1, 2, 3, 4, 5, 6, 7, 8]
+                by_tokens = fleet.lookup(tokens=tokens)
+                for row in by_tokens["instances"]:
+                    w = ws[int(row["instance"].split("-")[1])]
+                    hashes = pool_prompt_hashes(w, tokens)
+                    held = w.pool_copies()
+                    lead = 0
+                    for h in hashes:
+                        if h not in held:
+                            break
+                        lead += 1
+                    assert row["leading_blocks"] == lead, row
+                    hits += lead > 0
+                    # the same answer from the request's block hashes
+                    if hashes:
+                        by_hash = fleet.lookup(hashes=hashes)
+                        same = next(
+                            r for r in by_hash["instances"] if r["instance"] == row["instance"]
+                        )
+                        assert same["leading_blocks"] == lead
+            assert hits > 3
+            # families: every held block of every instance is counted once
+            over = fleet.overview(limit=10_000)
+            per: dict[str, int] = {}
+            for fam in over["items"]:
+                for inst in fam["instances"]:
+                    per[inst["instance"]] = per.get(inst["instance"], 0) + inst["blocks"]
+            assert per == {s.name: s.state.blocks for s in srcs if s.state.blocks}
+        finally:
+            await fleet.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        for p in pubs:
+            p.stop()
+    for w in ws:
+        w.check()
+
+
+def pool_prompt_hashes(w: Workload, tokens: list[int]) -> list[int]:
+    """The 64-bit event hashes of a prompt's full blocks (no LoRA)."""
+    req = w.manager.make_request("probe", tokens)
+    return [int.from_bytes(bytes(h)[-8:], "big") for h in req.block_hashes]
+
+
+def test_our_service_joins_the_fleet_and_the_observer_map_is_its_hash_map() -> None:
+    async def main() -> None:
+        async with live_server(
+            num_blocks=200, kv_events_publisher=True,
+            kv_events_endpoint="tcp://127.0.0.1:*", kv_events_replay_endpoint="tcp://127.0.0.1:*",
+        ) as app:  # fmt: skip
+            pub: KVEventPublisher = app.state.kv_publisher
+            with fake_publisher() as fp:
+                fleet = Fleet(
+                    [
+                        Source(SourceSpec("blockpool", pub.bound_endpoint or "",
+                                          pub.bound_replay_endpoint, 0)),
+                        Source(spec_for(fp, "sglang")),
+                    ]
+                )  # fmt: skip
+                await fleet.start()
+                try:
+                    ours, other = fleet.sources["blockpool"], fleet.sources["sglang"]
+                    await await_for(lambda: ours.connected and other.connected)
+                    await asyncio.sleep(0.2)
+                    w = Workload(seed=61)
+                    other_batches = w.batches(30)
+                    for i, evs in enumerate(other_batches):
+                        fp.send(i, map_tagged(evs))
+                    async with http(app) as h:
+                        stats = await random_traffic(h, 400, seed=3)
+                        assert stats["ok"] > 200
+                        status = (await h.get("/api/kv-events")).json()
+                        metrics = (await h.get("/metrics")).text
+                    engine = app.state.engine
+                    await await_for(lambda: pub.last_published_seq + 1 == pub._next_seq)
+                    await settled(ours, pub.last_published_seq)
+                    await settled(other, len(other_batches) - 1)
+                    assert ours.state.copies() == engine_copies(engine)
+                    assert ours.tracker.exact and ours.ranks_seen == {0}
+                    assert other.state.copies() == truth(other_batches)
+                    assert status["enabled"] and status["batches_published"] > 0
+                    assert status["batches_dropped"] == 0
+                    assert "blockpool_kvevents_batches_published_total" in metrics
+                    # a prefix the service caches is found on it by the fleet view
+                    some = next(iter(ours.state.entries))
+                    found = fleet.lookup(hashes=[some])
+                    assert found["best"][0] == "blockpool"
+                    assert found["query"]["hashes"][-1] == hash_hex(some)
+                    engine.check()
+                finally:
+                    await fleet.stop()
+        w.check()
+
+    asyncio.run(main())
