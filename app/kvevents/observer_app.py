@@ -414,7 +414,8 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
             ok = (scheme.lower() == "bearer" and _token_ok(given, token)) or _token_ok(
                 ws.query_params.get("token"), token
             )
-            if not ok:
+            if not ok:  # accepted first, so that a browser sees the code
+                await ws.accept()
                 await ws.close(code=4401, reason="unauthorized")
                 return
         await ws.accept()

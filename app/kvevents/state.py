@@ -246,7 +246,7 @@ class InstanceState:
             "removed_blocks": self.removed_blocks,
             "clears": self.clears,
             "unknown_removals": self.unknown_removals,
-            "events": dict(self.events),
+            "event_counts": dict(self.events),
         }
 
 

@@ -129,6 +129,7 @@ async def check_rest(h: httpx.AsyncClient, batches: dict[str, list[Any]]) -> Non
     assert (a["keys"], a["blocks"], a["exact"], a["last_seq"]) == (
         len(want), sum(want.values()), True, 59,
     )  # fmt: skip
+    assert a["events"] == sum(len(b) for b in batches["a"]) == sum(a["event_counts"].values())
     assert (await h.get("/api/fleet/b")).json()["encodings"] == {"map": 40}
     assert (await h.get("/api/fleet/nope")).status_code == 404
 

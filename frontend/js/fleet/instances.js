@@ -1,0 +1,60 @@
+// The instance selector: one card per observed stream, with its health.
+
+import { age, clear, el, num } from "./dom.js";
+
+export function renderInstances(container, instances, selected, onSelect) {
+  clear(container);
+  for (const inst of instances) {
+    const exact = inst.exact
+      ? el("span", { class: "badge exact", title: "every batch since seq 0 (or a clear) applied" }, "exact")
+      : el("span", { class: "badge inexact", title: inst.inexact_reason || "" }, "inexact");
+    const stat = (label, value, title) => el("span", { title: title || "" }, el("i", {}, `${label} `), value);
+    const card = el(
+      "div",
+      {
+        class: "instance",
+        role: "option",
+        "data-name": inst.name,
+        "aria-selected": inst.name === selected ? "true" : "false",
+        tabindex: "0",
+        onclick: () => onSelect(inst.name),
+        onkeydown: (ev) => {
+          if (ev.key === "Enter" || ev.key === " ") onSelect(inst.name);
+        },
+      },
+      el(
+        "div",
+        { class: "top" },
+        el("span", { class: inst.connected ? "dot on" : "dot", title: inst.connected ? "connected" : "disconnected" }),
+        el("span", { class: "name" }, inst.name),
+        el("span", { class: "spacer" }),
+        exact,
+      ),
+      el(
+        "div",
+        { class: "endpoint" },
+        inst.endpoint,
+        inst.replay_endpoint ? ` · replay ${inst.replay_endpoint}` : " · no replay",
+        inst.ranks_seen && inst.ranks_seen.length ? ` · dp ${inst.ranks_seen.join(",")}` : "",
+      ),
+      el(
+        "div",
+        { class: "stats" },
+        stat("keys", num(inst.keys), "hashes held"),
+        stat("blocks", num(inst.blocks), "copies of held hashes"),
+        stat("seq", inst.last_seq === null ? "—" : num(inst.last_seq), "last publisher seq applied"),
+        stat("batches", num(inst.batches)),
+        stat("events", num(inst.events)),
+        stat("gaps", num(inst.gaps), "sequence gaps detected"),
+        stat("replays", num(inst.replays), "replay requests"),
+        stat("failed", num(inst.replay_failures), "replays that failed or fell short"),
+        stat("missed", num(inst.missed), "batches lost for good"),
+        stat("restarts", num(inst.restarts), "publisher restarts (seq went back)"),
+        stat("dups", num(inst.duplicates), "batches seen twice (replay and live)"),
+        stat("last", age(inst.last_batch_age_s), "last batch applied"),
+      ),
+      inst.exact ? null : el("div", { class: "reason" }, inst.inexact_reason || ""),
+    );
+    container.append(card);
+  }
+}

@@ -1,0 +1,114 @@
+// The fleet observer page: instances with their stream health, the selected
+// instance's hash map and prefix tree, the fleet prefix view and the live
+// event log -- all from `blockpool observe`'s REST API and websocket.
+
+import { getJSON, getToken, openStream, setToken } from "./api.js";
+import { $, clear, el, num } from "./dom.js";
+import { EventLog } from "./events.js";
+import { HashMapView } from "./hashmap.js";
+import { renderInstances } from "./instances.js";
+import { PrefixView } from "./prefixes.js";
+import { RateChart } from "./rate.js";
+import { TreeView } from "./tree.js";
+
+const state = { instances: [], selected: null, stream: null };
+
+function showError(err) {
+  const box = $("page-error");
+  if (!err) {
+    box.hidden = true;
+    return;
+  }
+  box.hidden = false;
+  box.textContent = err.status === 404 && err.code === "not_found" && !state.instances.length
+    ? "No observer API here: start one with `blockpool observe tcp://host:port …` and open its page."
+    : `${err.message}`;
+  if (err.status === 401) $("token").classList.add("need");
+}
+
+const prefixes = new PrefixView({ onError: showError });
+const hashmap = new HashMapView({ onPick: (h) => prefixes.pick(h), onError: showError });
+const tree = new TreeView({ onPick: (h) => prefixes.pick(h), onError: showError });
+const log = new EventLog();
+const rate = new RateChart($("rate-chart"));
+
+function select(name) {
+  if (name === state.selected) return;
+  state.selected = name;
+  const url = new URL(location.href);
+  url.searchParams.set("instance", name);
+  history.replaceState(null, "", url);
+  renderInstances($("instances"), state.instances, name, select);
+  hashmap.select(name);
+  tree.select(name);
+  log.select(name);
+}
+
+function setInstances(instances) {
+  state.instances = instances;
+  $("instance-count").textContent = `${instances.length}`;
+  const connected = instances.filter((i) => i.connected).length;
+  const exact = instances.filter((i) => i.exact).length;
+  const keys = instances.reduce((a, i) => a + i.keys, 0);
+  $("fleet-facts").textContent = `${instances.length} instance(s) · ${connected} connected · ${exact} exact · ${num(keys)} hashes held`;
+  renderInstances($("instances"), instances, state.selected, select);
+}
+
+// refresh the selected instance's views when its events arrive (at most every 2 s)
+let dirty = false;
+setInterval(() => {
+  if (!dirty) return;
+  dirty = false;
+  hashmap.load();
+  tree.load();
+  prefixes.families();
+}, 2000);
+
+async function boot() {
+  const fleet = await getJSON("/api/fleet");
+  showError(null);
+  $("token").classList.remove("need");
+  const list = $("cannot-know-list");
+  clear(list);
+  for (const line of fleet.cannot_know) list.append(el("li", {}, line));
+  setInstances(fleet.instances);
+  const wanted = new URLSearchParams(location.search).get("instance");
+  const first = fleet.instances.find((i) => i.name === wanted) || fleet.instances[0];
+  if (first) select(first.name);
+  prefixes.families();
+  if (!state.stream) {
+    state.stream = openStream({
+      onState: (s) => {
+        const box = $("stream-state");
+        box.dataset.state = s;
+        box.textContent = `stream: ${s}`;
+        if (s === "auth") $("token").classList.add("need");
+      },
+      onResync: () => {
+        dirty = true;
+      },
+      onMessage: (msg) => {
+        if (msg.instances) setInstances(msg.instances);
+        if (msg.type === "tick") {
+          rate.update(msg.ts, msg.instances);
+          log.add(msg.events);
+          if (msg.events.length) dirty = true;
+        }
+      },
+    });
+  }
+}
+
+$("token").value = getToken();
+$("token").addEventListener("change", () => {
+  setToken($("token").value.trim());
+  const url = new URL(location.href);
+  if (url.searchParams.has("token")) {
+    url.searchParams.delete("token"); // the box wins over the address from now on
+    history.replaceState(null, "", url);
+  }
+  if (state.stream) state.stream.reconnect();
+  boot().catch(showError);
+});
+
+boot().catch(showError);

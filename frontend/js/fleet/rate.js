@@ -1,0 +1,57 @@
+// Events per second per instance (uPlot, vendored), from the stream's ticks.
+
+const POINTS = 150;
+
+export class RateChart {
+  constructor(container) {
+    this.container = container;
+    this.plot = null;
+    this.names = [];
+    this.xs = [];
+    this.ys = [];
+    this.prev = null;
+  }
+
+  update(ts, instances) {
+    if (typeof uPlot === "undefined") return;
+    const names = instances.map((i) => i.name);
+    if (!this.plot || names.join("\n") !== this.names.join("\n")) this.build(names);
+    const counts = instances.map((i) => i.events);
+    if (this.prev) {
+      const dt = Math.max(ts - this.prev.ts, 1e-3);
+      this.xs.push(ts);
+      counts.forEach((c, k) => this.ys[k].push(Math.max(0, (c - this.prev.counts[k]) / dt)));
+      if (this.xs.length > POINTS) {
+        this.xs.shift();
+        this.ys.forEach((y) => y.shift());
+      }
+      this.plot.setData([this.xs, ...this.ys]);
+    }
+    this.prev = { ts, counts };
+  }
+
+  build(names) {
+    if (this.plot) this.plot.destroy();
+    this.names = names;
+    this.xs = [];
+    this.ys = names.map(() => []);
+    this.prev = null;
+    const colors = ["#58a6ff", "#3fb950", "#f0883e", "#db61a2", "#e3b341", "#a371f7", "#56d4dd", "#f85149"];
+    const width = Math.max(200, this.container.clientWidth || 280);
+    this.plot = new uPlot(
+      {
+        width,
+        height: 120,
+        legend: { show: true },
+        scales: { x: { time: true } },
+        axes: [
+          { stroke: "#8b949e", grid: { stroke: "#2a313c" } },
+          { stroke: "#8b949e", grid: { stroke: "#2a313c" }, size: 40 },
+        ],
+        series: [{}, ...names.map((n, k) => ({ label: n, stroke: colors[k % colors.length], width: 1 }))],
+      },
+      [[], ...names.map(() => [])],
+      this.container,
+    );
+  }
+}

@@ -1,0 +1,92 @@
+// One instance's prefix tree (parents from BlockStored), expanded on demand.
+
+import { getJSON } from "./api.js";
+import { $, clear, el, num, shortHash } from "./dom.js";
+
+const MAX_CHILDREN = 200;
+
+export class TreeView {
+  constructor({ onPick, onError }) {
+    this.instance = null;
+    this.onPick = onPick;
+    this.onError = onError;
+    this.open = new Set();
+    $("tree-refresh").addEventListener("click", () => this.load());
+  }
+
+  select(name) {
+    this.instance = name;
+    this.open.clear();
+    $("tree-instance").textContent = name || "—";
+    this.load();
+  }
+
+  async load() {
+    if (!this.instance) return;
+    try {
+      const tree = await getJSON(`/api/fleet/${encodeURIComponent(this.instance)}/prefix-tree`, { limit: 20000 });
+      this.render(tree);
+    } catch (err) {
+      this.onError(err);
+    }
+  }
+
+  render(tree) {
+    const byParent = new Map();
+    const roots = [];
+    for (const n of tree.nodes) {
+      if (n.depth === 1) roots.push(n);
+      else {
+        if (!byParent.has(n.parent)) byParent.set(n.parent, []);
+        byParent.get(n.parent).push(n);
+      }
+    }
+    $("tree-info").textContent = `${num(tree.total)} nodes · ${num(tree.roots)} roots${tree.truncated ? ` · first ${num(tree.nodes.length)}` : ""}`;
+    const box = $("tree");
+    clear(box);
+    if (!roots.length) {
+      box.append(el("div", { class: "muted" }, "no cached blocks seen yet"));
+      return;
+    }
+    box.append(this.list(roots, byParent));
+  }
+
+  list(nodes, byParent) {
+    const ul = el("ul");
+    for (const n of nodes.slice(0, MAX_CHILDREN)) {
+      const kids = byParent.get(n.hash) || [];
+      const isOpen = this.open.has(n.hash);
+      const li = el(
+        "li",
+        { "data-hash": n.hash },
+        el(
+          "span",
+          {
+            class: "tog",
+            onclick: () => {
+              if (this.open.has(n.hash)) this.open.delete(n.hash);
+              else this.open.add(n.hash);
+              const fresh = this.list([n], byParent).firstChild;
+              li.replaceWith(fresh);
+            },
+          },
+          kids.length ? (isOpen ? "▾" : "▸") : "·",
+        ),
+        el("span", { class: "h", title: n.hash, onclick: () => this.onPick(n.hash) }, shortHash(n.hash)),
+        " ",
+        el(
+          "span",
+          { class: n.orphan ? "meta orphan" : "meta", title: n.orphan ? "its parent is not held (evicted first, or stored before the observer joined)" : "" },
+          `×${n.copies} · [${(n.tokens || []).join(" ")}${n.num_tokens > (n.tokens || []).length ? " …" : ""}]`,
+          n.lora_name ? ` · ${n.lora_name}` : "",
+          kids.length ? ` · ${kids.length} child${kids.length === 1 ? "" : "ren"}` : "",
+          n.orphan ? " · orphan" : "",
+        ),
+      );
+      if (isOpen && kids.length) li.append(this.list(kids, byParent));
+      ul.append(li);
+    }
+    if (nodes.length > MAX_CHILDREN) ul.append(el("li", { class: "muted" }, `… ${num(nodes.length - MAX_CHILDREN)} more`));
+    return ul;
+  }
+}

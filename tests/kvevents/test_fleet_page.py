@@ -1,0 +1,191 @@
+"""The fleet page in headless Chromium against a real ``blockpool observe``
+process following two publishers.  Never skipped: fails when Chromium or the
+observer cannot run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.kvevents.config import KVEventsConfig
+from app.kvevents.publisher import KVEventPublisher
+from tests.kvevents.helpers import Workload, free_port, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts" / "kvevents"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+class Fed:
+    """A publisher fed by a seeded workload on a real pool."""
+
+    def __init__(self, seed: int, prefixes: list[list[int]] | None = None) -> None:
+        self.work = Workload(seed=seed, num_blocks=64, lora=False)
+        if prefixes is not None:
+            self.work.prefixes = prefixes
+        self.pub = KVEventPublisher(
+            KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+        )
+        self.pub.start()
+
+    def steps(self, n: int) -> None:
+        for _ in range(n):
+            evs = self.work.step()
+            if evs:
+                self.pub.publish_events(time.time(), evs)
+
+    def published(self) -> int:
+        return self.pub.last_published_seq
+
+
+@pytest.fixture
+def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
+    a = Fed(81)
+    b = Fed(82, a.work.prefixes)
+    feds = {"alpha": a, "beta": b}
+    a.steps(40)  # published before the observer starts: it joins via replay
+    port = free_port()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    log = open(ARTIFACTS / "observer.log", "wb")  # noqa: SIM115
+    cmd = [sys.executable, "-m", "app.cli", "observe", "--port", str(port),
+           "--log-level", "warning"]  # fmt: skip
+    for name, fed in feds.items():
+        cmd += [f"{name}={fed.pub.bound_endpoint}"]
+    for fed in feds.values():
+        cmd += ["--replay", fed.pub.bound_replay_endpoint or "none"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"blockpool observe exited with {proc.returncode}: see {log.name}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/api/health", timeout=1).json()["connected"] == 2:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail(f"blockpool observe did not connect within 30 s: see {log.name}")
+            time.sleep(0.1)
+        time.sleep(0.3)
+        b.steps(30)
+        a.steps(10)
+        yield url, feds
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        for fed in feds.values():
+            fed.pub.stop()
+            fed.work.check()
+
+
+def synced(url: str, feds: dict[str, Fed]) -> bool:
+    fleet = httpx.get(url + "/api/fleet", timeout=5).json()
+    last = {i["name"]: i["last_seq"] for i in fleet["instances"]}
+    return all(last[name] == fed.published() for name, fed in feds.items())
+
+
+@pytest.mark.browser
+def test_fleet_page_shows_both_instances_and_their_hashes(
+    observed: tuple[str, dict[str, Fed]],
+) -> None:
+    url, feds = observed
+    wait_for(lambda: synced(url, feds), 20, "the observer to catch up")
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (browser tests never skip)")
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1100})
+            page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+
+            def console(m: Any) -> None:
+                if m.type == "error":
+                    errors.append(f"console: {m.text}")
+
+            page.on("console", console)
+            page.goto(url + "/")
+            check_page(page, url, feds)
+            page.screenshot(path=str(ARTIFACTS / "fleet.png"), full_page=True)
+        finally:
+            browser.close()
+    assert errors == []
+
+
+def check_page(page: Any, url: str, feds: dict[str, Fed]) -> None:
+    page.wait_for_selector("#instances .instance >> nth=1", timeout=20_000)
+    names = page.eval_on_selector_all("#instances .instance", "els => els.map(e => e.dataset.name)")
+    assert names == ["alpha", "beta"]
+    assert page.is_visible("#cannot-know")
+    banner = page.inner_text("#cannot-know")
+    assert "cannot know" in banner and "block ids" in banner and "reference counts" in banner
+    for name in names:
+        page.click(f'#instances .instance[data-name="{name}"]')
+        page.wait_for_function(
+            "n => document.getElementById('hm-instance').textContent === n", arg=name
+        )
+        truth = httpx.get(f"{url}/api/fleet/{name}/hashmap", params={"limit": 50}).json()
+        assert truth["total_keys"] > 0
+        want = [i["hash"] for i in truth["items"]]
+        page.wait_for_function(
+            "want => { const rows = [...document.querySelectorAll('#hashmap tbody tr[data-hash]')];"
+            " return rows.length === want.length"
+            " && rows.every((r, k) => r.dataset.hash === want[k]); }",
+            arg=want,
+            timeout=20_000,
+        )
+        card = page.inner_text(f'#instances .instance[data-name="{name}"]')
+        assert "exact" in card and f"keys {truth['total_keys']:,}" in card
+        page.wait_for_selector("#tree li[data-hash]", timeout=20_000)
+    # search narrows the table to the hash
+    one = want[3 % len(want)]
+    page.fill("#hm-search", one[:12])
+    page.wait_for_function(
+        "h => { const rows = document.querySelectorAll('#hashmap tbody tr[data-hash]');"
+        " return rows.length >= 1 && [...rows].some(r => r.dataset.hash === h); }",
+        arg=one,
+    )
+    # a row click asks the fleet who holds that prefix
+    page.click(f'#hashmap tbody tr[data-hash="{one}"]')
+    page.wait_for_selector("#fp-result .bar >> nth=1")
+    bars = page.eval_on_selector_all("#fp-result .bar", "els => els.map(e => e.dataset.instance)")
+    assert sorted(bars) == ["alpha", "beta"]
+    width = page.eval_on_selector("#fp-result .bar .fill", "e => e.getBoundingClientRect().width")
+    assert width > 0
+    page.wait_for_selector("#families tbody tr[data-root]")
+    # live events reach the log
+    page.check("#ev-selected")
+    before = len(page.query_selector_all("#events .ev"))
+    feds["beta"].steps(10)
+    page.wait_for_function(
+        "n => document.querySelectorAll('#events .ev').length > n", arg=before, timeout=20_000
+    )
+    assert page.get_attribute("#stream-state", "data-state") == "open"
+    assert "NaN" not in page.inner_text("body") and "undefined" not in page.inner_text("body")
