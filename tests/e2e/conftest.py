@@ -154,7 +154,16 @@ class Page:
         self.page.on("console", self._console)
         self.page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
         self.page.goto(url + "/")
-        self.page.wait_for_function("() => window.__bp && window.__bp.ready()", timeout=20_000)
+        try:
+            self.page.wait_for_function("() => window.__bp && window.__bp.ready()", timeout=40_000)
+        except Exception as exc:
+            state = self.page.evaluate(
+                "() => window.__bp ? {health: window.__bp.conn.health, seq: window.__bp.model.seq,"
+                " n: window.__bp.model.n, map: window.__bp.map.n} : 'no __bp'"
+            )
+            raise AssertionError(
+                f"the dashboard did not get ready: {state}; errors {self.errors}"
+            ) from exc
 
     def _console(self, msg: Any) -> None:
         if msg.type == "error":
