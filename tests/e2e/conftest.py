@@ -178,7 +178,10 @@ class Page:
     def shot(self, suffix: str = "") -> Path:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         path = ARTIFACTS / f"{self.name}{suffix}.png"
+        # a sticky top bar would be painted mid-page in a full-page capture
+        self.page.evaluate("() => document.querySelector('.topbar').style.position = 'static'")
         self.page.screenshot(path=str(path), full_page=True)
+        self.page.evaluate("() => document.querySelector('.topbar').style.position = ''")
         return path
 
     def close(self) -> None:
