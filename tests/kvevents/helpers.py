@@ -264,8 +264,10 @@ class FakePublisher:
 
     def __init__(self, topic: bytes = b"") -> None:
         self.ctx = zmq.Context()
-        self.pub = self.ctx.socket(zmq.PUB)
+        # an XPUB is a PUB that also hears subscriptions: wait_subscribed()
+        self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        self.subscriptions = 0
         self.endpoint = tcp()
         self.pub.bind(self.endpoint)
         self.replay_endpoint = tcp()
@@ -287,6 +289,18 @@ class FakePublisher:
             if keep:
                 self.buffer[seq] = payload
             self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
+
+    def wait_subscribed(self, n: int = 1, timeout: float = 10.0) -> None:
+        """Until ``n`` subscriptions reached the socket (PUB/SUB drops what is
+        sent before that: the "slow joiner")."""
+        deadline = time.monotonic() + timeout
+        while self.subscriptions < n:
+            if time.monotonic() > deadline:
+                raise AssertionError("no subscriber subscribed")
+            with self._lock:
+                if self.pub.poll(10) and self.pub.recv()[:1] == b"\x01":
+                    self.subscriptions += 1
+            time.sleep(0.001)
 
     def record(self, seq: int, payload: bytes) -> None:
         """Keep a batch for replay without sending it live (a lost message)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -23,6 +24,7 @@ from tests.kvevents.helpers import (
     await_for,
     engine_copies,
     fake_publisher,
+    free_port,
     map_tagged,
     positional,
     truth,
@@ -62,34 +64,47 @@ def test_gaps_are_filled_by_replays_racing_live_batches(enc: str) -> None:
             s = fleet.sources["fake"]
             try:
                 await await_for(lambda: s.connected, what="the SUB to connect")
-                await asyncio.sleep(0.2)
+                await asyncio.to_thread(fp.wait_subscribed)
+                # one publisher: seqs go out in order, whichever thread sends
+                # (a seq sent twice or out of order would read as a restart)
+                lock = threading.Lock()
                 next_live = 0
                 sent_during: list[int] = []
 
+                def emit(during: bool) -> None:
+                    nonlocal next_live
+                    with lock:
+                        i = next_live
+                        if i >= len(payloads):
+                            return
+                        next_live += 1
+                        if not during and rng.random() < 0.1:
+                            fp.record(i, payloads[i])  # lost on the way
+                        else:
+                            fp.send(i, payloads[i])
+                            if during:
+                                sent_during.append(i)
+
                 def race() -> None:
                     # while the replay is being served, later batches go out live
-                    nonlocal next_live
                     for _ in range(3):
-                        if next_live < len(payloads):
-                            fp.send(next_live, payloads[next_live])
-                            sent_during.append(next_live)
-                            next_live += 1
+                        emit(during=True)
 
                 fp.during_replay = race
                 while next_live < len(payloads):
-                    i = next_live
-                    next_live += 1
-                    if rng.random() < 0.1:
-                        fp.record(i, payloads[i])  # lost on the way
-                    else:
-                        fp.send(i, payloads[i])
-                    if i % 10 == 0:
+                    emit(during=False)
+                    if next_live % 10 == 0:
                         await asyncio.sleep(0.01)
                 await settled(s, len(payloads) - 1)
                 t = s.tracker
                 want = truth(batches)
                 assert s.state.copies() == (as_bytes_truth(want) if enc == "map-bytes" else want)
-                assert t.exact and t.missed == 0 and t.replay_failures == 0
+                assert t.exact and t.missed == 0 and t.replay_failures == 0, (
+                    t.reason,
+                    t.last_failure,
+                    t.first_seq,
+                    fp.requests,
+                )
                 assert t.gaps >= 1 and len(fp.requests) == t.replays
                 assert sent_during  # replays really raced live batches
                 assert s.encodings == {"positional" if enc == "positional" else "map": t.batches}
@@ -111,7 +126,7 @@ def test_restart_and_replay_timeout_over_sockets() -> None:
             await fleet.start()
             try:
                 await await_for(lambda: src.connected, what="the SUB to connect")
-                await asyncio.sleep(0.2)
+                await asyncio.to_thread(fp.wait_subscribed)
                 for i, evs in enumerate(old):
                     fp.send(i, positional(evs))
                 await settled(src, len(old) - 1)
@@ -155,7 +170,7 @@ def test_joining_late_bootstraps_from_the_replay_buffer() -> None:
             s = fleet.sources["fake"]
             try:
                 await await_for(lambda: s.connected, what="the SUB to connect")
-                await asyncio.sleep(0.2)
+                await asyncio.to_thread(fp.wait_subscribed)
                 for i in range(40, 50):
                     fp.send(i, positional(batches[i]))
                 await settled(s, 49)
@@ -275,7 +290,7 @@ def test_our_service_joins_the_fleet_and_the_observer_map_is_its_hash_map() -> N
                 try:
                     ours, other = fleet.sources["blockpool"], fleet.sources["sglang"]
                     await await_for(lambda: ours.connected and other.connected)
-                    await asyncio.sleep(0.2)
+                    await asyncio.to_thread(fp.wait_subscribed)
                     w = Workload(seed=61)
                     other_batches = w.batches(30)
                     for i, evs in enumerate(other_batches):
@@ -306,3 +321,84 @@ def test_our_service_joins_the_fleet_and_the_observer_map_is_its_hash_map() -> N
         w.check()
 
     asyncio.run(main())
+
+
+def consecutive_ports(n: int) -> int:
+    """A base port with the next n - 1 ports free too."""
+    import socket
+
+    for _ in range(50):
+        base = free_port()
+        socks = []
+        try:
+            for k in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + k))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no run of free ports")
+
+
+def test_data_parallel_ranks_are_expanded_like_vllm_offsets_them() -> None:
+    """Two DP ranks publishing on vLLM's offset ports, observed from one
+    endpoint with --dp-size 2: each rank is its own pool."""
+    from app.settings import ObserverSettings
+
+    pub_base, replay_base = consecutive_ports(2), consecutive_ports(2)
+    ws = shared_workloads(2)
+    pubs = [
+        KVEventPublisher(
+            KVEventsConfig(
+                endpoint=f"tcp://127.0.0.1:{pub_base}",
+                replay_endpoint=f"tcp://127.0.0.1:{replay_base}",
+                data_parallel_rank=rank,
+                bind="bind",
+            )
+        )
+        for rank in range(2)
+    ]
+    for p in pubs:
+        p.start()
+    assert [p.bound_endpoint for p in pubs] == [
+        f"tcp://127.0.0.1:{pub_base}",
+        f"tcp://127.0.0.1:{pub_base + 1}",
+    ]
+    settings = ObserverSettings(
+        endpoints=[f"engine=tcp://127.0.0.1:{pub_base}"],
+        replay_endpoints=[f"tcp://127.0.0.1:{replay_base}"],
+        dp_size=2,
+    )
+
+    async def main() -> None:
+        fleet = Fleet([Source(spec) for spec in settings.sources()])
+        await fleet.start()
+        try:
+            srcs = [fleet.sources["engine-dp0"], fleet.sources["engine-dp1"]]
+            await await_for(lambda: all(s.connected for s in srcs))
+            await asyncio.sleep(0.2)
+            for _ in range(40):
+                for w, p in zip(ws, pubs, strict=True):
+                    evs = w.step()
+                    if evs:
+                        p.publish_events(2.0, evs)
+            for s, p in zip(srcs, pubs, strict=True):
+                await await_for(lambda p=p: p._queue.qsize() == 0)
+                await settled(s, p.last_published_seq)
+            for rank, (s, w) in enumerate(zip(srcs, ws, strict=True)):
+                assert s.ranks_seen == {rank}
+                assert s.state.copies() == w.pool_copies() and s.tracker.exact
+        finally:
+            await fleet.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        for p in pubs:
+            p.stop()
+    for w in ws:
+        w.check()

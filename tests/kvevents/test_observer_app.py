@@ -58,7 +58,8 @@ def client(app: FastAPI, token: str | None = None) -> httpx.AsyncClient:
 async def feed(app: FastAPI, fps: dict[str, FakePublisher], batches: dict[str, list[Any]]) -> None:
     fleet = app.state.fleet
     await await_for(lambda: all(s.connected for s in fleet.sources.values()))
-    await asyncio.sleep(0.2)
+    for fp in fps.values():
+        await asyncio.to_thread(fp.wait_subscribed)
     for name, fp in fps.items():
         enc = positional if name == "a" else map_tagged
         for i, evs in enumerate(batches[name]):
@@ -232,7 +233,7 @@ def test_a_token_guards_every_read_and_the_stream() -> None:
                     assert json.loads(await ws.recv())["type"] == "hello"
                     s = app.state.fleet.sources[fp.endpoint.removeprefix("tcp://")]
                     await await_for(lambda: s.connected)
-                    await asyncio.sleep(0.2)
+                    await asyncio.to_thread(fp.wait_subscribed)
                     fp.send(0, positional([stored]))
                     ticks = await ws_ticks(ws, until=lambda m: bool(m["events"]))
                     ev = ticks[-1]["events"][0]

@@ -51,7 +51,9 @@ def connect(pub: KVEventPublisher, topic: bytes = b"") -> tuple[VllmSubscriber, 
 def test_engine_ticks_arrive_as_vllm_batches_with_contiguous_seqs() -> None:
     port = free_port()
     cfg = KVEventsConfig(
-        endpoint=f"tcp://127.0.0.1:{port - 2}", replay_endpoint=f"tcp://127.0.0.1:{free_port()}",
+        # rank 2 moves both ports up by 2: give the ports 2 below free ones
+        endpoint=f"tcp://127.0.0.1:{port - 2}",
+        replay_endpoint=f"tcp://127.0.0.1:{free_port() - 2}",
         topic="kv@blockpool", data_parallel_rank=2, bind="bind",
     )  # fmt: skip
     # vLLM moves both ports up by the rank
