@@ -181,6 +181,11 @@ class Engine:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
+            while not task.done():
+                # A cancellation swallowed by a race is asked for again.
+                done, _ = await asyncio.wait({task}, timeout=1.0)
+                if not done:
+                    task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
@@ -228,8 +233,11 @@ class Engine:
         while True:
             now = loop.time()
             if not wake.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(wake.wait(), max(0.0, last + IDLE_TICK_S - now))
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                # cancellation that races with the event being set.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, last + IDLE_TICK_S - now)):
+                        await wake.wait()
             now = loop.time()
             if now < last + period:
                 await asyncio.sleep(last + period - now)
