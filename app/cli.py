@@ -153,7 +153,11 @@ def serve(args: argparse.Namespace) -> int:
         print(f"blockpool: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except ValueError as exc:  # e.g. a K/V memory budget that holds no block
+        print(f"blockpool: invalid settings: {exc}", file=sys.stderr)
+        return 2
     engine = app.state.engine
     logger.info("%s", describe(app.state.settings, engine.pool.num_gpu_blocks))
     if engine.storage is not None:

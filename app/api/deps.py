@@ -22,7 +22,11 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 def _check_token(request: Request, token: str) -> None:
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
+    # compare bytes: compare_digest refuses str with non-ASCII characters
+    # (a header may carry any latin-1 text), which would be a 500
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    ):
         raise Unauthorized(
             "this endpoint needs 'Authorization: Bearer <token>' with the server's token"
             if not header

@@ -7,10 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fastapi.routing import APIRoute
 
-from app.api import routes_demo, routes_inspect, routes_pool, routes_requests
-from app.api.deps import require_read, require_write
 from app.cli import parser, settings_from
 from app.settings import Settings
 from tests.app.conftest import Api, assert_error, make_app, running
@@ -51,41 +48,55 @@ READS = [
     "/api/pool/lookup?block_hash=abcd",
     "/metrics",
 ]
-BAD_HEADERS = [
+BAD_HEADERS: list[dict[str, Any]] = [
     {},
     {"authorization": "Bearer wrong"},
     {"authorization": f"Bearer {TOKEN}x"},
     {"authorization": f"Basic {TOKEN}"},
     {"authorization": TOKEN},
     {"authorization": "Bearer"},
+    {"authorization": b"Bearer caf\xe9"},  # non-ASCII: used to be a 500
 ]
 
 
-def route_auth() -> dict[tuple[str, str], str]:
-    out = {}
-    routers = [routes_pool, routes_inspect, routes_requests, routes_demo]
-    for route in [r for m in routers for r in m.router.routes]:
-        assert isinstance(route, APIRoute)
-        deps = {d.dependency for d in route.dependencies}
-        kind = "write" if require_write in deps else "read" if require_read in deps else "open"
-        for method in route.methods:
-            out[(method, route.path)] = kind
+# POSTs that only read (they change nothing, so they follow the read rule).
+READ_POSTS = {"/api/pool/prefix-lookup", "/api/requests/{request_id}/verify"}
+
+
+def operations(app: Any) -> list[tuple[str, str, str]]:
+    """(method, template, url) of every operation in the OpenAPI schema."""
+    out = []
+    for template, ops in app.openapi()["paths"].items():
+        url = template.replace("{block_id}", "1").replace("{request_id}", "r")
+        out.extend((method.upper(), template, url) for method in ops)
     return out
 
 
-def test_every_mutating_route_requires_write_auth() -> None:
-    kinds = route_auth()
-    assert len(kinds) == len(make_app().openapi()["paths"]) + 1  # /api/requests: GET + POST
-    writes = {path for (method, path), kind in kinds.items() if kind == "write"}
-    expected = {p.replace("/r/", "/{request_id}/") for p in WRITES}
-    assert writes == expected
-    for (method, path), kind in kinds.items():
-        if method == "POST" and path != "/api/pool/prefix-lookup":
-            assert kind == "write", path
-        if path in ("/api/health",) or path.startswith(("/docs", "/openapi", "/redoc")):
-            continue
-        if method == "GET" and path.startswith("/api"):
-            assert kind == "read", path
+async def test_every_route_follows_the_auth_rules() -> None:
+    """Behaviour, over the whole schema: with a token, every POST but the
+    read-only ones answers 401 without it and every GET does not; with
+    protect_reads every operation but /api/health does."""
+    for protect_reads in (False, True):
+        app = make_app(token=TOKEN, protect_reads=protect_reads)
+        async with running(app) as api:
+            before = api.fingerprint()
+            ops = operations(app)
+            assert len(ops) >= 30
+            writes = 0
+            for method, template, url in ops:
+                r = await api.client.request(method, url, json={} if method == "POST" else None)
+                needs_token = template != "/api/health" and (
+                    protect_reads or (method == "POST" and template not in READ_POSTS)
+                )
+                if needs_token:
+                    assert_error(r, 401, "unauthorized")
+                    assert r.headers["www-authenticate"] == "Bearer"
+                else:
+                    assert r.status_code != 401, (method, template, r.text)
+                writes += method == "POST" and template not in READ_POSTS
+            assert writes == len(WRITES)
+            assert api.fingerprint() == before
+            api.check()
 
 
 async def seed(api: Api) -> dict[str, Any]:

@@ -156,7 +156,8 @@ def test_invalid_flags_exit_2(
         (["serve", "--port", "70000"], "port"),
         (["serve", "--block-size", "0"], "block_size"),
         (["serve", "--metrics-sample-rate", "0"], "metrics_sample_rate"),
-        (["serve", "--memory-budget", "1000"], "memory_budget_bytes needs storage on"),
+        (["serve", "--no-storage", "--memory-budget", "1000"], "needs storage on"),
+        (["serve", "--memory-budget", "1000"], "holds no block"),  # was a traceback
         (["serve", "--tick-hz", "-1"], "tick_hz"),
     ],
 )

@@ -53,7 +53,18 @@ async def test_config_reports_settings(api: Api) -> None:
         "max_batch_ops": s.max_batch_ops,
         "max_requests": s.max_requests,
     }
+    # K/V storage is on by default: its facts follow the pool's shape
+    storage = cfg["storage"]
+    assert storage["num_blocks"] == 64 and storage["block_size"] == 4
+    assert storage["bytes_allocated"] == 64 * storage["bytes_per_block"]
+
+
+@pytest.mark.app_settings(storage=False)
+async def test_config_without_storage(api: Api) -> None:
+    cfg = await api.ok("GET", "/api/config")
     assert cfg["storage"] is None
+    assert await api.allocate(2) == [1, 2]
+    api.check()
 
 
 async def test_health(api: Api) -> None:
