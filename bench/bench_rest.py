@@ -99,13 +99,14 @@ def pin(cpus: str | None) -> list[str]:
 
 
 class Server:
-    def __init__(self, num_blocks: int, cpus: str | None) -> None:
+    def __init__(self, num_blocks: int, cpus: str | None, storage: bool) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
         cmd = [
             *pin(cpus), sys.executable, "-m", "app.cli", "serve", "--port", str(self.port),
             "--num-blocks", str(num_blocks), "--no-demo", "--log-level", "warning",
+            "--storage" if storage else "--no-storage",
         ]  # fmt: skip
         # the server's log goes to a file: a pipe nobody reads could fill and stall it
         self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115
@@ -262,6 +263,12 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--batch-pairs", type=int, default=16, help="(free 64, allocate 64) per batch")
     ap.add_argument("--num-blocks", type=int, default=200_000)
+    ap.add_argument(
+        "--storage",
+        action="store_true",
+        help="K/V storage on (off by default: these phases never write K/V, and 200k "
+        "blocks of storage take ~1.6 GB)",
+    )
     ap.add_argument("--client", choices=["auto", "wrk", "httpx"], default="auto")
     ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--no-pin", action="store_true", help="do not pin server/client to CPUs")
@@ -278,7 +285,7 @@ def main() -> int:
     server_cpus = "0" if pin_ok else None
     client_cpus = f"1-{ncpu - 1}" if pin_ok else None
 
-    server = Server(args.num_blocks, server_cpus)
+    server = Server(args.num_blocks, server_cpus, args.storage)
     runs: dict[str, list[dict[str, float]]] = {"health": [], "alloc_free": [], "batch": []}
     try:
         for _rep in range(args.reps):
@@ -327,6 +334,7 @@ def main() -> int:
     print()
     print(f"REST benchmark: client {client}, {args.connections} connections, "
           f"{args.reps} x {args.duration:g}s per phase, pool {args.num_blocks} blocks"
+          f"{' with K/V storage' if args.storage else ''}"
           f"{', server pinned to CPU 0' if pin_ok else ''}")  # fmt: skip
     head = ("phase", "req/s (median)", "best", "p50 ms", "p99 ms", "block-ops/s")
     print(f"{head[0]:<12}{head[1]:>16}{head[2]:>10}{head[3]:>9}{head[4]:>9}{head[5]:>14}")
@@ -357,6 +365,7 @@ def main() -> int:
         "duration_s": args.duration,
         "reps": args.reps,
         "num_blocks": args.num_blocks,
+        "storage": args.storage,
         "batch": {"pairs": args.batch_pairs, "blocks_per_op": BLOCKS_PER_OP},
         "pinned": pin_ok,
         "machine": {
