@@ -76,6 +76,41 @@ class Settings(BaseSettings):
         description="auto: vLLM's rule (bind wildcard/ipc addresses, connect to others)",
     )
 
+    # --- analysis: miss reasons, eviction regret, shadow pools, recording
+    metrics_seed: int | None = Field(
+        default=0, description="seed of the metrics collector's sampling (None: unseeded)"
+    )
+    analysis: bool = Field(default=True, description="miss reasons, regret, shadows, recording")
+    shadow_mode: Literal["process", "inline", "off"] = Field(
+        default="process", description="shadow pools in a worker process, on the engine, or none"
+    )
+    shadow_factors: list[float] = Field(
+        default_factory=lambda: [0.5, 2.0, 4.0],
+        description="capacities (times the real pool) of vLLM 0.16 shadows",
+    )
+    shadow_policies: list[Literal["vllm016", "uncached_first", "s3fifo"]] = Field(
+        default_factory=lambda: ["vllm016", "uncached_first", "s3fifo"],
+        description="free-order policies shadowed at 1x",
+    )
+    shadow_grid: bool = Field(default=False, description="every policy at every capacity")
+    shadow_max_lag: int = Field(
+        default=200_000, ge=100, description="accesses queued for the shadows before a resync"
+    )
+    recording: bool = Field(default=True, description="record operations for time travel")
+    recording_max_ops: int = Field(default=100_000, ge=100)
+    recording_max_tokens: int = Field(
+        default=4_000_000, ge=1000, description="token ids kept by the recording (memory bound)"
+    )
+    recording_keyframe_ops: int = Field(
+        default=2000, ge=10, description="operations between keyframes (state snapshots)"
+    )
+    miss_index_size: int = Field(
+        default=200_000, ge=100, description="evicted hashes / prefixes remembered for reasons"
+    )
+    miss_finished_kept: int = Field(
+        default=2000, ge=0, description="finished requests whose miss reasons are kept"
+    )
+
     # --- the demo workload
     demo: bool = False
     demo_rate: float = Field(default=8.0, ge=0, le=10_000, description="requests per second")
