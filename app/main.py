@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -57,6 +58,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The pool's blocks live as long as the server: move them out of the
+        # collector's way (a full collection over 200k linked blocks takes
+        # ~70 ms, a latency spike on every request in flight).
+        gc.freeze()
         await engine.start()
         for hook in app.state.startup_hooks:
             await hook()
@@ -69,6 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for hook in reversed(app.state.shutdown_hooks):
                 await hook()
             await engine.stop()
+            gc.unfreeze()
 
     app = FastAPI(
         title="blockpool",
