@@ -156,7 +156,7 @@ class AppendBody(_Op):
 class DemoConfig(_Op):
     """Demo workload settings; omitted fields keep their value."""
 
-    rate: float | None = Field(default=None, ge=0, le=10_000, description="requests per second")
+    rate: float | None = Field(default=None, ge=0, le=500, description="requests per second")
     mix: dict[str, float] | None = Field(
         default=None,
         description="relative weights of chat, conversation, document, noise",
