@@ -113,7 +113,7 @@ class Settings(BaseSettings):
 
     # --- the demo workload
     demo: bool = False
-    demo_rate: float = Field(default=8.0, ge=0, le=10_000, description="requests per second")
+    demo_rate: float = Field(default=8.0, ge=0, le=500, description="requests per second")
 
     @field_validator("token", mode="before")
     @classmethod
