@@ -10,6 +10,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from app.kvevents.config import KVEventsConfig, SourceSpec, plan_sources
 
 HashName = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
+ShadowPolicy = Literal["vllm016", "uncached_first", "s3fifo"]
+SHADOW_POLICIES: tuple[ShadowPolicy, ...] = ("vllm016", "uncached_first", "s3fifo")
 
 
 class Settings(BaseSettings):
@@ -88,8 +90,8 @@ class Settings(BaseSettings):
         default_factory=lambda: [0.5, 2.0, 4.0],
         description="capacities (times the real pool) of vLLM 0.16 shadows",
     )
-    shadow_policies: list[Literal["vllm016", "uncached_first", "s3fifo"]] = Field(
-        default_factory=lambda: ["vllm016", "uncached_first", "s3fifo"],
+    shadow_policies: list[ShadowPolicy] = Field(
+        default_factory=lambda: list(SHADOW_POLICIES),
         description="free-order policies shadowed at 1x",
     )
     shadow_grid: bool = Field(default=False, description="every policy at every capacity")
