@@ -73,11 +73,15 @@ class InstanceState:
         self.removed_blocks = 0
         self.clears = 0
         self.unknown_removals = 0  # BlockRemoved of a hash not held
+        self.multi_copy_keys = 0  # hashes held by more than one block
+        self.media_blocks: dict[str | None, int] = {}  # blocks per medium
         self.events = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
 
     def reset(self) -> None:
         self.entries.clear()
         self.blocks = 0
+        self.multi_copy_keys = 0
+        self.media_blocks.clear()
 
     def apply(self, events: Iterable[ObservedEvent], seq: int, ts: float) -> None:
         for ev in events:
@@ -106,9 +110,13 @@ class InstanceState:
                     parent, chunk, size, ev.lora_id, ev.lora_name, ev.medium, seq, ts
                 )
             else:
+                if entry.copies == 1:
+                    self.multi_copy_keys += 1
                 entry.copies += 1
                 entry.media[ev.medium] = entry.media.get(ev.medium, 0) + 1
             parent = h
+        media = self.media_blocks
+        media[ev.medium] = media.get(ev.medium, 0) + len(ev.hashes)
         self.blocks += len(ev.hashes)
         self.stored_blocks += len(ev.hashes)
 
@@ -133,12 +141,32 @@ class InstanceState:
             else:
                 del media[medium]
             entry.copies -= 1
+            if entry.copies == 1:
+                self.multi_copy_keys -= 1
+            totals = self.media_blocks
+            left = totals.get(medium, 0) - 1
+            if left > 0:
+                totals[medium] = left
+            else:
+                totals.pop(medium, None)
             self.blocks -= 1
             self.removed_blocks += 1
             if entry.copies <= 0:
                 del entries[h]
 
     # ---------------------------------------------------------------- reads
+
+    def check(self) -> None:
+        """The kept figures against a recount (tests)."""
+        entries = self.entries.values()
+        assert self.blocks == sum(e.copies for e in entries), "blocks"
+        assert self.multi_copy_keys == sum(1 for e in entries if e.copies > 1), "multi"
+        media: dict[str | None, int] = {}
+        for e in entries:
+            assert e.copies == sum(e.media.values()) and e.copies > 0, "entry copies"
+            for m, n in e.media.items():
+                media[m] = media.get(m, 0) + n
+        assert media == self.media_blocks, "media"
 
     def copies(self) -> dict[Hash, int]:
         """hash -> copies: the map to compare against a pool's."""
@@ -230,18 +258,13 @@ class InstanceState:
         return iter(sorted(self.entries.items(), key=lambda kv: kv[1].stored_seq))
 
     def summary(self) -> dict[str, Any]:
-        multi = sum(1 for e in self.entries.values() if e.copies > 1)
-        media: dict[str, int] = {}
-        for e in self.entries.values():
-            for m, n in e.media.items():
-                key = m if m is not None else "-"
-                media[key] = media.get(key, 0) + n
+        """O(1): every figure is kept up to date by ``apply``."""
         return {
             "keys": len(self.entries),
             "blocks": self.blocks,
-            "multi_copy_keys": multi,
+            "multi_copy_keys": self.multi_copy_keys,
             "block_size": self.block_size,
-            "media": media,
+            "media": {("-" if m is None else m): n for m, n in self.media_blocks.items()},
             "stored_blocks": self.stored_blocks,
             "removed_blocks": self.removed_blocks,
             "clears": self.clears,

@@ -48,6 +48,7 @@ async def settled(s: Source, last: int, timeout: float = 15.0) -> None:
         timeout,
         f"{s.name} to apply up to seq {last} (at {t.applied}, replaying {t.replaying})",
     )
+    s.state.check()
 
 
 @pytest.mark.parametrize("enc", sorted(ENCODE))

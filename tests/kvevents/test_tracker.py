@@ -32,7 +32,10 @@ def source(replay: bool = True, **kw: Any) -> Source:
 
     def record(seq: int, payload: bytes) -> bool:
         s.applied_seqs.append(seq)  # type: ignore[attr-defined]
-        return inner(seq, payload)
+        try:
+            return inner(seq, payload)
+        finally:
+            s.state.check()  # the kept figures equal a recount after every batch
 
     s.tracker._apply_fn = record
     return s

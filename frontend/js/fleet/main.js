@@ -54,15 +54,22 @@ function setInstances(instances) {
   renderInstances($("instances"), instances, state.selected, select);
 }
 
-// refresh the selected instance's views when its events arrive (at most every 2 s)
+// Refresh the views when events arrive: the selected instance's every 2 s at
+// most, the fleet-wide families (a walk over every pool) every 10 s at most.
 let dirty = false;
+let familiesDirty = false;
 setInterval(() => {
   if (!dirty) return;
   dirty = false;
+  familiesDirty = true;
   hashmap.load();
   tree.load();
-  prefixes.families();
 }, 2000);
+setInterval(() => {
+  if (!familiesDirty) return;
+  familiesDirty = false;
+  prefixes.families();
+}, 10000);
 
 async function boot() {
   const fleet = await getJSON("/api/fleet");

@@ -24,7 +24,7 @@ export class TreeView {
   async load() {
     if (!this.instance) return;
     try {
-      const tree = await getJSON(`/api/fleet/${encodeURIComponent(this.instance)}/prefix-tree`, { limit: 20000 });
+      const tree = await getJSON(`/api/fleet/${encodeURIComponent(this.instance)}/prefix-tree`, { limit: 5000 });
       this.render(tree);
     } catch (err) {
       this.onError(err);
