@@ -1,0 +1,36 @@
+"""Shadow pools: what the same request stream would do to other pools.
+
+``ShadowPool`` replays request-level accesses (admit with the prompt's block
+hashes, decode growth, finish, reset) over metadata only, under a free-order
+``FreePolicy``: vLLM 0.16.0's append-all, later vLLM's uncached-first, or
+S3-FIFO.  ``ShadowSet`` drives several at once from one access batch.  Pure
+Python: no I/O, no threads; the service decides where they run.
+"""
+
+from __future__ import annotations
+
+from blockpool.shadow.policies import (
+    POLICY_NAMES,
+    S3FIFO,
+    AppendAll,
+    FreePolicy,
+    UncachedFirst,
+    make_policy,
+)
+from blockpool.shadow.pool import ShadowPool, ShadowStats, make_shadow
+from blockpool.shadow.set import Access, ShadowSet, ShadowSpec
+
+__all__ = [
+    "POLICY_NAMES",
+    "S3FIFO",
+    "Access",
+    "AppendAll",
+    "FreePolicy",
+    "ShadowPool",
+    "ShadowSet",
+    "ShadowSpec",
+    "ShadowStats",
+    "UncachedFirst",
+    "make_policy",
+    "make_shadow",
+]
