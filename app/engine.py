@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from app import ops
+from app.analysis.core import Analysis
 from app.columns import BlockColumns
 from app.errors import ApiError, Unavailable
 from app.event_log import SeqLog
@@ -124,7 +126,13 @@ class Engine:
         self.settings = settings
         self.hash_fn = get_hash_fn_by_name(settings.hash_fn)
         init_none_hash(self.hash_fn, seed=settings.hash_seed)
-        self.collector = KVCacheMetricsCollector(sample_rate=settings.metrics_sample_rate)
+        # A seeded sampling source makes runs replayable (same sampled blocks).
+        seed = settings.metrics_seed
+        self.rng: random.Random | None = random.Random(seed) if seed is not None else None
+        self.collector = KVCacheMetricsCollector(
+            sample_rate=settings.metrics_sample_rate,
+            rng=self.rng.random if self.rng is not None else None,
+        )
         self.pool = BlockPool(
             settings.effective_num_blocks,
             enable_caching=settings.enable_caching,
@@ -167,10 +175,15 @@ class Engine:
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._next_request = 0
+        # Empty token slots in running requests' partial tail blocks (all groups).
+        self.tail_waste = 0
+        self.analysis: Analysis | None = Analysis(self) if settings.analysis else None
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        if self.analysis is not None:
+            self.analysis.start()
         self._queue = asyncio.Queue()
         self._tasks = [
             asyncio.create_task(self._consume(), name="engine-commands"),
@@ -195,6 +208,8 @@ class Engine:
                 if not fut.done():
                     fut.set_exception(Unavailable("the engine is shutting down"))
         self._queue = None
+        if self.analysis is not None:
+            self.analysis.stop()
 
     async def submit(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` (an operation closure) on the engine, in order."""
@@ -267,11 +282,27 @@ class Engine:
 
     def apply(self, op: Any) -> dict[str, Any]:
         """Apply one operation model now (engine context)."""
-        return self.run_op(partial(ops.execute, self, op))  # type: ignore[no-any-return]
+        return self.run_op(partial(self._execute, op))  # type: ignore[no-any-return]
 
     async def submit_op(self, op: Any) -> dict[str, Any]:
         """Queue one operation model and wait for its result."""
-        result: dict[str, Any] = await self.submit(partial(ops.execute, self, op))
+        result: dict[str, Any] = await self.submit(partial(self._execute, op))
+        return result
+
+    def _execute(self, op: Any) -> dict[str, Any]:
+        """ops.execute, recorded (op, result or error, its events) when the
+        analysis records."""
+        an = self.analysis
+        if an is None or an.recorder is None:
+            return ops.execute(self, op)
+        queue = self.pool.kv_event_queue
+        start = len(queue)
+        try:
+            result = ops.execute(self, op)
+        except ApiError as exc:
+            an.record(op, False, exc.body()["error"], queue[start:])
+            raise
+        an.record(op, True, result, queue[start:])
         return result
 
     def absorb(self) -> None:
@@ -378,6 +409,11 @@ class Engine:
     def tick(self) -> TickData:
         """Collect what changed since the last tick and hand it to listeners."""
         self.tick_no += 1
+        if self.analysis is not None:
+            try:
+                self.analysis.on_tick()
+            except Exception:
+                logger.exception("analysis tick failed")
         point = self.point()
         self.series.append(point)
         events, _ = self.events.since(self._tick_event_seq, 1 << 30)

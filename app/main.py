@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api import errors as api_errors
-from app.api import routes_demo, routes_inspect, routes_pool, routes_requests
+from app.api import routes_analysis, routes_demo, routes_inspect, routes_pool, routes_requests
 from app.api.deps import require_read
 from app.demo import DemoWorkload
 from app.engine import Engine
@@ -98,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes_inspect.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_demo.router)
+    app.include_router(routes_analysis.router)
     app.include_router(stream_ws.router)
     app.include_router(kvevents_routes.router)
 

@@ -21,6 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString  # type: ignore[attr-defined]
 
+from app.analysis import prom as analysis_prom
 from app.columns import STATE_NAMES
 
 if TYPE_CHECKING:
@@ -151,6 +152,8 @@ class EngineCollector(Collector):
         for name, n in sorted(c.events.items()):
             kv.add_metric([name], n)
         yield kv
+        yield from analysis_prom.token_families(e)
+        yield from analysis_prom.families(e)
         for part, source in self.extra.items():
             for key, reading in sorted(source().items()):
                 full = f"blockpool_{part}_{key}"

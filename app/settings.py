@@ -100,8 +100,8 @@ class Settings(BaseSettings):
     )
     recording: bool = Field(default=True, description="record operations for time travel")
     recording_max_ops: int = Field(default=100_000, ge=100)
-    recording_max_tokens: int = Field(
-        default=4_000_000, ge=1000, description="token ids kept by the recording (memory bound)"
+    recording_max_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=65536, description="encoded bytes the recording keeps"
     )
     recording_keyframe_ops: int = Field(
         default=2000, ge=10, description="operations between keyframes (state snapshots)"

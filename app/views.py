@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from app.analysis import views as analysis_views
 from app.columns import STATE_NAMES, hash64
 from app.errors import Conflict, InvalidInput, NotFound
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -71,6 +73,7 @@ def summary(engine: Engine) -> dict[str, Any]:
             "hit_rate": stats.hit_rate,
         },
         "running_requests": len(engine.manager.requests),
+        "tokens": analysis_views.tokens(engine),
         "counters": {
             "operations": c.ops,
             "operations_refused": c.ops_failed,
@@ -307,6 +310,7 @@ def request(engine: Engine, rid: str) -> dict[str, Any]:
         raise NotFound(f"no running request {rid!r}", request_id=rid)
     req = managed.request
     bs = engine.manager.block_size
+    reasons = analysis_views.block_reasons(engine.analysis, rid) if engine.analysis else []
     return {
         "request_id": rid,
         "num_tokens": req.num_tokens,
@@ -325,9 +329,13 @@ def request(engine: Engine, rid: str) -> dict[str, Any]:
                 "block_hash": managed.block_hashes[i].hex()
                 if i < len(managed.block_hashes)
                 else None,
+                # why a prompt block missed (None: a hit, or a decode block)
+                "reason": reasons[i][0] if i < len(reasons) else None,
+                "miss": reasons[i][1] if i < len(reasons) else None,
             }
             for i in range(len(managed.block_tables[0]))
         ],
+        "misses": dict(Counter(r for r, _ in reasons if r is not None)),
     }
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from app.analysis import views as analysis_views
 from app.stream import protocol as p
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
@@ -30,6 +31,7 @@ RING_BYTES = 64 * 1024 * 1024
 MAX_EVENTS_PER_FRAME = 4000
 RECENT_EVENTS = 500
 RECENT_POINTS = 1200
+ANALYSIS_EVERY_S = 1.0  # the analysis section rides in at most one delta a second
 
 
 def _hx(h: int | bytes) -> str:
@@ -90,6 +92,7 @@ class StreamHub:
         self.disconnects_total = 0
         self.recent_events: deque[list[Any]] = deque(maxlen=RECENT_EVENTS)
         self.epoch = f"{time.time():.6f}"  # a new server = a new epoch
+        self._analysis_at = 0.0
         engine.listeners.append(self.on_tick)
 
     # ------------------------------------------------------------- clients
@@ -164,6 +167,7 @@ class StreamHub:
                 "queries": e.manager.stats.queries,
                 "hits": e.manager.stats.hits,
             },
+            "tokens": analysis_views.tokens(e),
         }
 
     def snapshot_frame(self) -> bytes:
@@ -181,6 +185,8 @@ class StreamHub:
             "stream": self.stats(),
             **self._counts(),
         }
+        if e.analysis is not None:
+            header["analysis"] = analysis_views.stream_section(e.analysis)
         columns: dict[str, tuple[str, np.ndarray]] = {
             "state": ("u8", cols.state),
             "ref_cnt": ("i32", cols.ref_cnt),
@@ -215,6 +221,8 @@ class StreamHub:
             header["point"] = parts["point"]
         if "samples" in channels:
             header.update(parts["samples"])
+        if "analysis" in channels and parts.get("analysis") is not None:
+            header["analysis"] = parts["analysis"]
         return p.encode(p.DELTA, self.seq, header, columns)
 
     # ---------------------------------------------------------------- tick
@@ -254,7 +262,11 @@ class StreamHub:
                 "group": ("u32", cols.group[ids]),
                 "stamp": ("f64", cols.stamp[ids].astype(np.float64)),
             },
+            "analysis": None,
         }
+        if e.analysis is not None and data.ts - self._analysis_at >= ANALYSIS_EVERY_S:
+            self._analysis_at = data.ts
+            parts["analysis"] = analysis_views.stream_section(e.analysis)
         full = self._delta(data, frozenset(p.CHANNELS), parts)
         self.ring.append((self.seq, full))
         self.ring_bytes += len(full)

@@ -43,7 +43,7 @@ DTYPES: dict[str, np.dtype[Any]] = {
     "u64": np.dtype("<u8"),
     "f64": np.dtype("<f8"),
 }
-CHANNELS = ("blocks", "events", "series", "samples")
+CHANNELS = ("blocks", "events", "series", "samples", "analysis")
 
 # Event type codes in frames' compact event arrays.
 EV_STORED, EV_REMOVED, EV_CLEARED = 0, 1, 2

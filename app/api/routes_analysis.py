@@ -1,0 +1,180 @@
+"""The operator's questions: why did it miss, what did eviction cost, what
+would a bigger cache (or another free order) buy, what happened at 14:02."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import StreamingResponse
+
+from app.analysis import replay, views
+from app.analysis.core import Analysis
+from app.analysis.recording import Recorder, export_lines
+from app.api.deps import EngineDep, ReadAuth
+from app.api.errors import ERROR_RESPONSES
+from app.engine import Engine
+from app.errors import Conflict, InvalidInput, NotFound
+
+router = APIRouter(prefix="/api", tags=["analysis"], responses=ERROR_RESPONSES)
+
+Limit = Annotated[int, Query(ge=1, le=10_000)]
+Rid = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+Moment = Annotated[
+    str,
+    Query(
+        min_length=1,
+        max_length=64,
+        description="an op seq, a Unix time (>= 1e9) or an ISO 8601 time",
+        examples=["1200", "1764417720.5", "2026-11-29T14:02:00+00:00"],
+    ),
+]
+
+
+def _analysis(engine: Engine) -> Analysis:
+    if engine.analysis is None:
+        raise Conflict("the analysis is off (start the server with BLOCKPOOL_ANALYSIS=true)")
+    return engine.analysis
+
+
+def _recorder(engine: Engine) -> Recorder:
+    an = _analysis(engine)
+    if an.recorder is None:
+        raise Conflict("the recording is off (start the server with BLOCKPOOL_RECORDING=true)")
+    return an.recorder
+
+
+@router.get("/misses", dependencies=[ReadAuth], summary="Why prefixes missed, in aggregate")
+async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
+    """Missed prompt blocks (and tokens) by reason -- last_token,
+    block_size_floor, cold, evicted, extra_keys, chain_broken -- with how long
+    ago evicted misses had been evicted and how far they had travelled
+    through the free queue, every eviction's travel, and recent requests."""
+    return views.misses(_analysis(engine), limit)
+
+
+@router.get(
+    "/misses/requests/{request_id}", dependencies=[ReadAuth], summary="One request's misses"
+)
+async def request_misses(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
+    """Each prompt block: hit, or the reason it missed with its detail.
+    Running requests and the most recently finished ones."""
+    return views.request_misses(_analysis(engine), request_id)
+
+
+@router.get("/regret", dependencies=[ReadAuth], summary="Eviction regret")
+async def regret(engine: EngineDep, limit: Limit = 20) -> dict[str, Any]:
+    """Hashes stored again after their eviction: count, rate, gap histogram,
+    the most regretted prefixes (by root block) and the latest regrets."""
+    return views.regret(_analysis(engine), limit)
+
+
+@router.get("/shadows", dependencies=[ReadAuth], summary="What-if: other sizes and policies")
+async def shadows(engine: EngineDep) -> dict[str, Any]:
+    """The same request stream on shadow pools (metadata only) of other
+    capacities and free orders: their hit rates, a miss-ratio curve per
+    policy, and the real pool over the same span."""
+    return views.shadows(_analysis(engine))
+
+
+# ------------------------------------------------------------------ history
+
+
+@router.get("/history", dependencies=[ReadAuth], summary="The recording: span and keyframes")
+async def history(engine: EngineDep) -> dict[str, Any]:
+    return _recorder(engine).info()
+
+
+def _lock(request: Request) -> asyncio.Lock:
+    lock: asyncio.Lock | None = getattr(request.app.state, "history_lock", None)
+    if lock is None:
+        lock = request.app.state.history_lock = asyncio.Lock()
+    return lock
+
+
+def _seq(rec: Recorder, at: str, what: str) -> int:
+    try:
+        seq = replay.parse_moment(rec, at)
+    except ValueError as exc:
+        raise InvalidInput(f"{what}: {exc}", given=at) from None
+    if rec.segment_for(seq) is None:
+        raise NotFound(
+            f"{what}: op seq {seq} is not held by the recording (held: {rec.first_seq}..{rec.seq})",
+            seq=seq,
+            first_seq=rec.first_seq,
+            last_seq=rec.seq,
+        )
+    return seq
+
+
+async def _moment(request: Request, engine: Engine, seq: int) -> replay.Moment:
+    rec = _recorder(engine)
+    seg = rec.segment_for(seq)
+    assert seg is not None
+    entries = seg.entries[: seq - seg.keyframe.seq]  # a copy, taken between operations
+    async with _lock(request):
+        return await asyncio.to_thread(replay.rebuild, seg.keyframe, entries, engine.settings)
+
+
+@router.get("/history/state", dependencies=[ReadAuth], summary="The pool at a recorded moment")
+async def history_state(
+    request: Request,
+    engine: EngineDep,
+    at: Moment,
+    limit: Annotated[int, Query(ge=1, le=1_000_000)] = 1000,
+    include_blocks: bool = False,
+) -> dict[str, Any]:
+    """Rebuilt from the keyframe at or before the moment plus the operations
+    after it: summary, the free queue (head first), the hash map, running
+    requests; every block's state, ref count and hash with ``include_blocks``."""
+    seq = _seq(_recorder(engine), at, "at")
+    m = await _moment(request, engine, seq)
+    return replay.state_json(m, limit, include_blocks)
+
+
+@router.get("/history/diff", dependencies=[ReadAuth], summary="What changed between two moments")
+async def history_diff(
+    request: Request,
+    engine: EngineDep,
+    from_: Annotated[str, Query(alias="from", min_length=1, max_length=64)],
+    to: Moment,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+) -> dict[str, Any]:
+    """Hashes evicted and entered (with the block that held them), blocks
+    whose ref count or hash changed, requests started and ended, operations
+    and KV events in between."""
+    rec = _recorder(engine)
+    a = _seq(rec, from_, "from")
+    b = _seq(rec, to, "to")
+    if b < a:
+        raise InvalidInput(f"'to' ({b}) is before 'from' ({a})", from_seq=a, to_seq=b)
+    between = rec.entries_between(a, b)
+    ma = await _moment(request, engine, a)
+    mb = await _moment(request, engine, b)
+    return await asyncio.to_thread(replay.diff_json, ma, mb, between, limit)
+
+
+class NDJSONResponse(StreamingResponse):
+    media_type = "application/x-ndjson"
+
+
+@router.get(
+    "/history/export",
+    dependencies=[ReadAuth],
+    summary="The recording as JSON lines",
+    response_class=NDJSONResponse,
+    responses={200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},
+)
+async def history_export(engine: EngineDep) -> NDJSONResponse:
+    """A header, every keyframe and operation (result and events included)
+    from the oldest held, and the state now as a final keyframe.  Replay it
+    with ``python -m app.analysis.replay FILE`` (or ``blockpool replay``)."""
+    rec = _recorder(engine)
+    header, segments, final = rec.export_parts()
+    name = f"blockpool-recording-{int(time.time())}.jsonl"
+    return NDJSONResponse(
+        export_lines(header, segments, final),
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+    )
