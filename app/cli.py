@@ -50,7 +50,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tick-hz", type=float, help="stream ticks per second (10)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _kv_event_flags(s)
+    _bool_flag(s, "analysis", "analysis", "miss reasons, regret, shadow pools, recording (on)")
+    s.add_argument(
+        "--shadow-mode", choices=["process", "inline", "off"], help="where shadow pools run"
+    )
     _observe_parser(sub)
+    r = sub.add_parser("replay", help="replay a recording (GET /api/history/export), check it")
+    r.add_argument("path", help="the JSON-lines recording")
+    r.add_argument("--json", action="store_true", help="print the report as JSON")
     return ap
 
 
@@ -226,6 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args)
     if args.command == "observe":
         return observe(args)
+    if args.command == "replay":
+        from app.analysis.replay import main as replay_main
+
+        return replay_main([args.path, *(["--json"] if args.json else [])])
     return 2  # pragma: no cover - argparse enforces the subcommands
 
 

@@ -275,6 +275,9 @@ class Engine:
             raise
         finally:
             self.absorb()
+            an = self.analysis
+            if an is not None and an.recorder is not None and an.recorder.due:
+                an.recorder.keyframe()  # between operations, everything absorbed
             if self._wake is not None:
                 self._wake.set()
             if self.paranoid:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from app.analysis.misses import REUSE, MissTracker
@@ -44,9 +44,10 @@ def shadow_specs(policies: list[str], factors: list[float], grid: bool) -> list[
 
 
 class Analysis:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.time) -> None:
         s = engine.settings
         self.engine = engine
+        self.clock = clock  # wall time (tests inject one)
         self.groups = s.num_groups
         self.bs = s.block_size
         cols = engine.columns
@@ -54,7 +55,7 @@ class Analysis:
             engine.pool, cols, engine.hash_fn, s.block_size, s.miss_index_size, s.miss_finished_kept
         )
         free = engine.pool.get_num_free_blocks()
-        self.misses.note_freed(cols.next_stamp - cols.num_blocks, free, 0, 0, time.time())
+        self.misses.note_freed(cols.next_stamp - cols.num_blocks, free, 0, 0, self.clock())
         self.feeder: ShadowFeeder | None = None
         if s.shadow_mode != "off" and s.enable_caching:
             specs = shadow_specs(list(s.shadow_policies), list(s.shadow_factors), s.shadow_grid)
@@ -69,7 +70,11 @@ class Analysis:
         self.recorder: Recorder | None = None
         if s.recording:
             self.recorder = Recorder(
-                engine, s.recording_max_ops, s.recording_max_bytes, s.recording_keyframe_ops
+                engine,
+                s.recording_max_ops,
+                s.recording_max_bytes,
+                s.recording_keyframe_ops,
+                clock=lambda: self.clock(),
             )
         # (ts, regrets, evictions, admissions) once a tick, for rates
         self.window: deque[tuple[float, int, int, int]] = deque()
@@ -90,7 +95,7 @@ class Analysis:
     def on_admit(self, rid: str, op: AdmitOp, adm: Admission) -> None:
         e = self.engine
         managed = e.manager.requests[rid]
-        now = time.time()
+        now = self.clock()
         hit = adm.num_hit_blocks
         ids = adm.block_ids
         new = ids[0][hit:] if len(ids) == 1 else [b for t in ids for b in t[hit:]]
@@ -121,7 +126,7 @@ class Analysis:
         added: list[list[int]],
     ) -> None:
         e = self.engine
-        now = time.time()
+        now = self.clock()
         new = added[0] if len(added) == 1 else [b for t in added for b in t]
         m = self.misses
         if new:
@@ -140,7 +145,7 @@ class Analysis:
             self.feeder.append(rid, before_tokens, managed.num_tokens, managed.block_hashes)
 
     def on_finish(self, rid: str, managed: ManagedRequest, first_stamp: int) -> None:
-        now = time.time()
+        now = self.clock()
         self.on_freed(first_stamp, now)
         self.misses.on_finish(rid, managed.request.all_token_ids, managed.block_tables[0], now)
         if self.feeder is not None:
@@ -154,24 +159,24 @@ class Analysis:
         if count > 0:
             nf_before = e.pool.get_num_free_blocks() - count
             self.misses.note_freed(
-                first_stamp, count, nf_before, e.counters.blocks_allocated, now or time.time()
+                first_stamp, count, nf_before, e.counters.blocks_allocated, now or self.clock()
             )
 
     def on_allocate(self, ids: list[int]) -> None:
         e = self.engine
-        self.misses.record_evictions(ids, e.counters.blocks_allocated, REUSE, None, time.time())
+        self.misses.record_evictions(ids, e.counters.blocks_allocated, REUSE, None, self.clock())
 
     def on_evict(self, ids: list[int]) -> None:
         e = self.engine
-        self.misses.record_evict_op(ids, e.counters.blocks_allocated, time.time())
+        self.misses.record_evict_op(ids, e.counters.blocks_allocated, self.clock())
 
     def on_cache(self, hashes: Sequence[bytes]) -> None:
-        self.misses.on_stored(hashes, time.time())
+        self.misses.on_stored(hashes, self.clock())
 
     def on_reset(self) -> None:
         """After the pool's reset, before the columns are re-read."""
         e = self.engine
-        now = time.time()
+        now = self.clock()
         self.misses.record_reset(now, e.counters.blocks_allocated)
         # the columns' resync will stamp the whole queue, in order, from next_stamp
         self.misses.note_freed(
@@ -192,7 +197,7 @@ class Analysis:
 
     def on_tick(self) -> None:
         t0 = time.perf_counter()
-        now = time.time()
+        now = self.clock()
         m = self.misses
         m.process()
         if self.feeder is not None:

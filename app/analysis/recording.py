@@ -27,7 +27,7 @@ import bisect
 import json
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -96,8 +96,16 @@ class Segment:
 
 
 class Recorder:
-    def __init__(self, engine: Engine, max_ops: int, max_bytes: int, keyframe_ops: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_ops: int,
+        max_bytes: int,
+        keyframe_ops: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.engine = engine
+        self.clock = clock
         self.max_ops = max_ops
         self.max_bytes = max_bytes
         self.keyframe_ops = keyframe_ops
@@ -107,13 +115,14 @@ class Recorder:
         self.dropped_ops = 0
         self.dropped_segments = 0
         self.keyframes_taken = 0
+        self.due = False
         self.keyframe_seconds = 0.0
         self.segments: deque[Segment] = deque()
         self.segments.append(Segment(self._snapshot()))
 
     def _snapshot(self) -> Keyframe:
         t0 = time.perf_counter()
-        kf = snapshot(self.engine, self.seq, time.time())
+        kf = snapshot(self.engine, self.seq, self.clock())
         self.keyframes_taken += 1
         self.keyframe_seconds += time.perf_counter() - t0
         return kf
@@ -124,13 +133,15 @@ class Recorder:
         self.seq += 1
         seg = self.segments[-1]
         blob = _encode((op.__class__.__name__, op.__dict__, ok, payload, events))
-        seg.entries.append((self.seq, time.time(), blob))
+        seg.entries.append((self.seq, self.clock(), blob))
         n = len(blob)
         seg.nbytes += n
         self.nbytes += n
         self.ops += 1
         if len(seg.entries) >= 2 * self.keyframe_ops:
-            self.keyframe()  # no ticks (a bench, a test): keep segments bounded
+            # No ticks (a bench, a test): a keyframe before the next operation
+            # (not now: the engine has not absorbed this one's events yet).
+            self.due = True
         elif self.ops > self.max_ops or self.nbytes > self.max_bytes:
             self._enforce()
 
@@ -141,6 +152,8 @@ class Recorder:
             self.keyframe()
 
     def keyframe(self) -> None:
+        """Between operations only (tick time, or before the next one)."""
+        self.due = False
         self.segments.append(Segment(self._snapshot()))
         self._enforce()
 
@@ -249,7 +262,7 @@ class Recorder:
             "last_seq": self.seq,
         }
         segs = [Segment(seg.keyframe, list(seg.entries), seg.nbytes) for seg in self.segments]
-        final = snapshot(self.engine, self.seq, time.time())
+        final = snapshot(self.engine, self.seq, self.clock())
         return header, segs, final
 
 

@@ -209,11 +209,21 @@ def digest(engine: Engine) -> dict[str, Any]:
             for k, v in pool.cached_block_hash_to_block._cache.items()
         ],
         "requests": {
-            rid: (m.request.all_token_ids, m.block_ids(), m.num_cached_blocks, m.num_hit_blocks)
+            rid: (
+                tuple(m.request.all_token_ids),
+                tuple(map(tuple, m.block_ids())),
+                m.num_cached_blocks,
+                m.num_hit_blocks,
+            )
             for rid, m in engine.manager.requests.items()
         },
-        "raw_refs": engine.raw_refs.tolist(),
+        "raw_refs": tuple(engine.raw_refs.tolist()),
         "stats": dataclasses.astuple(engine.manager.stats),
+        "finished": tuple(engine.manager._finished),
+        # (not ``ops``: it also counts closures run on the engine, e.g. a batch)
+        "counters": repr(
+            {k: v for k, v in dataclasses.asdict(engine.counters).items() if k != "ops"}
+        ),
         "next_request": engine._next_request,
         "sampled": sorted(engine.collector.block_metrics),
     }
