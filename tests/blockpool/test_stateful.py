@@ -275,6 +275,24 @@ class PoolMachine(RuleBasedStateMachine):
             if self.ref[bid] == 0:
                 self.free.append(bid)
 
+    @precondition(lambda self: len(self.holdings) > 1)
+    @rule()
+    def finish_everything(self) -> None:
+        """Every holder finishes (in reverse, as requests do): the pool drains,
+        so that resets are accepted often enough to be exercised."""
+        self._tick()
+        while self.holdings:
+            h = self.holdings.pop()
+            ordered = h.table[::-1]
+            self.pool.free_blocks(ordered)
+            for b in ordered:
+                bid = b.block_id
+                if bid == 0:
+                    continue
+                self.ref[bid] -= 1
+                if self.ref[bid] == 0:
+                    self.free.append(bid)
+
     @rule(data=st.data())
     def touch_cache_hits(self, data: st.DataObject) -> None:
         """A prefix lookup as a scheduler does it: hits until the first miss."""

@@ -121,8 +121,11 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "c
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    # Package scope, not session: Playwright's sync API keeps an asyncio loop
+    # marked running in this thread while it is open, and later packages'
+    # asyncio.run() would refuse to start.
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (browser tests never skip)")
     from playwright.sync_api import sync_playwright
