@@ -178,6 +178,8 @@ class Engine:
         # Empty token slots in running requests' partial tail blocks (all groups).
         self.tail_waste = 0
         self.analysis: Analysis | None = Analysis(self) if settings.analysis else None
+        # the analysis the operations call into (inline mode only)
+        self.hooks = self.analysis if self.analysis is not None and self.analysis.local else None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -303,9 +305,9 @@ class Engine:
         try:
             result = ops.execute(self, op)
         except ApiError as exc:
-            an.record(op, False, exc.body()["error"], queue[start:])
+            an.record(op, False, exc.body()["error"], start, len(queue) - start)
             raise
-        an.record(op, True, result, queue[start:])
+        an.record(op, True, result, start, len(queue) - start)
         return result
 
     def absorb(self) -> None:

@@ -88,8 +88,8 @@ def allocate(engine: Engine, op: AllocateOp) -> dict[str, Any]:
     blocks = engine.pool.get_new_blocks(n)
     ids = [b.block_id for b in blocks]
     evicted = [i for i in ids if cols.hashed[i]]
-    if engine.analysis is not None:
-        engine.analysis.on_allocate(ids)
+    if engine.hooks is not None:
+        engine.hooks.on_allocate(ids)
     engine.raw_refs[ids] += 1
     cols.sync(ids)
     engine.counters.blocks_allocated += n
@@ -128,8 +128,8 @@ def free(engine: Engine, op: FreeOp) -> dict[str, Any]:
         raw[bid] -= 1
     first_stamp = engine.columns.next_stamp
     engine.columns.stamp_freed(blocks)
-    if engine.analysis is not None:
-        engine.analysis.on_freed(first_stamp)
+    if engine.hooks is not None:
+        engine.hooks.on_freed(first_stamp)
     engine.columns.sync(ids)
     engine.counters.blocks_freed += len(ids)
     now_free = [b.block_id for b in blocks if b.ref_cnt == 0]
@@ -231,8 +231,8 @@ def cache(engine: Engine, op: CacheOp) -> dict[str, Any]:
         engine.pool.cache_full_blocks(
             req, [engine.pool.null_block, *blocks], 1, len(ids) + 1, bs, op.group_id
         )
-    if engine.analysis is not None:
-        engine.analysis.on_cache(hashes)
+    if engine.hooks is not None:
+        engine.hooks.on_cache(hashes)
     engine.columns.sync(ids)
     return {"block_ids": list(ids), "block_hashes": [_hex(h) for h in hashes]}
 
@@ -264,8 +264,8 @@ def evict(engine: Engine, op: EvictOp) -> dict[str, Any]:
     cols = engine.columns
     evicted = [i for i in ids if cols.hashed[i]]
     engine.pool.evict_blocks(ids)
-    if engine.analysis is not None:
-        engine.analysis.on_evict(evicted)
+    if engine.hooks is not None:
+        engine.hooks.on_evict(evicted)
     cols.sync(ids)
     gone = set(evicted)
     return {"evicted": evicted, "not_cached": [i for i in ids if i not in gone]}
@@ -283,8 +283,8 @@ def reset(engine: Engine, op: ResetOp) -> dict[str, Any]:
             running_requests=len(engine.manager.requests),
         )
     engine.counters.resets += 1
-    if engine.analysis is not None:
-        engine.analysis.on_reset()
+    if engine.hooks is not None:
+        engine.hooks.on_reset()
     engine.mark_all_dirty()
     return {"reset": True}
 
@@ -318,8 +318,8 @@ def admit(engine: Engine, op: AdmitOp) -> dict[str, Any]:
         ) from None
     bs = engine.manager.block_size
     engine.tail_waste += (len(adm.block_ids[0]) * bs - len(op.token_ids)) * len(adm.block_ids)
-    if engine.analysis is not None:
-        engine.analysis.on_admit(rid, op, adm)
+    if engine.hooks is not None:
+        engine.hooks.on_admit(rid, op, adm)
     _sync_tables(engine, adm.block_ids)
     engine.counters.requests_admitted += 1
     engine.counters.blocks_allocated += adm.num_new_blocks
@@ -359,8 +359,8 @@ def append(engine: Engine, op: AppendOp) -> dict[str, Any]:
     bs = engine.manager.block_size
     groups = len(added)
     engine.tail_waste += (len(added[0]) * bs - len(op.token_ids)) * groups
-    if engine.analysis is not None:
-        engine.analysis.on_append(op.request_id, managed, before_tokens, before_cached, added)
+    if engine.hooks is not None:
+        engine.hooks.on_append(op.request_id, managed, before_tokens, before_cached, added)
     for table, new_ids in zip(managed.block_tables, added, strict=True):
         engine.columns.sync(new_ids)
         engine.columns.sync(b.block_id for b in table[before_cached : managed.num_cached_blocks])
@@ -379,8 +379,8 @@ def finish(engine: Engine, op: FinishOp) -> dict[str, Any]:
     first_stamp = engine.columns.next_stamp
     for table in tables:
         engine.columns.stamp_freed(reversed(table))
-    if engine.analysis is not None:
-        engine.analysis.on_finish(op.request_id, managed, first_stamp)
+    if engine.hooks is not None:
+        engine.hooks.on_finish(op.request_id, managed, first_stamp)
     _sync_tables(engine, freed)
     engine.counters.requests_finished += 1
     engine.counters.blocks_freed += sum(len(t) for t in freed)

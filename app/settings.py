@@ -83,6 +83,11 @@ class Settings(BaseSettings):
         default=0, description="seed of the metrics collector's sampling (None: unseeded)"
     )
     analysis: bool = Field(default=True, description="miss reasons, regret, shadows, recording")
+    analysis_mode: Literal["worker", "inline"] = Field(
+        default="worker",
+        description="worker: a replica in a worker process analyses the recorded operations "
+        "(needs the recording); inline: on the engine, exact and synchronous",
+    )
     shadow_mode: Literal["process", "inline", "off"] = Field(
         default="process", description="shadow pools in a worker process, on the engine, or none"
     )

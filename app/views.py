@@ -310,7 +310,7 @@ def request(engine: Engine, rid: str) -> dict[str, Any]:
         raise NotFound(f"no running request {rid!r}", request_id=rid)
     req = managed.request
     bs = engine.manager.block_size
-    reasons = analysis_views.block_reasons(engine.analysis, rid) if engine.analysis else []
+    reasons = engine.analysis.block_reasons(rid) if engine.analysis else []
     return {
         "request_id": rid,
         "num_tokens": req.num_tokens,

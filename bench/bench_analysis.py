@@ -13,21 +13,28 @@ The pool is small enough that cached blocks are evicted all the time.
 Variants, each run in every round (rounds interleave the variants so that a
 noisy machine hits them alike):
 
-* ``off``      analysis off (the engine as it was).
-* ``on``       analysis on: miss reasons, regret, queue travel, recording
-               (keyframes included) and shadow pools -- vLLM 0.16 at 0.5x,
-               2x and 4x -- in the worker process (the service's default).
-* ``on+1x``    the service default: also vLLM 0.16, uncached-first and
-               S3-FIFO at 1x (six shadows).
-* ``inline``   as ``on`` but the shadows applied on the engine at tick time
-               (what running them in the worker saves).
+* ``off``        analysis off (the engine as it was).
+* ``on``         the analysis on, as the service runs it (analysis_mode
+                 "worker"): the engine records every operation (keyframes
+                 included) and sends the records to the worker process, whose
+                 replica computes miss reasons, regret, queue travel and three
+                 vLLM 0.16 shadow pools (0.5x, 2x, 4x).
+* ``on+1x``      the service's default shadows: also vLLM 0.16, uncached-first
+                 and S3-FIFO at 1x (six; the engine's cost does not change).
+* ``inline``     analysis_mode "inline": the hooks on the engine (exact and
+                 synchronous), the three shadows in the worker process.
+* ``inline-sh``  as ``inline`` with the shadows applied on the engine at tick
+                 time (what the worker process saves).
+* ``rec-only``   the recording and the replica, no shadows.
 
 Reports operations/s (best of --reps and median), the ratio to ``off``
 (goal: ``on`` >= 0.9x), the engine-side analysis time per tick, and after each
-run the worker's lag and whether it kept up.  Prints a table and writes JSON
+run the worker's lag at the end and how long it took to catch up (the
+replica does the engine's work again plus the analysis, on another core: at
+full saturation it finishes after the engine).  Prints a table and writes JSON
 (--json, default bench/results/analysis.json).  Not a test.
 
-    python bench/bench_analysis.py [--ops 20000] [--reps 5] [--blocks 4096]
+    python bench/bench_analysis.py [--ops 20000] [--reps 5] [--blocks 8192]
 """
 
 from __future__ import annotations
@@ -122,21 +129,14 @@ def make_ops(seed: int, n_ops: int, max_running: int) -> list[Any]:
     return ops
 
 
+THREE = {"shadow_factors": [0.5, 2.0, 4.0], "shadow_policies": []}
 VARIANTS: dict[str, dict[str, Any]] = {
     "off": {"analysis": False},
-    "on": {
-        "analysis": True,
-        "shadow_mode": "process",
-        "shadow_factors": [0.5, 2.0, 4.0],
-        "shadow_policies": [],
-    },
-    "on+1x": {"analysis": True, "shadow_mode": "process"},
-    "inline": {
-        "analysis": True,
-        "shadow_mode": "inline",
-        "shadow_factors": [0.5, 2.0, 4.0],
-        "shadow_policies": [],
-    },
+    "on": {"analysis": True, "analysis_mode": "worker", **THREE},
+    "on+1x": {"analysis": True, "analysis_mode": "worker"},
+    "inline": {"analysis": True, "analysis_mode": "inline", "shadow_mode": "process", **THREE},
+    "inline-sh": {"analysis": True, "analysis_mode": "inline", "shadow_mode": "inline", **THREE},
+    "rec-only": {"analysis": True, "analysis_mode": "worker", "shadow_mode": "off", **THREE},
 }
 
 
@@ -153,7 +153,9 @@ def run(variant: str, ops: list[Any], blocks: int) -> dict[str, Any]:
     if an is not None:
         an.start()
         if an.feeder is not None and an.feeder.mode == "process":
-            an.feeder.wait_idle(30)  # the worker is up (not timed)
+            an.feeder.wait_idle(60)  # the worker is up (not timed)
+        if an.remote is not None:
+            an.remote.wait_idle(60)
     gc.collect()
     refused = 0
     apply = engine.apply
@@ -184,7 +186,7 @@ def run(variant: str, ops: list[Any], blocks: int) -> dict[str, Any]:
     }
     if an is not None:
         out["analysis_tick_ms"] = 1e3 * an.tick_seconds / (ticks + 1)
-        out["regrets"] = an.misses.regrets
+        out["regrets"] = an.misses.regrets if an.local else None
         if an.recorder is not None:
             out["recorded_ops"] = an.recorder.ops
             out["keyframes"] = an.recorder.keyframes_taken
@@ -204,6 +206,20 @@ def run(variant: str, ops: list[Any], blocks: int) -> dict[str, Any]:
                 "resyncs": f.resyncs,
                 "hit_rates": {s["name"]: round(s["hit_rate"], 4) for s in (f.latest or [])},
             }
+        r = an.remote
+        if r is not None:
+            lag_at_end = r.outstanding
+            t1 = clock()
+            caught_up = r.wait_idle(300)
+            rows = (r.prom or {}).get("shadows") or []
+            out["shadow"] = {
+                "lag_at_end": lag_at_end,
+                "catch_up_s": clock() - t1,
+                "caught_up": caught_up,
+                "dropped": r.dropped,
+                "resyncs": r.resyncs,
+                "hit_rates": {f"{p}@{x:g}x": round(h, 4) for p, x, h, *_ in rows},
+            }
         an.stop()
     return out
 
@@ -212,9 +228,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", type=int, default=20_000)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--blocks", type=int, default=4096)
+    ap.add_argument("--blocks", type=int, default=8192)
     ap.add_argument("--max-running", type=int, default=48)
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument(
+        "--variants", nargs="+", default=["off", "on", "on+1x", "inline"], choices=list(VARIANTS)
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "analysis.json"))
     args = ap.parse_args()

@@ -1,12 +1,19 @@
 """Analysis: the engine's observers of misses, evictions, what-ifs and history.
 
-The engine owns one ``Analysis`` (settings ``analysis``); the operations call
-its hooks at the one moment each hook needs -- after the pool changed, before
-the engine's columns are re-read, so the columns still show the blocks'
-previous state (which hash a reused block lost, its queue stamp).  Every hook
-is O(blocks the operation touched), mostly in C (dict updates, numpy);
-everything that can wait runs at tick time (``on_tick``): the shadow batch,
-the queue-travel statistics, keyframes.
+The engine owns one ``Analysis`` (settings ``analysis``), in one of two modes:
+
+* ``inline`` (``local``): the operations call its hooks at the one moment
+  each hook needs -- after the pool changed, before the engine's columns are
+  re-read, so the columns still show the blocks' previous state (which hash
+  a reused block lost, its queue stamp).  Every hook is O(blocks the
+  operation touched), mostly in C (dict updates, numpy); what can wait runs
+  at tick time (``on_tick``): the shadow batch, queue-travel statistics,
+  keyframes.  Exact and synchronous; it costs the engine ~25% of its
+  throughput on an eviction-heavy load (bench/bench_analysis.py).
+* ``worker`` (the default, needs the recording): the engine only records;
+  a live replica in the worker process runs the same hooks (``remote.py``).
+
+Either way the recording (time travel) lives with the engine.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from app.analysis import prom, views
 from app.analysis.misses import REUSE, MissTracker
 from app.analysis.recording import Recorder
+from app.analysis.remote import RemoteAnalysis
 from app.analysis.shadows import ShadowFeeder
 from blockpool.shadow import ShadowSpec
 
@@ -50,14 +59,18 @@ class Analysis:
         self.clock = clock  # wall time (tests inject one)
         self.groups = s.num_groups
         self.bs = s.block_size
-        cols = engine.columns
+        self.local = s.analysis_mode == "inline" or not s.recording
         self.misses = MissTracker(
-            engine.pool, cols, engine.hash_fn, s.block_size, s.miss_index_size, s.miss_finished_kept
+            engine.pool,
+            engine.columns,
+            engine.hash_fn,
+            s.block_size,
+            s.miss_index_size if self.local else 1,
+            s.miss_finished_kept,
         )
-        free = engine.pool.get_num_free_blocks()
-        self.misses.note_freed(cols.next_stamp - cols.num_blocks, free, 0, 0, self.clock())
+        self.rebase()
         self.feeder: ShadowFeeder | None = None
-        if s.shadow_mode != "off" and s.enable_caching:
+        if self.local and s.shadow_mode != "off" and s.enable_caching:
             specs = shadow_specs(list(s.shadow_policies), list(s.shadow_factors), s.shadow_grid)
             self.feeder = ShadowFeeder(
                 specs,
@@ -76,19 +89,60 @@ class Analysis:
                 s.recording_keyframe_ops,
                 clock=lambda: self.clock(),
             )
+        self.remote: RemoteAnalysis | None = None
+        if not self.local:
+            assert self.recorder is not None
+            self.remote = RemoteAnalysis(engine, self.recorder, s.shadow_max_lag)
         # (ts, regrets, evictions, admissions) once a tick, for rates
         self.window: deque[tuple[float, int, int, int]] = deque()
         self.tick_seconds = 0.0
+
+    def rebase(self) -> None:
+        """The free queue as the columns stamp it now is one batch (start-up,
+        or a replica restored from a keyframe)."""
+        cols = self.engine.columns
+        free = self.engine.pool.get_num_free_blocks()
+        alloc = self.engine.counters.blocks_allocated
+        self.misses.note_freed(cols.next_stamp - cols.num_blocks, free, 0, alloc, self.clock())
 
     # ---------------------------------------------------------- lifecycle
 
     def start(self) -> None:
         if self.feeder is not None:
             self.feeder.start()
+        if self.remote is not None:
+            self.remote.start()
 
     def stop(self) -> None:
         if self.feeder is not None:
             self.feeder.stop()
+        if self.remote is not None:
+            self.remote.stop()
+
+    # ------------------------------------------------- answers, either mode
+
+    async def query(self, kind: str, **args: Any) -> dict[str, Any]:
+        """A view (``misses``, ``request_misses``, ``regret``, ``shadows``)."""
+        if self.remote is not None:
+            return await self.remote.query(kind, **args)
+        result: dict[str, Any] = getattr(views, kind)(self, **args)
+        return result
+
+    def stream_section(self) -> dict[str, Any] | None:
+        if self.remote is not None:
+            return self.remote.stream
+        return views.stream_section(self)
+
+    def prom_state(self) -> dict[str, Any] | None:
+        if self.remote is not None:
+            return self.remote.prom
+        return prom.state(self)
+
+    def block_reasons(self, rid: str) -> list[tuple[str | None, dict[str, Any] | None]]:
+        if self.remote is not None:
+            packed = self.remote.reasons.get(rid)
+            return views.unpack_reasons(packed) if packed is not None else []
+        return views.block_reasons(self, rid)
 
     # ------------------------------------------------------- op hooks (hot)
 
@@ -189,14 +243,22 @@ class Analysis:
         if self.feeder is not None:
             self.feeder.reset()
 
-    def record(self, op: Any, ok: bool, payload: Any, events: list[Any]) -> None:
+    def record(self, op: Any, ok: bool, payload: Any, before: int, n_events: int) -> None:
+        """``before``: events the pool had queued before this operation."""
         if self.recorder is not None:
-            self.recorder.record(op, ok, payload, events)
+            first = self.engine.events.last_seq + 1 + before
+            self.recorder.record(op, ok, payload, first, n_events)
 
     # ---------------------------------------------------------- tick time
 
     def on_tick(self) -> None:
         t0 = time.perf_counter()
+        if self.remote is not None:
+            assert self.recorder is not None
+            self.recorder.maybe_keyframe()
+            self.remote.flush()
+            self.tick_seconds += time.perf_counter() - t0
+            return
         now = self.clock()
         m = self.misses
         m.process()

@@ -179,7 +179,7 @@ class MissTracker:
         self.recs: OrderedDict[int, tuple[list[int], str]] = OrderedDict()
         self.rec_tokens = 0
         self.recs_max = max(1024, 2 * n)
-        self.rec_tokens_max = max(1 << 20, 64 * n)
+        self.rec_tokens_max = max(1 << 18, 16 * n)
         self.next_rec = 0
         self.root_latest: dict[Tag, tuple[tuple[int, ...], str]] = {}  # first blocks per keys
         # first block's tokens -> {(lora, salt): (tokens, tokens stored, request)}

@@ -7,8 +7,9 @@ sets.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -23,6 +24,7 @@ from app.analysis.common import Hist
 from app.analysis.misses import CAUSES, REASONS
 
 if TYPE_CHECKING:
+    from app.analysis.core import Analysis
     from app.engine import Engine
 
 
@@ -31,10 +33,46 @@ def _le(bound: float) -> str:
     return text
 
 
-def _hist(name: str, doc: str, h: Hist) -> HistogramMetricFamily:
+def _hist(name: str, doc: str, h: tuple[list[float], list[int], float]) -> HistogramMetricFamily:
+    buckets, counts, total = h
     fam = HistogramMetricFamily(name, doc)
-    fam.add_metric([], [(_le(b), float(n)) for b, n in h.cumulative()], sum_value=h.sum)
+    acc, rows = 0, []
+    for bound, c in zip([*buckets, math.inf], counts, strict=True):
+        acc += c
+        rows.append((_le(bound), float(acc)))
+    fam.add_metric([], rows, sum_value=total)
     return fam
+
+
+def _h(h: Hist) -> tuple[list[float], list[int], float]:
+    return (list(h.buckets), list(h.counts), h.sum)
+
+
+def _row(r: dict[str, Any]) -> tuple[Any, ...]:
+    queried = r["queries"] + r["refused_tokens"]
+    return (r["policy"], r["factor"], r["hit_rate"], queried, r["hits"], r["capacity"])
+
+
+def state(an: Analysis) -> dict[str, Any]:
+    """The figures behind the families (plain data: the worker sends them)."""
+    m = an.misses
+    f = an.feeder
+    return {
+        "blocks": list(m.blocks),
+        "tokens": list(m.tokens),
+        "regrets": m.regrets,
+        "regret_gap": _h(m.regret_gap),
+        "evictions": list(m.evictions),
+        "ev_pos": _h(m.ev_pos),
+        "ev_allocs": _h(m.ev_allocs),
+        "ev_queue_s": _h(m.ev_queue_s),
+        "shadows": None if f is None else [_row(r) for r in f.latest or []],
+        "shadow": (
+            {"lag": f.outstanding + len(f.pending), "dropped": f.dropped, "resyncs": f.resyncs}
+            if f is not None
+            else None
+        ),
+    }
 
 
 def token_families(engine: Engine) -> Iterator[Metric]:
@@ -64,94 +102,20 @@ def families(engine: Engine) -> Iterator[Metric]:
     an = engine.analysis
     if an is None:
         return
-    m = an.misses
-    misses = CounterMetricFamily(
-        "blockpool_prefix_misses", "Prompt blocks that missed the prefix cache, by reason.",
-        labels=["reason"],
-    )  # fmt: skip
-    tokens = CounterMetricFamily(
-        "blockpool_prefix_miss_tokens", "Prompt tokens in blocks that missed, by reason.",
-        labels=["reason"],
-    )  # fmt: skip
-    for code, name in enumerate(REASONS, start=1):
-        misses.add_metric([name], m.blocks[code])
-        tokens.add_metric([name], m.tokens[code])
-    yield misses
-    yield tokens
-    yield CounterMetricFamily(
-        "blockpool_prefix_hit_blocks", "Prompt blocks that hit the prefix cache.",
-        value=m.blocks[0],
-    )  # fmt: skip
-    yield CounterMetricFamily(
-        "blockpool_eviction_regrets",
-        "Evicted hashes stored again (recomputed) while the eviction was remembered.",
-        value=m.regrets,
-    )
-    yield _hist(
-        "blockpool_eviction_regret_gap_seconds",
-        "Seconds between a hash's eviction and its being stored again.",
-        m.regret_gap,
-    )
-    causes = CounterMetricFamily(
-        "blockpool_evictions_by_cause", "Cached hashes dropped, by cause.", labels=["cause"]
-    )
-    for cause, n in zip(CAUSES, m.evictions, strict=True):
-        causes.add_metric([cause], n)
-    yield causes
-    yield _hist(
-        "blockpool_eviction_queue_position",
-        "Free-queue position (0 = head) of a block when it was freed, for blocks "
-        "whose hash was later evicted by reuse.",
-        m.ev_pos,
-    )
-    yield _hist(
-        "blockpool_eviction_allocations_between",
-        "Blocks allocated between a block's free and the eviction of its hash.",
-        m.ev_allocs,
-    )
-    yield _hist(
-        "blockpool_eviction_queue_seconds",
-        "Seconds a block spent in the free queue before its hash was evicted by reuse.",
-        m.ev_queue_s,
-    )
-    f = an.feeder
-    if f is not None:
-        labels = ["policy", "capacity_factor"]
-        ratio = GaugeMetricFamily(
-            "blockpool_shadow_hit_ratio",
-            "Prefix-cache hit rate (tokens) of a shadow pool fed the same requests.",
-            labels=labels,
-        )
-        queries = CounterMetricFamily(
-            "blockpool_shadow_queries_tokens", "Tokens queried by a shadow pool.", labels=labels
-        )
-        hits = CounterMetricFamily(
-            "blockpool_shadow_hits_tokens", "Tokens hit in a shadow pool.", labels=labels
-        )
-        cap = GaugeMetricFamily(
-            "blockpool_shadow_capacity_blocks", "Blocks of a shadow pool.", labels=labels
-        )
-        for r in f.latest or []:
-            lv = [r["policy"], f"{r['factor']:g}"]
-            ratio.add_metric(lv, r["hit_rate"])
-            queries.add_metric(lv, r["queries"] + r["refused_tokens"])
-            hits.add_metric(lv, r["hits"])
-            cap.add_metric(lv, r["capacity"])
-        yield ratio
-        yield queries
-        yield hits
-        yield cap
+    st = an.prom_state()
+    if st is not None:
+        yield from _analysis_families(st)
+    if an.remote is not None:
+        r = an.remote.snapshot()
         yield GaugeMetricFamily(
-            "blockpool_shadow_lag_accesses", "Accesses not yet applied by the shadows.",
-            value=f.outstanding + len(f.pending),
-        )  # fmt: skip
-        yield CounterMetricFamily(
-            "blockpool_shadow_dropped_accesses", "Accesses dropped (shadows restarted).",
-            value=f.dropped,
-        )  # fmt: skip
-        yield CounterMetricFamily(
-            "blockpool_shadow_resyncs", "Shadow restarts after falling behind.", value=f.resyncs
+            "blockpool_analysis_lag_ops",
+            "Recorded operations the analysis worker has not applied yet.",
+            value=r["lag_ops"],
         )
+        yield CounterMetricFamily(
+            "blockpool_analysis_resyncs", "Analysis replica restarts after falling behind.",
+            value=r["resyncs"],
+        )  # fmt: skip
     rec = an.recorder
     if rec is not None:
         yield GaugeMetricFamily(
@@ -163,4 +127,98 @@ def families(engine: Engine) -> Iterator[Metric]:
         yield CounterMetricFamily(
             "blockpool_recording_dropped_ops", "Operations dropped from the bounded recording.",
             value=rec.dropped_ops,
+        )  # fmt: skip
+
+
+def _analysis_families(st: dict[str, Any]) -> Iterator[Metric]:
+    misses = CounterMetricFamily(
+        "blockpool_prefix_misses", "Prompt blocks that missed the prefix cache, by reason.",
+        labels=["reason"],
+    )  # fmt: skip
+    tokens = CounterMetricFamily(
+        "blockpool_prefix_miss_tokens", "Prompt tokens in blocks that missed, by reason.",
+        labels=["reason"],
+    )  # fmt: skip
+    for code, name in enumerate(REASONS, start=1):
+        misses.add_metric([name], st["blocks"][code])
+        tokens.add_metric([name], st["tokens"][code])
+    yield misses
+    yield tokens
+    yield CounterMetricFamily(
+        "blockpool_prefix_hit_blocks", "Prompt blocks that hit the prefix cache.",
+        value=st["blocks"][0],
+    )  # fmt: skip
+    yield CounterMetricFamily(
+        "blockpool_eviction_regrets",
+        "Evicted hashes stored again (recomputed) while the eviction was remembered.",
+        value=st["regrets"],
+    )
+    yield _hist(
+        "blockpool_eviction_regret_gap_seconds",
+        "Seconds between a hash's eviction and its being stored again.",
+        st["regret_gap"],
+    )
+    causes = CounterMetricFamily(
+        "blockpool_evictions_by_cause", "Cached hashes dropped, by cause.", labels=["cause"]
+    )
+    for cause, n in zip(CAUSES, st["evictions"], strict=True):
+        causes.add_metric([cause], n)
+    yield causes
+    yield _hist(
+        "blockpool_eviction_queue_position",
+        "Free-queue position (0 = head) of a block when it was freed, for blocks "
+        "whose hash was later evicted by reuse.",
+        st["ev_pos"],
+    )
+    yield _hist(
+        "blockpool_eviction_allocations_between",
+        "Blocks allocated between a block's free and the eviction of its hash.",
+        st["ev_allocs"],
+    )
+    yield _hist(
+        "blockpool_eviction_queue_seconds",
+        "Seconds a block spent in the free queue before its hash was evicted by reuse.",
+        st["ev_queue_s"],
+    )
+    rows = st.get("shadows")
+    if rows is None:
+        return
+    labels = ["policy", "capacity_factor"]
+    ratio = GaugeMetricFamily(
+        "blockpool_shadow_hit_ratio",
+        "Prefix-cache hit rate (tokens) of a shadow pool fed the same requests.",
+        labels=labels,
+    )
+    queries = CounterMetricFamily(
+        "blockpool_shadow_queries_tokens", "Tokens queried by a shadow pool.", labels=labels
+    )
+    hits = CounterMetricFamily(
+        "blockpool_shadow_hits_tokens", "Tokens hit in a shadow pool.", labels=labels
+    )
+    cap = GaugeMetricFamily(
+        "blockpool_shadow_capacity_blocks", "Blocks of a shadow pool.", labels=labels
+    )
+    for policy, factor, hit_rate, q, h, capacity in rows:
+        lv = [policy, f"{factor:g}"]
+        ratio.add_metric(lv, hit_rate)
+        queries.add_metric(lv, q)
+        hits.add_metric(lv, h)
+        cap.add_metric(lv, capacity)
+    yield ratio
+    yield queries
+    yield hits
+    yield cap
+    sh = st.get("shadow")
+    if sh is not None:
+        yield GaugeMetricFamily(
+            "blockpool_shadow_lag_accesses", "Accesses not yet applied by the shadows.",
+            value=sh["lag"],
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "blockpool_shadow_dropped_accesses", "Accesses dropped (shadows restarted).",
+            value=sh["dropped"],
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "blockpool_shadow_resyncs", "Shadow restarts after falling behind.",
+            value=sh["resyncs"],
         )  # fmt: skip

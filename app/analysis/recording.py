@@ -1,13 +1,16 @@
 """The recording: every operation the engine applied, with its result and
 events, in segments that each start with a keyframe.
 
-On the hot path ``record`` encodes the validated op's fields, its result or
-error and the events it emitted into one msgpack blob (msgspec, in C: ~0.4 us
-for a decode step, ~3.5 us for a 700-token admission) and keeps
-``(seq, time, blob)``.  Keeping the op models, result dicts and event lists
-themselves would cost far more: every retained container is traversed by the
-garbage collector again and again (measured: -20% engine throughput), and a
-token id as a Python int takes 36 bytes against ~3 in msgpack.
+On the hot path ``record`` encodes the validated op's fields and its result
+or error into one msgpack blob (msgspec, in C: ~0.3 us for a decode step,
+~2 us for a 700-token admission) and keeps ``(seq, time, blob, first event
+seq, event count)``: the events themselves stay in the engine's event log
+(which holds them anyway), found again by their seq for an export or a diff
+(``null`` there once that bounded log has dropped them).  Keeping the op
+models, result dicts and event lists themselves would cost far more: every
+retained container is traversed by the garbage collector again and again
+(measured: -20% engine throughput), and a token id as a Python int takes 36
+bytes against ~3 in msgpack.
 
 At tick time, once the current segment holds ``keyframe_ops`` operations, a
 keyframe closes it (an O(blocks) snapshot between two operations).  The
@@ -26,17 +29,17 @@ from __future__ import annotations
 import bisect
 import json
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from app import schemas
 from app.analysis.state import Keyframe, keyframe_json, snapshot
+from app.event_log import SeqLog
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from blockpool.events import AnyKVEvent
 
 if TYPE_CHECKING:
     from app.engine import Engine
@@ -59,10 +62,12 @@ POOL_SETTINGS = (
     "max_requests",
 )
 
-# seq, ts, msgpack of (op class name, op fields, ok, result or error body, events)
-Entry = tuple[int, float, bytes]
+KEYFRAME_BUDGET = 0.01  # at tick time, keyframes take at most this share of the time
+# seq, ts, msgpack of (op class name, op fields, ok, result or error body),
+# the engine event-log seq of its first event, how many events it emitted
+Entry = tuple[int, float, bytes, int, int]
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(tuple[str, dict[str, Any], bool, Any, list[AnyKVEvent]]).decode
+_decode = msgspec.msgpack.Decoder(tuple[str, dict[str, Any], bool, Any]).decode
 OP_CLASSES: dict[str, type[Any]] = {
     cls.__name__: cls
     for cls in (
@@ -81,18 +86,72 @@ OP_CLASSES: dict[str, type[Any]] = {
 }
 
 
-def unpack(entry: Entry) -> tuple[int, float, Any, bool, Any, list[KVCacheEvent]]:
-    """(seq, ts, op model, ok, result or error body, events) of one entry."""
-    seq, ts, blob = entry
-    name, fields, ok, payload, events = _decode(blob)
-    return seq, ts, OP_CLASSES[name].model_construct(**fields), ok, payload, list(events)
+def unpack(entry: Entry) -> tuple[int, float, Any, bool, Any]:
+    """(seq, ts, op model, ok, result or error body) of one entry."""
+    seq, ts, blob, _, _ = entry
+    name, fields, ok, payload = _decode(blob)
+    return seq, ts, OP_CLASSES[name].model_construct(**fields), ok, payload
 
 
-@dataclass
+def decode_op(blob: bytes) -> tuple[Any, bool]:
+    """(op model, whether it succeeded) of an encoded operation."""
+    name, fields, ok, _ = _decode(blob)
+    return OP_CLASSES[name].model_construct(**fields), ok
+
+
+class EventsView:
+    """A copy of the engine's event log (taken between operations) to find
+    recorded operations' events by seq."""
+
+    def __init__(self, log: SeqLog[KVCacheEvent]) -> None:
+        items = list(log._items)
+        self.first = items[0][0] if items else log.last_seq + 1
+        self.events = [ev for _, _, ev in items]
+
+    def of(self, entry: Entry) -> list[KVCacheEvent] | None:
+        """The entry's events, or None when the log no longer holds them all."""
+        first, n = entry[3], entry[4]
+        if not n:
+            return []
+        i = first - self.first
+        if i < 0 or i + n > len(self.events):
+            return None
+        return self.events[i : i + n]
+
+
 class Segment:
-    keyframe: Keyframe
-    entries: list[Entry] = field(default_factory=list)
-    nbytes: int = 0
+    """A keyframe and the operations after it, as columns: one bytes object
+    per operation, the rest in arrays (nothing per operation for the
+    garbage collector to track)."""
+
+    __slots__ = ("blobs", "ev_first", "ev_n", "keyframe", "nbytes", "ts")
+
+    def __init__(self, keyframe: Keyframe) -> None:
+        self.keyframe = keyframe
+        self.blobs: list[bytes] = []
+        self.ts = array("d")
+        self.ev_first = array("q")
+        self.ev_n = array("q")
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def entries(self, lo: int = 0, hi: int | None = None) -> list[Entry]:
+        """Operations ``lo .. hi - 1`` of the segment (seq = keyframe seq + 1 + i)."""
+        hi = len(self.blobs) if hi is None else min(hi, len(self.blobs))
+        base = self.keyframe.seq + 1
+        b, t, f, n = self.blobs, self.ts, self.ev_first, self.ev_n
+        return [(base + i, t[i], b[i], f[i], n[i]) for i in range(max(0, lo), hi)]
+
+    def copy(self) -> Segment:
+        other = Segment(self.keyframe)
+        other.blobs = list(self.blobs)
+        other.ts = array("d", self.ts)
+        other.ev_first = array("q", self.ev_first)
+        other.ev_n = array("q", self.ev_n)
+        other.nbytes = self.nbytes
+        return other
 
 
 class Recorder:
@@ -116,6 +175,7 @@ class Recorder:
         self.dropped_segments = 0
         self.keyframes_taken = 0
         self.due = False
+        self._next_keyframe = 0.0
         self.keyframe_seconds = 0.0
         self.segments: deque[Segment] = deque()
         self.segments.append(Segment(self._snapshot()))
@@ -123,22 +183,29 @@ class Recorder:
     def _snapshot(self) -> Keyframe:
         t0 = time.perf_counter()
         kf = snapshot(self.engine, self.seq, self.clock())
+        t1 = time.perf_counter()
         self.keyframes_taken += 1
-        self.keyframe_seconds += time.perf_counter() - t0
+        self.keyframe_seconds += t1 - t0
+        self._next_keyframe = t1 + (t1 - t0) / KEYFRAME_BUDGET
         return kf
 
     # ----------------------------------------------------------- hot path
 
-    def record(self, op: Any, ok: bool, payload: Any, events: list[KVCacheEvent]) -> None:
+    def record(self, op: Any, ok: bool, payload: Any, first_event: int, n_events: int) -> None:
+        """``first_event``: the event-log seq its first event will get (the
+        engine absorbs them right after)."""
         self.seq += 1
         seg = self.segments[-1]
-        blob = _encode((op.__class__.__name__, op.__dict__, ok, payload, events))
-        seg.entries.append((self.seq, self.clock(), blob))
+        blob = _encode((op.__class__.__name__, op.__dict__, ok, payload))
+        seg.blobs.append(blob)
+        seg.ts.append(self.clock())
+        seg.ev_first.append(first_event)
+        seg.ev_n.append(n_events)
         n = len(blob)
         seg.nbytes += n
         self.nbytes += n
         self.ops += 1
-        if len(seg.entries) >= 2 * self.keyframe_ops:
+        if len(seg) >= 2 * self.keyframe_ops:
             # No ticks (a bench, a test): a keyframe before the next operation
             # (not now: the engine has not absorbed this one's events yet).
             self.due = True
@@ -148,7 +215,13 @@ class Recorder:
     # ----------------------------------------------------------- tick time
 
     def maybe_keyframe(self) -> None:
-        if len(self.segments[-1].entries) >= self.keyframe_ops:
+        """Tick time: a keyframe once the segment holds ``keyframe_ops``
+        operations -- and no sooner than KEYFRAME_BUDGET allows (a keyframe
+        of a large pool costs milliseconds; then segments grow longer)."""
+        if (
+            len(self.segments[-1]) >= self.keyframe_ops
+            and time.perf_counter() >= self._next_keyframe
+        ):
             self.keyframe()
 
     def keyframe(self) -> None:
@@ -161,9 +234,9 @@ class Recorder:
         segs = self.segments
         while len(segs) > 1 and (self.ops > self.max_ops or self.nbytes > self.max_bytes):
             old = segs.popleft()
-            self.ops -= len(old.entries)
+            self.ops -= len(old)
             self.nbytes -= old.nbytes
-            self.dropped_ops += len(old.entries)
+            self.dropped_ops += len(old)
             self.dropped_segments += 1
 
     # --------------------------------------------------------------- reads
@@ -179,7 +252,7 @@ class Recorder:
 
     def last_ts(self) -> float:
         seg = self.segments[-1]
-        return seg.entries[-1][1] if seg.entries else seg.keyframe.ts
+        return seg.ts[-1] if len(seg) else seg.keyframe.ts
 
     def seq_at(self, ts: float) -> int:
         """The last op seq applied at or before ``ts`` (the first keyframe's
@@ -188,11 +261,7 @@ class Recorder:
         for seg in self.segments:
             if seg.keyframe.ts > ts:
                 break
-            best = seg.keyframe.seq
-            ents = seg.entries
-            i = bisect.bisect_right([e[1] for e in ents], ts)
-            if i:
-                best = ents[i - 1][0]
+            best = seg.keyframe.seq + bisect.bisect_right(seg.ts, ts)
         return best
 
     def ts_of(self, seq: int) -> float:
@@ -201,7 +270,7 @@ class Recorder:
             return float("nan")
         if seq == seg.keyframe.seq:
             return seg.keyframe.ts
-        return seg.entries[seq - seg.keyframe.seq - 1][1]
+        return seg.ts[seq - seg.keyframe.seq - 1]
 
     def segment_for(self, seq: int) -> Segment | None:
         """The segment whose keyframe is the last at or before ``seq``."""
@@ -210,16 +279,27 @@ class Recorder:
         seqs = [s.keyframe.seq for s in self.segments]
         return self.segments[bisect.bisect_right(seqs, seq) - 1]
 
+    def columns_between(self, after: int, upto: int) -> list[tuple[array[float], list[bytes]]]:
+        """(times, blobs) of the operations with ``after < seq <= upto``, a
+        slice of each segment's columns (cheap to pickle)."""
+        out = []
+        for seg in self.segments:
+            kf = seg.keyframe.seq
+            last = kf + len(seg)
+            if not len(seg) or last <= after or kf >= upto:
+                continue
+            lo, hi = max(0, after - kf), min(len(seg), upto - kf)
+            out.append((seg.ts[lo:hi], seg.blobs[lo:hi]))
+        return out
+
     def entries_between(self, after: int, upto: int) -> list[Entry]:
         """Entries with ``after < seq <= upto`` (held ones)."""
         out: list[Entry] = []
         for seg in self.segments:
-            ents = seg.entries
-            if not ents or ents[-1][0] <= after or seg.keyframe.seq >= upto:
+            last = seg.keyframe.seq + len(seg)
+            if not len(seg) or last <= after or seg.keyframe.seq >= upto:
                 continue
-            lo = max(0, after - seg.keyframe.seq)
-            hi = max(0, upto - seg.keyframe.seq)
-            out.extend(ents[lo:hi])
+            out.extend(seg.entries(after - seg.keyframe.seq, upto - seg.keyframe.seq))
         return out
 
     def info(self) -> dict[str, Any]:
@@ -245,7 +325,7 @@ class Recorder:
 
     # -------------------------------------------------------------- export
 
-    def export_parts(self) -> tuple[dict[str, Any], list[Segment], Keyframe]:
+    def export_parts(self) -> tuple[dict[str, Any], list[Segment], Keyframe, EventsView]:
         """On the engine's loop: what an export needs, consistent at one
         moment (the segments' lists are copied; the final keyframe is now)."""
         s = self.engine.settings
@@ -261,13 +341,14 @@ class Recorder:
             "first_seq": self.first_seq,
             "last_seq": self.seq,
         }
-        segs = [Segment(seg.keyframe, list(seg.entries), seg.nbytes) for seg in self.segments]
+        segs = [seg.copy() for seg in self.segments]
         final = snapshot(self.engine, self.seq, self.clock())
-        return header, segs, final
+        return header, segs, final, EventsView(self.engine.events)
 
 
-def entry_json(entry: Entry) -> dict[str, Any]:
-    seq, ts, op, ok, payload, events = unpack(entry)
+def entry_json(entry: Entry, view: EventsView) -> dict[str, Any]:
+    seq, ts, op, ok, payload = unpack(entry)
+    events = view.of(entry)
     return {
         "type": "op",
         "seq": seq,
@@ -275,18 +356,20 @@ def entry_json(entry: Entry) -> dict[str, Any]:
         "op": op.model_dump(mode="json"),
         "ok": ok,
         "result" if ok else "error": payload,
-        "events": [event_to_json(ev) for ev in events],
+        "events": None if events is None else [event_to_json(ev) for ev in events],
     }
 
 
-def export_lines(header: dict[str, Any], segments: list[Segment], final: Keyframe) -> Iterator[str]:
+def export_lines(
+    header: dict[str, Any], segments: list[Segment], final: Keyframe, view: EventsView
+) -> Iterator[str]:
     """JSON lines (each ends with a newline)."""
     dumps = json.dumps
     yield dumps(header) + "\n"
     for seg in segments:
         yield dumps({"type": "keyframe", **keyframe_json(seg.keyframe)}) + "\n"
-        for entry in seg.entries:
-            yield dumps(entry_json(entry)) + "\n"
+        for entry in seg.entries():
+            yield dumps(entry_json(entry, view)) + "\n"
     yield dumps({"type": "final", **keyframe_json(final)}) + "\n"
 
 

@@ -40,7 +40,7 @@ class _Hub:
         self.conn: Any = None
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
-        self.feeders: dict[int, ShadowFeeder] = {}
+        self.feeders: dict[int, Any] = {}  # cid -> ShadowFeeder or RemoteAnalysis
         self.next_cid = 0
         self.error: str | None = None
 
@@ -59,7 +59,7 @@ class _Hub:
         )
         self.thread.start()
 
-    def register(self, feeder: ShadowFeeder, opening: tuple[Any, ...]) -> int:
+    def register(self, feeder: Any, opening: tuple[Any, ...], kind: str = "open") -> int:
         with self.lock:
             if self.proc is None or not self.proc.is_alive() or self.error:
                 self._stop_locked()
@@ -67,7 +67,7 @@ class _Hub:
             self.next_cid += 1
             cid = self.next_cid
             self.feeders[cid] = feeder
-            self.queue.put(("open", cid, *opening))
+            self.queue.put((kind, cid, *opening))
             return cid
 
     def send(self, msg: tuple[Any, ...]) -> None:

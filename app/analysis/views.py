@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from app.analysis.common import hex64
-from app.analysis.misses import CAUSES, REASONS, RequestMisses
+from app.analysis.misses import CAUSES, CODE_NAMES, REASONS, RequestMisses
 from app.errors import NotFound
 
 if TYPE_CHECKING:
@@ -126,9 +126,26 @@ def request_misses(an: Analysis, rid: str) -> dict[str, Any]:
 
 
 def block_reasons(an: Analysis, rid: str) -> list[tuple[str | None, dict[str, Any] | None]]:
-    """Reason per prompt block of a running request ([] when unknown)."""
-    rm = an.misses.running.get(rid)
+    """Reason per prompt block of a request ([] when unknown)."""
+    rm = an.misses.lookup(rid)
     return an.misses.block_reasons(rm) if rm is not None else []
+
+
+def pack_reasons(an: Analysis, rid: str) -> tuple[bytes, dict[int, Any]] | None:
+    """A request's reasons as the worker sends them: the codes, and the
+    details of the blocks that have one (evictions resolved)."""
+    rm = an.misses.lookup(rid)
+    if rm is None:
+        return None
+    det = {i: d for i, (_, d) in enumerate(an.misses.block_reasons(rm)) if d is not None}
+    return rm.codes, det
+
+
+def unpack_reasons(
+    packed: tuple[bytes, dict[int, Any]],
+) -> list[tuple[str | None, dict[str, Any] | None]]:
+    codes, det = packed
+    return [(CODE_NAMES[c], det.get(i)) for i, c in enumerate(codes)]
 
 
 def regret(an: Analysis, limit: int) -> dict[str, Any]:

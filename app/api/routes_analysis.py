@@ -10,9 +10,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
-from app.analysis import replay, views
+from app.analysis import replay
 from app.analysis.core import Analysis
-from app.analysis.recording import Recorder, export_lines
+from app.analysis.recording import EventsView, Recorder, export_lines
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
 from app.engine import Engine
@@ -52,7 +52,7 @@ async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
     block_size_floor, cold, evicted, extra_keys, chain_broken -- with how long
     ago evicted misses had been evicted and how far they had travelled
     through the free queue, every eviction's travel, and recent requests."""
-    return views.misses(_analysis(engine), limit)
+    return await _analysis(engine).query("misses", limit=limit)
 
 
 @router.get(
@@ -61,14 +61,14 @@ async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
 async def request_misses(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Each prompt block: hit, or the reason it missed with its detail.
     Running requests and the most recently finished ones."""
-    return views.request_misses(_analysis(engine), request_id)
+    return await _analysis(engine).query("request_misses", rid=request_id)
 
 
 @router.get("/regret", dependencies=[ReadAuth], summary="Eviction regret")
 async def regret(engine: EngineDep, limit: Limit = 20) -> dict[str, Any]:
     """Hashes stored again after their eviction: count, rate, gap histogram,
     the most regretted prefixes (by root block) and the latest regrets."""
-    return views.regret(_analysis(engine), limit)
+    return await _analysis(engine).query("regret", limit=limit)
 
 
 @router.get("/shadows", dependencies=[ReadAuth], summary="What-if: other sizes and policies")
@@ -76,7 +76,7 @@ async def shadows(engine: EngineDep) -> dict[str, Any]:
     """The same request stream on shadow pools (metadata only) of other
     capacities and free orders: their hit rates, a miss-ratio curve per
     policy, and the real pool over the same span."""
-    return views.shadows(_analysis(engine))
+    return await _analysis(engine).query("shadows")
 
 
 # ------------------------------------------------------------------ history
@@ -113,7 +113,7 @@ async def _moment(request: Request, engine: Engine, seq: int) -> replay.Moment:
     rec = _recorder(engine)
     seg = rec.segment_for(seq)
     assert seg is not None
-    entries = seg.entries[: seq - seg.keyframe.seq]  # a copy, taken between operations
+    entries = seg.entries(0, seq - seg.keyframe.seq)  # taken between operations
     async with _lock(request):
         return await asyncio.to_thread(replay.rebuild, seg.keyframe, entries, engine.settings)
 
@@ -151,9 +151,10 @@ async def history_diff(
     if b < a:
         raise InvalidInput(f"'to' ({b}) is before 'from' ({a})", from_seq=a, to_seq=b)
     between = rec.entries_between(a, b)
+    view = EventsView(engine.events)
     ma = await _moment(request, engine, a)
     mb = await _moment(request, engine, b)
-    return await asyncio.to_thread(replay.diff_json, ma, mb, between, limit)
+    return await asyncio.to_thread(replay.diff_json, ma, mb, between, view, limit)
 
 
 class NDJSONResponse(StreamingResponse):
@@ -172,9 +173,9 @@ async def history_export(engine: EngineDep) -> NDJSONResponse:
     from the oldest held, and the state now as a final keyframe.  Replay it
     with ``python -m app.analysis.replay FILE`` (or ``blockpool replay``)."""
     rec = _recorder(engine)
-    header, segments, final = rec.export_parts()
+    header, segments, final, view = rec.export_parts()
     name = f"blockpool-recording-{int(time.time())}.jsonl"
     return NDJSONResponse(
-        export_lines(header, segments, final),
+        export_lines(header, segments, final, view),
         headers={"Content-Disposition": f'attachment; filename="{name}"'},
     )

@@ -185,8 +185,9 @@ class StreamHub:
             "stream": self.stats(),
             **self._counts(),
         }
-        if e.analysis is not None:
-            header["analysis"] = analysis_views.stream_section(e.analysis)
+        section = e.analysis.stream_section() if e.analysis is not None else None
+        if section is not None:
+            header["analysis"] = section
         columns: dict[str, tuple[str, np.ndarray]] = {
             "state": ("u8", cols.state),
             "ref_cnt": ("i32", cols.ref_cnt),
@@ -266,7 +267,7 @@ class StreamHub:
         }
         if e.analysis is not None and data.ts - self._analysis_at >= ANALYSIS_EVERY_S:
             self._analysis_at = data.ts
-            parts["analysis"] = analysis_views.stream_section(e.analysis)
+            parts["analysis"] = e.analysis.stream_section()
         full = self._delta(data, frozenset(p.CHANNELS), parts)
         self.ring.append((self.seq, full))
         self.ring_bytes += len(full)

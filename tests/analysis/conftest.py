@@ -24,6 +24,7 @@ BASE: dict[str, Any] = {
     "hash_seed": FIXED_SEED,
     "storage": False,
     "shadow_mode": "inline",
+    "analysis_mode": "inline",
     "metrics_sample_rate": 0.5,
 }
 
@@ -118,7 +119,12 @@ def details(e: Engine, rid: str) -> list[dict[str, Any] | None]:
 async def aapi(request: pytest.FixtureRequest) -> AsyncIterator[Api]:
     """The service on a small pool, inline shadows; checked at teardown."""
     marker = request.node.get_closest_marker("app_settings")
-    kw = {"shadow_mode": "inline", "storage": False, **(marker.kwargs if marker else {})}
+    kw = {
+        "shadow_mode": "inline",
+        "analysis_mode": "inline",
+        "storage": False,
+        **(marker.kwargs if marker else {}),
+    }
     app = make_app(**kw)
     async with running(app) as a:
         yield a

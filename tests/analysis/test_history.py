@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from app.analysis import replay
-from app.analysis.recording import Recorder
+from app.analysis.recording import EventsView, Recorder
 from app.analysis.state import digest, restore, snapshot
 from app.engine import Engine
 from app.errors import ApiError
@@ -125,8 +125,7 @@ def test_export_replays_with_the_same_results_and_events(
     rec = e.analysis.recorder  # type: ignore[union-attr]
     assert rec is not None
     path = tmp_path / "rec.jsonl"
-    header, segments, final = rec.export_parts()
-    path.write_text("".join(_lines(header, segments, final)))
+    path.write_text("".join(_lines(*rec.export_parts())))
     report = replay.replay_file(path)
     assert report.ok, report.as_dict()
     assert report.ops == rec.seq and report.keyframes == len(rec.segments)
@@ -137,10 +136,10 @@ def test_export_replays_with_the_same_results_and_events(
     assert replay.main([str(path)]) == 0
 
 
-def _lines(header: Any, segments: Any, final: Any) -> list[str]:
+def _lines(header: Any, segments: Any, final: Any, view: Any) -> list[str]:
     from app.analysis.recording import export_lines
 
-    return list(export_lines(header, segments, final))
+    return list(export_lines(header, segments, final, view))
 
 
 def test_a_tampered_recording_is_reported(engine_factory: Factory, tmp_path: Path) -> None:
@@ -207,11 +206,16 @@ def test_diff_between_two_moments(engine_factory: Factory) -> None:
     assert rec is not None
     a = replay.state_at(rec, 2, e.settings)
     b = replay.state_at(rec, 3, e.settings)
-    d = replay.diff_json(a, b, rec.entries_between(2, 3), 100)
+    d = replay.diff_json(a, b, rec.entries_between(2, 3), EventsView(e.events), 100)
     assert d["evicted_total"] == 1 and d["evicted"][0]["block_id"] == 2
     assert d["entered_total"] == 0
     assert d["ops"] == {"total": 1, "refused": 0, "by_type": {"allocate": 1}}
-    assert d["events"] == {"stored_hashes": 0, "removed_hashes": 1, "cleared": 0}
+    assert d["events"] == {
+        "stored_hashes": 0,
+        "removed_hashes": 1,
+        "cleared": 0,
+        "ops_with_events_dropped": 0,
+    }
     assert [c["block_id"] for c in d["blocks_changed"]] == [2, 3, 4, 5, 6, 7]
     assert d["blocks_changed"][0]["to"] == {"ref_cnt": 1, "hash64": None}
 
