@@ -124,14 +124,21 @@ class Analysis:
     async def query(self, kind: str, **args: Any) -> dict[str, Any]:
         """A view (``misses``, ``request_misses``, ``regret``, ``shadows``)."""
         if self.remote is not None:
-            return await self.remote.query(kind, **args)
-        result: dict[str, Any] = getattr(views, kind)(self, **args)
+            result = await self.remote.query(kind, **args)
+            result["worker"] = self.remote.snapshot()  # how far behind the answer may be
+            return result
+        result = getattr(views, kind)(self, **args)
+        result["worker"] = None
         return result
 
     def stream_section(self) -> dict[str, Any] | None:
         if self.remote is not None:
-            return self.remote.stream
-        return views.stream_section(self)
+            if self.remote.stream is None:
+                return None
+            r = self.remote.snapshot()
+            worker = {"lag_ops": r["lag_ops"], "resyncs": r["resyncs"], "error": r["error"]}
+            return {**self.remote.stream, "worker": worker}
+        return {**views.stream_section(self), "worker": None}
 
     def prom_state(self) -> dict[str, Any] | None:
         if self.remote is not None:

@@ -61,7 +61,9 @@ def test_the_replica_answers_as_the_inline_analysis(engine_factory: Factory, clo
     assert ian is not None
 
     async def ask(kind: str, **kw: Any) -> tuple[Any, Any]:
-        return await ian.query(kind, **kw), await wan.query(kind, **kw)
+        a, b = await ian.query(kind, **kw), await wan.query(kind, **kw)
+        assert a.pop("worker") is None and b.pop("worker")["lag_ops"] == 0
+        return a, b
 
     for kind, kw in (("misses", {"limit": 50}), ("regret", {"limit": 20})):
         a, b = asyncio.run(ask(kind, **kw))
