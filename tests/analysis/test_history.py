@@ -134,6 +134,9 @@ def test_export_replays_with_the_same_results_and_events(
     _, end = replay.replay_records(replay.read_lines(path))
     assert digest(end) == digest(e)
     assert replay.main([str(path)]) == 0
+    from app.cli import main as cli_main
+
+    assert cli_main(["replay", str(path), "--json"]) == 0
 
 
 def _lines(header: Any, segments: Any, final: Any, view: Any) -> list[str]:
