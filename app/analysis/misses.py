@@ -9,10 +9,12 @@ Every block of an admitted prompt that is not a prefix hit gets one reason:
     short).
 ``block_size_floor``
     The partial tail block (fewer than ``block_size`` tokens: never hashed),
-    or the first missing block shares 1..block_size-1 leading tokens with a
-    block an earlier request stored (or left as its partial tail) under the
-    same parent: the prompts diverge inside this block, so the shared
-    tokens cannot hit.  ``shared_tokens`` says how many.
+    or the first missing block shares 1..block_size-1 leading tokens with
+    what followed the same (hit) block in the last request that went
+    through it -- its next block, or its partial tail (decode tokens count):
+    the prompts diverge inside this block, so the shared tokens cannot hit.
+    For the first block, the comparison is with the last first block stored
+    under the same extra keys.  ``shared_tokens`` says how many.
 ``evicted``
     Its hash was stored before and evicted since; the detail says how long
     ago, why (reuse of the block, the evict operation, a reset), which
@@ -20,26 +22,32 @@ Every block of an admitted prompt that is not a prefix hit gets one reason:
     freed, the allocations between its free and its eviction, and its
     seconds in the queue.
 ``extra_keys``
-    The same tokens were stored under different extra keys (cache salt,
-    LoRA adapter): a token-only hash chain matches, the real one does not.
+    The prompt's first block was stored with the same tokens under other
+    extra keys (cache salt, LoRA adapter): its hash differs, so nothing can
+    hit.  Recognised on the first block (where the cache salt applies and
+    every chain starts); later blocks follow the chain (``cold``).
 ``chain_broken``
     Its hash is still cached, but an earlier block missed and vLLM stops at
     the first miss.
 ``cold``
     Never seen (within the memory of the bounded indexes).
 
-Chaining makes later blocks follow the first miss: after a ``cold`` or
-``block_size_floor`` first miss every later full block is ``cold`` (their
-hashes chain through one never seen), so the work per admission is about one
-lookup, not one per block.
+Chaining makes later blocks follow the first miss: after a ``cold``,
+``block_size_floor`` or ``extra_keys`` first miss every later full block is
+``cold`` (their hashes chain through one never seen), so the work per
+admission is about one lookup, not one per block; after an ``evicted`` first
+miss each later block is looked up (in C, over the slice).
 
-Indexes (all bounded by ``miss_index_size``): a ring of evictions (hash,
-block, free-queue stamp, allocation serial, time, cause, taker) with an
-insertion-ordered dict hash -> ring serial; a log of free batches (first
-stamp, queue length before, allocation counter, time) that turns a block's
-queue stamp into its queue position when freed; parent hash -> the latest
-child block's tokens (the floor); token-only hash -> the extra keys that
-stored it; root hash -> the last request that used it.
+Indexes, bounded: a ring of ``miss_index_size`` evictions (hash, block,
+free-queue stamp, allocation serial, time, cause, taker; arrays, so the
+garbage collector has nothing to walk) with a dict hash -> ring serial; a
+log of free batches (first stamp, queue length before, allocation counter,
+time) that turns a block's queue stamp into its queue position when freed;
+per physical block, the request that last stored or went through it and
+which of its blocks it was, with that request's token list held by
+reference for a bounded number of recent requests (the floor); first-block
+tokens -> the extra keys that stored them; root hash -> the last request
+that used it.
 
 Regret: a hash stored again while the eviction ring remembers its removal is
 a regret, with the gap in seconds; counted per root prefix.
