@@ -89,7 +89,9 @@ class Settings(BaseSettings):
         "(needs the recording); inline: on the engine, exact and synchronous",
     )
     shadow_mode: Literal["process", "inline", "off"] = Field(
-        default="process", description="shadow pools in a worker process, on the engine, or none"
+        default="process",
+        description="shadow pools in a worker process, on the engine, or none (inline "
+        "analysis; with analysis_mode=worker they run in the worker's replica unless off)",
     )
     shadow_factors: list[float] = Field(
         default_factory=lambda: [0.5, 2.0, 4.0],

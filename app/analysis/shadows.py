@@ -45,6 +45,9 @@ class _Hub:
         self.error: str | None = None
 
     def _start(self) -> None:
+        # spawn, not fork (the server has threads): the child imports the
+        # parent's __main__ as multiprocessing does, so a script that builds an
+        # engine must keep its work under ``if __name__ == "__main__":``.
         from app.analysis import worker
 
         ctx = multiprocessing.get_context("spawn")
