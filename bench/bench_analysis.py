@@ -186,7 +186,7 @@ def run(variant: str, ops: list[Any], blocks: int) -> dict[str, Any]:
     }
     if an is not None:
         out["analysis_tick_ms"] = 1e3 * an.tick_seconds / (ticks + 1)
-        out["regrets"] = an.misses.regrets if an.local else None
+        out["regrets"] = an.misses.regret.regrets if an.local else None
         if an.recorder is not None:
             out["recorded_ops"] = an.recorder.ops
             out["keyframes"] = an.recorder.keyframes_taken

@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from app.analysis import prom, views
-from app.analysis.misses import REUSE, MissTracker
+from app.analysis.misses import MissTracker
+from app.analysis.reasons import REUSE
 from app.analysis.recording import Recorder
 from app.analysis.remote import RemoteAnalysis
 from app.analysis.shadows import ShadowFeeder
@@ -103,7 +104,9 @@ class Analysis:
         cols = self.engine.columns
         free = self.engine.pool.get_num_free_blocks()
         alloc = self.engine.counters.blocks_allocated
-        self.misses.note_freed(cols.next_stamp - cols.num_blocks, free, 0, alloc, self.clock())
+        self.misses.batches.note_freed(
+            cols.next_stamp - cols.num_blocks, free, 0, alloc, self.clock()
+        )
 
     # ---------------------------------------------------------- lifecycle
 
@@ -161,7 +164,7 @@ class Analysis:
         ids = adm.block_ids
         new = ids[0][hit:] if len(ids) == 1 else [b for t in ids for b in t[hit:]]
         m = self.misses
-        evicted = m.record_evictions(new, e.counters.blocks_allocated, REUSE, rid, now)
+        evicted = m.ring.record_evictions(new, e.counters.blocks_allocated, REUSE, rid, now)
         m.on_admit(
             rid,
             op.token_ids,
@@ -191,7 +194,7 @@ class Analysis:
         new = added[0] if len(added) == 1 else [b for t in added for b in t]
         m = self.misses
         if new:
-            m.record_evictions(new, e.counters.blocks_allocated, REUSE, rid, now)
+            m.ring.record_evictions(new, e.counters.blocks_allocated, REUSE, rid, now)
         if managed.num_cached_blocks > before_cached:
             m.on_append(
                 rid,
@@ -219,17 +222,19 @@ class Analysis:
         count = e.columns.next_stamp - first_stamp
         if count > 0:
             nf_before = e.pool.get_num_free_blocks() - count
-            self.misses.note_freed(
+            self.misses.batches.note_freed(
                 first_stamp, count, nf_before, e.counters.blocks_allocated, now or self.clock()
             )
 
     def on_allocate(self, ids: list[int]) -> None:
         e = self.engine
-        self.misses.record_evictions(ids, e.counters.blocks_allocated, REUSE, None, self.clock())
+        self.misses.ring.record_evictions(
+            ids, e.counters.blocks_allocated, REUSE, None, self.clock()
+        )
 
     def on_evict(self, ids: list[int]) -> None:
         e = self.engine
-        self.misses.record_evict_op(ids, e.counters.blocks_allocated, self.clock())
+        self.misses.ring.record_evict_op(ids, e.counters.blocks_allocated, self.clock())
 
     def on_cache(self, hashes: Sequence[bytes]) -> None:
         self.misses.on_stored(hashes, self.clock())
@@ -238,9 +243,9 @@ class Analysis:
         """After the pool's reset, before the columns are re-read."""
         e = self.engine
         now = self.clock()
-        self.misses.record_reset(now, e.counters.blocks_allocated)
+        self.misses.ring.record_reset(now, e.counters.blocks_allocated)
         # the columns' resync will stamp the whole queue, in order, from next_stamp
-        self.misses.note_freed(
+        self.misses.batches.note_freed(
             e.columns.next_stamp,
             e.pool.get_num_free_blocks(),
             0,
@@ -275,7 +280,7 @@ class Analysis:
         if self.recorder is not None:
             self.recorder.maybe_keyframe()
         w = self.window
-        w.append((now, m.regrets, sum(m.evictions), m.admissions))
+        w.append((now, m.regret.regrets, sum(m.ring.evictions), m.admissions))
         while len(w) > 2 and w[1][0] < now - RATE_WINDOW_S:
             w.popleft()
         self.tick_seconds += time.perf_counter() - t0

@@ -21,7 +21,7 @@ from prometheus_client.utils import floatToGoString  # type: ignore[attr-defined
 
 from app.analysis import views
 from app.analysis.common import Hist
-from app.analysis.misses import CAUSES, REASONS
+from app.analysis.reasons import CAUSES, REASONS
 
 if TYPE_CHECKING:
     from app.analysis.core import Analysis
@@ -60,12 +60,12 @@ def state(an: Analysis) -> dict[str, Any]:
     return {
         "blocks": list(m.blocks),
         "tokens": list(m.tokens),
-        "regrets": m.regrets,
-        "regret_gap": _h(m.regret_gap),
-        "evictions": list(m.evictions),
-        "ev_pos": _h(m.ev_pos),
-        "ev_allocs": _h(m.ev_allocs),
-        "ev_queue_s": _h(m.ev_queue_s),
+        "regrets": m.regret.regrets,
+        "regret_gap": _h(m.regret.regret_gap),
+        "evictions": list(m.ring.evictions),
+        "ev_pos": _h(m.ring.ev_pos),
+        "ev_allocs": _h(m.ring.ev_allocs),
+        "ev_queue_s": _h(m.ring.ev_queue_s),
         "shadows": None if f is None else [_row(r) for r in f.latest or []],
         "shadow": (
             {"lag": f.outstanding + len(f.pending), "dropped": f.dropped, "resyncs": f.resyncs}

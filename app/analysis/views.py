@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from app.analysis.common import hex64
-from app.analysis.misses import CAUSES, CODE_NAMES, REASONS, RequestMisses
+from app.analysis.reasons import CAUSES, CODE_NAMES, REASONS, RequestMisses
 from app.errors import NotFound
 
 if TYPE_CHECKING:
@@ -77,13 +77,13 @@ def misses(an: Analysis, limit: int) -> dict[str, Any]:
         },
         "floor": {"shared_tokens": m.floor_shared.as_json()},
         "evictions": {
-            "by_cause": dict(zip(CAUSES, m.evictions, strict=True)),
-            "queue_position_when_freed": m.ev_pos.as_json(),
-            "allocations_between": m.ev_allocs.as_json(),
-            "seconds_in_queue": m.ev_queue_s.as_json(),
+            "by_cause": dict(zip(CAUSES, m.ring.evictions, strict=True)),
+            "queue_position_when_freed": m.ring.ev_pos.as_json(),
+            "allocations_between": m.ring.ev_allocs.as_json(),
+            "seconds_in_queue": m.ring.ev_queue_s.as_json(),
         },
         "indexes": {
-            "evicted_remembered": m.evicted_remembered(),
+            "evicted_remembered": m.ring.evicted_remembered(),
             "evicted_capacity": m.size,
             "requests_running": len(m.running),
             "requests_finished_kept": len(m.finished),
@@ -149,8 +149,8 @@ def unpack_reasons(
 
 
 def regret(an: Analysis, limit: int) -> dict[str, Any]:
-    m = an.misses
-    total_ev = sum(m.evictions)
+    m = an.misses.regret
+    total_ev = sum(an.misses.ring.evictions)
     rates = an.rates()
     top = []
     for r in m.top_roots(limit):
@@ -247,12 +247,12 @@ def stream_section(an: Analysis) -> dict[str, Any]:
         "misses": {name: m.blocks[code] for code, name in enumerate(REASONS, start=1)},
         "miss_tokens": {name: m.tokens[code] for code, name in enumerate(REASONS, start=1)},
         "hit_blocks": m.blocks[0],
-        "regrets": m.regrets,
-        "evictions": sum(m.evictions),
+        "regrets": m.regret.regrets,
+        "evictions": sum(m.ring.evictions),
         "regrets_per_s": _finite(rates["regrets_per_s"]),
         "evictions_per_s": _finite(rates["evictions_per_s"]),
-        "regret_gap_p50": _finite(m.regret_gap.quantile(0.5)),
-        "regret_gap_p90": _finite(m.regret_gap.quantile(0.9)),
+        "regret_gap_p50": _finite(m.regret.regret_gap.quantile(0.5)),
+        "regret_gap_p90": _finite(m.regret.regret_gap.quantile(0.9)),
         "shadows": sh,
         "shadow_lag": (f.outstanding + len(f.pending)) if f is not None else None,
         "shadow_error": f.error if f is not None else None,

@@ -42,7 +42,7 @@ def test_last_token_block_is_recomputed(engine_factory: Factory) -> None:
     assert r["num_hit_blocks"] == 1
     assert reasons(e, "b") == [None, "last_token"]
     # the block is stored again: a duplicate, not a regret
-    assert e.analysis.misses.regrets == 0  # type: ignore[union-attr]
+    assert e.analysis.misses.regret.regrets == 0  # type: ignore[union-attr]
 
 
 def test_evicted_by_reuse_with_its_queue_travel(engine_factory: Factory, clock: Clock) -> None:
@@ -68,7 +68,7 @@ def test_evicted_by_reuse_with_its_queue_travel(engine_factory: Factory, clock: 
     assert d["touched_out_ahead"] == 0
     assert d["seconds_in_queue"] == 10
     # stored again 5 s after its eviction: a regret
-    m = e.analysis.misses  # type: ignore[union-attr]
+    m = e.analysis.misses.regret  # type: ignore[union-attr]
     assert m.regrets == 1
     e.tick()
     assert m.regret_gap.count == 1 and m.regret_gap.sum == 5

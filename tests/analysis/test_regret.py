@@ -21,7 +21,7 @@ def test_regret_gaps_and_top_prefixes(engine_factory: Factory, clock: Clock) -> 
     assert evict(e, [2, 3])["evicted"] == [2, 3]  # the 2nd and 3rd blocks' hashes go
     clock.advance(1.5)
     admit(e, "victim", DOC)  # hit, evicted, evicted -> two blocks stored again
-    m = e.analysis.misses  # type: ignore[union-attr]
+    m = e.analysis.misses.regret  # type: ignore[union-attr]
     assert m.regrets == 2
     e.tick()
     assert m.regret_gap.count == 2 and m.regret_gap.sum == 3.0  # 1.5 s each
@@ -49,7 +49,7 @@ def test_regret_on_decode_blocks_and_raw_cache(engine_factory: Factory, clock: C
     clock.advance(4.0)
     admit(e, "b", [1, 2, 3, 4, 5])
     append(e, "b", [6, 7, 8])  # the same decode block, stored again
-    m = e.analysis.misses  # type: ignore[union-attr]
+    m = e.analysis.misses.regret  # type: ignore[union-attr]
     assert m.regrets == 1
     e.tick()
     assert m.regret_gap.sum == 4.0

@@ -1,0 +1,39 @@
+"""The codes of the miss reasons and of the eviction causes, and one
+request's reasons (``RequestMisses``).
+
+What each reason means, and how a block gets one: ``misses.py``.  An
+eviction's cause: ``reuse`` (an allocation took the block), ``evict_op``
+(the evict operation), ``reset`` (a prefix-cache reset).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Tag = tuple[str | None, str | None]  # (lora name, cache salt)
+REASONS = ("last_token", "block_size_floor", "cold", "evicted", "extra_keys", "chain_broken")
+HIT, LAST_TOKEN, FLOOR, COLD, EVICTED, EXTRA_KEYS, CHAIN_BROKEN = range(7)
+CODE_NAMES = (None, *REASONS)
+CAUSES = ("reuse", "evict_op", "reset")
+REUSE, EVICT_OP, RESET = range(3)
+
+
+@dataclass
+class RequestMisses:
+    """Hit / miss reason per prompt block of one admitted request."""
+
+    request_id: str
+    ts: float
+    num_tokens: int
+    num_hit_blocks: int
+    codes: bytes  # one per prompt block: 0 hit, else REASONS[code - 1]
+    details: dict[int, Any] | None  # block index -> detail dict, or an eviction's ring serial
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    finished_ts: float | None = None
+    rec: int = -1  # its record in the floor index
+
+    def counts(self) -> dict[str, int]:
+        c = self.codes
+        return {name: c.count(code) for code, name in enumerate(REASONS, start=1) if code in c}
