@@ -43,8 +43,9 @@ import msgspec  # noqa: E402
 
 from app.engine import Engine  # noqa: E402
 from app.kvevents.config import KVEventsConfig, SourceSpec  # noqa: E402
-from app.kvevents.fleet import Fleet, Source  # noqa: E402
+from app.kvevents.fleet import Fleet  # noqa: E402
 from app.kvevents.publisher import KVEventPublisher  # noqa: E402
+from app.kvevents.source import Source  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from blockpool import KVEventBatch  # noqa: E402
 

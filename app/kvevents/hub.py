@@ -17,7 +17,9 @@ import logging
 import time
 from typing import Any
 
-from app.kvevents.fleet import Fleet, Source, event_json
+from app.kvevents.event_json import event_json
+from app.kvevents.fleet import Fleet
+from app.kvevents.source import Source
 
 logger = logging.getLogger("blockpool.observer")
 

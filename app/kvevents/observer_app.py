@@ -42,8 +42,10 @@ from pydantic import BaseModel, Field
 from app.api import errors as api_errors
 from app.errors import InvalidInput, NotFound, Unauthorized
 from app.kvevents.decode import Hash, hash_hex, parse_hash
-from app.kvevents.fleet import CANNOT_KNOW, Fleet, Source, event_json
+from app.kvevents.event_json import event_json
+from app.kvevents.fleet import CANNOT_KNOW, Fleet
 from app.kvevents.hub import FleetHub
+from app.kvevents.source import Source
 from app.kvevents.state import entry_json
 from app.settings import ObserverSettings
 

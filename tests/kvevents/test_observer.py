@@ -14,8 +14,9 @@ import pytest
 
 from app.kvevents.config import KVEventsConfig, SourceSpec
 from app.kvevents.decode import hash_hex
-from app.kvevents.fleet import Fleet, Source
+from app.kvevents.fleet import Fleet
 from app.kvevents.publisher import KVEventPublisher
+from app.kvevents.source import Source
 from blockpool import KVCacheEvent
 from tests.kvevents.helpers import (
     FakePublisher,

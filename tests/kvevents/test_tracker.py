@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from app.kvevents.config import SourceSpec
-from app.kvevents.fleet import Source
+from app.kvevents.source import Source
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from tests.kvevents.helpers import Workload, as_bytes_truth, map_tagged, positional, truth
 
