@@ -1,0 +1,68 @@
+"""The observer's ``/metrics``: per-pool stream health (label ``pool``) and
+its websocket clients, read from the fleet at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from app.kvevents.fleet import Fleet
+from app.kvevents.hub import FleetHub
+
+
+class ObserverCollector(Collector):
+    def __init__(self, fleet: Fleet, hub: FleetHub) -> None:
+        self.fleet = fleet
+        self.hub = hub
+
+    def collect(self) -> Iterator[Metric]:
+        sources = list(self.fleet.sources.values())
+        p = "blockpool_observer_"
+
+        def fam(kind: str, name: str, doc: str, value: Any) -> Metric:
+            cls = CounterMetricFamily if kind == "c" else GaugeMetricFamily
+            m = cls(p + name, doc, labels=["pool"])
+            for s in sources:
+                m.add_metric([s.name], float(value(s)))
+            return m
+
+        yield fam("g", "connected", "1 when the SUB socket is connected.", lambda s: s.connected)
+        yield fam("g", "exact", "1 when every batch since seq 0 (or a clear) was applied.",
+                  lambda s: s.tracker.exact)  # fmt: skip
+        yield fam("g", "last_seq", "The last publisher seq applied (-1: none).",
+                  lambda s: -1 if s.tracker.applied is None else s.tracker.applied)  # fmt: skip
+        yield fam("g", "hash_map_keys", "Hashes held.", lambda s: len(s.state.entries))
+        yield fam("g", "blocks", "Cached blocks (copies of held hashes).", lambda s: s.state.blocks)
+        yield fam("g", "replay_pending_batches", "Live batches held during a replay.",
+                  lambda s: len(s.tracker.pending))  # fmt: skip
+        yield fam("c", "batches", "Batches applied.", lambda s: s.tracker.batches)
+        yield fam("c", "events", "Events applied.", lambda s: s.events_total)
+        yield fam("c", "messages_received", "Live messages received.",
+                  lambda s: s.tracker.received)  # fmt: skip
+        yield fam("c", "gaps", "Sequence gaps detected.", lambda s: s.tracker.gaps)
+        yield fam("c", "missed_batches", "Batches lost (not recovered by replay).",
+                  lambda s: s.tracker.missed)  # fmt: skip
+        yield fam("c", "duplicate_batches", "Batches received twice (replay and live).",
+                  lambda s: s.tracker.duplicates)  # fmt: skip
+        yield fam("c", "replays", "Replay requests sent.", lambda s: s.tracker.replays)
+        yield fam("c", "replay_batches", "Batches received by replay.",
+                  lambda s: s.tracker.replay_batches)  # fmt: skip
+        yield fam("c", "replay_failures", "Replays that failed or fell short.",
+                  lambda s: s.tracker.replay_failures)  # fmt: skip
+        yield fam("c", "restarts", "Publisher restarts seen (seq went back).",
+                  lambda s: s.tracker.restarts)  # fmt: skip
+        yield fam("c", "decode_errors", "Batches that could not be decoded.",
+                  lambda s: s.tracker.decode_errors + s.bad_messages)  # fmt: skip
+        yield fam("c", "unknown_events", "Events of unknown types (skipped).",
+                  lambda s: s.unknown_events + s.malformed_events)  # fmt: skip
+        yield fam("c", "unknown_removals", "BlockRemoved of hashes not held.",
+                  lambda s: s.state.unknown_removals)  # fmt: skip
+        yield fam("c", "disconnects", "Stream disconnections.", lambda s: s.disconnects)
+        yield GaugeMetricFamily(p + "ws_clients", "Websocket clients.", value=len(self.hub.clients))
+        yield CounterMetricFamily(
+            p + "ws_clients_dropped", "Slow websocket clients resynced.",
+            value=self.hub.clients_dropped,
+        )  # fmt: skip
