@@ -45,3 +45,8 @@ export function toArrayBuffer(buf) {
   new Uint8Array(ab).set(buf);
   return ab;
 }
+
+/** A JSON file a scenario wrote beside its frames (e.g. analysis/rest.json). */
+export function loadJson(name, file) {
+  return JSON.parse(readFileSync(join(fixturesDir(), name, file), "utf8"));
+}

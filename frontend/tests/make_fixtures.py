@@ -14,6 +14,12 @@ Scenarios (each a folder with manifest.json + NNN-kind.bin):
   raw cache with one hash on two blocks, an empty tick, reset, more admits.
 * ``restart`` the config + snapshot of a second server (another epoch).
 * ``large``  100,000 blocks: a snapshot and deltas of ~1,000 changed blocks.
+* ``analysis`` 48 blocks of 4 tokens, the analysis inline with inline shadow
+  pools: every frame carries the stream's ``analysis`` section and
+  ``tokens``; misses of each reason (floor, cold, last token, evicted,
+  extra keys, chain broken), regrets; plus the REST views the dashboard
+  reads (``rest.json``: misses, regret, shadows, a running request's detail
+  and its misses, a recorded moment and a diff), made by the same code.
 """
 
 from __future__ import annotations
@@ -30,12 +36,17 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import app.stream.hub as hub_module  # noqa: E402
+from app.analysis import replay  # noqa: E402
+from app.analysis import views as analysis_views  # noqa: E402
+from app.analysis.recording import EventsView  # noqa: E402
 from app.engine import Engine  # noqa: E402
 from app.schemas import AdmitOp, AllocateOp, CacheOp, FinishOp, FreeOp, ResetOp  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from app.stream import protocol as p  # noqa: E402
 from app.stream.hub import StreamHub  # noqa: E402
 from app.stream.mirror import PoolMirror  # noqa: E402
+from app.views import request as request_view  # noqa: E402
 
 
 def expectation(m: PoolMirror, full: bool) -> dict[str, Any]:
@@ -193,6 +204,79 @@ def large(out: Path) -> None:
     r.finish()
 
 
+def analysis(out: Path) -> None:
+    settings = Settings(
+        num_blocks=48,
+        block_size=4,
+        hash_fn="sha256",
+        hash_seed="0",
+        analysis_mode="inline",
+        shadow_mode="inline",
+        shadow_factors=[0.5, 2.0],
+        recording_keyframe_ops=10,
+    )
+    # every tick carries the section here (the server sends it once a second)
+    hub_module.ANALYSIS_EVERY_S = 0.0
+    r = Recorder(out, "analysis", settings, full=False)
+    an = r.engine.analysis
+    assert an is not None and an.local
+
+    def step(note: str, fn: Callable[[Engine], Any]) -> None:
+        time.sleep(0.02)  # sections a little apart in time (their ts)
+        r.step(note, fn)
+
+    a = list(range(100, 122))  # 5 full blocks + 2 tokens
+    b = a[:10] + list(range(600, 611))  # shares 2 blocks + 2 tokens of the 3rd
+    r.start()
+    step("admit A", lambda e: e.apply(AdmitOp(request_id="A", token_ids=a)))
+    step("finish A", lambda e: e.apply(FinishOp(request_id="A")))
+    step("admit B (floor)", lambda e: e.apply(AdmitOp(request_id="B", token_ids=b)))
+    step("admit A2 (hits)", lambda e: e.apply(AdmitOp(request_id="A2", token_ids=a[:20])))
+    step(
+        "admit S (salt)",
+        lambda e: e.apply(AdmitOp(request_id="S", token_ids=a[:8], cache_salt="x")),
+    )
+
+    def finish_all(e: Engine) -> None:
+        for rid in ("B", "A2", "S"):
+            _finish(e, rid)
+
+    step("finish all", finish_all)
+    held: list[int] = []
+
+    def flood(e: Engine) -> None:
+        held.extend(e.apply(AllocateOp(num_blocks=47))["block_ids"])
+        e.apply(FreeOp(block_ids=_take(held, len(held))))
+
+    step("evict everything", flood)
+    step("admit A3 (evicted, regret)", lambda e: e.apply(AdmitOp(request_id="A3", token_ids=a)))
+    step("empty tick", lambda e: None)
+    r.finish()
+    rec = an.recorder
+    assert rec is not None
+    first, last = rec.first_seq, rec.seq
+    mid = (first + last) // 2
+
+    def moment(seq: int) -> replay.Moment:
+        seg = rec.segment_for(seq)
+        assert seg is not None
+        return replay.rebuild(seg.keyframe, seg.entries(0, seq - seg.keyframe.seq), settings)
+
+    ma, mb = moment(mid), moment(last)
+    rest = {
+        "misses": analysis_views.misses(an, limit=50),
+        "regret": analysis_views.regret(an, limit=20),
+        "shadows": analysis_views.shadows(an),
+        "request": request_view(r.engine, "A3"),
+        "request_misses": analysis_views.request_misses(an, rid="B"),
+        "history_state": {"seq": mid, **replay.state_json(ma, 1000, True)},
+        "history_diff": replay.diff_json(
+            ma, mb, rec.entries_between(mid, last), EventsView(r.engine.events), 1000
+        ),
+    }
+    (r.dir / "rest.json").write_text(json.dumps(rest, default=str))
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -202,6 +286,7 @@ def main(argv: list[str]) -> int:
     epoch = small(out)
     restart(out, epoch)
     large(out)
+    analysis(out)
     (out / "READY").write_text("ok\n")
     return 0
 
