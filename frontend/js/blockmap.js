@@ -9,6 +9,10 @@
 // the map at one pixel block per cell, and the visible canvas is one scaled
 // drawImage of it.  Highlights live on a second canvas on top, redrawn only
 // when they change.  One render() per animation frame; no per-block DOM.
+//
+// The source is the live model, or a recorded moment (time travel:
+// setSource(HistorySource)); the live model keeps taking frames meanwhile
+// and the map repaints from it in full on the way back.
 
 import { PACKED, packedColor } from "./palette.js";
 
@@ -34,6 +38,7 @@ export class BlockMap {
     this.canvas = canvas;
     this.overlay = overlay;
     this.model = model;
+    this.src = model; // what is drawn: the live model or a recorded moment
     this.ctx = canvas.getContext("2d", { alpha: false });
     this.octx = overlay.getContext("2d");
     this.off = document.createElement("canvas");
@@ -67,7 +72,7 @@ export class BlockMap {
     const dpr = window.devicePixelRatio || 1;
     const W = Math.max(1, Math.floor(wrap.clientWidth * dpr));
     const H = Math.max(1, Math.floor(wrap.clientHeight * dpr));
-    const n = Math.max(1, this.model.n);
+    const n = Math.max(1, this.src.n);
     for (const c of [this.canvas, this.overlay]) {
       c.width = W;
       c.height = H;
@@ -92,7 +97,7 @@ export class BlockMap {
       scale = Math.min(W / cols, H / rows);
     }
     const rows = Math.ceil(n / cols);
-    Object.assign(this, { W, H, dpr, n: this.model.n, k, cols, rows, scale });
+    Object.assign(this, { W, H, dpr, n: this.src.n, k, cols, rows, scale });
     this.gap = k >= 5 ? 1 : 0;
     this.off.width = cols * k;
     this.off.height = rows * k;
@@ -124,10 +129,26 @@ export class BlockMap {
 
   // ------------------------------------------------------------ painting
 
+  /** Draw a recorded moment (a HistorySource), or the live model again (null). */
+  setSource(src) {
+    const next = src || this.model;
+    if (next === this.src && !src) return;
+    this.src = next;
+    if (next === this.model) this.model.fullDirty = true; // everything since, at once
+    else this.model.drainDirty(() => {}); // the live changes wait for the way back
+    this.needLayout = this.n !== next.n;
+    this.needBlit = true;
+    this.needOverlay = true;
+  }
+
+  get live() {
+    return this.src === this.model;
+  }
+
   /** Write a block's pixels into the ImageData; returns its colour. */
   _paintCell(id) {
-    const m = this.model;
-    const color = packedColor(m.state[id], m.refCnt[id], this.risk[id]);
+    const m = this.src;
+    const color = packedColor(m.state[id], m.refCnt[id], m === this.model ? this.risk[id] : 0);
     const { k, cols, buf } = this;
     const row = (id / cols) | 0;
     const col = id - row * cols;
@@ -143,13 +164,13 @@ export class BlockMap {
   }
 
   _paintAll() {
-    const m = this.model;
+    const m = this.src;
     const n = Math.min(m.n, m.state.length);
     this.buf.fill(PACKED.background);
     if (this.k === 1) {
       const { buf } = this;
       const { state, refCnt } = m;
-      const risk = this.risk;
+      const risk = m === this.model ? this.risk : new Uint8Array(n);
       for (let id = 0; id < n; id++) buf[id] = packedColor(state[id], refCnt[id], risk[id]);
     } else {
       for (let id = 0; id < n; id++) this._paintCell(id);
@@ -173,10 +194,11 @@ export class BlockMap {
   /** One frame: apply dirty ids, draw their cells, blit when scaled, overlay. */
   render() {
     const t0 = performance.now();
-    if (this.needLayout || this.model.n !== this.n) this._layout();
+    if (this.needLayout || this.src.n !== this.n) this._layout();
     let cells = 0;
     let full = false;
-    this.model.drainDirty((isFull, ids, count) => {
+    if (this.src !== this.model) this.model.drainDirty(() => {}); // live changes: repainted in full on return
+    this.src.drainDirty((isFull, ids, count) => {
       if (isFull || count > this.n / 4) {
         full = true;
         return;

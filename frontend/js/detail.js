@@ -1,10 +1,16 @@
 // The block detail panel: what the model knows at once, then the REST view
 // (GET /api/blocks/{id}: holders, digest, queue position, sampled metrics).
 // Highlights on the map: every block of the same request (holders +
-// GET /api/requests/{id}) and of the same hash (the hash index).
+// GET /api/requests/{id}) and of the same hash (the hash index).  A
+// request's prompt blocks as bars: hit, or why each missed (running
+// requests from GET /api/requests/{id}, finished ones from
+// GET /api/misses/requests/{id}).
 
-import { get } from "./api.js";
+import { REASON_LABEL, REASON_RGB } from "./analysis.js";
+import { ApiError, api, get } from "./api.js";
 import { $, dur, h, int } from "./format.js";
+import { rgba } from "./minichart.js";
+import { blockCells, cellCounts, describeCell, renderBars } from "./reqbars.js";
 import { STATE_NAMES, hex64 } from "./protocol.js";
 
 const STATE_LABEL = { null: "null", in_use: "in use", cached: "cached", empty: "empty" };
@@ -23,6 +29,8 @@ export class DetailPanel {
     this.request = null; // {id, blocks}
     this.hoverTimer = null;
     this.fetchSeq = 0;
+    this.requestSeq = 0;
+    this.barHover = "";
     this.onRequestHighlight = null;
     document.addEventListener("keydown", (ev) => {
       if (ev.key === "Escape") this.select(-1);
@@ -50,6 +58,7 @@ export class DetailPanel {
 
   clearHighlights() {
     this.request = null;
+    this.requestSeq++;
     this.map.setHighlight("request", []);
     this.map.setHighlight("hash", []);
   }
@@ -102,18 +111,71 @@ export class DetailPanel {
   }
 
   async highlightRequest(rid) {
+    const seq = ++this.requestSeq;
     try {
       const req = await get(`/api/requests/${encodeURIComponent(rid)}`);
+      if (seq !== this.requestSeq) return;
       const ids = [];
       for (const b of req.blocks) for (const x of b.block_ids) if (x > 0) ids.push(x);
-      this.request = { id: rid, blocks: ids, hits: req.num_hit_blocks, tokens: req.num_tokens };
+      this.request = { id: rid, blocks: ids, hits: req.num_hit_blocks, tokens: req.num_tokens, cells: this.cells(req), fetchedAt: performance.now() };
       this.map.setHighlight("request", ids);
       if (this.onRequestHighlight) this.onRequestHighlight(this.request);
     } catch (err) {
+      if (seq !== this.requestSeq) return;
       this.request = { id: rid, blocks: [], error: err.message };
       this.map.setHighlight("request", []);
+      if (err instanceof ApiError && err.status === 404) await this.finishedRequest(rid, seq);
     }
     this.render();
+  }
+
+  /** A request that is no longer running: its misses, if the analysis still has them. */
+  async finishedRequest(rid, seq) {
+    try {
+      const m = await api("GET", `/api/misses/requests/${encodeURIComponent(rid)}`, undefined, { quiet: true });
+      if (seq !== this.requestSeq) return;
+      this.request = { id: rid, blocks: [], finished: true, hits: m.num_hit_blocks, cells: this.cells(m), fetchedAt: performance.now() };
+    } catch {
+      /* not running, not remembered: the error stays */
+    }
+  }
+
+  cells(req) {
+    const bs = (this.model.config && this.model.config.block_size) || 16;
+    return blockCells(req, bs);
+  }
+
+  /** Reasons the worker had not reported yet: ask again (detail cadence). */
+  refreshRequest() {
+    const q = this.request;
+    if (!q || !q.cells || q.finished) return;
+    if (!q.cells.some((c) => c.kind === "pending")) return;
+    if (performance.now() - (q.fetchedAt || 0) < 900) return;
+    this.highlightRequest(q.id);
+  }
+
+  /** The request's prompt blocks as bars, with a legend and a hover line. */
+  requestStrip() {
+    const q = this.request;
+    if (!q || !q.cells || !q.cells.length) return null;
+    const line = h("div", { class: "rq-hover mono", id: "rq-hover" }, this.barHover || "hover a bar: why that block missed");
+    const strip = renderBars(document, q.cells, (c) => {
+      this.barHover = c ? describeCell(c) : "";
+      line.textContent = this.barHover || "hover a bar: why that block missed";
+    });
+    strip.id = "rq-bars";
+    strip.dataset.rid = q.id;
+    const legend = cellCounts(q.cells).map(([k, n]) =>
+      h("span", { class: "lg" }, h("i", { style: `background:${rgba(REASON_RGB[k] || REASON_RGB.pending)}` }), `${REASON_LABEL[k] || (k === "hit" ? "hit" : k)} ${n}`),
+    );
+    return h(
+      "div",
+      { class: "rq-strip" },
+      h("div", { class: "ctl-title" }, `Request ${q.id}: prompt blocks`, q.finished ? h("span", { class: "muted" }, " (finished)") : ""),
+      strip,
+      h("div", { class: "legend rq-legend" }, ...legend),
+      line,
+    );
   }
 
   /** Highlight a request's blocks without a block selected (controls panel). */
@@ -167,10 +229,14 @@ export class DetailPanel {
     this.root.replaceChildren();
     if (id < 0 || id >= m.n) {
       this.title.textContent = "Block";
-      const tip = this.request
-        ? `Request ${this.request.id}: ${this.request.blocks.length} blocks highlighted`
+      const q = this.request;
+      const tip = q
+        ? q.finished
+          ? `Request ${q.id} has finished: its blocks are no longer held.`
+          : `Request ${q.id}: ${q.blocks.length} blocks highlighted`
         : "Hover a block for its details; click to pin it (Esc to unpin).";
-      this.root.append(h("p", { class: "muted" }, tip), this.sharing());
+      const strip = this.requestStrip();
+      this.root.append(h("p", { class: "muted" }, tip), ...(strip ? [strip] : []), this.sharing());
       return;
     }
     const state = STATE_NAMES[m.state[id]];
@@ -241,6 +307,8 @@ export class DetailPanel {
           q.hits !== undefined ? ` (${q.hits} prefix hits)` : "",
         ),
       );
+      const strip = this.requestStrip();
+      if (strip) this.root.append(strip);
     }
     if (this.sameHash && this.sameHash.length > 1 && this.pinned === id) {
       this.root.append(
