@@ -3,6 +3,7 @@
 // their own slower cadences).  window.__bp exposes the parts for tests and
 // the benchmark.
 
+import { AnalysisHealthItem, AnalysisHub, MissPanel, RegretPanel, TokenPanel, WhatIfPanel } from "./analysispanels.js";
 import { ApiError, get, getToken, onApiError } from "./api.js";
 import { BlockMap } from "./blockmap.js";
 import { Charts } from "./charts.js";
@@ -12,6 +13,7 @@ import { EventLog } from "./events.js";
 import { $, Every, h, int, pct, rate, setText } from "./format.js";
 import { HashMapPanel } from "./hashmap.js";
 import { HealthBar } from "./health.js";
+import { TimeTravel } from "./history.js";
 import { LruPanel } from "./lru.js";
 import { PoolModel } from "./model.js";
 import { COLORS, colorsForState, rgbCss } from "./palette.js";
@@ -136,12 +138,39 @@ const controls = new Controls(model, detail, () => {
   boot();
 });
 const health = new HealthBar(conn, model, perf);
+const analysis = new AnalysisHub(model);
+const analysisHealth = new AnalysisHealthItem(analysis);
+const windowSel = $("chart-window");
+const tokensPanel = new TokenPanel(analysis, windowSel);
+const showRequest = (rid) => {
+  if (history && history.active) history.live();
+  detail.select(-1);
+  detail.showRequest(rid);
+};
+const misses = new MissPanel(analysis, windowSel, showRequest);
+const regret = new RegretPanel(analysis, windowSel);
+const whatif = new WhatIfPanel(analysis);
+const history = new TimeTravel(model, map, {
+  onEnter: () => {
+    detail.select(-1);
+    detail.clearHighlights();
+  },
+  onLeave: () => map.setHighlight("hash", []),
+  showRequest,
+  highlight: (ids) => map.setHighlight("hash", ids),
+});
 
 map.onhover = (id) => {
+  if (history.active) {
+    setText($("map-hover"), history.hoverLine(id));
+    return;
+  }
   setText($("map-hover"), hoverLine(id));
   detail.hover(id);
 };
-map.onselect = (id) => detail.select(id);
+map.onselect = (id) => {
+  if (!history.active) detail.select(id);
+};
 onApiError((err) => {
   if (err.status === 404 && err.code === "not_found") return; // a request that just finished
   showError(`${err.message}${err.code ? ` (${err.code})` : ""}`);
@@ -150,6 +179,7 @@ onApiError((err) => {
 model.on("config", (frame) => {
   showFacts(frame.header.config);
   if (model.seq === null) tree.clear(); // another server (or the first connect)
+  if (model.seq === null && history.active) history.live(); // its recording is gone
 });
 model.on("snapshot", (frame) => {
   tree.applyEvents(frame.header.recent_events || []);
@@ -173,7 +203,24 @@ const cadence = (window.__bpCadence = {
   demo: new Every(2000),
   requests: new Every(2000),
   detail: new Every(1000),
+  analysis: new Every(500),
+  tokens: new Every(500),
+  analysisHealth: new Every(500),
+  // REST, every few seconds (quiet: failures show in their panels)
+  misses: new Every(4000),
+  regret: new Every(4000),
+  shadows: new Every(5000),
+  history: new Every(3000),
 });
+/** The slower REST views; only once the stream has shown an analysis section. */
+function pollAnalysis(now) {
+  if (!analysis.section) return;
+  cadence.misses.run(now, () => misses.poll());
+  cadence.regret.run(now, () => regret.poll());
+  cadence.shadows.run(now, () => whatif.poll());
+  cadence.history.ms = history.pollEvery;
+  cadence.history.run(now, () => history.poll());
+}
 
 function frame(now) {
   perf.raf++;
@@ -191,8 +238,15 @@ function frame(now) {
       cadence.demo.run(now, () => controls.refreshDemo());
       cadence.requests.run(now, () => controls.refreshRequests());
       if (detail.pinned >= 0) cadence.detail.run(now, () => detail.fetch(detail.pinned));
-      else if (detail.shown < 0) cadence.detail.run(now, () => detail.render());
+      else if (detail.shown < 0) cadence.detail.run(now, () => (detail.refreshRequest(), detail.render()));
+      cadence.tokens.run(now, () => tokensPanel.update());
+      cadence.analysis.run(now, () => {
+        misses.update();
+        regret.update();
+      });
+      pollAnalysis(now);
     }
+    cadence.analysisHealth.run(now, () => analysisHealth.update(now));
   } catch (err) {
     showError(`render: ${err.message}`);
     console.error(err); // eslint-disable-line no-console
@@ -228,6 +282,9 @@ window.__bp = {
   events,
   hashmap,
   controls,
+  analysis,
+  panels: { tokens: tokensPanel, misses, regret, whatif },
+  history,
   perf,
   errors,
   palette: { COLORS, colorsForState },
