@@ -293,8 +293,9 @@ export function whatIf(curve) {
 
 /**
  * The analysis health line.  `section` is the latest stream section (or
- * null), `ctx` {sinceMoveS: seconds since its ts last changed, resyncs0:
- * the worker's resyncs when this page first saw it, lagWarn}.
+ * null), `ctx` {sinceMoveS: seconds its report has not moved while the pool
+ * kept changing (undefined: not stale), resyncs0: the worker's resyncs when
+ * this page first saw it, lagWarn}.
  * -> {level: "off" | "ok" | "warn" | "err", text, title}
  */
 export function analysisHealth(section, ctx = {}) {

@@ -212,14 +212,43 @@ const cadence = (window.__bpCadence = {
   shadows: new Every(5000),
   history: new Every(3000),
 });
-/** The slower REST views; only once the stream has shown an analysis section. */
+// The analysis row's REST views are asked for only while their panel is on
+// screen (each is a query to the analysis worker); a panel scrolled into
+// view is refreshed at once.
+const onScreen = new Set();
+const observer = new IntersectionObserver(
+  (entries) => {
+    for (const e of entries) {
+      if (e.isIntersecting) onScreen.add(e.target.id);
+      else onScreen.delete(e.target.id);
+    }
+  },
+  { threshold: 0 },
+);
+for (const id of ["miss-panel", "regret-panel", "whatif-panel"]) observer.observe($(id));
+
+/**
+ * The slower REST views: only while the stream is live and has brought
+ * this server's analysis reports for a couple of seconds (its worker runs
+ * and reports: a restarted server answers HTTP before its worker is up, a
+ * worker's answer waits until it has caught up, and the page's first
+ * frames come first), one request per view at a time, and only for panels
+ * on screen.
+ */
+const pending = new Set();
+function once(key, fn) {
+  if (pending.has(key)) return;
+  pending.add(key);
+  Promise.resolve(fn()).finally(() => pending.delete(key));
+}
 function pollAnalysis(now) {
-  if (!analysis.section) return;
-  cadence.misses.run(now, () => misses.poll());
-  cadence.regret.run(now, () => regret.poll());
-  cadence.shadows.run(now, () => whatif.poll());
+  if (!analysis.section || conn.health.state !== "open") return;
+  if (performance.now() - analysis.firstAt < 2500) return;
+  if (onScreen.has("miss-panel")) cadence.misses.run(now, () => once("misses", () => misses.poll()));
+  if (onScreen.has("regret-panel")) cadence.regret.run(now, () => once("regret", () => regret.poll()));
+  if (onScreen.has("whatif-panel")) cadence.shadows.run(now, () => once("shadows", () => whatif.poll()));
   cadence.history.ms = history.pollEvery;
-  cadence.history.run(now, () => history.poll());
+  cadence.history.run(now, () => once("history", () => history.poll()));
 }
 
 function frame(now) {
@@ -285,6 +314,7 @@ window.__bp = {
   analysis,
   panels: { tokens: tokensPanel, misses, regret, whatif },
   history,
+  onScreen,
   perf,
   errors,
   palette: { COLORS, colorsForState },

@@ -240,7 +240,7 @@ export class MiniChart {
     ctx.fillStyle = AXIS;
     ctx.textBaseline = "top";
     ctx.textAlign = "center";
-    const xt = this._xTicks();
+    const xt = this.x.length ? this._xTicks() : [];
     for (const [v, label] of xt) {
       const x = this._px(v);
       if (x < box.l - 1 || x > box.r + 1) continue;

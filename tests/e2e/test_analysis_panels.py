@@ -1,0 +1,466 @@
+"""The analysis panels in headless Chromium against a real server.
+
+Why prompts missed, eviction regret, what-if, token usage, time travel and
+the per-block request bars, checked against the REST views they summarise.
+The module's server (conftest: 4,096 blocks, demo workload, the analysis in
+its worker process) is shared by the tests in order; each opens a fresh tab.
+Screenshots land in test-artifacts/e2e/.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import ARTIFACTS, Page, Server, wait_for
+
+pytestmark = pytest.mark.browser
+
+REASONS = ["last_token", "block_size_floor", "cold", "evicted", "extra_keys", "chain_broken"]
+STATES = {"null": 0, "in_use": 1, "cached": 2, "empty": 3}
+
+PAGE_MISSES_JS = """() => Object.fromEntries(Array.from(
+  document.querySelectorAll('#miss-body td[data-reason]'),
+  td => [td.dataset.reason, td.dataset.value === undefined ? null : Number(td.dataset.value)]))"""
+
+CELL_RGB_JS = """(ids) => {
+  const map = window.__bp.map;
+  const ctx = map.canvas.getContext('2d');
+  return ids.map((id) => {
+    const r = map.cellRect(id);
+    const d = ctx.getImageData(Math.floor(r.x + r.w / 2), Math.floor(r.y + r.h / 2), 1, 1).data;
+    return [d[0], d[1], d[2]];
+  });
+}"""
+
+
+def start_demo(server: Server, rate: float = 20.0) -> None:
+    assert server.post("/api/demo/config", {"rate": rate}).status_code == 200
+    assert server.post("/api/demo/start").status_code == 200
+
+
+def quiesce(server: Server) -> None:
+    assert server.post("/api/demo/stop").status_code == 200
+    wait_for(lambda: server.get("/api/summary")["running_requests"] == 0, what="requests to end")
+
+
+def admit(server: Server, tokens: list[int], rid: str) -> dict[str, Any]:
+    r = server.post("/api/requests", {"token_ids": tokens, "request_id": rid})
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def finish(server: Server, rid: str) -> None:
+    assert server.post(f"/api/requests/{rid}/finish").status_code == 200
+
+
+def evict_everything(server: Server) -> None:
+    """Take every free block through the raw block API and give them back:
+    the cached hashes are evicted (the next admission of a prompt misses
+    them as ``evicted`` and storing them again is a regret)."""
+    free = server.get("/api/summary")["num_free_blocks"]
+    r = server.post("/api/pool/allocate", {"num_blocks": free})
+    assert r.status_code == 200, r.text
+    ids = r.json()["block_ids"]
+    assert server.post("/api/pool/free", {"block_ids": ids}).status_code == 200
+
+
+def expected_rgb(palette: dict[str, Any], state: int, ref: int) -> list[list[int]]:
+    if state == 1:
+        return [palette["in_use"][min(max(ref, 1), 4) - 1]]
+    if state == 2:
+        return [palette["cached"]]
+    if state == 3:
+        return [palette["empty"]]
+    return [palette["null"]]
+
+
+def show_analysis_row(p: Page) -> None:
+    """Scroll the analysis row on screen: its panels ask REST only when visible."""
+    p.page.locator("#analysis").scroll_into_view_if_needed()
+
+
+def region_shot(p: Page, selector: str, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    p.page.locator(selector).screenshot(path=str(ARTIFACTS / f"{p.name}-{name}.png"))
+
+
+# ----------------------------------------------------------------- tests
+
+
+def test_panels_render_live_without_console_errors(dashboard: Page, server: Server) -> None:
+    p = dashboard
+    start_demo(server)
+    # two analysis reports (about a second apart) make the first rates
+    wait_for(
+        lambda: p.js("() => window.__bp.analysis.series.points.length") >= 2,
+        timeout=20,
+        what="two analysis reports on the stream",
+    )
+    show_analysis_row(p)
+    wait_for(
+        lambda: (
+            p.js("() => document.querySelectorAll('#whatif-body tr').length") > 0
+            and p.js("() => !document.getElementById('tl-slider').disabled")
+        ),
+        what="the what-if table and the recording's timeline",
+    )
+    info = p.js(
+        """() => ({
+          health: document.getElementById('h-analysis').textContent,
+          level: document.querySelector('[data-h="analysis"]').dataset.level,
+          title: document.querySelector('[data-h="analysis"]').title,
+          tokens: window.__bp.analysis.tokens.points.length,
+          held: Number(document.getElementById('tokens-note').dataset.held),
+          tokenDraws: window.__bp.panels.tokens.chart.draws,
+          missDraws: window.__bp.panels.misses.chart.draws,
+          uplots: document.querySelectorAll('.uplot').length,
+          fleet: document.getElementById('fleet-link').getAttribute('href'),
+          fleetTip: document.getElementById('fleet-link').title,
+          mode: document.getElementById('tl-mode').textContent,
+          at: document.getElementById('tl-at').textContent,
+        })"""
+    )
+    assert info["health"].startswith("lag "), info  # the worker's lag, always visible
+    assert info["level"] in ("ok", "warn"), info
+    assert "recorded operations" in info["title"]
+    assert info["tokens"] > 5 and info["held"] >= 0
+    assert info["tokenDraws"] > 0 and info["missDraws"] > 0
+    assert info["uplots"] == 6, "the analysis charts are not uPlot instances"
+    assert info["fleet"] == "/static/fleet.html" and "blockpool observe" in info["fleetTip"]
+    assert info["mode"] == "live" and info["at"].startswith("live · op")
+    assert server.http.get("/static/fleet.html").status_code == 200
+    # the block map still draws once per frame at most, and keeps up
+    p.js("() => window.__bp.resetPerf()")
+    time.sleep(1.5)
+    perf = p.js(
+        "() => ({raf: __bp.perf.raf, draws: __bp.map.perf.draws, long: __bp.perf.longFrames})"
+    )
+    assert perf["draws"] <= perf["raf"] and perf["raf"] >= 20, perf
+    p.shot("-overview")
+    region_shot(p, "#analysis", "analysis-row")
+    region_shot(p, ".charts", "charts-row")
+    assert p.errors == [], p.errors
+    assert p.network == [], p.network
+
+
+def test_miss_reasons_and_regret_equal_rest_after_the_workload_settles(
+    dashboard: Page, server: Server
+) -> None:
+    p = dashboard
+    start_demo(server)
+    time.sleep(2)
+    quiesce(server)
+    # a prompt stored, its hashes evicted, the prompt again: evicted misses + regrets
+    rng = random.Random(11)
+    prompt = rng.choices(range(32000), k=16 * 8 + 3)
+    admit(server, prompt, "an-regret-1")
+    finish(server, "an-regret-1")
+    evict_everything(server)
+    admit(server, prompt, "an-regret-2")
+    finish(server, "an-regret-2")
+
+    def agree() -> Any:
+        rest = server.get("/api/misses")
+        want = {r: rest["reasons"][r]["blocks"] for r in REASONS}
+        got = p.js(PAGE_MISSES_JS)
+        return want if got == want else None
+
+    show_analysis_row(p)
+    want = wait_for(agree, timeout=20, what="the page's miss counts to equal GET /api/misses")
+    assert want["evicted"] >= 8 and want["cold"] > 0, want
+    rest = server.get("/api/misses")
+    assert (
+        p.js("() => Number(document.getElementById('miss-foot').dataset.missed)")
+        == (rest["missed"]["blocks"])
+    )
+    # tokens per reason too (the unit switch)
+    p.page.select_option("#miss-unit", "tokens")
+    tokens = p.js(
+        """() => Object.fromEntries(Array.from(document.querySelectorAll('#miss-body tr'),
+             tr => [tr.dataset.reason, Number(tr.cells[3].textContent.replace(/,/g, ''))]))"""
+    )
+    assert tokens == {r: rest["reasons"][r]["tokens"] for r in REASONS}
+    # regret: the total, and the regretted prefix with its owner and victim
+    regret = server.get("/api/regret")
+    assert regret["regrets_total"] >= 8
+    wait_for(
+        lambda: (
+            p.js("() => document.getElementById('regret-total')?.textContent")
+            == f"{server.get('/api/regret')['regrets_total']:,}"
+        ),
+        what="the regret total",
+    )
+    first = " ".join(str(t) for t in prompt[:4])
+    row = wait_for(
+        lambda: p.js(
+            """(first) => { const tr = Array.from(document.querySelectorAll('#regret-body tr'))
+                 .find(t => t.cells[0].textContent.startsWith(first));
+               return tr ? Array.from(tr.cells, c => c.textContent) : null; }""",
+            first,
+        ),
+        what="the regretted prefix in the table",
+    )
+    top = next(t for t in regret["top_prefixes"] if t["first_tokens"][:4] == prompt[:4])
+    assert row[1] == f"{top['regrets']:,}"
+    assert row[3] == f"{top['owner_request'] or '—'} → {top['last_request'] or '—'}"
+    # the evicted misses' age histogram has them
+    wait_for(
+        lambda: (
+            "none yet" not in p.js("() => document.getElementById('miss-ago-title').textContent")
+        ),
+        what="the evicted misses' histogram",
+    )
+    region_shot(p, ".miss-panel", "misses")
+    region_shot(p, ".regret-panel", "regret")
+    assert p.errors == [], p.errors
+    assert p.network == [], p.network
+
+
+def test_what_if_curve_shows_the_shadow_policies_and_capacities(
+    dashboard: Page, server: Server
+) -> None:
+    p = dashboard
+    quiesce(server)  # the shadows' figures hold still
+    rows_js = """() => Array.from(document.querySelectorAll('#whatif-body tr'), tr => ({
+        policy: tr.dataset.policy, factor: Number(tr.dataset.factor),
+        capacity: Number(tr.dataset.capacity), hit: tr.cells[3].textContent}))"""
+
+    def agree() -> Any:
+        rest = server.get("/api/shadows")
+        want = sorted(
+            (pol, pt["factor"], pt["capacity"], f"{pt['hit_rate'] * 100:.1f}%")
+            for pol, pts in rest["curve"].items()
+            for pt in pts
+        )
+        got = sorted((r["policy"], r["factor"], r["capacity"], r["hit"]) for r in p.js(rows_js))
+        return rest if got == want else None
+
+    show_analysis_row(p)
+    rest = wait_for(agree, timeout=20, what="the what-if table to equal GET /api/shadows")
+    policies = set(rest["curve"])
+    assert {"vllm016", "uncached_first", "s3fifo"} <= policies
+    chart = p.js(
+        """() => { const c = window.__bp.panels.whatif.chart;
+                   return {labels: c.o.series.map(s => s.label), x: c.x, marks: c.marks}; }"""
+    )
+    assert sorted(chart["labels"]) == sorted(policies)
+    assert chart["x"] == sorted({pt["factor"] for pts in rest["curve"].values() for pt in pts})
+    real = rest["real"].get("span", rest["real"])["hit_rate"]
+    assert chart["marks"] and chart["marks"][0]["x"] == 1
+    assert math.isclose(chart["marks"][0]["y"], real)
+    # in words: each other capacity of vLLM's order, each other policy at 1x
+    lines = p.js(
+        """() => Array.from(document.querySelectorAll('#whatif-text li'),
+             li => [li.dataset.kind, li.dataset.policy, Number(li.dataset.factor),
+                    li.textContent])"""
+    )
+    factors = sorted(pt["factor"] for pt in rest["curve"]["vllm016"] if pt["factor"] != 1)
+    assert sorted(f for k, _, f, _ in lines if k == "capacity") == factors
+    assert sorted(pol for k, pol, _, _ in lines if k == "policy") == sorted(policies - {"vllm016"})
+    two = next(t for k, _, f, t in lines if k == "capacity" and f == 2)
+    hr2 = next(pt["hit_rate"] for pt in rest["curve"]["vllm016"] if pt["factor"] == 2)
+    assert two.startswith("2\N{MULTIPLICATION SIGN} the blocks") and f"{hr2 * 100:.1f}%" in two
+    region_shot(p, ".whatif-panel", "whatif")
+    assert p.errors == [], p.errors
+
+
+def test_request_bars_equal_the_rest_detail(dashboard: Page, server: Server) -> None:
+    p = dashboard
+    quiesce(server)
+    rng = random.Random(21)
+    shared = rng.choices(range(32000), k=16 * 5 + 9)
+    admit(server, shared + rng.choices(range(32000), k=30), "an-bars-a")
+    # shares 5 blocks + 9 tokens of the 6th: hits, a block-size floor, cold, a partial tail
+    admit(server, shared[: 16 * 5 + 9] + rng.choices(range(32000), k=40), "an-bars-b")
+
+    def detail() -> Any:
+        d = server.get("/api/requests/an-bars-b")
+        prompt = math.ceil(d["num_prompt_tokens"] / 16)
+        done = all(b["hit"] or b["reason"] for b in d["blocks"][:prompt])
+        return d if done else None
+
+    rest = wait_for(detail, what="the worker's reasons for the request")
+    # from the running requests list, as an operator would
+    link = p.page.locator("#req-body a", has_text="an-bars-b")
+    link.wait_for(timeout=10_000)
+    link.click()
+    p.page.wait_for_selector('#rq-bars[data-rid="an-bars-b"]')
+    bars = p.js(
+        """() => Array.from(document.querySelectorAll('#rq-bars .rq-bar'),
+             b => [Number(b.dataset.index), b.dataset.kind, b.dataset.reason || null])"""
+    )
+    prompt = math.ceil(rest["num_prompt_tokens"] / 16)
+    want = []
+    for b in rest["blocks"]:
+        i = b["index"]
+        kind = "decode" if i >= prompt else "hit" if b["hit"] else "miss"
+        want.append([i, kind, b["reason"]])
+    assert bars == want
+    kinds = {k if k != "miss" else r for _, k, r in bars}
+    assert {"hit", "block_size_floor", "cold"} <= kinds, kinds
+    # hovering a bar says why
+    floor = next(i for i, k, r in bars if r == "block_size_floor" and i < prompt - 1)
+    p.page.locator(f'#rq-bars .rq-bar[data-index="{floor}"]').hover()
+    shared_tokens = rest["blocks"][floor]["miss"]["shared_tokens"]
+    wait_for(
+        lambda: (
+            f"shares {shared_tokens} tokens"
+            in p.js("() => document.getElementById('rq-hover').textContent")
+        ),
+        what="the hover line",
+    )
+    p.shot("-bars")
+    region_shot(p, ".detail-panel", "detail")
+    # a finished request: GET /api/misses/requests/{id}
+    finish(server, "an-bars-a")
+    finish(server, "an-bars-b")
+    p.js("() => window.__bp.detail.showRequest('an-bars-b')")
+    p.page.wait_for_function(
+        """() => { const s = document.getElementById('rq-bars');
+                   return s && s.dataset.rid === 'an-bars-b' && s.closest('.rq-strip')
+                     .textContent.includes('(finished)'); }"""
+    )
+    done = server.get("/api/misses/requests/an-bars-b")
+    fin = p.js(
+        "() => Array.from(document.querySelectorAll('#rq-bars .rq-bar'),"
+        " b => b.dataset.reason || b.dataset.kind)"
+    )
+    assert fin == [b["reason"] or ("hit" if b["hit"] else "pending") for b in done["blocks"]]
+    assert p.errors == [], p.errors
+    assert all("404" in n for n in p.network), p.network  # GET /api/requests/{id} of a finished one
+
+
+def test_scrubbing_shows_recorded_block_states_and_back_to_live(
+    dashboard: Page, server: Server
+) -> None:
+    p = dashboard
+    quiesce(server)
+    before = server.get("/api/history")["last_seq"]
+    # change many blocks: a big request in use now, not at `before`
+    admit(server, random.Random(31).choices(range(32000), k=16 * 60), "an-scrub")
+    wait_for(
+        lambda: p.js("() => window.__bp.model.header.running_requests") == 1,
+        what="the admit on the page",
+    )
+    wait_for(
+        lambda: p.js("() => window.__bp.history.info?.last_seq ?? -1") > before,
+        what="the timeline to reach past the admission",
+    )
+    p.js(
+        """(seq) => { const el = document.getElementById('tl-slider');
+                      el.value = String(seq); el.dispatchEvent(new Event('input')); }""",
+        before,
+    )
+    p.page.wait_for_function(
+        "(seq) => document.getElementById('history-banner').dataset.seq === String(seq)"
+        " && document.body.dataset.mode === 'history'",
+        arg=before,
+    )
+    time.sleep(0.3)  # a frame for the canvas
+    st = server.get(f"/api/history/state?at={before}&include_blocks=true&limit=1")
+    assert st["at"]["seq"] == before
+    hist_state = [STATES[s] for s in st["blocks"]["state"]]
+    hist_ref = st["blocks"]["ref_cnt"]
+    live_state = p.js("() => Array.from(window.__bp.model.state)")
+    changed = [i for i in range(len(live_state)) if live_state[i] != hist_state[i]]
+    assert len(changed) >= 30, "the request changed blocks since that moment"
+    rng = random.Random(5)
+    sample = sorted(set(rng.sample(changed, 20) + rng.sample(range(len(hist_state)), 20)))
+    palette = p.js("() => window.__bp.palette.COLORS")
+    got = p.js(CELL_RGB_JS, sample)
+    for bid, rgb in zip(sample, got, strict=True):
+        want = expected_rgb(palette, hist_state[bid], hist_ref[bid])
+        assert rgb in want, f"block {bid} at op {before}: {st['blocks']['state'][bid]} drawn {rgb}"
+    assert "HISTORY" in p.js("() => document.getElementById('history-banner').textContent")
+    assert p.js("() => document.getElementById('tl-mode').textContent") == "history"
+    # hovering shows the recorded block
+    hover = p.js("(id) => window.__bp.history.hoverLine(id)", changed[0])
+    assert hover.startswith(f"#{changed[0]} ·") and f"at op {before:,}" in hover
+    p.shot("-history")
+    # back to live: the map shows the pool now
+    p.page.click("#tl-live")
+    p.page.wait_for_function("() => document.body.dataset.mode !== 'history'")
+    time.sleep(0.3)
+    assert not p.js("() => document.getElementById('history-banner').offsetParent")
+    live_state = p.js("() => Array.from(window.__bp.model.state)")
+    live_ref = p.js("() => Array.from(window.__bp.model.refCnt)")
+    got = p.js(CELL_RGB_JS, sample)
+    risk = palette["risk"]
+    for bid, rgb in zip(sample, got, strict=True):
+        want = expected_rgb(palette, live_state[bid], live_ref[bid])
+        assert rgb in want or (live_state[bid] == 2 and rgb == risk), f"block {bid} live: {rgb}"
+    assert p.js("() => window.__bp.map.live") is True
+    finish(server, "an-scrub")
+    assert p.errors == [], p.errors
+    assert p.network == [], p.network
+
+
+def test_diff_lists_match_rest_and_the_recording_exports(dashboard: Page, server: Server) -> None:
+    p = dashboard
+    quiesce(server)
+    a = server.get("/api/history")["last_seq"]
+    rng = random.Random(41)
+    prompt = rng.choices(range(32000), k=16 * 6)
+    admit(server, prompt, "an-diff-1")
+    finish(server, "an-diff-1")
+    evict_everything(server)  # its hashes go: "evicted" in the diff
+    admit(server, rng.choices(range(32000), k=16 * 4 + 2), "an-diff-2")  # started, still running
+    b = server.get("/api/history")["last_seq"]
+    # A: jump to op `a` (the box under the map), mark it; B: the latest, from live
+    wait_for(
+        lambda: p.js("() => window.__bp.history.info?.last_seq ?? -1") >= b,
+        what="the timeline to reach the latest op",
+    )
+    p.page.fill("#tl-jump", str(a))
+    p.page.press("#tl-jump", "Enter")
+    p.page.wait_for_function(
+        "(seq) => document.getElementById('history-banner').dataset.seq === String(seq)", arg=a
+    )
+    p.page.click("#tl-a")
+    p.page.click("#tl-live")
+    p.page.click("#tl-b")
+    p.page.wait_for_function(
+        "(b) => document.getElementById('diff-to').value === String(b)"
+        " && document.querySelectorAll('#diff-evicted tr').length > 0",
+        arg=b,
+    )
+    frm = int(p.js("() => document.getElementById('diff-from').value"))
+    assert frm == a
+    rest = server.get(f"/api/history/diff?from={a}&to={b}&limit=500")
+    rows_js = """(id) => Array.from(document.querySelectorAll('#' + id + ' tr:not(.empty)'),
+                   tr => [tr.dataset.hash, Number(tr.dataset.block)])"""
+    evicted = p.js(rows_js, "diff-evicted")
+    entered = p.js(rows_js, "diff-entered")
+    assert evicted == [[e["hash64"], e["block_id"]] for e in rest["evicted"]]
+    assert entered == [[e["hash64"], e["block_id"]] for e in rest["entered"]]
+    assert len(evicted) >= 6, "the prompt's hashes were evicted"
+    chips_js = """(id) => Array.from(document.querySelectorAll('#' + id + ' .chip'),
+                    c => c.dataset.rid)"""
+    assert p.js(chips_js, "diff-started") == rest["requests"]["started"]
+    assert p.js(chips_js, "diff-ended") == rest["requests"]["ended"]
+    assert "an-diff-2" in rest["requests"]["started"]
+    assert f"{rest['ops']['total']:,} ops" in p.js(
+        "() => document.getElementById('diff-summary').textContent"
+    )
+    # the markers on the timeline
+    marks = p.js("() => Array.from(document.querySelectorAll('#tl-marks .mk'), m => m.title)")
+    assert marks == [f"A: op {a}", f"B: op {b}"]
+    region_shot(p, ".tt-panel", "diff")
+    # export: the link downloads the recording as NDJSON
+    href = p.js("() => document.getElementById('tt-export').getAttribute('href')")
+    assert href == "/api/history/export"
+    with server.http.stream("GET", href) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("application/x-ndjson")
+        assert "attachment" in resp.headers.get("content-disposition", "")
+        first = json.loads(next(resp.iter_lines()))
+    assert isinstance(first, dict)
+    finish(server, "an-diff-2")
+    assert p.errors == [], p.errors
+    assert p.network == [], p.network
