@@ -115,6 +115,10 @@ class TickData:
     samples: list[tuple[int, float, KVCacheEvictionEvent]]
     point: dict[str, float]
     full: bool  # every block changed (reset): clients may prefer a snapshot
+    # events / samples of this tick already pushed out of their bounded logs
+    # before the tick saw them (one huge operation): listeners count them
+    events_lost: int = 0
+    samples_lost: int = 0
 
 
 TickListener = Callable[[TickData], None]
@@ -169,6 +173,7 @@ class Engine:
         self.tick_no = 0
         self._tick_event_seq = 0
         self._tick_sample_seq = 0
+        self.events_lost_to_ticks = 0  # see TickData.events_lost
         self._full_dirty = True
         self._last_point_counters = (time.monotonic(), 0, 0, 0, 0)
         self._queue: asyncio.Queue[Command] | None = None
@@ -421,8 +426,11 @@ class Engine:
                 logger.exception("analysis tick failed")
         point = self.point()
         self.series.append(point)
-        events, _ = self.events.since(self._tick_event_seq, 1 << 30)
-        samples, _ = self.samples.since(self._tick_sample_seq, 1 << 30)
+        events, ev_cut = self.events.since(self._tick_event_seq, 1 << 30)
+        samples, sm_cut = self.samples.since(self._tick_sample_seq, 1 << 30)
+        events_lost = self.events.first_seq - self._tick_event_seq - 1 if ev_cut else 0
+        samples_lost = self.samples.first_seq - self._tick_sample_seq - 1 if sm_cut else 0
+        self.events_lost_to_ticks += events_lost
         self._tick_event_seq = self.events.last_seq
         self._tick_sample_seq = self.samples.last_seq
         data = TickData(
@@ -433,6 +441,8 @@ class Engine:
             samples=samples,
             point=point,
             full=self._full_dirty,
+            events_lost=events_lost,
+            samples_lost=samples_lost,
         )
         self._full_dirty = False
         for listener in list(self.listeners):

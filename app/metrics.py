@@ -143,6 +143,10 @@ class EngineCollector(Collector):
             ("blockpool_resets_refused", "Prefix-cache resets refused.", c.resets_refused),
             ("blockpool_event_log_dropped", "KV events dropped from the bounded log.",
              e.events.dropped),
+            ("blockpool_event_log_lost_before_tick",
+             "KV events pushed out of the bounded log before the tick that sends them "
+             "to the stream and the ZMQ publisher (one operation emitting more than "
+             "the log holds).", e.events_lost_to_ticks),
             ("blockpool_eviction_samples", "Eviction samples taken.", e.samples.last_seq),
         ):  # fmt: skip
             yield CounterMetricFamily(name, doc, value=value)

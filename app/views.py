@@ -93,6 +93,7 @@ def summary(engine: Engine) -> dict[str, Any]:
             "last_seq": engine.events.last_seq,
             "first_seq": engine.events.first_seq,
             "dropped": engine.events.dropped,
+            "lost_before_tick": engine.events_lost_to_ticks,
         },
         "uptime_s": time.time() - engine.started_at,
     }

@@ -148,8 +148,23 @@ class KVEventPublisher:
 
     def on_tick(self, data: TickData) -> None:
         """The engine's tick listener: queue the tick's events, never wait."""
-        if data.events and self._running:
+        if not self._running:
+            return
+        if data.events_lost:
+            # the oldest of the tick's events were already gone from the
+            # engine's log: their batch is a sequence gap, as a dropped one
+            self.skip_batch(data.events_lost)
+        if data.events:
             self.publish_events(data.ts, [ev for _, _, ev in data.events])
+
+    def skip_batch(self, num_events: int) -> int:
+        """Leave one sequence number unpublished for ``num_events`` events
+        that cannot be sent; counted as a dropped batch.  Returns the seq."""
+        seq = self._next_seq
+        self._next_seq += 1
+        self.batches_dropped += 1
+        self.events_dropped += num_events
+        return seq
 
     def publish_events(self, ts: float, events: Sequence[KVCacheEvent]) -> int | None:
         """Queue one batch; returns its sequence number, or None when the

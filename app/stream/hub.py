@@ -243,7 +243,9 @@ class StreamHub:
             "point": _finite(data.point),
             "events": {
                 "events": events[omitted:],
-                "events_omitted": omitted,
+                # not sent: over the per-frame cap, or gone from the
+                # engine's bounded log before this tick (data.events_lost)
+                "events_omitted": omitted + data.events_lost,
                 "events_last_seq": e.events.last_seq,
             },
             "samples": {

@@ -145,3 +145,31 @@ async def test_metrics_have_no_id_labels(api: Api) -> None:
         if fam.type == "counter":
             assert all(s.name.endswith(("_total", "_created")) for s in fam.samples), fam.name
     api.check()
+
+
+@pytest.mark.app_settings(event_log_capacity=100, tick_hz=0.01)  # ticks only here
+async def test_events_pushed_out_of_the_log_before_a_tick_are_counted(api: Api) -> None:
+    bs = api.engine.settings.block_size
+
+    async def store_then_evict(first_token: int) -> None:
+        """63 blocks cached (1 BlockStored), freed, re-allocated (63 BlockRemoved)."""
+        ids = await api.allocate(63)
+        await api.cache(ids, list(range(first_token, first_token + 63 * bs)))
+        await api.free(ids)
+        await api.allocate(63)
+        await api.free(list(range(1, 64)))
+
+    await store_then_evict(0)
+    data = api.engine.tick()  # 64 events since the start, all still held
+    assert data.events_lost == 0 and len(data.events) == 64
+    await store_then_evict(10_000)
+    await store_then_evict(20_000)  # 128 events since that tick: 28 already gone
+    data = api.engine.tick()
+    assert data.events_lost == 28 and len(data.events) == 100
+    assert [s for s, _, _ in data.events] == list(range(93, 193))
+    s = await api.summary()
+    assert s["event_log"]["lost_before_tick"] == 28
+    m = await scrape(api)
+    assert one(m, "blockpool_event_log_lost_before_tick_total") == 28
+    assert one(m, "blockpool_event_log_dropped_total") == s["event_log"]["dropped"] == 92
+    api.check()

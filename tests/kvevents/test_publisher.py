@@ -249,3 +249,41 @@ def test_bind_failures_surface_at_start_and_stop_leaves_no_thread() -> None:
     assert not [t for t in threading.enumerate() if t.name == "kv-event-publisher"]
     with pytest.raises(RuntimeError, match="not running"):
         a.publish_events(0.0, [STORED])
+
+
+def test_events_gone_from_the_engine_log_before_a_tick_are_a_counted_seq_gap() -> None:
+    pub = KVEventPublisher(
+        KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+    )
+    pub.start()
+    engine = Engine(
+        Settings(num_blocks=400, block_size=4, storage=False, hash_seed="0", event_log_capacity=100)
+    )
+    try:
+        sub, first = connect(pub)
+        pub.attach(engine)
+        seen: list[TickData] = []
+        engine.listeners.append(seen.append)
+        rng = random.Random(9)
+        prefixes = [[rng.randrange(40) for _ in range(rng.randint(4, 16))] for _ in range(6)]
+        while engine.events.last_seq < 130:  # more than the log holds, no tick between
+            engine_step(engine, rng, prefixes)
+        emitted = engine.events.last_seq
+        data = engine.tick()
+        assert data is seen[-1]
+        assert data.events_lost == emitted - 100 and len(data.events) == 100
+        assert [s for s, _, _ in data.events] == list(range(emitted - 99, emitted + 1))
+        # the lost events' batch is a gap; the survivors come next
+        (_, seq, batch) = sub.recv()
+        assert seq == first + 1
+        assert batch.events == [ev for _, _, ev in data.events]
+        m = pub.metrics()
+        assert (m["batches_dropped_total"], m["events_dropped_total"]) == (1, emitted - 100)
+        assert engine.events_lost_to_ticks == emitted - 100
+        # the next tick loses nothing
+        engine_step(engine, rng, prefixes)
+        assert engine.tick().events_lost == 0
+        sub.close()
+    finally:
+        pub.stop()
+    engine.check()
