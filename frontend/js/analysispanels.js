@@ -35,7 +35,7 @@ function swatch(rgb) {
   return h("i", { class: "sw-dot", style: `background:${rgba(rgb)}` });
 }
 
-/** A small bar histogram (MiniChart) over trimmed buckets. */
+/** A small bar histogram (MiniChart: uPlot bars) over trimmed buckets. */
 function histChart(el, rgb, unit, height = 64) {
   const chart = new MiniChart(el, {
     height,
@@ -171,7 +171,6 @@ export class TokenPanel {
     if (t.version === this.version) return;
     this.version = t.version;
     const span = Number(this.windowSel.value) || 120;
-    this.chart.o.span = span;
     const pts = t.window(span);
     this.chart.setData(
       pts.map((p) => p.ts),
@@ -253,7 +252,6 @@ export class MissPanel {
     if (s.version === this.version) return;
     this.version = s.version;
     const span = Number(this.windowSel.value) || 120;
-    this.chart.o.span = span;
     const pts = s.window(span);
     this.chart.o.empty = s.last ? "waiting for two analysis reports…" : "no analysis on the stream yet (off on this server?)";
     const { x, ys } = missColumns(pts, { tokens: this.unitSel.value === "tokens" });
@@ -363,7 +361,6 @@ export class RegretPanel {
     if (s.version === this.version) return;
     this.version = s.version;
     const span = Number(this.windowSel.value) || 120;
-    this.chart.o.span = span;
     const pts = s.window(span);
     this.chart.setData(
       pts.map((p) => p.ts),
@@ -419,6 +416,7 @@ export class WhatIfPanel {
   _chart(policies) {
     const key = policies.map((p) => p.policy).join(",");
     if (this.chart && key === this.chartKey) return this.chart;
+    if (this.chart) this.chart.destroy();
     this.el.replaceChildren();
     this.chartKey = key;
     this.chart = new MiniChart(this.el, {

@@ -1,13 +1,26 @@
-// MiniChart: the analysis row's small canvas charts (time series stacked or
-// as lines, on one or two y axes; bar histograms; an x-y curve), drawn in
-// the style of the uPlot charts above them (axis colour, grid, 11 px font).
-// They draw only when their data changes or on hover, never per animation
-// frame; a legend line under each shows the values at the cursor (or the
-// latest).
+// MiniChart: the analysis row's small charts, drawn by uPlot (vendored, the
+// library of the charts above them) in the same style: axis colour, grid,
+// 11 px font. A thin adapter: time series (stacked areas or lines, on one or
+// two y axes), bar histograms over categories, an x-y curve on a log2 x
+// scale with marked points. uPlot draws on setData and on resize only, never
+// per animation frame; a small legend line under the chart shows the values
+// at the cursor (or the latest), and a note covers the plot while there is
+// no data.
+
+const uPlotLib = () => globalThis.uPlot;
 
 const AXIS = "#8b949e";
-const GRID = "rgba(139, 148, 158, 0.12)";
+const GRID = { stroke: "rgba(139,148,158,0.12)", width: 1 };
 const FONT = "11px ui-sans-serif, system-ui, sans-serif";
+const TIME_INCRS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
+const CAT_INCRS = [1, 2, 3, 4, 5, 10, 20, 50, 100];
+// y ticks at 1, 2, 5 × 10^k (counts: whole numbers only)
+const Y_INCRS = [];
+for (let e = -4; e <= 9; e++) for (const m of [1, 2, 5]) Y_INCRS.push(Number((m * 10 ** e).toPrecision(1)));
+const INT_INCRS = Y_INCRS.filter((v) => v >= 1);
+// px between y ticks: at least 2 or 3 ticks on the smallest plots (the
+// histograms are ~40 px tall)
+const ySpace = (dim) => Math.min(24, Math.max(12, dim / 3));
 
 export const rgba = ([r, g, b], a = 1) => `rgba(${r}, ${g}, ${b}, ${a})`;
 
@@ -26,429 +39,328 @@ export const compact = (v) => {
   return v.toFixed(1);
 };
 
-/** Nice round ticks covering [lo, hi], about n of them. */
-export function niceTicks(lo, hi, n = 4) {
-  if (!(hi > lo)) return [lo];
-  const raw = (hi - lo) / Math.max(1, n);
-  const mag = 10 ** Math.floor(Math.log10(raw));
-  const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw) || 10 * mag;
-  const out = [];
-  for (let v = Math.ceil(lo / step - 1e-9) * step; v <= hi + step * 1e-9; v += step) out.push(Math.abs(v) < step * 1e-9 ? 0 : v);
+const finite = (v) => v !== null && v !== undefined && Number.isFinite(v);
+
+/**
+ * A y scale's top for data up to hi on a plot dim px tall: a multiple of the
+ * tick step uPlot will choose (the smallest of incrs at least ySpace(dim)
+ * px apart), so that the top line has its label.
+ */
+export function niceTop(hi, dim, incrs = Y_INCRS) {
+  if (!(hi > 0)) hi = 1;
+  const space = ySpace(dim);
+  for (const incr of incrs) {
+    const top = Math.ceil(hi / incr - 1e-9) * incr;
+    if ((dim * incr) / top >= space) return Number(top.toPrecision(12));
+  }
+  return hi;
+}
+
+/**
+ * uPlot's data from the chart's columns: x (category charts: the indices),
+ * then one column per series, stacked series as running sums (a gap leaves
+ * the sum below it unchanged).
+ */
+export function plotData(o, x, ys) {
+  const n = x.length;
+  const out = [o.x === "cat" ? x.map((_, i) => i) : x.slice()];
+  const base = new Array(n).fill(0);
+  o.series.forEach((s, k) => {
+    const col = ys[k] || [];
+    if (!s.stack) {
+      out.push(Array.from({ length: n }, (_, i) => (finite(col[i]) ? col[i] : null)));
+      return;
+    }
+    const top = new Array(n);
+    for (let i = 0; i < n; i++) {
+      top[i] = finite(col[i]) ? base[i] + col[i] : null;
+      if (top[i] !== null) base[i] = top[i];
+    }
+    out.push(top);
+  });
   return out;
 }
 
-function niceMax(v) {
-  if (!(v > 0)) return 1;
-  const t = niceTicks(0, v, 4);
-  const step = t.length > 1 ? t[1] - t[0] : v;
-  return Math.ceil(v / step - 1e-9) * step;
+/** uPlot bands between consecutive stacked series (upper, lower: 1-based). */
+export function stackBands(series) {
+  const bands = [];
+  let below = -1;
+  series.forEach((s, k) => {
+    if (!s.stack) return;
+    if (below >= 0) bands.push({ series: [k + 1, below + 1] });
+    below = k;
+  });
+  return bands;
 }
 
-const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
+/**
+ * A y scale's range: data and marks on that axis, then the axis's own
+ * `range`, or 0 to a round top (niceTop on a plot dim px tall).
+ */
+export function yRange(spec, lo, hi, { marks = [], axis = 1, dim = 80, incrs = Y_INCRS } = {}) {
+  for (const m of marks) {
+    if ((m.axis || 1) === axis && finite(m.y)) {
+      lo = finite(lo) ? Math.min(lo, m.y) : m.y;
+      hi = finite(hi) ? Math.max(hi, m.y) : m.y;
+    }
+  }
+  if (!finite(lo) || !finite(hi)) {
+    lo = 0;
+    hi = 1;
+  }
+  if (spec && spec.range) return spec.range(lo, hi);
+  return [Math.min(0, lo), niceTop(hi, dim, incrs)];
+}
+
+/** The x scale's range: the data's span (log2 curves padded a little on each side). */
+export function xRange(o, x) {
+  if (o.x === "cat") return [-0.5, Math.max(0.5, x.length - 0.5)];
+  if (!x.length) return o.xLog2 ? [0.5, 2] : [0, 1];
+  const lo = x[0];
+  const hi = x[x.length - 1];
+  if (o.xLog2) {
+    const pad = 2 ** Math.max(0.25, Math.log2(hi / lo) * 0.08);
+    return [lo / pad, hi * pad];
+  }
+  return hi === lo ? [lo - 1, hi + 1] : [lo, hi];
+}
 
 /**
  * new MiniChart(el, {
  *   height, x: "time" | "num" | "cat", xLog2, xFmt(v), xTicks: [values],
- *   y: {fmt, range(lo, hi) -> [a, b]}, y2: {fmt, range, color},
- *   series: [{label, rgb, fill (alpha), width, stack, axis: 2, bars, points, dash, fmt}],
+ *   yWidth, y: {fmt, range(lo, hi) -> [a, b]}, y2: {fmt, range, rgb}, y2Width,
+ *   series: [{label, rgb, fill (alpha), width, stack, axis: 2, bars, points, dash, spanGaps, fmt}],
  *   legend: true, legendIdx(xs) -> the index shown without a cursor (default: the last),
  *   empty: "text when there is no data", onhover(idx | null)
  * })
+ * chart.u is the uPlot instance; chart.x / ys / marks the data last set.
  */
 export class MiniChart {
   constructor(el, opts) {
     this.el = el;
     this.o = { height: 110, x: "time", legend: true, ...opts };
-    this.canvas = document.createElement("canvas");
-    this.canvas.className = "mc-canvas";
-    el.classList.add("minichart");
-    el.append(this.canvas);
-    this.ctx = this.canvas.getContext("2d");
-    this.legend = null;
-    if (this.o.legend) {
-      this.legend = document.createElement("div");
-      this.legend.className = "mc-legend";
-      this.items = this.o.series.map((s) => {
-        const item = document.createElement("span");
-        item.className = "mc-item";
-        const i = document.createElement("i");
-        i.style.background = rgba(s.rgb, s.fill !== undefined && !s.bars ? Math.max(0.75, s.fill) : 1);
-        if (s.dash) i.classList.add("dash");
-        const v = document.createElement("b");
-        item.append(i, `${s.label} `, v);
-        this.legend.append(item);
-        return v;
-      });
-      if (this.o.x === "time") {
-        this.xItem = document.createElement("span");
-        this.xItem.className = "mc-x";
-        this.legend.prepend(this.xItem);
-      }
-      el.append(this.legend);
-    }
     this.x = [];
     this.ys = [];
     this.marks = [];
     this.hover = null;
-    this.W = 0;
     this.draws = 0;
-    this.canvas.addEventListener("mousemove", (ev) => this._move(ev));
-    this.canvas.addEventListener("mouseleave", () => {
-      this.hover = null;
-      this.draw();
-      if (this.o.onhover) this.o.onhover(null);
+    el.classList.add("minichart");
+    this.u = new (uPlotLib())(this._opts(), plotData(this.o, [], []), el);
+    this.emptyEl = document.createElement("div");
+    this.emptyEl.className = "mc-empty";
+    this.u.over.append(this.emptyEl);
+    this.legend = this.o.legend ? this._makeLegend() : null;
+    this._showEmpty();
+    this._legend(null);
+    this.W = this._width();
+    this.ro = new ResizeObserver(() => {
+      const w = this._width();
+      if (w === this.W) return;
+      this.W = w;
+      this.u.setSize({ width: w, height: this.o.height });
     });
-    new ResizeObserver(() => {
-      if (Math.floor(this.el.clientWidth) !== this.W) this.draw();
-    }).observe(el);
+    this.ro.observe(el);
   }
 
-  /** xs and one array per series (null = no value / a gap); marks: [{x, y, rgb, label}]. */
+  /** xs and one array per series (null = no value / a gap); marks: [{x, y, rgb, label, axis}]. */
   setData(x, ys, marks = []) {
     this.x = x;
     this.ys = ys;
     this.marks = marks;
     if (this.hover !== null && this.hover >= x.length) this.hover = null;
-    this.draw();
+    this.u.setData(plotData(this.o, x, ys));
+    this._showEmpty();
+    this._legend(this.hover);
   }
 
   get lastIndex() {
     return this.x.length - 1;
   }
 
-  // ----------------------------------------------------------- scales
+  destroy() {
+    this.ro.disconnect();
+    this.u.destroy();
+    if (this.legend) this.legend.remove();
+  }
 
-  _layout() {
+  /** The plot's height in CSS px (before uPlot's first layout: the chart's less its x axis). */
+  _plotHeight(u) {
+    const h = u && u.bbox && u.bbox.height ? u.bbox.height / (u.pxRatio || 1) : 0;
+    return h > 0 ? h : this.o.height - 24;
+  }
+
+  _width() {
+    return Math.max(80, Math.floor(this.el.clientWidth));
+  }
+
+  // ------------------------------------------------------ uPlot options
+
+  _opts() {
     const o = this.o;
-    const dpr = window.devicePixelRatio || 1;
-    const W = Math.max(80, Math.floor(this.el.clientWidth));
-    const H = o.height;
-    this.W = W;
-    if (this.canvas.width !== Math.round(W * dpr) || this.canvas.height !== Math.round(H * dpr)) {
-      this.canvas.width = Math.round(W * dpr);
-      this.canvas.height = Math.round(H * dpr);
-      this.canvas.style.width = `${W}px`;
-      this.canvas.style.height = `${H}px`;
-    }
-    this.dpr = dpr;
-    const left = o.yWidth || 38;
-    const right = o.y2 ? o.y2Width || 38 : 8;
-    this.box = { l: left, r: W - right, t: 6, b: H - 17 };
-  }
-
-  _yRange(axis) {
-    const o = this.o;
-    const spec = (axis === 2 ? o.y2 : o.y) || {};
-    let hi = -Infinity;
-    let lo = Infinity;
-    const n = this.x.length;
-    const stacked = o.series.some((s) => s.stack && (s.axis || 1) === axis);
-    for (let i = 0; i < n; i++) {
-      let acc = 0;
-      for (let k = 0; k < o.series.length; k++) {
-        const s = o.series[k];
-        if ((s.axis || 1) !== axis) continue;
-        const v = this.ys[k] ? this.ys[k][i] : null;
-        if (v === null || v === undefined || !Number.isFinite(v)) continue;
-        if (s.stack) acc += v;
-        else {
-          hi = Math.max(hi, v);
-          lo = Math.min(lo, v);
-        }
-      }
-      if (stacked) {
-        hi = Math.max(hi, acc);
-        lo = Math.min(lo, acc);
-      }
-    }
-    for (const m of this.marks) {
-      if ((m.axis || 1) === axis && Number.isFinite(m.y)) {
-        hi = Math.max(hi, m.y);
-        lo = Math.min(lo, m.y);
-      }
-    }
-    if (!Number.isFinite(hi)) {
-      hi = 1;
-      lo = 0;
-    }
-    if (spec.range) return spec.range(lo, hi);
-    return [0, niceMax(hi)];
-  }
-
-  _xRange() {
-    const xs = this.x;
-    if (this.o.x === "cat") return [-0.5, Math.max(0.5, xs.length - 0.5)];
-    if (!xs.length) return [0, 1];
-    let lo = xs[0];
-    let hi = xs[xs.length - 1];
-    if (this.o.xLog2) {
-      lo = Math.log2(lo);
-      hi = Math.log2(hi);
-      const pad = Math.max(0.25, (hi - lo) * 0.08);
-      return [lo - pad, hi + pad];
-    }
-    if (hi === lo) return [lo - 1, hi + 1];
-    return [lo, hi];
-  }
-
-  _px(v) {
-    const [a, b] = this.xr;
-    const xv = this.o.xLog2 ? Math.log2(v) : this.o.x === "cat" ? v : v;
-    return this.box.l + ((xv - a) / (b - a)) * (this.box.r - this.box.l);
-  }
-
-  _py(v, axis) {
-    const [a, b] = axis === 2 ? this.y2r : this.yr;
-    return this.box.b - ((v - a) / (b - a || 1)) * (this.box.b - this.box.t);
-  }
-
-  // ------------------------------------------------------------ draw
-
-  draw() {
-    if (!this.el.isConnected) return;
-    this._layout();
-    const { ctx, o, box, dpr } = this;
-    this.draws++;
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, this.W, o.height);
-    ctx.font = FONT;
-    this.xr = this._xRange();
-    this.yr = this._yRange(1);
-    if (o.y2) this.y2r = this._yRange(2);
-    // y grid + labels
-    ctx.textBaseline = "middle";
-    ctx.fillStyle = AXIS;
-    const yfmt = (o.y && o.y.fmt) || compact;
-    for (const v of (o.y && o.y.ticks) || niceTicks(this.yr[0], this.yr[1], 3)) {
-      const y = Math.round(this._py(v, 1)) + 0.5;
-      ctx.strokeStyle = GRID;
-      ctx.beginPath();
-      ctx.moveTo(box.l, y);
-      ctx.lineTo(box.r, y);
-      ctx.stroke();
-      ctx.textAlign = "right";
-      ctx.fillText(yfmt(v), box.l - 5, y);
-    }
-    if (o.y2) {
-      ctx.fillStyle = o.y2.rgb ? rgba(o.y2.rgb) : AXIS;
-      for (const v of niceTicks(this.y2r[0], this.y2r[1], 3)) {
-        ctx.textAlign = "left";
-        ctx.fillText((o.y2.fmt || compact)(v), box.r + 5, this._py(v, 2));
-      }
-    }
-    // x labels
-    ctx.fillStyle = AXIS;
-    ctx.textBaseline = "top";
-    ctx.textAlign = "center";
-    const xt = this.x.length ? this._xTicks() : [];
-    for (const [v, label] of xt) {
-      const x = this._px(v);
-      if (x < box.l - 1 || x > box.r + 1) continue;
-      ctx.fillText(label, Math.min(Math.max(x, box.l + 16), box.r - 16), box.b + 3);
-    }
-    if (!this.x.length) {
-      if (o.empty) {
-        ctx.textAlign = "center";
-        ctx.textBaseline = "middle";
-        ctx.fillText(o.empty, (box.l + box.r) / 2, (box.t + box.b) / 2);
-      }
-      this._legend(null);
-      return;
-    }
-    this._series();
-    for (const m of this.marks) this._mark(m);
-    if (this.hover !== null) this._crosshair(this.hover);
-    this._legend(this.hover);
-  }
-
-  _xTicks() {
-    const o = this.o;
+    const uPlot = uPlotLib();
+    const axis = { stroke: AXIS, grid: GRID, ticks: { show: false }, font: FONT };
+    const bars = o.series.some((s) => s.bars);
+    const xFmt = o.xFmt || String;
+    const yIncrs = bars ? INT_INCRS : Y_INCRS;
+    let xAxis;
     if (o.x === "time") {
-      const [a, b] = this.xr;
-      const room = Math.max(1, Math.floor((this.box.r - this.box.l) / 72));
-      const step = TIME_STEPS.find((s) => (b - a) / s <= room) || 3600;
-      const out = [];
-      for (let t = Math.ceil(a / step) * step; t <= b; t += step) out.push([t, hms(t)]);
-      return out;
+      // a time label whose text would pass the plot's right edge (into the
+      // second y axis or out of the chart), or reach under the y axis's
+      // bottom label, is left out
+      const room = o.y2 ? 26 : 16;
+      xAxis = {
+        space: 64,
+        incrs: TIME_INCRS,
+        filter: (u, splits) => {
+          const { min, max } = u.scales.x;
+          const w = u.bbox.width / (u.pxRatio || 1);
+          const px = (v) => ((v - min) / (max - min)) * w;
+          return splits.map((v) => (max > min && (px(v) < 20 || w - px(v) < room) ? null : v));
+        },
+        values: (u, vals) => vals.map((v) => (this.x.length && v !== null ? hms(v) : "")),
+      };
+    } else if (o.x === "cat") {
+      xAxis = {
+        space: 42,
+        incrs: CAT_INCRS,
+        values: (u, vals) => vals.map((i) => (Number.isInteger(i) && i >= 0 && i < this.x.length ? xFmt(this.x[i], i) : "")),
+      };
+    } else {
+      xAxis = {
+        space: 24,
+        splits: (u) => (o.xTicks || this.x).filter((v) => v >= u.scales.x.min && v <= u.scales.x.max),
+        values: (u, vals) => vals.map((v) => xFmt(v)),
+      };
     }
-    const fmt = o.xFmt || String;
-    if (o.x === "cat") {
-      const n = this.x.length;
-      const room = Math.max(1, Math.floor((this.box.r - this.box.l) / 46));
-      const every = Math.max(1, Math.ceil(n / room));
-      const out = [];
-      for (let i = 0; i < n; i += every) out.push([i, fmt(this.x[i], i)]);
-      return out;
+    const axes = [
+      { ...axis, ...xAxis, size: 18, gap: 3 },
+      { ...axis, scale: "y", size: o.yWidth || 38, gap: 4, space: (u, i, min, max, dim) => ySpace(dim), incrs: yIncrs, values: (u, vals) => vals.map((v) => ((o.y && o.y.fmt) || compact)(v)) },
+    ];
+    const scales = {
+      x: o.x === "time" ? { time: true } : { time: false, ...(o.xLog2 ? { distr: 3, log: 2 } : {}) },
+      y: { range: (u, lo, hi) => yRange(o.y, lo, hi, { marks: this.marks, axis: 1, dim: this._plotHeight(u), incrs: yIncrs }) },
+    };
+    scales.x.range = () => xRange(o, this.x);
+    if (o.y2) {
+      const c = o.y2.rgb ? rgba(o.y2.rgb) : AXIS;
+      axes.push({ ...axis, scale: "y2", side: 1, stroke: c, grid: { show: false }, size: o.y2Width || 38, gap: 4, space: (u, i, min, max, dim) => ySpace(dim), incrs: Y_INCRS, values: (u, vals) => vals.map((v) => (o.y2.fmt || compact)(v)) });
+      scales.y2 = { range: (u, lo, hi) => yRange(o.y2, lo, hi, { marks: this.marks, axis: 2, dim: this._plotHeight(u) }) };
     }
-    return (o.xTicks || this.x).map((v) => [v, fmt(v)]);
-  }
-
-  _series() {
-    const { ctx, o } = this;
-    const n = this.x.length;
-    const xs = o.x === "cat" ? this.x.map((_, i) => i) : this.x;
-    // stacked areas (bottom first)
-    const base = new Array(n).fill(0);
-    for (let k = 0; k < o.series.length; k++) {
-      const s = o.series[k];
-      const ys = this.ys[k] || [];
-      const axis = s.axis || 1;
-      if (s.bars) {
-        const w = Math.max(1, ((this.box.r - this.box.l) / Math.max(1, n)) * 0.8);
-        ctx.fillStyle = rgba(s.rgb, s.fill ?? 0.7);
-        for (let i = 0; i < n; i++) {
-          const v = ys[i];
-          if (!v) continue;
-          const x = this._px(xs[i]);
-          const y = this._py(v, axis);
-          ctx.fillRect(x - w / 2, y, w, this.box.b - y);
+    const barPaths = bars ? uPlot.paths.bars({ size: [0.8, 40], gap: 1 }) : null;
+    const series = [
+      {},
+      ...o.series.map((s) => {
+        const stroke = rgba(s.rgb);
+        const out = { label: s.label, scale: s.axis === 2 ? "y2" : "y", stroke, spanGaps: !!s.spanGaps };
+        if (s.bars) {
+          return { ...out, width: 1, fill: rgba(s.rgb, s.fill ?? 0.7), paths: barPaths, points: { show: false } };
         }
-        continue;
-      }
-      if (s.stack) {
-        const top = new Array(n);
-        for (let i = 0; i < n; i++) {
-          const v = ys[i];
-          top[i] = v === null || v === undefined || !Number.isFinite(v) ? null : base[i] + v;
-        }
-        this._area(xs, base, top, s, axis);
-        for (let i = 0; i < n; i++) if (top[i] !== null) base[i] = top[i];
-        continue;
-      }
-      if (s.fill) this._area(xs, null, ys, s, axis);
-      else this._line(xs, ys, s, axis);
-      if (s.points || n === 1) this._points(xs, ys, s, axis);
-    }
+        out.width = s.width ?? (s.stack || s.fill ? 1 : 1.25);
+        if (s.stack || s.fill) out.fill = rgba(s.rgb, s.fill ?? 0.55);
+        if (s.dash) out.dash = s.dash;
+        // points: on a curve of a few values, or where a series has one value
+        out.points = { show: (u, si, i0, i1) => !!s.points || i1 === i0, size: 6, width: 1, fill: stroke, stroke };
+        return out;
+      }),
+    ];
+    return {
+      width: this._width(),
+      height: o.height,
+      padding: [6, o.y2 ? 0 : 10, 0, 0],
+      legend: { show: false },
+      cursor: { drag: { x: false, y: false, setScale: false }, points: { show: !bars }, y: false },
+      axes,
+      scales,
+      series,
+      bands: stackBands(o.series),
+      hooks: {
+        draw: [(u) => this._drawn(u)],
+        setCursor: [(u) => this._cursor(u.cursor.idx)],
+      },
+    };
   }
 
-  _runs(ys) {
-    const runs = [];
-    let cur = null;
-    for (let i = 0; i < ys.length; i++) {
-      const v = ys[i];
-      if (v === null || v === undefined || !Number.isFinite(v)) {
-        cur = null;
-        continue;
-      }
-      if (!cur) runs.push((cur = []));
-      cur.push(i);
-    }
-    return runs;
-  }
+  // --------------------------------------------------------- callbacks
 
-  _line(xs, ys, s, axis) {
-    const { ctx } = this;
-    ctx.strokeStyle = rgba(s.rgb);
-    ctx.lineWidth = s.width || 1.25;
-    ctx.setLineDash(s.dash || []);
-    const runs = s.spanGaps ? [ys.map((v, i) => (v === null || v === undefined ? -1 : i)).filter((i) => i >= 0)] : this._runs(ys);
-    for (const run of runs) {
-      if (!run.length) continue;
+  /** After each uPlot draw: the marks (a ring and its label) over the series. */
+  _drawn(u) {
+    this.draws++;
+    if (!this.x.length || !this.marks.length) return;
+    const uPlot = uPlotLib();
+    const pr = u.pxRatio || uPlot.pxRatio || 1;
+    const ctx = u.ctx;
+    const { left, top, width, height } = u.bbox;
+    ctx.save();
+    ctx.font = `${11 * pr}px ui-sans-serif, system-ui, sans-serif`;
+    for (const m of this.marks) {
+      const x = u.valToPos(m.x, "x", true);
+      const y = u.valToPos(m.y, (m.axis || 1) === 2 ? "y2" : "y", true);
+      const color = m.rgb ? rgba(m.rgb) : "#e6edf3";
+      ctx.strokeStyle = color;
+      ctx.lineWidth = 2 * pr;
       ctx.beginPath();
-      run.forEach((i, j) => (j ? ctx.lineTo(this._px(xs[i]), this._py(ys[i], axis)) : ctx.moveTo(this._px(xs[i]), this._py(ys[i], axis))));
+      ctx.arc(x, y, 6 * pr, 0, Math.PI * 2);
       ctx.stroke();
+      if (!m.label) continue;
+      const right = x > left + width / 2;
+      const below = y < top + height / 2;
+      ctx.fillStyle = color;
+      ctx.textAlign = right ? "right" : "left";
+      ctx.textBaseline = below ? "top" : "bottom";
+      ctx.fillText(m.label, x + (right ? -8 : 8) * pr, y + (below ? 5 : -5) * pr);
     }
-    ctx.setLineDash([]);
+    ctx.restore();
   }
 
-  _area(xs, base, top, s, axis) {
-    const { ctx } = this;
-    for (const run of this._runs(top)) {
-      ctx.beginPath();
-      run.forEach((i, j) => (j ? ctx.lineTo(this._px(xs[i]), this._py(top[i], axis)) : ctx.moveTo(this._px(xs[i]), this._py(top[i], axis))));
-      for (let j = run.length - 1; j >= 0; j--) {
-        const i = run[j];
-        ctx.lineTo(this._px(xs[i]), this._py(base ? base[i] : this._yFloor(axis), axis));
-      }
-      ctx.closePath();
-      ctx.fillStyle = rgba(s.rgb, s.fill ?? 0.55);
-      ctx.fill();
-      ctx.beginPath();
-      run.forEach((i, j) => (j ? ctx.lineTo(this._px(xs[i]), this._py(top[i], axis)) : ctx.moveTo(this._px(xs[i]), this._py(top[i], axis))));
-      ctx.strokeStyle = rgba(s.rgb);
-      ctx.lineWidth = 1;
-      ctx.stroke();
+  _cursor(idx) {
+    const i = idx === null || idx === undefined || idx < 0 || !this.x.length ? null : idx;
+    if (i === this.hover) return;
+    this.hover = i;
+    this._legend(i);
+    if (this.o.onhover) this.o.onhover(i);
+  }
+
+  _showEmpty() {
+    const text = this.x.length ? "" : this.o.empty || "";
+    if (this.emptyEl.textContent !== text) this.emptyEl.textContent = text;
+    this.emptyEl.hidden = !text;
+  }
+
+  // ------------------------------------------------------------ legend
+
+  _makeLegend() {
+    const legend = document.createElement("div");
+    legend.className = "mc-legend";
+    this.items = this.o.series.map((s) => {
+      const item = document.createElement("span");
+      item.className = "mc-item";
+      const i = document.createElement("i");
+      i.style.background = rgba(s.rgb, s.fill !== undefined && !s.bars ? Math.max(0.75, s.fill) : 1);
+      if (s.dash) i.classList.add("dash");
+      const v = document.createElement("b");
+      item.append(i, `${s.label} `, v);
+      legend.append(item);
+      return v;
+    });
+    if (this.o.x === "time") {
+      this.xItem = document.createElement("span");
+      this.xItem.className = "mc-x";
+      legend.prepend(this.xItem);
     }
-  }
-
-  _yFloor(axis) {
-    return (axis === 2 ? this.y2r : this.yr)[0];
-  }
-
-  _points(xs, ys, s, axis) {
-    const { ctx } = this;
-    ctx.fillStyle = rgba(s.rgb);
-    for (let i = 0; i < ys.length; i++) {
-      const v = ys[i];
-      if (v === null || v === undefined || !Number.isFinite(v)) continue;
-      ctx.beginPath();
-      ctx.arc(this._px(xs[i]), this._py(v, axis), 3, 0, Math.PI * 2);
-      ctx.fill();
-    }
-  }
-
-  _mark(m) {
-    const { ctx } = this;
-    const x = this._px(m.x);
-    const y = this._py(m.y, m.axis || 1);
-    ctx.strokeStyle = m.rgb ? rgba(m.rgb) : "#ffffff";
-    ctx.lineWidth = 2;
-    ctx.beginPath();
-    ctx.arc(x, y, 6, 0, Math.PI * 2);
-    ctx.stroke();
-    if (m.label) {
-      ctx.fillStyle = m.rgb ? rgba(m.rgb) : "#e6edf3";
-      ctx.textAlign = x > (this.box.l + this.box.r) / 2 ? "right" : "left";
-      ctx.textBaseline = "top";
-      ctx.fillText(m.label, x + (ctx.textAlign === "left" ? 8 : -8), y + 5);
-    }
-  }
-
-  _crosshair(i) {
-    const { ctx, box } = this;
-    const xv = this.o.x === "cat" ? i : this.x[i];
-    const x = Math.round(this._px(xv)) + 0.5;
-    ctx.strokeStyle = "rgba(230, 237, 243, 0.35)";
-    ctx.lineWidth = 1;
-    ctx.setLineDash([3, 3]);
-    ctx.beginPath();
-    ctx.moveTo(x, box.t);
-    ctx.lineTo(x, box.b);
-    ctx.stroke();
-    ctx.setLineDash([]);
+    this.el.append(legend);
+    return legend;
   }
 
   _legend(idx) {
     if (!this.legend) return;
-    const i = idx !== null ? idx : this.o.legendIdx ? this.o.legendIdx(this.x) : this.lastIndex;
     const o = this.o;
+    const i = idx !== null ? idx : o.legendIdx ? o.legendIdx(this.x) : this.lastIndex;
     if (this.xItem) this.xItem.textContent = i >= 0 && this.x.length ? hms(this.x[i]) : "";
     for (let k = 0; k < o.series.length; k++) {
       const s = o.series[k];
       const v = i >= 0 && this.ys[k] ? this.ys[k][i] : null;
       const text = v === null || v === undefined ? "—" : (s.fmt || compact)(v);
       if (this.items[k].textContent !== text) this.items[k].textContent = text;
-    }
-  }
-
-  _move(ev) {
-    const n = this.x.length;
-    if (!n) return;
-    const rect = this.canvas.getBoundingClientRect();
-    const px = ev.clientX - rect.left;
-    let best = -1;
-    let bestD = Infinity;
-    for (let i = 0; i < n; i++) {
-      const d = Math.abs(this._px(this.o.x === "cat" ? i : this.x[i]) - px);
-      if (d < bestD) {
-        bestD = d;
-        best = i;
-      }
-    }
-    if (best !== this.hover) {
-      this.hover = best;
-      this.draw();
-      if (this.o.onhover) this.o.onhover(best);
     }
   }
 }

@@ -39,6 +39,80 @@ CELL_RGB_JS = """(ids) => {
 }"""
 
 
+MINI_CHARTS = [
+    "chart-tokens",
+    "chart-misses",
+    "chart-miss-ago",
+    "chart-miss-pos",
+    "chart-regret",
+    "chart-regret-gap",
+    "chart-mrc",
+]
+
+# The tokens chart's uPlot data against the token series' window (once the
+# panel has drawn the series' latest version): x, reserved, held, tail waste.
+TOKEN_CHART_JS = """() => {
+  const panel = window.__bp.panels.tokens;
+  const t = window.__bp.analysis.tokens;
+  if (panel.version !== t.version) return null;
+  const pts = t.window(Number(document.getElementById('chart-window').value) || 120);
+  const d = panel.chart.u.data;
+  return {
+    x: Array.from(d[0]), ys: [1, 2, 3].map((k) => Array.from(d[k])),
+    want: {x: pts.map((p) => p.ts), ys: [pts.map((p) => p.reserved), pts.map((p) => p.held),
+           pts.map((p) => p.waste)]},
+  };
+}"""
+
+# The misses chart's top stacked series against the sum of the miss rates.
+MISS_CHART_JS = """() => {
+  const panel = window.__bp.panels.misses;
+  const s = window.__bp.analysis.series;
+  if (panel.version !== s.version || !panel.pts || !panel.pts.length) return null;
+  const d = panel.chart.u.data;
+  const key = document.getElementById('miss-unit').value === 'tokens' ? 'missTokens' : 'misses';
+  return {
+    x: Array.from(d[0]), top: Array.from(d[d.length - 1]),
+    want: {x: panel.pts.map((p) => p.ts),
+           top: panel.pts.map((p) => { const v = Object.values(p[key]).filter(Number.isFinite);
+                                        return v.length ? v.reduce((a, b) => a + b, 0) : null; })},
+  };
+}"""
+
+# The misses table's head and the misses chart's cursor (uPlot's) and hover.
+MISS_HOVER_JS = """() => { const m = window.__bp.panels.misses; const i = m.chart.u.cursor.idx;
+  const ok = i !== null && i !== undefined && i >= 0 && m.pts && i < m.pts.length;
+  return {head: document.getElementById('miss-rate-head').textContent, i, idx: m.hoverIdx,
+          at: ok ? new Date(m.pts[i].ts * 1000).toTimeString().slice(0, 8) : null}; }"""
+
+# A bar histogram's uPlot data: its bucket bounds and the bars' counts.
+HIST_CHART_JS = """(path) => { const c = path.split('.').reduce((o, k) => o[k], window.__bp.panels);
+  return {bounds: c.x, counts: Array.from(c.u.data[1])}; }"""
+
+# The what-if chart's uPlot: data, x scale, and the pixel 6 px above the
+# "real" mark's centre (on its ring) in the canvas.
+MRC_CHART_JS = """() => { const c = window.__bp.panels.whatif.chart; const u = c.u;
+  const m = c.marks[0]; const pr = u.pxRatio || uPlot.pxRatio || 1;
+  const x = Math.round(u.valToPos(m.x, 'x', true));
+  const y = Math.round(u.valToPos(m.y, 'y', true));
+  const ring = Array.from(u.ctx.getImageData(x, y - Math.round(6 * pr), 1, 1).data.slice(0, 3));
+  return {data: u.data.map((d) => Array.from(d)), distr: u.scales.x.distr, log: u.scales.x.log,
+          ymin: u.scales.y.min, ymax: u.scales.y.max, ring}; }"""
+
+
+def trimmed(hg: dict[str, Any]) -> dict[str, Any]:
+    """A REST histogram without its empty buckets at both ends (one kept),
+    as the panels plot it."""
+    counts = hg["counts"]
+    a, b = 0, len(counts) - 1
+    while a < b and counts[a] == 0:
+        a += 1
+    while b > a and counts[b] == 0:
+        b -= 1
+    a, b = max(0, a - 1), min(len(counts) - 1, b + 1)
+    return {"bounds": hg["buckets"][a : b + 1], "counts": counts[a : b + 1]}
+
+
 def start_demo(server: Server, rate: float = 20.0) -> None:
     assert server.post("/api/demo/config", {"rate": rate}).status_code == 200
     assert server.post("/api/demo/start").status_code == 200
@@ -120,6 +194,12 @@ def test_panels_render_live_without_console_errors(dashboard: Page, server: Serv
           tokenDraws: window.__bp.panels.tokens.chart.draws,
           missDraws: window.__bp.panels.misses.chart.draws,
           uplots: document.querySelectorAll('.uplot').length,
+          mcharts: Array.from(document.querySelectorAll('.mchart'), (el) => ({
+            id: el.id,
+            uplot: el.querySelectorAll(':scope > .uplot').length,
+            canvases: el.querySelectorAll('canvas').length,
+            uplotCanvases: el.querySelectorAll('.uplot canvas').length,
+          })),
           fleet: document.getElementById('fleet-link').getAttribute('href'),
           fleetTip: document.getElementById('fleet-link').title,
           mode: document.getElementById('tl-mode').textContent,
@@ -130,8 +210,21 @@ def test_panels_render_live_without_console_errors(dashboard: Page, server: Serv
     assert info["level"] in ("ok", "warn"), info
     assert "recorded operations" in info["title"]
     assert info["tokens"] > 5 and info["held"] >= 0
-    assert info["tokenDraws"] > 0 and info["missDraws"] > 0
-    assert info["uplots"] == 6, "the analysis charts are not uPlot instances"
+    assert info["tokenDraws"] > 0 and info["missDraws"] > 0  # uPlot's draw hook
+    # every analysis chart (and the tokens chart) is a uPlot: no canvas of its own
+    ids = [c["id"] for c in info["mcharts"]]
+    assert sorted(ids) == sorted(MINI_CHARTS), info["mcharts"]
+    for c in info["mcharts"]:
+        assert c["uplot"] == 1 and c["canvases"] == c["uplotCanvases"] == 1, c
+    assert info["uplots"] == 6 + len(MINI_CHARTS)  # and the six of the charts row
+    # what they draw is the panels' series: the token usage, the stacked miss rates
+    tokens = wait_for(lambda: p.js(TOKEN_CHART_JS), what="the tokens chart to hold the series")
+    assert len(tokens["x"]) >= 5 and tokens["x"] == tokens["want"]["x"], tokens
+    assert tokens["ys"] == tokens["want"]["ys"], tokens
+    misses = wait_for(lambda: p.js(MISS_CHART_JS), what="the misses chart to hold the series")
+    assert misses["x"] == misses["want"]["x"] and len(misses["x"]) >= 1, misses
+    for got, want in zip(misses["top"], misses["want"]["top"], strict=True):
+        assert (got is None and want is None) or math.isclose(got, want, abs_tol=1e-9), misses
     assert info["fleet"] == "/static/fleet.html" and "blockpool observe" in info["fleetTip"]
     assert info["mode"] == "live" and info["at"].startswith("live · op")
     assert server.http.get("/static/fleet.html").status_code == 200
@@ -186,6 +279,22 @@ def test_miss_reasons_and_regret_equal_rest_after_the_workload_settles(
              tr => [tr.dataset.reason, Number(tr.cells[3].textContent.replace(/,/g, ''))]))"""
     )
     assert tokens == {r: rest["reasons"][r]["tokens"] for r in REASONS}
+    # hovering the chart (uPlot's cursor) puts that moment's rates in the table
+    box = p.page.locator("#chart-misses .u-over").bounding_box()
+    assert box and box["width"] > 100
+    p.page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] / 2)
+
+    def hovered() -> Any:
+        h = p.js(MISS_HOVER_JS)
+        return h if h["head"].startswith("@") else None
+
+    hover = wait_for(hovered, what="the hovered moment in the table's head")
+    assert hover["idx"] == hover["i"] and hover["head"] == f"@{hover['at']}", hover
+    p.page.mouse.move(1, 1)
+    wait_for(
+        lambda: p.js("() => document.getElementById('miss-rate-head').textContent") == "tok/s",
+        what="the table's head back to the latest rates",
+    )
     # regret: the total, and the regretted prefix with its owner and victim
     regret = server.get("/api/regret")
     assert regret["regrets_total"] >= 8
@@ -216,6 +325,19 @@ def test_miss_reasons_and_regret_equal_rest_after_the_workload_settles(
         ),
         what="the evicted misses' histogram",
     )
+    # the histograms are uPlot bars of the REST buckets
+    for path, get in [
+        ("misses.ago.chart", lambda: server.get("/api/misses")["evicted_misses"]["ago_seconds"]),
+        ("regret.gap.chart", lambda: server.get("/api/regret")["gap_seconds"]),
+    ]:
+        got = wait_for(
+            lambda path=path, get=get: (
+                (g := p.js(HIST_CHART_JS, path)) == trimmed(get()) and g["counts"] and g
+            ),
+            timeout=20,
+            what=f"the {path} bars to equal REST",
+        )
+        assert sum(got["counts"]) == get()["count"] > 0, got
     region_shot(p, ".miss-panel", "misses")
     region_shot(p, ".regret-panel", "regret")
     assert p.errors == [], p.errors
@@ -254,6 +376,16 @@ def test_what_if_curve_shows_the_shadow_policies_and_capacities(
     real = rest["real"].get("span", rest["real"])["hit_rate"]
     assert chart["marks"] and chart["marks"][0]["x"] == 1
     assert math.isclose(chart["marks"][0]["y"], real)
+    # uPlot draws it: the factors on a log2 x scale, each policy's hit rates,
+    # the "real" point's ring (near white) over the curve
+    u = p.js(MRC_CHART_JS)
+    assert u["distr"] == 3 and u["log"] == 2, u
+    assert u["data"][0] == chart["x"]
+    for label, ys in zip(chart["labels"], u["data"][1:], strict=True):
+        pts = {pt["factor"]: pt["hit_rate"] for pt in rest["curve"][label]}
+        assert ys == [pts.get(f) for f in chart["x"]], label
+    assert u["ymin"] <= real <= u["ymax"], u
+    assert all(c >= 150 for c in u["ring"]), u["ring"]
     # in words: each other capacity of vLLM's order, each other policy at 1x
     lines = p.js(
         """() => Array.from(document.querySelectorAll('#whatif-text li'),
