@@ -103,7 +103,7 @@ def test_page_loads_live_without_console_errors(dashboard: Page, server: Server)
                   facts: document.getElementById('facts').textContent,
                   events: document.querySelectorAll('#ev-body tr').length,
                   lru: document.querySelectorAll('#lru-body tr').length,
-                  charts: document.querySelectorAll('.uplot').length,
+                  charts: document.querySelectorAll('.chart > .uplot').length,
                   fps: Number(document.getElementById('h-fps').textContent)})"""
     )
     assert info["n"] == 4096
