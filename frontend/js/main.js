@@ -3,7 +3,8 @@
 // their own slower cadences).  window.__bp exposes the parts for tests and
 // the benchmark.
 
-import { AnalysisHealthItem, AnalysisHub, MissPanel, RegretPanel, TokenPanel, WhatIfPanel } from "./analysispanels.js";
+import { AnalysisHealthItem } from "./analysishealth.js";
+import { AnalysisHub } from "./analysishub.js";
 import { ApiError, get, getToken, onApiError } from "./api.js";
 import { BlockMap } from "./blockmap.js";
 import { Charts } from "./charts.js";
@@ -15,12 +16,16 @@ import { HashMapPanel } from "./hashmap.js";
 import { HealthBar } from "./health.js";
 import { TimeTravel } from "./history.js";
 import { LruPanel } from "./lru.js";
+import { MissPanel } from "./misspanel.js";
 import { PoolModel } from "./model.js";
 import { COLORS, colorsForState, rgbCss } from "./palette.js";
 import { PrefixTree } from "./prefixtree.js";
 import { STATE_NAMES } from "./protocol.js";
+import { RegretPanel } from "./regretpanel.js";
 import { StreamConnection } from "./stream.js";
+import { TokenPanel } from "./tokenpanel.js";
 import { TreePanel } from "./treeview.js";
+import { WhatIfPanel } from "./whatifpanel.js";
 
 const model = new PoolModel();
 const tree = new PrefixTree();
