@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from app.analysis.shadows import _hub
 from app.analysis.state import snapshot
+from app.analysis.worker_client import WorkerClient, _hub
 from app.errors import ApiError, NotFound, Unavailable
 
 if TYPE_CHECKING:
@@ -43,24 +42,13 @@ REASONS_KEPT = 10_000
 QUERY_TIMEOUT_S = 30.0
 
 
-class RemoteAnalysis:
+class RemoteAnalysis(WorkerClient):
     def __init__(self, engine: Engine, recorder: Recorder, max_lag: int) -> None:
+        super().__init__(max_lag)
         self.engine = engine
         self.recorder = recorder
-        self.max_lag = max_lag
-        self.cid = 0
         self.sent_seq = 0
-        self.lock = threading.Lock()
-        self.outstanding = 0
-        self.messages = 0
-        self.replies = 0
-        self.applied = 0
-        self.dropped = 0
-        self.resyncs = 0
         self.need_resync = False
-        self.error: str | None = None
-        self.since = time.time()
-        self.updated = 0.0
         self.stream: dict[str, Any] | None = None
         self.prom: dict[str, Any] | None = None
         # request id -> (reason codes, details): compact as the worker sends them
@@ -69,10 +57,6 @@ class RemoteAnalysis:
         self._waiting: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
 
     # ------------------------------------------------------------ lifecycle
-
-    @property
-    def running(self) -> bool:
-        return bool(self.cid)
 
     def start(self) -> None:
         """Between operations: the replica starts from the state now."""
@@ -93,9 +77,7 @@ class RemoteAnalysis:
         self.cid = _hub.register(self, (settings, kf), kind="ropen")
 
     def stop(self) -> None:
-        if self.cid:
-            _hub.close(self.cid)
-            self.cid = 0
+        super().stop()
         for loop, fut in list(self._waiting.values()):
             loop.call_soon_threadsafe(_fail, fut, Unavailable("the analysis worker stopped"))
         self._waiting.clear()
@@ -127,8 +109,7 @@ class RemoteAnalysis:
                 return
             self.outstanding += n
         self.sent_seq = rec.seq
-        self.messages += 1
-        _hub.send(("rops", self.cid, parts))
+        self._send(("rops", self.cid, parts))
 
     # -------------------------------------------------------------- replies
 
@@ -157,7 +138,7 @@ class RemoteAnalysis:
                 loop.call_soon_threadsafe(_settle, fut, reply)
 
     def _gone(self, error: str) -> None:
-        self.error = error
+        super()._gone(error)
         for loop, fut in list(self._waiting.values()):
             loop.call_soon_threadsafe(_fail, fut, Unavailable(error))
         self._waiting.clear()
@@ -175,8 +156,7 @@ class RemoteAnalysis:
         fut: asyncio.Future[Any] = loop.create_future()
         qid = next(self._qids)
         self._waiting[qid] = (loop, fut)
-        self.messages += 1
-        _hub.send(("rquery", self.cid, qid, kind, args))
+        self._send(("rquery", self.cid, qid, kind, args))
         try:
             reply = await asyncio.wait_for(fut, QUERY_TIMEOUT_S)
         finally:
@@ -190,25 +170,15 @@ class RemoteAnalysis:
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Block until the worker answered everything sent (tests, bench)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.error or self.replies >= self.messages:
-                return True
-            time.sleep(0.005)
-        return False
+        return super().wait_idle(timeout)
 
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "mode": "worker",
-            "running": self.running,
-            "since": self.since,
-            "updated": self.updated or None,
-            "lag_ops": self.outstanding + (self.recorder.seq - self.sent_seq),
-            "applied_ops": self.applied,
-            "dropped_ops": self.dropped,
-            "resyncs": self.resyncs,
-            "error": self.error,
-        }
+        return self._snapshot(
+            "worker",
+            lag_ops=self.outstanding + (self.recorder.seq - self.sent_seq),
+            applied_ops=self.applied,
+            dropped_ops=self.dropped,
+        )
 
 
 def _settle(fut: asyncio.Future[Any], reply: dict[str, Any]) -> None:

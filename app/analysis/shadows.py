@@ -5,8 +5,8 @@ the request's hash list (no copy: the list only ever grows).  At tick time
 ``flush`` slices the hashes each access needs and hands the batch over:
 
 * ``process`` (default): to one worker process per server process
-  (``app.analysis.worker``, started with ``spawn``), through a queue and a
-  sender thread that pickles, sends and reads the reply.  The engine never
+  (``app.analysis.worker``, started with ``spawn``: ``worker_client.py``),
+  through a queue and a sender thread that pickles, sends and reads the reply.  The engine never
   waits: when more than ``max_lag`` accesses are in flight the batch is
   dropped and the shadows restart empty (counted in ``resyncs``; counters
   are "since" the restart) -- nothing is lost silently.
@@ -18,116 +18,17 @@ block operations are invisible to them.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import multiprocessing
-import queue
-import threading
 import time
 from typing import Any
 
+from app.analysis.worker_client import WorkerClient, _hub
 from blockpool.shadow import ShadowSet, ShadowSpec
 
 logger = logging.getLogger("blockpool.analysis")
 
 
-class _Hub:
-    """The one worker process of this server process, and its sender thread."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.proc: Any = None
-        self.conn: Any = None
-        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None
-        self.feeders: dict[int, Any] = {}  # cid -> ShadowFeeder or RemoteAnalysis
-        self.next_cid = 0
-        self.error: str | None = None
-
-    def _start(self) -> None:
-        # spawn, not fork (the server has threads): the child imports the
-        # parent's __main__ as multiprocessing does, so a script that builds an
-        # engine must keep its work under ``if __name__ == "__main__":``.
-        from app.analysis import worker
-
-        ctx = multiprocessing.get_context("spawn")
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=worker.main, args=(child,), daemon=True, name="bp-shadows")
-        proc.start()
-        child.close()
-        self.proc, self.conn, self.error = proc, parent, None
-        self.queue = queue.SimpleQueue()
-        self.thread = threading.Thread(
-            target=self._run, args=(self.queue, parent), name="bp-shadows-send", daemon=True
-        )
-        self.thread.start()
-
-    def register(self, feeder: Any, opening: tuple[Any, ...], kind: str = "open") -> int:
-        with self.lock:
-            if self.proc is None or not self.proc.is_alive() or self.error:
-                self._stop_locked()
-                self._start()
-            self.next_cid += 1
-            cid = self.next_cid
-            self.feeders[cid] = feeder
-            self.queue.put((kind, cid, *opening))
-            return cid
-
-    def send(self, msg: tuple[Any, ...]) -> None:
-        self.queue.put(msg)
-
-    def close(self, cid: int) -> None:
-        with self.lock:
-            if self.feeders.pop(cid, None) is not None and self.proc is not None:
-                self.queue.put(("close", cid))
-
-    def _run(self, q: queue.SimpleQueue[Any], conn: Any) -> None:
-        while True:
-            msg = q.get()
-            try:
-                conn.send(msg)
-                if msg is None:
-                    return
-                reply = conn.recv()
-            except (EOFError, OSError, ValueError) as exc:
-                self.error = f"the shadow worker is gone ({type(exc).__name__}: {exc})"
-                for feeder in list(self.feeders.values()):
-                    feeder._gone(self.error)
-                return
-            target = self.feeders.get(reply.get("cid"))
-            if target is not None:
-                target._reply(reply)
-
-    def _stop_locked(self) -> None:
-        proc, thread = self.proc, self.thread
-        self.proc = self.thread = None
-        if thread is not None and thread.is_alive():
-            self.queue.put(None)
-            thread.join(timeout=5)
-        if proc is not None:
-            proc.join(timeout=2)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=2)
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-    def shutdown(self) -> None:
-        with self.lock:
-            self._stop_locked()
-
-
-_hub = _Hub()
-atexit.register(_hub.shutdown)
-
-
-def shutdown_worker() -> None:
-    """Stop the shared worker process (it restarts on the next use)."""
-    _hub.shutdown()
-
-
-class ShadowFeeder:
+class ShadowFeeder(WorkerClient):
     def __init__(
         self,
         specs: list[ShadowSpec],
@@ -137,32 +38,21 @@ class ShadowFeeder:
         mode: str,
         max_lag: int,
     ) -> None:
+        super().__init__(max_lag)
         self.specs = specs
         self.base_capacity = base_capacity
         self.block_size = block_size
         self.num_groups = num_groups
         self.mode = mode
-        self.max_lag = max_lag
         self.pending: list[tuple[Any, ...]] = []
         self.inline = (
             ShadowSet(specs, base_capacity, block_size, num_groups) if mode == "inline" else None
         )
-        self.cid = 0
-        self.lock = threading.Lock()
-        self.outstanding = 0
         self.latest: list[dict[str, Any]] | None = self.inline.stats() if self.inline else None
         self.latest_real: tuple[int, int] | None = None
-        self.applied = 0
         self.sent = 0
-        self.dropped = 0
-        self.resyncs = 0
         self.need_restart = False
-        self.error: str | None = None
-        self.since = time.time()
-        self.updated = 0.0
         self.real_base = (0, 0)
-        self.messages = 0  # sent to the worker (each gets one reply)
-        self.replies = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -172,11 +62,6 @@ class ShadowFeeder:
             opening = (specs, self.base_capacity, self.block_size, self.num_groups)
             self.messages = 1
             self.cid = _hub.register(self, opening)
-
-    def stop(self) -> None:
-        if self.cid:
-            _hub.close(self.cid)
-            self.cid = 0
 
     @property
     def running(self) -> bool:
@@ -247,10 +132,6 @@ class ShadowFeeder:
         self.sent += len(pending)
         self._send(("batch", self.cid, self._materialize(pending), real))
 
-    def _send(self, msg: tuple[Any, ...]) -> None:
-        self.messages += 1
-        _hub.send(msg)
-
     def _reply(self, reply: dict[str, Any]) -> None:
         """Sender thread: one message was handled."""
         if reply.get("error"):
@@ -265,9 +146,6 @@ class ShadowFeeder:
         if reply.get("real") is not None:
             self.latest_real = reply["real"]
         self.replies += 1
-
-    def _gone(self, error: str) -> None:
-        self.error = error
 
     def restart(self, real: tuple[int, int]) -> None:
         """Every shadow empty again (e.g. after the real pool restarted)."""
@@ -295,25 +173,11 @@ class ShadowFeeder:
         if self.error:
             raise AssertionError(self.error)
 
-    def wait_idle(self, timeout: float = 10.0) -> bool:
-        """Block until the worker has applied everything sent (tests, bench)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.error or self.replies >= self.messages:
-                return True
-            time.sleep(0.005)
-        return False
-
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "running": self.running,
-            "since": self.since,
-            "updated": self.updated or None,
-            "lag_accesses": self.outstanding + len(self.pending),
-            "sent_accesses": self.sent if self.inline is None else self.applied,
-            "applied_accesses": self.applied,
-            "dropped_accesses": self.dropped,
-            "resyncs": self.resyncs,
-            "error": self.error,
-        }
+        return self._snapshot(
+            self.mode,
+            lag_accesses=self.outstanding + len(self.pending),
+            sent_accesses=self.sent if self.inline is None else self.applied,
+            applied_accesses=self.applied,
+            dropped_accesses=self.dropped,
+        )
