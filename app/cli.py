@@ -120,9 +120,14 @@ def _observe_parser(sub: Any) -> None:
     o.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def _given(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the flags give (those left out are None)."""
     skip = {"command", "log_level"}
-    given: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
+    return {k: v for k, v in vars(args).items() if k not in skip and v is not None}
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    given = _given(args)
     # an endpoint flag turns the publisher on unless --no-kv-events says otherwise
     if "kv_events_publisher" not in given and any(
         k in given for k in ("kv_events_endpoint", "kv_events_replay_endpoint")
@@ -132,9 +137,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def observer_settings_from(args: argparse.Namespace) -> ObserverSettings:
-    skip = {"command", "log_level"}
-    given: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
-    return ObserverSettings(**given)
+    return ObserverSettings(**_given(args))
 
 
 def describe(settings: Settings, num_blocks: int) -> str:
@@ -149,9 +152,30 @@ def describe(settings: Settings, num_blocks: int) -> str:
     )
 
 
-def serve(args: argparse.Namespace) -> int:
+def _url_host(host: str) -> str:
+    """The bind address as a URL writes it (an IPv6 one in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
+def _run_server(app: Any, host: str, port: int, log_level: str) -> int:
+    """Serve ``app`` with uvicorn until a signal stops it."""
     import uvicorn
 
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        ws="websockets-sansio",
+        # No per-connection deflate: it would compress every frame once per
+        # client (serve compresses once per tick on request: ?compress=zlib).
+        ws_per_message_deflate=False,
+    )
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
     from app.main import create_app
 
     try:
@@ -169,8 +193,7 @@ def serve(args: argparse.Namespace) -> int:
     logger.info("%s", describe(app.state.settings, engine.pool.num_gpu_blocks))
     if engine.storage is not None:
         logger.info("storage: %s", engine.storage_facts())
-    host = settings.host
-    shown = f"[{host}]" if ":" in host else host
+    shown = _url_host(settings.host)
     logger.info(
         "dashboard: http://%s:%d/  API docs: http://%s:%d/docs",
         shown,
@@ -178,23 +201,10 @@ def serve(args: argparse.Namespace) -> int:
         shown,
         settings.port,
     )
-    uvicorn.run(
-        app,
-        host=host,
-        port=settings.port,
-        log_level=args.log_level,
-        access_log=False,
-        ws="websockets-sansio",
-        # Frames are compressed once per tick on request (?compress=zlib);
-        # per-connection deflate would compress every frame once per client.
-        ws_per_message_deflate=False,
-    )
-    return 0
+    return _run_server(app, settings.host, settings.port, args.log_level)
 
 
 def observe(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from app.kvevents.observer_app import create_observer_app
 
     try:
@@ -212,19 +222,8 @@ def observe(args: argparse.Namespace) -> int:
             f", replay {spec.replay_endpoint}" if spec.replay_endpoint else ", no replay",
             spec.data_parallel_rank,
         )
-    host = settings.host
-    shown = f"[{host}]" if ":" in host else host
-    logger.info("fleet dashboard: http://%s:%d/", shown, settings.port)
-    uvicorn.run(
-        app,
-        host=host,
-        port=settings.port,
-        log_level=args.log_level,
-        access_log=False,
-        ws="websockets-sansio",
-        ws_per_message_deflate=False,
-    )
-    return 0
+    logger.info("fleet dashboard: http://%s:%d/", _url_host(settings.host), settings.port)
+    return _run_server(app, settings.host, settings.port, args.log_level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
