@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from app.counters import Counters
 from blockpool import (
     BlockHash,
     BlockHashToBlockMap,
@@ -136,8 +137,6 @@ def snapshot(engine: Engine, seq: int, ts: float) -> Keyframe:
 
 def restore(engine: Engine, kf: Keyframe) -> None:
     """Put a fresh engine (same settings) into the keyframe's state."""
-    from app.engine import Counters
-
     pool = engine.pool
     blocks = pool.blocks
     if len(blocks) != len(kf.refs):
