@@ -36,10 +36,16 @@ def _source(fleet: Fleet, instance: str) -> Source:
     return s
 
 
-def _parse_hashes(text: str) -> list[Hash]:
+def _split(text: str, what: str) -> list[str]:
+    """A comma- (or space-) separated list, at most MAX_QUERY_ITEMS long."""
     parts = [p for p in text.replace(" ", ",").split(",") if p]
     if len(parts) > MAX_QUERY_ITEMS:
-        raise InvalidInput(f"at most {MAX_QUERY_ITEMS} hashes")
+        raise InvalidInput(f"at most {MAX_QUERY_ITEMS} {what}")
+    return parts
+
+
+def _parse_hashes(text: str) -> list[Hash]:
+    parts = _split(text, "hashes")
     try:
         return [parse_hash(p) for p in parts]
     except ValueError as exc:
@@ -47,9 +53,7 @@ def _parse_hashes(text: str) -> list[Hash]:
 
 
 def _parse_tokens(text: str) -> list[int]:
-    parts = [p for p in text.replace(" ", ",").split(",") if p]
-    if len(parts) > MAX_QUERY_ITEMS:
-        raise InvalidInput(f"at most {MAX_QUERY_ITEMS} tokens")
+    parts = _split(text, "tokens")
     try:
         return [int(p) for p in parts]
     except ValueError as exc:
