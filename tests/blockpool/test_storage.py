@@ -1,13 +1,12 @@
 """KVCacheStorage: sizing, layout, and write / gather / copy / zero by block id.
 
-The device is the library default (CUDA when available, else CPU) unless
-BLOCKPOOL_STORAGE_DEVICE forces one (scripts/gpu_check.sh sets it to cuda);
-BLOCKPOOL_STORAGE_DTYPE likewise overrides the dtype.
+The device and dtype: the ``device`` / ``dtype`` fixtures (conftest.py):
+the library default unless BLOCKPOOL_STORAGE_DEVICE / BLOCKPOOL_STORAGE_DTYPE
+force one (scripts/gpu_check.sh sets the device to cuda).
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
 import sys
@@ -30,16 +29,6 @@ from blockpool.storage import (
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHAPE = KVCacheShape(num_layers=3, num_kv_heads=2, head_size=8, block_size=4)
 NUM_BLOCKS = 12
-
-
-@pytest.fixture
-def device() -> torch.device:
-    return resolve_device(os.environ.get("BLOCKPOOL_STORAGE_DEVICE") or None)
-
-
-@pytest.fixture
-def dtype(device: torch.device) -> torch.dtype:
-    return resolve_dtype(os.environ.get("BLOCKPOOL_STORAGE_DTYPE") or None, device)
 
 
 @pytest.fixture

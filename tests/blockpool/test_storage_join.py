@@ -1,14 +1,13 @@
 """The stand-in model, the pool/storage join, verify and paged attention,
 driven by real admissions through BlockPool + RequestManager.
 
-Device and dtype as in test_storage.py (BLOCKPOOL_STORAGE_DEVICE /
-BLOCKPOOL_STORAGE_DTYPE, library defaults otherwise).
+Device and dtype: the ``device`` / ``dtype`` fixtures (conftest.py;
+BLOCKPOOL_STORAGE_DEVICE / BLOCKPOOL_STORAGE_DTYPE, library defaults otherwise).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import random
 
 import pytest
@@ -23,8 +22,6 @@ from blockpool.storage import (
     attention,
     expected_kv,
     paged_attention,
-    resolve_device,
-    resolve_dtype,
     verify_request,
     write_request_tokens,
 )
@@ -32,16 +29,6 @@ from blockpool.storage import (
 BS = 4
 SHAPE = KVCacheShape(num_layers=2, num_kv_heads=2, head_size=16, block_size=BS)
 NUM_Q_HEADS = 4
-
-
-@pytest.fixture
-def device() -> torch.device:
-    return resolve_device(os.environ.get("BLOCKPOOL_STORAGE_DEVICE") or None)
-
-
-@pytest.fixture
-def dtype(device: torch.device) -> torch.dtype:
-    return resolve_dtype(os.environ.get("BLOCKPOOL_STORAGE_DTYPE") or None, device)
 
 
 @pytest.fixture
