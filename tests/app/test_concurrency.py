@@ -49,6 +49,16 @@ class Tally:
         self.query_tokens += other.query_tokens
         self.statuses.update(other.statuses)
 
+    def count_admission(self, body: dict[str, Any], tokens: list[int]) -> str:
+        """Count an admitted request (201) as the client was told; its id."""
+        self.admitted += 1
+        self.allocated += body["num_new_blocks"]
+        self.touched += body["num_hit_blocks"]
+        self.hit_tokens += body["num_computed_tokens"]
+        self.query_tokens += len(tokens)
+        rid: str = body["request_id"]
+        return rid
+
 
 def prompt(rng: random.Random) -> list[int]:
     return rng.choice(PREFIXES) + [rng.randrange(50_000) for _ in range(rng.randint(1, 14))]
@@ -76,13 +86,7 @@ async def async_client_session(api: Api, seed: int, rounds: int) -> Tally:
         t.statuses[r.status_code] += 1
         rid = None
         if r.status_code == 201:
-            body = r.json()
-            rid = body["request_id"]
-            t.admitted += 1
-            t.allocated += body["num_new_blocks"]
-            t.touched += body["num_hit_blocks"]
-            t.hit_tokens += body["num_computed_tokens"]
-            t.query_tokens += len(tokens)
+            rid = t.count_admission(r.json(), tokens)
             r = await c.post(f"/api/requests/{rid}/tokens", json={"token_ids": [1, 2, 3, 4, 5]})
             t.statuses[r.status_code] += 1
             if r.status_code == 200:
@@ -205,13 +209,7 @@ def thread_client(url: str, seed: int, rounds: int, out: list[Tally], errors: li
                 t.statuses[r.status_code] += 1
                 rid = None
                 if r.status_code == 201:
-                    body = r.json()
-                    rid = body["request_id"]
-                    t.admitted += 1
-                    t.allocated += body["num_new_blocks"]
-                    t.touched += body["num_hit_blocks"]
-                    t.hit_tokens += body["num_computed_tokens"]
-                    t.query_tokens += len(tokens)
+                    rid = t.count_admission(r.json(), tokens)
                 else:
                     assert r.status_code == 409, r.text
                     t.admit_refused += 1

@@ -146,6 +146,16 @@ class PoolMachine(RuleBasedStateMachine):
             self.ref[bid] += 1
             self._m_access(bid)
 
+    def _m_free(self, blocks: list[KVCacheBlock]) -> None:
+        """A block whose last reference goes joins the free queue's tail."""
+        for b in blocks:
+            bid = b.block_id
+            if bid == 0:
+                continue
+            self.ref[bid] -= 1
+            if self.ref[bid] == 0:
+                self.free.append(bid)
+
     # ---------------------------------------------------------------- rules
 
     def _allocate(self, n: int) -> list[KVCacheBlock]:
@@ -267,13 +277,7 @@ class PoolMachine(RuleBasedStateMachine):
         else:
             ordered = data.draw(st.permutations(h.table), label="permutation")
         self.pool.free_blocks(iter(ordered))
-        for b in ordered:
-            bid = b.block_id
-            if bid == 0:
-                continue
-            self.ref[bid] -= 1
-            if self.ref[bid] == 0:
-                self.free.append(bid)
+        self._m_free(ordered)
 
     @precondition(lambda self: len(self.holdings) > 1)
     @rule()
@@ -285,13 +289,7 @@ class PoolMachine(RuleBasedStateMachine):
             h = self.holdings.pop()
             ordered = h.table[::-1]
             self.pool.free_blocks(ordered)
-            for b in ordered:
-                bid = b.block_id
-                if bid == 0:
-                    continue
-                self.ref[bid] -= 1
-                if self.ref[bid] == 0:
-                    self.free.append(bid)
+            self._m_free(ordered)
 
     @rule(data=st.data())
     def touch_cache_hits(self, data: st.DataObject) -> None:

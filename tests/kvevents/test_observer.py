@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
@@ -186,6 +187,28 @@ def test_joining_late_bootstraps_from_the_replay_buffer() -> None:
     asyncio.run(main())
 
 
+async def drained(srcs: list[Source], pubs: list[KVEventPublisher]) -> None:
+    """Every publisher's queue sent, and each source applied all of it."""
+    for s, p in zip(srcs, pubs, strict=True):
+        await await_for(lambda p=p: p._queue.qsize() == 0, what="the queues to drain")
+        await settled(s, p.last_published_seq)
+
+
+def run_publishing(
+    main: Callable[[], Coroutine[Any, Any, None]],
+    pubs: list[KVEventPublisher],
+    ws: list[Workload],
+) -> None:
+    """Run the test; stop the publishers whatever happens; audit the pools."""
+    try:
+        asyncio.run(main())
+    finally:
+        for p in pubs:
+            p.stop()
+    for w in ws:
+        w.check()
+
+
 def shared_workloads(n: int) -> list[Workload]:
     """Pools serving the same prompts (same prefixes) in different orders."""
     ws = [Workload(seed=50 + i, num_blocks=64, lora=False) for i in range(n)]
@@ -218,9 +241,7 @@ def test_several_publishers_feed_one_fleet_view() -> None:
                     if evs:
                         p.publish_events(1.0, evs)
                 await asyncio.sleep(0)
-            for s, p in zip(srcs, pubs, strict=True):
-                await await_for(lambda p=p: p._queue.qsize() == 0, what="the queues to drain")
-                await settled(s, p.last_published_seq)
+            await drained(srcs, pubs)
             for s, w in zip(srcs, ws, strict=True):
                 assert s.state.copies() == w.pool_copies()
                 assert s.tracker.exact
@@ -258,13 +279,7 @@ def test_several_publishers_feed_one_fleet_view() -> None:
         finally:
             await fleet.stop()
 
-    try:
-        asyncio.run(main())
-    finally:
-        for p in pubs:
-            p.stop()
-    for w in ws:
-        w.check()
+    run_publishing(main, pubs, ws)
 
 
 def pool_prompt_hashes(w: Workload, tokens: list[int]) -> list[int]:
@@ -388,19 +403,11 @@ def test_data_parallel_ranks_are_expanded_like_vllm_offsets_them() -> None:
                     evs = w.step()
                     if evs:
                         p.publish_events(2.0, evs)
-            for s, p in zip(srcs, pubs, strict=True):
-                await await_for(lambda p=p: p._queue.qsize() == 0)
-                await settled(s, p.last_published_seq)
+            await drained(srcs, pubs)
             for rank, (s, w) in enumerate(zip(srcs, ws, strict=True)):
                 assert s.ranks_seen == {rank}
                 assert s.state.copies() == w.pool_copies() and s.tracker.exact
         finally:
             await fleet.stop()
 
-    try:
-        asyncio.run(main())
-    finally:
-        for p in pubs:
-            p.stop()
-    for w in ws:
-        w.check()
+    run_publishing(main, pubs, ws)
