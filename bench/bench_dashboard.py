@@ -39,17 +39,9 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+sys.path.insert(0, str(REPO))
+from tests.chromium import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+
 TICK_S = 0.1
 
 

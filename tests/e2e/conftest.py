@@ -21,19 +21,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
+
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "e2e"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 VIEWPORT = {"width": 1600, "height": 1000}
 
 
@@ -126,8 +117,7 @@ def browser() -> Iterator[Any]:
     # Package scope, not session: Playwright's sync API keeps an asyncio loop
     # marked running in this thread while it is open, and later packages'
     # asyncio.run() would refuse to start.
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (browser tests never skip)")
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

@@ -18,21 +18,11 @@ import pytest
 
 from app.kvevents.config import KVEventsConfig
 from app.kvevents.publisher import KVEventPublisher
+from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
 from tests.kvevents.helpers import Workload, free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "kvevents"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 class Fed:
@@ -115,8 +105,7 @@ def test_fleet_page_shows_both_instances_and_their_hashes(
 ) -> None:
     url, feds = observed
     wait_for(lambda: synced(url, feds), 20, "the observer to catch up")
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (browser tests never skip)")
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     errors: list[str] = []
