@@ -233,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "observe":
         return observe(args)
     if args.command == "replay":
-        from app.analysis.replay import main as replay_main
+        from blockpool.analysis.replay import main as replay_main
 
         return replay_main([args.path, *(["--json"] if args.json else [])])
     return 2  # pragma: no cover - argparse enforces the subcommands

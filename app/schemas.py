@@ -7,9 +7,11 @@ it changes anything.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from blockpool.runtime import ops as rops
 
 HexHash = Annotated[
     str,
@@ -168,3 +170,25 @@ class DemoConfig(_Op):
         description="min and max decode tokens per request",
     )
     max_running: int | None = Field(default=None, ge=1, le=100_000)
+
+
+_RUNTIME: dict[type, type[Any]] = {
+    AllocateOp: rops.AllocateOp,
+    FreeOp: rops.FreeOp,
+    TouchOp: rops.TouchOp,
+    CacheOp: rops.CacheOp,
+    LookupOp: rops.LookupOp,
+    PrefixLookupOp: rops.PrefixLookupOp,
+    EvictOp: rops.EvictOp,
+    ResetOp: rops.ResetOp,
+    AdmitOp: rops.AdmitOp,
+    AppendOp: rops.AppendOp,
+    FinishOp: rops.FinishOp,
+}
+
+
+def to_runtime(op: Any) -> Any:
+    """A validated operation body as the runtime's operation (runtime
+    operations pass through unchanged)."""
+    cls = _RUNTIME.get(type(op))
+    return op if cls is None else cls(**op.__dict__)

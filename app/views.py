@@ -12,10 +12,10 @@ from collections import Counter
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from app.analysis import views as analysis_views
-from app.columns import STATE_NAMES, hash64
 from app.errors import Conflict, InvalidInput, NotFound
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from blockpool.analysis import views as analysis_views
+from blockpool.runtime.columns import STATE_NAMES, hash64
 
 if TYPE_CHECKING:
     from app.engine import Engine
@@ -225,7 +225,7 @@ def prefix_tree(engine: Engine, limit: int) -> dict[str, Any]:
     for key, blocks in engine.pool.cached_block_hash_to_block.iter_entries():
         ids.setdefault(f"{hash64(key):016x}", []).extend(b.block_id for b in blocks)
     nodes = []
-    for h, parent in islice(engine.parents.items(), limit):
+    for h, parent in islice(engine.tree.parents.items(), limit):
         hx = _h(h)
         nodes.append(
             {
@@ -236,7 +236,7 @@ def prefix_tree(engine: Engine, limit: int) -> dict[str, Any]:
         )
     known = {n["hash"] for n in nodes}
     roots = sum(1 for n in nodes if n["parent"] is None or n["parent"] not in known)
-    return {"total": len(engine.parents), "limit": limit, "roots": roots, "nodes": nodes}
+    return {"total": len(engine.tree.parents), "limit": limit, "roots": roots, "nodes": nodes}
 
 
 def event_json(seq: int, ts: float, ev: KVCacheEvent) -> dict[str, Any]:

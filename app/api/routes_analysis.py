@@ -10,13 +10,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
-from app.analysis import replay
-from app.analysis.core import Analysis
-from app.analysis.recording import EventsView, Recorder, export_lines
+from app.analysis.host import AnalysisHost
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
 from app.engine import Engine
 from app.errors import Conflict, InvalidInput, NotFound
+from blockpool.analysis import replay
+from blockpool.analysis.recording import EventsView, Recorder, export_lines
 
 router = APIRouter(prefix="/api", tags=["analysis"], responses=ERROR_RESPONSES)
 
@@ -33,7 +33,7 @@ Moment = Annotated[
 ]
 
 
-def _analysis(engine: Engine) -> Analysis:
+def _analysis(engine: Engine) -> AnalysisHost:
     if engine.analysis is None:
         raise Conflict("the analysis is off (start the server with BLOCKPOOL_ANALYSIS=true)")
     return engine.analysis
@@ -115,7 +115,7 @@ async def _moment(request: Request, engine: Engine, seq: int) -> replay.Moment:
     assert seg is not None
     entries = seg.entries(0, seq - seg.keyframe.seq)  # taken between operations
     async with _lock(request):
-        return await asyncio.to_thread(replay.rebuild, seg.keyframe, entries, engine.settings)
+        return await asyncio.to_thread(replay.rebuild, seg.keyframe, entries, engine.config)
 
 
 @router.get("/history/state", dependencies=[ReadAuth], summary="The pool at a recorded moment")
@@ -171,7 +171,7 @@ class NDJSONResponse(StreamingResponse):
 async def history_export(engine: EngineDep) -> NDJSONResponse:
     """A header, every keyframe and operation (result and events included)
     from the oldest held, and the state now as a final keyframe.  Replay it
-    with ``python -m app.analysis.replay FILE`` (or ``blockpool replay``)."""
+    with ``blockpool replay FILE``."""
     rec = _recorder(engine)
     header, segments, final, view = rec.export_parts()
     name = f"blockpool-recording-{int(time.time())}.jsonl"

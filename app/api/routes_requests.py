@@ -6,11 +6,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
-from app import ops, views
+from app import views
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
-from app.api.errors import ERROR_RESPONSES
+from app.api.errors import ERROR_RESPONSES, body_of
 from app.errors import ApiError, TooLarge
-from app.schemas import AdmitOp, AppendBody, AppendOp, BatchRequest, FinishOp
+from app.schemas import AdmitOp, AppendBody, AppendOp, BatchRequest, FinishOp, to_runtime
 
 router = APIRouter(prefix="/api", tags=["requests"], responses=ERROR_RESPONSES)
 
@@ -77,7 +77,7 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
         )
     for i, op in enumerate(body.ops):
         try:
-            ops.precheck(engine, op)
+            engine.precheck(to_runtime(op))
         except ApiError as exc:
             exc.details["op_index"] = i
             exc.message = f"ops[{i}]: {exc.message}"
@@ -94,7 +94,7 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
                 results.append({"ok": True, "result": engine.apply(op)})
             except ApiError as exc:
                 failed += 1
-                results.append({"ok": False, "error": exc.body()["error"]})
+                results.append({"ok": False, "error": body_of(exc)["error"]})
         applied = sum(1 for r in results if r["ok"])
         return {"applied": applied, "failed": failed, "errors": failed > 0, "results": results}
 

@@ -1,4 +1,4 @@
-"""Small helpers shared by the analysis modules."""
+"""One cumulative-bucket histogram (Prometheus semantics), and its buckets."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-# Seconds: vLLM's residency buckets (the engine's histograms use them too).
+# Seconds: vLLM's residency buckets (kv_block_lifetime_seconds and friends).
 SECONDS_BUCKETS = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5,
     10, 20, 30, 60, 120, 300, 600, 1200, 1800,
@@ -15,17 +15,9 @@ SECONDS_BUCKETS = (
 COUNT_BUCKETS = tuple(float(1 << k) for k in range(0, 23))
 
 
-def h64(h: bytes) -> int:
-    """A block hash (digest, without group id) as events show it: the last 8 bytes."""
-    return int.from_bytes(h[-8:], "big")
-
-
-def hex64(v: int) -> str:
-    return f"{v:016x}"
-
-
-class Hist:
-    """Cumulative-bucket histogram (Prometheus semantics)."""
+class Histogram:
+    """Counts per bucket (a value falls in the first bucket >= it; the last
+    count is +Inf), their sum and count."""
 
     __slots__ = ("buckets", "count", "counts", "sum")
 
@@ -97,13 +89,3 @@ def _finite(v: float | None) -> float | str | None:
     if v is None:
         return None
     return v if math.isfinite(v) else "+Inf"
-
-
-def trim_dict(d: dict[Any, Any], keep: int) -> None:
-    """Keep only the ``keep`` most recently inserted keys (in place)."""
-    drop = len(d) - keep
-    if drop <= 0:
-        return
-    it = iter(list(d)[:drop])
-    for k in it:
-        del d[k]

@@ -56,11 +56,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.analysis.common import COUNT_BUCKETS, SECONDS_BUCKETS, Hist, h64, trim_dict
-from app.analysis.evictions import EvictionRing
-from app.analysis.floor import FloorIndex
-from app.analysis.free_batches import FreeBatches
-from app.analysis.reasons import (
+from blockpool.analysis.common import COUNT_BUCKETS, SECONDS_BUCKETS, Hist, h64, trim_dict
+from blockpool.analysis.evictions import EvictionRing
+from blockpool.analysis.floor import FloorIndex
+from blockpool.analysis.free_batches import FreeBatches
+from blockpool.analysis.reasons import (
     CHAIN_BROKEN,
     CODE_NAMES,
     COLD,
@@ -73,11 +73,11 @@ from app.analysis.reasons import (
     RequestMisses,
     Tag,
 )
-from app.analysis.regret import RegretTracker
+from blockpool.analysis.regret import RegretTracker
 
 if TYPE_CHECKING:
-    from app.columns import BlockColumns
     from blockpool import BlockPool, HashFn
+    from blockpool.runtime.columns import BlockColumns
 
 GID0 = b"\0\0\0\0"
 

@@ -1,6 +1,6 @@
 """JSON views of the analysis (REST, the stream's ``analysis`` section).
 
-Each runs on the event loop between engine operations: a consistent picture
+Each runs between two operations of the runtime: a consistent picture
 of one moment.  Shadow figures are the worker's latest report (a tick or so
 behind; ``lag_accesses`` says how far).
 """
@@ -11,20 +11,20 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from app.analysis.common import hex64
-from app.analysis.reasons import CAUSES, CODE_NAMES, REASONS, RequestMisses
-from app.errors import NotFound
+from blockpool.analysis.common import hex64
+from blockpool.analysis.reasons import CAUSES, CODE_NAMES, REASONS, RequestMisses
+from blockpool.runtime.errors import NotFound
 
 if TYPE_CHECKING:
-    from app.analysis.core import Analysis
-    from app.engine import Engine
+    from blockpool.analysis.core import Analysis
+    from blockpool.runtime.runtime import PoolRuntime
 
 
-def tokens(engine: Engine) -> dict[str, Any]:
+def tokens(engine: PoolRuntime) -> dict[str, Any]:
     """Token-level usage beside block-level usage: a request's partial tail
     block reserves ``block_size`` slots but holds fewer tokens.  Blocks held
     only through the raw block API count as full (their fill is unknown)."""
-    bs = engine.settings.block_size
+    bs = engine.config.block_size
     in_use = engine.columns.counts[1]
     reserved = in_use * bs
     held = reserved - engine.tail_waste
@@ -183,7 +183,7 @@ def regret(an: Analysis, limit: int) -> dict[str, Any]:
 
 
 def shadows(an: Analysis) -> dict[str, Any]:
-    engine = an.engine
+    engine = an.rt
     st = engine.manager.stats
     out: dict[str, Any] = {
         "enabled": an.feeder is not None,
@@ -268,3 +268,12 @@ def _finite(v: float | None) -> float | None:
     if v is None or not math.isfinite(v):
         return None
     return v
+
+
+# The views a service may ask for by name (REST, the analysis worker).
+VIEWS: dict[str, Any] = {
+    "misses": misses,
+    "request_misses": request_misses,
+    "regret": regret,
+    "shadows": shadows,
+}

@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from app import schemas
-from app.analysis.state import Keyframe, keyframe_json, snapshot
-from app.event_log import SeqLog
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from blockpool.runtime.ops import op_from_fields
+from blockpool.runtime.seqlog import SeqLog
+from blockpool.runtime.state import Keyframe, keyframe_json, snapshot
 
 if TYPE_CHECKING:
-    from app.engine import Engine
+    from blockpool.runtime.runtime import PoolRuntime
 
 FORMAT = "blockpool-recording"
 VERSION = 1
@@ -68,35 +68,19 @@ KEYFRAME_BUDGET = 0.01  # at tick time, keyframes take at most this share of the
 Entry = tuple[int, float, bytes, int, int]
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(tuple[str, dict[str, Any], bool, Any]).decode
-OP_CLASSES: dict[str, type[Any]] = {
-    cls.__name__: cls
-    for cls in (
-        schemas.AllocateOp,
-        schemas.FreeOp,
-        schemas.TouchOp,
-        schemas.CacheOp,
-        schemas.LookupOp,
-        schemas.PrefixLookupOp,
-        schemas.EvictOp,
-        schemas.ResetOp,
-        schemas.AdmitOp,
-        schemas.AppendOp,
-        schemas.FinishOp,
-    )
-}
 
 
 def unpack(entry: Entry) -> tuple[int, float, Any, bool, Any]:
     """(seq, ts, op model, ok, result or error body) of one entry."""
     seq, ts, blob, _, _ = entry
     name, fields, ok, payload = _decode(blob)
-    return seq, ts, OP_CLASSES[name].model_construct(**fields), ok, payload
+    return seq, ts, op_from_fields(name, fields), ok, payload
 
 
 def decode_op(blob: bytes) -> tuple[Any, bool]:
     """(op model, whether it succeeded) of an encoded operation."""
     name, fields, ok, _ = _decode(blob)
-    return OP_CLASSES[name].model_construct(**fields), ok
+    return op_from_fields(name, fields), ok
 
 
 class EventsView:
@@ -157,7 +141,7 @@ class Segment:
 class Recorder:
     def __init__(
         self,
-        engine: Engine,
+        engine: PoolRuntime,
         max_ops: int,
         max_bytes: int,
         keyframe_ops: int,
@@ -196,7 +180,7 @@ class Recorder:
         engine absorbs them right after)."""
         self.seq += 1
         seg = self.segments[-1]
-        blob = _encode((op.__class__.__name__, op.__dict__, ok, payload))
+        blob = _encode((op.__class__.__name__, op, ok, payload))
         seg.blobs.append(blob)
         seg.ts.append(self.clock())
         seg.ev_first.append(first_event)
@@ -328,7 +312,7 @@ class Recorder:
     def export_parts(self) -> tuple[dict[str, Any], list[Segment], Keyframe, EventsView]:
         """On the engine's loop: what an export needs, consistent at one
         moment (the segments' lists are copied; the final keyframe is now)."""
-        s = self.engine.settings
+        s = self.engine.config
         header = {
             "type": "header",
             "format": FORMAT,
@@ -353,7 +337,7 @@ def entry_json(entry: Entry, view: EventsView) -> dict[str, Any]:
         "type": "op",
         "seq": seq,
         "ts": ts,
-        "op": op.model_dump(mode="json"),
+        "op": msgspec.to_builtins(op),
         "ok": ok,
         "result" if ok else "error": payload,
         "events": None if events is None else [event_to_json(ev) for ev in events],

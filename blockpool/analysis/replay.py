@@ -3,11 +3,12 @@ moments, and replaying a recording file.
 
 A moment is an operation seq (the state after it) -- or a time, turned into
 the last seq applied by then.  ``state_at`` restores the keyframe at or
-before it into a fresh metadata-only engine and re-applies the operations
+before it into a fresh runtime (metadata only) and re-applies the operations
 after it; the recording's ops were validated already, so replay is the
-engine's own code path (same block ids, same events).
+runtime's own code path (same block ids, same events).
 
-    python -m app.analysis.replay RECORDING.jsonl [--json]
+    python -m blockpool.analysis.replay RECORDING.jsonl [--json]
+    blockpool replay RECORDING.jsonl [--json]
 
 replays an exported recording from its first keyframe and checks every
 operation's result and events, and the final state, against the file.
@@ -25,48 +26,41 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from app.analysis.recording import FORMAT, Entry, EventsView, Recorder, event_from_json, unpack
-from app.analysis.state import Keyframe, digest, keyframe_from_json, restore, snapshot
-from app.columns import STATE_NAMES, hash64
-from blockpool import BlockRemoved, BlockStored
-
-if TYPE_CHECKING:
-    from app.engine import Engine
-    from app.settings import Settings
-
-
-def replay_settings(settings: Settings | dict[str, Any]) -> Settings:
-    """Settings for a metadata-only engine replaying a recording."""
-    from app.settings import Settings
-
-    base = settings.model_dump() if not isinstance(settings, dict) else dict(settings)
-    base.update(
-        analysis=False,
-        storage=False,
-        demo=False,
-        kv_events_publisher=False,
-        memory_budget_bytes=None,
-        token=None,
-    )
-    return Settings(**base)
+from blockpool.analysis.recording import (
+    FORMAT,
+    Entry,
+    EventsView,
+    Recorder,
+    event_from_json,
+    unpack,
+)
+from blockpool.events import BlockRemoved, BlockStored
+from blockpool.keys import key64, key_group
+from blockpool.runtime.columns import STATE_NAMES
+from blockpool.runtime.config import RuntimeConfig
+from blockpool.runtime.errors import OperationError
+from blockpool.runtime.ops import op_from_json
+from blockpool.runtime.runtime import PoolRuntime
+from blockpool.runtime.state import Keyframe, digest, keyframe_from_json, restore, snapshot
+from blockpool.snapshot import block_keys, map_entries
 
 
-def make_engine(settings: Settings | dict[str, Any]) -> Engine:
-    from app.engine import Engine
+def make_runtime(config: RuntimeConfig | dict[str, Any] | Any) -> PoolRuntime:
+    """A fresh metadata-only runtime of this configuration (a RuntimeConfig,
+    or a recording header's settings)."""
+    if not isinstance(config, RuntimeConfig):
+        config = RuntimeConfig.from_mapping(config)
+    return PoolRuntime(config)
 
-    return Engine(replay_settings(settings))
 
-
-def apply_entry(engine: Engine, op: Any) -> tuple[bool, Any]:
-    """Apply a recorded op: (ok, result or error body)."""
-    from app.errors import ApiError
-
+def apply_entry(rt: PoolRuntime, op: Any) -> tuple[bool, Any]:
+    """Apply a recorded op: (ok, result or error)."""
     try:
-        return True, engine.apply(op)
-    except ApiError as exc:
-        return False, exc.body()["error"]
+        return True, rt.apply(op)
+    except OperationError as exc:
+        return False, exc.as_dict()
 
 
 def parse_moment(recorder: Recorder, at: str) -> int:
@@ -91,7 +85,7 @@ def parse_moment(recorder: Recorder, at: str) -> int:
 
 @dataclass
 class Moment:
-    engine: Engine
+    engine: PoolRuntime
     seq: int
     ts: float
     keyframe_seq: int
@@ -100,7 +94,7 @@ class Moment:
     seconds: float
 
 
-def state_at(recorder: Recorder, seq: int, settings: Settings) -> Moment:
+def state_at(recorder: Recorder, seq: int, config: RuntimeConfig) -> Moment:
     """The state after op ``seq`` (held by the recording), rebuilt."""
     seg = recorder.segment_for(seq)
     if seg is None:
@@ -108,12 +102,12 @@ def state_at(recorder: Recorder, seq: int, settings: Settings) -> Moment:
             f"op seq {seq} is not held by the recording (held: "
             f"{recorder.first_seq}..{recorder.seq})"
         )
-    return rebuild(seg.keyframe, seg.entries(0, seq - seg.keyframe.seq), settings)
+    return rebuild(seg.keyframe, seg.entries(0, seq - seg.keyframe.seq), config)
 
 
-def rebuild(kf: Keyframe, entries: list[Entry], settings: Settings | dict[str, Any]) -> Moment:
+def rebuild(kf: Keyframe, entries: list[Entry], config: RuntimeConfig | dict[str, Any]) -> Moment:
     t0 = time.perf_counter()
-    engine = make_engine(settings)
+    engine = make_runtime(config)
     restore(engine, kf)
     bad = 0
     for entry in entries:
@@ -137,7 +131,7 @@ def rebuild(kf: Keyframe, entries: list[Entry], settings: Settings | dict[str, A
 
 
 def _h(key: bytes | None) -> str | None:
-    return None if key is None else f"{hash64(key):016x}"
+    return None if key is None else f"{key64(key):016x}"
 
 
 def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
@@ -145,13 +139,11 @@ def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
     pool = e.pool
     queue = [b.block_id for b in pool.free_block_queue]
     entries: list[dict[str, Any]] = []
-    for key, entry in pool.cached_block_hash_to_block._cache.items():
+    for key, entry in map_entries(pool).items():
         if len(entries) >= limit:
             break
         ids = list(entry) if entry.__class__ is dict else [entry.block_id]
-        entries.append(
-            {"hash64": _h(key), "group_id": int.from_bytes(key[-4:], "big"), "block_ids": ids}
-        )
+        entries.append({"hash64": _h(key), "group_id": key_group(key), "block_ids": ids})
     reqs = [
         {
             "request_id": rid,
@@ -190,7 +182,7 @@ def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
         out["blocks"] = {
             "state": [STATE_NAMES[int(s)] for s in cols.state.tolist()],
             "ref_cnt": cols.ref_cnt.tolist(),
-            "hash64": [_h(b._block_hash) for b in pool.blocks],
+            "hash64": [_h(k) for k in block_keys(pool)],
         }
     return out
 
@@ -199,8 +191,8 @@ def diff_json(
     a: Moment, b: Moment, between: list[Entry], view: EventsView, limit: int
 ) -> dict[str, Any]:
     """What changed from moment ``a`` to moment ``b``."""
-    ka = [blk._block_hash for blk in a.engine.pool.blocks]
-    kb = [blk._block_hash for blk in b.engine.pool.blocks]
+    ka = block_keys(a.engine.pool)
+    kb = block_keys(b.engine.pool)
     ra = [blk.ref_cnt for blk in a.engine.pool.blocks]
     rb = [blk.ref_cnt for blk in b.engine.pool.blocks]
     where_a: dict[bytes, int] = {}
@@ -328,20 +320,15 @@ def read_lines(path: str | Path) -> Iterator[dict[str, Any]]:
 
 def replay_records(
     records: Iterable[dict[str, Any]], path: str = "-"
-) -> tuple[ReplayReport, Engine]:
+) -> tuple[ReplayReport, PoolRuntime]:
     """Replay parsed JSON lines; returns the report and the engine at the end."""
-    from pydantic import TypeAdapter
-
-    from app.schemas import Op
-
-    adapter: TypeAdapter[Any] = TypeAdapter(Op)
     report = ReplayReport(path)
     t0 = time.perf_counter()
     it = iter(records)
     header = next(it, None)
     if header is None or header.get("type") != "header" or header.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} file (the first line must be its header)")
-    engine = make_engine(header["settings"])
+    engine = make_runtime(header["settings"])
     started = False
     for rec in it:
         kind = rec.get("type")
@@ -357,12 +344,12 @@ def replay_records(
         elif kind == "op":
             if not started:
                 raise ValueError(f"{path}: an operation before the first keyframe")
-            op = adapter.validate_python(rec["op"])
+            op = op_from_json(rec["op"])
             before = engine.events.last_seq
             ok, payload = apply_entry(engine, op)
             report.ops += 1
             report.refused += not ok
-            want = rec.get("result") if rec["ok"] else rec.get("error")
+            want = rec.get("result") if rec["ok"] else _error(rec.get("error"))
             if ok != rec["ok"] or _jsonish(payload) != want:
                 report.result_mismatches += 1
                 report.note(
@@ -395,14 +382,22 @@ def _jsonish(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def _kf_digest(like: Engine, kf: Keyframe) -> dict[str, Any]:
-    """The digest of a keyframe's state (restored into a scratch engine)."""
-    scratch = make_engine(like.settings)
+def _error(recorded: Any) -> Any:
+    """A recorded refusal as the runtime reports it (older recordings also
+    kept the HTTP status)."""
+    if isinstance(recorded, dict):
+        return {k: v for k, v in recorded.items() if k != "status"}
+    return recorded
+
+
+def _kf_digest(like: PoolRuntime, kf: Keyframe) -> dict[str, Any]:
+    """The digest of a keyframe's state (restored into a scratch runtime)."""
+    scratch = make_runtime(like.config)
     restore(scratch, kf)
     return digest(scratch)
 
 
-def snapshot_digest(engine: Engine) -> dict[str, Any]:
+def snapshot_digest(engine: PoolRuntime) -> dict[str, Any]:
     """Round trip through a keyframe (tests: snapshot + restore is exact)."""
     kf = snapshot(engine, 0, time.time())
     return _kf_digest(engine, kf)
@@ -410,7 +405,7 @@ def snapshot_digest(engine: Engine) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m app.analysis.replay",
+        prog="blockpool replay",
         description="Replay a blockpool recording (GET /api/history/export) and check it.",
     )
     ap.add_argument("path", help="the JSON-lines recording")

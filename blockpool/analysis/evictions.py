@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.analysis.common import COUNT_BUCKETS, SECONDS_BUCKETS, Hist
-from app.analysis.reasons import CAUSES, EVICT_OP, RESET, REUSE
+from blockpool.analysis.common import COUNT_BUCKETS, SECONDS_BUCKETS, Hist
+from blockpool.analysis.reasons import CAUSES, EVICT_OP, RESET, REUSE
 
 if TYPE_CHECKING:
-    from app.analysis.free_batches import FreeBatches
-    from app.columns import BlockColumns
+    from blockpool.analysis.free_batches import FreeBatches
+    from blockpool.runtime.columns import BlockColumns
 
 
 class EvictionRing:

@@ -13,10 +13,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from app.analysis.common import SECONDS_BUCKETS, Hist, hex64
+from blockpool.analysis.common import SECONDS_BUCKETS, Hist, hex64
 
 if TYPE_CHECKING:
-    from app.analysis.evictions import EvictionRing
+    from blockpool.analysis.evictions import EvictionRing
 
 RECENT_REGRETS = 200
 TOP_ROOTS_KEPT = 10_000

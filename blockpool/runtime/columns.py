@@ -1,6 +1,6 @@
-"""Per-block state as columns, kept in step with the pool by the engine.
+"""Per-block state as columns, kept in step with the pool by the runtime.
 
-The engine tells ``sync`` which blocks an operation touched; the columns then
+The runtime tells ``sync`` which blocks an operation touched; the columns then
 hold, for every block: its state (null / in use / cached-evictable / empty),
 ref count, whether it is hashed, the 64-bit form of its hash and its group,
 and its queue stamp.  Free blocks sorted by stamp are exactly the free queue
@@ -16,7 +16,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from blockpool import BlockPool, KVCacheBlock
+from blockpool.block import KVCacheBlock
+from blockpool.keys import key64, key_group
+from blockpool.pool import BlockPool
 
 NULL, IN_USE, CACHED, EMPTY = 0, 1, 2, 3
 STATE_NAMES = ("null", "in_use", "cached", "empty")
@@ -30,9 +32,7 @@ def classify(block: KVCacheBlock) -> int:
     return CACHED if block._block_hash is not None else EMPTY
 
 
-def hash64(key: bytes) -> int:
-    """A map key's hash as events show it: the digest's last 8 bytes."""
-    return int.from_bytes(key[-12:-4], "big")
+hash64 = key64  # a map key's hash as events show it: the digest's last 8 bytes
 
 
 class BlockColumns:
@@ -73,7 +73,7 @@ class BlockColumns:
             key = keys[bid]
             assert key is not None
             self.hash64[bid] = hash64(key)
-            self.group[bid] = int.from_bytes(key[-4:], "big")
+            self.group[bid] = key_group(key)
         state = np.where(refs > 0, IN_USE, np.where(hashed == 1, CACHED, EMPTY))
         state[0] = NULL
         self.state[:] = state
@@ -96,7 +96,7 @@ class BlockColumns:
         else:
             self.hashed[bid] = 1
             self.hash64[bid] = hash64(key)
-            self.group[bid] = int.from_bytes(key[-4:], "big")
+            self.group[bid] = key_group(key)
         return st
 
     def stamp_freed(self, ordered: Iterable[KVCacheBlock]) -> None:
