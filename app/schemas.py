@@ -144,11 +144,14 @@ Op = Annotated[
 
 
 class BatchRequest(_Op):
-    """Many operations in one call, applied in order; each is all-or-nothing.
-    ``on_error``: stop at the first failing operation (default) or go on."""
+    """Many operations in one call, applied in order.  ``on_error``:
+    ``rollback`` (default): all or nothing -- when any operation would be
+    refused, the batch changes nothing and the refusal is the answer;
+    ``stop``: apply up to the first refused operation, skip the rest;
+    ``continue``: apply every operation that can be applied."""
 
     ops: list[Op] = Field(min_length=1)
-    on_error: Literal["stop", "continue"] = "stop"
+    on_error: Literal["rollback", "stop", "continue"] = "rollback"
 
 
 class AppendBody(_Op):

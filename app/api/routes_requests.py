@@ -11,6 +11,7 @@ from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
 from app.api.errors import ERROR_RESPONSES, body_of
 from app.errors import ApiError, TooLarge
 from app.schemas import AdmitOp, AppendBody, AppendOp, BatchRequest, FinishOp, to_runtime
+from blockpool.runtime.trial import first_refusal, mutating
 
 router = APIRouter(prefix="/api", tags=["requests"], responses=ERROR_RESPONSES)
 
@@ -63,11 +64,14 @@ async def finish(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
 
 @router.post("/batch", dependencies=[WriteAuth], tags=["batch"], summary="Many operations")
 async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
-    """Operations run in order in one engine step.  Each is all-or-nothing; the
-    batch is not a transaction.  The whole batch is checked against the limits
-    first (413/422, nothing applied).  Results come per operation
-    (``ok`` + ``result`` or ``error``); with ``on_error: stop`` the batch stops
-    at the first refused operation and the rest are ``skipped``."""
+    """Operations run in order in one engine step; the whole batch is checked
+    against the limits first (413/422, nothing applied).  By default
+    (``on_error: rollback``) the batch is all or nothing: if any operation
+    would be refused, nothing changes and the answer is that refusal (its
+    status and code, ``details.op_index`` naming it).  With ``stop`` or
+    ``continue`` operations apply one by one (each all-or-nothing) and the
+    results come per operation (``ok`` + ``result`` or ``error``); ``stop``
+    skips the rest after the first refusal."""
     limit = engine.settings.max_batch_ops
     if len(body.ops) > limit:
         raise TooLarge(
@@ -75,19 +79,39 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
             given=len(body.ops),
             limit=limit,
         )
-    for i, op in enumerate(body.ops):
+    rops = [to_runtime(op) for op in body.ops]
+    for i, op in enumerate(rops):
         try:
-            engine.precheck(to_runtime(op))
+            engine.precheck(op)
         except ApiError as exc:
             exc.details["op_index"] = i
             exc.message = f"ops[{i}]: {exc.message}"
             raise
+    atomic = body.on_error == "rollback"
+
+    def refusal(i: int, exc: ApiError) -> ApiError:
+        details = {**exc.details, "op_index": i, "op": rops[i].op}
+        return type(exc)(
+            f"ops[{i}]: {exc.message} (the batch was not applied: nothing changed)", **details
+        )
 
     def apply() -> dict[str, Any]:
+        if atomic:
+            if mutating(rops) > 1:  # (one mutating op is all-or-nothing by itself)
+                refused = first_refusal(engine, rops)
+                if refused is not None:
+                    raise refusal(*refused)
+            done = []
+            for i, op in enumerate(rops):
+                try:
+                    done.append({"ok": True, "result": engine.apply(op)})
+                except ApiError as exc:
+                    raise refusal(i, exc) from None
+            return {"applied": len(done), "failed": 0, "errors": False, "results": done}
         results: list[dict[str, Any]] = []
         failed = 0
-        for op in body.ops:
-            if failed and body.on_error == "stop":
+        for op in rops:
+            if failed and body.on_error != "continue":
                 results.append({"ok": False, "skipped": True})
                 continue
             try:

@@ -86,6 +86,7 @@ class PoolRuntime:
         self.hooks: OpObserver | None = None  # the observer of every change
         self.recorder: Any = None  # keeps every operation (blockpool.analysis.recording)
         self.after_op: Callable[[], None] | None = None  # after each operation (a wake-up)
+        self._spare: PoolRuntime | None = None  # for dry runs (trial.py)
 
     # ----------------------------------------------------------- operations
 

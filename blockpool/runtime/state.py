@@ -66,13 +66,14 @@ def snapshot(rt: PoolRuntime, seq: int, ts: float) -> Keyframe:
     )
 
 
-def restore(rt: PoolRuntime, kf: Keyframe) -> None:
-    """Put a fresh runtime (same config) into the keyframe's state."""
+def restore(rt: PoolRuntime, kf: Keyframe, *, check: bool = True) -> None:
+    """Put a fresh runtime (same config) into the keyframe's state
+    (``check``: the pool's invariants after it)."""
     if rt.pool.num_gpu_blocks != kf.pool.num_blocks:
         raise ValueError(
             f"keyframe of {kf.pool.num_blocks} blocks, runtime of {rt.pool.num_gpu_blocks}"
         )
-    restore_pool(kf.pool, rt.pool, rt.manager)
+    restore_pool(kf.pool, rt.pool, rt.manager, check=check)
     counters = dict(kf.counters)
     counters["events"] = dict(counters["events"])
     rt.counters = Counters(**counters)
