@@ -2,8 +2,9 @@
 // (stacked), prefix hit rate, allocations and evictions per second, and the
 // eviction-sample histograms (lifetime, idle before eviction, reuse gaps).
 
-import { $, dur } from "./format.js";
-import { COLORS, rgbCss } from "./palette.js";
+import { $ } from "../../shared/dom.js";
+import { dur } from "../../shared/format.js";
+import { COLORS, rgbCss } from "../../shared/palette.js";
 
 const uPlot = window.uPlot;
 const AXIS = { stroke: "#8b949e", grid: { stroke: "rgba(139,148,158,0.12)", width: 1 }, ticks: { show: false } };

@@ -1,31 +1,33 @@
 // The dashboard: wires the model, the stream, the map and the panels, and
 // runs one requestAnimationFrame loop (one map draw per frame; panels on
-// their own slower cadences).  window.__bp exposes the parts for tests and
-// the benchmark.
+// their own slower cadences).  It exports its parts (`parts`) and sets no
+// globals: testhooks.js, loaded only by the tests and the benchmark, puts
+// them on window.__bp.
 
-import { AnalysisHealthItem } from "./analysishealth.js";
-import { AnalysisHub } from "./analysishub.js";
-import { ApiError, get, getToken, onApiError } from "./api.js";
-import { BlockMap } from "./blockmap.js";
-import { Charts } from "./charts.js";
-import { Controls } from "./controls.js";
-import { DetailPanel } from "./detail.js";
-import { EventLog } from "./events.js";
-import { $, Every, h, int, pct, rate, setText } from "./format.js";
-import { HashMapPanel } from "./hashmap.js";
-import { HealthBar } from "./health.js";
-import { TimeTravel } from "./history.js";
-import { LruPanel } from "./lru.js";
-import { MissPanel } from "./misspanel.js";
-import { PoolModel } from "./model.js";
-import { COLORS, colorsForState, rgbCss } from "./palette.js";
-import { PrefixTree } from "./prefixtree.js";
-import { STATE_NAMES } from "./protocol.js";
-import { RegretPanel } from "./regretpanel.js";
-import { StreamConnection } from "./stream.js";
-import { TokenPanel } from "./tokenpanel.js";
-import { TreePanel } from "./treeview.js";
-import { WhatIfPanel } from "./whatifpanel.js";
+import { ApiError, get, getToken, onApiError } from "../shared/api.js";
+import { $, Every, h, setText } from "../shared/dom.js";
+import { int, pct, rate } from "../shared/format.js";
+import { COLORS, rgbCss } from "../shared/palette.js";
+import { STATE_NAMES } from "./wire/protocol.js";
+import { StreamConnection } from "./wire/stream.js";
+import { AnalysisHub } from "./state/analysishub.js";
+import { PoolModel } from "./state/model.js";
+import { PrefixTree } from "./state/prefixtree.js";
+import { BlockMap } from "./render/blockmap.js";
+import { Charts } from "./render/charts.js";
+import { AnalysisHealthItem } from "./panels/analysis/analysishealth.js";
+import { MissPanel } from "./panels/analysis/misspanel.js";
+import { RegretPanel } from "./panels/analysis/regretpanel.js";
+import { TimeTravel } from "./panels/analysis/timetravel.js";
+import { TokenPanel } from "./panels/analysis/tokenpanel.js";
+import { WhatIfPanel } from "./panels/analysis/whatifpanel.js";
+import { Controls } from "./panels/controls.js";
+import { DetailPanel } from "./panels/detail.js";
+import { EventLog } from "./panels/events.js";
+import { HashMapPanel } from "./panels/hashmap.js";
+import { HealthBar } from "./panels/health.js";
+import { LruPanel } from "./panels/lru.js";
+import { TreePanel } from "./panels/treeview.js";
 
 const model = new PoolModel();
 const tree = new PrefixTree();
@@ -197,7 +199,7 @@ model.on("delta", (frame) => {
   if (ev && ev.length) tree.applyEvents(ev);
 });
 
-const cadence = (window.__bpCadence = {
+const cadence = {
   stats: new Every(250),
   health: new Every(250),
   lru: new Every(500),
@@ -216,7 +218,7 @@ const cadence = (window.__bpCadence = {
   regret: new Every(4000),
   shadows: new Every(5000),
   history: new Every(3000),
-});
+};
 // The analysis row's REST views are asked for only while their panel is on
 // screen (each is a query to the analysis worker); a panel scrolled into
 // view is refreshed at once.
@@ -304,7 +306,8 @@ async function boot() {
   }
 }
 
-window.__bp = {
+/** The page's parts, for testhooks.js (the tests and the benchmark). */
+export const parts = {
   model,
   map,
   conn,
@@ -320,18 +323,9 @@ window.__bp = {
   panels: { tokens: tokensPanel, misses, regret, whatif },
   history,
   onScreen,
+  cadence,
   perf,
   errors,
-  palette: { COLORS, colorsForState },
-  ready: () => model.seq !== null && map.n === model.n,
-  resetPerf() {
-    perf.raf = 0;
-    perf.frameMs = 0;
-    perf.maxFrameMs = 0;
-    perf.longFrames = 0;
-    perf.started = performance.now();
-    Object.assign(map.perf, { draws: 0, drawMs: 0, lastMs: 0, maxMs: 0, cells: 0, fullPaints: 0 });
-  },
 };
 
 boot();

@@ -1,10 +1,11 @@
 // What a bigger cache or another free order would buy: the shadow pools'
 // hit-rate curve, its what-if lines and table, from REST every few seconds.
 
-import { buildCurve, factorLabel, policyRgb, whatIf } from "./analysis.js";
+import { buildCurve, factorLabel, policyRgb, whatIf } from "../../state/analysis.js";
 import { clock, quiet, swatch } from "./analysisparts.js";
-import { $, h, int, pct, setText } from "./format.js";
-import { MiniChart } from "./minichart.js";
+import { $, h, setText } from "../../../shared/dom.js";
+import { int, pct } from "../../../shared/format.js";
+import { MiniChart } from "../../render/minichart.js";
 
 const pctFmt = (v) => `${Math.round(v * 100)}%`;
 /** up, down or `flat` by a hit-rate delta (half a tenth of a point counts). */

@@ -2,9 +2,10 @@
 // collapsed to one line ("a1b2c3d4… ─ 37 blocks ─ 9f2c0d1e…"), branches
 // shown where requests diverge.  Built from PrefixTree (REST + events).
 
-import { get } from "./api.js";
-import { $, h, int, setText, shortHash } from "./format.js";
-import { chainFrom, copiesFromIndex } from "./prefixtree.js";
+import { get } from "../../shared/api.js";
+import { $, h, setText } from "../../shared/dom.js";
+import { int, shortHash } from "../../shared/format.js";
+import { chainFrom, copiesFromIndex } from "../state/prefixtree.js";
 
 const MAX_ROOTS = 24;
 const MAX_CHILDREN = 6;

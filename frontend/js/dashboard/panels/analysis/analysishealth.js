@@ -1,6 +1,6 @@
 // The analysis health in the top bar: the hub's health as one item.
 
-import { $, h, setText } from "./format.js";
+import { $, h, setText } from "../../../shared/dom.js";
 
 export class AnalysisHealthItem {
   constructor(hub) {

@@ -1,7 +1,15 @@
-// REST client: the bearer token (kept in sessionStorage) and the error shape
-// {"error": {"status", "code", "message", "details"}}.
+// REST client of the dashboard and the fleet page: the bearer token (kept in
+// sessionStorage) and the error shape {"error": {"status", "code", "message",
+// "details"}}.
 
-const TOKEN_KEY = "blockpool.token";
+let tokenKey = "blockpool.token";
+let tokenFromUrl = false;
+
+/** The page's token slot: its sessionStorage key, and whether ?token= overrides it. */
+export function useTokenKey(key, { fromUrl = false } = {}) {
+  tokenKey = key;
+  tokenFromUrl = fromUrl;
+}
 
 export class ApiError extends Error {
   constructor(status, code, message, details) {
@@ -13,8 +21,12 @@ export class ApiError extends Error {
 }
 
 export function getToken() {
+  if (tokenFromUrl) {
+    const fromUrl = new URLSearchParams(location.search).get("token");
+    if (fromUrl) return fromUrl;
+  }
   try {
-    return sessionStorage.getItem(TOKEN_KEY) || "";
+    return sessionStorage.getItem(tokenKey) || "";
   } catch {
     return "";
   }
@@ -22,11 +34,21 @@ export function getToken() {
 
 export function setToken(token) {
   try {
-    if (token) sessionStorage.setItem(TOKEN_KEY, token);
-    else sessionStorage.removeItem(TOKEN_KEY);
+    if (token) sessionStorage.setItem(tokenKey, token);
+    else sessionStorage.removeItem(tokenKey);
   } catch {
     /* storage disabled: the token lives for this page only */
   }
+}
+
+/** path?k=v&… for the params that have a value. */
+export function withParams(path, params = {}) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params || {})) {
+    if (v !== undefined && v !== null && v !== "") q.set(k, String(v));
+  }
+  const qs = q.toString();
+  return qs ? `${path}${path.includes("?") ? "&" : "?"}${qs}` : path;
 }
 
 const listeners = [];

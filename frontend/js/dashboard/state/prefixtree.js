@@ -4,7 +4,7 @@
 // hash is still cached comes from the model's hash index (exact, from the
 // columns), so replaying an event twice changes nothing.
 
-import { EV_CLEARED, EV_STORED, eventHash64, parseHash64 } from "./protocol.js";
+import { EV_CLEARED, EV_STORED, eventHash64, parseHash64 } from "../wire/protocol.js";
 
 export class PrefixTree {
   constructor() {

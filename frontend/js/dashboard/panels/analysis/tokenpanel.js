@@ -1,10 +1,11 @@
 // Token usage beside block usage: slots reserved, held and the tail waste
 // over the window, from the `tokens` figures in every stream frame.
 
-import { REASON_RGB } from "./analysis.js";
+import { REASON_RGB } from "../../state/analysis.js";
 import { freshWindow, timeColumns } from "./analysisparts.js";
-import { $, pct, setText } from "./format.js";
-import { MiniChart, compact } from "./minichart.js";
+import { $, setText } from "../../../shared/dom.js";
+import { pct } from "../../../shared/format.js";
+import { MiniChart, compact } from "../../render/minichart.js";
 
 export class TokenPanel {
   constructor(hub, windowSel) {

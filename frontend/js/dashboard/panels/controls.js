@@ -2,8 +2,9 @@
 // requests by hand, resetting the prefix cache (confirmed; a refusal is
 // shown with the number of held blocks), and the bearer token.
 
-import { ApiError, get, getToken, post, setToken } from "./api.js";
-import { $, h, int, setText } from "./format.js";
+import { ApiError, get, getToken, post, setToken } from "../../shared/api.js";
+import { $, h, setText } from "../../shared/dom.js";
+import { int } from "../../shared/format.js";
 
 /** "1 2 3", "1,2,3", "0..255", "rand 512" (mixable: "0..63 rand 32"). */
 export function parseTokens(text) {

@@ -4,9 +4,10 @@
 // the allocation rate; cached blocks inside the horizon are "at risk" and
 // stand out here, on the map, and grouped by the prefix they belong to.
 
-import { $, dur, h, int, rate, setText, shortHash } from "./format.js";
-import { COLORS, rgbCss } from "./palette.js";
-import { CACHED, hex64 } from "./protocol.js";
+import { $, h, setText } from "../../shared/dom.js";
+import { dur, int, rate, shortHash } from "../../shared/format.js";
+import { COLORS, rgbCss } from "../../shared/palette.js";
+import { CACHED, hex64 } from "../wire/protocol.js";
 
 const LIST_ROWS = 120;
 const MAX_RISK = 50000;

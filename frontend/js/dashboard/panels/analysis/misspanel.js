@@ -2,10 +2,11 @@
 // totals table, and from REST every few seconds the evicted misses' age and
 // queue-position histograms and the recent requests.
 
-import { REASONS, REASON_HELP, REASON_LABEL, REASON_RGB, missColumns } from "./analysis.js";
+import { REASONS, REASON_HELP, REASON_LABEL, REASON_RGB, missColumns } from "../../state/analysis.js";
 import { clock, freshWindow, histChart, quiet, rateFmt, swatch } from "./analysisparts.js";
-import { $, dur, h, int, pct, setText } from "./format.js";
-import { MiniChart, compact, rgba } from "./minichart.js";
+import { $, h, setText } from "../../../shared/dom.js";
+import { dur, int, pct } from "../../../shared/format.js";
+import { MiniChart, compact, rgba } from "../../render/minichart.js";
 
 export class MissPanel {
   constructor(hub, windowSel, showRequest) {

@@ -6,12 +6,13 @@
 // requests from GET /api/requests/{id}, finished ones from
 // GET /api/misses/requests/{id}).
 
-import { REASON_LABEL, REASON_RGB } from "./analysis.js";
-import { ApiError, api, get } from "./api.js";
-import { $, dur, h, int } from "./format.js";
-import { rgba } from "./minichart.js";
-import { blockCells, cellCounts, describeCell, renderBars } from "./reqbars.js";
-import { STATE_NAMES, hex64 } from "./protocol.js";
+import { REASON_LABEL, REASON_RGB } from "../state/analysis.js";
+import { ApiError, api, get } from "../../shared/api.js";
+import { $, h } from "../../shared/dom.js";
+import { dur, int } from "../../shared/format.js";
+import { rgba } from "../render/minichart.js";
+import { blockCells, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
+import { STATE_NAMES, hex64 } from "../wire/protocol.js";
 
 const STATE_LABEL = { null: "null", in_use: "in use", cached: "cached", empty: "empty" };
 

@@ -4,7 +4,7 @@
 // ids) or GET /api/misses/requests/{id} (also recently finished requests:
 // `blocks[i].reason` / `.detail`).
 
-import { REASON_LABEL, REASON_RGB } from "./analysis.js";
+import { REASON_LABEL, REASON_RGB } from "../state/analysis.js";
 
 /**
  * One cell per block: {index, kind: "hit" | "miss" | "pending" | "decode",

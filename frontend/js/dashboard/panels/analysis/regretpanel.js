@@ -2,10 +2,11 @@
 // from REST every few seconds the eviction-to-re-store gap histogram and the
 // most regretted prefixes.
 
-import { REASON_RGB } from "./analysis.js";
+import { REASON_RGB } from "../../state/analysis.js";
 import { freshWindow, histChart, quiet, rateFmt, timeColumns } from "./analysisparts.js";
-import { $, dur, h, int, pct, setText } from "./format.js";
-import { MiniChart, compact } from "./minichart.js";
+import { $, h, setText } from "../../../shared/dom.js";
+import { dur, int, pct } from "../../../shared/format.js";
+import { MiniChart, compact } from "../../render/minichart.js";
 
 export class RegretPanel {
   constructor(hub, windowSel) {

@@ -3,9 +3,10 @@
 // frame left out or a resync skipped), which can be loaded from
 // GET /api/events?since=.
 
-import { get } from "./api.js";
-import { $, h, int, setText } from "./format.js";
-import { EVENT_NAMES, EV_CLEARED, EV_REMOVED, EV_STORED, eventHash64 } from "./protocol.js";
+import { get } from "../../shared/api.js";
+import { $, h, setText } from "../../shared/dom.js";
+import { int } from "../../shared/format.js";
+import { EVENT_NAMES, EV_CLEARED, EV_REMOVED, EV_STORED, eventHash64 } from "../wire/protocol.js";
 
 const ROWS = 150;
 const TYPE_CLASS = { 0: "ev-stored", 1: "ev-removed", 2: "ev-cleared" };

@@ -5,10 +5,11 @@
 // REST views are fetched quietly: a failure shows in its panel, not in the
 // page's error line.
 
-import { trimHistogram } from "./analysis.js";
-import { api } from "./api.js";
-import { dur, h, int } from "./format.js";
-import { MiniChart, compact, rgba } from "./minichart.js";
+import { trimHistogram } from "../../state/analysis.js";
+import { api } from "../../../shared/api.js";
+import { h } from "../../../shared/dom.js";
+import { dur, int } from "../../../shared/format.js";
+import { MiniChart, compact, rgba } from "../../render/minichart.js";
 
 export const quiet = (path) => api("GET", path, undefined, { quiet: true });
 export const rateFmt = (v) => (v === null || v === undefined || !Number.isFinite(v) ? "—" : v >= 100 ? int(v) : v.toFixed(1));

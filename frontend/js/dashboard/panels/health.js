@@ -1,7 +1,8 @@
 // Stream health, always visible: connection state, seq, lag, drops,
 // resyncs, reconnects, gaps resumed, throughput and the render rate.
 
-import { $, bytes, h, int, setText } from "./format.js";
+import { $, h, setText } from "../../shared/dom.js";
+import { bytes, int } from "../../shared/format.js";
 
 export class HealthBar {
   constructor(conn, model, perf) {

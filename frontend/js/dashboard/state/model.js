@@ -6,7 +6,7 @@
 // hash index is kept up to date on the way.  Views: queue order from stamps,
 // the hash map grouped by (hash64, group), counts.
 
-import { CONFIG, DELTA, SNAPSHOT, CACHED, EMPTY } from "./protocol.js";
+import { CACHED, CONFIG, DELTA, EMPTY, SNAPSHOT } from "../wire/protocol.js";
 import { HashIndex } from "./hashindex.js";
 
 export class PoolModel {

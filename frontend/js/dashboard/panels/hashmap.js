@@ -3,9 +3,10 @@
 // (the local index, numerically) or by block id.  Longer (digest) prefixes
 // go to GET /api/hashmap?hash=.
 
-import { get } from "./api.js";
-import { $, h, int, setText } from "./format.js";
-import { hex64 } from "./protocol.js";
+import { get } from "../../shared/api.js";
+import { $, h, setText } from "../../shared/dom.js";
+import { int } from "../../shared/format.js";
+import { hex64 } from "../wire/protocol.js";
 
 const ROWS = 60;
 
