@@ -4,7 +4,7 @@ The runtime tells ``sync`` which blocks an operation touched; the columns then
 hold, for every block: its state (null / in use / cached-evictable / empty),
 ref count, whether it is hashed, the 64-bit form of its hash and its group,
 and its queue stamp.  Free blocks sorted by stamp are exactly the free queue
-from head to tail (DESIGN.md: blocks only ever enter at the tail), so a
+from head to tail (docs/architecture.md, "The free order's stamping rule"), so a
 client that mirrors these columns knows the LRU order without list diffs.
 
 Counts per state are maintained incrementally: O(touched) per operation.
