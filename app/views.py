@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from app.errors import Conflict, InvalidInput, NotFound
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.analysis import views as analysis_views
+from blockpool.keys import key_group
 from blockpool.runtime.columns import STATE_NAMES, hash64
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ def block(engine: Engine, block_id: int) -> dict[str, Any]:
         "requests": holders,
         "block_hash": key[:-4].hex() if key is not None else None,
         "hash64": f"{hash64(key):016x}" if key is not None else None,
-        "group_id": int.from_bytes(key[-4:], "big") if key is not None else None,
+        "group_id": key_group(key) if key is not None else None,
         "copies_under_hash": (
             len(pool.cached_block_hash_to_block.blocks_under(key)) if key is not None else 0
         ),
@@ -200,7 +201,7 @@ def hash_map(
                 {
                     "block_hash": key[:-4].hex(),
                     "hash64": h64,
-                    "group_id": int.from_bytes(key[-4:], "big"),
+                    "group_id": key_group(key),
                     "block_ids": [b.block_id for b in blocks],
                     "multi": len(blocks) > 1,
                 }

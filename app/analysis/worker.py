@@ -22,11 +22,13 @@ operations/accesses applied, ``error``):
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-import traceback
 from typing import Any
 
 from blockpool.shadow import ShadowSet, ShadowSpec
+
+logger = logging.getLogger("blockpool.analysis.worker")
 
 
 class Replica:
@@ -139,7 +141,9 @@ def handle(state: dict[int, Any], msg: tuple[Any, ...]) -> dict[str, Any]:
         reply["stats"] = shadows.stats()
         reply["accesses"] = shadows.accesses
     except Exception as exc:  # report, keep serving the other channels
-        reply["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
+        # the traceback goes to the worker's log; the reply says what failed
+        logger.exception("analysis worker: %s on channel %s failed", kind, cid)
+        reply["error"] = f"{type(exc).__name__}: {exc}"
         if kind == "rops":
             reply["n"] = sum(len(b) for _, b in msg[2])
     return reply

@@ -74,6 +74,7 @@ from blockpool.analysis.reasons import (
     Tag,
 )
 from blockpool.analysis.regret import RegretTracker
+from blockpool.keys import digest64
 
 if TYPE_CHECKING:
     from blockpool import BlockPool, HashFn
@@ -293,7 +294,7 @@ class MissTracker:
         hs = hashes[start:full]
         cache = self.pool.cached_block_hash_to_block._cache
         ents = [cache.get(h + GID0) for h in hs]
-        hv = [int.from_bytes(h[-8:], "big") for h in hs]
+        hv = list(map(digest64, hs))
         ring = self.ring
         serials = list(map(ring.evicted.get, hv))
         floor = ring.ev_serial - ring.size

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from blockpool.analysis.common import SECONDS_BUCKETS, Hist, hex64
+from blockpool.keys import digest64
 
 if TYPE_CHECKING:
     from blockpool.analysis.evictions import EvictionRing
@@ -73,7 +74,7 @@ class RegretTracker:
         depth = 0
         gap = 0.0
         for i, serial in found:
-            hv = int.from_bytes(hashes[i][-8:], "big")
+            hv = digest64(hashes[i])
             gap = now - r_ts[serial % size]
             if gap < 0:
                 gap = 0.0
