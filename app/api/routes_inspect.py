@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 
-from app import views
+from app import storage_link, views
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
 
@@ -85,11 +85,15 @@ async def series(
 
 
 @router.get("/storage", dependencies=[ReadAuth], summary="K/V storage memory facts")
-async def storage(engine: EngineDep) -> dict[str, Any]:
+async def storage(engine: EngineDep, request: Request) -> dict[str, Any]:
     """Device, dtype, bytes per block, bytes allocated, and the bytes holding
-    live / cached / empty blocks now (``enabled: false`` without storage)."""
+    live / cached / empty blocks now (``enabled: false`` without storage, with
+    the ``reason``: turned off, or torch not installed)."""
     facts = engine.storage_facts()
-    return {"enabled": facts is not None, **(facts or {})}
+    if facts is None:
+        reason = request.app.state.storage_off or storage_link.OFF_BY_SETTING
+        return {"enabled": False, "reason": reason}
+    return {"enabled": True, **facts}
 
 
 @router.get("/health", summary="Liveness")
