@@ -9,6 +9,7 @@ Use: ``FastAPI(..., docs_url=None, redoc_url=None)`` then ``install(app)``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -22,7 +23,16 @@ PARAMETERS = {"validatorUrl": None, "displayRequestDuration": True}
 
 
 def install(app: FastAPI, path: str = "/docs") -> None:
-    """Serve Swagger UI at ``path`` with its assets under ``/docs-assets``."""
+    """Serve Swagger UI at ``path`` with its assets under ``/docs-assets``,
+    and tidy the generated schema (see ``tidy``)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            tidy(generate())
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.mount(ASSETS, StaticFiles(directory=SWAGGER_DIR), name="docs-assets")
     openapi_url = app.openapi_url or "/openapi.json"
     title = f"{app.title} — API"
@@ -37,3 +47,18 @@ def install(app: FastAPI, path: str = "/docs") -> None:
             swagger_favicon_url=f"{ASSETS}/favicon-32x32.png",
             swagger_ui_parameters=PARAMETERS,
         )
+
+
+def tidy(spec: dict[str, Any]) -> dict[str, Any]:
+    """A success response documented by a model (``responses=returns(M)``,
+    app/api/responses.py) while the route still returns a plain dict gets
+    FastAPI's ``{"type": "object", "additionalProperties": true, "title": …}``
+    merged beside the model's ``$ref``: keep the ``$ref`` alone."""
+    for operations in spec.get("paths", {}).values():
+        for operation in operations.values():
+            for response in operation.get("responses", {}).values():
+                for media in response.get("content", {}).values():
+                    schema = media.get("schema", {})
+                    if "$ref" in schema:
+                        media["schema"] = {"$ref": schema["$ref"]}
+    return spec
