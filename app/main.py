@@ -20,6 +20,7 @@ from app.api import docs as api_docs
 from app.api import errors as api_errors
 from app.api import routes_analysis, routes_demo, routes_inspect, routes_pool, routes_requests
 from app.api.deps import require_read
+from app.api.same_origin import SameOriginGuard
 from app.demo import DemoWorkload
 from app.engine import Engine
 from app.frontend_files import BESIDE, frontend_dir
@@ -125,6 +126,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return FileResponse(FRONTEND / "index.html")
 
     app.add_middleware(api_errors.BodyLimit, limit=settings.max_body_bytes)
+    # outermost: cross-site and foreign-Host browser requests are refused first
+    app.add_middleware(
+        SameOriginGuard,
+        bind_host=settings.host,
+        allowed_hosts=settings.allowed_hosts,
+        allowed_origins=settings.allowed_origins,
+    )
     return app
 
 

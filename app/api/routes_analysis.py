@@ -14,6 +14,7 @@ from app.analysis import replay
 from app.analysis.core import Analysis
 from app.analysis.recording import EventsView, Recorder, export_lines
 from app.api import responses as r
+from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import returns
@@ -143,7 +144,7 @@ async def _moment(request: Request, engine: Engine, seq: int) -> replay.Moment:
 @router.get(
     "/history/state",
     responses=returns(r.HistoryState),
-    dependencies=[ReadAuth],
+    dependencies=[CostlyRead],
     summary="The pool at a recorded moment",
 )
 async def history_state(
@@ -164,7 +165,7 @@ async def history_state(
 @router.get(
     "/history/diff",
     responses=returns(r.HistoryDiff),
-    dependencies=[ReadAuth],
+    dependencies=[CostlyRead],
     summary="What changed between two moments",
 )
 async def history_diff(
@@ -195,7 +196,7 @@ class NDJSONResponse(StreamingResponse):
 
 @router.get(
     "/history/export",
-    dependencies=[ReadAuth],
+    dependencies=[CostlyRead],
     summary="The recording as JSON lines",
     response_class=NDJSONResponse,
     responses={200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},

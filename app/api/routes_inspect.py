@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query, Request
 
 from app import storage_link, views
 from app.api import responses as r
+from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import returns
@@ -36,7 +37,7 @@ async def block(
 @router.get(
     "/queue",
     responses=returns(r.Queue),
-    dependencies=[ReadAuth],
+    dependencies=[CostlyRead],
     summary="The LRU free queue, paged",
 )
 async def queue(engine: EngineDep, offset: Offset = 0, limit: Limit = 100) -> dict[str, Any]:
@@ -47,7 +48,7 @@ async def queue(engine: EngineDep, offset: Offset = 0, limit: Limit = 100) -> di
 @router.get(
     "/hashmap",
     responses=returns(r.HashMap),
-    dependencies=[ReadAuth],
+    dependencies=[CostlyRead],
     summary="The hash -> block map, paged",
 )
 async def hash_map(
@@ -66,7 +67,7 @@ async def hash_map(
 @router.get(
     "/prefix-tree",
     responses=returns(r.PrefixTree),
-    dependencies=[ReadAuth],
+    dependencies=[CostlyRead],
     summary="Cached prefixes as a tree",
 )
 async def prefix_tree(

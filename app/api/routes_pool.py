@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 
 from app import views
 from app.api import responses as r
+from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import returns
@@ -130,7 +131,7 @@ async def lookup(
 @router.post(
     "/pool/prefix-lookup",
     responses=returns(r.PrefixLookup),
-    dependencies=[ReadAuth],
+    dependencies=[CostlyRead],
     summary="Cached prefix of a prompt",
 )
 async def prefix_lookup(op: PrefixLookupOp, engine: EngineDep) -> dict[str, Any]:

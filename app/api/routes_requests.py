@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query
 
 from app import ops, views
 from app.api import responses as r
+from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import returns
@@ -68,7 +69,7 @@ async def append(engine: EngineDep, request_id: Rid, body: AppendBody) -> dict[s
 @router.post(
     "/requests/{request_id}/verify",
     responses=returns(r.Verified),
-    dependencies=[ReadAuth],
+    dependencies=[CostlyRead],
     summary="Verify its K/V",
 )
 async def verify(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
