@@ -45,6 +45,22 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     token: str | None = Field(default=None, description="bearer token for mutating endpoints")
     protect_reads: bool = False
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names browsers may use besides loopback names, IP addresses and "
+        "--host ('*': any); others are refused (DNS rebinding)",
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="origins (scheme://host[:port]) whose pages may send mutating requests "
+        "besides the server's own",
+    )
+    costly_reads_burst: int = Field(
+        default=8, ge=1, le=100_000, description="costly reads per client without the token"
+    )
+    costly_reads_per_s: float = Field(
+        default=1.0, gt=0, le=100_000, description="refill rate of that ration per second"
+    )
     tick_hz: float = Field(default=20.0, gt=0, le=200)
     event_log_capacity: int = Field(default=200_000, ge=100)
     sample_log_capacity: int = Field(default=50_000, ge=100)

@@ -86,9 +86,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (401, "missing or wrong bearer token"),
         (404, "no such block / request / route"),
         (409, "refused by the pool's state (nothing changed)"),
+        (403, "a cross-site request or a foreign Host header (browser pages only)"),
         (413, "over a size limit"),
         (415, "the body is not JSON (Content-Type: application/json)"),
         (422, "invalid input (nothing changed)"),
+        (429, "too many costly reads without the token (Retry-After says when)"),
     )
 }
 
@@ -116,6 +118,8 @@ def install(app: FastAPI) -> None:
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         status = status_of(exc)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if status == 429 and "retry_after_s" in exc.details:
+            headers = {"Retry-After": str(exc.details["retry_after_s"])}
         return JSONResponse(body_of(exc), status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -205,13 +209,17 @@ def _allow(request: Request) -> dict[str, str]:
 
 def _auth_denied(request: Request) -> JSONResponse | None:
     """The 401 response when the matched route's auth dependency refuses."""
+    from app.api.costly import require_costly_read
     from app.api.deps import require_read, require_write
 
+    checks = {require_write: require_write, require_read: require_read,
+              require_costly_read: require_read}  # (the ration is not taken here)  # fmt: skip
     route = request.scope.get("route")
     for dep in getattr(route, "dependencies", ()):
-        if dep.dependency in (require_write, require_read):
+        check = checks.get(dep.dependency)
+        if check is not None:
             try:
-                dep.dependency(request)
+                check(request)
             except ApiError as exc:
                 return JSONResponse(
                     body_of(exc), status_of(exc), headers={"WWW-Authenticate": "Bearer"}
