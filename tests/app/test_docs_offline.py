@@ -119,8 +119,10 @@ def _exercise(client: httpx.Client) -> dict[tuple[str, str], Any]:
                  "kv-events"):  # fmt: skip
         call("GET", f"/api/{path}")
     call("GET", "/api/misses/requests/{request_id}", f"/api/misses/requests/{b['request_id']}")
+    # partial application (on_error stop): a result row and an error row
     call("POST", "/api/batch", json={"ops": [{"op": "allocate", "num_blocks": 1},
-                                             {"op": "touch", "block_ids": [0]}]})  # fmt: skip
+                                             {"op": "touch", "block_ids": [0]}],
+                                     "on_error": "stop"})  # fmt: skip
     call("POST", "/api/demo/config", json={"rate": 3})
     call("POST", "/api/demo/start")
     call("POST", "/api/demo/stop")
