@@ -16,10 +16,20 @@ Hashes come as 64-bit ints (vLLM's default, sometimes signed) or as bytes
 (the full digest).  Ints are normalised to unsigned 64-bit; bytes stay bytes.
 The payload is decoded untyped (``msgspec.msgpack.decode``) and read field by
 field, so an unexpected shape costs one event (counted), never the stream.
+
+Poison is bounded before and while decoding: a payload over ``max_bytes`` is
+refused unread; msgspec stops at the interpreter's recursion limit (about
+1,000 levels -- refused as ``too_deep``, never a ``RecursionError``); numbers
+are checked (a token id must be a finite integer, the batch's ``ts`` a finite
+number); unknown fields kept as ``extra`` are cut to ``EXTRA_MAX_DEPTH`` levels
+and ``EXTRA_MAX_ITEMS`` items with non-finite floats written as text, so that
+every kept value can be shown as JSON.  What was refused or cut is counted
+per kind in ``DecodeError.kind`` / ``ObservedBatch.issues``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import msgspec
@@ -27,10 +37,18 @@ import msgspec
 MASK64 = (1 << 64) - 1
 Hash = int | bytes
 Encoding = Literal["positional", "map"]
+MAX_BATCH_BYTES = 32 * 1024 * 1024  # the default refusal size of one payload
+EXTRA_MAX_DEPTH = 8
+EXTRA_MAX_ITEMS = 256
 
 
 class DecodeError(ValueError):
-    """The payload is not a KV-event batch at all."""
+    """The payload is not a KV-event batch at all; ``kind`` names why
+    (``too_large``, ``too_deep``, ``not_msgpack``, ``not_a_batch``)."""
+
+    def __init__(self, message: str, kind: str = "not_a_batch") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class StoredEvent(msgspec.Struct, gc=False):
@@ -65,6 +83,9 @@ class ObservedBatch(msgspec.Struct, gc=False):
     encoding: Encoding
     unknown: int = 0  # events of a type we do not know (skipped)
     malformed: int = 0  # events we could not read (skipped)
+    # poison found in the batch, by kind: malformed_event, bad_number (a
+    # skipped event), non_finite_ts (ts then 0.0), extra_cut (extra trimmed)
+    issues: dict[str, int] | None = None
 
 
 _STORED = "blockstored"
@@ -124,6 +145,20 @@ def _hashes(value: Any) -> list[Hash]:
     return [norm_hash(value)]
 
 
+class BadNumber(ValueError):
+    """A number that cannot be what the field holds (inf, NaN, a fraction)."""
+
+
+def _token(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value) and value.is_integer():
+            return int(value)
+        raise BadNumber(f"token id {value!r} is not an integer")
+    raise TypeError("a token id is not a number")
+
+
 def _opt_int(value: Any) -> int | None:
     if value is None:
         return None
@@ -140,7 +175,9 @@ def _opt_str(value: Any) -> str | None:
     return str(value)
 
 
-def _fields(raw: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _fields(
+    raw: Any, names: tuple[str, ...], cut: list[int]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(known fields by name, extra fields) of a positional or map event."""
     if isinstance(raw, dict):
         known: dict[str, Any] = {}
@@ -152,16 +189,47 @@ def _fields(raw: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str,
             key = _ALIASES.get(key, key)
             if key in names:
                 known[key] = v
+            elif len(extra) < EXTRA_MAX_ITEMS:
+                extra[key[:200]] = _safe(v, cut)
             else:
-                extra[key] = v
+                cut[0] += 1
         return known, extra or None
     values = list(raw[1:])
     known = dict(zip(names, values, strict=False))
     rest = values[len(names) :]
-    return known, ({"positional": rest} if rest else None)
+    return known, ({"positional": _safe(rest, cut)} if rest else None)
 
 
-def _event(raw: Any) -> ObservedEvent | None:
+def _safe(value: Any, cut: list[int], depth: int = 0) -> Any:
+    """An extra field's value, JSON-safe and bounded: at most
+    EXTRA_MAX_DEPTH levels and EXTRA_MAX_ITEMS items per container, floats
+    finite (others as text); each cut counted in ``cut[0]``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        cut[0] += 1
+        return repr(value)
+    if isinstance(value, list | tuple | dict):
+        if depth >= EXTRA_MAX_DEPTH:
+            cut[0] += 1
+            return "<nested too deep>"
+        if len(value) > EXTRA_MAX_ITEMS:
+            cut[0] += 1
+        if isinstance(value, dict):
+            items = list(value.items())[:EXTRA_MAX_ITEMS]
+            return {_key(k): _safe(v, cut, depth + 1) for k, v in items}
+        return [_safe(v, cut, depth + 1) for v in value[:EXTRA_MAX_ITEMS]]
+    if isinstance(value, bytes | str) and len(value) > 4096:
+        cut[0] += 1
+        return value[:4096]
+    return value
+
+
+def _key(k: Any) -> str:
+    if isinstance(k, bytes):
+        return k[:200].decode("utf-8", "replace")
+    return k[:200] if isinstance(k, str) else repr(k)[:200]
+
+
+def _event(raw: Any, cut: list[int]) -> ObservedEvent | None:
     """One event, or None for a type we do not know."""
     if isinstance(raw, dict):
         tag_value = next((raw[k] for k in _TAG_KEYS if k in raw), None)
@@ -173,12 +241,12 @@ def _event(raw: Any) -> ObservedEvent | None:
     else:
         raise TypeError("event is neither an array nor a map")
     if tag == _STORED:
-        f, extra = _fields(raw, _STORED_FIELDS)
+        f, extra = _fields(raw, _STORED_FIELDS, cut)
         hashes = _hashes(f.get("block_hashes"))
         tokens_raw = f.get("token_ids") or []
         if not isinstance(tokens_raw, list | tuple):
             raise TypeError("token_ids is not a list")
-        tokens = [int(t) for t in tokens_raw]
+        tokens = [_token(t) for t in tokens_raw]
         size = _opt_int(f.get("block_size"))
         if size is None or size <= 0:
             size = len(tokens) // len(hashes) if hashes and tokens else 0
@@ -194,22 +262,26 @@ def _event(raw: Any) -> ObservedEvent | None:
             extra=extra,
         )
     if tag == _REMOVED:
-        f, extra = _fields(raw, _REMOVED_FIELDS)
+        f, extra = _fields(raw, _REMOVED_FIELDS, cut)
         return RemovedEvent(
             hashes=_hashes(f.get("block_hashes")), medium=_opt_str(f.get("medium")), extra=extra
         )
     if tag == _CLEARED:
-        f, extra = _fields(raw, ("medium",))
+        f, extra = _fields(raw, ("medium",), cut)
         return ClearedEvent(medium=_opt_str(f.get("medium")), extra=extra)
     return None
 
 
-def decode_batch(payload: bytes) -> ObservedBatch:
+def decode_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> ObservedBatch:
     """Decode one message payload, whichever encoding it uses."""
+    if len(payload) > max_bytes:
+        raise DecodeError(f"{len(payload)} bytes, over the {max_bytes} limit", "too_large")
     try:
         raw = msgspec.msgpack.decode(payload)
+    except RecursionError:
+        raise DecodeError("nested too deep", "too_deep") from None
     except msgspec.DecodeError as exc:
-        raise DecodeError(f"not msgpack: {exc}") from exc
+        raise DecodeError(f"not msgpack: {exc}", "not_msgpack") from exc
     encoding: Encoding
     if isinstance(raw, list):
         if len(raw) < 2:
@@ -230,15 +302,25 @@ def decode_batch(payload: bytes) -> ObservedBatch:
         raise DecodeError("the batch's events are not a list")
     if isinstance(ts_raw, bool) or not isinstance(ts_raw, int | float | None):
         raise DecodeError("the batch's ts is not a number")
-    ts = float(ts_raw) if ts_raw is not None else 0.0
+    issues: dict[str, int] = {}
+    ts = float(ts_raw) if ts_raw is not None else 0.0  # msgpack ints fit a float
+    if not math.isfinite(ts):
+        issues["non_finite_ts"] = 1
+        ts = 0.0
     rank = rank_raw if isinstance(rank_raw, int) and not isinstance(rank_raw, bool) else None
     events: list[ObservedEvent] = []
     unknown = malformed = 0
+    cut = [0]
     for item in events_raw:
         try:
-            ev = _event(item)
-        except (TypeError, ValueError, IndexError, UnicodeDecodeError):
+            ev = _event(item, cut)
+        except (BadNumber, OverflowError):
             malformed += 1
+            issues["bad_number"] = issues.get("bad_number", 0) + 1
+            continue
+        except Exception:  # any other shape we cannot read: this event only
+            malformed += 1
+            issues["malformed_event"] = issues.get("malformed_event", 0) + 1
             continue
         if ev is None:
             unknown += 1
@@ -253,6 +335,7 @@ def decode_batch(payload: bytes) -> ObservedBatch:
         encoding=encoding,
         unknown=unknown,
         malformed=malformed,
+        issues={**issues, "extra_cut": cut[0]} if cut[0] else (issues or None),
     )
 
 

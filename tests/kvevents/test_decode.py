@@ -172,3 +172,43 @@ def test_hash_text_forms() -> None:
         norm_hash(True)
     with pytest.raises(TypeError):
         norm_hash(1.5)
+
+
+def test_poison_is_refused_or_trimmed_by_kind() -> None:
+    import json
+    import math
+
+    from app.kvevents.event_json import event_json
+
+    with pytest.raises(DecodeError) as big:
+        decode_batch(positional([STORED]), max_bytes=16)
+    assert big.value.kind == "too_large"
+    deep = b"\x92" + msgpack.packb(1.0) + b"\x91" * 5000 + b"\x90"
+    with pytest.raises(DecodeError) as nested:
+        decode_batch(deep)
+    assert nested.value.kind == "too_deep"
+    with pytest.raises(DecodeError) as junk:
+        decode_batch(b"\xc1")
+    assert junk.value.kind == "not_msgpack"
+    # numbers: a token id is a finite integer; ts finite (else 0.0, counted)
+    for bad in (math.inf, -math.inf, math.nan, 1.5):
+        payload = msgpack.packb([math.nan, [["BlockStored", [1], None, [bad], 1]], 0])
+        b = decode_batch(payload)
+        assert (b.events, b.malformed, b.ts) == ([], 1, 0.0)
+        assert b.issues == {"bad_number": 1, "non_finite_ts": 1}
+    ok = decode_batch(msgpack.packb([2.0, [["BlockStored", [1], None, [3.0], 1]]]))
+    assert ok.issues is None and ok.events[0].token_ids == [3]  # type: ignore[union-attr]
+    # unknown fields are kept JSON-safe and bounded
+    nested_extra: object = 1
+    for _ in range(600):
+        nested_extra = [nested_extra]
+    ev = {"type": "BlockRemoved", "block_hashes": [3], "deep": nested_extra,
+          "nan": math.nan, "wide": list(range(10_000)), "long": "x" * 100_000}  # fmt: skip
+    b = decode_batch(msgpack.packb({"ts": 1.0, "events": [ev]}))
+    removed = b.events[0]
+    assert isinstance(removed, RemovedEvent) and removed.extra is not None
+    assert removed.extra["nan"] == "nan" and len(removed.extra["wide"]) == 256
+    assert len(removed.extra["long"]) == 4096
+    assert b.issues == {"extra_cut": 4}
+    text = json.dumps(event_json(1, b.ts, (0, removed)), allow_nan=False)
+    assert "nested too deep" in text
