@@ -60,9 +60,12 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
            "--log-level", "warning"]  # fmt: skip
     for name, fed in feds.items():
         cmd += [f"{name}={fed.pub.bound_endpoint}"]
+    cmd += [f"ghost=tcp://127.0.0.1:{free_port()}"]  # nothing binds there
     for fed in feds.values():
         cmd += ["--replay", fed.pub.bound_replay_endpoint or "none"]
+    cmd += ["--replay", "none"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
+    env["BLOCKPOOL_OBSERVER_SILENCE_S"] = "1"
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -131,7 +134,18 @@ def test_fleet_page_shows_both_instances_and_their_hashes(
 def check_page(page: Any, url: str, feds: dict[str, Fed]) -> None:
     page.wait_for_selector("#instances .instance >> nth=1", timeout=20_000)
     names = page.eval_on_selector_all("#instances .instance", "els => els.map(e => e.dataset.name)")
-    assert names == ["alpha", "beta"]
+    assert names == ["alpha", "beta", "ghost"]
+    # the silent one says what to check; the fed ones say nothing of the kind
+    page.wait_for_function(
+        "() => { const n = document.querySelector("
+        "'#instances .instance[data-name=\"ghost\"] .reason.silence');"
+        " return n && n.textContent.includes('never connected'); }",
+        timeout=20_000,
+    )
+    ghost = page.inner_text('#instances .instance[data-name="ghost"] .reason.silence')
+    assert "bind" in ghost and "connect" in ghost
+    assert page.query_selector_all("#instances .instance:not([data-name='ghost']) .silence") == []
+    names = ["alpha", "beta"]
     assert page.is_visible("#cannot-know")
     banner = page.inner_text("#cannot-know")
     assert "cannot know" in banner and "block ids" in banner and "reference counts" in banner
@@ -165,7 +179,7 @@ def check_page(page: Any, url: str, feds: dict[str, Fed]) -> None:
     page.click(f'#hashmap tbody tr[data-hash="{one}"]')
     page.wait_for_selector("#fp-result .bar >> nth=1")
     bars = page.eval_on_selector_all("#fp-result .bar", "els => els.map(e => e.dataset.instance)")
-    assert sorted(bars) == ["alpha", "beta"]
+    assert sorted(bars) == ["alpha", "beta", "ghost"]  # ghost: 0 blocks
     width = page.eval_on_selector("#fp-result .bar .fill", "e => e.getBoundingClientRect().width")
     assert width > 0
     page.wait_for_selector("#families tbody tr[data-root]")

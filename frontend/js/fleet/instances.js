@@ -54,6 +54,16 @@ export function renderInstances(container, instances, selected, onSelect) {
         stat("last", age(inst.last_batch_age_s), "last batch applied"),
       ),
       inst.exact ? null : el("div", { class: "reason" }, inst.inexact_reason || ""),
+      inst.task && inst.task !== "running"
+        ? el("div", { class: "reason task", title: inst.last_task_error || "" },
+            `source task ${inst.task} (restarts ${num(inst.task_restarts)})`)
+        : null,
+      inst.poison_total
+        ? el("div", { class: "reason poison", title: JSON.stringify(inst.poison || {}) },
+            `${num(inst.poison_total)} poison message(s) refused: ` +
+            Object.entries(inst.poison || {}).map(([k, n]) => `${k} ${num(n)}`).join(", "))
+        : null,
+      inst.silence_hint ? el("div", { class: "reason silence" }, inst.silence_hint) : null,
     );
     container.append(card);
   }
