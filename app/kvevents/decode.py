@@ -21,9 +21,13 @@ Poison is bounded before and while decoding: a payload over ``max_bytes`` is
 refused unread; msgspec stops at the interpreter's recursion limit (about
 1,000 levels -- refused as ``too_deep``, never a ``RecursionError``); numbers
 are checked (a token id must be a finite integer, the batch's ``ts`` a finite
-number); unknown fields kept as ``extra`` are cut to ``EXTRA_MAX_DEPTH`` levels
-and ``EXTRA_MAX_ITEMS`` items with non-finite floats written as text, so that
-every kept value can be shown as JSON.  What was refused or cut is counted
+number); fields kept as ``extra`` are made JSON-safe and bounded (``extra.py``).
+
+vLLM >= 0.24 tags events with their KV-cache group (``group_idx``; hybrid
+models: full attention + sliding window) and, on BlockStored, the group's
+cache spec: read into ``group`` / ``spec_kind`` / ``sliding_window``.  Its
+other new fields are kept in ``extra``; fields no release we know sends are
+kept too and counted (``ObservedBatch.unknown_fields``).  What was refused or cut is counted
 per kind in ``DecodeError.kind`` / ``ObservedBatch.issues``.
 """
 
@@ -34,12 +38,13 @@ from typing import Any, Literal
 
 import msgspec
 
+from app.kvevents.extra import EXTRA_MAX_ITEMS, GROUP_FIELDS, KNOWN_KEPT, Tally, field_name, safe
+
 MASK64 = (1 << 64) - 1
 Hash = int | bytes
 Encoding = Literal["positional", "map"]
 MAX_BATCH_BYTES = 32 * 1024 * 1024  # the default refusal size of one payload
-EXTRA_MAX_DEPTH = 8
-EXTRA_MAX_ITEMS = 256
+MAX_GROUP_IDX = 255  # KV-cache groups per model (vLLM has a handful)
 
 
 class DecodeError(ValueError):
@@ -60,12 +65,16 @@ class StoredEvent(msgspec.Struct, gc=False):
     medium: str | None = None
     lora_name: str | None = None
     extra: dict[str, Any] | None = None
+    group: int | None = None  # group_idx (None: the publisher has no groups)
+    spec_kind: str | None = None  # kv_cache_spec_kind, e.g. "full_attention"
+    sliding_window: int | None = None  # kv_cache_spec_sliding_window
 
 
 class RemovedEvent(msgspec.Struct, gc=False):
     hashes: list[Hash]
     medium: str | None = None
     extra: dict[str, Any] | None = None
+    group: int | None = None
 
 
 class ClearedEvent(msgspec.Struct, gc=False):
@@ -86,6 +95,7 @@ class ObservedBatch(msgspec.Struct, gc=False):
     # poison found in the batch, by kind: malformed_event, bad_number (a
     # skipped event), non_finite_ts (ts then 0.0), extra_cut (extra trimmed)
     issues: dict[str, int] | None = None
+    unknown_fields: dict[str, int] | None = None  # field name -> times seen (kept)
 
 
 _STORED = "blockstored"
@@ -100,7 +110,9 @@ _STORED_FIELDS = (
     "medium",
     "lora_name",
 )
+_STORED_MAP_FIELDS = _STORED_FIELDS + GROUP_FIELDS
 _REMOVED_FIELDS = ("block_hashes", "medium")
+_REMOVED_MAP_FIELDS = (*_REMOVED_FIELDS, "group_idx")
 _CLEARED_FIELDS: tuple[str, ...] = ()
 _ALIASES = {
     "hashes": "block_hashes",
@@ -167,6 +179,11 @@ def _opt_int(value: Any) -> int | None:
     return value
 
 
+def _short_str(value: Any) -> str | None:
+    text = _opt_str(value)
+    return None if text is None else text[:64]
+
+
 def _opt_str(value: Any) -> str | None:
     if value is None:
         return None
@@ -176,60 +193,44 @@ def _opt_str(value: Any) -> str | None:
 
 
 def _fields(
-    raw: Any, names: tuple[str, ...], cut: list[int]
+    raw: Any, names: tuple[str, ...], tally: Tally, map_names: tuple[str, ...] = ()
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(known fields by name, extra fields) of a positional or map event."""
     if isinstance(raw, dict):
         known: dict[str, Any] = {}
         extra: dict[str, Any] = {}
+        wanted = map_names or names
         for k, v in raw.items():
-            key = k.decode() if isinstance(k, bytes) else str(k)
+            key = k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
             if key in _TAG_KEYS:
                 continue
             key = _ALIASES.get(key, key)
-            if key in names:
+            if key in wanted:
                 known[key] = v
-            elif len(extra) < EXTRA_MAX_ITEMS:
-                extra[key[:200]] = _safe(v, cut)
+                continue
+            if key not in KNOWN_KEPT:
+                tally.unknown(field_name(key))
+            if len(extra) < EXTRA_MAX_ITEMS:
+                extra[field_name(key)] = safe(v, tally)
             else:
-                cut[0] += 1
+                tally.cut += 1
         return known, extra or None
     values = list(raw[1:])
     known = dict(zip(names, values, strict=False))
     rest = values[len(names) :]
-    return known, ({"positional": _safe(rest, cut)} if rest else None)
+    if rest:
+        tally.unknown("positional", len(rest))
+    return known, ({"positional": safe(rest, tally)} if rest else None)
 
 
-def _safe(value: Any, cut: list[int], depth: int = 0) -> Any:
-    """An extra field's value, JSON-safe and bounded: at most
-    EXTRA_MAX_DEPTH levels and EXTRA_MAX_ITEMS items per container, floats
-    finite (others as text); each cut counted in ``cut[0]``."""
-    if isinstance(value, float) and not math.isfinite(value):
-        cut[0] += 1
-        return repr(value)
-    if isinstance(value, list | tuple | dict):
-        if depth >= EXTRA_MAX_DEPTH:
-            cut[0] += 1
-            return "<nested too deep>"
-        if len(value) > EXTRA_MAX_ITEMS:
-            cut[0] += 1
-        if isinstance(value, dict):
-            items = list(value.items())[:EXTRA_MAX_ITEMS]
-            return {_key(k): _safe(v, cut, depth + 1) for k, v in items}
-        return [_safe(v, cut, depth + 1) for v in value[:EXTRA_MAX_ITEMS]]
-    if isinstance(value, bytes | str) and len(value) > 4096:
-        cut[0] += 1
-        return value[:4096]
-    return value
+def _group(value: Any) -> int | None:
+    group = _opt_int(value)
+    if group is not None and not 0 <= group <= MAX_GROUP_IDX:
+        raise BadNumber(f"group_idx {group} is outside 0..{MAX_GROUP_IDX}")
+    return group
 
 
-def _key(k: Any) -> str:
-    if isinstance(k, bytes):
-        return k[:200].decode("utf-8", "replace")
-    return k[:200] if isinstance(k, str) else repr(k)[:200]
-
-
-def _event(raw: Any, cut: list[int]) -> ObservedEvent | None:
+def _event(raw: Any, tally: Tally) -> ObservedEvent | None:
     """One event, or None for a type we do not know."""
     if isinstance(raw, dict):
         tag_value = next((raw[k] for k in _TAG_KEYS if k in raw), None)
@@ -241,7 +242,7 @@ def _event(raw: Any, cut: list[int]) -> ObservedEvent | None:
     else:
         raise TypeError("event is neither an array nor a map")
     if tag == _STORED:
-        f, extra = _fields(raw, _STORED_FIELDS, cut)
+        f, extra = _fields(raw, _STORED_FIELDS, tally, _STORED_MAP_FIELDS)
         hashes = _hashes(f.get("block_hashes"))
         tokens_raw = f.get("token_ids") or []
         if not isinstance(tokens_raw, list | tuple):
@@ -260,14 +261,18 @@ def _event(raw: Any, cut: list[int]) -> ObservedEvent | None:
             medium=_opt_str(f.get("medium")),
             lora_name=_opt_str(f.get("lora_name")),
             extra=extra,
+            group=_group(f.get("group_idx")),
+            spec_kind=_short_str(f.get("kv_cache_spec_kind")),
+            sliding_window=_opt_int(f.get("kv_cache_spec_sliding_window")),
         )
     if tag == _REMOVED:
-        f, extra = _fields(raw, _REMOVED_FIELDS, cut)
+        f, extra = _fields(raw, _REMOVED_FIELDS, tally, _REMOVED_MAP_FIELDS)
         return RemovedEvent(
-            hashes=_hashes(f.get("block_hashes")), medium=_opt_str(f.get("medium")), extra=extra
-        )
+            hashes=_hashes(f.get("block_hashes")), medium=_opt_str(f.get("medium")),
+            extra=extra, group=_group(f.get("group_idx")),
+        )  # fmt: skip
     if tag == _CLEARED:
-        f, extra = _fields(raw, ("medium",), cut)
+        f, extra = _fields(raw, ("medium",), tally)
         return ClearedEvent(medium=_opt_str(f.get("medium")), extra=extra)
     return None
 
@@ -310,10 +315,10 @@ def decode_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> ObservedBa
     rank = rank_raw if isinstance(rank_raw, int) and not isinstance(rank_raw, bool) else None
     events: list[ObservedEvent] = []
     unknown = malformed = 0
-    cut = [0]
+    tally = Tally()
     for item in events_raw:
         try:
-            ev = _event(item, cut)
+            ev = _event(item, tally)
         except (BadNumber, OverflowError):
             malformed += 1
             issues["bad_number"] = issues.get("bad_number", 0) + 1
@@ -335,7 +340,8 @@ def decode_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> ObservedBa
         encoding=encoding,
         unknown=unknown,
         malformed=malformed,
-        issues={**issues, "extra_cut": cut[0]} if cut[0] else (issues or None),
+        issues={**issues, "extra_cut": tally.cut} if tally.cut else (issues or None),
+        unknown_fields=tally.unknown_names or None,
     )
 
 

@@ -66,6 +66,16 @@ class ObserverCollector(Collector):
                   lambda s: s.task_alive)  # fmt: skip
         yield fam("c", "task_restarts", "Restarts of the source's task after a failure.",
                   lambda s: s.task_restarts)  # fmt: skip
+        yield fam("c", "unknown_fields", "Event fields no known vLLM release sends (kept).",
+                  lambda s: s.unknown_fields_total)  # fmt: skip
+        groups = GaugeMetricFamily(
+            p + "group_blocks", "Cached blocks per KV-cache group (group_idx; '-': none given).",
+            labels=["pool", "group"],
+        )  # fmt: skip
+        for s in sources:
+            for g, n in sorted(s.state.group_blocks.items(), key=lambda kv: str(kv[0])):
+                groups.add_metric([s.name, "-" if g is None else str(g)], float(n))
+        yield groups
         yield fam("c", "apply_errors", "Batches whose apply failed (state then inexact).",
                   lambda s: s.tracker.apply_errors)  # fmt: skip
         poison = CounterMetricFamily(

@@ -86,6 +86,8 @@ class Source:
         self.encodings: dict[str, int] = {}
         self.unknown_events = 0
         self.malformed_events = 0
+        self.unknown_fields: dict[str, int] = {}  # field name -> times (kept in extra)
+        self.unknown_fields_total = 0
         self.bad_messages = 0
         self.last_batch_ts: float | None = None  # the publisher's clock
         self.last_batch_at: float | None = None  # ours
@@ -111,6 +113,8 @@ class Source:
                 self.poison.add(kind, f"batch {seq}", n)
             if "non_finite_ts" in batch.issues:
                 batch.ts = now  # the publisher's clock is unusable: ours
+        if batch.unknown_fields:
+            self._count_unknown_fields(batch.unknown_fields)
         if batch.malformed:
             self.tracker.lossy(f"{batch.malformed} event(s) of batch {seq} could not be read")
         self.state.apply(batch.events, seq, batch.ts)
@@ -127,6 +131,14 @@ class Source:
         if self.on_batch is not None:
             self.on_batch(self)
         return any(isinstance(ev, ClearedEvent) for ev in batch.events)
+
+    def _count_unknown_fields(self, names: dict[str, int]) -> None:
+        kept = self.unknown_fields
+        for name, n in names.items():
+            self.unknown_fields_total += n
+            if name not in kept and len(kept) >= 64:
+                name = "<other>"
+            kept[name] = kept.get(name, 0) + n
 
     def _reset(self) -> None:
         self.resets += 1

@@ -100,6 +100,8 @@ def source_health(s: Source) -> dict[str, Any]:
         ),
         "unknown_events": s.unknown_events,
         "malformed_events": s.malformed_events,
+        "unknown_fields": dict(s.unknown_fields),
+        "unknown_fields_total": s.unknown_fields_total,
         "encodings": dict(s.encodings),
         "last_batch_ts": s.last_batch_ts,
         "last_batch_age_s": None if s.last_batch_at is None else now - s.last_batch_at,

@@ -51,9 +51,10 @@ def test_map_tagged_batch_with_unknown_fields() -> None:
     assert (stored.hashes, stored.parent, stored.block_size, stored.lora_name) == (
         [11, 2**64 - 1], 7, 3, "ad",
     )  # fmt: skip
-    assert stored.extra == {"extra_keys": [["mm-hash", 3]], "group_idx": 0}
-    assert removed == RemovedEvent([11], "GPU", {"group_idx": 0})
+    assert stored.extra == {"extra_keys": [["mm-hash", 3]]} and stored.group == 0
+    assert removed == RemovedEvent([11], "GPU", None, 0)
     assert isinstance(cleared, ClearedEvent)
+    assert b.unknown_fields is None  # extra_keys and group_idx are vLLM's own
 
 
 def test_bytes_hashes_stay_bytes() -> None:
@@ -212,3 +213,25 @@ def test_poison_is_refused_or_trimmed_by_kind() -> None:
     assert b.issues == {"extra_cut": 4}
     text = json.dumps(event_json(1, b.ts, (0, removed)), allow_nan=False)
     assert "nested too deep" in text
+
+
+def test_current_vllm_groups_and_unknown_fields() -> None:
+    """vLLM >= 0.24: an array batch of map events tagged by "type", with the
+    KV-cache group and its spec; fields no release sends are kept, counted."""
+    from tests.kvevents.helpers import vllm_current
+
+    payload = vllm_current(
+        [STORED, REMOVED], group=1, kind="sliding_window", window=128,
+        unknown={"future_field": [1, 2]},
+    )  # fmt: skip
+    b = decode_batch(payload)
+    stored, removed = b.events
+    assert isinstance(stored, StoredEvent) and isinstance(removed, RemovedEvent)
+    assert (stored.group, stored.spec_kind, stored.sliding_window) == (1, "sliding_window", 128)
+    assert removed.group == 1 and removed.hashes == [11]
+    assert stored.extra == {"extra_keys": [None, None], "future_field": [1, 2]}
+    assert b.unknown_fields == {"future_field": 2} and b.encoding == "map"
+    bad = msgpack.packb(
+        [1.0, [{"type": "BlockRemoved", "block_hashes": [1], "medium": None, "group_idx": 9999}]]
+    )
+    assert decode_batch(bad).issues == {"bad_number": 1}
