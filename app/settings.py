@@ -216,6 +216,13 @@ class ObserverSettings(BaseSettings):
     max_pending: int = Field(default=100_000, ge=1, description="live batches held per replay")
     rcvhwm: int = Field(default=100_000, ge=0, description="SUB socket high-water mark")
     event_log_capacity: int = Field(default=20_000, ge=100, description="events kept per pool")
+    max_batch_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024, description="a larger message is refused unread"
+    )
+    silence_s: float = Field(
+        default=10.0, gt=0, le=86_400,
+        description="seconds without any message before the fleet card says what to check",
+    )  # fmt: skip
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)

@@ -67,6 +67,8 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
             bootstrap_replay=settings.bootstrap_replay,
             max_pending=settings.max_pending,
             rcvhwm=settings.rcvhwm,
+            max_batch_bytes=settings.max_batch_bytes,
+            silence_s=settings.silence_s,
         )
         for spec in settings.sources()
     ]

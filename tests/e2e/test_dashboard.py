@@ -97,21 +97,26 @@ def test_page_loads_live_without_console_errors(dashboard: Page, server: Server)
     start_demo(server)
     wait_for(lambda: p.js("() => document.getElementById('h-state').textContent") == "live")
     seq0 = p.js("() => window.__bp.model.seq")
-    time.sleep(2.0)
-    info = p.js(
-        """() => ({seq: __bp.model.seq, n: __bp.model.n, raf: __bp.perf.raf,
+    raf0 = p.js("() => window.__bp.perf.raf")
+    info_js = """() => ({seq: __bp.model.seq, n: __bp.model.n, raf: __bp.perf.raf,
                   facts: document.getElementById('facts').textContent,
                   events: document.querySelectorAll('#ev-body tr').length,
                   lru: document.querySelectorAll('#lru-body tr').length,
-                  charts: document.querySelectorAll('.chart > .uplot').length,
-                  fps: Number(document.getElementById('h-fps').textContent)})"""
-    )
+                  charts: document.querySelectorAll('.chart > .uplot').length})"""
+
+    def live() -> Any:
+        # deltas keep coming (20 Hz), the page keeps drawing, every panel filled:
+        # waited on as conditions, with a deadline generous for a busy machine
+        info = p.js(info_js)
+        done = (
+            info["seq"] > seq0 + 10 and info["raf"] >= raf0 + 5
+            and info["events"] > 0 and info["lru"] > 0 and info["charts"] == 6
+        )  # fmt: skip
+        return info if done else None
+
+    info = wait_for(live, 60, "deltas, frames and every panel")
     assert info["n"] == 4096
     assert "4,096 blocks" in info["facts"]
-    assert info["seq"] > seq0 + 10, "deltas keep coming (20 Hz)"
-    assert info["events"] > 0 and info["lru"] > 0
-    assert info["charts"] == 6, "usage, hit rate, rates + 3 histograms"
-    assert info["fps"] >= 5, f"the page renders ({info['fps']} frames/s)"
     p.shot("-overview")
     assert p.errors == [], p.errors
     assert p.network == [], p.network
