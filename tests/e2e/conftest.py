@@ -58,7 +58,7 @@ class Server:
         cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), *self.args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=self._log)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.stop()
@@ -68,7 +68,7 @@ class Server:
                     return self
             time.sleep(0.1)
         self.stop()
-        pytest.fail(f"the server did not answer on port {self.port} within 30 s")
+        pytest.fail(f"the server did not answer on port {self.port} within 120 s")
 
     def stop(self, kill: bool = False) -> None:
         if self.proc is not None:
@@ -102,7 +102,7 @@ class Server:
         return self.http.post(path, json={} if body is None else body, headers=self._headers())
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -150,7 +150,7 @@ class Page:
         self.page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
         self.page.goto(url + "/")
         try:
-            self.page.wait_for_function("() => window.__bp && window.__bp.ready()", timeout=40_000)
+            self.page.wait_for_function("() => window.__bp && window.__bp.ready()", timeout=120_000)
         except Exception as exc:
             state = self.page.evaluate(
                 "() => window.__bp ? {health: window.__bp.conn.health, seq: window.__bp.model.seq,"
