@@ -14,7 +14,7 @@ from app.analysis import replay
 from app.analysis.core import Analysis
 from app.analysis.recording import EventsView, Recorder, export_lines
 from app.api import responses as r
-from app.api.costly import CostlyRead
+from app.api.costly import CostlyExport, CostlyRead
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import returns
@@ -196,7 +196,7 @@ class NDJSONResponse(StreamingResponse):
 
 @router.get(
     "/history/export",
-    dependencies=[CostlyRead],
+    dependencies=[CostlyExport],
     summary="The recording as JSON lines",
     response_class=NDJSONResponse,
     responses={200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},
