@@ -13,10 +13,10 @@ from fastapi.responses import StreamingResponse
 from app.analysis import replay
 from app.analysis.core import Analysis
 from app.analysis.recording import EventsView, Recorder, export_lines
-from app.api import responses as r
 from app.api.costly import CostlyExport, CostlyRead
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
+from app.api.responses import analysis as r
 from app.api.responses import returns
 from app.engine import Engine
 from app.errors import Conflict, InvalidInput, NotFound
