@@ -56,10 +56,12 @@ class Settings(BaseSettings):
         "besides the server's own",
     )
     costly_reads_burst: int = Field(
-        default=8, ge=1, le=100_000, description="costly reads per client without the token"
-    )
+        default=8, ge=1, le=100_000,
+        description="with a token: units of costly reads a client without it may burst "
+        "(a call: 1, +1 per 256 KiB of body; an export: all)",
+    )  # fmt: skip
     costly_reads_per_s: float = Field(
-        default=1.0, gt=0, le=100_000, description="refill rate of that ration per second"
+        default=0.5, gt=0, le=100_000, description="units a second that ration refills"
     )
     tick_hz: float = Field(default=20.0, gt=0, le=200)
     event_log_capacity: int = Field(default=200_000, ge=100)

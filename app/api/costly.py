@@ -1,14 +1,16 @@
-"""Reads that cost O(pool) or more per call, bounded per client.
+"""Reads that cost O(pool) or more per call, rationed per client.
 
 With a token set, reads stay open (unless ``protect_reads``), but the costly
-ones — a prefix lookup of up to 262,144 tokens (≈ 260 ms of engine time), the
-recording's export (every recorded prompt), a moment rebuilt for time travel,
-a scan of the hash map, the prefix tree or the free queue, a K/V verify — are
-rationed for a client that does not present the token: a bucket of
-``costly_reads_burst`` calls per client address, refilled at
-``costly_reads_per_s``; beyond it 429 ``too_many_requests`` with
-``Retry-After``.  With the token (or on a server without one, where every
-write is open anyway) they are not limited.
+ones — a prefix lookup of up to 262,144 tokens (≈ 260 ms of engine time), a
+K/V verify, a scan of the hash map, the prefix tree or the free queue, a
+moment rebuilt for time travel, the recording's export (every recorded
+prompt) — are rationed for a client that does not present the token: a
+bucket of ``costly_reads_burst`` units per client address, refilled at
+``costly_reads_per_s`` units a second.  A call takes one unit, plus one per
+256 KiB of request body (a 262,144-token prompt is ≈ 1.8 MB: 8 units); an
+export takes the whole burst.  Beyond the ration: 429 ``too_many_requests``
+with ``Retry-After``.  With the token (or on a server without one, where
+every write is open anyway) nothing is rationed.
 """
 
 from __future__ import annotations
@@ -43,17 +45,19 @@ class Buckets:
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self.refused = 0
 
-    def take(self, key: str) -> float:
-        """Take one call for ``key``: 0.0 when allowed, else the seconds to wait."""
+    def take(self, key: str, cost: float = 1.0) -> float:
+        """Take ``cost`` units for ``key`` (at most the burst): 0.0 when
+        allowed, else the seconds until it would be."""
+        cost = min(cost, float(self.burst))
         now = self.clock()  # type: ignore[operator]
         with self._lock:
             level, then = self._buckets.pop(key, (float(self.burst), now))
             level = min(float(self.burst), level + (now - then) * self.per_s)
             wait = 0.0
-            if level >= 1.0:
-                level -= 1.0
+            if level >= cost:
+                level -= cost
             else:
-                wait = (1.0 - level) / self.per_s
+                wait = (cost - level) / self.per_s
                 self.refused += 1
             self._buckets[key] = (level, now)
             while len(self._buckets) > MAX_CLIENTS:
@@ -70,14 +74,16 @@ def buckets_for(request: Request) -> Buckets:
     return buckets
 
 
-def require_costly_read(request: Request) -> None:
-    """A costly read: the read rule, then the ration for tokenless clients."""
+BODY_UNIT = 256 * 1024  # request bytes per extra unit
+
+
+def _ration(request: Request, cost: float) -> None:
     require_read(request)
     token = request.app.state.settings.token
     if token is None or token_given(request, token):
         return
     client = request.client.host if request.client else "unknown"
-    wait = buckets_for(request).take(client)
+    wait = buckets_for(request).take(client, cost)
     if wait > 0:
         raise TooManyRequests(
             f"too many costly reads from {client} without the token: retry in "
@@ -86,4 +92,20 @@ def require_costly_read(request: Request) -> None:
         )
 
 
+def require_costly_read(request: Request) -> None:
+    """A costly read: the read rule, then the ration for tokenless clients
+    (one unit, plus one per 256 KiB of body)."""
+    try:
+        size = max(0, int(request.headers.get("content-length", "0")))
+    except ValueError:
+        size = 0
+    _ration(request, 1.0 + size // BODY_UNIT)
+
+
+def require_costly_export(request: Request) -> None:
+    """The recording's export: the whole ration of a tokenless client."""
+    _ration(request, float(request.app.state.settings.costly_reads_burst))
+
+
 CostlyRead = Depends(require_costly_read)
+CostlyExport = Depends(require_costly_export)

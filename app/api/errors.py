@@ -209,11 +209,12 @@ def _allow(request: Request) -> dict[str, str]:
 
 def _auth_denied(request: Request) -> JSONResponse | None:
     """The 401 response when the matched route's auth dependency refuses."""
-    from app.api.costly import require_costly_read
+    from app.api.costly import require_costly_export, require_costly_read
     from app.api.deps import require_read, require_write
 
     checks = {require_write: require_write, require_read: require_read,
-              require_costly_read: require_read}  # (the ration is not taken here)  # fmt: skip
+              require_costly_read: require_read,  # (the ration is not taken here)
+              require_costly_export: require_read}  # fmt: skip
     route = request.scope.get("route")
     for dep in getattr(route, "dependencies", ()):
         check = checks.get(dep.dependency)

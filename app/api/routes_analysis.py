@@ -11,10 +11,10 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from app.analysis.host import AnalysisHost
-from app.api import responses as r
-from app.api.costly import CostlyRead
+from app.api.costly import CostlyExport, CostlyRead
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
+from app.api.responses import analysis as r
 from app.api.responses import returns
 from app.engine import Engine
 from app.errors import Conflict, InvalidInput, NotFound
@@ -196,7 +196,7 @@ class NDJSONResponse(StreamingResponse):
 
 @router.get(
     "/history/export",
-    dependencies=[CostlyRead],
+    dependencies=[CostlyExport],
     summary="The recording as JSON lines",
     response_class=NDJSONResponse,
     responses={200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},

@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from app.api import responses as r
 from app.api.deps import ReadAuth, WriteAuth
 from app.api.errors import ERROR_RESPONSES
+from app.api.responses import requests as r
 from app.api.responses import returns
 from app.demo import DemoWorkload
 from app.schemas import DemoConfig

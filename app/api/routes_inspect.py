@@ -7,10 +7,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query, Request
 
 from app import storage_link, views
-from app.api import responses as r
 from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
+from app.api.responses import inspect as r
 from app.api.responses import returns
 
 router = APIRouter(prefix="/api", tags=["inspect"], responses=ERROR_RESPONSES)

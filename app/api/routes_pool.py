@@ -7,10 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from app import views
-from app.api import responses as r
 from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
 from app.api.errors import ERROR_RESPONSES
+from app.api.responses import pool as r
 from app.api.responses import returns
 from app.schemas import (
     AllocateOp,

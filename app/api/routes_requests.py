@@ -7,10 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 
 from app import views
-from app.api import responses as r
 from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
 from app.api.errors import ERROR_RESPONSES, body_of
+from app.api.responses import requests as r
 from app.api.responses import returns
 from app.errors import ApiError, TooLarge
 from app.schemas import AdmitOp, AppendBody, AppendOp, BatchRequest, FinishOp, to_runtime

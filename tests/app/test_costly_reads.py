@@ -82,10 +82,12 @@ async def test_exactly_the_costly_reads_are_rationed() -> None:
 
 
 async def test_a_client_without_the_token_gets_a_ration_then_429() -> None:
-    async with served(token=TOKEN, costly_reads_burst=len(COSTLY), costly_reads_per_s=0.001) as api:
+    cheap = [c for c in COSTLY if c[1] != "/api/history/export"]
+    export = next(c for c in COSTLY if c[1] == "/api/history/export")
+    async with served(token=TOKEN, costly_reads_burst=len(cheap), costly_reads_per_s=0.001) as api:
         await _seed(api)
         before = api.fingerprint()
-        for method, url, body in COSTLY:  # the burst: each once
+        for method, url, body in cheap:  # the burst: each once, a unit each
             r = await _call(api, method, url, body)
             assert r.status_code not in (401, 403, 429), (url, r.text)
         for method, url, body in COSTLY:  # the ration is spent: every one is refused
@@ -98,10 +100,20 @@ async def test_a_client_without_the_token_gets_a_ration_then_429() -> None:
             for method, url, body in COSTLY:
                 r = await _call(api, method, url, body, headers=GOOD)
                 assert r.status_code != 429, (url, r.text)
-        # another client has its own ration; cheap reads are never rationed
+        # another client has its own ration; an export takes all of it
         other = _api(api.app, "10.0.0.2")
-        r = await _call(other, *COSTLY[0])
+        r = await _call(other, *export)
         assert r.status_code == 200, r.text
+        assert_error(await _call(other, *COSTLY[0]), 429, "too_many_requests")
+        # a big body costs more: after two small lookups, a 262,144-token one
+        # (~1.8 MB: 1 + 7 units, more than the 5 left) is refused
+        third = _api(api.app, "10.0.0.3")
+        for _ in range(2):
+            assert (await _call(third, *COSTLY[0])).status_code == 200
+        r = await _call(third, "POST", COSTLY[0][1], {"token_ids": list(range(262_144))})
+        assert_error(r, 429, "too_many_requests")
+        assert (await _call(third, *COSTLY[0])).status_code == 200  # a small one still fits
+        # cheap reads are never rationed
         for _ in range(20):
             assert (await api.get("/api/summary")).status_code == 200
         assert api.fingerprint() == before
@@ -139,3 +151,7 @@ def test_buckets_refill_at_their_rate() -> None:
     assert b.take("a") == 0.0 and b.take("a") > 0
     now[0] += 100  # refills up to the burst, no further
     assert [b.take("a") for _ in range(4)][:3] == [0.0, 0.0, 0.0] and b.refused == 3
+    now[0] += 100
+    assert b.take("c", cost=2.0) == 0.0 and b.take("c", cost=2.0) == pytest.approx(0.5)
+    assert b.take("d", cost=99.0) == 0.0  # a cost over the burst takes a full bucket
+    assert b.take("d") == pytest.approx(0.5)
