@@ -8,6 +8,7 @@ import { ApiError, get, getToken, onApiError } from "../shared/api.js";
 import { $, Every, h, setText } from "../shared/dom.js";
 import { int, pct, rate } from "../shared/format.js";
 import { COLORS, rgbCss } from "../shared/palette.js";
+import { explain, explainAll } from "../shared/terms.js";
 import { STATE_NAMES } from "./wire/protocol.js";
 import { StreamConnection } from "./wire/stream.js";
 import { AnalysisHub } from "./state/analysishub.js";
@@ -44,12 +45,13 @@ function showError(msg) {
 }
 
 function legend() {
-  const item = (color, label) => h("span", { class: "lg" }, h("i", { style: `background:${rgbCss(color)}` }), label);
+  const item = (color, label, term = label) =>
+    h("span", { class: "lg", title: explain(term) }, h("i", { style: `background:${rgbCss(color)}` }), label);
   $("legend").replaceChildren(
     item(COLORS.in_use[0], "in use ×1"),
-    item(COLORS.in_use[1], "×2"),
-    item(COLORS.in_use[2], "×3"),
-    item(COLORS.in_use[3], "×4+"),
+    item(COLORS.in_use[1], "×2", "in use ×1"),
+    item(COLORS.in_use[2], "×3", "in use ×1"),
+    item(COLORS.in_use[3], "×4+", "in use ×1"),
     item(COLORS.cached, "cached"),
     item(COLORS.risk, "evicted soon"),
     item(COLORS.empty, "empty"),
@@ -58,7 +60,12 @@ function legend() {
 }
 
 function stat(key, label, cls) {
-  return h("div", { class: `stat ${cls || ""}` }, h("span", { class: "label" }, label), h("span", { class: "value", id: `stat-${key}` }, "—"));
+  return h(
+    "div",
+    { class: `stat ${cls || ""}`, title: explain(label), dataset: { stat: key } },
+    h("span", { class: "label" }, label),
+    h("span", { class: "value", id: `stat-${key}` }, "—"),
+  );
 }
 
 function buildStats() {
@@ -75,9 +82,14 @@ function buildStats() {
   );
 }
 
-function setStat(key, text, value) {
+/** A tile's value: the figure, and beside it (smaller) its share; data-value for the tests. */
+function setStat(key, text, value, share) {
   const el = document.getElementById(`stat-${key}`);
-  setText(el, text);
+  const want = share === undefined ? text : text + share;
+  if (el.textContent !== want) {
+    if (share === undefined) el.textContent = text;
+    else el.replaceChildren(text, h("small", null, share));
+  }
   el.dataset.value = String(value);
 }
 
@@ -86,9 +98,9 @@ function updateStats() {
   if (!hd.counts) return;
   const c = hd.counts;
   const total = Math.max(1, model.n - 1);
-  setStat("in_use", `${int(c.in_use)} · ${pct(c.in_use / total, 0)}`, c.in_use);
-  setStat("cached", `${int(c.cached)} · ${pct(c.cached / total, 0)}`, c.cached);
-  setStat("empty", `${int(c.empty)} · ${pct(c.empty / total, 0)}`, c.empty);
+  setStat("in_use", int(c.in_use), c.in_use, pct(c.in_use / total, 0));
+  setStat("cached", int(c.cached), c.cached, pct(c.cached / total, 0));
+  setStat("empty", int(c.empty), c.empty, pct(c.empty / total, 0));
   setStat("usage", pct(hd.usage), hd.usage);
   const pc = hd.prefix_cache || {};
   const hr = pc.queries ? pc.hits / pc.queries : null;
@@ -328,6 +340,7 @@ export const parts = {
   errors,
 };
 
+explainAll(document); // column heads (the charts' legends too) and [data-term] words: their meaning on hover
 boot();
 conn.start();
 requestAnimationFrame(frame);

@@ -10,6 +10,7 @@ import { REASON_LABEL, REASON_RGB } from "../state/analysis.js";
 import { ApiError, api, get } from "../../shared/api.js";
 import { $, h } from "../../shared/dom.js";
 import { dur, int } from "../../shared/format.js";
+import { explain } from "../../shared/terms.js";
 import { rgba } from "../render/minichart.js";
 import { blockCells, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
 import { STATE_NAMES, hex64 } from "../wire/protocol.js";
@@ -250,7 +251,7 @@ export class DetailPanel {
     );
     const r = this.restFor === id ? this.rest : null;
     const rows = [];
-    const row = (k, v, attrs) => rows.push(h("tr", null, h("th", null, k), h("td", attrs || null, v)));
+    const row = (k, v, attrs) => rows.push(h("tr", null, h("th", { title: explain(k) || null }, k), h("td", attrs || null, v)));
     row("ref count", String(r && !r.error ? r.ref_cnt : m.refCnt[id]), { id: "detail-ref" });
     if (r && !r.error && r.raw_refs) row("raw refs", String(r.raw_refs));
     row("hash64", hex || "—", { id: "detail-hash", class: "mono" });
@@ -281,7 +282,7 @@ export class DetailPanel {
             ),
           )
         : ["none"];
-      rows.push(h("tr", null, h("th", null, "holders"), h("td", { id: "detail-holders" }, ...holders)));
+      rows.push(h("tr", null, h("th", { title: explain("holders") }, "holders"), h("td", { id: "detail-holders" }, ...holders)));
       const mt = r.metrics;
       row(
         "lifetime",

@@ -7,6 +7,7 @@
 import { $, h, setText } from "../../shared/dom.js";
 import { dur, int, rate, shortHash } from "../../shared/format.js";
 import { COLORS, rgbCss } from "../../shared/palette.js";
+import { explain } from "../../shared/terms.js";
 import { CACHED, hex64 } from "../wire/protocol.js";
 
 const LIST_ROWS = 120;
@@ -86,18 +87,19 @@ export class LruPanel {
     if (firstCached < 0 && this.profile) firstCached = this.profile.indexOf(1);
     this.drawStrip(reach);
     this.summary.replaceChildren(
-      h("span", null, "free ", h("b", { id: "lru-free" }, int(free))),
-      h("span", null, "cached ", h("b", null, int(cached))),
-      h("span", null, "alloc ", h("b", { id: "lru-rate" }, `${rate(this.rate)}/s`)),
+      h("span", { title: "free blocks: cached + empty" }, "free ", h("b", { id: "lru-free" }, int(free))),
+      h("span", { title: explain("cached") }, "cached ", h("b", null, int(cached))),
+      h("span", { title: explain("alloc/s") }, "alloc ", h("b", { id: "lru-rate" }, `${rate(this.rate)}/s`)),
       h(
         "span",
-        null,
+        { title: explain("first cached") },
         "first cached ",
-        h("b", null, firstCached >= 0 ? `#${int(firstCached)} · ~${dur(this.eta(firstCached))}` : "—"),
+        // a queue position, written "pos N" (block ids are written #N)
+        h("b", { id: "lru-first" }, firstCached >= 0 ? `pos ${int(firstCached)} · ~${dur(this.eta(firstCached))}` : "—"),
       ),
       h(
         "span",
-        { class: risk.length ? "warn" : "" },
+        { class: risk.length ? "warn" : "", title: explain("evicted within") },
         `evicted within ${this.horizon}s `,
         h("b", { id: "lru-risk" }, int(risk.length)),
       ),
