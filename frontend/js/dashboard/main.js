@@ -4,9 +4,10 @@
 // globals: testhooks.js, loaded only by the tests and the benchmark, puts
 // them on window.__bp.
 
-import { ApiError, get, getToken, onApiError } from "../shared/api.js";
+import { ApiError, api, get, getToken, onApiError } from "../shared/api.js";
 import { $, Every, h, setText } from "../shared/dom.js";
 import { int, pct, rate } from "../shared/format.js";
+import { observeHint } from "../shared/observe.js";
 import { COLORS, rgbCss } from "../shared/palette.js";
 import { explain, explainAll } from "../shared/terms.js";
 import { STATE_NAMES } from "./wire/protocol.js";
@@ -177,6 +178,7 @@ const history = new TimeTravel(model, map, {
   onLeave: () => map.setHighlight("hash", []),
   showRequest,
   highlight: (ids) => map.setHighlight("hash", ids),
+  visible: () => onScreen.has("tt-panel"),
 });
 
 map.onhover = (id) => {
@@ -244,7 +246,7 @@ const observer = new IntersectionObserver(
   },
   { threshold: 0 },
 );
-for (const id of ["miss-panel", "regret-panel", "whatif-panel"]) observer.observe($(id));
+for (const id of ["miss-panel", "regret-panel", "whatif-panel", "tt-panel"]) observer.observe($(id));
 
 /**
  * The slower REST views: only while the stream is live and has brought
@@ -306,10 +308,23 @@ function frame(now) {
   requestAnimationFrame(frame);
 }
 
+/** The "fleet" link: only when this server publishes KV events (an observer can watch it). */
+async function fleetLink() {
+  const link = $("fleet-link");
+  try {
+    const hint = observeHint(await api("GET", "/api/kv-events", undefined, { quiet: true }), location.hostname);
+    link.hidden = !hint;
+    if (hint) link.title = `Fleet observer: ${hint.text}.`;
+  } catch {
+    link.hidden = true;
+  }
+}
+
 async function boot() {
   try {
     const cfg = await get("/api/config");
     showFacts(cfg);
+    fleetLink();
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) {
       controls.setAuth(true);

@@ -7,20 +7,21 @@
 
 import { api, getToken } from "../../../shared/api.js";
 import { $, h, setText } from "../../../shared/dom.js";
-import { dur, int } from "../../../shared/format.js";
+import { bytes, dur, int } from "../../../shared/format.js";
 import { hms } from "../../render/minichart.js";
 import { HistorySource, diffRows, parseMoment, seqTime } from "../../state/history.js";
 
 const quiet = (path) => api("GET", path, undefined, { quiet: true });
 
 export class TimeTravel {
-  constructor(model, map, { onEnter, onLeave, showRequest, highlight } = {}) {
+  constructor(model, map, { onEnter, onLeave, showRequest, highlight, visible } = {}) {
     this.model = model;
     this.map = map;
     this.onEnter = onEnter;
     this.onLeave = onLeave;
     this.showRequest = showRequest;
     this.highlight = highlight;
+    this.visible = visible || (() => true); // is the time-travel panel on screen?
     this.info = null;
     this.error = "";
     this.mode = "live"; // live | history
@@ -45,6 +46,8 @@ export class TimeTravel {
     this.enteredBody = $("diff-entered");
     this.reqsEl = $("diff-requests");
     this.exportLink = $("tt-export");
+    this.exportSize = null; // {bytes, lines, last_seq, at}: GET /api/history/export/size
+    this.sizing = false;
     this._wire();
     this.render();
   }
@@ -72,6 +75,9 @@ export class TimeTravel {
       ev.preventDefault();
       this.diff();
     });
+    this.exportLink.addEventListener("mouseenter", () => {
+      if (!this.exportSize || performance.now() - this.exportSize.at > 5000) this.measureExport();
+    });
     this.exportLink.addEventListener("click", (ev) => {
       if (!getToken()) return; // a plain download; with a token, fetch it with the header
       ev.preventDefault();
@@ -86,6 +92,9 @@ export class TimeTravel {
       this.info = await quiet("/api/history");
       this.error = "";
       this.pollEvery = 3000;
+      // the export's true size (the JSON is several times the memory held): now and then
+      const stale = !this.exportSize || performance.now() - this.exportSize.at > 30000;
+      if (stale && this.visible()) this.measureExport();
     } catch (err) {
       this.info = null;
       this.error = err.status === 409 ? err.message : `GET /api/history: ${err.message}`;
@@ -112,7 +121,7 @@ export class TimeTravel {
     const secs = info.last_ts - info.first_ts;
     setText(
       this.span,
-      `ops ${int(info.first_seq)}–${int(info.last_seq)} · ${dur(secs)} · ${int(info.keyframes.length)} keyframes · ${(info.bytes_held / 1048576).toFixed(1)} MB`,
+      `${hms(info.first_ts)}–${hms(info.last_ts)} (${dur(secs)}) · ops ${int(info.first_seq)}–${int(info.last_seq)} · ${int(info.keyframes.length)} keyframes · ${bytes(info.bytes_held)} in memory`,
     );
     if (!this.active) setText(this.atEl, `live · op ${int(info.last_seq)}`);
     this._marks();
@@ -294,6 +303,23 @@ export class TimeTravel {
       h("div", { class: "diff-rq", id: "diff-ended" }, h("span", { class: "muted" }, `ended ${int(r.ended.length)} `), ...chips(r.ended, "en")),
       h("div", { class: "muted" }, `running ${int(rq.running_from)} → ${int(rq.running_to)}`),
     );
+  }
+
+  /** How big the export is now: the server writes it once and counts (GET /api/history/export/size). */
+  async measureExport() {
+    if (this.sizing) return;
+    this.sizing = true;
+    try {
+      const sz = await quiet("/api/history/export/size");
+      this.exportSize = { ...sz, at: performance.now() };
+      setText(this.exportLink, `Export · ${bytes(sz.bytes)}`);
+      this.exportLink.dataset.bytes = String(sz.bytes);
+      this.exportLink.title = `the recording as NDJSON: ${int(sz.bytes)} bytes, ${int(sz.lines)} lines at op ${int(sz.last_seq)} (it grows as the pool works; replay it with \`blockpool replay FILE\`)`;
+    } catch (err) {
+      this.exportLink.title = `the recording as NDJSON (its size: ${err.message})`;
+    } finally {
+      this.sizing = false;
+    }
   }
 
   async exportWithToken() {
