@@ -227,7 +227,8 @@ def test_panels_render_live_without_console_errors(dashboard: Page, server: Serv
         assert (got is None and want is None) or math.isclose(got, want, abs_tol=1e-9), misses
     # this server publishes no KV events: no observer can watch it, no fleet link
     assert info["fleet"] == "/static/fleet.html" and info["fleetHidden"] is True
-    assert info["mode"] == "live" and info["at"].startswith("live · op")
+    assert info["mode"] == "live" and info["at"].startswith("live · "), info["at"]
+    assert " · op " in info["at"]
     assert server.http.get("/static/fleet.html").status_code == 200
     # the block map still draws once per frame at most, and keeps up
     p.js("() => window.__bp.resetPerf()")

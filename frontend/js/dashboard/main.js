@@ -94,9 +94,34 @@ function setStat(key, text, value, share) {
   el.dataset.value = String(value);
 }
 
+/** The tiles at a recorded moment (time travel): its summary; the rates from the live points then. */
+function momentStats(st) {
+  const sm = st.summary;
+  const b = sm.blocks;
+  const total = Math.max(1, sm.num_blocks - 1);
+  setStat("in_use", int(b.in_use), b.in_use, pct(b.in_use / total, 0));
+  setStat("cached", int(b.cached), b.cached, pct(b.cached / total, 0));
+  setStat("empty", int(b.empty), b.empty, pct(b.empty / total, 0));
+  setStat("usage", pct(sm.usage), sm.usage);
+  const pc = sm.prefix_cache || {};
+  const hr = pc.queries_tokens ? pc.hits_tokens / pc.queries_tokens : null;
+  setStat("hit", pct(hr), hr);
+  setStat("keys", int(sm.hash_map_keys), sm.hash_map_keys);
+  setStat("requests", int(sm.running_requests), sm.running_requests);
+  // the rates around that moment, when the page still holds its points
+  const near = model.points.filter((p) => Math.abs(p.ts - st.at.ts) <= 1);
+  const avg = (k) => (near.length ? near.reduce((a, p) => a + (Number.isFinite(p[k]) ? p[k] : 0), 0) / near.length : null);
+  setStat("alloc", near.length ? rate(avg("alloc_per_s")) : "—", avg("alloc_per_s"));
+  setStat("evict", near.length ? rate(avg("evict_per_s")) : "—", avg("evict_per_s"));
+}
+
 function updateStats() {
   const hd = model.header;
   if (!hd.counts) return;
+  if (history && history.active && history.state) {
+    momentStats(history.state);
+    return;
+  }
   const c = hd.counts;
   const total = Math.max(1, model.n - 1);
   setStat("in_use", int(c.in_use), c.in_use, pct(c.in_use / total, 0));
@@ -175,11 +200,27 @@ const history = new TimeTravel(model, map, {
     detail.select(-1);
     detail.clearHighlights();
   },
-  onLeave: () => map.setHighlight("hash", []),
+  onLeave: () => {
+    map.setHighlight("hash", []);
+    follow(null);
+  },
+  onMoment: (st, src) => follow({ st, src }),
   showRequest,
   highlight: (ids) => map.setHighlight("hash", ids),
   visible: () => onScreen.has("tt-panel"),
 });
+
+/** The panels that follow a recorded moment (or the live pool again: null). */
+function follow(m) {
+  lru.setMoment(m);
+  detail.setMoment(m);
+  const ts = m ? m.st.at.ts : null;
+  charts.setMoment(ts);
+  tokensPanel.chart.setMoment(ts);
+  misses.chart.setMoment(ts);
+  regret.chart.setMoment(ts);
+  updateStats();
+}
 
 map.onhover = (id) => {
   if (history.active) {
@@ -190,7 +231,8 @@ map.onhover = (id) => {
   detail.hover(id);
 };
 map.onselect = (id) => {
-  if (!history.active) detail.select(id);
+  if (history.active) detail.showMoment(id);
+  else detail.select(id);
 };
 onApiError((err) => {
   if (err.status === 404 && err.code === "not_found") return; // a request that just finished

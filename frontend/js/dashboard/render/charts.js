@@ -6,6 +6,7 @@ import { $ } from "../../shared/dom.js";
 import { dur, durTick } from "../../shared/format.js";
 import { COLORS, rgbCss } from "../../shared/palette.js";
 import { apartFilter, labelWidth } from "./minichart.js";
+import { markMoment } from "./moment.js";
 
 const uPlot = window.uPlot;
 const AXIS = { stroke: "#8b949e", grid: { stroke: "rgba(139,148,158,0.12)", width: 1 }, ticks: { show: false } };
@@ -140,6 +141,12 @@ export class Charts {
   bucketLabels() {
     const b = this.buckets || [];
     return [...b.map((_, i) => this.bucketLabel(i)), this.bucketLabel(b.length)];
+  }
+
+  /** Mark the moment time travel shows (unix ts) on the time charts; null: none. */
+  setMoment(ts) {
+    this.momentTs = ts;
+    for (const plot of [this.usage, this.hit, this.rates]) markMoment(plot, ts);
   }
 
   resize() {

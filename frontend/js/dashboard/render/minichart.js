@@ -8,6 +8,7 @@
 // no data.
 
 import { explain } from "../../shared/terms.js";
+import { markMoment } from "./moment.js";
 
 const uPlotLib = () => globalThis.uPlot;
 
@@ -372,6 +373,11 @@ export class MiniChart {
     const text = this.x.length ? "" : this.o.empty || "";
     if (this.emptyEl.textContent !== text) this.emptyEl.textContent = text;
     this.emptyEl.hidden = !text;
+  }
+
+  /** Mark a moment (unix ts) on a time chart; null: none. */
+  setMoment(ts) {
+    if (this.o.x === "time") markMoment(this.u, ts);
   }
 
   // ------------------------------------------------------------ legend

@@ -12,13 +12,16 @@ import { hms } from "../../render/minichart.js";
 import { HistorySource, diffRows, parseMoment, seqTime } from "../../state/history.js";
 
 const quiet = (path) => api("GET", path, undefined, { quiet: true });
+const QUEUE_ROWS = 120; // the recorded free queue's head the LRU panel shows
 
 export class TimeTravel {
-  constructor(model, map, { onEnter, onLeave, showRequest, highlight, visible } = {}) {
+  constructor(model, map, { onEnter, onLeave, onMoment, showRequest, highlight, visible } = {}) {
     this.model = model;
     this.map = map;
     this.onEnter = onEnter;
     this.onLeave = onLeave;
+    this.onMoment = onMoment; // (state, source): the panels that follow the moment shown
+    this.state = null; // the recorded moment shown (GET /api/history/state)
     this.showRequest = showRequest;
     this.highlight = highlight;
     this.visible = visible || (() => true); // is the time-travel panel on screen?
@@ -123,7 +126,7 @@ export class TimeTravel {
       this.span,
       `${hms(info.first_ts)}–${hms(info.last_ts)} (${dur(secs)}) · ops ${int(info.first_seq)}–${int(info.last_seq)} · ${int(info.keyframes.length)} keyframes · ${bytes(info.bytes_held)} in memory`,
     );
-    if (!this.active) setText(this.atEl, `live · op ${int(info.last_seq)}`);
+    if (!this.active) this._at(`live · ${hms(info.last_ts)} · op ${int(info.last_seq)}`);
     this._marks();
   }
 
@@ -145,7 +148,7 @@ export class TimeTravel {
     if (!this.info) return;
     this.want = seq;
     const t = seqTime(this.info, seq);
-    setText(this.atEl, `op ${int(seq)} · ~${t ? hms(t) : "—"} · loading…`);
+    this._at(`~${t ? hms(t) : "—"} · op ${int(seq)} · loading…`);
     this._fetch();
   }
 
@@ -155,7 +158,7 @@ export class TimeTravel {
     const gen = this.gen;
     this.inflight = true;
     try {
-      const st = await quiet(`/api/history/state?at=${encodeURIComponent(seq)}&include_blocks=true&limit=50`);
+      const st = await quiet(`/api/history/state?at=${encodeURIComponent(seq)}&include_blocks=true&limit=${QUEUE_ROWS}`);
       this.fetches++;
       if (gen === this.gen) {
         if (this.want === seq) this.want = null;
@@ -163,7 +166,7 @@ export class TimeTravel {
       }
     } catch (err) {
       if (this.want === seq) this.want = null;
-      if (gen === this.gen) setText(this.atEl, `op ${int(seq)}: ${err.message}`);
+      if (gen === this.gen) this._at(`op ${int(seq)}: ${err.message}`);
     } finally {
       this.inflight = false;
     }
@@ -173,7 +176,7 @@ export class TimeTravel {
   /** Draw a recorded moment (GET /api/history/state) on the map. */
   show(st, final = true) {
     if (!st.blocks || st.blocks.state.length !== this.model.n) {
-      setText(this.atEl, `op ${st.at.seq}: ${st.blocks ? "another pool size" : "no blocks"}`);
+      this._at(`op ${st.at.seq}: ${st.blocks ? "another pool size" : "no blocks"}`);
       return;
     }
     const entering = !this.active;
@@ -186,20 +189,36 @@ export class TimeTravel {
     const sm = st.summary;
     const b = sm.blocks;
     const ago = this.info ? this.info.last_ts - st.at.ts : null;
-    setText(this.atEl, `op ${int(st.at.seq)} · ${hms(st.at.ts)}${ago !== null ? ` (${dur(ago)} before the latest)` : ""}`);
+    // the clock first, the op seq beside it
+    this._at(`${hms(st.at.ts)} · op ${int(st.at.seq)}${ago !== null ? ` · latest −${dur(ago)}` : ""}`);
     $("history-text").replaceChildren(
       h("b", null, "HISTORY"),
-      ` op ${int(st.at.seq)} · ${hms(st.at.ts)} · in use ${int(b.in_use)} · cached ${int(b.cached)} · empty ${int(b.empty)} · ${int(sm.running_requests)} requests`,
+      ` ${hms(st.at.ts)} · op ${int(st.at.seq)} · in use ${int(b.in_use)} · cached ${int(b.cached)} · empty ${int(b.empty)} · ${int(sm.running_requests)} requests`,
+      h("span", { class: "hb-note" }, " · tiles, queue and block detail follow; charts mark the moment"),
     );
+    this.state = st;
+    if (this.onMoment) this.onMoment(st, this.src);
     this.banner.dataset.seq = String(st.at.seq);
     setText(this.modeEl, "history");
     this.modeEl.dataset.mode = "history";
   }
 
+  /** The moment line under the map (its full text on hover: the box has a fixed width). */
+  _at(text) {
+    setText(this.atEl, text);
+    this.atEl.title = text;
+  }
+
   live() {
     this.want = null;
     this.gen++;
-    if (!this.active) return;
+    // an error from a jump or a fetch is about the moment left: it goes too
+    this.jump.classList.remove("bad");
+    if (!this.active) {
+      this.render();
+      return;
+    }
+    this.state = null;
     this.mode = "live";
     this.src = null;
     delete document.body.dataset.mode;
@@ -216,12 +235,12 @@ export class TimeTravel {
     this.want = null;
     const gen = ++this.gen;
     try {
-      const st = await quiet(`/api/history/state?at=${encodeURIComponent(at)}&include_blocks=true&limit=50`);
+      const st = await quiet(`/api/history/state?at=${encodeURIComponent(at)}&include_blocks=true&limit=${QUEUE_ROWS}`);
       if (gen === this.gen) this.show(st);
       this.jump.classList.remove("bad");
     } catch (err) {
       this.jump.classList.add("bad");
-      setText(this.atEl, `${text}: ${err.message}`);
+      this._at(`${text}: ${err.message}`);
     }
   }
 
