@@ -190,6 +190,27 @@ async def history_diff(
     return await asyncio.to_thread(replay.diff_json, ma, mb, between, view, limit)
 
 
+@router.get(
+    "/history/export/size", dependencies=[ReadAuth], summary="What the export would send now"
+)
+async def history_export_size(engine: EngineDep) -> dict[str, Any]:
+    """The bytes and lines ``GET /history/export`` would send now, counted by
+    writing it (in a thread, nothing kept): the JSON is many times the
+    recording's in-memory size (``bytes_held``)."""
+    rec = _recorder(engine)
+    header, segments, final, view = rec.export_parts()
+
+    def count() -> tuple[int, int]:
+        size = lines = 0
+        for line in export_lines(header, segments, final, view):
+            size += len(line.encode())
+            lines += 1
+        return size, lines
+
+    size, lines = await asyncio.to_thread(count)
+    return {"bytes": size, "lines": lines, "last_seq": final.seq}
+
+
 class NDJSONResponse(StreamingResponse):
     media_type = "application/x-ndjson"
 

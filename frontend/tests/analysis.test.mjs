@@ -235,7 +235,7 @@ test("analysis health: lag, restarts, errors, a report that stopped moving", () 
   );
   const w = (worker, extra = {}) => analysisHealth({ ...sec, worker, ...extra }, { resyncs0: 0, ...extra.ctx });
   assert.equal(w({ lag_ops: 12, resyncs: 0, error: null }).level, "ok");
-  assert.equal(w({ lag_ops: 12, resyncs: 0, error: null }).text, "lag 12");
+  assert.equal(w({ lag_ops: 12, resyncs: 0, error: null }).text, "lag 12 ops");
   assert.equal(w({ lag_ops: 90000, resyncs: 0, error: null }).level, "warn");
   const restarted = w({ lag_ops: 0, resyncs: 2, error: null });
   assert.equal(restarted.level, "warn");

@@ -58,6 +58,7 @@ class Server:
         cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), *self.args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=self._log)
+        # a generous bound: on a busy machine a start can take a minute
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -138,10 +139,16 @@ def server() -> Iterator[Server]:
 class Page:
     """A dashboard tab with its console errors collected."""
 
-    def __init__(self, browser: Any, url: str, name: str) -> None:
-        self.ctx = browser.new_context(viewport=VIEWPORT)
+    def __init__(
+        self, browser: Any, url: str, name: str, viewport: dict[str, int] | None = None
+    ) -> None:
+        self.ctx = browser.new_context(viewport=viewport or VIEWPORT)
         hooks.install(self.ctx)  # window.__bp (the page itself sets no globals)
+        # every URL the page asks for (the websocket too): none may leave the server
+        self.requests: list[str] = []
+        self.ctx.on("request", lambda r: self.requests.append(r.url))
         self.page = self.ctx.new_page()
+        self.page.on("websocket", lambda ws: self.requests.append(ws.url))
         self.name = name
         self.errors: list[str] = []  # page errors and console.error
         # the browser's own network lines: HTTP errors, refused connections

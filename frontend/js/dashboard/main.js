@@ -4,10 +4,12 @@
 // globals: testhooks.js, loaded only by the tests and the benchmark, puts
 // them on window.__bp.
 
-import { ApiError, get, getToken, onApiError } from "../shared/api.js";
+import { ApiError, api, get, getToken, onApiError } from "../shared/api.js";
 import { $, Every, h, setText } from "../shared/dom.js";
 import { int, pct, rate } from "../shared/format.js";
+import { observeHint } from "../shared/observe.js";
 import { COLORS, rgbCss } from "../shared/palette.js";
+import { explain, explainAll } from "../shared/terms.js";
 import { STATE_NAMES } from "./wire/protocol.js";
 import { StreamConnection } from "./wire/stream.js";
 import { AnalysisHub } from "./state/analysishub.js";
@@ -44,12 +46,13 @@ function showError(msg) {
 }
 
 function legend() {
-  const item = (color, label) => h("span", { class: "lg" }, h("i", { style: `background:${rgbCss(color)}` }), label);
+  const item = (color, label, term = label) =>
+    h("span", { class: "lg", title: explain(term) }, h("i", { style: `background:${rgbCss(color)}` }), label);
   $("legend").replaceChildren(
     item(COLORS.in_use[0], "in use ×1"),
-    item(COLORS.in_use[1], "×2"),
-    item(COLORS.in_use[2], "×3"),
-    item(COLORS.in_use[3], "×4+"),
+    item(COLORS.in_use[1], "×2", "in use ×1"),
+    item(COLORS.in_use[2], "×3", "in use ×1"),
+    item(COLORS.in_use[3], "×4+", "in use ×1"),
     item(COLORS.cached, "cached"),
     item(COLORS.risk, "evicted soon"),
     item(COLORS.empty, "empty"),
@@ -58,7 +61,12 @@ function legend() {
 }
 
 function stat(key, label, cls) {
-  return h("div", { class: `stat ${cls || ""}` }, h("span", { class: "label" }, label), h("span", { class: "value", id: `stat-${key}` }, "—"));
+  return h(
+    "div",
+    { class: `stat ${cls || ""}`, title: explain(label), dataset: { stat: key } },
+    h("span", { class: "label" }, label),
+    h("span", { class: "value", id: `stat-${key}` }, "—"),
+  );
 }
 
 function buildStats() {
@@ -75,20 +83,50 @@ function buildStats() {
   );
 }
 
-function setStat(key, text, value) {
+/** A tile's value: the figure, and beside it (smaller) its share; data-value for the tests. */
+function setStat(key, text, value, share) {
   const el = document.getElementById(`stat-${key}`);
-  setText(el, text);
+  const want = share === undefined ? text : text + share;
+  if (el.textContent !== want) {
+    if (share === undefined) el.textContent = text;
+    else el.replaceChildren(text, h("small", null, share));
+  }
   el.dataset.value = String(value);
+}
+
+/** The tiles at a recorded moment (time travel): its summary; the rates from the live points then. */
+function momentStats(st) {
+  const sm = st.summary;
+  const b = sm.blocks;
+  const total = Math.max(1, sm.num_blocks - 1);
+  setStat("in_use", int(b.in_use), b.in_use, pct(b.in_use / total, 0));
+  setStat("cached", int(b.cached), b.cached, pct(b.cached / total, 0));
+  setStat("empty", int(b.empty), b.empty, pct(b.empty / total, 0));
+  setStat("usage", pct(sm.usage), sm.usage);
+  const pc = sm.prefix_cache || {};
+  const hr = pc.queries_tokens ? pc.hits_tokens / pc.queries_tokens : null;
+  setStat("hit", pct(hr), hr);
+  setStat("keys", int(sm.hash_map_keys), sm.hash_map_keys);
+  setStat("requests", int(sm.running_requests), sm.running_requests);
+  // the rates around that moment, when the page still holds its points
+  const near = model.points.filter((p) => Math.abs(p.ts - st.at.ts) <= 1);
+  const avg = (k) => (near.length ? near.reduce((a, p) => a + (Number.isFinite(p[k]) ? p[k] : 0), 0) / near.length : null);
+  setStat("alloc", near.length ? rate(avg("alloc_per_s")) : "—", avg("alloc_per_s"));
+  setStat("evict", near.length ? rate(avg("evict_per_s")) : "—", avg("evict_per_s"));
 }
 
 function updateStats() {
   const hd = model.header;
   if (!hd.counts) return;
+  if (history && history.active && history.state) {
+    momentStats(history.state);
+    return;
+  }
   const c = hd.counts;
   const total = Math.max(1, model.n - 1);
-  setStat("in_use", `${int(c.in_use)} · ${pct(c.in_use / total, 0)}`, c.in_use);
-  setStat("cached", `${int(c.cached)} · ${pct(c.cached / total, 0)}`, c.cached);
-  setStat("empty", `${int(c.empty)} · ${pct(c.empty / total, 0)}`, c.empty);
+  setStat("in_use", int(c.in_use), c.in_use, pct(c.in_use / total, 0));
+  setStat("cached", int(c.cached), c.cached, pct(c.cached / total, 0));
+  setStat("empty", int(c.empty), c.empty, pct(c.empty / total, 0));
   setStat("usage", pct(hd.usage), hd.usage);
   const pc = hd.prefix_cache || {};
   const hr = pc.queries ? pc.hits / pc.queries : null;
@@ -162,10 +200,27 @@ const history = new TimeTravel(model, map, {
     detail.select(-1);
     detail.clearHighlights();
   },
-  onLeave: () => map.setHighlight("hash", []),
+  onLeave: () => {
+    map.setHighlight("hash", []);
+    follow(null);
+  },
+  onMoment: (st, src) => follow({ st, src }),
   showRequest,
   highlight: (ids) => map.setHighlight("hash", ids),
+  visible: () => onScreen.has("tt-panel"),
 });
+
+/** The panels that follow a recorded moment (or the live pool again: null). */
+function follow(m) {
+  lru.setMoment(m);
+  detail.setMoment(m);
+  const ts = m ? m.st.at.ts : null;
+  charts.setMoment(ts);
+  tokensPanel.chart.setMoment(ts);
+  misses.chart.setMoment(ts);
+  regret.chart.setMoment(ts);
+  updateStats();
+}
 
 map.onhover = (id) => {
   if (history.active) {
@@ -176,7 +231,8 @@ map.onhover = (id) => {
   detail.hover(id);
 };
 map.onselect = (id) => {
-  if (!history.active) detail.select(id);
+  if (history.active) detail.showMoment(id);
+  else detail.select(id);
 };
 onApiError((err) => {
   if (err.status === 404 && err.code === "not_found") return; // a request that just finished
@@ -232,7 +288,7 @@ const observer = new IntersectionObserver(
   },
   { threshold: 0 },
 );
-for (const id of ["miss-panel", "regret-panel", "whatif-panel"]) observer.observe($(id));
+for (const id of ["miss-panel", "regret-panel", "whatif-panel", "tt-panel"]) observer.observe($(id));
 
 /**
  * The slower REST views: only while the stream is live and has brought
@@ -294,10 +350,23 @@ function frame(now) {
   requestAnimationFrame(frame);
 }
 
+/** The "fleet" link: only when this server publishes KV events (an observer can watch it). */
+async function fleetLink() {
+  const link = $("fleet-link");
+  try {
+    const hint = observeHint(await api("GET", "/api/kv-events", undefined, { quiet: true }), location.hostname);
+    link.hidden = !hint;
+    if (hint) link.title = `Fleet observer: ${hint.text}.`;
+  } catch {
+    link.hidden = true;
+  }
+}
+
 async function boot() {
   try {
     const cfg = await get("/api/config");
     showFacts(cfg);
+    fleetLink();
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) {
       controls.setAuth(true);
@@ -328,6 +397,7 @@ export const parts = {
   errors,
 };
 
+explainAll(document); // column heads (the charts' legends too) and [data-term] words: their meaning on hover
 boot();
 conn.start();
 requestAnimationFrame(frame);

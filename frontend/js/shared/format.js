@@ -25,6 +25,16 @@ export function dur(s) {
   return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
 }
 
+/** Seconds as an axis tick: 5ms, 250ms, 30s, 2m, 1.5h (three digits at most). */
+export function durTick(s) {
+  if (s === null || s === undefined || !Number.isFinite(s)) return "—";
+  const p = (v) => String(Number(v.toPrecision(3)));
+  if (s < 1) return `${p(s * 1000)}ms`;
+  if (s < 60) return `${p(s)}s`;
+  if (s < 3600) return `${p(s / 60)}m`;
+  return `${p(s / 3600)}h`;
+}
+
 export function bytes(n) {
   if (!Number.isFinite(n)) return "—";
   const u = ["B", "KB", "MB", "GB"];

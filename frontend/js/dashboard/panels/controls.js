@@ -1,6 +1,7 @@
 // Controls: the demo workload (start / stop / tune), admitting and finishing
-// requests by hand, resetting the prefix cache (confirmed; a refusal is
-// shown with the number of held blocks), and the bearer token.
+// requests by hand, resetting the prefix cache, and the bearer token.  The
+// reset dialog says beforehand when the pool will refuse (blocks held) and
+// offers "stop the workload and reset"; its outcome shows in the dialog.
 
 import { ApiError, get, getToken, post, setToken } from "../../shared/api.js";
 import { $, h, setText } from "../../shared/dom.js";
@@ -79,19 +80,67 @@ export class Controls {
       ev.preventDefault();
       this.admit();
     });
-    $("reset-btn").addEventListener("click", () => {
-      setText($("reset-facts"), this.resetFacts());
-      this.dialog.showModal();
-    });
-    this.dialog.addEventListener("close", () => {
-      if (this.dialog.returnValue === "confirm") this.reset();
-    });
+    $("reset-btn").addEventListener("click", () => this.openReset());
+    $("reset-confirm").addEventListener("click", () => this.reset());
+    $("reset-stop").addEventListener("click", () => this.stopAndReset());
   }
 
-  resetFacts() {
+  /** The dialog, with what a reset would do now (or why it would be refused). */
+  openReset() {
     const hd = this.model.header;
     const c = hd.counts || {};
-    return `${int(hd.hash_map_keys)} cached hashes will be dropped. ${int(c.in_use)} blocks are in use by ${int(hd.running_requests)} running request(s): while any block is held, the pool refuses.`;
+    const held = c.in_use || 0;
+    const drop = `${int(hd.hash_map_keys)} cached hashes will be dropped (every cached block becomes empty).`;
+    setText(
+      $("reset-facts"),
+      held
+        ? `${drop} But ${int(held)} block(s) are in use by ${int(hd.running_requests)} running request(s): while any block is held the pool refuses a reset (as vLLM does). Stop the workload and finish the requests first, or let this page do it.`
+        : drop,
+    );
+    $("reset-stop").hidden = !held;
+    $("reset-confirm").textContent = held ? "Reset anyway (will be refused)" : "Reset";
+    $("reset-close").textContent = "Cancel";
+    this.outcome(null);
+    this.dialog.showModal();
+  }
+
+  /** The outcome in the dialog (and in the controls' result line). */
+  outcome(kind, parts) {
+    const box = $("reset-outcome");
+    if (!kind) {
+      box.hidden = true;
+      box.replaceChildren();
+      return;
+    }
+    box.hidden = false;
+    box.className = `result ${kind}`;
+    box.replaceChildren(...parts);
+    this.show(kind, parts.map((p) => (p instanceof Node ? p.cloneNode(true) : p)));
+    $("reset-close").textContent = "Close";
+  }
+
+  /** Stop the demo (it finishes its requests), finish the others, then reset. */
+  async stopAndReset() {
+    this.outcome("muted", ["stopping the demo workload…"]);
+    try {
+      await post("/api/demo/stop");
+      const running = await get("/api/requests?limit=10000");
+      const ids = (running.items || []).map((r) => r.request_id);
+      this.outcome("muted", [`finishing ${int(ids.length)} running request(s)…`]);
+      for (const rid of ids) {
+        try {
+          await post(`/api/requests/${encodeURIComponent(rid)}/finish`);
+        } catch (err) {
+          if (!(err instanceof ApiError && err.status === 404)) throw err; // 404: it just finished
+        }
+      }
+      this.refreshDemo();
+      this.refreshRequests();
+    } catch (err) {
+      this.outcome("err", [`stop the workload: ${err.message}${err.code ? ` (${err.code})` : ""}`]);
+      return;
+    }
+    await this.reset();
   }
 
   async demo(action) {
@@ -172,20 +221,27 @@ export class Controls {
   }
 
   async reset() {
+    const keys = this.model.header.hash_map_keys;
     try {
       await post("/api/pool/reset");
-      this.show("ok", "prefix cache reset: every cached hash dropped");
+      this.outcome("ok", [h("b", null, "Reset done"), `: the prefix cache is empty (${int(keys)} cached hashes dropped).`]);
+      $("reset-stop").hidden = true;
+      $("reset-confirm").textContent = "Reset";
     } catch (err) {
       if (err instanceof ApiError && err.code === "reset_refused") {
         const d = err.details || {};
-        this.show("refused", [
+        this.outcome("refused", [
           h("b", null, "Reset refused"),
           ": ",
-          h("span", { id: "reset-held" }, int(d.held_blocks)),
-          ` block(s) are still held${d.running_requests !== undefined ? ` by ${int(d.running_requests)} running request(s)` : ""}. Finish them (or stop the demo) first.`,
+          h("span", { class: "reset-held" }, int(d.held_blocks)),
+          ` block(s) are still held${d.running_requests !== undefined ? ` by ${int(d.running_requests)} running request(s)` : ""}. Stop the workload and finish them first.`,
         ]);
+        $("reset-stop").hidden = false;
+      } else if (err instanceof ApiError && err.status === 401) {
+        this.outcome("err", [`reset: ${err.message}: enter the server's token at the top right.`]);
+        $("token").classList.add("need");
       } else {
-        this.showError("reset", err);
+        this.outcome("err", [`reset: ${err.message}${err.code ? ` (${err.code})` : ""}`]);
       }
     }
   }

@@ -10,6 +10,7 @@ import { REASON_LABEL, REASON_RGB } from "../state/analysis.js";
 import { ApiError, api, get } from "../../shared/api.js";
 import { $, h } from "../../shared/dom.js";
 import { dur, int } from "../../shared/format.js";
+import { explain } from "../../shared/terms.js";
 import { rgba } from "../render/minichart.js";
 import { blockCells, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
 import { STATE_NAMES, hex64 } from "../wire/protocol.js";
@@ -33,6 +34,7 @@ export class DetailPanel {
     this.requestSeq = 0;
     this.barHover = "";
     this.onRequestHighlight = null;
+    this.moment = null; // {st, src, id}: a recorded moment (time travel) shown instead of the live pool
     document.addEventListener("keydown", (ev) => {
       if (ev.key === "Escape") this.select(-1);
     });
@@ -224,7 +226,59 @@ export class DetailPanel {
     );
   }
 
+  /** Follow a recorded moment ({st, src}), or the live pool again (null). */
+  setMoment(m) {
+    this.moment = m ? { ...m, id: this.moment ? this.moment.id : -1 } : null;
+    this.render();
+  }
+
+  /** A block of the recorded moment (a click on the map in history mode). */
+  showMoment(id) {
+    if (!this.moment) return;
+    this.moment.id = id;
+    this.render();
+  }
+
+  renderMoment() {
+    const { st, src, id } = this.moment;
+    const seq = int(st.at.seq);
+    this.root.replaceChildren();
+    if (id < 0 || id >= src.n) {
+      this.title.textContent = "Block";
+      const b = st.summary.blocks;
+      this.root.append(
+        h("p", { class: "hist-note" }, `The recorded moment at op ${seq}: ${int(b.in_use)} in use · ${int(b.cached)} cached · ${int(b.empty)} empty · ${int(st.summary.running_requests)} running requests.`),
+        h("p", { class: "muted" }, "Click a block for its recorded state. Holders' details and sampled times are for the live pool only (back to live)."),
+      );
+      return;
+    }
+    const state = ["null", "in_use", "cached", "empty"][src.state[id]];
+    this.title.replaceChildren(
+      `Block #${id} `,
+      h("span", { class: `badge st-${state}`, id: "detail-state" }, STATE_LABEL[state]),
+      h("span", { class: "pin hist-tag", title: "a recorded moment, not the live pool" }, `at op ${seq}`),
+    );
+    const rows = [];
+    const row = (k, v, attrs) => rows.push(h("tr", null, h("th", { title: explain(k) || null }, k), h("td", attrs || null, v)));
+    row("ref count", String(src.refCnt[id]), { id: "detail-ref" });
+    row("hash64", src.hash64[id] || "—", { id: "detail-hash", class: "mono" });
+    const pos = st.queue.block_ids.indexOf(id);
+    const free = state === "cached" || state === "empty";
+    row(
+      "queue position",
+      !free ? "— (not free)" : pos >= 0 ? `pos ${int(pos)} of ${int(st.queue.total)}` : `beyond the first ${int(st.queue.block_ids.length)} of ${int(st.queue.total)}`,
+      { id: "detail-qpos" },
+    );
+    const holders = (st.requests.items || []).filter((r) => r.block_ids.some((g) => (Array.isArray(g) ? g : [g]).includes(id))).map((r) => r.request_id);
+    row("holders", holders.length ? holders.join(", ") : state === "in_use" ? "(not among the requests listed)" : "none", { id: "detail-holders" });
+    this.root.append(h("table", { class: "kv" }, ...rows), h("p", { class: "muted" }, `recorded at op ${seq} (${new Date(st.at.ts * 1000).toTimeString().slice(0, 8)}); sampled times are for the live pool only`));
+  }
+
   render() {
+    if (this.moment) {
+      this.renderMoment();
+      return;
+    }
     const id = this.shown;
     const m = this.model;
     this.root.replaceChildren();
@@ -250,7 +304,7 @@ export class DetailPanel {
     );
     const r = this.restFor === id ? this.rest : null;
     const rows = [];
-    const row = (k, v, attrs) => rows.push(h("tr", null, h("th", null, k), h("td", attrs || null, v)));
+    const row = (k, v, attrs) => rows.push(h("tr", null, h("th", { title: explain(k) || null }, k), h("td", attrs || null, v)));
     row("ref count", String(r && !r.error ? r.ref_cnt : m.refCnt[id]), { id: "detail-ref" });
     if (r && !r.error && r.raw_refs) row("raw refs", String(r.raw_refs));
     row("hash64", hex || "—", { id: "detail-hash", class: "mono" });
@@ -281,7 +335,7 @@ export class DetailPanel {
             ),
           )
         : ["none"];
-      rows.push(h("tr", null, h("th", null, "holders"), h("td", { id: "detail-holders" }, ...holders)));
+      rows.push(h("tr", null, h("th", { title: explain("holders") }, "holders"), h("td", { id: "detail-holders" }, ...holders)));
       const mt = r.metrics;
       row(
         "lifetime",

@@ -3,6 +3,7 @@
 
 import { $, h, setText } from "../../shared/dom.js";
 import { bytes, int } from "../../shared/format.js";
+import { explain } from "../../shared/terms.js";
 
 export class HealthBar {
   constructor(conn, model, perf) {
@@ -28,7 +29,7 @@ export class HealthBar {
     for (const [key, label] of items) {
       const v = h("b", { id: `h-${key}` }, "—");
       this.cells[key] = v;
-      this.root.append(h("span", { class: "hitem", "data-h": key }, h("i", null, label), v));
+      this.root.append(h("span", { class: "hitem", "data-h": key, title: explain(label) }, h("i", null, label), v));
     }
   }
 

@@ -7,6 +7,7 @@
 import { $, h, setText } from "../../shared/dom.js";
 import { dur, int, rate, shortHash } from "../../shared/format.js";
 import { COLORS, rgbCss } from "../../shared/palette.js";
+import { explain } from "../../shared/terms.js";
 import { CACHED, hex64 } from "../wire/protocol.js";
 
 const LIST_ROWS = 120;
@@ -45,6 +46,48 @@ export class LruPanel {
     this.profileAt = -Infinity;
     this.profileCost = 0;
     this.riskCount = 0;
+    this.moment = null; // {st, src}: a recorded moment shown instead of the live queue
+  }
+
+  /** Show the free queue of a recorded moment (GET /api/history/state), or live again (null). */
+  setMoment(m) {
+    this.moment = m;
+    if (m) this.renderMoment();
+    else this.profileAt = -Infinity;
+  }
+
+  renderMoment() {
+    const { st, src } = this.moment;
+    const ids = st.queue.block_ids;
+    const b = st.summary.blocks;
+    const seq = int(st.at.seq);
+    this.map.setRisk([]);
+    this.summary.replaceChildren(
+      h("span", { class: "hist-tag" }, `recorded at op ${seq}`),
+      h("span", { title: "free blocks: cached + empty" }, "free ", h("b", { id: "lru-free" }, int(st.queue.total))),
+      h("span", { title: explain("cached") }, "cached ", h("b", null, int(b.cached))),
+    );
+    const ctx = this.sctx;
+    ctx.fillStyle = rgbCss(COLORS.background);
+    ctx.fillRect(0, 0, this.strip.width, this.strip.height);
+    this.prefixes.replaceChildren(
+      h("span", { class: "muted" }, `the queue's head at op ${seq}: the first ${int(ids.length)} of ${int(st.queue.total)} free blocks (times to eviction and blocks at risk are for the live pool only)`),
+    );
+    const rows = ids.map((id, pos) => {
+      const cached = src.state[id] === CACHED;
+      const hx = src.hash64[id] || "";
+      return h(
+        "tr",
+        { class: cached ? "cached" : "", "data-block": String(id) },
+        h("td", { class: "num" }, String(pos)),
+        h("td", { class: "num" }, `#${id}`),
+        h("td", null, h("span", { class: `dot st-${cached ? "cached" : "empty"}` }), cached ? "cached" : "empty"),
+        h("td", { class: "mono" }, hx ? shortHash(hx, 12) : ""),
+        h("td", { class: "num muted" }, "—"),
+      );
+    });
+    this.body.replaceChildren(...rows);
+    setText($("lru-count"), `recorded: head ${ids.length} of ${int(st.queue.total)}`);
   }
 
   get horizon() {
@@ -59,7 +102,7 @@ export class LruPanel {
 
   update(now) {
     const m = this.model;
-    if (m.seq === null) return;
+    if (m.seq === null || this.moment) return;
     this.rate = allocRate(m.points);
     const reach = Math.ceil(this.rate * this.horizon); // positions reused within the horizon
     const want = Math.min(Math.max(LIST_ROWS, reach), MAX_RISK);
@@ -86,18 +129,19 @@ export class LruPanel {
     if (firstCached < 0 && this.profile) firstCached = this.profile.indexOf(1);
     this.drawStrip(reach);
     this.summary.replaceChildren(
-      h("span", null, "free ", h("b", { id: "lru-free" }, int(free))),
-      h("span", null, "cached ", h("b", null, int(cached))),
-      h("span", null, "alloc ", h("b", { id: "lru-rate" }, `${rate(this.rate)}/s`)),
+      h("span", { title: "free blocks: cached + empty" }, "free ", h("b", { id: "lru-free" }, int(free))),
+      h("span", { title: explain("cached") }, "cached ", h("b", null, int(cached))),
+      h("span", { title: explain("alloc/s") }, "alloc ", h("b", { id: "lru-rate" }, `${rate(this.rate)}/s`)),
       h(
         "span",
-        null,
+        { title: explain("first cached") },
         "first cached ",
-        h("b", null, firstCached >= 0 ? `#${int(firstCached)} · ~${dur(this.eta(firstCached))}` : "—"),
+        // a queue position, written "pos N" (block ids are written #N)
+        h("b", { id: "lru-first" }, firstCached >= 0 ? `pos ${int(firstCached)} · ~${dur(this.eta(firstCached))}` : "—"),
       ),
       h(
         "span",
-        { class: risk.length ? "warn" : "" },
+        { class: risk.length ? "warn" : "", title: explain("evicted within") },
         `evicted within ${this.horizon}s `,
         h("b", { id: "lru-risk" }, int(risk.length)),
       ),

@@ -71,7 +71,9 @@ export class TreePanel {
       chain.length > 1 ? h("span", { class: "mono" }, shortHash(last.hash)) : "",
       multi ? h("span", { class: "tag multi", title: "some hashes are held by several blocks" }, `${copies} copies`) : "",
       node.orphan ? h("span", { class: "tag", title: "its parent was evicted" }, "orphan") : "",
-      last.children.length > 1 ? h("span", { class: "tag branch" }, `⑂ ${last.children.length}`) : "",
+      last.children.length > 1
+        ? h("span", { class: "tag branch", title: `prompts diverge here: ${last.children.length} different next blocks` }, `${last.children.length}`)
+        : "",
       node.size > chain.length ? h("span", { class: "muted" }, ` ${int(node.size)} in subtree`) : "",
     );
     const li = h("li", null, label);

@@ -3,8 +3,10 @@
 // eviction-sample histograms (lifetime, idle before eviction, reuse gaps).
 
 import { $ } from "../../shared/dom.js";
-import { dur } from "../../shared/format.js";
+import { dur, durTick } from "../../shared/format.js";
 import { COLORS, rgbCss } from "../../shared/palette.js";
+import { apartFilter, labelWidth } from "./minichart.js";
+import { markMoment } from "./moment.js";
 
 const uPlot = window.uPlot;
 const AXIS = { stroke: "#8b949e", grid: { stroke: "rgba(139,148,158,0.12)", width: 1 }, ticks: { show: false } };
@@ -66,8 +68,11 @@ export class Charts {
     this.rates = this.make("chart-rates", {
       series: [
         {},
-        { label: "alloc/s", stroke: rgbCss(COLORS.in_use[1]), width: 1, value: (u, v) => (v === null ? "—" : compact(v)) },
-        { label: "evict/s", stroke: rgbCss(COLORS.risk), width: 1, value: (u, v) => (v === null ? "—" : compact(v)) },
+        // equal rates (a full pool: every allocation evicts) would draw one
+        // line over the other: allocations wide and solid, evictions dashed
+        // on top, so both show where they coincide
+        { label: "alloc/s", stroke: rgbCss(COLORS.in_use[1]), width: 2.5, value: (u, v) => (v === null ? "—" : compact(v)) },
+        { label: "evict/s", stroke: rgbCss(COLORS.risk), width: 1.5, dash: [5, 4], value: (u, v) => (v === null ? "—" : compact(v)) },
       ],
       axes: axes(compact),
       scales: { y: { range: (u, lo, hi) => [0, Math.max(1, hi)] } },
@@ -106,7 +111,15 @@ export class Charts {
         cursor: { show: true, points: { show: false }, drag: { x: false, y: false } },
         scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, Math.max(1, hi)] } },
         axes: [
-          { ...AXIS, font: FONT, space: 34, values: (u, vals) => vals.map((i) => this.bucketLabel(i)) },
+          // bucket labels never closer than the widest of them (+ a gap)
+          {
+            ...AXIS,
+            font: FONT,
+            incrs: INT_INCRS,
+            space: () => Math.max(24, labelWidth(this.bucketLabels(), FONT) + 8),
+            filter: apartFilter((i) => this.bucketLabel(i), FONT),
+            values: (u, vals) => vals.map((i) => (i === null ? "" : this.bucketLabel(i))),
+          },
           { ...AXIS, font: FONT, size: 40, incrs: INT_INCRS, values: (u, vals) => vals.map(compact) },
         ],
         series: [{}, { label: "samples", fill: rgba(color, 0.7), stroke: rgbCss(color), paths: bars, points: { show: false } }],
@@ -120,9 +133,20 @@ export class Charts {
 
   bucketLabel(i) {
     const b = this.buckets;
-    if (!b || i !== Math.round(i)) return "";
-    if (i >= b.length) return `>${dur(b[b.length - 1])}`;
-    return `≤${dur(b[i])}`;
+    if (!b || i !== Math.round(i) || i < 0) return "";
+    if (i >= b.length) return `>${durTick(b[b.length - 1])}`;
+    return `≤${durTick(b[i])}`;
+  }
+
+  bucketLabels() {
+    const b = this.buckets || [];
+    return [...b.map((_, i) => this.bucketLabel(i)), this.bucketLabel(b.length)];
+  }
+
+  /** Mark the moment time travel shows (unix ts) on the time charts; null: none. */
+  setMoment(ts) {
+    this.momentTs = ts;
+    for (const plot of [this.usage, this.hit, this.rates]) markMoment(plot, ts);
   }
 
   resize() {

@@ -7,6 +7,9 @@
 // at the cursor (or the latest), and a note covers the plot while there is
 // no data.
 
+import { explain } from "../../shared/terms.js";
+import { markMoment } from "./moment.js";
+
 const uPlotLib = () => globalThis.uPlot;
 
 const AXIS = "#8b949e";
@@ -21,6 +24,48 @@ const INT_INCRS = Y_INCRS.filter((v) => v >= 1);
 // px between y ticks: at least 2 or 3 ticks on the smallest plots (the
 // histograms are ~40 px tall)
 const ySpace = (dim) => Math.min(24, Math.max(12, dim / 3));
+
+let measurer = null;
+/** The widest of `labels` in px, drawn in the charts' axis font (0 without a DOM). */
+export function labelWidth(labels, font = FONT) {
+  if (!measurer) {
+    if (typeof document === "undefined") return 0;
+    measurer = document.createElement("canvas").getContext("2d");
+  }
+  measurer.font = font;
+  let w = 0;
+  for (const t of labels) if (t) w = Math.max(w, measurer.measureText(String(t)).width);
+  return Math.ceil(w);
+}
+
+/**
+ * Which axis labels to draw so that none touches another: centred at px[i],
+ * widths[i] wide, kept left to right while at least `gap` px clear of the
+ * last one kept (an empty label is never kept and never blocks).
+ */
+export function keepApart(px, widths, gap = 6) {
+  const keep = px.map(() => false);
+  let right = -Infinity;
+  for (let i = 0; i < px.length; i++) {
+    if (!widths[i] || !Number.isFinite(px[i])) continue;
+    const left = px[i] - widths[i] / 2;
+    if (left >= right + gap) {
+      keep[i] = true;
+      right = px[i] + widths[i] / 2;
+    }
+  }
+  return keep;
+}
+
+/** uPlot axis filter: leave out the x labels that would collide (label(v) their text). */
+export function apartFilter(label, font = FONT) {
+  return (u, splits) => {
+    const texts = splits.map((v) => (v === null || v === undefined ? "" : label(v)));
+    const px = splits.map((v) => (v === null || v === undefined ? NaN : u.valToPos(v, "x")));
+    const keep = keepApart(px, texts.map((t) => (t ? labelWidth([t], font) : 0)));
+    return splits.map((v, i) => (keep[i] ? v : null));
+  };
+}
 
 export const rgba = ([r, g, b], a = 1) => `rgba(${r}, ${g}, ${b}, ${a})`;
 
@@ -220,16 +265,20 @@ export class MiniChart {
         values: (u, vals) => vals.map((v) => (this.x.length && v !== null ? hms(v) : "")),
       };
     } else if (o.x === "cat") {
+      // categories one label apart at least (the widest label, measured)
+      const catLabel = (i) => (Number.isInteger(i) && i >= 0 && i < this.x.length ? xFmt(this.x[i], i) : "");
       xAxis = {
-        space: 42,
+        space: () => Math.max(24, labelWidth(this.x.map((v, i) => xFmt(v, i))) + 8),
         incrs: CAT_INCRS,
-        values: (u, vals) => vals.map((i) => (Number.isInteger(i) && i >= 0 && i < this.x.length ? xFmt(this.x[i], i) : "")),
+        filter: apartFilter(catLabel),
+        values: (u, vals) => vals.map((i) => (i === null ? "" : catLabel(i))),
       };
     } else {
       xAxis = {
         space: 24,
         splits: (u) => (o.xTicks || this.x).filter((v) => v >= u.scales.x.min && v <= u.scales.x.max),
-        values: (u, vals) => vals.map((v) => xFmt(v)),
+        filter: apartFilter((v) => xFmt(v)),
+        values: (u, vals) => vals.map((v) => (v === null ? "" : xFmt(v))),
       };
     }
     const axes = [
@@ -326,6 +375,11 @@ export class MiniChart {
     this.emptyEl.hidden = !text;
   }
 
+  /** Mark a moment (unix ts) on a time chart; null: none. */
+  setMoment(ts) {
+    if (this.o.x === "time") markMoment(this.u, ts);
+  }
+
   // ------------------------------------------------------------ legend
 
   _makeLegend() {
@@ -334,6 +388,8 @@ export class MiniChart {
     this.items = this.o.series.map((s) => {
       const item = document.createElement("span");
       item.className = "mc-item";
+      const help = s.help || explain(s.label);
+      if (help) item.title = help;
       const i = document.createElement("i");
       i.style.background = rgba(s.rgb, s.fill !== undefined && !s.bars ? Math.max(0.75, s.fill) : 1);
       if (s.dash) i.classList.add("dash");

@@ -309,7 +309,7 @@ export function analysisHealth(section, ctx = {}) {
     if (l === "err" || (l === "warn" && level === "ok")) level = l;
   };
   if (w) {
-    parts.push(`lag ${w.lag_ops}`);
+    parts.push(`lag ${w.lag_ops} ops`);
     notes.push(`the worker has ${w.lag_ops} recorded operations still to apply`);
     if (w.lag_ops >= lagWarn) worse("warn");
     if (w.resyncs) {

@@ -1,6 +1,7 @@
 // The analysis health in the top bar: the hub's health as one item.
 
 import { $, h, setText } from "../../../shared/dom.js";
+import { explain } from "../../../shared/terms.js";
 
 export class AnalysisHealthItem {
   constructor(hub) {
@@ -14,6 +15,6 @@ export class AnalysisHealthItem {
     const st = this.hub.health(now);
     setText(this.value, st.text);
     this.item.dataset.level = st.level;
-    this.item.title = st.title;
+    this.item.title = `${explain("analysis")}\n\n${st.title}`;
   }
 }

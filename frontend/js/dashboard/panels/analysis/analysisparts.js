@@ -8,14 +8,14 @@
 import { trimHistogram } from "../../state/analysis.js";
 import { api } from "../../../shared/api.js";
 import { h } from "../../../shared/dom.js";
-import { dur, int } from "../../../shared/format.js";
+import { durTick, int } from "../../../shared/format.js";
 import { MiniChart, compact, rgba } from "../../render/minichart.js";
 
 export const quiet = (path) => api("GET", path, undefined, { quiet: true });
 export const rateFmt = (v) => (v === null || v === undefined || !Number.isFinite(v) ? "—" : v >= 100 ? int(v) : v.toFixed(1));
 /** A unix time as the local HH:MM:SS. */
 export const clock = (ts) => new Date(ts * 1000).toTimeString().slice(0, 8);
-const boundLabel = (b, unit) => (b === "+Inf" ? "more" : unit === "s" ? `≤${dur(b)}` : `≤${compact(b)}`);
+const boundLabel = (b, unit) => (b === "+Inf" ? "more" : unit === "s" ? `≤${durTick(b)}` : `≤${compact(b)}`);
 
 export function swatch(rgb) {
   return h("i", { class: "sw-dot", style: `background:${rgba(rgb)}` });

@@ -7,20 +7,24 @@
 
 import { api, getToken } from "../../../shared/api.js";
 import { $, h, setText } from "../../../shared/dom.js";
-import { dur, int } from "../../../shared/format.js";
+import { bytes, dur, int } from "../../../shared/format.js";
 import { hms } from "../../render/minichart.js";
 import { HistorySource, diffRows, parseMoment, seqTime } from "../../state/history.js";
 
 const quiet = (path) => api("GET", path, undefined, { quiet: true });
+const QUEUE_ROWS = 120; // the recorded free queue's head the LRU panel shows
 
 export class TimeTravel {
-  constructor(model, map, { onEnter, onLeave, showRequest, highlight } = {}) {
+  constructor(model, map, { onEnter, onLeave, onMoment, showRequest, highlight, visible } = {}) {
     this.model = model;
     this.map = map;
     this.onEnter = onEnter;
     this.onLeave = onLeave;
+    this.onMoment = onMoment; // (state, source): the panels that follow the moment shown
+    this.state = null; // the recorded moment shown (GET /api/history/state)
     this.showRequest = showRequest;
     this.highlight = highlight;
+    this.visible = visible || (() => true); // is the time-travel panel on screen?
     this.info = null;
     this.error = "";
     this.mode = "live"; // live | history
@@ -45,6 +49,8 @@ export class TimeTravel {
     this.enteredBody = $("diff-entered");
     this.reqsEl = $("diff-requests");
     this.exportLink = $("tt-export");
+    this.exportSize = null; // {bytes, lines, last_seq, at}: GET /api/history/export/size
+    this.sizing = false;
     this._wire();
     this.render();
   }
@@ -72,6 +78,9 @@ export class TimeTravel {
       ev.preventDefault();
       this.diff();
     });
+    this.exportLink.addEventListener("mouseenter", () => {
+      if (!this.exportSize || performance.now() - this.exportSize.at > 5000) this.measureExport();
+    });
     this.exportLink.addEventListener("click", (ev) => {
       if (!getToken()) return; // a plain download; with a token, fetch it with the header
       ev.preventDefault();
@@ -86,6 +95,9 @@ export class TimeTravel {
       this.info = await quiet("/api/history");
       this.error = "";
       this.pollEvery = 3000;
+      // the export's true size (the JSON is several times the memory held): now and then
+      const stale = !this.exportSize || performance.now() - this.exportSize.at > 30000;
+      if (stale && this.visible()) this.measureExport();
     } catch (err) {
       this.info = null;
       this.error = err.status === 409 ? err.message : `GET /api/history: ${err.message}`;
@@ -112,9 +124,9 @@ export class TimeTravel {
     const secs = info.last_ts - info.first_ts;
     setText(
       this.span,
-      `ops ${int(info.first_seq)}–${int(info.last_seq)} · ${dur(secs)} · ${int(info.keyframes.length)} keyframes · ${(info.bytes_held / 1048576).toFixed(1)} MB`,
+      `${hms(info.first_ts)}–${hms(info.last_ts)} (${dur(secs)}) · ops ${int(info.first_seq)}–${int(info.last_seq)} · ${int(info.keyframes.length)} keyframes · ${bytes(info.bytes_held)} in memory`,
     );
-    if (!this.active) setText(this.atEl, `live · op ${int(info.last_seq)}`);
+    if (!this.active) this._at(`live · ${hms(info.last_ts)} · op ${int(info.last_seq)}`);
     this._marks();
   }
 
@@ -136,7 +148,7 @@ export class TimeTravel {
     if (!this.info) return;
     this.want = seq;
     const t = seqTime(this.info, seq);
-    setText(this.atEl, `op ${int(seq)} · ~${t ? hms(t) : "—"} · loading…`);
+    this._at(`~${t ? hms(t) : "—"} · op ${int(seq)} · loading…`);
     this._fetch();
   }
 
@@ -146,7 +158,7 @@ export class TimeTravel {
     const gen = this.gen;
     this.inflight = true;
     try {
-      const st = await quiet(`/api/history/state?at=${encodeURIComponent(seq)}&include_blocks=true&limit=50`);
+      const st = await quiet(`/api/history/state?at=${encodeURIComponent(seq)}&include_blocks=true&limit=${QUEUE_ROWS}`);
       this.fetches++;
       if (gen === this.gen) {
         if (this.want === seq) this.want = null;
@@ -154,7 +166,7 @@ export class TimeTravel {
       }
     } catch (err) {
       if (this.want === seq) this.want = null;
-      if (gen === this.gen) setText(this.atEl, `op ${int(seq)}: ${err.message}`);
+      if (gen === this.gen) this._at(`op ${int(seq)}: ${err.message}`);
     } finally {
       this.inflight = false;
     }
@@ -164,7 +176,7 @@ export class TimeTravel {
   /** Draw a recorded moment (GET /api/history/state) on the map. */
   show(st, final = true) {
     if (!st.blocks || st.blocks.state.length !== this.model.n) {
-      setText(this.atEl, `op ${st.at.seq}: ${st.blocks ? "another pool size" : "no blocks"}`);
+      this._at(`op ${st.at.seq}: ${st.blocks ? "another pool size" : "no blocks"}`);
       return;
     }
     const entering = !this.active;
@@ -177,20 +189,36 @@ export class TimeTravel {
     const sm = st.summary;
     const b = sm.blocks;
     const ago = this.info ? this.info.last_ts - st.at.ts : null;
-    setText(this.atEl, `op ${int(st.at.seq)} · ${hms(st.at.ts)}${ago !== null ? ` (${dur(ago)} before the latest)` : ""}`);
+    // the clock first, the op seq beside it
+    this._at(`${hms(st.at.ts)} · op ${int(st.at.seq)}${ago !== null ? ` · latest −${dur(ago)}` : ""}`);
     $("history-text").replaceChildren(
       h("b", null, "HISTORY"),
-      ` op ${int(st.at.seq)} · ${hms(st.at.ts)} · in use ${int(b.in_use)} · cached ${int(b.cached)} · empty ${int(b.empty)} · ${int(sm.running_requests)} requests`,
+      ` ${hms(st.at.ts)} · op ${int(st.at.seq)} · in use ${int(b.in_use)} · cached ${int(b.cached)} · empty ${int(b.empty)} · ${int(sm.running_requests)} requests`,
+      h("span", { class: "hb-note" }, " · tiles, queue and block detail follow; charts mark the moment"),
     );
+    this.state = st;
+    if (this.onMoment) this.onMoment(st, this.src);
     this.banner.dataset.seq = String(st.at.seq);
     setText(this.modeEl, "history");
     this.modeEl.dataset.mode = "history";
   }
 
+  /** The moment line under the map (its full text on hover: the box has a fixed width). */
+  _at(text) {
+    setText(this.atEl, text);
+    this.atEl.title = text;
+  }
+
   live() {
     this.want = null;
     this.gen++;
-    if (!this.active) return;
+    // an error from a jump or a fetch is about the moment left: it goes too
+    this.jump.classList.remove("bad");
+    if (!this.active) {
+      this.render();
+      return;
+    }
+    this.state = null;
     this.mode = "live";
     this.src = null;
     delete document.body.dataset.mode;
@@ -207,12 +235,12 @@ export class TimeTravel {
     this.want = null;
     const gen = ++this.gen;
     try {
-      const st = await quiet(`/api/history/state?at=${encodeURIComponent(at)}&include_blocks=true&limit=50`);
+      const st = await quiet(`/api/history/state?at=${encodeURIComponent(at)}&include_blocks=true&limit=${QUEUE_ROWS}`);
       if (gen === this.gen) this.show(st);
       this.jump.classList.remove("bad");
     } catch (err) {
       this.jump.classList.add("bad");
-      setText(this.atEl, `${text}: ${err.message}`);
+      this._at(`${text}: ${err.message}`);
     }
   }
 
@@ -294,6 +322,23 @@ export class TimeTravel {
       h("div", { class: "diff-rq", id: "diff-ended" }, h("span", { class: "muted" }, `ended ${int(r.ended.length)} `), ...chips(r.ended, "en")),
       h("div", { class: "muted" }, `running ${int(rq.running_from)} → ${int(rq.running_to)}`),
     );
+  }
+
+  /** How big the export is now: the server writes it once and counts (GET /api/history/export/size). */
+  async measureExport() {
+    if (this.sizing) return;
+    this.sizing = true;
+    try {
+      const sz = await quiet("/api/history/export/size");
+      this.exportSize = { ...sz, at: performance.now() };
+      setText(this.exportLink, `Export · ${bytes(sz.bytes)}`);
+      this.exportLink.dataset.bytes = String(sz.bytes);
+      this.exportLink.title = `the recording as NDJSON: ${int(sz.bytes)} bytes, ${int(sz.lines)} lines at op ${int(sz.last_seq)} (it grows as the pool works; replay it with \`blockpool replay FILE\`)`;
+    } catch (err) {
+      this.exportLink.title = `the recording as NDJSON (its size: ${err.message})`;
+    } finally {
+      this.sizing = false;
+    }
   }
 
   async exportWithToken() {
