@@ -137,6 +137,7 @@ def _exercise(client: httpx.Client) -> dict[tuple[str, str], Any]:
     first, last = str(hist["first_seq"]), str(hist["last_seq"])
     call("GET", "/api/history/state", params={"at": last, "include_blocks": True})
     call("GET", "/api/history/diff", params={"from": first, "to": last})
+    call("GET", "/api/history/export/size")
     call("GET", "/api/history/export")
     call("POST", "/api/pool/reset")
     return seen
