@@ -34,6 +34,7 @@ from app.counters import RESIDENCY_BUCKETS, Counters, Histogram
 from app.errors import ApiError, Unavailable
 from app.event_log import SeqLog
 from app.settings import Settings
+from app.windowed import HitWindow
 from blockpool import (
     BlockPool,
     BlockRemoved,
@@ -113,6 +114,8 @@ class Engine:
             "reuse_gap": Histogram(RESIDENCY_BUCKETS),
         }
         self.series: deque[dict[str, float]] = deque(maxlen=SERIES_CAPACITY)
+        self.hit_window = HitWindow()  # hit rate 1m / 5m as Prometheus' rate() (windowed.py)
+        self.waiting_sources: list[Callable[[], int]] = []  # workloads' queued requests
         self.listeners: list[TickListener] = []
         # The prefix tree from BlockStored parents: hash -> (parent, copies).
         self.parents: dict[int | bytes, int | bytes | None] = {}
@@ -355,6 +358,8 @@ class Engine:
             "alloc_per_s": (c.blocks_allocated - alloc0) / dt,
             "evict_per_s": (c.evictions - evict0) / dt,
             "requests": float(len(self.manager.requests)),
+            "waiting": float(sum(f() for f in self.waiting_sources)),
+            **self.hit_window.point(stats.hits, stats.queries, c.resets),
         }
         self._last_point_counters = (
             now,

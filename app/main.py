@@ -15,8 +15,16 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from app.analysis_recent import RecentAnalysis
 from app.api import errors as api_errors
-from app.api import routes_analysis, routes_demo, routes_inspect, routes_pool, routes_requests
+from app.api import (
+    routes_analysis,
+    routes_demo,
+    routes_inspect,
+    routes_operator,
+    routes_pool,
+    routes_requests,
+)
 from app.api.deps import require_read
 from app.demo import DemoWorkload
 from app.engine import Engine
@@ -52,6 +60,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = Engine(settings, storage)
     demo = DemoWorkload(engine, rate=settings.demo_rate)
     hub = StreamHub(engine)
+    engine.waiting_sources.append(lambda: len(demo.waiting))  # vllm:num_requests_waiting
+    recent = RecentAnalysis(engine)
+    engine.listeners.append(recent.on_tick)
     extra: dict[str, StatsSource] = {"demo": demo.metrics, "stream": hub.metrics}
     if storage is not None:
         extra["storage"] = storage.metrics
@@ -86,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.demo = demo
     app.state.stream = hub
+    app.state.analysis_recent = recent
     app.state.metrics_sources = extra
     app.state.startup_hooks = []
     app.state.shutdown_hooks = []
@@ -99,6 +111,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes_requests.router)
     app.include_router(routes_demo.router)
     app.include_router(routes_analysis.router)
+    app.include_router(routes_operator.router)
     app.include_router(stream_ws.router)
     app.include_router(kvevents_routes.router)
 
