@@ -174,7 +174,7 @@ def _assemble(
         tables = live["block_ids"]
     n_prompt_blocks = -(-num_prompt // bs) if num_prompt is not None else 0
     count = len(tables[0]) if tables else len(reasons)
-    blocks = []
+    blocks: list[dict[str, Any]] = []
     for i in range(count):
         r = reasons.get(i)
         prompt = i < n_prompt_blocks
@@ -192,8 +192,9 @@ def _assemble(
         )
     miss_counts: dict[str, int] = {}
     for b in blocks:
-        if b["reason"] is not None:
-            miss_counts[b["reason"]] = miss_counts.get(b["reason"], 0) + 1
+        why: str | None = b["reason"]
+        if why is not None:
+            miss_counts[why] = miss_counts.get(why, 0) + 1
     state = "running" if live else "finished" if finish or (misses and misses["finished"]) else None
     if state is None:
         state = "refused" if refused and admit is None else "finished"
