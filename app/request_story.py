@@ -174,6 +174,9 @@ def _assemble(
         tables = live["block_ids"]
     n_prompt_blocks = -(-num_prompt // bs) if num_prompt is not None else 0
     count = len(tables[0]) if tables else len(reasons)
+    n_tokens: int | None = (
+        live["num_tokens"] if live else decodes[-1]["num_tokens"] if decodes else num_prompt
+    )
     blocks: list[dict[str, Any]] = []
     for i in range(count):
         r = reasons.get(i)
@@ -183,6 +186,7 @@ def _assemble(
             {
                 "index": i,
                 "kind": "prompt" if prompt else "decode",
+                "tokens": min(bs, n_tokens - i * bs) if n_tokens is not None else None,
                 "block_ids": [t[i] for t in tables] if tables else None,
                 "hit": hit,
                 "reason": r["reason"] if r and prompt else None,
@@ -208,9 +212,7 @@ def _assemble(
         "request_id": rid,
         "state": state,
         "num_prompt_tokens": num_prompt,
-        "num_tokens": live["num_tokens"]
-        if live
-        else (decodes[-1]["num_tokens"] if decodes else num_prompt),
+        "num_tokens": n_tokens,
         "lora_name": (live or misses or {}).get("lora_name"),
         "cache_salt": (live or misses or {}).get("cache_salt"),
         "num_hit_blocks": num_hit,

@@ -40,6 +40,7 @@ async def test_a_finished_request_from_the_recording_and_the_analysis(sapi: Api)
     assert s["state"] == "finished"
     assert [b["block_ids"] for b in s["blocks"]] == [[1], [2], [3], [4], [5], [6]]
     assert [b["kind"] for b in s["blocks"]] == ["prompt"] * 5 + ["decode"]
+    assert [b["tokens"] for b in s["blocks"]] == [4, 4, 4, 4, 4, 1]  # 21 tokens
     assert [b["reason"] for b in s["blocks"]] == [
         "cold", "cold", "cold", "cold", "block_size_floor", None,
     ]  # fmt: skip
