@@ -57,6 +57,7 @@ export class AnalysisLoader {
   }
 
   async _recent() {
+    this.panels.misses.loading = true; // it would say "waiting for two analysis reports…"
     try {
       const d = await quiet("/api/analysis/recent?seconds=900");
       const secs = d.sections || [];
@@ -65,6 +66,7 @@ export class AnalysisLoader {
     } finally {
       this.seeded = true;
       this.early = [];
+      this.panels.misses.loading = false;
     }
   }
 

@@ -8,6 +8,7 @@ const promql = (w) => `rate(vllm:prefix_cache_hits_total[${w}]) / rate(vllm:pref
 
 /** [key, label, title]: the tiles this module fills (ids stat-<key>). */
 export const OPERATOR_TILES = [
+  ["usage01", "usage 0–1", "vllm:kv_cache_usage_perc: blocks in use / usable blocks as a 0-1 fraction (Grafana's panels show this number)"],
   ["hit1m", "hit rate 1m", `prompt tokens hit / queried over the last minute, as Grafana's ${promql("1m")} (samples once a second); restarts on a prefix-cache reset`],
   ["hit5m", "hit rate 5m", `the same over 5 minutes: ${promql("5m")}`],
   ["hit", "since start", "prompt tokens hit / queried since the server started, or since the last prefix-cache reset"],
@@ -38,7 +39,7 @@ export function operatorValues(point, header, pct, int) {
   };
 }
 
-/** Usage as the percentage and as vllm:kv_cache_usage_perc's 0-1 fraction. */
-export function usageText(usage, pct) {
-  return finite(usage) === null ? "—" : `${pct(usage)} · ${usage.toFixed(3)}`;
+/** Usage as vllm:kv_cache_usage_perc reports it: the 0-1 fraction. */
+export function usageText(usage) {
+  return finite(usage) === null ? "—" : usage.toFixed(3);
 }

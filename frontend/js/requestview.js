@@ -48,6 +48,7 @@ export class RequestView {
       form,
       this.body,
     );
+    this.el.style.gridColumn = "1 / -1"; // the whole analysis row
   }
 
   /** Put the panel on the page: after `anchor` (an element), or at the end of `parent`. */
@@ -105,7 +106,7 @@ export class RequestView {
     );
     const times = h(
       "table",
-      { class: "kv rv-times", id: "rv-times" },
+      { class: "kv rv-times", id: "rv-times", style: "width:auto" },
       ...[
         ["first tried", t.first_attempt_at, s.admissions_refused ? `${s.admissions_refused} refusal(s) while it waited` : ""],
         ["admitted", t.admitted_at, ""],
