@@ -116,3 +116,20 @@ async def test_a_long_timeline_keeps_its_ends(sapi: Api) -> None:
     assert len(s["timeline"]) == 4 and s["timeline_omitted"] == 5
     assert s["timeline"][0]["op"] == "admit" and s["decode"]["steps"] == 8
     assert s["timeline"][-1]["num_tokens"] == 26
+
+
+async def test_the_story_in_worker_mode_has_the_replicas_reasons() -> None:
+    # the default mode: the reasons come from the analysis worker's replica
+    app = make_app(storage=False, shadow_mode="off")
+    async with running(app) as api:
+        assert api.engine.analysis is not None and api.engine.analysis.remote is not None
+        await traffic(api)
+        s = await story(api, "a")
+        assert s["state"] == "finished" and s["sources"]["miss_reasons"] is True
+        assert [b["reason"] for b in s["blocks"]] == [
+            "cold", "cold", "cold", "cold", "block_size_floor", None,
+        ]  # fmt: skip
+        b = await story(api, "b")
+        assert [x["block_ids"] for x in b["blocks"]] == [[1], [2], [3], [4], [7]]
+        assert [x["reason"] for x in b["blocks"]] == [None] * 4 + ["block_size_floor"]
+        api.check()
