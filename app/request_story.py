@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 from app import views
 from app.analysis.recording import unpack
 from app.errors import ApiError, NotFound
-from app.schemas import AdmitOp, AppendOp, FinishOp
 
 if TYPE_CHECKING:
     from app.engine import Engine
@@ -61,7 +60,10 @@ def scan(parts: Parts, rid: str) -> list[dict[str, Any]]:
 
 
 def _step(seq: int, ts: float, op: Any, ok: bool, payload: Any, rid: str) -> dict[str, Any] | None:
-    if isinstance(op, AdmitOp):
+    # by the op's class name: the recording decodes into the service's or the
+    # library's op models, which name their fields alike
+    kind = type(op).__name__
+    if kind == "AdmitOp":
         got = payload.get("request_id") if ok else (payload.get("details") or {}).get("request_id")
         if (op.request_id or got) != rid:
             return None
@@ -73,11 +75,11 @@ def _step(seq: int, ts: float, op: Any, ok: bool, payload: Any, rid: str) -> dic
                 num_hit_blocks=payload["num_hit_blocks"],
                 num_new_blocks=payload["num_new_blocks"],
             )
-    elif isinstance(op, AppendOp) and op.request_id == rid:
+    elif kind == "AppendOp" and op.request_id == rid:
         step = {"seq": seq, "ts": ts, "op": "append", "ok": ok, "tokens": len(op.token_ids)}
         if ok:
             step.update(new_block_ids=payload["new_block_ids"], num_tokens=payload["num_tokens"])
-    elif isinstance(op, FinishOp) and op.request_id == rid:
+    elif kind == "FinishOp" and op.request_id == rid:
         step = {"seq": seq, "ts": ts, "op": "finish", "ok": ok}
         if ok:
             step["freed_block_ids"] = payload["freed_block_ids"]
