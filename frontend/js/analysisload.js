@@ -60,6 +60,9 @@ export class AnalysisLoader {
     this.panels.misses.loading = true; // it would say "waiting for two analysis reports…"
     try {
       const d = await quiet("/api/analysis/recent?seconds=900");
+      // the analysis runs: show its row even when the stream's snapshot came
+      // before the worker's first report (the snapshot then said "off")
+      if (d.enabled) document.body.dataset.analysis = "on";
       const secs = d.sections || [];
       this.seededCount = seedSeries(this.hub.series, secs, this.early);
       seedTokens(this.hub.tokens, secs);

@@ -43,12 +43,14 @@ export class RequestView {
     });
     this.el = h(
       "section",
-      { class: "panel an-panel rv-panel", id: "request-view" },
+      // not an "an-panel": a story needs no analysis (the running request, the recording)
+      { class: "panel rv-panel", id: "request-view" },
       h("div", { class: "panel-head" }, h("h2", null, "Request"), h("span", { class: "muted" }, "its blocks, hits, misses and times"), h("span", { class: "spacer" }), this.status),
       form,
       this.body,
     );
     this.el.style.gridColumn = "1 / -1"; // the whole analysis row
+    this.el.style.overflow = "hidden"; // its tables scroll inside
   }
 
   /** Put the panel on the page: after `anchor` (an element), or at the end of `parent`. */
