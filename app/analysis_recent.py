@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from app.analysis import views as analysis_views
+from blockpool.analysis import views as analysis_views
 
 if TYPE_CHECKING:
     from app.engine import Engine, TickData

@@ -15,7 +15,9 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from app import storage_link
 from app.analysis_recent import RecentAnalysis
+from app.api import docs as api_docs
 from app.api import errors as api_errors
 from app.api import (
     routes_analysis,
@@ -26,8 +28,10 @@ from app.api import (
     routes_requests,
 )
 from app.api.deps import require_read
+from app.api.same_origin import SameOriginGuard
 from app.demo import DemoWorkload
 from app.engine import Engine
+from app.frontend_files import BESIDE, frontend_dir
 from app.kvevents import routes as kvevents_routes
 from app.metrics import StatsSource, make_registry
 from app.settings import Settings
@@ -35,7 +39,7 @@ from app.stream import ws as stream_ws
 from app.stream.hub import StreamHub
 
 logger = logging.getLogger("blockpool")
-FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
+FRONTEND: Path = frontend_dir() or BESIDE
 
 
 def build_storage(settings: Settings) -> Any:
@@ -49,6 +53,9 @@ def build_storage(settings: Settings) -> Any:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    settings, storage_off = storage_link.settle(settings)
+    if storage_off is not None:
+        logger.warning("%s", storage_off)
     storage, num_blocks = None, settings.num_blocks
     if settings.storage:
         storage = build_storage(settings)
@@ -92,8 +99,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="vLLM's paged KV-cache block pool, observable and driveable over REST",
         lifespan=lifespan,
+        docs_url=None,  # app.api.docs serves /docs from the package
+        redoc_url=None,
     )
     app.state.settings = settings
+    app.state.storage_off = storage_off
     app.state.engine = engine
     app.state.demo = demo
     app.state.stream = hub
@@ -106,6 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     registry = make_registry(engine, extra)
 
     api_errors.install(app)
+    api_docs.install(app)
     app.include_router(routes_pool.router)
     app.include_router(routes_inspect.router)
     app.include_router(routes_requests.router)
@@ -120,7 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         require_read(request)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    if FRONTEND.is_dir():
+    if (FRONTEND / "index.html").is_file():
         app.mount("/static", StaticFiles(directory=FRONTEND), name="static")
 
         @app.get("/", include_in_schema=False)
@@ -128,6 +139,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return FileResponse(FRONTEND / "index.html")
 
     app.add_middleware(api_errors.BodyLimit, limit=settings.max_body_bytes)
+    # outermost: cross-site and foreign-Host browser requests are refused first
+    app.add_middleware(
+        SameOriginGuard,
+        bind_host=settings.host,
+        allowed_hosts=settings.allowed_hosts,
+        allowed_origins=settings.allowed_origins,
+    )
     return app
 
 

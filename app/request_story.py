@@ -25,8 +25,8 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from app import views
-from app.analysis.recording import unpack
 from app.errors import ApiError, NotFound
+from blockpool.analysis.recording import unpack
 
 if TYPE_CHECKING:
     from app.engine import Engine

@@ -9,8 +9,10 @@ from fastapi import APIRouter, Path, Query, Request
 
 from app import request_story
 from app.analysis_recent import RecentAnalysis
+from app.api import responses_operator as r
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
+from app.api.responses import returns
 from app.errors import Conflict
 
 router = APIRouter(prefix="/api", tags=["operator"], responses=ERROR_RESPONSES)
@@ -18,7 +20,12 @@ router = APIRouter(prefix="/api", tags=["operator"], responses=ERROR_RESPONSES)
 Rid = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
 
 
-@router.get("/pool/rates", dependencies=[ReadAuth], summary="Hit rate 1m / 5m, usage, requests")
+@router.get(
+    "/pool/rates",
+    responses=returns(r.PoolRates),
+    dependencies=[ReadAuth],
+    summary="Hit rate 1m / 5m, usage, requests",
+)
 async def rates(engine: EngineDep) -> dict[str, Any]:
     """The figures an operator compares with Grafana: the prefix hit rate over
     the last 1 and 5 minutes exactly as ``rate(vllm:prefix_cache_hits_total[1m])
@@ -35,7 +42,12 @@ async def rates(engine: EngineDep) -> dict[str, Any]:
     return out
 
 
-@router.get("/analysis/recent", dependencies=[ReadAuth], summary="The analysis' recent history")
+@router.get(
+    "/analysis/recent",
+    responses=returns(r.AnalysisRecent),
+    dependencies=[ReadAuth],
+    summary="The analysis' recent history",
+)
 async def analysis_recent(
     request: Request,
     engine: EngineDep,
@@ -50,7 +62,12 @@ async def analysis_recent(
     return recent.view(seconds)
 
 
-@router.get("/requests/{request_id}/story", dependencies=[ReadAuth], summary="One request's story")
+@router.get(
+    "/requests/{request_id}/story",
+    responses=returns(r.RequestStory),
+    dependencies=[ReadAuth],
+    summary="One request's story",
+)
 async def story(
     engine: EngineDep,
     request_id: Rid,

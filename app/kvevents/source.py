@@ -20,12 +20,12 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from app.event_log import SeqLog
 from app.kvevents.config import END_SEQ, SourceSpec
 from app.kvevents.decode import ClearedEvent, decode_batch
 from app.kvevents.event_json import EventItem
 from app.kvevents.state import InstanceState
 from app.kvevents.tracker import SeqTracker
+from blockpool.runtime.seqlog import SeqLog
 
 logger = logging.getLogger("blockpool.observer")
 

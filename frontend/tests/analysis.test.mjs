@@ -4,11 +4,11 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { AnalysisSeries, REASONS, TokenSeries, analysisHealth, buildCurve, missColumns, trimHistogram, whatIf } from "../js/analysis.js";
-import { HistorySource, diffRows, parseMoment, seqTime } from "../js/history.js";
-import { PoolModel } from "../js/model.js";
-import { decodeFrame } from "../js/protocol.js";
-import { blockCells, cellCounts, describeCell } from "../js/reqbars.js";
+import { AnalysisSeries, REASONS, TokenSeries, analysisHealth, buildCurve, missColumns, trimHistogram, whatIf } from "../js/dashboard/state/analysis.js";
+import { HistorySource, diffRows, parseMoment, seqTime } from "../js/dashboard/state/history.js";
+import { PoolModel } from "../js/dashboard/state/model.js";
+import { decodeFrame } from "../js/dashboard/wire/protocol.js";
+import { blockCells, cellCounts, describeCell } from "../js/dashboard/render/reqbars.js";
 import { loadJson, loadScenario, toArrayBuffer } from "./fixtures.mjs";
 
 const scen = loadScenario("analysis");

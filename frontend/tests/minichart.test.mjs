@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { compact, niceTop, plotData, stackBands, xRange, yRange } from "../js/minichart.js";
+import { compact, niceTop, plotData, stackBands, xRange, yRange } from "../js/dashboard/render/minichart.js";
 
 const stacked = { x: "time", series: [{ stack: true }, { stack: true }, { stack: true }] };
 

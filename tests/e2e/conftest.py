@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from tests.e2e import hooks
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "e2e"
@@ -139,6 +140,7 @@ class Page:
 
     def __init__(self, browser: Any, url: str, name: str) -> None:
         self.ctx = browser.new_context(viewport=VIEWPORT)
+        hooks.install(self.ctx)  # window.__bp (the page itself sets no globals)
         self.page = self.ctx.new_page()
         self.name = name
         self.errors: list[str] = []  # page errors and console.error

@@ -1,0 +1,89 @@
+"""Reads that cost O(pool) or more per call, bounded per client.
+
+With a token set, reads stay open (unless ``protect_reads``), but the costly
+ones — a prefix lookup of up to 262,144 tokens (≈ 260 ms of engine time), the
+recording's export (every recorded prompt), a moment rebuilt for time travel,
+a scan of the hash map, the prefix tree or the free queue, a K/V verify — are
+rationed for a client that does not present the token: a bucket of
+``costly_reads_burst`` calls per client address, refilled at
+``costly_reads_per_s``; beyond it 429 ``too_many_requests`` with
+``Retry-After``.  With the token (or on a server without one, where every
+write is open anyway) they are not limited.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+
+from fastapi import Depends, Request
+
+from app.api.deps import require_read, token_given
+from app.errors import ApiError
+
+MAX_CLIENTS = 10_000  # buckets kept (least recently used dropped first)
+
+
+class TooManyRequests(ApiError):
+    status = 429
+    code = "too_many_requests"
+
+
+class Buckets:
+    """Token buckets per client key (thread-safe: sync dependencies run in
+    FastAPI's thread pool)."""
+
+    def __init__(self, burst: int, per_s: float, clock: object = time.monotonic) -> None:
+        self.burst = burst
+        self.per_s = per_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self.refused = 0
+
+    def take(self, key: str) -> float:
+        """Take one call for ``key``: 0.0 when allowed, else the seconds to wait."""
+        now = self.clock()  # type: ignore[operator]
+        with self._lock:
+            level, then = self._buckets.pop(key, (float(self.burst), now))
+            level = min(float(self.burst), level + (now - then) * self.per_s)
+            wait = 0.0
+            if level >= 1.0:
+                level -= 1.0
+            else:
+                wait = (1.0 - level) / self.per_s
+                self.refused += 1
+            self._buckets[key] = (level, now)
+            while len(self._buckets) > MAX_CLIENTS:
+                self._buckets.popitem(last=False)
+            return wait
+
+
+def buckets_for(request: Request) -> Buckets:
+    state = request.app.state
+    buckets: Buckets | None = getattr(state, "costly_buckets", None)
+    if buckets is None:
+        s = state.settings
+        buckets = state.costly_buckets = Buckets(s.costly_reads_burst, s.costly_reads_per_s)
+    return buckets
+
+
+def require_costly_read(request: Request) -> None:
+    """A costly read: the read rule, then the ration for tokenless clients."""
+    require_read(request)
+    token = request.app.state.settings.token
+    if token is None or token_given(request, token):
+        return
+    client = request.client.host if request.client else "unknown"
+    wait = buckets_for(request).take(client)
+    if wait > 0:
+        raise TooManyRequests(
+            f"too many costly reads from {client} without the token: retry in "
+            f"{math.ceil(wait)} s, or send 'Authorization: Bearer <token>'",
+            retry_after_s=math.ceil(wait),
+        )
+
+
+CostlyRead = Depends(require_costly_read)
