@@ -4,10 +4,10 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { AnalysisSeries, TokenSeries } from "../js/analysis.js";
-import { seedSeries, seedTokens } from "../js/analysisseed.js";
-import { operatorValues, usageText } from "../js/operatortiles.js";
-import { decodeFrame } from "../js/protocol.js";
+import { AnalysisSeries, TokenSeries } from "../js/dashboard/state/analysis.js";
+import { seedSeries, seedTokens } from "../js/dashboard/state/analysisseed.js";
+import { operatorValues, usageText } from "../js/dashboard/state/operatortiles.js";
+import { decodeFrame } from "../js/dashboard/wire/protocol.js";
 import { loadScenario, toArrayBuffer } from "./fixtures.mjs";
 
 const scen = loadScenario("analysis");

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { stepText } from "../js/requestview.js";
+import { stepText } from "../js/dashboard/panels/requestview.js";
 
 test("each operation of a story in words", () => {
   assert.equal(

@@ -4,8 +4,8 @@
 // (GET /api/analysis/recent) before the stream's sections.
 
 import { quiet } from "./analysisparts.js";
-import { seedSeries, seedTokens } from "./analysisseed.js";
-import { h } from "./format.js";
+import { h } from "../../../shared/dom.js";
+import { seedSeries, seedTokens } from "../../state/analysisseed.js";
 
 const LOADING = "loading…";
 

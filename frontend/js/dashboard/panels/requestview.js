@@ -4,10 +4,11 @@
 // it was first tried, admitted, decoded and finished.  The panel builds its
 // own DOM (placed after the time-travel panel) so the page needs no markup.
 
-import { REASON_LABEL } from "./analysis.js";
-import { api } from "./api.js";
-import { dur, h, int, setText } from "./format.js";
-import { blockCells, cellCounts, describeCell, renderBars } from "./reqbars.js";
+import { api } from "../../shared/api.js";
+import { h, setText } from "../../shared/dom.js";
+import { dur, int } from "../../shared/format.js";
+import { REASON_LABEL } from "../state/analysis.js";
+import { blockCells, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
 
 const clock = (ts) => (ts === null || ts === undefined ? "—" : new Date(ts * 1000).toTimeString().slice(0, 8));
 const after = (ts, t0) => (ts === null || ts === undefined || t0 === null || t0 === undefined ? "" : ` (+${dur(Math.max(0, ts - t0))})`);
