@@ -35,8 +35,8 @@ export class RequestView {
     this.seq = 0;
     this.input = h("input", { id: "rv-id", class: "search", placeholder: "request id", spellcheck: "false", "aria-label": "request id", title: "a request id: its blocks, hits, misses and times" });
     this.status = h("span", { id: "rv-status", class: "muted" }, "");
-    this.body = h("div", { id: "rv-body", class: "rv-body" }, h("p", { class: "muted" }, "Search a request id, or click one in the block detail, the running list, the regret table or the event log."));
-    const form = h("form", { id: "rv-form", class: "diff-form" }, this.input, h("button", { type: "submit" }, "Show"));
+    this.body = h("div", { id: "rv-body", class: "rv-body", style: "padding: 0 10px 8px" }, h("p", { class: "muted" }, "Search a request id, or click one in the block detail, the running list, the regret table or the event log."));
+    const form = h("form", { id: "rv-form", class: "diff-form", style: "padding: 6px 10px" }, this.input, h("button", { type: "submit" }, "Show"));
     form.addEventListener("submit", (ev) => {
       ev.preventDefault();
       const rid = this.input.value.trim();
@@ -51,7 +51,8 @@ export class RequestView {
       this.body,
     );
     this.el.style.gridColumn = "1 / -1"; // the whole analysis row
-    this.el.style.overflow = "hidden"; // its tables scroll inside
+    this.el.style.height = "auto"; // as tall as its story; its two tables scroll inside
+    this.el.style.overflow = "hidden";
   }
 
   /** Put the panel on the page: after `anchor` (an element), or at the end of `parent`. */
@@ -162,9 +163,9 @@ export class RequestView {
       strip,
       legend,
       line,
-      h("div", { class: "scroll an-scroll" }, h("table", { class: "grid-table an-table", id: "rv-blocks" }, h("thead", null, h("tr", null, h("th", { class: "num" }, "#"), h("th", null, "block ids"), h("th", null, "hit / why missed"), h("th", null, ""))), h("tbody", null, ...rows))),
+      h("div", { class: "scroll an-scroll", style: "max-height: 220px" }, h("table", { class: "grid-table an-table", id: "rv-blocks" }, h("thead", null, h("tr", null, h("th", { class: "num" }, "#"), h("th", null, "block ids"), h("th", null, "hit / why missed"), h("th", null, ""))), h("tbody", null, ...rows))),
       h("div", { class: "an-sub" }, "operations"),
-      h("div", { class: "scroll an-scroll" }, h("table", { class: "grid-table an-table", id: "rv-timeline" }, h("tbody", null, ...timeline))),
+      h("div", { class: "scroll an-scroll", style: "max-height: 180px" }, h("table", { class: "grid-table an-table", id: "rv-timeline" }, h("tbody", null, ...timeline))),
       foot,
     );
   }
