@@ -214,3 +214,32 @@ async def test_metrics_rest_and_point_show_running_waiting_and_rates(api: Api) -
     m = await scrape(api)
     assert m["vllm:num_requests_running"] == 0.0 and m["vllm:num_requests_waiting"] == 0.0
     api.check()
+
+
+async def test_a_prefix_cache_reset_restarts_the_figures_not_the_counters(api: Api) -> None:
+    e = api.engine
+    clock = Clock()
+    e.hit_window = HitWindow(clock=clock)
+    tokens = list(range(200, 218))
+    await api.admit(tokens, request_id="a")
+    await api.finish("a")
+    await api.admit(tokens, request_id="b")  # 16 of 18 hit
+    await api.finish("b")
+    e.point()
+    before = await api.ok("GET", "/api/pool/rates")
+    assert before["since_start"]["hit_rate"] == pytest.approx(16 / 36) and before["restarts"] == 0
+    await api.ok("POST", "/api/pool/reset")
+    clock.t += 1.0
+    pt = e.point()
+    assert math.isnan(pt["hit_rate_1m"]) and math.isnan(pt["hit_rate_since"])
+    r = await api.ok("GET", "/api/pool/rates")
+    assert r["restarts"] == 1 and r["since_start"]["label"] == "since reset"
+    assert r["since_start"]["queries_tokens"] == 0 and r["windows"][0]["hit_rate"] is None
+    m = await scrape(api)
+    assert m["vllm:prefix_cache_queries_total"] == 36.0  # the counters go on
+    await api.admit(tokens, request_id="c")  # cold again after the reset: 0 of 18
+    clock.t += 1.0
+    pt = e.point()
+    assert pt["hit_rate_since"] == 0.0 and pt["hit_rate_1m"] == 0.0
+    await api.finish("c")
+    api.check()
