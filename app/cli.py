@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 
 from app.settings import ObserverSettings, Settings
 
@@ -29,21 +30,24 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the service (REST, stream, dashboard, /metrics)")
     size = s.add_mutually_exclusive_group()
-    size.add_argument("--num-blocks", type=int, help="blocks in the pool (default 8192)")
+    size.add_argument("--num-blocks", type=int, help="blocks in the pool, the null block included")
     size.add_argument(
         "--memory-budget", dest="memory_budget_bytes", type=int,
         help="derive the block count from this K/V byte budget (needs storage)",
     )  # fmt: skip
-    s.add_argument("--block-size", type=int, help="tokens per block (default 16)")
-    s.add_argument("--num-groups", type=int, help="KV-cache groups (default 1)")
-    s.add_argument("--hash-fn", choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
-    _bool_flag(s, "caching", "enable_caching", "prefix caching (default on)")
-    _bool_flag(s, "events", "enable_events", "KV events (default on)")
-    s.add_argument("--metrics-sample-rate", type=float, help="residency sampling (0.01)")
-    _bool_flag(s, "storage", "storage", "torch K/V storage (default on)")
-    s.add_argument("--device", dest="storage_device", help="storage device (cuda when present)")
-    s.add_argument("--host", help="bind address (default 127.0.0.1)")
-    s.add_argument("--port", type=int, help="port (default 8000)")
+    s.add_argument("--block-size", type=int, help="tokens per block")
+    s.add_argument("--num-groups", type=int, help="KV-cache groups")
+    s.add_argument(
+        "--hash-fn", choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"],
+        help="block hash function",
+    )  # fmt: skip
+    _bool_flag(s, "caching", "enable_caching", "prefix caching")
+    _bool_flag(s, "events", "enable_events", "KV events")
+    s.add_argument("--metrics-sample-rate", type=float, help="residency sampling rate")
+    _bool_flag(s, "storage", "storage", "torch K/V storage")
+    s.add_argument("--device", dest="storage_device", help="storage device")
+    s.add_argument("--host", help="bind address")
+    s.add_argument("--port", type=int, help="port")
     s.add_argument("--token", help="bearer token required by mutating endpoints")
     s.add_argument(
         "--allowed-host", dest="allowed_hosts", action="append", metavar="NAME",
@@ -55,18 +59,61 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _bool_flag(s, "demo", "demo", "run the demo workload")
     s.add_argument("--demo-rate", type=float, help="demo requests per second")
-    s.add_argument("--tick-hz", type=float, help="stream ticks per second (10)")
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--tick-hz", type=float, help="stream ticks per second")
+    s.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"],
+        help="log level (default: %(default)s)",
+    )  # fmt: skip
     _kv_event_flags(s)
-    _bool_flag(s, "analysis", "analysis", "miss reasons, regret, shadow pools, recording (on)")
+    _bool_flag(s, "analysis", "analysis", "miss reasons, regret, shadow pools, recording")
     s.add_argument(
         "--shadow-mode", choices=["process", "inline", "off"], help="where shadow pools run"
     )
+    with_defaults(s, Settings)
     _observe_parser(sub)
     r = sub.add_parser("replay", help="replay a recording (GET /api/history/export), check it")
     r.add_argument("path", help="the JSON-lines recording")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
     return ap
+
+
+# What a setting left at None means, for the help text.
+NONE_MEANS = {
+    "storage_device": "cuda when present, else cpu",
+    "token": "no token",
+    "kv_events_replay_endpoint": "no replay socket",
+    "memory_budget_bytes": "the block count decides",
+}
+
+
+def help_default(settings_cls: type[BaseSettings], dest: str) -> str:
+    """A setting's built-in default as the help shows it: on/off, none (and
+    what that means), the number or the text ('' for empty)."""
+    defaults = settings_cls.model_construct()  # the defaults, not the environment
+    value = getattr(defaults, dest)
+    if dest == "num_blocks" and value is None and isinstance(defaults, Settings):
+        value = defaults.effective_num_blocks
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return f"none: {NONE_MEANS[dest]}" if dest in NONE_MEANS else "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) or "none"
+    return str(value) if value != "" else "''"
+
+
+def with_defaults(p: argparse.ArgumentParser, settings_cls: type[BaseSettings]) -> None:
+    """Append ``(default: X)`` from the settings to every flag of ``p`` that
+    sets one (generated, so the help cannot drift from the settings)."""
+    fields = settings_cls.model_fields
+    for action in p._actions:
+        if action.dest in fields and action.option_strings and action.help:
+            shown = help_default(settings_cls, action.dest).replace("%", "%%")
+            if isinstance(action, argparse._StoreFalseAction):  # --no-X: say what X is
+                shown = f"{action.dest.replace('_', ' ')} {shown}"
+            action.help = f"{action.help} (default: {shown})"
 
 
 def _kv_event_flags(s: argparse.ArgumentParser) -> None:
@@ -78,14 +125,14 @@ def _kv_event_flags(s: argparse.ArgumentParser) -> None:
         help="publish KV events over ZMQ as vLLM 0.16 does",
     )  # fmt: skip
     g.add_argument("--no-kv-events", dest="kv_events_publisher", action="store_false")
-    g.add_argument("--kv-events-endpoint", help="PUB endpoint (tcp://*:5557)")
-    g.add_argument("--kv-events-replay-endpoint", help="ROUTER replay endpoint (none)")
-    g.add_argument("--kv-events-topic", help="topic frame ('')")
-    g.add_argument("--kv-events-buffer-steps", type=int, help="batches kept for replay (10000)")
-    g.add_argument("--kv-events-hwm", type=int, help="ZMQ high-water mark (100000)")
-    g.add_argument("--kv-events-max-queue-size", type=int, help="batches queued (100000)")
+    g.add_argument("--kv-events-endpoint", help="PUB endpoint")
+    g.add_argument("--kv-events-replay-endpoint", help="ROUTER replay endpoint")
+    g.add_argument("--kv-events-topic", help="topic frame")
+    g.add_argument("--kv-events-buffer-steps", type=int, help="batches kept for replay")
+    g.add_argument("--kv-events-hwm", type=int, help="ZMQ high-water mark")
+    g.add_argument("--kv-events-max-queue-size", type=int, help="batches queued")
     g.add_argument(
-        "--kv-events-data-parallel-rank", type=int, help="DP rank: both ports move up by it (0)"
+        "--kv-events-data-parallel-rank", type=int, help="DP rank: both ports move up by it"
     )
     g.add_argument(
         "--kv-events-bind", choices=["auto", "bind", "connect"],
@@ -112,20 +159,24 @@ def _observe_parser(sub: Any) -> None:
         help="the replay (ROUTER) endpoint of each ENDPOINT, in order; 'none' for one without",
     )  # fmt: skip
     o.add_argument("--dp-size", type=int, help="data-parallel ranks per endpoint: ports +0..N-1")
-    o.add_argument("--topic", help="topic prefix to subscribe to (all)")
+    o.add_argument("--topic", help="topic prefix to subscribe to ('' = all)")
     o.add_argument(
         "--no-bootstrap-replay", dest="bootstrap_replay", action="store_false", default=None,
         help="do not ask for seq 0 on when joining mid-stream",
     )  # fmt: skip
     o.add_argument(
         "--replay-timeout", dest="replay_timeout_s", type=float,
-        help="seconds without a replay answer before giving up (3)",
+        help="seconds without a replay answer before giving up",
     )  # fmt: skip
-    o.add_argument("--host", help="bind address (default 127.0.0.1)")
-    o.add_argument("--port", type=int, help="port (default 8000)")
+    o.add_argument("--host", help="bind address")
+    o.add_argument("--port", type=int, help="port")
     o.add_argument("--token", help="bearer token required by every read")
-    o.add_argument("--tick-hz", type=float, help="websocket updates per second (5)")
-    o.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    o.add_argument("--tick-hz", type=float, help="websocket updates per second")
+    o.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"],
+        help="log level (default: %(default)s)",
+    )  # fmt: skip
+    with_defaults(o, ObserverSettings)
 
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from app.analysis.host import AnalysisHost
 from app.errors import ApiError, Unavailable
 from app.schemas import to_runtime
 from app.settings import Settings
+from app.windowed import HitWindow
 from blockpool import KVCacheEvent, KVCacheEvictionEvent
 from blockpool.runtime import PoolRuntime, RuntimeConfig
 
@@ -72,6 +73,8 @@ class Engine(PoolRuntime):
         super().__init__(runtime_config(settings), storage)
         self.settings = settings
         self.series: deque[dict[str, float]] = deque(maxlen=SERIES_CAPACITY)
+        self.hit_window = HitWindow()  # hit rate 1m / 5m as Prometheus' rate() (windowed.py)
+        self.waiting_sources: list[Callable[[], int]] = []  # workloads' queued requests
         self.listeners: list[TickListener] = []
         self.started_at = time.time()
         self.tick_no = 0
@@ -230,6 +233,8 @@ class Engine(PoolRuntime):
             "alloc_per_s": (c.blocks_allocated - alloc0) / dt,
             "evict_per_s": (c.evictions - evict0) / dt,
             "requests": float(len(self.manager.requests)),
+            "waiting": float(sum(f() for f in self.waiting_sources)),
+            **self.hit_window.point(stats.hits, stats.queries, c.resets),
         }
         self._last_point_counters = (
             now,

@@ -16,9 +16,17 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app import storage_link
+from app.analysis_recent import RecentAnalysis
 from app.api import docs as api_docs
 from app.api import errors as api_errors
-from app.api import routes_analysis, routes_demo, routes_inspect, routes_pool, routes_requests
+from app.api import (
+    routes_analysis,
+    routes_demo,
+    routes_inspect,
+    routes_operator,
+    routes_pool,
+    routes_requests,
+)
 from app.api.deps import require_read
 from app.api.same_origin import SameOriginGuard
 from app.demo import DemoWorkload
@@ -59,6 +67,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = Engine(settings, storage)
     demo = DemoWorkload(engine, rate=settings.demo_rate)
     hub = StreamHub(engine)
+    engine.waiting_sources.append(lambda: len(demo.waiting))  # vllm:num_requests_waiting
+    recent = RecentAnalysis(engine)
+    engine.listeners.append(recent.on_tick)
     extra: dict[str, StatsSource] = {"demo": demo.metrics, "stream": hub.metrics}
     if storage is not None:
         extra["storage"] = storage.metrics
@@ -96,6 +107,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.demo = demo
     app.state.stream = hub
+    app.state.analysis_recent = recent
     app.state.metrics_sources = extra
     app.state.startup_hooks = []
     app.state.shutdown_hooks = []
@@ -110,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes_requests.router)
     app.include_router(routes_demo.router)
     app.include_router(routes_analysis.router)
+    app.include_router(routes_operator.router)
     app.include_router(stream_ws.router)
     app.include_router(kvevents_routes.router)
 

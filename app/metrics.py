@@ -69,9 +69,18 @@ class EngineCollector(Collector):
             stats.hits,
         )
         yield gauge(
-            "vllm:num_requests_running", "Number of requests holding blocks.",
+            "vllm:num_requests_running",
+            "Number of requests running: admitted and holding blocks (every REST-admitted "
+            "request, until finished).",
             len(e.manager.requests),
-        )  # fmt: skip
+        )
+        yield gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting: arrived in the service's own workloads (demo, "
+            "trace replay) and not admitted yet (too few free blocks: not_enough_blocks, "
+            "or the workload's running limit). REST clients queue their own.",
+            sum(f() for f in e.waiting_sources),
+        )
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",

@@ -13,11 +13,13 @@ import { explain, explainAll } from "../shared/terms.js";
 import { STATE_NAMES } from "./wire/protocol.js";
 import { StreamConnection } from "./wire/stream.js";
 import { AnalysisHub } from "./state/analysishub.js";
+import { OPERATOR_TILES, operatorValues, usageText } from "./state/operatortiles.js";
 import { PoolModel } from "./state/model.js";
 import { PrefixTree } from "./state/prefixtree.js";
 import { BlockMap } from "./render/blockmap.js";
 import { Charts } from "./render/charts.js";
 import { AnalysisHealthItem } from "./panels/analysis/analysishealth.js";
+import { AnalysisLoader } from "./panels/analysis/analysisload.js";
 import { MissPanel } from "./panels/analysis/misspanel.js";
 import { RegretPanel } from "./panels/analysis/regretpanel.js";
 import { TimeTravel } from "./panels/analysis/timetravel.js";
@@ -29,6 +31,7 @@ import { EventLog } from "./panels/events.js";
 import { HashMapPanel } from "./panels/hashmap.js";
 import { HealthBar } from "./panels/health.js";
 import { LruPanel } from "./panels/lru.js";
+import { RequestView } from "./panels/requestview.js";
 import { TreePanel } from "./panels/treeview.js";
 
 const model = new PoolModel();
@@ -60,10 +63,10 @@ function legend() {
   );
 }
 
-function stat(key, label, cls) {
+function stat(key, label, cls, title) {
   return h(
     "div",
-    { class: `stat ${cls || ""}`, title: explain(label), dataset: { stat: key } },
+    { class: `stat ${cls || ""}`, title: title || explain(label), dataset: { stat: key } },
     h("span", { class: "label" }, label),
     h("span", { class: "value", id: `stat-${key}` }, "—"),
   );
@@ -74,10 +77,10 @@ function buildStats() {
     stat("in_use", "in use", "st-in_use"),
     stat("cached", "cached", "st-cached"),
     stat("empty", "empty", "st-empty"),
-    stat("usage", "usage"),
-    stat("hit", "prefix hit rate"),
+    stat("usage", "usage", "", "blocks in use / usable blocks"),
+    ...OPERATOR_TILES.slice(0, 4).map(([k, label, title]) => stat(k, label, "", title)),
     stat("keys", "hash keys"),
-    stat("requests", "requests"),
+    ...OPERATOR_TILES.slice(4).map(([k, label, title]) => stat(k, label, "", title)),
     stat("alloc", "alloc/s"),
     stat("evict", "evict/s"),
   );
@@ -128,12 +131,10 @@ function updateStats() {
   setStat("cached", int(c.cached), c.cached, pct(c.cached / total, 0));
   setStat("empty", int(c.empty), c.empty, pct(c.empty / total, 0));
   setStat("usage", pct(hd.usage), hd.usage);
-  const pc = hd.prefix_cache || {};
-  const hr = pc.queries ? pc.hits / pc.queries : null;
-  setStat("hit", pct(hr), hr);
-  setStat("keys", int(hd.hash_map_keys), hd.hash_map_keys);
-  setStat("requests", int(hd.running_requests), hd.running_requests);
+  setStat("usage01", usageText(hd.usage), hd.usage);
   const pts = model.points;
+  for (const [k, v] of Object.entries(operatorValues(pts[pts.length - 1], hd, pct, int))) setStat(k, v.text, v.value);
+  setStat("keys", int(hd.hash_map_keys), hd.hash_map_keys);
   const recent = pts.slice(-20);
   const avg = (k) => recent.reduce((a, p) => a + (Number.isFinite(p[k]) ? p[k] : 0), 0) / Math.max(1, recent.length);
   setStat("alloc", rate(avg("alloc_per_s")), avg("alloc_per_s"));
@@ -191,10 +192,33 @@ const showRequest = (rid) => {
   if (history && history.active) history.live();
   detail.select(-1);
   detail.showRequest(rid);
+  requestView.show(rid, { scroll: false });
 };
 const misses = new MissPanel(analysis, windowSel, showRequest);
 const regret = new RegretPanel(analysis, windowSel);
 const whatif = new WhatIfPanel(analysis);
+const loader = new AnalysisLoader(model, analysis, { misses, regret, whatif, tokens: tokensPanel });
+// One request's story: searched, or from the block detail, the running
+// list, the regret table and the event log (a hash: who holds it now).
+async function holdersOf(hex) {
+  const ids = [];
+  for (const s of model.index.searchPrefix(hex, 4)) ids.push(...model.index.idsOf(s));
+  for (const id of ids.filter((i) => model.state[i] === 1).slice(0, 4)) {
+    const b = await get(`/api/blocks/${id}`);
+    if (b.requests && b.requests.length) return b.requests;
+  }
+  return [];
+}
+const requestView = new RequestView({
+  onBlock: (id) => detail.select(id),
+  blockSize: () => model.config && model.config.block_size,
+  holdersOf,
+}).mount(document.querySelector(".tt-panel"));
+const showStory = (rid) => requestView.show(rid);
+detail.onStory = showStory;
+controls.onStory = showStory;
+regret.onStory = showStory;
+events.onStory = (hex) => requestView.fromHash(hex);
 const history = new TimeTravel(model, map, {
   onEnter: () => {
     detail.select(-1);
@@ -389,6 +413,8 @@ export const parts = {
   hashmap,
   controls,
   analysis,
+  loader,
+  requestView,
   panels: { tokens: tokensPanel, misses, regret, whatif },
   history,
   onScreen,
@@ -399,5 +425,6 @@ export const parts = {
 
 explainAll(document); // column heads (the charts' legends too) and [data-term] words: their meaning on hover
 boot();
+loader.start(); // the analysis row from REST now, not after the stream's first reports
 conn.start();
 requestAnimationFrame(frame);

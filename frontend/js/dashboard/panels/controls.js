@@ -285,6 +285,8 @@ export class Controls {
             "td",
             { class: "mono" },
             h("a", { href: "#", onclick: (ev) => (ev.preventDefault(), this.detail.showRequest(r.request_id)) }, r.request_id),
+            " ",
+            h("button", { class: "small link", "data-story": r.request_id, title: "its story: blocks, hits, misses, times", onclick: () => this.onStory && this.onStory(r.request_id) }, "story"),
           ),
           h("td", { class: "num" }, int(r.num_tokens)),
           h("td", { class: "num" }, int(r.num_blocks)),

@@ -333,7 +333,7 @@ export class DetailPanel {
               },
               rid,
             ),
-          )
+          ).flatMap((chip) => [chip, h("button", { class: "chip story", "data-story": chip.textContent, title: "its story: blocks, hits, misses, times", onclick: () => this.onStory && this.onStory(chip.textContent) }, "story")])
         : ["none"];
       rows.push(h("tr", null, h("th", { title: explain("holders") }, "holders"), h("td", { id: "detail-holders" }, ...holders)));
       const mt = r.metrics;

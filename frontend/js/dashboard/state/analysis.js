@@ -238,7 +238,8 @@ export function buildCurve(src) {
   return { policies, factors: [...factors].sort((a, b) => a - b), real };
 }
 
-export const factorLabel = (f) => `${Number.isInteger(f) ? f : f.toString().replace(/^0\./, ".")}×`;
+// (null: an axis tick of an empty curve -- the what-if panel asked before the shadows' first report)
+export const factorLabel = (f) => (f === null || f === undefined ? "" : `${Number.isInteger(f) ? f : f.toString().replace(/^0\./, ".")}×`);
 
 const pts = (x) => `${x >= 0 ? "+" : "−"}${Math.abs(x * 100).toFixed(1)} pt`;
 const pctStr = (x) => (x === null || x === undefined || !Number.isFinite(x) ? "—" : `${(x * 100).toFixed(1)}%`);

@@ -32,7 +32,11 @@ export class AnalysisHub {
       if (hd.tokens) this.tokens.ingest(hd.ts, hd.tokens);
       const ids = frame.columns && frame.columns.ids;
       if ((ids && ids.length) || (hd.events && hd.events.length)) this.activityAt = performance.now();
-      if (hd.analysis) this.take(hd.analysis);
+      if (hd.analysis) {
+        this.take(hd.analysis);
+        // a snapshot before the worker's first report said "off"
+        document.body.dataset.analysis = "on";
+      }
     });
   }
 

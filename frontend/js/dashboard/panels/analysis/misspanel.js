@@ -69,7 +69,7 @@ export class MissPanel {
     const s = this.hub.series;
     const pts = freshWindow(this, s);
     if (!pts) return;
-    this.chart.o.empty = s.last ? "waiting for two analysis reports…" : "no analysis on the stream yet (off on this server?)";
+    if (!this.loading) this.chart.o.empty = s.last ? "waiting for two analysis reports…" : "no analysis on the stream yet (off on this server?)";
     const { x, ys } = missColumns(pts, { tokens: this.unitSel.value === "tokens" });
     this.pts = pts;
     this.chart.setData(x, ys);

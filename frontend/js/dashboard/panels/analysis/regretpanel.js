@@ -46,6 +46,12 @@ export class RegretPanel {
     );
   }
 
+  /** A request id that opens its story (set `onStory`), or a dash. */
+  storyLink(rid) {
+    if (!rid) return "—";
+    return h("a", { href: "#", "data-story": rid, onclick: (ev) => (ev.preventDefault(), this.onStory && this.onStory(rid)) }, rid);
+  }
+
   async poll() {
     try {
       const d = await quiet("/api/regret?limit=12");
@@ -58,7 +64,7 @@ export class RegretPanel {
           h("td", { class: "mono toks" }, r.first_tokens.length ? `${r.first_tokens.slice(0, 4).join(" ")}${r.first_tokens.length > 4 ? " …" : ""}` : r.root),
           h("td", { class: "num" }, int(r.regrets)),
           h("td", { class: "num" }, dur(r.mean_gap_seconds)),
-          h("td", { class: "mono" }, r.owner_request || "—", h("span", { class: "muted" }, " → "), r.last_request || "—"),
+          h("td", { class: "mono" }, this.storyLink(r.owner_request), h("span", { class: "muted" }, " → "), this.storyLink(r.last_request)),
         ),
       );
       if (!rows.length) rows.push(h("tr", { class: "empty" }, h("td", { colspan: 4, class: "muted" }, "no regretted prefix yet")));

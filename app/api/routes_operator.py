@@ -1,0 +1,80 @@
+"""What an operator asks first: the hit rate as Grafana computes it, the
+analysis' recent history (a page that just opened), one request's story."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+
+from app import request_story
+from app.analysis_recent import RecentAnalysis
+from app.api import responses_operator as r
+from app.api.deps import EngineDep, ReadAuth
+from app.api.errors import ERROR_RESPONSES
+from app.api.responses import returns
+from app.errors import Conflict
+
+router = APIRouter(prefix="/api", tags=["operator"], responses=ERROR_RESPONSES)
+
+Rid = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+
+
+@router.get(
+    "/pool/rates",
+    responses=returns(r.PoolRates),
+    dependencies=[ReadAuth],
+    summary="Hit rate 1m / 5m, usage, requests",
+)
+async def rates(engine: EngineDep) -> dict[str, Any]:
+    """The figures an operator compares with Grafana: the prefix hit rate over
+    the last 1 and 5 minutes exactly as ``rate(vllm:prefix_cache_hits_total[1m])
+    / rate(vllm:prefix_cache_queries_total[1m])`` computes it from samples of
+    the two counters taken once a second, and since start (or the last
+    prefix-cache reset, which restarts all three); usage as the 0-1 fraction
+    of ``vllm:kv_cache_usage_perc``; running requests (holding blocks) and
+    waiting ones (queued by the service's own workloads, not admitted yet)."""
+    st = engine.manager.stats
+    out: dict[str, Any] = engine.hit_window.summary(st.hits, st.queries)
+    out["usage"] = float(engine.pool.get_usage())
+    out["requests_running"] = len(engine.manager.requests)
+    out["requests_waiting"] = sum(f() for f in engine.waiting_sources)
+    return out
+
+
+@router.get(
+    "/analysis/recent",
+    responses=returns(r.AnalysisRecent),
+    dependencies=[ReadAuth],
+    summary="The analysis' recent history",
+)
+async def analysis_recent(
+    request: Request,
+    engine: EngineDep,
+    seconds: Annotated[float, Query(gt=0, le=3600)] = 300,
+) -> dict[str, Any]:
+    """The cumulative counters of the stream's ``analysis`` sections (misses
+    by reason, hits, regrets, evictions) and the token usage, once a second
+    over the last ``seconds``, oldest first: a page starts its charts here."""
+    if engine.analysis is None:
+        raise Conflict("the analysis is off (start the server with BLOCKPOOL_ANALYSIS=true)")
+    recent: RecentAnalysis = request.app.state.analysis_recent
+    return recent.view(seconds)
+
+
+@router.get(
+    "/requests/{request_id}/story",
+    responses=returns(r.RequestStory),
+    dependencies=[ReadAuth],
+    summary="One request's story",
+)
+async def story(
+    engine: EngineDep,
+    request_id: Rid,
+    limit: Annotated[int, Query(ge=2, le=10_000)] = 200,
+) -> dict[str, Any]:
+    """Its blocks (ids per group), hits, misses with reasons, and when it was
+    first tried, admitted, decoded and finished -- from the running request,
+    the analysis (the last finished requests) and the recording, each bounded;
+    ``sources`` says which answered.  404 when none knows the id."""
+    return await request_story.story(engine, request_id, limit)

@@ -1,0 +1,172 @@
+// One request's story (GET /api/requests/{id}/story): search a request id,
+// or follow a link from the block detail, the running list, the regret
+// table or the event log; see its blocks (hit, or why each missed), and when
+// it was first tried, admitted, decoded and finished.  The panel builds its
+// own DOM (placed after the time-travel panel) so the page needs no markup.
+
+import { api } from "../../shared/api.js";
+import { h, setText } from "../../shared/dom.js";
+import { dur, int } from "../../shared/format.js";
+import { REASON_LABEL } from "../state/analysis.js";
+import { blockCells, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
+
+const clock = (ts) => (ts === null || ts === undefined ? "—" : new Date(ts * 1000).toTimeString().slice(0, 8));
+const after = (ts, t0) => (ts === null || ts === undefined || t0 === null || t0 === undefined ? "" : ` (+${dur(Math.max(0, ts - t0))})`);
+const ids = (tables) => (tables || []).map((t) => t.join(" ")).join(" | ");
+
+/** What one timeline step did, in words. */
+export function stepText(s) {
+  if (!s.ok) return `refused: ${(s.error && s.error.code) || "error"}${s.error && s.error.message ? ` (${s.error.message})` : ""}`;
+  if (s.op === "admit") return `${int(s.tokens)} tokens, ${int(s.num_hit_blocks)} blocks hit, ${int(s.num_new_blocks)} new: ${ids(s.block_ids)}`;
+  if (s.op === "append") return `+${int(s.tokens)} tokens → ${int(s.num_tokens)}${s.new_block_ids && s.new_block_ids[0].length ? `, new block ${ids(s.new_block_ids)}` : ""}`;
+  if (s.op === "finish") return `freed ${ids(s.freed_block_ids)}`;
+  return "";
+}
+
+export class RequestView {
+  /**
+   * `opts.onBlock(id)`: show a block in the detail panel; `opts.blockSize()`;
+   * `opts.holdersOf(hashHex)`: promise of the request ids holding a hash.
+   */
+  constructor(opts = {}) {
+    this.opts = opts;
+    this.rid = null;
+    this.story = null;
+    this.seq = 0;
+    this.input = h("input", { id: "rv-id", class: "search", placeholder: "request id", spellcheck: "false", "aria-label": "request id", title: "a request id: its blocks, hits, misses and times" });
+    this.status = h("span", { id: "rv-status", class: "muted" }, "");
+    this.body = h("div", { id: "rv-body", class: "rv-body", style: "padding: 0 10px 8px" }, h("p", { class: "muted" }, "Search a request id, or click one in the block detail, the running list, the regret table or the event log."));
+    const form = h("form", { id: "rv-form", class: "diff-form", style: "padding: 6px 10px" }, this.input, h("button", { type: "submit" }, "Show"));
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const rid = this.input.value.trim();
+      if (rid) this.show(rid);
+    });
+    this.el = h(
+      "section",
+      // not an "an-panel": a story needs no analysis (the running request, the recording)
+      { class: "panel rv-panel", id: "request-view" },
+      h("div", { class: "panel-head" }, h("h2", null, "Request"), h("span", { class: "muted" }, "its blocks, hits, misses and times"), h("span", { class: "spacer" }), this.status),
+      form,
+      this.body,
+    );
+    this.el.style.gridColumn = "1 / -1"; // the whole analysis row
+    this.el.style.height = "auto"; // as tall as its story; its two tables scroll inside
+    this.el.style.overflow = "hidden";
+  }
+
+  /** Put the panel on the page: after `anchor` (an element), or at the end of `parent`. */
+  mount(anchor, parent) {
+    if (anchor) anchor.after(this.el);
+    else (parent || document.body).append(this.el);
+    return this;
+  }
+
+  /** Show one request's story (and scroll the panel into view). */
+  async show(rid, { scroll = true } = {}) {
+    this.rid = rid;
+    this.input.value = rid;
+    const seq = ++this.seq;
+    setText(this.status, "loading…");
+    this.el.dataset.state = "loading";
+    if (scroll) this.el.scrollIntoView({ block: "nearest" });
+    try {
+      const s = await api("GET", `/api/requests/${encodeURIComponent(rid)}/story`, undefined, { quiet: true });
+      if (seq !== this.seq) return;
+      this.story = s;
+      this.render(s);
+      setText(this.status, `as of ${clock(Date.now() / 1000)}`);
+      this.el.dataset.state = s.state;
+    } catch (err) {
+      if (seq !== this.seq) return;
+      this.story = null;
+      this.el.dataset.state = "error";
+      setText(this.status, "");
+      this.body.replaceChildren(h("p", { class: "muted", id: "rv-error" }, err.status === 404 ? err.message : `GET story: ${err.message}`));
+    }
+  }
+
+  /** From a KV event's hash: the running requests that hold it (the event log has no request ids). */
+  async fromHash(hex) {
+    if (!this.opts.holdersOf) return;
+    setText(this.status, "finding who holds it…");
+    const rids = await this.opts.holdersOf(hex);
+    if (rids.length) return this.show(rids[0]);
+    setText(this.status, "");
+    this.body.replaceChildren(h("p", { class: "muted", id: "rv-error" }, `no running request holds hash ${hex.slice(0, 16)} now (a KV event names hashes, not requests)`));
+  }
+
+  render(s) {
+    const t = s.times || {};
+    const t0 = t.first_attempt_at ?? t.admitted_at;
+    const misses = Object.entries(s.misses || {}).sort((a, b) => b[1] - a[1]);
+    const summary = h(
+      "div",
+      { class: "summary", id: "rv-summary" },
+      h("span", null, h("b", { class: "mono", id: "rv-rid" }, s.request_id), " ", h("span", { id: "rv-state", class: `rv-state st-${s.state}` }, s.state)),
+      h("span", null, `${int(s.num_prompt_tokens)} prompt tokens · ${int(s.num_tokens)} now`),
+      h("span", { id: "rv-hits" }, "hit ", h("b", null, int(s.num_hit_blocks)), ` blocks (${int(s.hit_tokens)} tokens)`),
+      h("span", { id: "rv-misses" }, misses.length ? `missed: ${misses.map(([r, n]) => `${REASON_LABEL[r] || r} ${n}`).join(", ")}` : "no prompt block missed"),
+    );
+    const times = h(
+      "table",
+      { class: "kv rv-times", id: "rv-times", style: "width:auto" },
+      ...[
+        ["first tried", t.first_attempt_at, s.admissions_refused ? `${s.admissions_refused} refusal(s) while it waited` : ""],
+        ["admitted", t.admitted_at, ""],
+        ["first decode", t.first_decode_at, ""],
+        ["last decode", t.last_decode_at, s.decode ? `${int(s.decode.steps)} steps, ${int(s.decode.tokens)} tokens, ${int(s.decode.new_blocks)} new blocks` : ""],
+        ["finished", t.finished_at, ""],
+      ].map(([k, ts, note]) => h("tr", { "data-time": k }, h("th", null, k), h("td", { class: "mono" }, clock(ts), h("span", { class: "muted" }, after(ts, t0))), h("td", { class: "muted" }, note))),
+    );
+    const cells = blockCells(s, (this.opts.blockSize && this.opts.blockSize()) || 16);
+    const line = h("div", { class: "rq-hover mono", id: "rv-hover" }, "hover a bar: that block");
+    const strip = renderBars(document, cells, (c) => setText(line, c ? describeCell(c) : "hover a bar: that block"));
+    strip.id = "rv-bars";
+    strip.addEventListener("click", (ev) => {
+      const i = ev.target && ev.target.dataset ? ev.target.dataset.index : undefined;
+      const c = i === undefined ? null : cells.find((x) => String(x.index) === i);
+      if (c && c.blockId !== null && this.opts.onBlock) this.opts.onBlock(c.blockId);
+    });
+    const legend = h("div", { class: "legend rq-legend" }, ...cellCounts(cells).map(([k, n]) => h("span", { class: "lg" }, `${REASON_LABEL[k] || k} ${n}`)));
+    const rows = (s.blocks || []).map((b) =>
+      h(
+        "tr",
+        { "data-index": String(b.index), "data-reason": b.reason || (b.hit ? "hit" : b.kind) },
+        h("td", { class: "num" }, String(b.index)),
+        h(
+          "td",
+          { class: "mono" },
+          ...(b.block_ids || []).map((id) => h("a", { href: "#", "data-block": String(id), onclick: (ev) => (ev.preventDefault(), this.opts.onBlock && this.opts.onBlock(id)) }, `#${id} `)),
+        ),
+        h("td", null, b.kind === "decode" ? "decode" : b.hit ? "hit" : REASON_LABEL[b.reason] || b.reason || "—"),
+        h("td", { class: "muted" }, b.kind === "decode" && b.added_at ? `added ${clock(b.added_at)}` : ""),
+      ),
+    );
+    const timeline = (s.timeline || []).map((x) =>
+      h("tr", { "data-op": x.op, "data-seq": String(x.seq) }, h("td", { class: "num" }, String(x.seq)), h("td", { class: "mono" }, clock(x.ts)), h("td", null, x.op), h("td", { class: x.ok ? "" : "err" }, stepText(x))),
+    );
+    if (s.timeline_omitted) timeline.splice(Math.ceil(timeline.length / 2), 0, h("tr", { class: "gap" }, h("td", { colspan: 4, class: "muted" }, `… ${int(s.timeline_omitted)} operations left out`)));
+    const src = s.sources || {};
+    const rec = src.recording;
+    const foot = h(
+      "div",
+      { class: "an-foot muted", id: "rv-sources" },
+      `from: ${[src.running ? "the running request" : null, src.miss_reasons ? "the miss analysis" : null, rec && rec.operations_found ? `the recording (op seq ${rec.first_seq}..${rec.last_seq})` : null].filter(Boolean).join(", ") || "—"}` +
+        `${s.earlier_lives ? ` · ${s.earlier_lives} earlier use(s) of this id left out` : ""}` +
+        ` · kept: ${int(s.limits.finished_requests_kept)} finished requests, ${int(s.limits.recording_max_ops)} recorded operations`,
+    );
+    this.body.replaceChildren(
+      summary,
+      times,
+      h("div", { class: "an-sub" }, "blocks ", h("span", { class: "muted" }, "· click: show it in the block detail")),
+      strip,
+      legend,
+      line,
+      h("div", { class: "scroll an-scroll", style: "max-height: 220px" }, h("table", { class: "grid-table an-table", id: "rv-blocks" }, h("thead", null, h("tr", null, h("th", { class: "num" }, "#"), h("th", null, "block ids"), h("th", null, "hit / why missed"), h("th", null, ""))), h("tbody", null, ...rows))),
+      h("div", { class: "an-sub" }, "operations"),
+      h("div", { class: "scroll an-scroll", style: "max-height: 180px" }, h("table", { class: "grid-table an-table", id: "rv-timeline" }, h("tbody", null, ...timeline))),
+      foot,
+    );
+  }
+}

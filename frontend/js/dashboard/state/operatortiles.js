@@ -1,0 +1,45 @@
+// The stat tiles an operator compares with Grafana, without DOM (node tests
+// import it): the prefix hit rate over 1 and 5 minutes (the server computes
+// them as Prometheus' rate() of vLLM's two counters), since start (or the
+// last prefix-cache reset: all three restart then), usage also as the 0-1
+// fraction of vllm:kv_cache_usage_perc, running and waiting requests.
+
+const promql = (w) => `rate(vllm:prefix_cache_hits_total[${w}]) / rate(vllm:prefix_cache_queries_total[${w}])`;
+
+/** [key, label, title]: the tiles this module fills (ids stat-<key>). */
+export const OPERATOR_TILES = [
+  ["usage01", "usage 0–1", "vllm:kv_cache_usage_perc: blocks in use / usable blocks as a 0-1 fraction (Grafana's panels show this number)"],
+  ["hit1m", "hit rate 1m", `prompt tokens hit / queried over the last minute, as Grafana's ${promql("1m")} (samples once a second); restarts on a prefix-cache reset`],
+  ["hit5m", "hit rate 5m", `the same over 5 minutes: ${promql("5m")}`],
+  ["hit", "since start", "prompt tokens hit / queried since the server started, or since the last prefix-cache reset"],
+  ["requests", "running", "vllm:num_requests_running: admitted requests holding blocks (a REST-admitted request runs until it is finished)"],
+  ["waiting", "waiting", "vllm:num_requests_waiting: requests of the demo or a trace replay that arrived but are not admitted yet (too few free blocks, or the workload's running limit)"],
+];
+
+const finite = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
+
+/**
+ * The tiles' values from the latest series point (`hit_rate_1m`, `…_5m`,
+ * `hit_rate_since`, `waiting`) and the frame header (`running_requests`,
+ * `prefix_cache` for a server without the point fields).
+ * -> {key: {value, text}} with text "—" where there is no figure.
+ */
+export function operatorValues(point, header, pct, int) {
+  const p = point || {};
+  const hd = header || {};
+  const pc = hd.prefix_cache || {};
+  const since = finite(p.hit_rate_since) ?? (pc.queries ? pc.hits / pc.queries : null);
+  const rate = (v) => ({ value: finite(v), text: finite(v) === null ? "—" : pct(v) });
+  return {
+    hit1m: rate(p.hit_rate_1m),
+    hit5m: rate(p.hit_rate_5m),
+    hit: rate(since),
+    requests: { value: hd.running_requests ?? null, text: hd.running_requests === undefined ? "—" : int(hd.running_requests) },
+    waiting: { value: finite(p.waiting), text: finite(p.waiting) === null ? "—" : int(p.waiting) },
+  };
+}
+
+/** Usage as vllm:kv_cache_usage_perc reports it: the 0-1 fraction. */
+export function usageText(usage) {
+  return finite(usage) === null ? "—" : usage.toFixed(3);
+}
