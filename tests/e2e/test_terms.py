@@ -63,7 +63,7 @@ def test_every_tile_and_term_explains_itself(dashboard: Page, server: Server) ->
     got: dict[str, Any] = p.js(UNEXPLAINED_JS)
     assert got["missing"] == [], got["missing"]
     assert got["counts"]["tiles"] == 9 and got["counts"]["health"] >= 9
-    assert got["counts"]["heads"] > 20 and got["counts"]["legend"] == 8
+    assert got["counts"]["heads"] >= 10 and got["counts"]["legend"] == 8, got["counts"]
     assert "vllm:prefix_cache_hits" in got["tile"]
     # the queue summary says "pos N" for a position, never "#N" (that is a block id)
     first = p.js("() => document.getElementById('lru-first').textContent")
