@@ -74,7 +74,7 @@ def test_export_says_how_big_the_file_is(dashboard: Page, server: Server) -> Non
     if "MB" in label:
         assert abs(float(label.split("· ")[1].split()[0]) - mb) <= 0.1 * mb + 0.1, (label, mb)
     # the memory held is said to be memory, not the file
-    assert "in memory" in p.page.inner_text("#tt-span")
+    wait_for(lambda: "in memory" in p.page.inner_text("#tt-span"), what="the memory held")
     assert p.errors == []
 
 

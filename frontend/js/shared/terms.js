@@ -87,6 +87,9 @@ export const TERMS = {
   "δ pt": { help: "hit-rate difference to the real pool, in percentage points" },
   evictions: { help: "blocks whose hash was dropped to make room" },
   "shadow pools": { help: "simulated pools fed the same requests, with another size or free order" },
+  vllm016: { help: "vLLM 0.16's free order: freed blocks join the queue's tail, the head is evicted first (LRU)", vllm: "FreeKVCacheBlockQueue (0.16)" },
+  uncached_first: { help: "vLLM >= 0.24's free order: freed blocks without a hash go to the queue's head (reused first), hashed ones to the tail", vllm: "FreeKVCacheBlockQueue (>= 0.24)" },
+  s3fifo: { help: "S3-FIFO: a small probation queue in front of the main one; blocks seen once leave first" },
   // time travel
   "op seq": { help: "the number of pool operations (allocate, free, cache, reset …) since the start: time travel's exact position" },
   keyframes: { help: "full recorded states the time travel replays from (a moment = a keyframe + the operations after it)" },
