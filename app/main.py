@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from app.api import errors as api_errors
 from app.api import routes_analysis, routes_demo, routes_inspect, routes_pool, routes_requests
 from app.api.deps import require_read
+from app.auth import install_log_redaction
 from app.demo import DemoWorkload
 from app.engine import Engine
 from app.kvevents import routes as kvevents_routes
@@ -41,6 +42,7 @@ def build_storage(settings: Settings) -> Any:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    install_log_redaction()  # whoever serves the app: no token in uvicorn's log lines
     storage, num_blocks = None, settings.num_blocks
     if settings.storage:
         storage = build_storage(settings)

@@ -6,6 +6,11 @@ buffer for resuming clients, and puts the bytes on each client's small
 bounded queue with ``put_nowait``.  A client whose queue is full loses its
 queue and is marked "needs snapshot": at the next tick it gets a fresh
 snapshot instead of a delta.  Drops and resyncs are counted.
+
+The ring keeps, per frame, every variant it has made of it (a channel subset,
+compressed or not): the live ones of its tick for free, the others the first
+time a resuming client needs them.  A resume costs one lookup per replayed
+frame after that, whatever the number of clients or requests.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.analysis import views as analysis_views
+from app.auth import TicketBook
 from app.stream import protocol as p
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 if TYPE_CHECKING:
     from app.engine import Engine, TickData
+    from app.stream.limits import TokenBucket
 
 QUEUE_FRAMES = 32
 RING_FRAMES = 1200
@@ -32,6 +39,16 @@ MAX_EVENTS_PER_FRAME = 4000
 RECENT_EVENTS = 500
 RECENT_POINTS = 1200
 ANALYSIS_EVERY_S = 1.0  # the analysis section rides in at most one delta a second
+ALL = frozenset(p.CHANNELS)
+# The delta header's keys that belong to a channel (the others go to everyone).
+CHANNEL_KEYS = {
+    "events": ("events", "events_omitted", "events_last_seq"),
+    "series": ("point",),
+    "samples": ("samples", "samples_last_seq", "histograms"),
+    "analysis": ("analysis",),
+}
+_KEY_CHANNEL = {key: ch for ch, keys in CHANNEL_KEYS.items() for key in keys}
+Variant = tuple[frozenset[str], bool]  # (channels, compressed)
 
 
 def _hx(h: int | bytes) -> str:
@@ -61,6 +78,42 @@ def _finite(d: dict[str, float]) -> dict[str, float | None]:
     return {k: (v if np.isfinite(v) else None) for k, v in d.items()}
 
 
+def select_header(header: dict[str, Any], channels: frozenset[str]) -> dict[str, Any]:
+    """A delta header cut down to ``channels`` (``columns`` left out)."""
+    return {
+        k: v
+        for k, v in header.items()
+        if k != "columns" and (k not in _KEY_CHANNEL or _KEY_CHANNEL[k] in channels)
+    }
+
+
+def filter_delta(full: bytes, channels: frozenset[str]) -> bytes:
+    """The all-channel delta ``full`` as a client of ``channels`` gets it live
+    (the same bytes: JSON numbers and key order survive the round trip)."""
+    if channels >= ALL:
+        return full
+    frame = p.decode(full)
+    columns = None
+    if "blocks" in channels:
+        columns = {
+            name: (dtype, frame.columns[name]) for name, dtype, _, _ in frame.header["columns"]
+        }
+    return p.encode(p.DELTA, frame.seq, select_header(frame.header, channels), columns)
+
+
+@dataclass(eq=False)
+class RingFrame:
+    """One tick's delta and the variants made of it so far."""
+
+    seq: int
+    full: bytes
+    variants: dict[Variant, bytes] = field(default_factory=dict)
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        self.size = len(self.full)
+
+
 @dataclass(eq=False)
 class Client:
     channels: frozenset[str]
@@ -75,6 +128,8 @@ class Client:
     drops: int = 0
     resyncs: int = 0
     sending: bool = False  # its sender is inside a send (a stalled peer stays here)
+    bucket: TokenBucket | None = None  # resumes and snapshots it may still ask for
+    refused: int = 0  # messages refused in a row
 
 
 class StreamHub:
@@ -82,7 +137,7 @@ class StreamHub:
         self.engine = engine
         self.seq = 0
         self.clients: set[Client] = set()
-        self.ring: deque[tuple[int, bytes]] = deque()
+        self.ring: deque[RingFrame] = deque()
         self.ring_bytes = 0
         self.frames_total = 0
         self.bytes_total = 0
@@ -90,6 +145,9 @@ class StreamHub:
         self.resyncs_total = 0
         self.snapshots_total = 0
         self.disconnects_total = 0
+        self.variants_made = 0  # ring variants encoded for resumes (not at their tick)
+        self.refused_total = 0  # client messages refused (rate limit, malformed)
+        self.tickets = TicketBook()
         self.recent_events: deque[list[Any]] = deque(maxlen=RECENT_EVENTS)
         self.epoch = f"{time.time():.6f}"  # a new server = a new epoch
         self._analysis_at = 0.0
@@ -114,17 +172,49 @@ class StreamHub:
 
     def resume(self, client: Client, from_seq: int) -> bool:
         """Queue frames ``from_seq``.. from the ring; False (snapshot needed)
-        when the ring no longer holds them all or they would not fit."""
-        if from_seq > self.seq + 1:
+        when the ring no longer holds them all or they would not fit.
+
+        The ring's seqs are consecutive and end at ``self.seq``: the frames
+        are found by arithmetic, and each comes from the frame's cache."""
+        count = self.seq + 1 - from_seq
+        first = self.ring[0].seq if self.ring else self.seq + 1
+        if count < 0 or from_seq < first or count > QUEUE_FRAMES - client.queue.qsize():
             return False
-        frames = [f for s, f in self.ring if s >= from_seq]
-        first = self.ring[0][0] if self.ring else self.seq + 1
-        if from_seq < first or len(frames) > QUEUE_FRAMES - client.queue.qsize():
+        entries = [self.ring[-i] for i in range(count, 0, -1)]
+        if entries and entries[0].seq != from_seq:  # pragma: no cover - consecutive by design
             return False
-        for frame in frames:
-            client.queue.put_nowait(self._for(client, frame))
+        for entry in entries:
+            client.queue.put_nowait(self.variant(entry, client.channels, client.compress))
         client.last_queued_seq = self.seq
         return True
+
+    def variant(self, entry: RingFrame, channels: frozenset[str], compress: bool) -> bytes:
+        """``entry`` for a client of ``channels`` (and compression): made once."""
+        channels = channels & ALL
+        if channels == ALL and not compress:
+            return entry.full
+        key = (channels, compress)
+        frame = entry.variants.get(key)
+        if frame is None:
+            plain = entry.full if channels == ALL else entry.variants.get((channels, False))
+            if plain is None:
+                plain = self._keep(entry, (channels, False), filter_delta(entry.full, channels))
+            frame = plain
+            if compress:
+                frame = self._keep(entry, key, p.compress_frame(plain))
+            self._trim()
+        return frame
+
+    def _keep(self, entry: RingFrame, key: Variant, frame: bytes) -> bytes:
+        entry.variants[key] = frame
+        entry.size += len(frame)
+        self.ring_bytes += len(frame)
+        self.variants_made += 1
+        return frame
+
+    def _trim(self) -> None:
+        while self.ring and (len(self.ring) > RING_FRAMES or self.ring_bytes > RING_BYTES):
+            self.ring_bytes -= self.ring.popleft().size
 
     def request_snapshot(self, client: Client) -> None:
         self._drop_queue(client)
@@ -210,21 +300,22 @@ class StreamHub:
             for name, h in self.engine.histograms.items()
         }
 
-    def _delta(self, data: TickData, channels: frozenset[str], parts: dict[str, Any]) -> bytes:
+    def _delta_header(self, data: TickData, parts: dict[str, Any]) -> dict[str, Any]:
+        """The all-channel delta header (``select_header`` cuts it down)."""
         header: dict[str, Any] = {"tick": data.tick, "ts": data.ts, "stream": parts["stream"]}
         header.update(parts["counts"])
-        columns = None
-        if "blocks" in channels:
-            columns = parts["columns"]
-        if "events" in channels:
-            header.update(parts["events"])
-        if "series" in channels:
-            header["point"] = parts["point"]
-        if "samples" in channels:
-            header.update(parts["samples"])
-        if "analysis" in channels and parts.get("analysis") is not None:
+        header.update(parts["events"])
+        header["point"] = parts["point"]
+        header.update(parts["samples"])
+        if parts.get("analysis") is not None:
             header["analysis"] = parts["analysis"]
-        return p.encode(p.DELTA, self.seq, header, columns)
+        return header
+
+    def _delta(
+        self, header: dict[str, Any], channels: frozenset[str], parts: dict[str, Any]
+    ) -> bytes:
+        columns = parts["columns"] if "blocks" in channels else None
+        return p.encode(p.DELTA, self.seq, select_header(header, channels), columns)
 
     # ---------------------------------------------------------------- tick
 
@@ -270,11 +361,12 @@ class StreamHub:
         if e.analysis is not None and data.ts - self._analysis_at >= ANALYSIS_EVERY_S:
             self._analysis_at = data.ts
             parts["analysis"] = e.analysis.stream_section()
-        full = self._delta(data, frozenset(p.CHANNELS), parts)
-        self.ring.append((self.seq, full))
-        self.ring_bytes += len(full)
-        while self.ring and (len(self.ring) > RING_FRAMES or self.ring_bytes > RING_BYTES):
-            self.ring_bytes -= len(self.ring.popleft()[1])
+        header = self._delta_header(data, parts)
+        full = self._delta(header, ALL, parts)
+        entry = RingFrame(self.seq, full)
+        self.ring.append(entry)
+        self.ring_bytes += entry.size
+        self._trim()
         if not self.clients:
             return
         if data.full:
@@ -282,7 +374,7 @@ class StreamHub:
                 self._drop_queue(client)
                 client.needs_snapshot = True
         # Each variant (channel set, compressed or not) is encoded once.
-        encoded: dict[tuple[frozenset[str], bool], bytes] = {(frozenset(p.CHANNELS), False): full}
+        encoded: dict[Variant, bytes] = {(ALL, False): full}
         snapshots: dict[bool, bytes] = {}
         for client in list(self.clients):
             if client.needs_snapshot:
@@ -300,7 +392,7 @@ class StreamHub:
                     plain = encoded.get((client.channels, False))
                     if plain is None:
                         plain = encoded[(client.channels, False)] = self._delta(
-                            data, client.channels, parts
+                            header, client.channels, parts
                         )
                     cached = encoded[key] = p.compress_frame(plain) if client.compress else plain
                 frame = cached
@@ -315,6 +407,13 @@ class StreamHub:
                 continue
             client.needs_snapshot = False
             client.last_queued_seq = self.seq
+        # The ring keeps this tick's variants: a resume needing one is free.
+        for key, frame in encoded.items() if self.ring else ():
+            if key != (ALL, False) and key not in entry.variants and self.ring[-1] is entry:
+                entry.variants[key] = frame
+                entry.size += len(frame)
+                self.ring_bytes += len(frame)
+        self._trim()
 
     # --------------------------------------------------------------- stats
 
@@ -337,6 +436,7 @@ class StreamHub:
             "snapshots_total": self.snapshots_total,
             "max_lag_frames": lag,
             "ring_frames": len(self.ring),
+            "refused_total": self.refused_total,
         }
 
     def metrics(self) -> dict[str, float]:
@@ -349,5 +449,6 @@ class StreamHub:
             "resyncs_total": float(s["resyncs_total"]),
             "snapshots_total": float(s["snapshots_total"]),
             "disconnects_total": float(self.disconnects_total),
+            "refused_total": float(self.refused_total),
             "max_lag_frames": float(s["max_lag_frames"]),
         }
