@@ -145,6 +145,7 @@ class StreamHub:
         self.resyncs_total = 0
         self.snapshots_total = 0
         self.disconnects_total = 0
+        self.resumes_total = 0  # resumes answered from the ring
         self.variants_made = 0  # ring variants encoded for resumes (not at their tick)
         self.refused_total = 0  # client messages refused (rate limit, malformed)
         self.tickets = TicketBook()
@@ -186,6 +187,7 @@ class StreamHub:
         for entry in entries:
             client.queue.put_nowait(self.variant(entry, client.channels, client.compress))
         client.last_queued_seq = self.seq
+        self.resumes_total += 1
         return True
 
     def variant(self, entry: RingFrame, channels: frozenset[str], compress: bool) -> bytes:
@@ -436,6 +438,7 @@ class StreamHub:
             "snapshots_total": self.snapshots_total,
             "max_lag_frames": lag,
             "ring_frames": len(self.ring),
+            "resumes_total": self.resumes_total,
             "refused_total": self.refused_total,
         }
 
@@ -449,6 +452,7 @@ class StreamHub:
             "resyncs_total": float(s["resyncs_total"]),
             "snapshots_total": float(s["snapshots_total"]),
             "disconnects_total": float(self.disconnects_total),
+            "resumes_total": float(self.resumes_total),
             "refused_total": float(self.refused_total),
             "max_lag_frames": float(s["max_lag_frames"]),
         }
