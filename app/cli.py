@@ -7,6 +7,7 @@ Flags override ``BLOCKPOOL_*`` environment settings, which override defaults.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -179,7 +180,10 @@ def _run_server(app: Any, host: str, port: int, log_level: str, ws_max_size: int
     )
     install_log_redaction()  # after Config (it configures logging): no token in a log line
     server = uvicorn.Server(config)
-    server.run()
+    # Ctrl-C comes back as KeyboardInterrupt after a graceful shutdown:
+    # swallowed, as uvicorn.run does
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
     return 0 if server.started else 3  # uvicorn.run's code for a failed start
 
 
