@@ -65,7 +65,7 @@ class Settings(BaseSettings):
         default=8, ge=1, le=10_000, description="... and at once (token bucket size)"
     )
     stream_max_refused: int = Field(
-        default=16, ge=1, le=10_000, description="refused messages in a row before a disconnect"
+        default=16, ge=1, le=10_000, description="refusals within a minute that close the socket"
     )
 
     # --- vLLM's ZMQ KV-event stream (vLLM's KVEventsConfig names)

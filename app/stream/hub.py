@@ -129,7 +129,7 @@ class Client:
     resyncs: int = 0
     sending: bool = False  # its sender is inside a send (a stalled peer stays here)
     bucket: TokenBucket | None = None  # resumes and snapshots it may still ask for
-    refused: int = 0  # messages refused in a row
+    refused: deque[float] = field(default_factory=deque)  # when its last messages were refused
 
 
 class StreamHub:

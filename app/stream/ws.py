@@ -11,8 +11,10 @@ Client messages (JSON text, at most ``ws_max_message_bytes``, checked before
 anything parses them): ``{"type": "resume", "from": N}`` after a gap,
 ``{"type": "snapshot"}``.  Each client may ask for ``stream_request_burst``
 of them at once, refilled at ``stream_request_rate`` a second; a refused or
-malformed message gets a JSON text notice, and ``stream_max_refused`` of them
-in a row close the socket (1008).  Close codes: docs/protocol.md.
+malformed message gets a JSON text notice, the next one is read only when
+the budget allows (0.1-0.5 s later: what a flood sends meanwhile waits in the
+peer's socket, unparsed), and ``stream_max_refused`` refusals within a
+minute close the socket (1008).  Close codes: docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
@@ -40,6 +43,10 @@ CLOSE_POLICY = 1008  # kept asking past its budget (or kept sending junk)
 CLOSE_TOO_BIG = 1009  # a message over ws_max_message_bytes
 CLOSE_UNSUPPORTED = 1003  # a binary message: the stream takes JSON text only
 CLOSE_TIMEOUT_S = 5.0  # a peer that does not read cannot hold a closing handler
+# After a refusal the next message is read no sooner than the budget allows
+# (within these bounds): a flood then waits in the peer's socket, unparsed.
+PAUSE_S = (0.1, 0.5)
+REFUSED_WINDOW_S = 60.0  # stream_max_refused refusals within this: closed (1008)
 
 
 def _subprotocols(ws: WebSocket) -> list[str]:
@@ -77,6 +84,7 @@ async def _receiver(ws: WebSocket, hub: StreamHub, client: Client) -> tuple[int,
     max_refused: int = settings.stream_max_refused
     bucket = client.bucket
     assert bucket is not None
+    client.refused = deque(maxlen=max_refused)
     while True:
         message = await ws.receive()
         if message["type"] == "websocket.disconnect":
@@ -103,14 +111,15 @@ async def _receiver(ws: WebSocket, hub: StreamHub, client: Client) -> tuple[int,
                 retry_after_s=wait,
             )
         if notice is not None:
-            client.refused += 1
+            now = time.monotonic()
+            client.refused.append(now)
             hub.refused_total += 1
-            if client.refused >= max_refused:
-                return CLOSE_POLICY, f"{client.refused} refused messages in a row"
+            if len(client.refused) >= max_refused and now - client.refused[0] <= REFUSED_WINDOW_S:
+                return CLOSE_POLICY, f"{max_refused} refused messages within a minute"
             await ws.send_text(notice)
+            await asyncio.sleep(min(max(bucket.wait_s(), PAUSE_S[0]), PAUSE_S[1]))
             continue
         assert request is not None
-        client.refused = 0
         if request.kind == "resume" and request.from_seq is not None:
             hub._drop_queue(client)
             if not hub.resume(client, request.from_seq):
