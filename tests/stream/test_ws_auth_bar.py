@@ -9,12 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -24,35 +19,10 @@ from websockets.exceptions import ConnectionClosed
 
 from app.stream import protocol as p
 from app.stream.client import StreamClient
-from tests.stream.live import free_port
+from tests.stream.live import free_port, start_cli_server, stop_cli_server
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-Tok3n-9f2c"
 WRONG = TOKEN + "\u00e9\u00b2"  # non-ASCII, and holding the right token
-
-
-def _start(port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "BLOCKPOOL_PROTECT_READS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [
-        sys.executable, "-c", "from app.cli import main; main()", "serve",
-        "--port", str(port), "--token", TOKEN, "--num-blocks", "64", "--no-storage",
-        "--no-analysis", "--log-level", "info",
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], port: int) -> None:
-    deadline = time.monotonic() + 120  # a bound for a stuck start, not a timing check
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the server exited during its start"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("the server never answered /api/health")
 
 
 def _raw_handshake(port: int, extra: bytes) -> tuple[int, int | None]:
@@ -118,9 +88,8 @@ async def _probe(port: int) -> None:
 def test_bar_13_ws_auth_against_the_real_server(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "server.log"
-    proc = _start(port, log)
+    proc = start_cli_server(port, log, "--token", TOKEN, env={"BLOCKPOOL_PROTECT_READS": "1"})
     try:
-        _wait_ready(proc, port)
         wrong = WRONG.encode()
         for extra in (
             b"Authorization: Bearer " + WRONG.encode("latin-1", "replace") + b"\r\n",
@@ -137,12 +106,7 @@ def test_bar_13_ws_auth_against_the_real_server(tmp_path: Path) -> None:
         good = {"Authorization": f"Bearer {TOKEN}"}
         assert httpx.get(f"http://127.0.0.1:{port}/api/summary", headers=good).status_code == 200
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_cli_server(proc)
     text = log.read_text("utf-8", "replace")
     assert "WebSocket /api/stream?token=[redacted]" in text, text[-3000:]
     assert "Traceback" not in text and "Exception" not in text, text[-3000:]
