@@ -454,5 +454,6 @@ class StreamHub:
             "disconnects_total": float(self.disconnects_total),
             "resumes_total": float(self.resumes_total),
             "refused_total": float(self.refused_total),
+            "ring_variants_made_total": float(self.variants_made),
             "max_lag_frames": float(s["max_lag_frames"]),
         }

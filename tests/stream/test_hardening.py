@@ -153,6 +153,8 @@ def test_a_client_that_keeps_asking_is_refused_then_disconnected() -> None:
             assert "too many resume/snapshot requests" in notices[0]["message"]
             assert hub.refused_total == 4 and hub.resyncs_total == 3
             assert not hub.clients
+            metrics = (await h.get("/metrics")).text
+            assert "blockpool_stream_refused_total 4.0" in metrics
             # junk counts as refused too (and a deep nesting is junk, not a crash)
             ws = await _connect(ws_url(app))
             await _until(ws, lambda f: f.kind == p.CONFIG)
