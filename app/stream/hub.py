@@ -6,11 +6,8 @@ buffer for resuming clients, and puts the bytes on each client's small
 bounded queue with ``put_nowait``.  A client whose queue is full loses its
 queue and is marked "needs snapshot": at the next tick it gets a fresh
 snapshot instead of a delta.  Drops and resyncs are counted.
-
-The ring keeps, per frame, every variant it has made of it (a channel subset,
-compressed or not): the live ones of its tick for free, the others the first
-time a resuming client needs them.  A resume costs one lookup per replayed
-frame after that, whatever the number of clients or requests.
+A resume is answered from the ring (``ring.py``): one cached lookup per
+replayed frame, whatever the number of clients or requests.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ import numpy as np
 from app.analysis import views as analysis_views
 from app.auth import TicketBook
 from app.stream import protocol as p
+from app.stream.ring import ALL, Ring, Variant, select_header
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 if TYPE_CHECKING:
@@ -33,22 +31,10 @@ if TYPE_CHECKING:
     from app.stream.limits import TokenBucket
 
 QUEUE_FRAMES = 32
-RING_FRAMES = 1200
-RING_BYTES = 64 * 1024 * 1024
 MAX_EVENTS_PER_FRAME = 4000
 RECENT_EVENTS = 500
 RECENT_POINTS = 1200
 ANALYSIS_EVERY_S = 1.0  # the analysis section rides in at most one delta a second
-ALL = frozenset(p.CHANNELS)
-# The delta header's keys that belong to a channel (the others go to everyone).
-CHANNEL_KEYS = {
-    "events": ("events", "events_omitted", "events_last_seq"),
-    "series": ("point",),
-    "samples": ("samples", "samples_last_seq", "histograms"),
-    "analysis": ("analysis",),
-}
-_KEY_CHANNEL = {key: ch for ch, keys in CHANNEL_KEYS.items() for key in keys}
-Variant = tuple[frozenset[str], bool]  # (channels, compressed)
 
 
 def _hx(h: int | bytes) -> str:
@@ -78,42 +64,6 @@ def _finite(d: dict[str, float]) -> dict[str, float | None]:
     return {k: (v if np.isfinite(v) else None) for k, v in d.items()}
 
 
-def select_header(header: dict[str, Any], channels: frozenset[str]) -> dict[str, Any]:
-    """A delta header cut down to ``channels`` (``columns`` left out)."""
-    return {
-        k: v
-        for k, v in header.items()
-        if k != "columns" and (k not in _KEY_CHANNEL or _KEY_CHANNEL[k] in channels)
-    }
-
-
-def filter_delta(full: bytes, channels: frozenset[str]) -> bytes:
-    """The all-channel delta ``full`` as a client of ``channels`` gets it live
-    (the same bytes: JSON numbers and key order survive the round trip)."""
-    if channels >= ALL:
-        return full
-    frame = p.decode(full)
-    columns = None
-    if "blocks" in channels:
-        columns = {
-            name: (dtype, frame.columns[name]) for name, dtype, _, _ in frame.header["columns"]
-        }
-    return p.encode(p.DELTA, frame.seq, select_header(frame.header, channels), columns)
-
-
-@dataclass(eq=False)
-class RingFrame:
-    """One tick's delta and the variants made of it so far."""
-
-    seq: int
-    full: bytes
-    variants: dict[Variant, bytes] = field(default_factory=dict)
-    size: int = 0
-
-    def __post_init__(self) -> None:
-        self.size = len(self.full)
-
-
 @dataclass(eq=False)
 class Client:
     channels: frozenset[str]
@@ -137,8 +87,7 @@ class StreamHub:
         self.engine = engine
         self.seq = 0
         self.clients: set[Client] = set()
-        self.ring: deque[RingFrame] = deque()
-        self.ring_bytes = 0
+        self.ring = Ring()
         self.frames_total = 0
         self.bytes_total = 0
         self.drops_total = 0
@@ -146,7 +95,6 @@ class StreamHub:
         self.snapshots_total = 0
         self.disconnects_total = 0
         self.resumes_total = 0  # resumes answered from the ring
-        self.variants_made = 0  # ring variants encoded for resumes (not at their tick)
         self.refused_total = 0  # client messages refused (rate limit, malformed)
         self.tickets = TicketBook()
         self.recent_events: deque[list[Any]] = deque(maxlen=RECENT_EVENTS)
@@ -173,50 +121,15 @@ class StreamHub:
 
     def resume(self, client: Client, from_seq: int) -> bool:
         """Queue frames ``from_seq``.. from the ring; False (snapshot needed)
-        when the ring no longer holds them all or they would not fit.
-
-        The ring's seqs are consecutive and end at ``self.seq``: the frames
-        are found by arithmetic, and each comes from the frame's cache."""
-        count = self.seq + 1 - from_seq
-        first = self.ring[0].seq if self.ring else self.seq + 1
-        if count < 0 or from_seq < first or count > QUEUE_FRAMES - client.queue.qsize():
-            return False
-        entries = [self.ring[-i] for i in range(count, 0, -1)]
-        if entries and entries[0].seq != from_seq:  # pragma: no cover - consecutive by design
+        when the ring no longer holds them all or they would not fit."""
+        entries = self.ring.span(from_seq, self.seq, QUEUE_FRAMES - client.queue.qsize())
+        if entries is None:
             return False
         for entry in entries:
-            client.queue.put_nowait(self.variant(entry, client.channels, client.compress))
+            client.queue.put_nowait(self.ring.variant(entry, client.channels, client.compress))
         client.last_queued_seq = self.seq
         self.resumes_total += 1
         return True
-
-    def variant(self, entry: RingFrame, channels: frozenset[str], compress: bool) -> bytes:
-        """``entry`` for a client of ``channels`` (and compression): made once."""
-        channels = channels & ALL
-        if channels == ALL and not compress:
-            return entry.full
-        key = (channels, compress)
-        frame = entry.variants.get(key)
-        if frame is None:
-            plain = entry.full if channels == ALL else entry.variants.get((channels, False))
-            if plain is None:
-                plain = self._keep(entry, (channels, False), filter_delta(entry.full, channels))
-            frame = plain
-            if compress:
-                frame = self._keep(entry, key, p.compress_frame(plain))
-            self._trim()
-        return frame
-
-    def _keep(self, entry: RingFrame, key: Variant, frame: bytes) -> bytes:
-        entry.variants[key] = frame
-        entry.size += len(frame)
-        self.ring_bytes += len(frame)
-        self.variants_made += 1
-        return frame
-
-    def _trim(self) -> None:
-        while self.ring and (len(self.ring) > RING_FRAMES or self.ring_bytes > RING_BYTES):
-            self.ring_bytes -= self.ring.popleft().size
 
     def request_snapshot(self, client: Client) -> None:
         self._drop_queue(client)
@@ -365,10 +278,7 @@ class StreamHub:
             parts["analysis"] = e.analysis.stream_section()
         header = self._delta_header(data, parts)
         full = self._delta(header, ALL, parts)
-        entry = RingFrame(self.seq, full)
-        self.ring.append(entry)
-        self.ring_bytes += entry.size
-        self._trim()
+        entry = self.ring.append(self.seq, full)
         if not self.clients:
             return
         if data.full:
@@ -409,13 +319,7 @@ class StreamHub:
                 continue
             client.needs_snapshot = False
             client.last_queued_seq = self.seq
-        # The ring keeps this tick's variants: a resume needing one is free.
-        for key, frame in encoded.items() if self.ring else ():
-            if key != (ALL, False) and key not in entry.variants and self.ring[-1] is entry:
-                entry.variants[key] = frame
-                entry.size += len(frame)
-                self.ring_bytes += len(frame)
-        self._trim()
+        self.ring.keep_live(entry, encoded)  # a resume needing one of them is free
 
     # --------------------------------------------------------------- stats
 
@@ -454,6 +358,6 @@ class StreamHub:
             "disconnects_total": float(self.disconnects_total),
             "resumes_total": float(self.resumes_total),
             "refused_total": float(self.refused_total),
-            "ring_variants_made_total": float(self.variants_made),
+            "ring_variants_made_total": float(self.ring.variants_made),
             "max_lag_frames": float(s["max_lag_frames"]),
         }

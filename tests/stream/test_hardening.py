@@ -17,8 +17,8 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from app.stream import protocol as p
-from app.stream.hub import filter_delta
 from app.stream.limits import parse_message, parse_seq
+from app.stream.ring import filter_delta
 from tests.stream.live import http, live_server, random_traffic, ws_url
 
 TOKEN = "t0k"
