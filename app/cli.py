@@ -7,6 +7,7 @@ Flags override ``BLOCKPOOL_*`` environment settings, which override defaults.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -216,11 +217,13 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _run_server(app: Any, host: str, port: int, log_level: str) -> int:
+def _run_server(app: Any, host: str, port: int, log_level: str, ws_max_size: int = 4096) -> int:
     """Serve ``app`` with uvicorn until a signal stops it."""
     import uvicorn
 
-    uvicorn.run(
+    from app.auth import install_log_redaction
+
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -230,8 +233,17 @@ def _run_server(app: Any, host: str, port: int, log_level: str) -> int:
         # No per-connection deflate: it would compress every frame once per
         # client (serve compresses once per tick on request: ?compress=zlib).
         ws_per_message_deflate=False,
+        # Clients only send small control messages: a bigger one closes the
+        # socket (1009) before it is buffered, let alone parsed.
+        ws_max_size=ws_max_size,
     )
-    return 0
+    install_log_redaction()  # after Config (it configures logging): no token in a log line
+    server = uvicorn.Server(config)
+    # Ctrl-C comes back as KeyboardInterrupt after a graceful shutdown:
+    # swallowed, as uvicorn.run does
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0 if server.started else 3  # uvicorn.run's code for a failed start
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -260,7 +272,9 @@ def serve(args: argparse.Namespace) -> int:
         shown,
         settings.port,
     )
-    return _run_server(app, settings.host, settings.port, args.log_level)
+    return _run_server(
+        app, settings.host, settings.port, args.log_level, settings.ws_max_message_bytes
+    )
 
 
 def observe(args: argparse.Namespace) -> int:

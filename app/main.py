@@ -29,6 +29,7 @@ from app.api import (
 )
 from app.api.deps import require_read
 from app.api.same_origin import SameOriginGuard
+from app.auth import install_log_redaction
 from app.demo import DemoWorkload
 from app.engine import Engine
 from app.frontend_files import BESIDE, frontend_dir
@@ -53,6 +54,7 @@ def build_storage(settings: Settings) -> Any:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    install_log_redaction()  # whoever serves the app: no token in uvicorn's log lines
     settings, storage_off = storage_link.settle(settings)
     if storage_off is not None:
         logger.warning("%s", storage_off)

@@ -73,6 +73,18 @@ class Settings(BaseSettings):
     max_tokens_per_request: int = Field(default=262_144, ge=1)
     max_batch_ops: int = Field(default=10_000, ge=1)
     max_requests: int = Field(default=100_000, ge=1)
+    ws_max_message_bytes: int = Field(
+        default=4096, ge=256, le=1024 * 1024, description="a client's websocket message, at most"
+    )
+    stream_request_rate: float = Field(
+        default=2.0, gt=0, le=1000, description="resumes + snapshots a stream client may ask per s"
+    )
+    stream_request_burst: int = Field(
+        default=8, ge=1, le=10_000, description="... and at once (token bucket size)"
+    )
+    stream_max_refused: int = Field(
+        default=16, ge=1, le=10_000, description="refusals within a minute that close the socket"
+    )
 
     # --- vLLM's ZMQ KV-event stream (vLLM's KVEventsConfig names)
     kv_events_publisher: bool = Field(

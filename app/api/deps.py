@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from app.auth import headers_token_ok
 from app.engine import Engine
 from app.errors import Unauthorized
 
@@ -21,17 +21,11 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 
 def token_given(request: Request, token: str) -> bool:
     """Does the request carry ``Authorization: Bearer <token>``?"""
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    # compare bytes: compare_digest refuses str with non-ASCII characters
-    # (a header may carry any latin-1 text), which would be a 500
-    return scheme.lower() == "bearer" and hmac.compare_digest(
-        given.strip().encode(), token.encode()
-    )
+    return headers_token_ok(request.headers, token)
 
 
 def _check_token(request: Request, token: str) -> None:
-    if not token_given(request, token):
+    if not headers_token_ok(request.headers, token):
         raise Unauthorized(
             "this endpoint needs 'Authorization: Bearer <token>' with the server's token"
             if not request.headers.get("authorization")

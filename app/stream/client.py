@@ -2,8 +2,10 @@
 
 It connects, applies the config, snapshot and deltas, resumes from
 ``seq + 1`` after a gap (the server answers from its ring buffer, or with a
-snapshot when that is gone), and reconnects with exponential backoff and
-jitter, resuming the same way.  Used by the tests, by harnesses and as the
+snapshot when that is gone; one request per gap and second, as the server
+budgets them), and reconnects with exponential backoff and jitter, resuming
+the same way.  A token travels in the ``Sec-WebSocket-Protocol`` header
+(``base64url.bearer.…``), never in the URL.  Used by the tests, by harnesses and as the
 reference for the browser code.
 
     async with StreamClient("ws://127.0.0.1:8000/api/stream") as client:
@@ -14,9 +16,12 @@ reference for the browser code.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import random
+import time
+from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -24,7 +29,9 @@ from urllib.parse import urlencode
 
 import websockets
 from websockets.exceptions import ConnectionClosed
+from websockets.typing import Subprotocol
 
+from app.auth import BEARER_B64_PREFIX, SUBPROTOCOL
 from app.stream.mirror import Gap, PoolMirror
 from app.stream.protocol import DELTA, Frame, decode
 
@@ -52,6 +59,9 @@ class StreamClient:
         self.frames = 0
         self.bytes = 0
         self.errors: list[str] = []
+        self.notices: deque[dict[str, Any]] = deque(maxlen=100)  # the server's text notices
+        self.resumes_sent = 0
+        self._pending_resume: tuple[int, float] | None = None  # (from, sent at)
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._ws: Any = None
@@ -64,13 +74,18 @@ class StreamClient:
             q["compress"] = "zlib"
         if self.channels:
             q["channels"] = ",".join(self.channels)
-        if self.token:
-            q["token"] = self.token
         m = self.mirror
         if m.next_seq is not None and m.epoch is not None:
             q["resume_from"] = str(m.next_seq)
             q["epoch"] = m.epoch
         return self.url + ("?" + urlencode(q) if q else "")
+
+    def subprotocols(self) -> list[str]:
+        """``blockpool`` and, with a token, the token as a subprotocol."""
+        if not self.token:
+            return [SUBPROTOCOL]
+        b64 = base64.urlsafe_b64encode(self.token.encode()).decode().rstrip("=")
+        return [SUBPROTOCOL, BEARER_B64_PREFIX + b64]
 
     async def __aenter__(self) -> StreamClient:
         self.start()
@@ -102,9 +117,14 @@ class StreamClient:
         while True:
             try:
                 async with websockets.connect(
-                    self._connect_url(), max_size=None, open_timeout=5, compression=None
+                    self._connect_url(),
+                    max_size=None,
+                    open_timeout=5,
+                    compression=None,
+                    subprotocols=[Subprotocol(x) for x in self.subprotocols()],
                 ) as ws:
                     self._ws = ws
+                    self._pending_resume = None
                     self.connects += 1
                     delay = self.backoff[0]
                     await self._read(ws)
@@ -120,6 +140,8 @@ class StreamClient:
             while self.paused:
                 await asyncio.sleep(0.01)
             if isinstance(data, str):
+                with contextlib.suppress(ValueError):
+                    self.notices.append(json.loads(data))
                 continue
             self.frames += 1
             self.bytes += len(data)
@@ -131,11 +153,22 @@ class StreamClient:
                 self.mirror.apply(frame)
             except Gap as gap:
                 self.gaps += 1
-                await ws.send(json.dumps({"type": "resume", "from": gap.expected}))
+                await self._resume(ws, gap.expected)
                 continue
             if self.on_frame is not None:
                 self.on_frame(frame)
             self._changed.set()
+
+    async def _resume(self, ws: Any, expected: int) -> None:
+        """Ask once per gap (frames still in flight show the same gap) and
+        again a second later if nothing came of it."""
+        now = time.monotonic()
+        pending = self._pending_resume
+        if pending is not None and pending[0] == expected and now - pending[1] < 1.0:
+            return
+        self._pending_resume = (expected, now)
+        self.resumes_sent += 1
+        await ws.send(json.dumps({"type": "resume", "from": expected}))
 
     async def wait_until(
         self, predicate: Callable[[PoolMirror], bool], timeout: float = 10.0

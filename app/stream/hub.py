@@ -6,6 +6,8 @@ buffer for resuming clients, and puts the bytes on each client's small
 bounded queue with ``put_nowait``.  A client whose queue is full loses its
 queue and is marked "needs snapshot": at the next tick it gets a fresh
 snapshot instead of a delta.  Drops and resyncs are counted.
+A resume is answered from the ring (``ring.py``): one cached lookup per
+replayed frame, whatever the number of clients or requests.
 """
 
 from __future__ import annotations
@@ -18,16 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from app.auth import TicketBook
 from app.stream import protocol as p
+from app.stream.ring import ALL, Ring, Variant, select_header
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.analysis import views as analysis_views
 
 if TYPE_CHECKING:
     from app.engine import Engine, TickData
+    from app.stream.limits import TokenBucket
 
 QUEUE_FRAMES = 32
-RING_FRAMES = 1200
-RING_BYTES = 64 * 1024 * 1024
 MAX_EVENTS_PER_FRAME = 4000
 RECENT_EVENTS = 500
 RECENT_POINTS = 1200
@@ -75,6 +78,8 @@ class Client:
     drops: int = 0
     resyncs: int = 0
     sending: bool = False  # its sender is inside a send (a stalled peer stays here)
+    bucket: TokenBucket | None = None  # resumes and snapshots it may still ask for
+    refused: deque[float] = field(default_factory=deque)  # when its last messages were refused
 
 
 class StreamHub:
@@ -82,14 +87,16 @@ class StreamHub:
         self.engine = engine
         self.seq = 0
         self.clients: set[Client] = set()
-        self.ring: deque[tuple[int, bytes]] = deque()
-        self.ring_bytes = 0
+        self.ring = Ring()
         self.frames_total = 0
         self.bytes_total = 0
         self.drops_total = 0
         self.resyncs_total = 0
         self.snapshots_total = 0
         self.disconnects_total = 0
+        self.resumes_total = 0  # resumes answered from the ring
+        self.refused_total = 0  # client messages refused (rate limit, malformed)
+        self.tickets = TicketBook()
         self.recent_events: deque[list[Any]] = deque(maxlen=RECENT_EVENTS)
         self.epoch = f"{time.time():.6f}"  # a new server = a new epoch
         self._analysis_at = 0.0
@@ -115,15 +122,13 @@ class StreamHub:
     def resume(self, client: Client, from_seq: int) -> bool:
         """Queue frames ``from_seq``.. from the ring; False (snapshot needed)
         when the ring no longer holds them all or they would not fit."""
-        if from_seq > self.seq + 1:
+        entries = self.ring.span(from_seq, self.seq, QUEUE_FRAMES - client.queue.qsize())
+        if entries is None:
             return False
-        frames = [f for s, f in self.ring if s >= from_seq]
-        first = self.ring[0][0] if self.ring else self.seq + 1
-        if from_seq < first or len(frames) > QUEUE_FRAMES - client.queue.qsize():
-            return False
-        for frame in frames:
-            client.queue.put_nowait(self._for(client, frame))
+        for entry in entries:
+            client.queue.put_nowait(self.ring.variant(entry, client.channels, client.compress))
         client.last_queued_seq = self.seq
+        self.resumes_total += 1
         return True
 
     def request_snapshot(self, client: Client) -> None:
@@ -210,21 +215,22 @@ class StreamHub:
             for name, h in self.engine.histograms.items()
         }
 
-    def _delta(self, data: TickData, channels: frozenset[str], parts: dict[str, Any]) -> bytes:
+    def _delta_header(self, data: TickData, parts: dict[str, Any]) -> dict[str, Any]:
+        """The all-channel delta header (``select_header`` cuts it down)."""
         header: dict[str, Any] = {"tick": data.tick, "ts": data.ts, "stream": parts["stream"]}
         header.update(parts["counts"])
-        columns = None
-        if "blocks" in channels:
-            columns = parts["columns"]
-        if "events" in channels:
-            header.update(parts["events"])
-        if "series" in channels:
-            header["point"] = parts["point"]
-        if "samples" in channels:
-            header.update(parts["samples"])
-        if "analysis" in channels and parts.get("analysis") is not None:
+        header.update(parts["events"])
+        header["point"] = parts["point"]
+        header.update(parts["samples"])
+        if parts.get("analysis") is not None:
             header["analysis"] = parts["analysis"]
-        return p.encode(p.DELTA, self.seq, header, columns)
+        return header
+
+    def _delta(
+        self, header: dict[str, Any], channels: frozenset[str], parts: dict[str, Any]
+    ) -> bytes:
+        columns = parts["columns"] if "blocks" in channels else None
+        return p.encode(p.DELTA, self.seq, select_header(header, channels), columns)
 
     # ---------------------------------------------------------------- tick
 
@@ -270,11 +276,9 @@ class StreamHub:
         if e.analysis is not None and data.ts - self._analysis_at >= ANALYSIS_EVERY_S:
             self._analysis_at = data.ts
             parts["analysis"] = e.analysis.stream_section()
-        full = self._delta(data, frozenset(p.CHANNELS), parts)
-        self.ring.append((self.seq, full))
-        self.ring_bytes += len(full)
-        while self.ring and (len(self.ring) > RING_FRAMES or self.ring_bytes > RING_BYTES):
-            self.ring_bytes -= len(self.ring.popleft()[1])
+        header = self._delta_header(data, parts)
+        full = self._delta(header, ALL, parts)
+        entry = self.ring.append(self.seq, full)
         if not self.clients:
             return
         if data.full:
@@ -282,7 +286,7 @@ class StreamHub:
                 self._drop_queue(client)
                 client.needs_snapshot = True
         # Each variant (channel set, compressed or not) is encoded once.
-        encoded: dict[tuple[frozenset[str], bool], bytes] = {(frozenset(p.CHANNELS), False): full}
+        encoded: dict[Variant, bytes] = {(ALL, False): full}
         snapshots: dict[bool, bytes] = {}
         for client in list(self.clients):
             if client.needs_snapshot:
@@ -300,7 +304,7 @@ class StreamHub:
                     plain = encoded.get((client.channels, False))
                     if plain is None:
                         plain = encoded[(client.channels, False)] = self._delta(
-                            data, client.channels, parts
+                            header, client.channels, parts
                         )
                     cached = encoded[key] = p.compress_frame(plain) if client.compress else plain
                 frame = cached
@@ -315,6 +319,7 @@ class StreamHub:
                 continue
             client.needs_snapshot = False
             client.last_queued_seq = self.seq
+        self.ring.keep_live(entry, encoded)  # a resume needing one of them is free
 
     # --------------------------------------------------------------- stats
 
@@ -337,6 +342,8 @@ class StreamHub:
             "snapshots_total": self.snapshots_total,
             "max_lag_frames": lag,
             "ring_frames": len(self.ring),
+            "resumes_total": self.resumes_total,
+            "refused_total": self.refused_total,
         }
 
     def metrics(self) -> dict[str, float]:
@@ -349,5 +356,8 @@ class StreamHub:
             "resyncs_total": float(s["resyncs_total"]),
             "snapshots_total": float(s["snapshots_total"]),
             "disconnects_total": float(self.disconnects_total),
+            "resumes_total": float(self.resumes_total),
+            "refused_total": float(self.refused_total),
+            "ring_variants_made_total": float(self.ring.variants_made),
             "max_lag_frames": float(s["max_lag_frames"]),
         }

@@ -4,11 +4,15 @@ protect_reads; the default bind address is loopback."""
 
 from __future__ import annotations
 
+import base64
+import logging
 from typing import Any
 
 import pytest
 
+from app import auth
 from app.cli import parser, settings_from
+from app.kvevents.observer_auth import token_ok
 from app.settings import Settings
 from tests.app.conftest import Api, assert_error, make_app, running
 
@@ -60,7 +64,12 @@ BAD_HEADERS: list[dict[str, Any]] = [
 
 
 # POSTs that only read (they change nothing, so they follow the read rule).
-READ_POSTS = {"/api/pool/prefix-lookup", "/api/requests/{request_id}/verify"}
+# (/api/stream/ticket hands out read access to the stream: the read rule too)
+READ_POSTS = {
+    "/api/pool/prefix-lookup",
+    "/api/requests/{request_id}/verify",
+    "/api/stream/ticket",
+}
 
 
 def operations(app: Any) -> list[tuple[str, str, str]]:
@@ -213,3 +222,103 @@ def test_default_bind_host_is_loopback() -> None:
     assert settings_from(args).host == "127.0.0.1"
     args = parser().parse_args(["serve", "--token", TOKEN])
     assert settings_from(args).token == TOKEN
+
+
+# ------------------------------------------------- the one token check (app/auth.py)
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["caf\u00e9", "\u00b2", "t\u00f6k\u00e9n", "\ud800", "s3cre\u00e9", "", " ", "s3cre", "S3CRET"],
+)
+def test_any_text_is_a_plain_no_never_an_exception(given: str) -> None:
+    # hmac.compare_digest("café", "s3cret") raises TypeError: the check compares bytes
+    assert auth.token_matches(given, TOKEN) is False
+    assert auth.token_matches(given.encode("utf-8", "surrogatepass"), TOKEN) is False
+    assert token_ok(given, TOKEN) is False  # the observer's check is the same one
+    assert auth.headers_token_ok({"authorization": f"Bearer {given}"}, TOKEN) is False
+
+
+def test_the_right_token_matches_in_every_form() -> None:
+    assert auth.token_matches(TOKEN, TOKEN) and auth.token_matches(f" {TOKEN}\t", TOKEN)
+    assert auth.token_matches(TOKEN.encode(), TOKEN)
+    assert auth.token_matches("caf\u00e9", "caf\u00e9")  # a non-ASCII token works too
+    assert token_ok(TOKEN, TOKEN) and not token_ok(None, TOKEN)
+    assert auth.headers_token_ok({"authorization": f"BEARER {TOKEN}"}, TOKEN)
+    assert not auth.headers_token_ok({"authorization": f"Basic {TOKEN}"}, TOKEN)
+    assert not auth.headers_token_ok({}, TOKEN)
+
+
+def _b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def test_websocket_credentials_each_way_and_only_blockpool_is_echoed() -> None:
+    book = auth.TicketBook()
+
+    def ok(headers: dict[str, str], protocols: list[str], query: dict[str, str]) -> bool:
+        creds = auth.websocket_credentials(headers, protocols, query)
+        return auth.websocket_token_ok(creds, TOKEN, book)
+
+    assert ok({"authorization": f"Bearer {TOKEN}"}, [], {})
+    assert ok({}, ["blockpool", f"bearer.{TOKEN}"], {})
+    assert ok({}, ["blockpool", f"base64url.bearer.{_b64(TOKEN)}"], {})
+    assert ok({}, [], {"token": TOKEN})  # old clients (discouraged, redacted in logs)
+    assert not ok({}, ["blockpool"], {})
+    assert not ok({}, ["bearer.wrong"], {"token": "caf\u00e9"})
+    assert not ok({}, ["base64url.bearer.%%%not-base64", "base64url.bearer.\u00e9"], {})
+    assert not ok({}, [f"base64url.bearer.{_b64('wrong')}"], {})
+    ticket = book.issue()
+    assert ok({}, ["blockpool", f"ticket.{ticket}"], {})
+    assert not ok({}, ["blockpool", f"ticket.{ticket}"], {})  # single use
+    ticket = book.issue()
+    assert ok({}, [], {"ticket": ticket}) and not ok({}, [], {"ticket": ticket})
+    assert auth.accept_subprotocol(["blockpool", f"bearer.{TOKEN}"]) == "blockpool"
+    assert auth.accept_subprotocol([f"bearer.{TOKEN}"]) is None
+    assert auth.accept_subprotocol([]) is None
+
+
+def test_tickets_expire_are_single_use_and_bounded() -> None:
+    book = auth.TicketBook(ttl_s=30, capacity=3)
+    t0 = book.issue(now=100.0)
+    assert not book.redeem(t0 + "x", now=101.0)
+    assert book.redeem(t0, now=129.0) and not book.redeem(t0, now=129.0)
+    late = book.issue(now=200.0)
+    assert not book.redeem(late, now=230.5)  # expired
+    many = [book.issue(now=300.0) for _ in range(5)]
+    assert len(book) == 3  # the two oldest were forgotten
+    assert not book.redeem(many[0], now=300.0) and not book.redeem(many[1], now=300.0)
+    assert all(book.redeem(t, now=301.0) for t in many[2:])
+    assert book.issued == 7 and book.redeemed == 4
+
+
+def test_log_lines_lose_their_token_and_ticket() -> None:
+    line = '127.0.0.1:5 - "WebSocket /api/stream?channels=series&token=s3cret&epoch=1" [accepted]'
+    assert auth.redact(line) == (
+        '127.0.0.1:5 - "WebSocket /api/stream?channels=series&token=[redacted]&epoch=1" [accepted]'
+    )
+    assert auth.redact("GET /x?ticket=abc-_Z HTTP/1.1") == "GET /x?ticket=[redacted] HTTP/1.1"
+    assert auth.redact("GET /x?tokens=1") == "GET /x?tokens=1"
+    record = logging.LogRecord(
+        "uvicorn.error", logging.INFO, __file__, 1, '%s - "WebSocket %s" [accepted]',
+        ("127.0.0.1:5", "/api/stream?token=s3cret"), None,
+    )  # fmt: skip
+    assert auth.RedactSecrets().filter(record)
+    shown = record.getMessage()
+    assert shown == '127.0.0.1:5 - "WebSocket /api/stream?token=[redacted]" [accepted]'
+    auth.install_log_redaction()
+    auth.install_log_redaction()
+    for name in auth.LOGGERS:
+        filters = logging.getLogger(name).filters
+        assert sum(isinstance(f, auth.RedactSecrets) for f in filters) == 1
+
+
+@pytest.mark.app_settings(token=TOKEN, protect_reads=True)
+async def test_stream_tickets_need_the_read_token(api: Api) -> None:
+    for headers in BAD_HEADERS:
+        assert_error(await api.client.post("/api/stream/ticket", headers=headers), 401)
+    body = await api.ok("POST", "/api/stream/ticket", headers=GOOD)
+    assert set(body) == {"ticket", "expires_in"} and body["expires_in"] > 0
+    assert len(body["ticket"]) >= 32 and TOKEN not in body["ticket"]
+    assert api.app.state.stream.tickets.redeem(body["ticket"])
+    api.check()

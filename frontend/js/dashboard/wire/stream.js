@@ -4,6 +4,8 @@
 // exponential backoff and jitter, passing resume_from=seq+1&epoch=E so the
 // server replays from its ring (or sends a snapshot; another epoch always
 // gets one); on a gap send {"type":"resume","from":seq+1} and keep going.
+// The token never goes in the URL: it rides in Sec-WebSocket-Protocol as
+// "base64url.bearer.<token>", next to "blockpool" (the one the server echoes).
 
 import { decodeFrame } from "./protocol.js";
 
@@ -50,11 +52,17 @@ export class StreamConnection {
       q.set("resume_from", String(m.nextSeq));
       q.set("epoch", m.epoch);
     }
-    const tok = this.token();
-    if (tok) q.set("token", tok);
     const scheme = loc.protocol === "https:" ? "wss:" : "ws:";
     const qs = q.toString();
     return `${scheme}//${loc.host}${this.path}${qs ? `?${qs}` : ""}`;
+  }
+
+  protocols() {
+    const tok = this.token();
+    if (!tok) return ["blockpool"];
+    const bytes = new TextEncoder().encode(tok);
+    const b64 = btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+    return ["blockpool", `base64url.bearer.${b64}`];
   }
 
   start() {
@@ -87,7 +95,7 @@ export class StreamConnection {
     this._changed();
     let ws;
     try {
-      ws = new WebSocket(this.url());
+      ws = new WebSocket(this.url(), this.protocols());
     } catch (exc) {
       h.lastError = String(exc);
       this._retry();
