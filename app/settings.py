@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     costly_reads_burst: int = Field(
         default=8, ge=1, le=100_000,
         description="with a token: units of costly reads a client without it may burst "
-        "(a call: 1, +1 per 256 KiB of body; an export: all)",
+        "(a call: 1, +1 per 256 KiB of body; the export or its size: half)",
     )  # fmt: skip
     costly_reads_per_s: float = Field(
         default=0.5, gt=0, le=100_000, description="units a second that ration refills"

@@ -191,7 +191,10 @@ async def history_diff(
 
 
 @router.get(
-    "/history/export/size", dependencies=[ReadAuth], summary="What the export would send now"
+    "/history/export/size",
+    responses=returns(r.ExportSize),
+    dependencies=[CostlyExport],  # it writes the whole export to count it
+    summary="What the export would send now",
 )
 async def history_export_size(engine: EngineDep) -> dict[str, Any]:
     """The bytes and lines ``GET /history/export`` would send now, counted by

@@ -138,6 +138,7 @@ def _exercise(client: httpx.Client) -> dict[tuple[str, str], Any]:
     call("GET", "/api/history/state", params={"at": last, "include_blocks": True})
     call("GET", "/api/history/diff", params={"from": first, "to": last})
     call("GET", "/api/history/export")
+    call("GET", "/api/history/export/size")
     call("POST", "/api/pool/reset")
     return seen
 
