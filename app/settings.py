@@ -229,6 +229,12 @@ class ObserverSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     token: str | None = Field(default=None, description="bearer token for every read")
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="Host names browsers may use (see serve's)"
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="page origins that may POST or open the stream"
+    )
     tick_hz: float = Field(default=5.0, gt=0, le=100, description="websocket updates per second")
     ws_queue: int = Field(default=64, ge=2, le=10_000, description="messages queued per client")
 
