@@ -172,6 +172,10 @@ def _observe_parser(sub: Any) -> None:
     o.add_argument("--host", help="bind address")
     o.add_argument("--port", type=int, help="port")
     o.add_argument("--token", help="bearer token required by every read")
+    o.add_argument("--allowed-host", dest="allowed_hosts", action="append", metavar="NAME",
+                   help="a Host name browsers may use (repeatable)")  # fmt: skip
+    o.add_argument("--allowed-origin", dest="allowed_origins", action="append",
+                   metavar="ORIGIN", help="a page origin that may POST (repeatable)")  # fmt: skip
     o.add_argument("--tick-hz", type=float, help="websocket updates per second")
     o.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"],

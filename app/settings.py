@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     costly_reads_burst: int = Field(
         default=8, ge=1, le=100_000,
         description="with a token: units of costly reads a client without it may burst "
-        "(a call: 1, +1 per 256 KiB of body; an export: all)",
+        "(a call: 1, +1 per 256 KiB of body; the export or its size: half)",
     )  # fmt: skip
     costly_reads_per_s: float = Field(
         default=0.5, gt=0, le=100_000, description="units a second that ration refills"
@@ -241,6 +241,12 @@ class ObserverSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     token: str | None = Field(default=None, description="bearer token for every read")
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="Host names browsers may use (see serve's)"
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="page origins that may POST or open the stream"
+    )
     tick_hz: float = Field(default=5.0, gt=0, le=100, description="websocket updates per second")
     ws_queue: int = Field(default=64, ge=2, le=10_000, description="messages queued per client")
 

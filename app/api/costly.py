@@ -7,10 +7,11 @@ moment rebuilt for time travel, the recording's export (every recorded
 prompt) — are rationed for a client that does not present the token: a
 bucket of ``costly_reads_burst`` units per client address, refilled at
 ``costly_reads_per_s`` units a second.  A call takes one unit, plus one per
-256 KiB of request body (a 262,144-token prompt is ≈ 1.8 MB: 8 units); an
-export takes the whole burst.  Beyond the ration: 429 ``too_many_requests``
-with ``Retry-After``.  With the token (or on a server without one, where
-every write is open anyway) nothing is rationed.
+256 KiB of request body (a 262,144-token prompt is ≈ 1.8 MB: 8 units); the
+export and its size (written out to be counted) take half the burst each.
+Beyond the ration: 429 ``too_many_requests`` with ``Retry-After``.  With the
+token (or on a server without one, where every write is open anyway) nothing
+is rationed.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def require_costly_read(request: Request) -> None:
 
 
 def require_costly_export(request: Request) -> None:
-    """The recording's export: the whole ration of a tokenless client."""
-    _ration(request, float(request.app.state.settings.costly_reads_burst))
+    """The recording's export, or its size (which writes it to count it):
+    half the burst each, so that the dashboard's size-then-download fits."""
+    _ration(request, request.app.state.settings.costly_reads_burst / 2)
 
 
 CostlyRead = Depends(require_costly_read)

@@ -42,6 +42,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from app.api import docs as api_docs
 from app.api import errors as api_errors
+from app.api.same_origin import SameOriginGuard
 from app.frontend_files import BESIDE, frontend_dir
 from app.kvevents.fleet import Fleet
 from app.kvevents.hub import FleetHub
@@ -98,6 +99,12 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
     app.state.hub = hub
     api_errors.install(app)
     api_docs.install(app)
+    app.add_middleware(
+        SameOriginGuard,
+        bind_host=settings.host,
+        allowed_hosts=settings.allowed_hosts,
+        allowed_origins=settings.allowed_origins,
+    )
     app.include_router(router)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ObserverCollector(fleet, hub))

@@ -31,6 +31,7 @@ COSTLY: list[tuple[str, str, Any]] = [
     ("GET", "/api/history/state?at=1", None),
     ("GET", "/api/history/diff?from=1&to=2", None),
     ("GET", "/api/history/export", None),
+    ("GET", "/api/history/export/size", None),
 ]
 
 
@@ -56,9 +57,9 @@ async def _call(api: Api, method: str, url: str, body: Any, **kw: Any) -> httpx.
 
 
 async def test_exactly_the_costly_reads_are_rationed() -> None:
-    """Over the whole schema: every read called twice by a fresh client with a
-    ration of one; the second call is 429 for the costly reads only."""
-    async with served(token=TOKEN, costly_reads_burst=1, costly_reads_per_s=0.001) as api:
+    """Over the whole schema: every read called three times by a fresh client
+    with a ration of two units; the third call is 429 for the costly reads only."""
+    async with served(token=TOKEN, costly_reads_burst=2, costly_reads_per_s=0.001) as api:
         await _seed(api)
         rationed = set()
         reads = [
@@ -72,8 +73,8 @@ async def test_exactly_the_costly_reads_are_rationed() -> None:
             client = _api(api.app, f"10.1.0.{i + 1}")
             url = template.replace("{block_id}", "1").replace("{request_id}", "r")
             body = BIG_PROMPT if method == "POST" else None
-            first = await _call(client, method, url, body)
-            assert first.status_code != 429
+            for _ in range(2):
+                assert (await _call(client, method, url, body)).status_code != 429
             if (await _call(client, method, url, body)).status_code == 429:
                 rationed.add(template)
         listed = {url.split("?")[0].replace("/r/", "/{request_id}/") for _, url, _ in COSTLY}
@@ -82,8 +83,9 @@ async def test_exactly_the_costly_reads_are_rationed() -> None:
 
 
 async def test_a_client_without_the_token_gets_a_ration_then_429() -> None:
-    cheap = [c for c in COSTLY if c[1] != "/api/history/export"]
+    cheap = [c for c in COSTLY if not c[1].startswith("/api/history/export")]
     export = next(c for c in COSTLY if c[1] == "/api/history/export")
+    size = next(c for c in COSTLY if c[1] == "/api/history/export/size")
     async with served(token=TOKEN, costly_reads_burst=len(cheap), costly_reads_per_s=0.001) as api:
         await _seed(api)
         before = api.fingerprint()
@@ -100,10 +102,12 @@ async def test_a_client_without_the_token_gets_a_ration_then_429() -> None:
             for method, url, body in COSTLY:
                 r = await _call(api, method, url, body, headers=GOOD)
                 assert r.status_code != 429, (url, r.text)
-        # another client has its own ration; an export takes all of it
+        # another client has its own ration; the export's size and the export
+        # take half of it each
         other = _api(api.app, "10.0.0.2")
-        r = await _call(other, *export)
-        assert r.status_code == 200, r.text
+        for call in (size, export):
+            r = await _call(other, *call)
+            assert r.status_code == 200, r.text
         assert_error(await _call(other, *COSTLY[0]), 429, "too_many_requests")
         # a big body costs more: after two small lookups, a 262,144-token one
         # (~1.8 MB: 1 + 7 units, more than the 5 left) is refused

@@ -246,3 +246,22 @@ def test_a_cross_site_websocket_handshake_is_refused() -> None:
         server.call(server.engine.check)
     finally:
         server.stop()
+
+
+async def test_the_observer_refuses_cross_site_and_rebinding_too() -> None:
+    from app.kvevents.observer_app import create_observer_app
+    from app.settings import ObserverSettings
+
+    app = create_observer_app(ObserverSettings(endpoints=["tcp://127.0.0.1:1"]))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+        r = await client.post("/api/fleet/prefixes", json={}, headers={"origin": EVIL})
+        assert_error(r, 403, "cross_site_refused")
+        r = await client.get(
+            "/api/fleet", headers={"host": "evil.example", "sec-fetch-site": "same-origin"}
+        )
+        assert_error(r, 403, "host_refused")
+    args = parser().parse_args(["observe", "tcp://127.0.0.1:1", "--allowed-host", "box.lan"])
+    from app.cli import observer_settings_from
+
+    assert observer_settings_from(args).allowed_hosts == ["box.lan"]

@@ -142,6 +142,7 @@ def _exercise(client: httpx.Client) -> dict[tuple[str, str], Any]:
     call("GET", "/api/history/diff", params={"from": first, "to": last})
     call("GET", "/api/history/export/size")
     call("GET", "/api/history/export")
+    call("GET", "/api/history/export/size")
     call("POST", "/api/pool/reset")
     return seen
 

@@ -142,3 +142,11 @@ class HistoryDiff(Out):
     ops: dict[str, Any]
     events: dict[str, int]
     replayed_ops: int
+
+
+class ExportSize(Out):
+    """What ``GET /api/history/export`` would send now."""
+
+    bytes: int
+    lines: int
+    last_seq: int
