@@ -193,14 +193,14 @@ async def history_diff(
 @router.get(
     "/history/export/size",
     responses=returns(r.ExportSize),
-    dependencies=[CostlyRead],
+    dependencies=[CostlyExport],  # it writes the whole export to count it
     summary="What the export would send now",
 )
 async def history_export_size(engine: EngineDep) -> dict[str, Any]:
     """The bytes and lines ``GET /history/export`` would send now, counted by
     writing it (in a thread, nothing kept): the JSON is many times the
-    recording's in-memory size (``bytes_held``).  Rationed as a costly read
-    (one unit, so that the export asked for next is not refused)."""
+    recording's in-memory size (``bytes_held``).  Rationed like the export
+    (half the burst each, so that the export asked for next is not refused)."""
     rec = _recorder(engine)
     header, segments, final, view = rec.export_parts()
 

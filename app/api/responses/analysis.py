@@ -104,14 +104,6 @@ class Moment(Out):
     ts: float | None
 
 
-class ExportSize(Out):
-    """What GET /api/history/export would send now."""
-
-    bytes: int = Field(description="the export's size in bytes (UTF-8 JSON lines)")
-    lines: int
-    last_seq: int = Field(description="the last operation it would include")
-
-
 class HistoryState(Out):
     """The pool right after a recorded operation."""
 
