@@ -30,6 +30,8 @@ from typing import Any
 from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 
 from app.api.deps import ReadAuth
+from app.api.responses import returns
+from app.api.responses.stream import Ticket
 from app.auth import accept_subprotocol, websocket_credentials, websocket_token_ok
 from app.stream import protocol as p
 from app.stream.hub import Client, StreamHub
@@ -138,7 +140,7 @@ async def _close(ws: WebSocket, code: int, reason: str) -> None:
         await asyncio.wait_for(ws.close(code=code, reason=reason), CLOSE_TIMEOUT_S)
 
 
-@router.post("/api/stream/ticket", dependencies=[ReadAuth])
+@router.post("/api/stream/ticket", responses=returns(Ticket), dependencies=[ReadAuth])
 async def stream_ticket(request: Request) -> dict[str, Any]:
     """A single-use ticket for the stream, valid for ``expires_in`` seconds:
     connect with the subprotocols ``["blockpool", "ticket.<ticket>"]`` (or

@@ -41,7 +41,7 @@ def test_analysis_rides_in_snapshots_and_about_once_a_second(engine_factory: Fac
     later = p.decode(client.queue.get_nowait()).header["analysis"]
     assert later["misses"]["cold"] == 1 and later["hit_blocks"] == 0
     # the ring keeps the all-channel frames (for resuming clients)
-    assert "analysis" in p.decode(hub.ring[0][1]).header
+    assert "analysis" in p.decode(hub.ring.frames[0].full).header
     assert "analysis" in p.CHANNELS
 
 

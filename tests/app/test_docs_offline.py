@@ -121,6 +121,7 @@ def _exercise(client: httpx.Client) -> dict[tuple[str, str], Any]:
     call("GET", "/api/misses/requests/{request_id}", f"/api/misses/requests/{b['request_id']}")
     call("GET", "/api/requests/{request_id}/story", f"/api/requests/{rid}/story")
     call("GET", "/api/pool/rates")
+    call("POST", "/api/stream/ticket")
     call("GET", "/api/analysis/recent")
     # partial application (on_error stop): a result row and an error row
     call("POST", "/api/batch", json={"ops": [{"op": "allocate", "num_blocks": 1},
