@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from app import cli_trace
 from app.settings import ObserverSettings, Settings
 
 logger = logging.getLogger("blockpool")
@@ -58,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="replay a recording (GET /api/history/export), check it")
     r.add_argument("path", help="the JSON-lines recording")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
+    cli_trace.add_parser(sub)
     return ap
 
 
@@ -236,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from app.analysis.replay import main as replay_main
 
         return replay_main([args.path, *(["--json"] if args.json else [])])
+    if args.command == "trace":
+        return cli_trace.main(args)
     return 2  # pragma: no cover - argparse enforces the subcommands
 
 
