@@ -15,19 +15,28 @@ All groups share one block size, a multiple of the pool's hash block size
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from blockpool.block import KVCacheBlock
-from blockpool.block_hasher import get_request_block_hasher
+from blockpool.block_hasher import HashableRequest, get_request_block_hasher, need_extra_keys
 from blockpool.errors import (
     DuplicateRequestError,
     NotEnoughBlocksError,
     RequestFinishedError,
     UnknownRequestError,
 )
-from blockpool.hashing import BlockHash, BlockHashList, BlockHashListWithBlockSize, HashFn, sha256
+from blockpool.hashing import (
+    BlockHash,
+    BlockHashList,
+    BlockHashListWithBlockSize,
+    HashFn,
+    get_none_hash,
+    sha256,
+)
 from blockpool.pool import BlockPool
 from blockpool.request import LoRARequest, Request
 
@@ -36,6 +45,42 @@ _FINISHED_MEMORY = 10_000  # finished ids remembered to tell "double finish" apa
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _request_block_hasher(
+    block_size: int, hash_fn: HashFn
+) -> Callable[[HashableRequest], list[BlockHash]]:
+    """``get_request_block_hasher``'s hasher (the same hashes), with a fast
+    path for requests without extra keys: no new full block returns at once
+    (a decode step), and the chain is hashed in one loop (sha256 inlined)."""
+    generic = get_request_block_hasher(block_size, hash_fn)
+    dumps, proto, new_sha = pickle.dumps, pickle.HIGHEST_PROTOCOL, hashlib.sha256
+    inline = hash_fn is sha256
+
+    def hasher(request: HashableRequest) -> list[BlockHash]:
+        hashes = request.block_hashes
+        start = len(hashes) * block_size
+        tokens = request.all_token_ids
+        end = len(tokens) - block_size
+        if start > end:
+            return []
+        if request.prompt_embeds is not None or need_extra_keys(request):
+            return generic(request)
+        parent: bytes = (hashes[-1] if hashes else None) or get_none_hash()
+        out: list[bytes] = []
+        put = out.append
+        if inline:
+            for s in range(start, end + 1, block_size):
+                block = dumps((parent, tuple(tokens[s : s + block_size]), None), proto)
+                parent = new_sha(block).digest()
+                put(parent)
+        else:
+            for s in range(start, end + 1, block_size):
+                parent = hash_fn((parent, tuple(tokens[s : s + block_size]), None))
+                put(parent)
+        return out  # type: ignore[return-value]
+
+    return hasher
 
 
 @dataclass
@@ -106,7 +151,7 @@ class RequestManager:
             raise ValueError(f"group ids must be distinct and non-empty, got {list(group_ids)}")
         self.group_ids = list(group_ids)
         self.hash_fn = hash_fn
-        self._hasher = get_request_block_hasher(pool.hash_block_size, hash_fn)
+        self._hasher = _request_block_hasher(pool.hash_block_size, hash_fn)
         self.requests: dict[str, ManagedRequest] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self.stats = PrefixCacheStats()
