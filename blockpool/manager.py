@@ -289,26 +289,31 @@ class RequestManager:
     def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> list[list[int]]:
         """Append decode tokens; returns the ids of blocks allocated per group.
         NotEnoughBlocksError (nothing changed) when the pool cannot grow it."""
-        managed = self._get(request_id)
+        managed = self.requests.get(request_id)
+        if managed is None:
+            managed = self._get(request_id)  # raises the right error
         req = managed.request
         tables = managed.block_tables
-        new_total = req.num_tokens + len(token_ids)
-        need = cdiv(new_total, self.block_size) - len(tables[0])
+        bs = self.block_size
+        new_total = len(req.all_token_ids) + len(token_ids)
+        need = -(-new_total // bs) - len(tables[0])
+        pool = self.pool
+        added: list[list[int]]
         if need > 0:
             self._require_free(need * len(tables), "appending the tokens")
-        pool = self.pool
-        req.append_output_token_ids(token_ids)
-        added: list[list[int]] = []
-        for table in tables:
-            fresh = pool.get_new_blocks(need) if need > 0 else []
-            table.extend(fresh)
-            added.append([b.block_id for b in fresh])
-        num_full = req.num_tokens // self.block_size
-        if pool.enable_caching and num_full > managed.num_cached_blocks:
+            req.append_output_token_ids(token_ids)
+            added = []
+            for table in tables:
+                fresh = pool.get_new_blocks(need)
+                table.extend(fresh)
+                added.append([b.block_id for b in fresh])
+        else:  # a decode step inside the last block: the common case
+            req.append_output_token_ids(token_ids)
+            added = [[]] if len(tables) == 1 else [[] for _ in tables]
+        num_full = new_total // bs
+        if num_full > managed.num_cached_blocks and pool.enable_caching:
             for gid, table in zip(self.group_ids, tables, strict=True):
-                pool.cache_full_blocks(
-                    req, table, managed.num_cached_blocks, num_full, self.block_size, gid
-                )
+                pool.cache_full_blocks(req, table, managed.num_cached_blocks, num_full, bs, gid)
             managed.num_cached_blocks = num_full
         return added
 
