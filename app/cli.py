@@ -48,6 +48,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--token", help="bearer token required by mutating endpoints")
     _bool_flag(s, "demo", "demo", "run the demo workload")
     s.add_argument("--demo-rate", type=float, help="demo requests per second")
+    cli_trace.add_serve_flags(s)
     s.add_argument("--tick-hz", type=float, help="stream ticks per second (10)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _kv_event_flags(s)

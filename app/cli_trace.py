@@ -52,6 +52,14 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--no-progress", dest="progress", action="store_false")
 
 
+def add_serve_flags(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--trace", help="drive the engine from this trace instead of the demo")
+    s.add_argument("--trace-speed", type=float, help="trace arrivals x speed (1)")
+    _flag = s.add_argument
+    _flag("--trace-loop", dest="trace_loop", action="store_true", default=None,
+          help="start the trace over when it ends")  # fmt: skip
+
+
 def _capacities(args: argparse.Namespace) -> list[int | None]:
     caps: list[int | None] = []
     if args.capacity_tokens:

@@ -16,7 +16,14 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api import errors as api_errors
-from app.api import routes_analysis, routes_demo, routes_inspect, routes_pool, routes_requests
+from app.api import (
+    routes_analysis,
+    routes_demo,
+    routes_inspect,
+    routes_pool,
+    routes_requests,
+    routes_trace,
+)
 from app.api.deps import require_read
 from app.demo import DemoWorkload
 from app.engine import Engine
@@ -25,6 +32,8 @@ from app.metrics import StatsSource, make_registry
 from app.settings import Settings
 from app.stream import ws as stream_ws
 from app.stream.hub import StreamHub
+from app.trace_driver import TraceDriver
+from blockpool.trace import read_trace
 
 logger = logging.getLogger("blockpool")
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
@@ -51,6 +60,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
     engine = Engine(settings, storage)
     demo = DemoWorkload(engine, rate=settings.demo_rate)
+    trace_driver = TraceDriver(engine, settings.trace_speed, settings.trace_loop)
+    if settings.trace is not None:  # a bad file: ValueError, "invalid settings"
+        trace_driver.load(read_trace(settings.trace), Path(settings.trace).name)
     hub = StreamHub(engine)
     extra: dict[str, StatsSource] = {"demo": demo.metrics, "stream": hub.metrics}
     if storage is not None:
@@ -65,11 +77,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await engine.start()
         for hook in app.state.startup_hooks:
             await hook()
-        if settings.demo:
+        if settings.trace is not None:
+            trace_driver.start()  # the trace instead of the demo
+        elif settings.demo:
             demo.start()
         try:
             yield
         finally:
+            await trace_driver.stop(finish_running=False)
             await demo.stop(finish_running=False)
             for hook in reversed(app.state.shutdown_hooks):
                 await hook()
@@ -85,6 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.demo = demo
+    app.state.trace_driver = trace_driver
     app.state.stream = hub
     app.state.metrics_sources = extra
     app.state.startup_hooks = []
@@ -98,6 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes_inspect.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_demo.router)
+    app.include_router(routes_trace.router)
     app.include_router(routes_analysis.router)
     app.include_router(stream_ws.router)
     app.include_router(kvevents_routes.router)

@@ -95,6 +95,13 @@ class Trace:
         start = self._output_base + self._output_offsets[req.index]
         return list(range(start, start + req.output_length))
 
+    def max_token_id(self) -> int:
+        """The largest token id any prompt or output of the trace uses."""
+        if self._output_base < 0:
+            self._plan_outputs()
+        outputs = sum(r.output_length for r in self.requests)
+        return self._output_base + outputs - 1 if outputs else self._output_base - 1
+
     def _plan_outputs(self) -> None:
         top = 0
         for r in self.requests:
