@@ -46,6 +46,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--host", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="port (default 8000)")
     s.add_argument("--token", help="bearer token required by mutating endpoints")
+    s.add_argument(
+        "--allowed-host", dest="allowed_hosts", action="append", metavar="NAME",
+        help="a Host name browsers may use (repeatable; loopback names and IPs always work)",
+    )  # fmt: skip
+    s.add_argument(
+        "--allowed-origin", dest="allowed_origins", action="append", metavar="ORIGIN",
+        help="a page origin (scheme://host[:port]) that may send mutating requests (repeatable)",
+    )  # fmt: skip
     _bool_flag(s, "demo", "demo", "run the demo workload")
     s.add_argument("--demo-rate", type=float, help="demo requests per second")
     cli_trace.add_serve_flags(s)
@@ -236,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "observe":
         return observe(args)
     if args.command == "replay":
-        from app.analysis.replay import main as replay_main
+        from blockpool.analysis.replay import main as replay_main
 
         return replay_main([args.path, *(["--json"] if args.json else [])])
     if args.command == "trace":

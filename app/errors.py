@@ -1,4 +1,7 @@
-"""The service's errors: one shape for every 4xx/5xx.
+"""The service's errors: the library's refusals, plus the service's own.
+
+Every 4xx/5xx has one shape (app/api/errors.py maps each class to its HTTP
+status, once):
 
 {"error": {"status": 409, "code": "not_enough_blocks",
            "message": "allocate needs 50 free blocks but only 12 are free",
@@ -9,20 +12,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from blockpool.runtime.errors import (
+    Conflict,
+    InvalidInput,
+    NotEnoughBlocks,
+    NotFound,
+    OperationError,
+    ResetRefused,
+    TooLarge,
+    Unavailable,
+)
 
-class ApiError(Exception):
-    """An error a client caused (or a refusal); nothing was changed."""
+# What the service's handlers catch: every refusal, the library's and its own.
+ApiError = OperationError
 
-    status = 400
-    code = "bad_request"
 
-    def __init__(self, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.details = details
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.code, self.message, self.details)
+class Unauthorized(OperationError):
+    code = "unauthorized"
 
 
 def error_body(
@@ -31,41 +37,15 @@ def error_body(
     return {"error": {"status": status, "code": code, "message": message, "details": details or {}}}
 
 
-class InvalidInput(ApiError):
-    status = 422
-    code = "invalid_input"
-
-
-class NotFound(ApiError):
-    status = 404
-    code = "not_found"
-
-
-class Conflict(ApiError):
-    """The request is well formed but the pool's state refuses it."""
-
-    status = 409
-    code = "conflict"
-
-
-class NotEnoughBlocks(Conflict):
-    code = "not_enough_blocks"
-
-
-class ResetRefused(Conflict):
-    code = "reset_refused"
-
-
-class TooLarge(ApiError):
-    status = 413
-    code = "too_large"
-
-
-class Unauthorized(ApiError):
-    status = 401
-    code = "unauthorized"
-
-
-class Unavailable(ApiError):
-    status = 503
-    code = "unavailable"
+__all__ = [
+    "ApiError",
+    "Conflict",
+    "InvalidInput",
+    "NotEnoughBlocks",
+    "NotFound",
+    "ResetRefused",
+    "TooLarge",
+    "Unauthorized",
+    "Unavailable",
+    "error_body",
+]

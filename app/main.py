@@ -15,6 +15,8 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from app import storage_link
+from app.api import docs as api_docs
 from app.api import errors as api_errors
 from app.api import (
     routes_analysis,
@@ -25,8 +27,10 @@ from app.api import (
     routes_trace,
 )
 from app.api.deps import require_read
+from app.api.same_origin import SameOriginGuard
 from app.demo import DemoWorkload
 from app.engine import Engine
+from app.frontend_files import BESIDE, frontend_dir
 from app.kvevents import routes as kvevents_routes
 from app.metrics import StatsSource, make_registry
 from app.settings import Settings
@@ -36,7 +40,7 @@ from app.trace_driver import TraceDriver
 from blockpool.trace import read_trace
 
 logger = logging.getLogger("blockpool")
-FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
+FRONTEND: Path = frontend_dir() or BESIDE
 
 
 def build_storage(settings: Settings) -> Any:
@@ -50,6 +54,9 @@ def build_storage(settings: Settings) -> Any:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    settings, storage_off = storage_link.settle(settings)
+    if storage_off is not None:
+        logger.warning("%s", storage_off)
     storage, num_blocks = None, settings.num_blocks
     if settings.storage:
         storage = build_storage(settings)
@@ -96,8 +103,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="vLLM's paged KV-cache block pool, observable and driveable over REST",
         lifespan=lifespan,
+        docs_url=None,  # app.api.docs serves /docs from the package
+        redoc_url=None,
     )
     app.state.settings = settings
+    app.state.storage_off = storage_off
     app.state.engine = engine
     app.state.demo = demo
     app.state.trace_driver = trace_driver
@@ -110,6 +120,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     registry = make_registry(engine, extra)
 
     api_errors.install(app)
+    api_docs.install(app)
     app.include_router(routes_pool.router)
     app.include_router(routes_inspect.router)
     app.include_router(routes_requests.router)
@@ -124,7 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         require_read(request)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    if FRONTEND.is_dir():
+    if (FRONTEND / "index.html").is_file():
         app.mount("/static", StaticFiles(directory=FRONTEND), name="static")
 
         @app.get("/", include_in_schema=False)
@@ -132,6 +143,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return FileResponse(FRONTEND / "index.html")
 
     app.add_middleware(api_errors.BodyLimit, limit=settings.max_body_bytes)
+    # outermost: cross-site and foreign-Host browser requests are refused first
+    app.add_middleware(
+        SameOriginGuard,
+        bind_host=settings.host,
+        allowed_hosts=settings.allowed_hosts,
+        allowed_origins=settings.allowed_origins,
+    )
     return app
 
 

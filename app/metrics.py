@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString  # type: ignore[attr-defined]
 
 from app.analysis import prom as analysis_prom
-from app.columns import STATE_NAMES
+from blockpool.runtime.columns import STATE_NAMES
 
 if TYPE_CHECKING:
     from app.engine import Engine
@@ -157,7 +157,7 @@ class EngineCollector(Collector):
             kv.add_metric([name], n)
         yield kv
         yield from analysis_prom.token_families(e)
-        yield from analysis_prom.families(e)
+        yield from analysis_prom.families(e.analysis)
         for part, source in self.extra.items():
             for key, reading in sorted(source().items()):
                 full = f"blockpool_{part}_{key}"

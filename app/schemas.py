@@ -7,9 +7,11 @@ it changes anything.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from blockpool.runtime import ops as rops
 
 HexHash = Annotated[
     str,
@@ -142,11 +144,14 @@ Op = Annotated[
 
 
 class BatchRequest(_Op):
-    """Many operations in one call, applied in order; each is all-or-nothing.
-    ``on_error``: stop at the first failing operation (default) or go on."""
+    """Many operations in one call, applied in order.  ``on_error``:
+    ``rollback`` (default): all or nothing -- when any operation would be
+    refused, the batch changes nothing and the refusal is the answer;
+    ``stop``: apply up to the first refused operation, skip the rest;
+    ``continue``: apply every operation that can be applied."""
 
     ops: list[Op] = Field(min_length=1)
-    on_error: Literal["stop", "continue"] = "stop"
+    on_error: Literal["rollback", "stop", "continue"] = "rollback"
 
 
 class AppendBody(_Op):
@@ -168,3 +173,25 @@ class DemoConfig(_Op):
         description="min and max decode tokens per request",
     )
     max_running: int | None = Field(default=None, ge=1, le=100_000)
+
+
+_RUNTIME: dict[type, type[Any]] = {
+    AllocateOp: rops.AllocateOp,
+    FreeOp: rops.FreeOp,
+    TouchOp: rops.TouchOp,
+    CacheOp: rops.CacheOp,
+    LookupOp: rops.LookupOp,
+    PrefixLookupOp: rops.PrefixLookupOp,
+    EvictOp: rops.EvictOp,
+    ResetOp: rops.ResetOp,
+    AdmitOp: rops.AdmitOp,
+    AppendOp: rops.AppendOp,
+    FinishOp: rops.FinishOp,
+}
+
+
+def to_runtime(op: Any) -> Any:
+    """A validated operation body as the runtime's operation (runtime
+    operations pass through unchanged)."""
+    cls = _RUNTIME.get(type(op))
+    return op if cls is None else cls(**op.__dict__)

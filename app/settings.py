@@ -8,10 +8,10 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.kvevents.config import KVEventsConfig, SourceSpec, plan_sources
+from blockpool.shadow import POLICY_NAMES
 
 HashName = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
-ShadowPolicy = Literal["vllm016", "uncached_first", "s3fifo"]
-SHADOW_POLICIES: tuple[ShadowPolicy, ...] = ("vllm016", "uncached_first", "s3fifo")
+SHADOW_POLICIES: tuple[str, ...] = POLICY_NAMES  # the library's list, the one list
 
 
 class Settings(BaseSettings):
@@ -45,6 +45,24 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     token: str | None = Field(default=None, description="bearer token for mutating endpoints")
     protect_reads: bool = False
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names browsers may use besides loopback names, IP addresses and "
+        "--host ('*': any); others are refused (DNS rebinding)",
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="origins (scheme://host[:port]) whose pages may send mutating requests "
+        "besides the server's own",
+    )
+    costly_reads_burst: int = Field(
+        default=8, ge=1, le=100_000,
+        description="with a token: units of costly reads a client without it may burst "
+        "(a call: 1, +1 per 256 KiB of body; an export: all)",
+    )  # fmt: skip
+    costly_reads_per_s: float = Field(
+        default=0.5, gt=0, le=100_000, description="units a second that ration refills"
+    )
     tick_hz: float = Field(default=20.0, gt=0, le=200)
     event_log_capacity: int = Field(default=200_000, ge=100)
     sample_log_capacity: int = Field(default=50_000, ge=100)
@@ -97,9 +115,9 @@ class Settings(BaseSettings):
         default_factory=lambda: [0.5, 2.0, 4.0],
         description="capacities (times the real pool) of vLLM 0.16 shadows",
     )
-    shadow_policies: list[ShadowPolicy] = Field(
+    shadow_policies: list[str] = Field(
         default_factory=lambda: list(SHADOW_POLICIES),
-        description="free-order policies shadowed at 1x",
+        description=f"free-order policies shadowed at 1x ({', '.join(SHADOW_POLICIES)})",
     )
     shadow_grid: bool = Field(default=False, description="every policy at every capacity")
     shadow_max_lag: int = Field(
@@ -138,6 +156,16 @@ class Settings(BaseSettings):
     @classmethod
     def _no_replay(cls, v: object) -> object:
         return None if isinstance(v, str) and v.strip().lower() in ("", "none") else v
+
+    @field_validator("shadow_policies")
+    @classmethod
+    def _known_policies(cls, v: list[str]) -> list[str]:
+        unknown = [p for p in v if p not in SHADOW_POLICIES]
+        if unknown:
+            raise ValueError(
+                f"unknown shadow policy {unknown[0]!r} (one of {', '.join(SHADOW_POLICIES)})"
+            )
+        return v
 
     @model_validator(mode="after")
     def _kv_events(self) -> Settings:
@@ -194,6 +222,13 @@ class ObserverSettings(BaseSettings):
     max_pending: int = Field(default=100_000, ge=1, description="live batches held per replay")
     rcvhwm: int = Field(default=100_000, ge=0, description="SUB socket high-water mark")
     event_log_capacity: int = Field(default=20_000, ge=100, description="events kept per pool")
+    max_batch_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024, description="a larger message is refused unread"
+    )
+    silence_s: float = Field(
+        default=10.0, gt=0, le=86_400,
+        description="seconds without any message before the fleet card says what to check",
+    )  # fmt: skip
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)

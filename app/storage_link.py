@@ -7,6 +7,9 @@ by the deterministic stand-in model — into the request's blocks.  Reused
 prefix blocks are not written: a request that hits the cache reads what the
 earlier request left there, and ``verify`` checks bit for bit that it is the
 K/V the model computes for this request's tokens.
+
+torch is optional (the ``storage`` extra): without it the service runs with
+storage off, and ``settle`` says why, once, for the log and ``/api/storage``.
 """
 
 from __future__ import annotations
@@ -99,3 +102,37 @@ class EngineStorage:
 
 def make_storage(settings: Settings) -> EngineStorage:
     return EngineStorage(settings)
+
+
+OFF_BY_SETTING = "K/V storage is off by setting (--no-storage / BLOCKPOOL_STORAGE=false)"
+INSTALL_HINT = "install the 'storage' extra to turn it on: pip install 'blockpool[storage]'"
+
+
+def torch_missing() -> str | None:
+    """Why torch cannot be used here, or None when it imports."""
+    try:
+        import torch  # noqa: F401
+    except (ImportError, OSError) as exc:  # absent, or a broken install
+        return f"torch is not available ({type(exc).__name__}: {exc})"
+    return None
+
+
+def settle(settings: Settings) -> tuple[Settings, str | None]:
+    """The settings the server can run with, and why storage is off when it
+    was asked for but cannot be had (None: nothing to say).
+
+    Storage is on by default; without torch the server still starts, with
+    storage off — unless the pool's size was asked for as a K/V memory
+    budget, which only storage can turn into a block count (ValueError)."""
+    if not settings.storage:
+        return settings, None
+    missing = torch_missing()
+    if missing is None:
+        return settings, None
+    if settings.memory_budget_bytes is not None:
+        raise ValueError(
+            f"--memory-budget needs K/V storage, and storage needs torch: {missing}; "
+            f"{INSTALL_HINT}, or give --num-blocks"
+        )
+    reason = f"K/V storage is off: {missing}; {INSTALL_HINT}"
+    return settings.model_copy(update={"storage": False}), reason

@@ -12,10 +12,11 @@ from collections import Counter
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from app.analysis import views as analysis_views
-from app.columns import STATE_NAMES, hash64
 from app.errors import Conflict, InvalidInput, NotFound
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from blockpool.analysis import views as analysis_views
+from blockpool.keys import key_group
+from blockpool.runtime.columns import STATE_NAMES, hash64
 
 if TYPE_CHECKING:
     from app.engine import Engine
@@ -123,7 +124,7 @@ def block(engine: Engine, block_id: int) -> dict[str, Any]:
         "requests": holders,
         "block_hash": key[:-4].hex() if key is not None else None,
         "hash64": f"{hash64(key):016x}" if key is not None else None,
-        "group_id": int.from_bytes(key[-4:], "big") if key is not None else None,
+        "group_id": key_group(key) if key is not None else None,
         "copies_under_hash": (
             len(pool.cached_block_hash_to_block.blocks_under(key)) if key is not None else 0
         ),
@@ -200,7 +201,7 @@ def hash_map(
                 {
                     "block_hash": key[:-4].hex(),
                     "hash64": h64,
-                    "group_id": int.from_bytes(key[-4:], "big"),
+                    "group_id": key_group(key),
                     "block_ids": [b.block_id for b in blocks],
                     "multi": len(blocks) > 1,
                 }
@@ -225,7 +226,7 @@ def prefix_tree(engine: Engine, limit: int) -> dict[str, Any]:
     for key, blocks in engine.pool.cached_block_hash_to_block.iter_entries():
         ids.setdefault(f"{hash64(key):016x}", []).extend(b.block_id for b in blocks)
     nodes = []
-    for h, parent in islice(engine.parents.items(), limit):
+    for h, parent in islice(engine.tree.parents.items(), limit):
         hx = _h(h)
         nodes.append(
             {
@@ -236,7 +237,7 @@ def prefix_tree(engine: Engine, limit: int) -> dict[str, Any]:
         )
     known = {n["hash"] for n in nodes}
     roots = sum(1 for n in nodes if n["parent"] is None or n["parent"] not in known)
-    return {"total": len(engine.parents), "limit": limit, "roots": roots, "nodes": nodes}
+    return {"total": len(engine.tree.parents), "limit": limit, "roots": roots, "nodes": nodes}
 
 
 def event_json(seq: int, ts: float, ev: KVCacheEvent) -> dict[str, Any]:

@@ -41,6 +41,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from tests.e2e import hooks  # noqa: E402
 
 TICK_S = 0.1
 
@@ -140,6 +141,7 @@ def measure(size: int, changes: int, seconds: float, viewport: tuple[int, int]) 
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+            hooks.install(page)  # window.__bp
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)

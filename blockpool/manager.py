@@ -1,4 +1,4 @@
-"""RequestManager: a request's life above the pool (SPEC.md §8).
+"""RequestManager: a request's life above the pool (docs/spec.md §8).
 
 admit: hash the full blocks -> walk the hashes from the left, one lookup per
 block across every KV-cache group (a block hits only if every group holds
@@ -10,7 +10,7 @@ finish: free each group's blocks in reverse, so the chain's tail is evicted
 first and the shared prefix lives longest.
 
 All groups share one block size, a multiple of the pool's hash block size
-(coarse hashes are the concatenation of fine ones, SPEC.md §1).
+(coarse hashes are the concatenation of fine ones, docs/spec.md §1).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """BlockPool: allocation, freeing and prefix caching of KV-cache blocks.
 
-Behaviour is vLLM 0.16.0's (see SPEC.md §5): the block ids returned, the free
+Behaviour is vLLM 0.16.0's (see docs/spec.md §5): the block ids returned, the free
 queue's order, the hash map's contents, the events and the metrics samples are
 the same call for call.  The hot paths inline the queue, map and collector
 operations (the classes they stand for stay usable on their own); a

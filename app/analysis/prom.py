@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -19,13 +19,23 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString  # type: ignore[attr-defined]
 
-from app.analysis import views
-from app.analysis.common import Hist
-from app.analysis.reasons import CAUSES, REASONS
+from blockpool.analysis import views
+from blockpool.analysis.reasons import CAUSES, REASONS
+from blockpool.histogram import Histogram as Hist
 
 if TYPE_CHECKING:
-    from app.analysis.core import Analysis
-    from app.engine import Engine
+    from blockpool.analysis.core import Analysis
+    from blockpool.analysis.recording import Recorder
+    from blockpool.runtime.runtime import PoolRuntime
+
+
+class Host(Protocol):
+    """What the families read of the service's analysis (app/analysis/host.py)."""
+
+    remote: Any
+    recorder: Recorder | None
+
+    def prom_state(self) -> dict[str, Any] | None: ...
 
 
 def _le(bound: float) -> str:
@@ -75,7 +85,7 @@ def state(an: Analysis) -> dict[str, Any]:
     }
 
 
-def token_families(engine: Engine) -> Iterator[Metric]:
+def token_families(engine: PoolRuntime) -> Iterator[Metric]:
     t = views.tokens(engine)
     yield GaugeMetricFamily(
         "blockpool_token_usage_ratio",
@@ -98,8 +108,7 @@ def token_families(engine: Engine) -> Iterator[Metric]:
     )
 
 
-def families(engine: Engine) -> Iterator[Metric]:
-    an = engine.analysis
+def families(an: Host | None) -> Iterator[Metric]:
     if an is None:
         return
     st = an.prom_state()

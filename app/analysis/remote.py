@@ -3,7 +3,7 @@ the worker process; the engine only records.
 
 The engine already encodes every operation for the recording (one msgpack
 blob each).  At tick time the blobs recorded since the last tick go to the
-worker process (``app.analysis.worker``), which holds a replica engine --
+worker process (``app.analysis.worker``), which holds a replica runtime --
 restored from a keyframe taken when the analysis started -- and applies the
 same operations to it, with the analysis hooks on (miss reasons, regret,
 queue travel) and the shadow pools inline.  Replay is exact (the history
@@ -30,22 +30,25 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from app.analysis.state import snapshot
 from app.analysis.worker_client import WorkerClient, _hub
 from app.errors import ApiError, NotFound, Unavailable
+from blockpool.runtime.state import snapshot
 
 if TYPE_CHECKING:
-    from app.analysis.recording import Recorder
-    from app.engine import Engine
+    from blockpool.analysis.recording import Recorder
+    from blockpool.runtime.runtime import PoolRuntime
 
 REASONS_KEPT = 10_000
 QUERY_TIMEOUT_S = 30.0
 
 
 class RemoteAnalysis(WorkerClient):
-    def __init__(self, engine: Engine, recorder: Recorder, max_lag: int) -> None:
+    def __init__(
+        self, rt: PoolRuntime, opening: dict[str, Any], recorder: Recorder, max_lag: int
+    ) -> None:
         super().__init__(max_lag)
-        self.engine = engine
+        self.engine = rt
+        self.opening = opening  # what the worker builds its replica from (Replica)
         self.recorder = recorder
         self.sent_seq = 0
         self.need_resync = False
@@ -68,13 +71,13 @@ class RemoteAnalysis(WorkerClient):
         e = self.engine
         rec = self.recorder
         kf = snapshot(e, rec.seq, time.time())
-        settings = e.settings.model_dump(exclude={"token"})
+        opening = self.opening
         self.sent_seq = rec.seq
         self.messages = 1
         self.replies = 0
         self.outstanding = 0
         self.since = time.time()
-        self.cid = _hub.register(self, (settings, kf), kind="ropen")
+        self.cid = _hub.register(self, (opening, kf), kind="ropen")
 
     def stop(self) -> None:
         super().stop()

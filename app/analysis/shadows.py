@@ -1,19 +1,10 @@
-"""Feeding shadow pools from the engine: record on the hot path, apply in batches.
+"""Shadow pools in the worker process: the library's feeder, sending its
+batches to the one worker process of this server (``worker_client.py``).
 
-On the engine's hot path an operation only appends a tuple that references
-the request's hash list (no copy: the list only ever grows).  At tick time
-``flush`` slices the hashes each access needs and hands the batch over:
-
-* ``process`` (default): to one worker process per server process
-  (``app.analysis.worker``, started with ``spawn``: ``worker_client.py``),
-  through a queue and a sender thread that pickles, sends and reads the reply.  The engine never
-  waits: when more than ``max_lag`` accesses are in flight the batch is
-  dropped and the shadows restart empty (counted in ``resyncs``; counters
-  are "since" the restart) -- nothing is lost silently.
-* ``inline``: applied on the engine, in ``flush`` (tests, small pools).
-
-Shadows see request traffic only (admit / append / finish / reset); raw
-block operations are invisible to them.
+The engine never waits: when more than ``max_lag`` accesses are in flight
+the batch is dropped and the shadows restart empty (counted in ``resyncs``;
+counters are "since" the restart) -- nothing is lost silently.  Mode
+``inline`` uses the library's ShadowFeeder as it is.
 """
 
 from __future__ import annotations
@@ -23,96 +14,51 @@ import time
 from typing import Any
 
 from app.analysis.worker_client import WorkerClient, _hub
-from blockpool.shadow import ShadowSet, ShadowSpec
+from blockpool.analysis.feeder import ShadowFeeder, shadow_specs
+from blockpool.shadow import ShadowSpec
 
 logger = logging.getLogger("blockpool.analysis")
 
+__all__ = ["ProcessShadowFeeder", "ShadowFeeder", "make_feeder", "shadow_specs"]
 
-class ShadowFeeder(WorkerClient):
+
+class ProcessShadowFeeder(ShadowFeeder, WorkerClient):
+    mode = "process"
+
     def __init__(
         self,
         specs: list[ShadowSpec],
         base_capacity: int,
         block_size: int,
         num_groups: int,
-        mode: str,
         max_lag: int,
     ) -> None:
-        super().__init__(max_lag)
-        self.specs = specs
-        self.base_capacity = base_capacity
-        self.block_size = block_size
-        self.num_groups = num_groups
-        self.mode = mode
-        self.pending: list[tuple[Any, ...]] = []
-        self.inline = (
-            ShadowSet(specs, base_capacity, block_size, num_groups) if mode == "inline" else None
-        )
-        self.latest: list[dict[str, Any]] | None = self.inline.stats() if self.inline else None
-        self.latest_real: tuple[int, int] | None = None
-        self.sent = 0
+        WorkerClient.__init__(self, max_lag)
+        ShadowFeeder.__init__(self, specs, base_capacity, block_size, num_groups, inline=False)
         self.need_restart = False
-        self.real_base = (0, 0)
 
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        if self.mode == "process" and not self.cid:
+        if not self.cid:
             specs = [(s.policy, s.factor) for s in self.specs]
             opening = (specs, self.base_capacity, self.block_size, self.num_groups)
             self.messages = 1
             self.cid = _hub.register(self, opening)
 
+    def stop(self) -> None:
+        WorkerClient.stop(self)
+
     @property
     def running(self) -> bool:
-        return self.inline is not None or bool(self.cid)
+        return bool(self.cid)
 
-    # ----------------------------------------------------- engine hot path
-
-    def admit(self, rid: str, num_tokens: int, hashes: Any) -> None:
-        self.pending.append(("a", rid, num_tokens, hashes))
-
-    def append(self, rid: str, before: int, after: int, hashes: Any) -> None:
-        self.pending.append(("p", rid, before, after, hashes))
-
-    def finish(self, rid: str) -> None:
-        self.pending.append(("f", rid))
-
-    def reset(self) -> None:
-        self.pending.append(("r",))
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        return WorkerClient.wait_idle(self, timeout)
 
     # ----------------------------------------------------------- tick time
 
-    def _materialize(self, pending: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        bs = self.block_size
-        out: list[tuple[Any, ...]] = []
-        add = out.append
-        for acc in pending:
-            kind = acc[0]
-            if kind == "a":
-                n = acc[2]
-                add(("a", acc[1], n, acc[3][: n // bs]))
-            elif kind == "p":
-                b, a = acc[2], acc[3]
-                add(("p", acc[1], a, acc[4][b // bs : a // bs]))
-            else:
-                add(acc)
-        return out
-
-    def flush(self, real: tuple[int, int]) -> None:
-        """Hand the accesses since the last flush to the shadows; ``real``:
-        the real pool's prefix-cache (queries, hits) in tokens now."""
-        pending = self.pending
-        if not pending:
-            return
-        self.pending = []
-        if self.inline is not None:
-            self.inline.apply(self._materialize(pending))
-            self.applied += len(pending)
-            self.latest = self.inline.stats()
-            self.latest_real = real
-            self.updated = time.time()
-            return
+    def _deliver(self, pending: list[tuple[Any, ...]], real: tuple[int, int]) -> None:
         if not self.cid or self.error:
             self.dropped += len(pending)
             return
@@ -148,23 +94,12 @@ class ShadowFeeder(WorkerClient):
         self.replies += 1
 
     def restart(self, real: tuple[int, int]) -> None:
-        """Every shadow empty again (e.g. after the real pool restarted)."""
-        self.pending = []
-        self.since = time.time()
-        self.real_base = real
-        if self.inline is not None:
-            self.inline.restart()
-            self.latest = self.inline.stats()
-        elif self.cid:
+        super().restart(real)
+        if self.cid:
             self._send(("restart", self.cid))
 
     def check(self, timeout: float = 10.0) -> None:
-        """Audit every shadow (tests): inline at once, in the worker after
-        everything sent so far."""
-        if self.inline is not None:
-            for pool in self.inline.pools:
-                pool.check()
-            return
+        """Audit every shadow in the worker, after everything sent so far."""
         if not self.cid:
             return
         self._send(("check", self.cid))
@@ -173,11 +108,16 @@ class ShadowFeeder(WorkerClient):
         if self.error:
             raise AssertionError(self.error)
 
-    def snapshot(self) -> dict[str, Any]:
-        return self._snapshot(
-            self.mode,
-            lag_accesses=self.outstanding + len(self.pending),
-            sent_accesses=self.sent if self.inline is None else self.applied,
-            applied_accesses=self.applied,
-            dropped_accesses=self.dropped,
-        )
+
+def make_feeder(
+    specs: list[ShadowSpec],
+    base_capacity: int,
+    block_size: int,
+    num_groups: int,
+    mode: str,
+    max_lag: int,
+) -> ShadowFeeder:
+    """``process``: in the worker process; ``inline``: on the engine."""
+    if mode == "process":
+        return ProcessShadowFeeder(specs, base_capacity, block_size, num_groups, max_lag)
+    return ShadowFeeder(specs, base_capacity, block_size, num_groups)

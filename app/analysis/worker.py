@@ -9,7 +9,7 @@ operations/accesses applied, ``error``):
     ("batch", cid, accesses, real)                               -> stats
     ("restart", cid) / ("check", cid)
 
-    ("ropen", cid, settings, keyframe)     a replica engine in that state
+    ("ropen", cid, opening, keyframe)      a replica runtime in that state
     ("rops", cid, [(times, blobs), ...])   recorded operations to apply
                                            -> stream section, Prometheus
                                               figures, new requests' reasons
@@ -22,50 +22,56 @@ operations/accesses applied, ``error``):
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-import traceback
 from typing import Any
 
 from blockpool.shadow import ShadowSet, ShadowSpec
 
+logger = logging.getLogger("blockpool.analysis.worker")
+
 
 class Replica:
-    """A metadata-only engine fed the recorded operations, analysis inline."""
+    """A metadata-only runtime of the library fed the recorded operations,
+    with the analysis (and the shadow pools) inline."""
 
-    def __init__(self, settings: dict[str, Any], keyframe: Any) -> None:
-        from app.analysis.state import restore
-        from app.engine import Engine
-        from app.settings import Settings
+    def __init__(self, opening: dict[str, Any], keyframe: Any) -> None:
+        from blockpool.analysis.core import Analysis
+        from blockpool.analysis.feeder import ShadowFeeder, shadow_specs
+        from blockpool.runtime import PoolRuntime, RuntimeConfig
+        from blockpool.runtime.state import restore
 
-        overrides = {
-            "analysis": True,
-            "analysis_mode": "inline",
-            "recording": False,
-            "storage": False,
-            "demo": False,
-            "kv_events_publisher": False,
-            "memory_budget_bytes": None,
-            "token": None,
-        }
-        if settings.get("shadow_mode") != "off":
-            overrides["shadow_mode"] = "inline"
-        self.engine = Engine(Settings(**{**settings, **overrides}))
+        config = RuntimeConfig(**opening["runtime"])
+        self.rt = PoolRuntime(config)
         self.ts = keyframe.ts
-        an = self.engine.analysis
-        assert an is not None and an.local
-        an.clock = self.now
-        restore(self.engine, keyframe)
-        an.rebase()
+        feeder = None
+        shadows = opening.get("shadows")
+        if shadows is not None and config.enable_caching:
+            specs = shadow_specs(shadows["policies"], shadows["factors"], shadows["grid"])
+            feeder = ShadowFeeder(
+                specs, config.num_blocks - 1, config.block_size, config.num_groups
+            )
+        self.analysis = Analysis(
+            self.rt,
+            miss_index_size=opening["miss_index_size"],
+            miss_finished_kept=opening["miss_finished_kept"],
+            feeder=feeder,
+            clock=self.now,
+        )
+        self.rt.hooks = self.analysis
+        restore(self.rt, keyframe)
+        self.analysis.rebase()
 
     def now(self) -> float:
         return self.ts
 
     def apply(self, parts: list[tuple[Any, list[bytes]]]) -> dict[str, Any]:
-        from app.analysis import prom, views
-        from app.analysis.recording import decode_op
-        from app.errors import ApiError
+        from app.analysis import prom
+        from blockpool.analysis import views
+        from blockpool.analysis.recording import decode_op
+        from blockpool.runtime.errors import OperationError
 
-        e = self.engine
+        rt = self.rt
         admitted: list[str] = []
         n = 0
         for times, blobs in parts:
@@ -74,14 +80,13 @@ class Replica:
                 op, ok = decode_op(blob)
                 n += 1
                 try:
-                    result = e.apply(op)
-                except ApiError:
+                    result = rt.apply(op)
+                except OperationError:
                     continue
                 if ok and op.__class__.__name__ == "AdmitOp":
                     admitted.append(result["request_id"])
-        e.tick()
-        an = e.analysis
-        assert an is not None
+        an = self.analysis
+        an.on_tick()
         reasons = {rid: views.pack_reasons(an, rid) for rid in admitted}
         return {
             "n": n,
@@ -91,13 +96,11 @@ class Replica:
         }
 
     def query(self, kind: str, args: dict[str, Any]) -> dict[str, Any]:
-        from app.analysis import views
-        from app.errors import NotFound
+        from blockpool.analysis import views
+        from blockpool.runtime.errors import NotFound
 
-        an = self.engine.analysis
-        assert an is not None
         try:
-            result: dict[str, Any] = getattr(views, kind)(an, **args)
+            result: dict[str, Any] = views.VIEWS[kind](self.analysis, **args)
         except NotFound as exc:
             return {"not_found": exc.message, "details": exc.details}
         return {"result": result}
@@ -138,7 +141,9 @@ def handle(state: dict[int, Any], msg: tuple[Any, ...]) -> dict[str, Any]:
         reply["stats"] = shadows.stats()
         reply["accesses"] = shadows.accesses
     except Exception as exc:  # report, keep serving the other channels
-        reply["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
+        # the traceback goes to the worker's log; the reply says what failed
+        logger.exception("analysis worker: %s on channel %s failed", kind, cid)
+        reply["error"] = f"{type(exc).__name__}: {exc}"
         if kind == "rops":
             reply["n"] = sum(len(b) for _, b in msg[2])
     return reply

@@ -13,7 +13,16 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import ApiError, error_body
+from app.errors import (
+    ApiError,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    error_body,
+)
 
 logger = logging.getLogger("blockpool.api")
 
@@ -28,6 +37,34 @@ _CODES = {
     422: "invalid_input",
     429: "too_many_requests",
 }
+
+
+# The one mapping from a refusal's class to its HTTP status (most specific first
+# through the class's MRO; a class may also carry its own ``status``).
+STATUS: dict[type[ApiError], int] = {
+    InvalidInput: 422,
+    NotFound: 404,
+    Conflict: 409,
+    TooLarge: 413,
+    Unauthorized: 401,
+    Unavailable: 503,
+}
+
+
+def status_of(exc: ApiError) -> int:
+    for cls in type(exc).__mro__:
+        own = cls.__dict__.get("status")
+        if isinstance(own, int):
+            return own
+        status = STATUS.get(cls)  # type: ignore[arg-type]
+        if status is not None:
+            return status
+    return 400
+
+
+def body_of(exc: ApiError) -> dict[str, Any]:
+    """The error shape of a refusal."""
+    return error_body(status_of(exc), exc.code, exc.message, exc.details)
 
 
 class ErrorInfo(BaseModel):
@@ -49,9 +86,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (401, "missing or wrong bearer token"),
         (404, "no such block / request / route"),
         (409, "refused by the pool's state (nothing changed)"),
+        (403, "a cross-site request or a foreign Host header (browser pages only)"),
         (413, "over a size limit"),
         (415, "the body is not JSON (Content-Type: application/json)"),
         (422, "invalid input (nothing changed)"),
+        (429, "too many costly reads without the token (Retry-After says when)"),
     )
 }
 
@@ -77,8 +116,11 @@ def _clean(errors: Any) -> list[dict[str, Any]]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse(exc.body(), exc.status, headers=headers)
+        status = status_of(exc)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if status == 429 and "retry_after_s" in exc.details:
+            headers = {"Retry-After": str(exc.details["retry_after_s"])}
+        return JSONResponse(body_of(exc), status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -167,15 +209,22 @@ def _allow(request: Request) -> dict[str, str]:
 
 def _auth_denied(request: Request) -> JSONResponse | None:
     """The 401 response when the matched route's auth dependency refuses."""
+    from app.api.costly import require_costly_export, require_costly_read
     from app.api.deps import require_read, require_write
 
+    checks = {require_write: require_write, require_read: require_read,
+              require_costly_read: require_read,  # (the ration is not taken here)
+              require_costly_export: require_read}  # fmt: skip
     route = request.scope.get("route")
     for dep in getattr(route, "dependencies", ()):
-        if dep.dependency in (require_write, require_read):
+        check = checks.get(dep.dependency)
+        if check is not None:
             try:
-                dep.dependency(request)
+                check(request)
             except ApiError as exc:
-                return JSONResponse(exc.body(), exc.status, headers={"WWW-Authenticate": "Bearer"})
+                return JSONResponse(
+                    body_of(exc), status_of(exc), headers={"WWW-Authenticate": "Bearer"}
+                )
     return None
 
 

@@ -10,13 +10,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
-from app.analysis import replay
-from app.analysis.core import Analysis
-from app.analysis.recording import EventsView, Recorder, export_lines
+from app.analysis.host import AnalysisHost
+from app.api.costly import CostlyExport, CostlyRead
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
+from app.api.responses import analysis as r
+from app.api.responses import returns
 from app.engine import Engine
 from app.errors import Conflict, InvalidInput, NotFound
+from blockpool.analysis import replay
+from blockpool.analysis.recording import EventsView, Recorder, export_lines
 
 router = APIRouter(prefix="/api", tags=["analysis"], responses=ERROR_RESPONSES)
 
@@ -33,7 +36,7 @@ Moment = Annotated[
 ]
 
 
-def _analysis(engine: Engine) -> Analysis:
+def _analysis(engine: Engine) -> AnalysisHost:
     if engine.analysis is None:
         raise Conflict("the analysis is off (start the server with BLOCKPOOL_ANALYSIS=true)")
     return engine.analysis
@@ -46,7 +49,12 @@ def _recorder(engine: Engine) -> Recorder:
     return an.recorder
 
 
-@router.get("/misses", dependencies=[ReadAuth], summary="Why prefixes missed, in aggregate")
+@router.get(
+    "/misses",
+    responses=returns(r.Misses),
+    dependencies=[ReadAuth],
+    summary="Why prefixes missed, in aggregate",
+)
 async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
     """Missed prompt blocks (and tokens) by reason -- last_token,
     block_size_floor, cold, evicted, extra_keys, chain_broken -- with how long
@@ -56,7 +64,10 @@ async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
 
 
 @router.get(
-    "/misses/requests/{request_id}", dependencies=[ReadAuth], summary="One request's misses"
+    "/misses/requests/{request_id}",
+    responses=returns(r.RequestMisses),
+    dependencies=[ReadAuth],
+    summary="One request's misses",
 )
 async def request_misses(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Each prompt block: hit, or the reason it missed with its detail.
@@ -64,14 +75,21 @@ async def request_misses(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     return await _analysis(engine).query("request_misses", rid=request_id)
 
 
-@router.get("/regret", dependencies=[ReadAuth], summary="Eviction regret")
+@router.get(
+    "/regret", responses=returns(r.Regret), dependencies=[ReadAuth], summary="Eviction regret"
+)
 async def regret(engine: EngineDep, limit: Limit = 20) -> dict[str, Any]:
     """Hashes stored again after their eviction: count, rate, gap histogram,
     the most regretted prefixes (by root block) and the latest regrets."""
     return await _analysis(engine).query("regret", limit=limit)
 
 
-@router.get("/shadows", dependencies=[ReadAuth], summary="What-if: other sizes and policies")
+@router.get(
+    "/shadows",
+    responses=returns(r.Shadows),
+    dependencies=[ReadAuth],
+    summary="What-if: other sizes and policies",
+)
 async def shadows(engine: EngineDep) -> dict[str, Any]:
     """The same request stream on shadow pools (metadata only) of other
     capacities and free orders: their hit rates, a miss-ratio curve per
@@ -82,7 +100,12 @@ async def shadows(engine: EngineDep) -> dict[str, Any]:
 # ------------------------------------------------------------------ history
 
 
-@router.get("/history", dependencies=[ReadAuth], summary="The recording: span and keyframes")
+@router.get(
+    "/history",
+    responses=returns(r.History),
+    dependencies=[ReadAuth],
+    summary="The recording: span and keyframes",
+)
 async def history(engine: EngineDep) -> dict[str, Any]:
     return _recorder(engine).info()
 
@@ -115,10 +138,15 @@ async def _moment(request: Request, engine: Engine, seq: int) -> replay.Moment:
     assert seg is not None
     entries = seg.entries(0, seq - seg.keyframe.seq)  # taken between operations
     async with _lock(request):
-        return await asyncio.to_thread(replay.rebuild, seg.keyframe, entries, engine.settings)
+        return await asyncio.to_thread(replay.rebuild, seg.keyframe, entries, engine.config)
 
 
-@router.get("/history/state", dependencies=[ReadAuth], summary="The pool at a recorded moment")
+@router.get(
+    "/history/state",
+    responses=returns(r.HistoryState),
+    dependencies=[CostlyRead],
+    summary="The pool at a recorded moment",
+)
 async def history_state(
     request: Request,
     engine: EngineDep,
@@ -134,7 +162,12 @@ async def history_state(
     return replay.state_json(m, limit, include_blocks)
 
 
-@router.get("/history/diff", dependencies=[ReadAuth], summary="What changed between two moments")
+@router.get(
+    "/history/diff",
+    responses=returns(r.HistoryDiff),
+    dependencies=[CostlyRead],
+    summary="What changed between two moments",
+)
 async def history_diff(
     request: Request,
     engine: EngineDep,
@@ -157,13 +190,34 @@ async def history_diff(
     return await asyncio.to_thread(replay.diff_json, ma, mb, between, view, limit)
 
 
+@router.get(
+    "/history/export/size", dependencies=[ReadAuth], summary="What the export would send now"
+)
+async def history_export_size(engine: EngineDep) -> dict[str, Any]:
+    """The bytes and lines ``GET /history/export`` would send now, counted by
+    writing it (in a thread, nothing kept): the JSON is many times the
+    recording's in-memory size (``bytes_held``)."""
+    rec = _recorder(engine)
+    header, segments, final, view = rec.export_parts()
+
+    def count() -> tuple[int, int]:
+        size = lines = 0
+        for line in export_lines(header, segments, final, view):
+            size += len(line.encode())
+            lines += 1
+        return size, lines
+
+    size, lines = await asyncio.to_thread(count)
+    return {"bytes": size, "lines": lines, "last_seq": final.seq}
+
+
 class NDJSONResponse(StreamingResponse):
     media_type = "application/x-ndjson"
 
 
 @router.get(
     "/history/export",
-    dependencies=[ReadAuth],
+    dependencies=[CostlyExport],
     summary="The recording as JSON lines",
     response_class=NDJSONResponse,
     responses={200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},
@@ -171,7 +225,7 @@ class NDJSONResponse(StreamingResponse):
 async def history_export(engine: EngineDep) -> NDJSONResponse:
     """A header, every keyframe and operation (result and events included)
     from the oldest held, and the state now as a final keyframe.  Replay it
-    with ``python -m app.analysis.replay FILE`` (or ``blockpool replay``)."""
+    with ``blockpool replay FILE``."""
     rec = _recorder(engine)
     header, segments, final, view = rec.export_parts()
     name = f"blockpool-recording-{int(time.time())}.jsonl"

@@ -8,6 +8,8 @@ from fastapi import APIRouter, Request
 
 from app.api.deps import ReadAuth, WriteAuth
 from app.api.errors import ERROR_RESPONSES
+from app.api.responses import requests as r
+from app.api.responses import returns
 from app.demo import DemoWorkload
 from app.schemas import DemoConfig
 
@@ -19,26 +21,43 @@ def _demo(request: Request) -> DemoWorkload:
     return demo
 
 
-@router.get("", dependencies=[ReadAuth], summary="Demo workload status")
+@router.get(
+    "", responses=returns(r.DemoStatus), dependencies=[ReadAuth], summary="Demo workload status"
+)
 async def status(request: Request) -> dict[str, Any]:
     return _demo(request).status()
 
 
-@router.post("/start", dependencies=[WriteAuth], summary="Start the demo workload")
+@router.post(
+    "/start",
+    responses=returns(r.DemoStatus),
+    dependencies=[WriteAuth],
+    summary="Start the demo workload",
+)
 async def start(request: Request) -> dict[str, Any]:
     demo = _demo(request)
     demo.start()
     return demo.status()
 
 
-@router.post("/stop", dependencies=[WriteAuth], summary="Stop it (running requests finish)")
+@router.post(
+    "/stop",
+    responses=returns(r.DemoStatus),
+    dependencies=[WriteAuth],
+    summary="Stop it (running requests finish)",
+)
 async def stop(request: Request) -> dict[str, Any]:
     demo = _demo(request)
     await demo.stop()
     return demo.status()
 
 
-@router.post("/config", dependencies=[WriteAuth], summary="Tune rate, mix, decode length")
+@router.post(
+    "/config",
+    responses=returns(r.DemoStatus),
+    dependencies=[WriteAuth],
+    summary="Tune rate, mix, decode length",
+)
 async def configure(request: Request, body: DemoConfig) -> dict[str, Any]:
     demo = _demo(request)
     demo.configure(**body.model_dump(exclude_none=True))

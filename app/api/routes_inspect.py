@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 
-from app import views
+from app import storage_link, views
+from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
+from app.api.responses import inspect as r
+from app.api.responses import returns
 
 router = APIRouter(prefix="/api", tags=["inspect"], responses=ERROR_RESPONSES)
 
@@ -18,7 +21,12 @@ Since = Annotated[int, Query(ge=0, le=2**53)]  # a sequence number (bounded: isl
 Limit = Annotated[int, Query(ge=1, le=10_000)]
 
 
-@router.get("/blocks/{block_id}", dependencies=[ReadAuth], summary="One block's details")
+@router.get(
+    "/blocks/{block_id}",
+    responses=returns(r.Block),
+    dependencies=[ReadAuth],
+    summary="One block's details",
+)
 async def block(
     engine: EngineDep, block_id: Annotated[int, Path(ge=0, le=2**31 - 1)]
 ) -> dict[str, Any]:
@@ -26,13 +34,23 @@ async def block(
     return views.block(engine, block_id)
 
 
-@router.get("/queue", dependencies=[ReadAuth], summary="The LRU free queue, paged")
+@router.get(
+    "/queue",
+    responses=returns(r.Queue),
+    dependencies=[CostlyRead],
+    summary="The LRU free queue, paged",
+)
 async def queue(engine: EngineDep, offset: Offset = 0, limit: Limit = 100) -> dict[str, Any]:
     """In eviction order: position 0 is the next block to be reused."""
     return views.queue(engine, offset, limit)
 
 
-@router.get("/hashmap", dependencies=[ReadAuth], summary="The hash -> block map, paged")
+@router.get(
+    "/hashmap",
+    responses=returns(r.HashMap),
+    dependencies=[CostlyRead],
+    summary="The hash -> block map, paged",
+)
 async def hash_map(
     engine: EngineDep,
     offset: Offset = 0,
@@ -46,7 +64,12 @@ async def hash_map(
     return views.hash_map(engine, offset, limit, hash, block_id, multi_only)
 
 
-@router.get("/prefix-tree", dependencies=[ReadAuth], summary="Cached prefixes as a tree")
+@router.get(
+    "/prefix-tree",
+    responses=returns(r.PrefixTree),
+    dependencies=[CostlyRead],
+    summary="Cached prefixes as a tree",
+)
 async def prefix_tree(
     engine: EngineDep, limit: Annotated[int, Query(ge=1, le=200_000)] = 20_000
 ) -> dict[str, Any]:
@@ -55,7 +78,12 @@ async def prefix_tree(
     return views.prefix_tree(engine, limit)
 
 
-@router.get("/events", dependencies=[ReadAuth], summary="KV events since a sequence number")
+@router.get(
+    "/events",
+    responses=returns(r.Events),
+    dependencies=[ReadAuth],
+    summary="KV events since a sequence number",
+)
 async def events(
     engine: EngineDep,
     since: Since = 0,
@@ -68,7 +96,12 @@ async def events(
     return views.events(engine, since, limit, set(type) if type else None)
 
 
-@router.get("/samples", dependencies=[ReadAuth], summary="Eviction samples (residency)")
+@router.get(
+    "/samples",
+    responses=returns(r.Samples),
+    dependencies=[ReadAuth],
+    summary="Eviction samples (residency)",
+)
 async def samples(
     engine: EngineDep,
     since: Since = 0,
@@ -77,21 +110,35 @@ async def samples(
     return views.samples(engine, since, limit)
 
 
-@router.get("/series", dependencies=[ReadAuth], summary="Recent time-series points")
+@router.get(
+    "/series",
+    responses=returns(r.Series),
+    dependencies=[ReadAuth],
+    summary="Recent time-series points",
+)
 async def series(
     engine: EngineDep, limit: Annotated[int, Query(ge=1, le=6000)] = 600
 ) -> dict[str, Any]:
     return views.series(engine, limit)
 
 
-@router.get("/storage", dependencies=[ReadAuth], summary="K/V storage memory facts")
-async def storage(engine: EngineDep) -> dict[str, Any]:
+@router.get(
+    "/storage",
+    responses=returns(r.Storage),
+    dependencies=[ReadAuth],
+    summary="K/V storage memory facts",
+)
+async def storage(engine: EngineDep, request: Request) -> dict[str, Any]:
     """Device, dtype, bytes per block, bytes allocated, and the bytes holding
-    live / cached / empty blocks now (``enabled: false`` without storage)."""
+    live / cached / empty blocks now (``enabled: false`` without storage, with
+    the ``reason``: turned off, or torch not installed)."""
     facts = engine.storage_facts()
-    return {"enabled": facts is not None, **(facts or {})}
+    if facts is None:
+        reason = request.app.state.storage_off or storage_link.OFF_BY_SETTING
+        return {"enabled": False, "reason": reason}
+    return {"enabled": True, **facts}
 
 
-@router.get("/health", summary="Liveness")
+@router.get("/health", responses=returns(r.Health), summary="Liveness")
 async def health(engine: EngineDep) -> dict[str, Any]:
     return {"status": "ok", "num_blocks": engine.pool.num_gpu_blocks}

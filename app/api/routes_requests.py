@@ -6,18 +6,28 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
-from app import ops, views
+from app import views
+from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
-from app.api.errors import ERROR_RESPONSES
+from app.api.errors import ERROR_RESPONSES, body_of
+from app.api.responses import requests as r
+from app.api.responses import returns
 from app.errors import ApiError, TooLarge
-from app.schemas import AdmitOp, AppendBody, AppendOp, BatchRequest, FinishOp
+from app.schemas import AdmitOp, AppendBody, AppendOp, BatchRequest, FinishOp, to_runtime
+from blockpool.runtime.trial import first_refusal, mutating
 
 router = APIRouter(prefix="/api", tags=["requests"], responses=ERROR_RESPONSES)
 
 Rid = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
 
 
-@router.post("/requests", status_code=201, dependencies=[WriteAuth], summary="Admit a request")
+@router.post(
+    "/requests",
+    responses=returns(r.Admitted, 201),
+    status_code=201,
+    dependencies=[WriteAuth],
+    summary="Admit a request",
+)
 async def admit(op: AdmitOp, engine: EngineDep) -> dict[str, Any]:
     """Hashes the full blocks, reuses the longest cached prefix (never the
     block of the last prompt token), allocates the rest and caches the full
@@ -25,7 +35,9 @@ async def admit(op: AdmitOp, engine: EngineDep) -> dict[str, Any]:
     return await run(engine, op)
 
 
-@router.get("/requests", dependencies=[ReadAuth], summary="Running requests")
+@router.get(
+    "/requests", responses=returns(r.Requests), dependencies=[ReadAuth], summary="Running requests"
+)
 async def list_requests(
     engine: EngineDep,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
@@ -34,20 +46,33 @@ async def list_requests(
     return views.requests(engine, offset, limit)
 
 
-@router.get("/requests/{request_id}", dependencies=[ReadAuth], summary="One request")
+@router.get(
+    "/requests/{request_id}",
+    responses=returns(r.RequestInfo),
+    dependencies=[ReadAuth],
+    summary="One request",
+)
 async def get_request(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Its blocks per group, which were prefix hits, and their hashes."""
     return views.request(engine, request_id)
 
 
 @router.post(
-    "/requests/{request_id}/tokens", dependencies=[WriteAuth], summary="Append decode tokens"
+    "/requests/{request_id}/tokens",
+    responses=returns(r.Appended),
+    dependencies=[WriteAuth],
+    summary="Append decode tokens",
 )
 async def append(engine: EngineDep, request_id: Rid, body: AppendBody) -> dict[str, Any]:
     return await run(engine, AppendOp(request_id=request_id, token_ids=body.token_ids))
 
 
-@router.post("/requests/{request_id}/verify", dependencies=[ReadAuth], summary="Verify its K/V")
+@router.post(
+    "/requests/{request_id}/verify",
+    responses=returns(r.Verified),
+    dependencies=[CostlyRead],
+    summary="Verify its K/V",
+)
 async def verify(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Check bit for bit that the request's blocks hold the K/V the stand-in
     model computes for its tokens (prefix hits included).  409 when the
@@ -55,19 +80,33 @@ async def verify(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     return await engine.submit(lambda: views.verify(engine, request_id))
 
 
-@router.post("/requests/{request_id}/finish", dependencies=[WriteAuth], summary="Finish")
+@router.post(
+    "/requests/{request_id}/finish",
+    responses=returns(r.Finished),
+    dependencies=[WriteAuth],
+    summary="Finish",
+)
 async def finish(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Frees the request's blocks in reverse (its shared prefix is evicted last)."""
     return await run(engine, FinishOp(request_id=request_id))
 
 
-@router.post("/batch", dependencies=[WriteAuth], tags=["batch"], summary="Many operations")
+@router.post(
+    "/batch",
+    responses=returns(r.Batch),
+    dependencies=[WriteAuth],
+    tags=["batch"],
+    summary="Many operations",
+)
 async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
-    """Operations run in order in one engine step.  Each is all-or-nothing; the
-    batch is not a transaction.  The whole batch is checked against the limits
-    first (413/422, nothing applied).  Results come per operation
-    (``ok`` + ``result`` or ``error``); with ``on_error: stop`` the batch stops
-    at the first refused operation and the rest are ``skipped``."""
+    """Operations run in order in one engine step; the whole batch is checked
+    against the limits first (413/422, nothing applied).  By default
+    (``on_error: rollback``) the batch is all or nothing: if any operation
+    would be refused, nothing changes and the answer is that refusal (its
+    status and code, ``details.op_index`` naming it).  With ``stop`` or
+    ``continue`` operations apply one by one (each all-or-nothing) and the
+    results come per operation (``ok`` + ``result`` or ``error``); ``stop``
+    skips the rest after the first refusal."""
     limit = engine.settings.max_batch_ops
     if len(body.ops) > limit:
         raise TooLarge(
@@ -75,26 +114,46 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
             given=len(body.ops),
             limit=limit,
         )
-    for i, op in enumerate(body.ops):
+    rops = [to_runtime(op) for op in body.ops]
+    for i, op in enumerate(rops):
         try:
-            ops.precheck(engine, op)
+            engine.precheck(op)
         except ApiError as exc:
             exc.details["op_index"] = i
             exc.message = f"ops[{i}]: {exc.message}"
             raise
+    atomic = body.on_error == "rollback"
+
+    def refusal(i: int, exc: ApiError) -> ApiError:
+        details = {**exc.details, "op_index": i, "op": rops[i].op}
+        return type(exc)(
+            f"ops[{i}]: {exc.message} (the batch was not applied: nothing changed)", **details
+        )
 
     def apply() -> dict[str, Any]:
+        if atomic:
+            if mutating(rops) > 1:  # (one mutating op is all-or-nothing by itself)
+                refused = first_refusal(engine, rops)
+                if refused is not None:
+                    raise refusal(*refused)
+            done = []
+            for i, op in enumerate(rops):
+                try:
+                    done.append({"ok": True, "result": engine.apply(op)})
+                except ApiError as exc:
+                    raise refusal(i, exc) from None
+            return {"applied": len(done), "failed": 0, "errors": False, "results": done}
         results: list[dict[str, Any]] = []
         failed = 0
-        for op in body.ops:
-            if failed and body.on_error == "stop":
+        for op in rops:
+            if failed and body.on_error != "continue":
                 results.append({"ok": False, "skipped": True})
                 continue
             try:
                 results.append({"ok": True, "result": engine.apply(op)})
             except ApiError as exc:
                 failed += 1
-                results.append({"ok": False, "error": exc.body()["error"]})
+                results.append({"ok": False, "error": body_of(exc)["error"]})
         applied = sum(1 for r in results if r["ok"])
         return {"applied": applied, "failed": failed, "errors": failed > 0, "results": results}
 

@@ -16,21 +16,44 @@ Hashes come as 64-bit ints (vLLM's default, sometimes signed) or as bytes
 (the full digest).  Ints are normalised to unsigned 64-bit; bytes stay bytes.
 The payload is decoded untyped (``msgspec.msgpack.decode``) and read field by
 field, so an unexpected shape costs one event (counted), never the stream.
+
+Poison is bounded before and while decoding: a payload over ``max_bytes`` is
+refused unread; msgspec stops at the interpreter's recursion limit (about
+1,000 levels -- refused as ``too_deep``, never a ``RecursionError``); numbers
+are checked (a token id must be a finite integer, the batch's ``ts`` a finite
+number); fields kept as ``extra`` are made JSON-safe and bounded (``extra.py``).
+
+vLLM >= 0.24 tags events with their KV-cache group (``group_idx``; hybrid
+models: full attention + sliding window) and, on BlockStored, the group's
+cache spec: read into ``group`` / ``spec_kind`` / ``sliding_window``.  Its
+other new fields are kept in ``extra``; fields no release we know sends are
+kept too and counted (``ObservedBatch.unknown_fields``).  What was refused or cut is counted
+per kind in ``DecodeError.kind`` / ``ObservedBatch.issues``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import msgspec
 
+from app.kvevents.extra import EXTRA_MAX_ITEMS, GROUP_FIELDS, KNOWN_KEPT, Tally, field_name, safe
+
 MASK64 = (1 << 64) - 1
 Hash = int | bytes
 Encoding = Literal["positional", "map"]
+MAX_BATCH_BYTES = 32 * 1024 * 1024  # the default refusal size of one payload
+MAX_GROUP_IDX = 255  # KV-cache groups per model (vLLM has a handful)
 
 
 class DecodeError(ValueError):
-    """The payload is not a KV-event batch at all."""
+    """The payload is not a KV-event batch at all; ``kind`` names why
+    (``too_large``, ``too_deep``, ``not_msgpack``, ``not_a_batch``)."""
+
+    def __init__(self, message: str, kind: str = "not_a_batch") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class StoredEvent(msgspec.Struct, gc=False):
@@ -42,12 +65,16 @@ class StoredEvent(msgspec.Struct, gc=False):
     medium: str | None = None
     lora_name: str | None = None
     extra: dict[str, Any] | None = None
+    group: int | None = None  # group_idx (None: the publisher has no groups)
+    spec_kind: str | None = None  # kv_cache_spec_kind, e.g. "full_attention"
+    sliding_window: int | None = None  # kv_cache_spec_sliding_window
 
 
 class RemovedEvent(msgspec.Struct, gc=False):
     hashes: list[Hash]
     medium: str | None = None
     extra: dict[str, Any] | None = None
+    group: int | None = None
 
 
 class ClearedEvent(msgspec.Struct, gc=False):
@@ -65,6 +92,10 @@ class ObservedBatch(msgspec.Struct, gc=False):
     encoding: Encoding
     unknown: int = 0  # events of a type we do not know (skipped)
     malformed: int = 0  # events we could not read (skipped)
+    # poison found in the batch, by kind: malformed_event, bad_number (a
+    # skipped event), non_finite_ts (ts then 0.0), extra_cut (extra trimmed)
+    issues: dict[str, int] | None = None
+    unknown_fields: dict[str, int] | None = None  # field name -> times seen (kept)
 
 
 _STORED = "blockstored"
@@ -79,7 +110,9 @@ _STORED_FIELDS = (
     "medium",
     "lora_name",
 )
+_STORED_MAP_FIELDS = _STORED_FIELDS + GROUP_FIELDS
 _REMOVED_FIELDS = ("block_hashes", "medium")
+_REMOVED_MAP_FIELDS = (*_REMOVED_FIELDS, "group_idx")
 _CLEARED_FIELDS: tuple[str, ...] = ()
 _ALIASES = {
     "hashes": "block_hashes",
@@ -124,12 +157,31 @@ def _hashes(value: Any) -> list[Hash]:
     return [norm_hash(value)]
 
 
+class BadNumber(ValueError):
+    """A number that cannot be what the field holds (inf, NaN, a fraction)."""
+
+
+def _token(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value) and value.is_integer():
+            return int(value)
+        raise BadNumber(f"token id {value!r} is not an integer")
+    raise TypeError("a token id is not a number")
+
+
 def _opt_int(value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError("expected an int")
     return value
+
+
+def _short_str(value: Any) -> str | None:
+    text = _opt_str(value)
+    return None if text is None else text[:64]
 
 
 def _opt_str(value: Any) -> str | None:
@@ -140,28 +192,45 @@ def _opt_str(value: Any) -> str | None:
     return str(value)
 
 
-def _fields(raw: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _fields(
+    raw: Any, names: tuple[str, ...], tally: Tally, map_names: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(known fields by name, extra fields) of a positional or map event."""
     if isinstance(raw, dict):
         known: dict[str, Any] = {}
         extra: dict[str, Any] = {}
+        wanted = map_names or names
         for k, v in raw.items():
-            key = k.decode() if isinstance(k, bytes) else str(k)
+            key = k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
             if key in _TAG_KEYS:
                 continue
             key = _ALIASES.get(key, key)
-            if key in names:
+            if key in wanted:
                 known[key] = v
+                continue
+            if key not in KNOWN_KEPT:
+                tally.unknown(field_name(key))
+            if len(extra) < EXTRA_MAX_ITEMS:
+                extra[field_name(key)] = safe(v, tally)
             else:
-                extra[key] = v
+                tally.cut += 1
         return known, extra or None
     values = list(raw[1:])
     known = dict(zip(names, values, strict=False))
     rest = values[len(names) :]
-    return known, ({"positional": rest} if rest else None)
+    if rest:
+        tally.unknown("positional", len(rest))
+    return known, ({"positional": safe(rest, tally)} if rest else None)
 
 
-def _event(raw: Any) -> ObservedEvent | None:
+def _group(value: Any) -> int | None:
+    group = _opt_int(value)
+    if group is not None and not 0 <= group <= MAX_GROUP_IDX:
+        raise BadNumber(f"group_idx {group} is outside 0..{MAX_GROUP_IDX}")
+    return group
+
+
+def _event(raw: Any, tally: Tally) -> ObservedEvent | None:
     """One event, or None for a type we do not know."""
     if isinstance(raw, dict):
         tag_value = next((raw[k] for k in _TAG_KEYS if k in raw), None)
@@ -173,12 +242,12 @@ def _event(raw: Any) -> ObservedEvent | None:
     else:
         raise TypeError("event is neither an array nor a map")
     if tag == _STORED:
-        f, extra = _fields(raw, _STORED_FIELDS)
+        f, extra = _fields(raw, _STORED_FIELDS, tally, _STORED_MAP_FIELDS)
         hashes = _hashes(f.get("block_hashes"))
         tokens_raw = f.get("token_ids") or []
         if not isinstance(tokens_raw, list | tuple):
             raise TypeError("token_ids is not a list")
-        tokens = [int(t) for t in tokens_raw]
+        tokens = [_token(t) for t in tokens_raw]
         size = _opt_int(f.get("block_size"))
         if size is None or size <= 0:
             size = len(tokens) // len(hashes) if hashes and tokens else 0
@@ -192,24 +261,32 @@ def _event(raw: Any) -> ObservedEvent | None:
             medium=_opt_str(f.get("medium")),
             lora_name=_opt_str(f.get("lora_name")),
             extra=extra,
+            group=_group(f.get("group_idx")),
+            spec_kind=_short_str(f.get("kv_cache_spec_kind")),
+            sliding_window=_opt_int(f.get("kv_cache_spec_sliding_window")),
         )
     if tag == _REMOVED:
-        f, extra = _fields(raw, _REMOVED_FIELDS)
+        f, extra = _fields(raw, _REMOVED_FIELDS, tally, _REMOVED_MAP_FIELDS)
         return RemovedEvent(
-            hashes=_hashes(f.get("block_hashes")), medium=_opt_str(f.get("medium")), extra=extra
-        )
+            hashes=_hashes(f.get("block_hashes")), medium=_opt_str(f.get("medium")),
+            extra=extra, group=_group(f.get("group_idx")),
+        )  # fmt: skip
     if tag == _CLEARED:
-        f, extra = _fields(raw, ("medium",))
+        f, extra = _fields(raw, ("medium",), tally)
         return ClearedEvent(medium=_opt_str(f.get("medium")), extra=extra)
     return None
 
 
-def decode_batch(payload: bytes) -> ObservedBatch:
+def decode_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> ObservedBatch:
     """Decode one message payload, whichever encoding it uses."""
+    if len(payload) > max_bytes:
+        raise DecodeError(f"{len(payload)} bytes, over the {max_bytes} limit", "too_large")
     try:
         raw = msgspec.msgpack.decode(payload)
+    except RecursionError:
+        raise DecodeError("nested too deep", "too_deep") from None
     except msgspec.DecodeError as exc:
-        raise DecodeError(f"not msgpack: {exc}") from exc
+        raise DecodeError(f"not msgpack: {exc}", "not_msgpack") from exc
     encoding: Encoding
     if isinstance(raw, list):
         if len(raw) < 2:
@@ -230,15 +307,25 @@ def decode_batch(payload: bytes) -> ObservedBatch:
         raise DecodeError("the batch's events are not a list")
     if isinstance(ts_raw, bool) or not isinstance(ts_raw, int | float | None):
         raise DecodeError("the batch's ts is not a number")
-    ts = float(ts_raw) if ts_raw is not None else 0.0
+    issues: dict[str, int] = {}
+    ts = float(ts_raw) if ts_raw is not None else 0.0  # msgpack ints fit a float
+    if not math.isfinite(ts):
+        issues["non_finite_ts"] = 1
+        ts = 0.0
     rank = rank_raw if isinstance(rank_raw, int) and not isinstance(rank_raw, bool) else None
     events: list[ObservedEvent] = []
     unknown = malformed = 0
+    tally = Tally()
     for item in events_raw:
         try:
-            ev = _event(item)
-        except (TypeError, ValueError, IndexError, UnicodeDecodeError):
+            ev = _event(item, tally)
+        except (BadNumber, OverflowError):
             malformed += 1
+            issues["bad_number"] = issues.get("bad_number", 0) + 1
+            continue
+        except Exception:  # any other shape we cannot read: this event only
+            malformed += 1
+            issues["malformed_event"] = issues.get("malformed_event", 0) + 1
             continue
         if ev is None:
             unknown += 1
@@ -253,6 +340,8 @@ def decode_batch(payload: bytes) -> ObservedBatch:
         encoding=encoding,
         unknown=unknown,
         malformed=malformed,
+        issues={**issues, "extra_cut": tally.cut} if tally.cut else (issues or None),
+        unknown_fields=tally.unknown_names or None,
     )
 
 

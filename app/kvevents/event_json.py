@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.kvevents.decode import ObservedEvent, RemovedEvent, StoredEvent, hash_hex
+from app.kvevents.decode import ClearedEvent, ObservedEvent, RemovedEvent, StoredEvent, hash_hex
 
 EventItem = tuple[int, ObservedEvent]  # (publisher batch seq, event)
 
@@ -31,6 +31,11 @@ def event_json(seq: int, ts: float, item: EventItem) -> dict[str, Any]:
         )
     else:
         out.update(type="AllBlocksCleared", medium=ev.medium)
+    if not isinstance(ev, ClearedEvent) and ev.group is not None:
+        out["group_idx"] = ev.group
+    if isinstance(ev, StoredEvent) and ev.spec_kind is not None:
+        out["kv_cache_spec_kind"] = ev.spec_kind
+        out["kv_cache_spec_sliding_window"] = ev.sliding_window
     if ev.extra:
         out["extra"] = {k: _jsonable(v) for k, v in ev.extra.items()}
     return out

@@ -42,6 +42,8 @@ class FleetHub:
         self.seq = 0
         self.messages = 0
         self.clients_dropped = 0
+        self.tick_errors = 0
+        self._error_logged_at = -1e9
         self._dirty = True
         self._sent_log_seq = {name: 0 for name in fleet.sources}
         self._task: asyncio.Task[None] | None = None
@@ -70,8 +72,11 @@ class FleetHub:
                 continue
             try:
                 self.broadcast(self.tick_message())
-            except Exception:  # pragma: no cover - a bug must not stop the hub
-                logger.exception("observer hub tick failed")
+            except Exception:  # a bug must not stop the hub: counted, logged once a minute
+                self.tick_errors += 1
+                if now - self._error_logged_at > 60.0:
+                    self._error_logged_at = now
+                    logger.exception("observer hub tick failed (%d so far)", self.tick_errors)
             last_sent = now
 
     def tick_message(self) -> dict[str, Any]:

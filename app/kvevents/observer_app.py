@@ -40,7 +40,9 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from app.api import docs as api_docs
 from app.api import errors as api_errors
+from app.frontend_files import BESIDE, frontend_dir
 from app.kvevents.fleet import Fleet
 from app.kvevents.hub import FleetHub
 from app.kvevents.observer_auth import Auth, token_ok
@@ -50,7 +52,7 @@ from app.kvevents.source import Source
 from app.settings import ObserverSettings
 
 logger = logging.getLogger("blockpool.observer")
-FRONTEND = Path(__file__).resolve().parents[2] / "frontend"
+FRONTEND: Path = frontend_dir() or BESIDE
 
 
 def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
@@ -65,6 +67,8 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
             bootstrap_replay=settings.bootstrap_replay,
             max_pending=settings.max_pending,
             rcvhwm=settings.rcvhwm,
+            max_batch_bytes=settings.max_batch_bytes,
+            silence_s=settings.silence_s,
         )
         for spec in settings.sources()
     ]
@@ -86,11 +90,14 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
         version="0.1.0",
         summary="A fleet of vLLM prefix caches, rebuilt from their ZMQ KV-event streams",
         lifespan=lifespan,
+        docs_url=None,  # app.api.docs serves /docs from the package
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.fleet = fleet
     app.state.hub = hub
     api_errors.install(app)
+    api_docs.install(app)
     app.include_router(router)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ObserverCollector(fleet, hub))
@@ -138,7 +145,7 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
         finally:
             hub.remove(client)
 
-    if FRONTEND.is_dir():
+    if (FRONTEND / "fleet.html").is_file():
         app.mount("/static", StaticFiles(directory=FRONTEND), name="static")
 
         @app.get("/", include_in_schema=False)

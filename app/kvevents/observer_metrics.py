@@ -3,6 +3,7 @@ its websocket clients, read from the fleet at scrape time."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,6 +62,40 @@ class ObserverCollector(Collector):
         yield fam("c", "unknown_removals", "BlockRemoved of hashes not held.",
                   lambda s: s.state.unknown_removals)  # fmt: skip
         yield fam("c", "disconnects", "Stream disconnections.", lambda s: s.disconnects)
+        yield fam("g", "task_running", "1 while the source's task runs (0: restarting, dead).",
+                  lambda s: s.task_alive)  # fmt: skip
+        yield fam("c", "task_restarts", "Restarts of the source's task after a failure.",
+                  lambda s: s.task_restarts)  # fmt: skip
+        yield fam("c", "unknown_fields", "Event fields no known vLLM release sends (kept).",
+                  lambda s: s.unknown_fields_total)  # fmt: skip
+        groups = GaugeMetricFamily(
+            p + "group_blocks", "Cached blocks per KV-cache group (group_idx; '-': none given).",
+            labels=["pool", "group"],
+        )  # fmt: skip
+        for s in sources:
+            for g, n in sorted(s.state.group_blocks.items(), key=lambda kv: str(kv[0])):
+                groups.add_metric([s.name, "-" if g is None else str(g)], float(n))
+        yield groups
+        yield fam("c", "apply_errors", "Batches whose apply failed (state then inexact).",
+                  lambda s: s.tracker.apply_errors)  # fmt: skip
+        poison = CounterMetricFamily(
+            p + "poison_messages", "Poison messages (or parts of them) refused, by kind.",
+            labels=["pool", "kind"],
+        )  # fmt: skip
+        for s in sources:
+            for kind, n in sorted(s.poison.counts.items()):
+                poison.add_metric([s.name, kind], float(n))
+        yield poison
+        now = time.time()
+        age = GaugeMetricFamily(
+            p + "last_batch_age_seconds",
+            "Seconds since the instance's last batch was applied (since the observer "
+            "started when none yet): alert on a stalled publisher.",
+            labels=["instance"],
+        )
+        for s in sources:
+            age.add_metric([s.name], s.last_batch_age(now))
+        yield age
         yield GaugeMetricFamily(p + "ws_clients", "Websocket clients.", value=len(self.hub.clients))
         yield CounterMetricFamily(
             p + "ws_clients_dropped", "Slow websocket clients resynced.",

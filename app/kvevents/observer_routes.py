@@ -74,14 +74,19 @@ router = APIRouter(prefix="/api", tags=["observer"])
 
 @router.get("/health", summary="Liveness")
 async def health(request: Request) -> dict[str, Any]:
+    """``status`` is ``ok`` while every source's task runs, ``degraded``
+    while one is restarting or dead (listed in ``down``)."""
     fleet: Fleet = request.app.state.fleet
     sources = list(fleet.sources.values())
+    down = {s.name: s.task_state for s in sources if not s.task_alive}
     return {
-        "status": "ok",
+        "status": "degraded" if down else "ok",
         "role": "observer",
         "instances": len(sources),
         "connected": sum(1 for s in sources if s.connected),
         "exact": sum(1 for s in sources if s.tracker.exact),
+        "down": down,
+        "poison_messages": sum(s.poison.total for s in sources),
     }
 
 

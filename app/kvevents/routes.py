@@ -8,11 +8,18 @@ from fastapi import APIRouter, Request
 
 from app.api.deps import ReadAuth
 from app.api.errors import ERROR_RESPONSES
+from app.api.responses import inspect as r
+from app.api.responses import returns
 
 router = APIRouter(prefix="/api", tags=["kv-events"], responses=ERROR_RESPONSES)
 
 
-@router.get("/kv-events", dependencies=[ReadAuth], summary="The ZMQ KV-event publisher")
+@router.get(
+    "/kv-events",
+    responses=returns(r.KvEvents),
+    dependencies=[ReadAuth],
+    summary="The ZMQ KV-event publisher",
+)
 async def kv_events(request: Request) -> dict[str, Any]:
     """Endpoints, sequence numbers, the replay buffer and every counter --
     ``batches_dropped`` / ``events_dropped`` count batches the engine could

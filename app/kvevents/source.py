@@ -5,6 +5,12 @@ Each source runs one asyncio task over ``zmq.asyncio`` sockets (a SUB for the
 live stream, a DEALER for replays, the SUB's monitor for connection state),
 all in the event loop that serves the REST and websocket views -- so the
 rebuilt state is only ever touched from one thread and needs no lock.
+
+No message can end that task: each is handled under its own guard (poison is
+counted by kind, ``poison.py``), and the task is supervised -- should its
+socket loop fail anyway it is restarted with a doubling backoff (counted in
+``task_restarts``; ``task`` says ``restarting`` meanwhile and health is then
+not ``ok``).
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from app.event_log import SeqLog
 from app.kvevents.config import END_SEQ, SourceSpec
-from app.kvevents.decode import ClearedEvent, decode_batch
+from app.kvevents.decode import MAX_BATCH_BYTES, ClearedEvent, DecodeError, decode_batch
 from app.kvevents.event_json import EventItem
+from app.kvevents.poison import PoisonCounter
+from app.kvevents.source_health import source_health
 from app.kvevents.state import InstanceState
 from app.kvevents.tracker import SeqTracker
+from blockpool.runtime.seqlog import SeqLog
 
 logger = logging.getLogger("blockpool.observer")
 
@@ -43,6 +51,9 @@ class Source:
         bootstrap_replay: bool = True,
         max_pending: int = 100_000,
         rcvhwm: int = 100_000,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+        restart_backoff: tuple[float, float] = (0.1, 10.0),
+        silence_s: float = 10.0,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -51,6 +62,15 @@ class Source:
         self.replay_backoff = replay_backoff
         self.bootstrap_replay = bootstrap_replay
         self.rcvhwm = rcvhwm
+        self.max_batch_bytes = max_batch_bytes
+        self.restart_backoff = restart_backoff
+        self.silence_s = silence_s
+        self.poison = PoisonCounter(spec.name, logger)
+        self.task_state = "not started"  # running / restarting / stopped / dead
+        self.task_restarts = 0
+        self.last_task_error: str | None = None
+        self.started_at: float | None = None
+        self._wake = asyncio.Event()
         self.state = InstanceState()
         self.log: SeqLog[EventItem] = SeqLog(event_log_capacity)
         self.tracker = SeqTracker(
@@ -66,6 +86,8 @@ class Source:
         self.encodings: dict[str, int] = {}
         self.unknown_events = 0
         self.malformed_events = 0
+        self.unknown_fields: dict[str, int] = {}  # field name -> times (kept in extra)
+        self.unknown_fields_total = 0
         self.bad_messages = 0
         self.last_batch_ts: float | None = None  # the publisher's clock
         self.last_batch_at: float | None = None  # ours
@@ -80,8 +102,21 @@ class Source:
     # ------------------------------------------------------------- applying
 
     def _apply(self, seq: int, payload: bytes) -> bool:
-        batch = decode_batch(payload)
+        try:
+            batch = decode_batch(payload, self.max_batch_bytes)
+        except DecodeError as exc:
+            self.poison.add(exc.kind, f"batch {seq}: {exc}")
+            raise
         now = time.time()
+        if batch.issues:
+            for kind, n in batch.issues.items():
+                self.poison.add(kind, f"batch {seq}", n)
+            if "non_finite_ts" in batch.issues:
+                batch.ts = now  # the publisher's clock is unusable: ours
+        if batch.unknown_fields:
+            self._count_unknown_fields(batch.unknown_fields)
+        if batch.malformed:
+            self.tracker.lossy(f"{batch.malformed} event(s) of batch {seq} could not be read")
         self.state.apply(batch.events, seq, batch.ts)
         self.encodings[batch.encoding] = self.encodings.get(batch.encoding, 0) + 1
         if batch.data_parallel_rank is not None:
@@ -97,6 +132,14 @@ class Source:
             self.on_batch(self)
         return any(isinstance(ev, ClearedEvent) for ev in batch.events)
 
+    def _count_unknown_fields(self, names: dict[str, int]) -> None:
+        kept = self.unknown_fields
+        for name, n in names.items():
+            self.unknown_fields_total += n
+            if name not in kept and len(kept) >= 64:
+                name = "<other>"
+            kept[name] = kept.get(name, 0) + n
+
     def _reset(self) -> None:
         self.resets += 1
         self.state.reset()
@@ -108,7 +151,8 @@ class Source:
     # --------------------------------------------------------------- socket
 
     def start(self, ctx: zmq.asyncio.Context) -> None:
-        self._task = asyncio.create_task(self._run(ctx), name=f"observe {self.name}")
+        self.started_at = time.time()
+        self._task = asyncio.create_task(self._supervise(ctx), name=f"observe {self.name}")
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -116,6 +160,61 @@ class Source:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.task_state = "stopped"
+
+    @property
+    def task_alive(self) -> bool:
+        """The task runs its socket loop (not restarting, not dead)."""
+        task = self._task
+        if task is not None and task.done():
+            self.task_state = "dead"  # pragma: no cover - the supervisor never returns
+        return self.task_state == "running"
+
+    async def _supervise(self, ctx: zmq.asyncio.Context) -> None:
+        """Run the socket loop; when it fails, restart it after a backoff
+        that doubles (reset after a minute without failure)."""
+        first, most = self.restart_backoff
+        delay = first
+        while True:
+            self.task_state = "running"
+            began = time.monotonic()
+            try:
+                await self._run(ctx)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.last_task_error = repr(exc)[:300]
+                logger.exception("%s: the source's socket loop failed; restarting", self.name)
+            else:  # pragma: no cover - _run only returns when cancelled
+                self.last_task_error = "the socket loop returned"
+            self.task_restarts += 1
+            self.task_state = "restarting"
+            if self.tracker.replaying:
+                self.tracker.on_replay_failed("the source's task restarted")
+            self._replay_outstanding = None
+            if time.monotonic() - began > 60.0:
+                delay = first
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            delay = min(delay * 2, most)
+
+    def wake(self) -> None:
+        """Restart a failed task now rather than at the end of its backoff."""
+        self._wake.set()
+
+    def _guarded(
+        self, handle: Callable[[list[bytes]], int | None], frames: list[bytes]
+    ) -> int | None:
+        """One message, whatever it holds: an exception costs that message
+        (counted, logged once per kind), never the task."""
+        try:
+            return handle(frames)
+        except Exception as exc:
+            self.poison.add("internal_error", repr(exc))
+            self.tracker.exact = False
+            self.tracker.reason = f"a message could not be handled: {exc!r}"[:300]
+            return None
 
     def _new_dealer(self, ctx: zmq.asyncio.Context) -> zmq.asyncio.Socket:
         dealer = ctx.socket(zmq.DEALER)
@@ -151,7 +250,7 @@ class Source:
                             frames = await sub.recv_multipart(flags=zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        start = self._live(frames)
+                        start = self._guarded(self._live, frames)
                         if start is not None and dealer is not None:
                             dealer = await self._request(ctx, poller, dealer, start)
                 if dealer is not None and dealer in ready:
@@ -160,7 +259,7 @@ class Source:
                             frames = await dealer.recv_multipart(flags=zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        start = self._replayed(frames)
+                        start = self._guarded(self._replayed, frames)
                         if start is not None:
                             dealer = await self._request(ctx, poller, dealer, start)
                 if dealer is not None:
@@ -190,9 +289,15 @@ class Source:
                     self.disconnects += 1
                 self.connected = False
 
+    def _bad_frames(self, frames: list[bytes]) -> bool:
+        if len(frames) == 3 and len(frames[1]) == 8:
+            return False
+        self.bad_messages += 1
+        self.poison.add("bad_frames", f"{len(frames)} frame(s), not topic / 8-byte seq / payload")
+        return True
+
     def _live(self, frames: list[bytes]) -> int | None:
-        if len(frames) != 3 or len(frames[1]) != 8:
-            self.bad_messages += 1
+        if self._bad_frames(frames):
             return None
         seq = int.from_bytes(frames[1], "big")
         tracker = self.tracker
@@ -213,8 +318,7 @@ class Source:
         if self._replay_outstanding != tracker.replay_gen or not tracker.replaying:
             tracker.stale_replies += 1
             return None
-        if len(frames) != 3 or len(frames[1]) != 8:
-            self.bad_messages += 1
+        if self._bad_frames(frames):
             return None
         self._replay_deadline = time.monotonic() + self.replay_timeout
         if frames[1] == END_SEQ:
@@ -289,44 +393,12 @@ class Source:
 
     # ---------------------------------------------------------------- views
 
+    def last_batch_age(self, now: float) -> float:
+        """Seconds since the last batch applied (since the start when none
+        yet): what a stalled-publisher alert watches."""
+        since = self.last_batch_at or self.started_at or now
+        return max(0.0, now - since)
+
     def health(self) -> dict[str, Any]:
-        t = self.tracker
-        now = time.time()
-        return {
-            "name": self.name,
-            "endpoint": self.spec.endpoint,
-            "replay_endpoint": self.spec.replay_endpoint,
-            "data_parallel_rank": self.spec.data_parallel_rank,
-            "ranks_seen": sorted(self.ranks_seen),
-            "connected": self.connected,
-            "connects": self.connects,
-            "disconnects": self.disconnects,
-            "exact": t.exact,
-            "inexact_reason": t.reason,
-            "first_seq": t.first_seq,
-            "last_seq": t.applied,
-            "live_seq": t.live_last,
-            "received": t.received,
-            "batches": t.batches,
-            "events": self.events_total,
-            "duplicates": t.duplicates,
-            "gaps": t.gaps,
-            "missed": t.missed,
-            "drops": t.missed,
-            "replays": t.replays,
-            "replay_batches": t.replay_batches,
-            "replay_failures": t.replay_failures,
-            "last_replay_failure": t.last_failure,
-            "replaying": t.replaying,
-            "pending": len(t.pending),
-            "restarts": t.restarts,
-            "decode_errors": t.decode_errors,
-            "bad_messages": self.bad_messages,
-            "unknown_events": self.unknown_events,
-            "malformed_events": self.malformed_events,
-            "encodings": dict(self.encodings),
-            "last_batch_ts": self.last_batch_ts,
-            "last_batch_age_s": None if self.last_batch_at is None else now - self.last_batch_at,
-            "event_log_seq": self.log.last_seq,
-            **self.state.summary(),
-        }
+        """Stream health, task and map summary (``source_health.py``)."""
+        return source_health(self)

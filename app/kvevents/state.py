@@ -2,8 +2,10 @@
 
 The hash map is ``hash -> entry``: how many physical copies hold the hash
 (BlockStored adds one per hash, BlockRemoved takes one away -- vLLM does not
-de-duplicate, so two blocks may share a hash), per storage medium, and what
-the first BlockStored said about it: its parent (the prefix tree), its tokens,
+de-duplicate, so two blocks may share a hash), per storage medium and per
+KV-cache group (vLLM >= 0.24's ``group_idx``: a hybrid model's full-attention
+and sliding-window groups each store their own block of a hash, and free
+them apart), and what the first BlockStored said about it: its parent (the prefix tree), its tokens,
 block size and LoRA.  AllBlocksCleared empties it.
 
 That is all an observer can know.  Block ids, reference counts, which blocks
@@ -15,7 +17,7 @@ a replay from seq 0 covers them).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from app.kvevents.decode import (
     ClearedEvent,
@@ -31,6 +33,7 @@ class Entry:
     __slots__ = (
         "block_size",
         "copies",
+        "groups",
         "lora_id",
         "lora_name",
         "media",
@@ -50,6 +53,7 @@ class Entry:
         medium: str | None,
         seq: int,
         ts: float,
+        group: int | None = None,
     ) -> None:
         self.parent = parent
         self.tokens = tokens
@@ -57,6 +61,7 @@ class Entry:
         self.lora_id = lora_id
         self.lora_name = lora_name
         self.media: dict[str | None, int] = {medium: 1}
+        self.groups: dict[int | None, int] = {group: 1}  # (group_idx, hash) -> copies
         self.copies = 1
         self.stored_seq = seq
         self.stored_ts = ts
@@ -75,6 +80,8 @@ class InstanceState:
         self.unknown_removals = 0  # BlockRemoved of a hash not held
         self.multi_copy_keys = 0  # hashes held by more than one block
         self.media_blocks: dict[str | None, int] = {}  # blocks per medium
+        self.group_blocks: dict[int | None, int] = {}  # blocks per KV-cache group
+        self.group_specs: dict[int, dict[str, Any]] = {}  # group -> its cache spec
         self.events = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
 
     def reset(self) -> None:
@@ -82,6 +89,7 @@ class InstanceState:
         self.blocks = 0
         self.multi_copy_keys = 0
         self.media_blocks.clear()
+        self.group_blocks.clear()
 
     def apply(self, events: Iterable[ObservedEvent], seq: int, ts: float) -> None:
         for ev in events:
@@ -102,21 +110,27 @@ class InstanceState:
         tokens = ev.token_ids
         if size:
             self.block_size = size
+        group = ev.group
+        if group is not None and (ev.spec_kind is not None or ev.sliding_window is not None):
+            self.group_specs[group] = {"kind": ev.spec_kind, "sliding_window": ev.sliding_window}
         for i, h in enumerate(ev.hashes):
             entry = entries.get(h)
             if entry is None:
                 chunk = tuple(tokens[i * size : (i + 1) * size]) if size else ()
                 entries[h] = Entry(
-                    parent, chunk, size, ev.lora_id, ev.lora_name, ev.medium, seq, ts
+                    parent, chunk, size, ev.lora_id, ev.lora_name, ev.medium, seq, ts, group
                 )
             else:
                 if entry.copies == 1:
                     self.multi_copy_keys += 1
                 entry.copies += 1
                 entry.media[ev.medium] = entry.media.get(ev.medium, 0) + 1
+                entry.groups[group] = entry.groups.get(group, 0) + 1
             parent = h
         media = self.media_blocks
         media[ev.medium] = media.get(ev.medium, 0) + len(ev.hashes)
+        groups = self.group_blocks
+        groups[group] = groups.get(group, 0) + len(ev.hashes)
         self.blocks += len(ev.hashes)
         self.stored_blocks += len(ev.hashes)
 
@@ -129,32 +143,28 @@ class InstanceState:
                 self.unknown_removals += 1
                 continue
             media = entry.media
-            medium = ev.medium
-            if medium not in media:
-                if len(media) != 1:
-                    self.unknown_removals += 1
-                    continue
-                medium = next(iter(media))
-            left = media[medium] - 1
-            if left:
-                media[medium] = left
-            else:
-                del media[medium]
+            medium = _which(media, ev.medium)
+            group = _which(entry.groups, ev.group)
+            if medium is _NONE or group is _NONE:
+                self.unknown_removals += 1
+                continue
+            _take(media, medium)
+            _take(entry.groups, group)
+            _take(self.group_blocks, group)
             entry.copies -= 1
             if entry.copies == 1:
                 self.multi_copy_keys -= 1
-            totals = self.media_blocks
-            left = totals.get(medium, 0) - 1
-            if left > 0:
-                totals[medium] = left
-            else:
-                totals.pop(medium, None)
+            _take(self.media_blocks, medium)
             self.blocks -= 1
             self.removed_blocks += 1
             if entry.copies <= 0:
                 del entries[h]
 
     # ---------------------------------------------------------------- reads
+
+    def group_copies(self) -> dict[tuple[int | None, Hash], int]:
+        """(group_idx, hash) -> copies: the per-group map."""
+        return {(g, h): n for h, e in self.entries.items() for g, n in e.groups.items()}
 
     def check(self) -> None:
         """The kept figures against a recount (tests)."""
@@ -167,6 +177,13 @@ class InstanceState:
             for m, n in e.media.items():
                 media[m] = media.get(m, 0) + n
         assert media == self.media_blocks, "media"
+        groups: dict[int | None, int] = {}
+        for e in entries:
+            assert e.copies == sum(e.groups.values()), "entry groups"
+            for g, n in e.groups.items():
+                assert n > 0, "group copies"
+                groups[g] = groups.get(g, 0) + n
+        assert groups == {g: n for g, n in self.group_blocks.items() if n}, "groups"
 
     def copies(self) -> dict[Hash, int]:
         """hash -> copies: the map to compare against a pool's."""
@@ -265,12 +282,35 @@ class InstanceState:
             "multi_copy_keys": self.multi_copy_keys,
             "block_size": self.block_size,
             "media": {("-" if m is None else m): n for m, n in self.media_blocks.items()},
+            "groups": {("-" if g is None else str(g)): n for g, n in self.group_blocks.items()},
+            "group_specs": {str(g): dict(spec) for g, spec in self.group_specs.items()},
             "stored_blocks": self.stored_blocks,
             "removed_blocks": self.removed_blocks,
             "clears": self.clears,
             "unknown_removals": self.unknown_removals,
             "event_counts": dict(self.events),
         }
+
+
+_NONE: Any = object()  # no such medium / group held
+K = TypeVar("K")
+
+
+def _which(held: dict[K, int], wanted: K) -> K:
+    """The key a removal takes a copy from: ``wanted`` when held; the only
+    one held when the event does not match it (an older publisher leaving
+    the field out); otherwise _NONE."""
+    if wanted in held:
+        return wanted
+    return next(iter(held)) if len(held) == 1 else _NONE  # type: ignore[no-any-return]
+
+
+def _take(counts: dict[K, int], key: K) -> None:
+    left = counts.get(key, 0) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def entry_json(h: Hash, e: Entry, depth: int | None = None) -> dict[str, Any]:
@@ -280,6 +320,7 @@ def entry_json(h: Hash, e: Entry, depth: int | None = None) -> dict[str, Any]:
         "parent": None if e.parent is None else hash_hex(e.parent),
         "copies": e.copies,
         "media": {("-" if m is None else m): n for m, n in e.media.items()},
+        "groups": {("-" if g is None else str(g)): n for g, n in e.groups.items()},
         "block_size": e.block_size,
         "num_tokens": len(e.tokens),
         "tokens": list(e.tokens[:64]),

@@ -66,8 +66,10 @@ class SeqTracker:
         self.stale_replies = 0
         self.restarts = 0
         self.decode_errors = 0
+        self.apply_errors = 0  # batches whose apply raised (anything but DecodeError)
         self.last_failure: str | None = None
         self._replay_short = False
+        self._lossy: str | None = None
 
     # --------------------------------------------------------------- inputs
 
@@ -203,6 +205,7 @@ class SeqTracker:
                 self.reason = None
         self.applied = seq
         self.batches += 1
+        self._lossy = None
         try:
             cleared = self._apply_fn(seq, payload)
         except DecodeError as exc:
@@ -210,6 +213,19 @@ class SeqTracker:
             self.exact = False
             self.reason = f"batch {seq} could not be decoded: {exc}"
             return
+        except Exception as exc:  # a bug or a poison we did not foresee: this batch only
+            self.apply_errors += 1
+            self.exact = False
+            self.reason = f"batch {seq} could not be applied: {exc!r}"[:300]
+            return
         if cleared:
             self.exact = True
             self.reason = None
+        if self._lossy is not None:
+            self.exact = False
+            self.reason, self._lossy = self._lossy, None
+
+    def lossy(self, reason: str) -> None:
+        """Called by ``apply`` when part of its batch could not be applied
+        (events skipped): the state is then a lower bound, not exact."""
+        self._lossy = reason

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.analysis import views as analysis_views
 from app.stream import protocol as p
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from blockpool.analysis import views as analysis_views
 
 if TYPE_CHECKING:
     from app.engine import Engine, TickData

@@ -4,11 +4,11 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { AnalysisSeries, REASONS, TokenSeries, analysisHealth, buildCurve, missColumns, trimHistogram, whatIf } from "../js/analysis.js";
-import { HistorySource, diffRows, parseMoment, seqTime } from "../js/history.js";
-import { PoolModel } from "../js/model.js";
-import { decodeFrame } from "../js/protocol.js";
-import { blockCells, cellCounts, describeCell } from "../js/reqbars.js";
+import { AnalysisSeries, REASONS, TokenSeries, analysisHealth, buildCurve, missColumns, trimHistogram, whatIf } from "../js/dashboard/state/analysis.js";
+import { HistorySource, diffRows, parseMoment, seqTime } from "../js/dashboard/state/history.js";
+import { PoolModel } from "../js/dashboard/state/model.js";
+import { decodeFrame } from "../js/dashboard/wire/protocol.js";
+import { blockCells, cellCounts, describeCell } from "../js/dashboard/render/reqbars.js";
 import { loadJson, loadScenario, toArrayBuffer } from "./fixtures.mjs";
 
 const scen = loadScenario("analysis");
@@ -235,7 +235,7 @@ test("analysis health: lag, restarts, errors, a report that stopped moving", () 
   );
   const w = (worker, extra = {}) => analysisHealth({ ...sec, worker, ...extra }, { resyncs0: 0, ...extra.ctx });
   assert.equal(w({ lag_ops: 12, resyncs: 0, error: null }).level, "ok");
-  assert.equal(w({ lag_ops: 12, resyncs: 0, error: null }).text, "lag 12");
+  assert.equal(w({ lag_ops: 12, resyncs: 0, error: null }).text, "lag 12 ops");
   assert.equal(w({ lag_ops: 90000, resyncs: 0, error: null }).level, "warn");
   const restarted = w({ lag_ops: 0, resyncs: 2, error: null });
   assert.equal(restarted.level, "warn");

@@ -1,8 +1,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { HashIndex } from "../js/hashindex.js";
-import { hex64 } from "../js/protocol.js";
+import { HashIndex } from "../js/dashboard/state/hashindex.js";
+import { hex64 } from "../js/dashboard/wire/protocol.js";
 
 // A small deterministic PRNG (mulberry32).
 function rng(seed) {

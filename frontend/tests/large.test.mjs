@@ -1,8 +1,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { PoolModel } from "../js/model.js";
-import { decodeFrame, hex64 } from "../js/protocol.js";
+import { PoolModel } from "../js/dashboard/state/model.js";
+import { decodeFrame, hex64 } from "../js/dashboard/wire/protocol.js";
 import { loadScenario, toArrayBuffer } from "./fixtures.mjs";
 
 const large = loadScenario("large");

@@ -37,9 +37,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import app.stream.hub as hub_module  # noqa: E402
-from app.analysis import replay  # noqa: E402
-from app.analysis import views as analysis_views  # noqa: E402
-from app.analysis.recording import EventsView  # noqa: E402
 from app.engine import Engine  # noqa: E402
 from app.schemas import AdmitOp, AllocateOp, CacheOp, FinishOp, FreeOp, ResetOp  # noqa: E402
 from app.settings import Settings  # noqa: E402
@@ -47,6 +44,9 @@ from app.stream import protocol as p  # noqa: E402
 from app.stream.hub import StreamHub  # noqa: E402
 from app.stream.mirror import PoolMirror  # noqa: E402
 from app.views import request as request_view  # noqa: E402
+from blockpool.analysis import replay  # noqa: E402
+from blockpool.analysis import views as analysis_views  # noqa: E402
+from blockpool.analysis.recording import EventsView  # noqa: E402
 
 
 def expectation(m: PoolMirror, full: bool) -> dict[str, Any]:
@@ -218,8 +218,9 @@ def analysis(out: Path) -> None:
     # every tick carries the section here (the server sends it once a second)
     hub_module.ANALYSIS_EVERY_S = 0.0
     r = Recorder(out, "analysis", settings, full=False)
-    an = r.engine.analysis
-    assert an is not None and an.local
+    host = r.engine.analysis
+    assert host is not None and host.inline is not None
+    an = host.inline
 
     def step(note: str, fn: Callable[[Engine], Any]) -> None:
         time.sleep(0.02)  # sections a little apart in time (their ts)
@@ -260,7 +261,7 @@ def analysis(out: Path) -> None:
     def moment(seq: int) -> replay.Moment:
         seg = rec.segment_for(seq)
         assert seg is not None
-        return replay.rebuild(seg.keyframe, seg.entries(0, seq - seg.keyframe.seq), settings)
+        return replay.rebuild(seg.keyframe, seg.entries(0, seq - seg.keyframe.seq), r.engine.config)
 
     ma, mb = moment(mid), moment(last)
     rest = {

@@ -5,7 +5,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { compact, niceTop, plotData, stackBands, xRange, yRange } from "../js/minichart.js";
+import { compact, keepApart, niceTop, plotData, stackBands, xRange, yRange } from "../js/dashboard/render/minichart.js";
+import { durTick } from "../js/shared/format.js";
 
 const stacked = { x: "time", series: [{ stack: true }, { stack: true }, { stack: true }] };
 
@@ -87,4 +88,25 @@ test("niceTop: a multiple of the tick step, ticks far enough apart", () => {
 
 test("compact", () => {
   assert.deepEqual([null, 0, 3, 2.5, 12.4, 1234, 45678, 2.5e6].map(compact), ["—", "0", "3", "2.5", "12", "1.2k", "46k", "2.5M"]);
+});
+
+test("keepApart: axis labels never touch, first come first kept, empty ones skipped", () => {
+  // centres 0, 20, 40, 60, 80 px; 30 px wide labels need 36 px between centres (gap 6)
+  assert.deepEqual(keepApart([0, 20, 40, 60, 80], [30, 30, 30, 30, 30], 6), [true, false, true, false, true]);
+  // an empty label neither shows nor blocks the next one
+  assert.deepEqual(keepApart([0, 10, 40], [30, 0, 30], 6), [true, false, true]);
+  // wide enough apart: all kept; NaN positions (left out splits) never kept
+  assert.deepEqual(keepApart([0, 50, NaN, 100], [40, 40, 40, 40], 6), [true, true, false, true]);
+  // whatever the widths, no two kept labels overlap
+  const px = Array.from({ length: 40 }, (_, i) => i * 7);
+  const widths = px.map((_, i) => 10 + ((i * 13) % 37));
+  const keep = keepApart(px, widths, 4);
+  const shown = px.map((p, i) => [p - widths[i] / 2, p + widths[i] / 2]).filter((_, i) => keep[i]);
+  for (let i = 1; i < shown.length; i++) assert.ok(shown[i][0] >= shown[i - 1][1] + 4, `labels ${i - 1} and ${i} touch`);
+  assert.ok(shown.length > 3);
+});
+
+test("durTick: short axis durations", () => {
+  assert.deepEqual([0.001, 0.25, 1, 30, 60, 120, 90, 1800, 5400].map(durTick), ["1ms", "250ms", "1s", "30s", "1m", "2m", "1.5m", "30m", "1.5h"]);
+  assert.equal(durTick(null), "—");
 });

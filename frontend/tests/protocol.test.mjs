@@ -1,16 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import {
-  CONFIG,
-  DELTA,
-  SNAPSHOT,
-  ProtocolError,
-  decodeFrame,
-  eventHash64,
-  hex64,
-  parseHash64,
-} from "../js/protocol.js";
+import { CONFIG, DELTA, ProtocolError, SNAPSHOT, decodeFrame, eventHash64, hex64, parseHash64 } from "../js/dashboard/wire/protocol.js";
 import { loadScenario, toArrayBuffer } from "./fixtures.mjs";
 
 const small = loadScenario("small");

@@ -3,12 +3,12 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { parseTokens } from "../js/controls.js";
-import { eventMatches } from "../js/events.js";
-import { allocRate } from "../js/lru.js";
-import { PoolModel } from "../js/model.js";
-import { PrefixTree, chainFrom, copiesFromIndex } from "../js/prefixtree.js";
-import { decodeFrame, hex64 } from "../js/protocol.js";
+import { parseTokens } from "../js/dashboard/panels/controls.js";
+import { eventMatches } from "../js/dashboard/panels/events.js";
+import { allocRate } from "../js/dashboard/panels/lru.js";
+import { PoolModel } from "../js/dashboard/state/model.js";
+import { PrefixTree, chainFrom, copiesFromIndex } from "../js/dashboard/state/prefixtree.js";
+import { decodeFrame, hex64 } from "../js/dashboard/wire/protocol.js";
 import { loadScenario, toArrayBuffer } from "./fixtures.mjs";
 
 const small = loadScenario("small");

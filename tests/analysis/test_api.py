@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from app.analysis import replay
-from app.analysis.state import digest
+from blockpool.analysis import replay
+from blockpool.runtime.state import digest
 from tests.app.conftest import Api, assert_error
 
 pytestmark = pytest.mark.anyio

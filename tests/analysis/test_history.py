@@ -13,9 +13,6 @@ from typing import Any
 
 import pytest
 
-from app.analysis import replay
-from app.analysis.recording import EventsView, Recorder
-from app.analysis.state import digest, restore, snapshot
 from app.engine import Engine
 from app.errors import ApiError
 from app.schemas import (
@@ -32,6 +29,9 @@ from app.schemas import (
     TouchOp,
 )
 from blockpool import check_invariants
+from blockpool.analysis import replay
+from blockpool.analysis.recording import EventsView, Recorder
+from blockpool.runtime.state import digest, restore, snapshot
 
 Factory = Callable[..., Engine]
 
@@ -109,7 +109,7 @@ def test_every_recorded_moment_is_rebuilt_exactly(engine_factory: Factory, seed:
     rec = e.analysis.recorder  # type: ignore[union-attr]
     assert rec is not None and len(rec.segments) > 5
     for seq in [*sorted(states)[::7], rec.seq]:
-        m = replay.state_at(rec, seq, e.settings)
+        m = replay.state_at(rec, seq, e.config)
         assert m.seq == seq
         assert m.mismatches == 0, f"op results differ replaying up to {seq}"
         assert digest(m.engine) == states[seq], f"state after op {seq}"
@@ -140,7 +140,7 @@ def test_export_replays_with_the_same_results_and_events(
 
 
 def _lines(header: Any, segments: Any, final: Any, view: Any) -> list[str]:
-    from app.analysis.recording import export_lines
+    from blockpool.analysis.recording import export_lines
 
     return list(export_lines(header, segments, final, view))
 
@@ -174,8 +174,8 @@ def test_the_recording_is_bounded_and_starts_at_a_keyframe(engine_factory: Facto
     assert rec is not None
     assert rec.dropped_ops > 0 and rec.first_seq > 0 and rec.ops <= 100 + 2 * 20
     with pytest.raises(LookupError):
-        replay.state_at(rec, rec.first_seq - 1, e.settings)
-    m = replay.state_at(rec, rec.first_seq, e.settings)
+        replay.state_at(rec, rec.first_seq - 1, e.config)
+    m = replay.state_at(rec, rec.first_seq, e.config)
     assert digest(m.engine) == states[rec.first_seq]
     lines = _lines(*rec.export_parts())
     report, end = replay.replay_records(json.loads(x) for x in lines)
@@ -207,8 +207,8 @@ def test_diff_between_two_moments(engine_factory: Factory) -> None:
     e.apply(AllocateOp(num_blocks=6))  # seq 3: evicts block 2's hash
     rec = e.analysis.recorder  # type: ignore[union-attr]
     assert rec is not None
-    a = replay.state_at(rec, 2, e.settings)
-    b = replay.state_at(rec, 3, e.settings)
+    a = replay.state_at(rec, 2, e.config)
+    b = replay.state_at(rec, 3, e.config)
     d = replay.diff_json(a, b, rec.entries_between(2, 3), EventsView(e.events), 100)
     assert d["evicted_total"] == 1 and d["evicted"][0]["block_id"] == 2
     assert d["entered_total"] == 0
@@ -224,12 +224,12 @@ def test_diff_between_two_moments(engine_factory: Factory) -> None:
 
 
 def test_keyframe_json_round_trip(engine_factory: Factory) -> None:
-    from app.analysis.state import keyframe_from_json, keyframe_json
+    from blockpool.runtime.state import keyframe_from_json, keyframe_json
 
     e = engine_factory(num_blocks=24)
     random_run(e, 4, 120)
     kf = snapshot(e, 7, 1.0)
     back = keyframe_from_json(json.loads(json.dumps(keyframe_json(kf))))
-    fresh = replay.make_engine(e.settings)
+    fresh = replay.make_runtime(e.config)
     restore(fresh, back)
     assert digest(fresh) == digest(e)

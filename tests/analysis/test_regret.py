@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.analysis.common import h64
 from app.engine import Engine
 from app.schemas import CacheOp
+from blockpool.analysis.common import h64
 from tests.analysis.conftest import Clock, admit, allocate, append, evict, finish, free
 
 Factory = Callable[..., Engine]

@@ -1,5 +1,7 @@
-"""/api/batch: many operations in one engine step, each all-or-nothing;
-on_error stop / continue; limits checked on the whole batch first."""
+"""/api/batch with on_error stop / continue: many operations in one engine
+step, each all-or-nothing (partial application, asked for explicitly);
+limits checked on the whole batch first.  The default, all or nothing:
+test_batch_atomic.py."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ async def test_batch_results_per_op(api: Api) -> None:
         {"op": "evict", "block_ids": [1]},
         {"op": "reset"},
     ]
-    body = await api.ok("POST", "/api/batch", {"ops": ops})
+    body = await api.ok("POST", "/api/batch", {"ops": ops, "on_error": "stop"})
     assert body["applied"] == 9 and body["failed"] == 1 and body["errors"] is True
     r = body["results"]
     assert r[0] == {"ok": True, "result": {"block_ids": [1, 2, 3], "evicted": []}}
@@ -54,7 +56,7 @@ async def test_batch_stop_skips_the_rest(api: Api) -> None:
         {"op": "allocate", "num_blocks": 1},
         {"op": "reset"},
     ]
-    body = await api.ok("POST", "/api/batch", {"ops": ops})
+    body = await api.ok("POST", "/api/batch", {"ops": ops, "on_error": "stop"})
     assert body["applied"] == 1 and body["failed"] == 1 and body["errors"] is True
     r = body["results"]
     assert r[0]["ok"] is True

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.counters import RESIDENCY_BUCKETS
+from blockpool.runtime.counters import RESIDENCY_BUCKETS
 from tests.app.conftest import Api
 
 pytestmark = pytest.mark.anyio

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.anyio
 
 @pytest.mark.app_settings(num_blocks=11)
 async def test_worked_example_from_the_spec(api: Api) -> None:
-    """SPEC.md §5: block_size 4, 11 blocks."""
+    """docs/spec.md §5: block_size 4, 11 blocks."""
     a = await api.admit(list(range(10)), request_id="A")
     assert a == {
         "request_id": "A",

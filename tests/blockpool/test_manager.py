@@ -1,4 +1,4 @@
-"""RequestManager: a request's life above the pool (SPEC.md section 8)."""
+"""RequestManager: a request's life above the pool (docs/spec.md section 8)."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from tests.e2e import hooks
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "e2e"
@@ -57,7 +58,8 @@ class Server:
         cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), *self.args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=self._log)
-        deadline = time.monotonic() + 30
+        # a generous bound: on a busy machine a start can take a minute
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.stop()
@@ -67,7 +69,7 @@ class Server:
                     return self
             time.sleep(0.1)
         self.stop()
-        pytest.fail(f"the server did not answer on port {self.port} within 30 s")
+        pytest.fail(f"the server did not answer on port {self.port} within 120 s")
 
     def stop(self, kill: bool = False) -> None:
         if self.proc is not None:
@@ -101,7 +103,7 @@ class Server:
         return self.http.post(path, json={} if body is None else body, headers=self._headers())
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -137,9 +139,16 @@ def server() -> Iterator[Server]:
 class Page:
     """A dashboard tab with its console errors collected."""
 
-    def __init__(self, browser: Any, url: str, name: str) -> None:
-        self.ctx = browser.new_context(viewport=VIEWPORT)
+    def __init__(
+        self, browser: Any, url: str, name: str, viewport: dict[str, int] | None = None
+    ) -> None:
+        self.ctx = browser.new_context(viewport=viewport or VIEWPORT)
+        hooks.install(self.ctx)  # window.__bp (the page itself sets no globals)
+        # every URL the page asks for (the websocket too): none may leave the server
+        self.requests: list[str] = []
+        self.ctx.on("request", lambda r: self.requests.append(r.url))
         self.page = self.ctx.new_page()
+        self.page.on("websocket", lambda ws: self.requests.append(ws.url))
         self.name = name
         self.errors: list[str] = []  # page errors and console.error
         # the browser's own network lines: HTTP errors, refused connections
@@ -148,7 +157,7 @@ class Page:
         self.page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
         self.page.goto(url + "/")
         try:
-            self.page.wait_for_function("() => window.__bp && window.__bp.ready()", timeout=40_000)
+            self.page.wait_for_function("() => window.__bp && window.__bp.ready()", timeout=120_000)
         except Exception as exc:
             state = self.page.evaluate(
                 "() => window.__bp ? {health: window.__bp.conn.health, seq: window.__bp.model.seq,"

@@ -177,6 +177,41 @@ def map_tagged(
     return msgpack.packb({"ts": ts, "events": out, "data_parallel_rank": rank})
 
 
+def vllm_current(
+    evs: list[KVCacheEvent], group: int | None = 0, kind: str = "full_attention",
+    window: int | None = None, ts: float = 1.0, rank: int | None = 0,
+    unknown: dict[str, Any] | None = None,
+) -> bytes:  # fmt: skip
+    """The batch as current vLLM (>= 0.24, checked against 0.33's
+    ``kv_events.py``) encodes it: an array ``[ts, events, rank]`` whose events
+    are maps tagged by "type" (msgspec ``tag=True``, ``omit_defaults``) with
+    the KV-cache group and, on BlockStored, its cache spec; ``unknown``
+    adds fields no release sends to every event."""
+    out: list[dict[str, Any]] = []
+    for ev in evs:
+        if isinstance(ev, BlockStored):
+            m: dict[str, Any] = {
+                "type": "BlockStored", "block_hashes": list(ev.block_hashes),
+                "parent_block_hash": ev.parent_block_hash, "token_ids": list(ev.token_ids),
+                "block_size": ev.block_size, "lora_id": ev.lora_id, "medium": ev.medium,
+                "lora_name": ev.lora_name, "extra_keys": [None] * len(ev.block_hashes),
+            }  # fmt: skip
+            if group is not None:
+                m.update(group_idx=group, kv_cache_spec_kind=kind)
+                if window is not None:
+                    m["kv_cache_spec_sliding_window"] = window
+        elif isinstance(ev, BlockRemoved):
+            m = {"type": "BlockRemoved", "block_hashes": list(ev.block_hashes), "medium": ev.medium}
+            if group is not None:
+                m["group_idx"] = group
+        else:
+            m = {"type": "AllBlocksCleared"}
+        if unknown and m["type"] != "AllBlocksCleared":
+            m.update(unknown)
+        out.append(m)
+    return msgpack.packb([ts, out, rank])
+
+
 def as_bytes_truth(t: dict[Any, int]) -> dict[Any, int]:
     return {k.to_bytes(8, "big"): v for k, v in t.items()}
 

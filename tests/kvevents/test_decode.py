@@ -51,9 +51,10 @@ def test_map_tagged_batch_with_unknown_fields() -> None:
     assert (stored.hashes, stored.parent, stored.block_size, stored.lora_name) == (
         [11, 2**64 - 1], 7, 3, "ad",
     )  # fmt: skip
-    assert stored.extra == {"extra_keys": [["mm-hash", 3]], "group_idx": 0}
-    assert removed == RemovedEvent([11], "GPU", {"group_idx": 0})
+    assert stored.extra == {"extra_keys": [["mm-hash", 3]]} and stored.group == 0
+    assert removed == RemovedEvent([11], "GPU", None, 0)
     assert isinstance(cleared, ClearedEvent)
+    assert b.unknown_fields is None  # extra_keys and group_idx are vLLM's own
 
 
 def test_bytes_hashes_stay_bytes() -> None:
@@ -172,3 +173,65 @@ def test_hash_text_forms() -> None:
         norm_hash(True)
     with pytest.raises(TypeError):
         norm_hash(1.5)
+
+
+def test_poison_is_refused_or_trimmed_by_kind() -> None:
+    import json
+    import math
+
+    from app.kvevents.event_json import event_json
+
+    with pytest.raises(DecodeError) as big:
+        decode_batch(positional([STORED]), max_bytes=16)
+    assert big.value.kind == "too_large"
+    deep = b"\x92" + msgpack.packb(1.0) + b"\x91" * 5000 + b"\x90"
+    with pytest.raises(DecodeError) as nested:
+        decode_batch(deep)
+    assert nested.value.kind == "too_deep"
+    with pytest.raises(DecodeError) as junk:
+        decode_batch(b"\xc1")
+    assert junk.value.kind == "not_msgpack"
+    # numbers: a token id is a finite integer; ts finite (else 0.0, counted)
+    for bad in (math.inf, -math.inf, math.nan, 1.5):
+        payload = msgpack.packb([math.nan, [["BlockStored", [1], None, [bad], 1]], 0])
+        b = decode_batch(payload)
+        assert (b.events, b.malformed, b.ts) == ([], 1, 0.0)
+        assert b.issues == {"bad_number": 1, "non_finite_ts": 1}
+    ok = decode_batch(msgpack.packb([2.0, [["BlockStored", [1], None, [3.0], 1]]]))
+    assert ok.issues is None and ok.events[0].token_ids == [3]  # type: ignore[union-attr]
+    # unknown fields are kept JSON-safe and bounded
+    nested_extra: object = 1
+    for _ in range(600):
+        nested_extra = [nested_extra]
+    ev = {"type": "BlockRemoved", "block_hashes": [3], "deep": nested_extra,
+          "nan": math.nan, "wide": list(range(10_000)), "long": "x" * 100_000}  # fmt: skip
+    b = decode_batch(msgpack.packb({"ts": 1.0, "events": [ev]}))
+    removed = b.events[0]
+    assert isinstance(removed, RemovedEvent) and removed.extra is not None
+    assert removed.extra["nan"] == "nan" and len(removed.extra["wide"]) == 256
+    assert len(removed.extra["long"]) == 4096
+    assert b.issues == {"extra_cut": 4}
+    text = json.dumps(event_json(1, b.ts, (0, removed)), allow_nan=False)
+    assert "nested too deep" in text
+
+
+def test_current_vllm_groups_and_unknown_fields() -> None:
+    """vLLM >= 0.24: an array batch of map events tagged by "type", with the
+    KV-cache group and its spec; fields no release sends are kept, counted."""
+    from tests.kvevents.helpers import vllm_current
+
+    payload = vllm_current(
+        [STORED, REMOVED], group=1, kind="sliding_window", window=128,
+        unknown={"future_field": [1, 2]},
+    )  # fmt: skip
+    b = decode_batch(payload)
+    stored, removed = b.events
+    assert isinstance(stored, StoredEvent) and isinstance(removed, RemovedEvent)
+    assert (stored.group, stored.spec_kind, stored.sliding_window) == (1, "sliding_window", 128)
+    assert removed.group == 1 and removed.hashes == [11]
+    assert stored.extra == {"extra_keys": [None, None], "future_field": [1, 2]}
+    assert b.unknown_fields == {"future_field": 2} and b.encoding == "map"
+    bad = msgpack.packb(
+        [1.0, [{"type": "BlockRemoved", "block_hashes": [1], "medium": None, "group_idx": 9999}]]
+    )
+    assert decode_batch(bad).issues == {"bad_number": 1}

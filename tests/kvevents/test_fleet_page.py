@@ -19,7 +19,7 @@ import pytest
 from app.kvevents.config import KVEventsConfig
 from app.kvevents.publisher import KVEventPublisher
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
-from tests.kvevents.helpers import Workload, free_port, wait_for
+from tests.kvevents.helpers import FakePublisher, Workload, free_port, vllm_current, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "kvevents"
@@ -60,9 +60,14 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
            "--log-level", "warning"]  # fmt: skip
     for name, fed in feds.items():
         cmd += [f"{name}={fed.pub.bound_endpoint}"]
+    cmd += [f"ghost=tcp://127.0.0.1:{free_port()}"]  # nothing binds there
+    hybrid = FakePublisher()  # a hybrid model's two KV-cache groups, current vLLM's format
+    cmd += [f"hybrid={hybrid.endpoint}"]
     for fed in feds.values():
         cmd += ["--replay", fed.pub.bound_replay_endpoint or "none"]
+    cmd += ["--replay", "none", "--replay", "none"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
+    env["BLOCKPOOL_OBSERVER_SILENCE_S"] = "1"
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -71,7 +76,7 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
             if proc.poll() is not None:
                 pytest.fail(f"blockpool observe exited with {proc.returncode}: see {log.name}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/api/health", timeout=1).json()["connected"] == 2:
+                if httpx.get(url + "/api/health", timeout=1).json()["connected"] == 3:
                     break
             if time.monotonic() > deadline:
                 pytest.fail(f"blockpool observe did not connect within 30 s: see {log.name}")
@@ -79,6 +84,17 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
         time.sleep(0.3)
         b.steps(30)
         a.steps(10)
+        hybrid.wait_subscribed()
+        full, window = Workload(seed=83, lora=False), Workload(seed=84, lora=False)
+        window.prefixes = full.prefixes
+        seq = 0
+        for _ in range(20):
+            for g, w in ((0, full), (1, window)):
+                evs = w.step()
+                if evs:
+                    kind, win = ("full_attention", None) if g == 0 else ("sliding_window", 8)
+                    hybrid.send(seq, vllm_current(evs, g, kind, win))
+                    seq += 1
         yield url, feds
     finally:
         proc.terminate()
@@ -88,6 +104,7 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
             proc.kill()
             proc.wait()
         log.close()
+        hybrid.close()
         for fed in feds.values():
             fed.pub.stop()
             fed.work.check()
@@ -131,7 +148,25 @@ def test_fleet_page_shows_both_instances_and_their_hashes(
 def check_page(page: Any, url: str, feds: dict[str, Fed]) -> None:
     page.wait_for_selector("#instances .instance >> nth=1", timeout=20_000)
     names = page.eval_on_selector_all("#instances .instance", "els => els.map(e => e.dataset.name)")
-    assert names == ["alpha", "beta"]
+    assert names == ["alpha", "beta", "ghost", "hybrid"]
+    # the hybrid instance's KV-cache groups, with their specs and blocks
+    page.wait_for_selector('#instances .instance[data-name="hybrid"] .group[data-group="1"]')
+    groups = page.inner_text('#instances .instance[data-name="hybrid"] .groups')
+    health = httpx.get(f"{url}/api/fleet/hybrid").json()
+    assert "g0 full_attention" in groups and "g1 sliding_window (window 8)" in groups
+    assert set(health["groups"]) == {"0", "1"}
+    assert page.query_selector_all('#instances .instance[data-name="alpha"] .groups') == []
+    # the silent one says what to check; the fed ones say nothing of the kind
+    page.wait_for_function(
+        "() => { const n = document.querySelector("
+        "'#instances .instance[data-name=\"ghost\"] .reason.silence');"
+        " return n && n.textContent.includes('never connected'); }",
+        timeout=20_000,
+    )
+    ghost = page.inner_text('#instances .instance[data-name="ghost"] .reason.silence')
+    assert "bind" in ghost and "connect" in ghost
+    assert page.query_selector_all("#instances .instance:not([data-name='ghost']) .silence") == []
+    names = ["alpha", "beta"]
     assert page.is_visible("#cannot-know")
     banner = page.inner_text("#cannot-know")
     assert "cannot know" in banner and "block ids" in banner and "reference counts" in banner
@@ -165,7 +200,7 @@ def check_page(page: Any, url: str, feds: dict[str, Fed]) -> None:
     page.click(f'#hashmap tbody tr[data-hash="{one}"]')
     page.wait_for_selector("#fp-result .bar >> nth=1")
     bars = page.eval_on_selector_all("#fp-result .bar", "els => els.map(e => e.dataset.instance)")
-    assert sorted(bars) == ["alpha", "beta"]
+    assert sorted(bars) == ["alpha", "beta", "ghost", "hybrid"]
     width = page.eval_on_selector("#fp-result .bar .fill", "e => e.getBoundingClientRect().width")
     assert width > 0
     page.wait_for_selector("#families tbody tr[data-root]")

@@ -1,60 +1,17 @@
-// The observer's REST API and live stream (same origin).  The bearer token
-// comes from ?token= or the token box, and is kept in sessionStorage.
+// The observer's REST API and live stream (same origin), on the shared REST
+// client (shared/api.js: the error shape, the bearer token).  The token comes
+// from ?token= or the token box, and is kept in sessionStorage under its own
+// key (an observer and a pool service may want different tokens).
 
-const TOKEN_KEY = "blockpool.observer.token";
+import { ApiError, api, getToken, setToken, useTokenKey, withParams } from "../shared/api.js";
 
-export class ApiError extends Error {
-  constructor(status, code, message) {
-    super(message);
-    this.status = status;
-    this.code = code;
-  }
-}
+useTokenKey("blockpool.observer.token", { fromUrl: true });
 
-export function getToken() {
-  const fromUrl = new URLSearchParams(location.search).get("token");
-  if (fromUrl) return fromUrl;
-  try {
-    return sessionStorage.getItem(TOKEN_KEY) || "";
-  } catch {
-    return "";
-  }
-}
+export { ApiError, getToken, setToken };
 
-export function setToken(token) {
-  try {
-    if (token) sessionStorage.setItem(TOKEN_KEY, token);
-    else sessionStorage.removeItem(TOKEN_KEY);
-  } catch {
-    /* storage disabled: the token lives for this page only */
-  }
-}
-
-export async function getJSON(path, params = {}, { method = "GET", body } = {}) {
-  const url = new URL(path, location.origin);
-  for (const [k, v] of Object.entries(params)) {
-    if (v !== undefined && v !== null && v !== "") url.searchParams.set(k, String(v));
-  }
-  const headers = { Accept: "application/json" };
-  const token = getToken();
-  if (token) headers.Authorization = `Bearer ${token}`;
-  if (body !== undefined) headers["Content-Type"] = "application/json";
-  const resp = await fetch(url, {
-    method,
-    headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  let data = null;
-  try {
-    data = await resp.json();
-  } catch {
-    data = null;
-  }
-  if (!resp.ok) {
-    const e = (data && data.error) || {};
-    throw new ApiError(resp.status, e.code || "error", e.message || `HTTP ${resp.status}`);
-  }
-  return data;
+/** GET (or `method`) path?params as JSON; an ApiError when the answer is not 2xx. */
+export function getJSON(path, params = {}, { method = "GET", body } = {}) {
+  return api(method, withParams(path, params), body, { quiet: true });
 }
 
 /**

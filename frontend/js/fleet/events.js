@@ -51,7 +51,7 @@ export class EventLog {
         el(
           "div",
           { class: `ev t-${e.type}`, title: `batch seq ${e.batch_seq} · ${new Date(e.ts * 1000).toISOString()}` },
-          `${e.instance} #${e.batch_seq} ${e.type} ${detail}`,
+          `${e.instance} #${e.batch_seq} ${e.type} ${detail}${e.group_idx !== undefined ? ` · g${e.group_idx}` : ""}`,
         ),
       );
     }

@@ -71,8 +71,10 @@ export class HashMapView {
     exact.className = page.exact ? "badge exact" : "badge inexact";
     clear(this.body);
     for (const it of page.items) {
+      const groups = Object.entries(it.groups || {}).filter(([g]) => g !== "-");
       const media = Object.entries(it.media || {})
         .map(([m, n]) => `${m}×${n}`)
+        .concat(groups.map(([g, n]) => `g${g}×${n}`))
         .join(" ");
       const lora = it.lora_name ? `${it.lora_name}${it.lora_id !== null ? ` (${it.lora_id})` : ""}` : "";
       this.body.append(

@@ -53,8 +53,35 @@ export function renderInstances(container, instances, selected, onSelect) {
         stat("dups", num(inst.duplicates), "batches seen twice (replay and live)"),
         stat("last", age(inst.last_batch_age_s), "last batch applied"),
       ),
+      groupsLine(inst),
       inst.exact ? null : el("div", { class: "reason" }, inst.inexact_reason || ""),
+      inst.task && inst.task !== "running"
+        ? el("div", { class: "reason task", title: inst.last_task_error || "" },
+            `source task ${inst.task} (restarts ${num(inst.task_restarts)})`)
+        : null,
+      inst.poison_total
+        ? el("div", { class: "reason poison", title: JSON.stringify(inst.poison || {}) },
+            `${num(inst.poison_total)} poison message(s) refused: ` +
+            Object.entries(inst.poison || {}).map(([k, n]) => `${k} ${num(n)}`).join(", "))
+        : null,
+      inst.silence_hint ? el("div", { class: "reason silence" }, inst.silence_hint) : null,
     );
     container.append(card);
   }
+}
+
+/** KV-cache groups (hybrid models: full attention + sliding window), when the
+ * stream names them: blocks per group and each group's cache spec. */
+function groupsLine(inst) {
+  const groups = Object.entries(inst.groups || {}).filter(([g]) => g !== "-");
+  const specs = inst.group_specs || {};
+  for (const g of Object.keys(specs)) if (!groups.some(([k]) => k === g)) groups.push([g, 0]);
+  if (!groups.length) return null;
+  groups.sort((a, b) => Number(a[0]) - Number(b[0]));
+  const parts = groups.map(([g, n]) => {
+    const spec = specs[g] || {};
+    const kind = spec.kind ? ` ${spec.kind}${spec.sliding_window ? ` (window ${spec.sliding_window})` : ""}` : "";
+    return el("span", { class: "group", "data-group": g }, `g${g}${kind}: ${num(n)} blk`);
+  });
+  return el("div", { class: "endpoint groups", title: "blocks per KV-cache group (group_idx)" }, "groups ", ...parts.flatMap((p, i) => (i ? [" · ", p] : [p])));
 }

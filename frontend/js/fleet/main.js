@@ -2,6 +2,7 @@
 // instance's hash map and prefix tree, the fleet prefix view and the live
 // event log -- all from `blockpool observe`'s REST API and websocket.
 
+import { observeHint } from "../shared/observe.js";
 import { getJSON, getToken, openStream, setToken } from "./api.js";
 import { $, clear, el, num } from "./dom.js";
 import { EventLog } from "./events.js";
@@ -23,7 +24,20 @@ function showError(err) {
   box.textContent = err.status === 404 && err.code === "not_found" && !state.instances.length
     ? "No observer API here: start one with `blockpool observe tcp://host:port …` and open its page."
     : `${err.message}`;
+  if (err.status === 404 && !state.instances.length) poolHint(box);
   if (err.status === 401) $("token").classList.add("need");
+}
+
+/** Opened on a pool server: say how to observe this one (its KV-event endpoint). */
+async function poolHint(box) {
+  try {
+    const hint = observeHint(await getJSON("/api/kv-events"), location.hostname);
+    box.textContent = hint
+      ? `This is a blockpool pool server, not an observer: ${hint.text}.`
+      : "This is a blockpool pool server that publishes no KV events (start it with --kv-events), and no observer runs here.";
+  } catch {
+    /* not a pool server either: the first message stands */
+  }
 }
 
 const prefixes = new PrefixView({ onError: showError });

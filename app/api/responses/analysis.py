@@ -1,0 +1,136 @@
+"""What the analysis routes return: misses, regret, shadows, time travel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from app.api.responses import Out
+
+
+class Misses(Out):
+    """Why prefixes missed, by reason, with evicted-miss and floor histograms."""
+
+    admissions: int
+    hit: dict[str, int]
+    missed: dict[str, int]
+    reasons: dict[str, dict[str, float]]
+    evicted_misses: dict[str, Any]
+    floor: dict[str, Any]
+    evictions: dict[str, Any]
+    recent_requests: list[dict[str, Any]]
+    indexes: dict[str, Any] = Field(description="what the miss indexes hold")
+    worker: dict[str, Any] | None = Field(description="the analysis worker's lag (worker mode)")
+
+
+class RequestMisses(Out):
+    """One request's blocks: hit, or the reason each missed."""
+
+    request_id: str
+    admitted_at: float
+    finished: bool
+    num_prompt_tokens: int
+    num_prompt_blocks: int
+    num_hit_blocks: int
+    misses: dict[str, int]
+    finished_at: float | None
+    lora_name: str | None
+    cache_salt: str | None
+    blocks: list[dict[str, Any]]
+    worker: dict[str, Any] | None
+
+
+class Regret(Out):
+    """Evicted blocks asked for again: ratio, gaps, top prefixes, latest."""
+
+    regrets_total: int
+    evictions_total: int
+    regret_ratio: float | None
+    regrets_per_s: float
+    evictions_per_s: float
+    window_seconds: float
+    gap_seconds: dict[str, Any]
+    top_prefixes: list[dict[str, Any]]
+    recent: list[dict[str, Any]]
+    worker: dict[str, Any] | None
+
+
+class Shadows(Out):
+    """What-if pools: other capacities and free orders, over the same span."""
+
+    enabled: bool
+    real: dict[str, Any] | None = None
+    shadows: list[dict[str, Any]] = []
+    curve: dict[str, list[dict[str, Any]]] = {}
+    mode: str | None = Field(default=None, description="where the shadows run")
+    running: bool | None = None
+    since: float | None = None
+    updated: float | None = None
+    lag_accesses: int | None = None
+    sent_accesses: int | None = None
+    applied_accesses: int | None = None
+    dropped_accesses: int | None = None
+    resyncs: int | None = None
+    error: str | None = None
+    worker: dict[str, Any] | None = None
+
+
+class Keyframe(Out):
+    seq: int
+    ts: float
+
+
+class History(Out):
+    """The recording: the span it holds, its keyframes, its limits."""
+
+    enabled: bool
+    first_seq: int | None = None
+    last_seq: int | None = None
+    first_ts: float | None = None
+    last_ts: float | None = None
+    ops_held: int | None = None
+    bytes_held: int | None = None
+    dropped_ops: int | None = None
+    dropped_segments: int | None = None
+    keyframes: list[Keyframe] = []
+    keyframes_taken: int | None = None
+    keyframe_seconds_total: float | None = None
+    limits: dict[str, int] | None = None
+
+
+class Moment(Out):
+    seq: int
+    ts: float | None
+
+
+class HistoryState(Out):
+    """The pool right after a recorded operation."""
+
+    at: Moment
+    keyframe_seq: int
+    replayed_ops: int
+    replay_mismatches: int
+    replay_seconds: float
+    summary: dict[str, Any]
+    queue: dict[str, Any]
+    hash_map: dict[str, Any]
+    requests: dict[str, Any]
+    blocks: dict[str, list[Any]] | None = Field(default=None, description="with include_blocks")
+
+
+class HistoryDiff(Out):
+    """What changed between two recorded moments."""
+
+    from_: Moment = Field(alias="from")
+    to: Moment
+    evicted_total: int
+    evicted: list[Any]
+    entered_total: int
+    entered: list[dict[str, Any]]
+    blocks_changed_total: int
+    blocks_changed: list[dict[str, Any]]
+    requests: dict[str, Any]
+    ops: dict[str, Any]
+    events: dict[str, int]
+    replayed_ops: int

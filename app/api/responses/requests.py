@@ -1,0 +1,126 @@
+"""What the request, batch and demo routes return."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from app.api.responses import Ids, Out, PerGroupIds
+
+
+class Admitted(Out):
+    """The request's blocks per group, its prefix hit and what was computed."""
+
+    request_id: str
+    block_ids: PerGroupIds
+    num_tokens: int
+    num_hit_blocks: int
+    num_computed_tokens: int
+    num_new_blocks: int
+
+
+class RequestItem(Out):
+    request_id: str
+    num_tokens: int
+    num_blocks: int
+    num_hit_blocks: int
+
+
+class Requests(Out):
+    """A page of the running requests."""
+
+    total: int
+    offset: int
+    limit: int
+    items: list[RequestItem]
+
+
+class RequestBlock(Out):
+    index: int
+    block_ids: Ids
+    tokens: int
+    hit: bool
+    block_hash: str | None
+    reason: str | None = None
+
+
+class RequestInfo(Out):
+    """One running request: its blocks, which were hits, their hashes."""
+
+    request_id: str
+    num_tokens: int
+    num_prompt_tokens: int
+    block_ids: PerGroupIds
+    num_hit_blocks: int
+    num_cached_blocks: int
+    lora_name: str | None
+    cache_salt: str | None
+    blocks: list[RequestBlock]
+    misses: dict[str, int] | None = None
+
+
+class Appended(Out):
+    """The blocks the new tokens needed (per group) and the new length."""
+
+    request_id: str
+    new_block_ids: PerGroupIds
+    num_tokens: int
+
+
+class VerifyGroup(Out):
+    ok: bool
+    num_tokens: int
+    bad_block_ids: Ids
+    first_bad_token: int | None
+    first_bad_slot: int | None
+
+
+class Verified(Out):
+    """Whether the request's blocks hold the K/V its tokens make."""
+
+    ok: bool
+    groups: list[VerifyGroup]
+    request_id: str
+
+
+class Finished(Out):
+    """The request's blocks, freed in reverse order (per group)."""
+
+    request_id: str
+    freed_block_ids: PerGroupIds
+
+
+class BatchResult(Out):
+    ok: bool
+    result: dict[str, Any] | None = Field(default=None, description="when ok")
+    error: dict[str, Any] | None = Field(default=None, description="the error, when refused")
+    skipped: bool | None = Field(default=None, description="after a refusal with on_error: stop")
+
+
+class Batch(Out):
+    """One result per operation, in order."""
+
+    applied: int
+    failed: int
+    errors: bool
+    results: list[BatchResult]
+
+
+# ------------------------------------------------------------------- demo
+
+
+class DemoStatus(Out):
+    """The demo workload: running, rate, mix, decode lengths, its counters."""
+
+    running: bool
+    rate: float
+    mix: dict[str, int]
+    decode_tokens: Ids
+    max_running: int
+    requests_running: int
+    requests_waiting: int
+    stats: dict[str, int]
+
+
+# --------------------------------------------------------------- analysis

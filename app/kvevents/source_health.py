@@ -1,0 +1,108 @@
+"""One observed source's health as the views show it, and what an operator
+should check when its stream stays silent.
+
+ZeroMQ's PUB/SUB works only when exactly one side binds (listens) and the
+other connects: vLLM binds its wildcard endpoint (``tcp://*:5557``);
+``blockpool serve`` binds wildcard or ipc addresses and *connects* to a
+concrete host under its default ``--kv-events-bind auto``; the observer
+always connects.  Two connecting sides never meet and nothing says so --
+hence these hints, shown on the fleet card once nothing has arrived for
+``silence_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def silence_hint(
+    endpoint: str, topic: str, connected: bool, received: int, waited_s: float, silence_s: float
+) -> str | None:
+    """None while the stream is fine (or too young to tell); otherwise one
+    paragraph naming what to check."""
+    if received or waited_s < silence_s:
+        return None
+    waited = f"nothing received in {waited_s:.0f} s"
+    if not connected:
+        return (
+            f"{waited}, and the SUB socket never connected to {endpoint}. The observer "
+            "connects, so the publisher must bind (listen) on that host:port: vLLM binds "
+            "its 'endpoint' (tcp://*:5557); blockpool serve binds only a wildcard or ipc "
+            "endpoint or with --kv-events-bind bind (under 'auto' a concrete host means it "
+            "connects, and two connecting sides never meet). Check the endpoint's host and "
+            "port, that the publisher is running, and any firewall between."
+        )
+    checks = []
+    if topic:
+        checks.append(f"the topic (the observer takes topics starting with {topic!r})")
+    checks += [
+        "that the publisher has KV events on (enable_kv_cache_events, prefix caching) and traffic",
+        "that this endpoint is its PUB socket, not its replay (ROUTER) one",
+    ]
+    return f"{waited}, though the SUB socket is connected to {endpoint}. Check " + (
+        "; ".join(checks) + "."
+    )
+
+
+def source_health(s: Any) -> dict[str, Any]:
+    # ``s``: a Source (source.py imports this module, so not the other way round)
+    """What ``/api/fleet`` and the websocket show of one source."""
+    t = s.tracker
+    now = time.time()
+    waited = now - (s.started_at or now)
+    return {
+        "name": s.name,
+        "endpoint": s.spec.endpoint,
+        "replay_endpoint": s.spec.replay_endpoint,
+        "data_parallel_rank": s.spec.data_parallel_rank,
+        "ranks_seen": sorted(s.ranks_seen),
+        "connected": s.connected,
+        "connects": s.connects,
+        "disconnects": s.disconnects,
+        "exact": t.exact,
+        "inexact_reason": t.reason,
+        "first_seq": t.first_seq,
+        "last_seq": t.applied,
+        "live_seq": t.live_last,
+        "received": t.received,
+        "batches": t.batches,
+        "events": s.events_total,
+        "duplicates": t.duplicates,
+        "gaps": t.gaps,
+        "missed": t.missed,
+        "drops": t.missed,
+        "replays": t.replays,
+        "replay_batches": t.replay_batches,
+        "replay_failures": t.replay_failures,
+        "last_replay_failure": t.last_failure,
+        "replaying": t.replaying,
+        "pending": len(t.pending),
+        "restarts": t.restarts,
+        "decode_errors": t.decode_errors,
+        "apply_errors": t.apply_errors,
+        "bad_messages": s.bad_messages,
+        "poison": dict(s.poison.counts),
+        "poison_total": s.poison.total,
+        "task": "running" if s.task_alive else s.task_state,
+        "task_restarts": s.task_restarts,
+        "last_task_error": s.last_task_error,
+        "silence_s": s.silence_s,
+        "silence_hint": silence_hint(
+            s.spec.endpoint,
+            s.topic.decode("utf-8", "replace"),
+            s.connected,
+            t.received,
+            waited,
+            s.silence_s,
+        ),
+        "unknown_events": s.unknown_events,
+        "malformed_events": s.malformed_events,
+        "unknown_fields": dict(s.unknown_fields),
+        "unknown_fields_total": s.unknown_fields_total,
+        "encodings": dict(s.encodings),
+        "last_batch_ts": s.last_batch_ts,
+        "last_batch_age_s": None if s.last_batch_at is None else now - s.last_batch_at,
+        "event_log_seq": s.log.last_seq,
+        **s.state.summary(),
+    }

@@ -1,0 +1,169 @@
+"""Feeding shadow pools: record on the hot path, apply in batches.
+
+On the runtime's hot path an operation only appends a tuple that references
+the request's hash list (no copy: the list only ever grows).  At tick time
+``flush`` slices the hashes each access needs and applies the batch to the
+shadow pools (``blockpool.shadow.ShadowSet``) inline.  The service's process
+feeder (app/analysis/shadows.py) sends the same batches to a worker process
+instead.
+
+Shadows see request traffic only (admit / append / finish / reset); raw
+block operations are invisible to them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from blockpool.shadow import POLICY_NAMES, ShadowSet, ShadowSpec
+
+
+def shadow_specs(policies: list[str], factors: list[float], grid: bool) -> list[ShadowSpec]:
+    """vLLM 0.16 at every factor, every policy at 1x (or every pair: grid)."""
+    for p in policies:
+        if p not in POLICY_NAMES:
+            raise ValueError(f"unknown shadow policy {p!r} (one of {', '.join(POLICY_NAMES)})")
+    specs: list[ShadowSpec] = []
+    if grid:
+        for p in policies or ["vllm016"]:
+            for f in sorted({1.0, *factors}):
+                specs.append(ShadowSpec(p, f))
+    else:
+        for f in sorted({*factors, *([1.0] if "vllm016" in policies else [])}):
+            specs.append(ShadowSpec("vllm016", f))
+        specs.extend(ShadowSpec(p, 1.0) for p in policies if p != "vllm016")
+    return list(dict.fromkeys(specs))
+
+
+class ShadowFeeder:
+    """Inline: the shadows live here and every flush applies at once."""
+
+    mode = "inline"
+
+    def __init__(
+        self,
+        specs: list[ShadowSpec],
+        base_capacity: int,
+        block_size: int,
+        num_groups: int,
+        *,
+        inline: bool = True,
+    ) -> None:
+        self.specs = specs
+        self.base_capacity = base_capacity
+        self.block_size = block_size
+        self.num_groups = num_groups
+        self.pending: list[tuple[Any, ...]] = []
+        self.inline = ShadowSet(specs, base_capacity, block_size, num_groups) if inline else None
+        self.latest: list[dict[str, Any]] | None = self.inline.stats() if self.inline else None
+        self.latest_real: tuple[int, int] | None = None
+        self.real_base = (0, 0)
+        self.sent = 0
+        if inline:  # (a worker-backed subclass keeps these figures itself)
+            self.cid = 0
+            self.outstanding = 0
+            self.applied = 0
+            self.dropped = 0
+            self.resyncs = 0
+            self.error: str | None = None
+            self.since = time.time()
+            self.updated = 0.0
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    @property
+    def running(self) -> bool:
+        return self.inline is not None
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        return True
+
+    # ----------------------------------------------------- runtime hot path
+
+    def admit(self, rid: str, num_tokens: int, hashes: Any) -> None:
+        self.pending.append(("a", rid, num_tokens, hashes))
+
+    def append(self, rid: str, before: int, after: int, hashes: Any) -> None:
+        self.pending.append(("p", rid, before, after, hashes))
+
+    def finish(self, rid: str) -> None:
+        self.pending.append(("f", rid))
+
+    def reset(self) -> None:
+        self.pending.append(("r",))
+
+    # ----------------------------------------------------------- tick time
+
+    def _materialize(self, pending: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        bs = self.block_size
+        out: list[tuple[Any, ...]] = []
+        add = out.append
+        for acc in pending:
+            kind = acc[0]
+            if kind == "a":
+                n = acc[2]
+                add(("a", acc[1], n, acc[3][: n // bs]))
+            elif kind == "p":
+                b, a = acc[2], acc[3]
+                add(("p", acc[1], a, acc[4][b // bs : a // bs]))
+            else:
+                add(acc)
+        return out
+
+    def flush(self, real: tuple[int, int]) -> None:
+        """Hand the accesses since the last flush to the shadows; ``real``:
+        the real pool's prefix-cache (queries, hits) in tokens now."""
+        pending = self.pending
+        if not pending:
+            return
+        self.pending = []
+        self._deliver(pending, real)
+
+    def _deliver(self, pending: list[tuple[Any, ...]], real: tuple[int, int]) -> None:
+        assert self.inline is not None
+        self.inline.apply(self._materialize(pending))
+        self.applied += len(pending)
+        self.latest = self.inline.stats()
+        self.latest_real = real
+        self.updated = time.time()
+
+    def restart(self, real: tuple[int, int]) -> None:
+        """Every shadow empty again (e.g. after the real pool restarted)."""
+        self.pending = []
+        self.since = time.time()
+        self.real_base = real
+        if self.inline is not None:
+            self.inline.restart()
+            self.latest = self.inline.stats()
+
+    def check(self, timeout: float = 10.0) -> None:
+        """Audit every shadow (tests)."""
+        if self.inline is not None:
+            for pool in self.inline.pools:
+                pool.check()
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "lag_accesses": self.outstanding + len(self.pending),
+            "sent_accesses": self.sent if self.inline is None else self.applied,
+            "applied_accesses": self.applied,
+            "dropped_accesses": self.dropped,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "running": self.running,
+            "since": self.since,
+            "updated": self.updated or None,
+            **self.figures(),
+            "resyncs": self.resyncs,
+            "error": self.error,
+        }

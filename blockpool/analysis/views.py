@@ -1,0 +1,279 @@
+"""JSON views of the analysis (REST, the stream's ``analysis`` section).
+
+Each runs between two operations of the runtime: a consistent picture
+of one moment.  Shadow figures are the worker's latest report (a tick or so
+behind; ``lag_accesses`` says how far).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from blockpool.analysis.common import hex64
+from blockpool.analysis.reasons import CAUSES, CODE_NAMES, REASONS, RequestMisses
+from blockpool.runtime.errors import NotFound
+
+if TYPE_CHECKING:
+    from blockpool.analysis.core import Analysis
+    from blockpool.runtime.runtime import PoolRuntime
+
+
+def tokens(engine: PoolRuntime) -> dict[str, Any]:
+    """Token-level usage beside block-level usage: a request's partial tail
+    block reserves ``block_size`` slots but holds fewer tokens.  Blocks held
+    only through the raw block API count as full (their fill is unknown)."""
+    bs = engine.config.block_size
+    in_use = engine.columns.counts[1]
+    reserved = in_use * bs
+    held = reserved - engine.tail_waste
+    capacity = (engine.pool.num_gpu_blocks - 1) * bs
+    return {
+        "held": held,
+        "slots_reserved": reserved,
+        "tail_waste": engine.tail_waste,
+        "capacity": capacity,
+        "usage_ratio": held / capacity if capacity else 0.0,
+        "fill_ratio": held / reserved if reserved else 1.0,
+    }
+
+
+def _rm_summary(rm: RequestMisses, bs: int) -> dict[str, Any]:
+    return {
+        "request_id": rm.request_id,
+        "admitted_at": rm.ts,
+        "finished": rm.finished_ts is not None,
+        "num_prompt_tokens": rm.num_tokens,
+        "num_prompt_blocks": len(rm.codes),
+        "num_hit_blocks": rm.num_hit_blocks,
+        "misses": rm.counts(),
+    }
+
+
+def misses(an: Analysis, limit: int) -> dict[str, Any]:
+    m = an.misses
+    bs = an.bs
+    missed_blocks = sum(m.blocks[1:])
+    reasons = {
+        name: {
+            "blocks": m.blocks[code],
+            "tokens": m.tokens[code],
+            "share": m.blocks[code] / missed_blocks if missed_blocks else 0.0,
+        }
+        for code, name in enumerate(REASONS, start=1)
+    }
+    recent = list(m.running.values())[-limit:] + list(m.finished.values())[-limit:]
+    recent.sort(key=lambda r: r.ts, reverse=True)
+    return {
+        "admissions": m.admissions,
+        "hit": {"blocks": m.blocks[0], "tokens": m.tokens[0]},
+        "missed": {"blocks": missed_blocks, "tokens": sum(m.tokens[1:])},
+        "reasons": reasons,
+        "evicted_misses": {
+            "ago_seconds": m.ago.as_json(),
+            "queue_position_when_freed": m.miss_pos.as_json(),
+            "allocations_between": m.miss_allocs.as_json(),
+        },
+        "floor": {"shared_tokens": m.floor_shared.as_json()},
+        "evictions": {
+            "by_cause": dict(zip(CAUSES, m.ring.evictions, strict=True)),
+            "queue_position_when_freed": m.ring.ev_pos.as_json(),
+            "allocations_between": m.ring.ev_allocs.as_json(),
+            "seconds_in_queue": m.ring.ev_queue_s.as_json(),
+        },
+        "indexes": {
+            "evicted_remembered": m.ring.evicted_remembered(),
+            "evicted_capacity": m.size,
+            "requests_running": len(m.running),
+            "requests_finished_kept": len(m.finished),
+            "finished_capacity": m.finished_kept,
+        },
+        "recent_requests": [_rm_summary(r, bs) for r in recent[:limit]],
+    }
+
+
+def request_misses(an: Analysis, rid: str) -> dict[str, Any]:
+    m = an.misses
+    rm = m.lookup(rid)
+    if rm is None:
+        raise NotFound(
+            f"no miss reasons for request {rid!r} (not admitted, or finished longer ago "
+            f"than the last {m.finished_kept} requests)",
+            request_id=rid,
+        )
+    bs = an.bs
+    n = rm.num_tokens
+    blocks = []
+    for i, (reason, detail) in enumerate(m.block_reasons(rm)):
+        blocks.append(
+            {
+                "index": i,
+                "tokens": min(bs, n - i * bs),
+                "hit": reason is None,
+                "reason": reason,
+                "detail": detail,
+            }
+        )
+    out = _rm_summary(rm, bs)
+    out.update(
+        finished_at=rm.finished_ts,
+        lora_name=rm.lora_name,
+        cache_salt=rm.cache_salt,
+        blocks=blocks,
+    )
+    return out
+
+
+def block_reasons(an: Analysis, rid: str) -> list[tuple[str | None, dict[str, Any] | None]]:
+    """Reason per prompt block of a request ([] when unknown)."""
+    rm = an.misses.lookup(rid)
+    return an.misses.block_reasons(rm) if rm is not None else []
+
+
+def pack_reasons(an: Analysis, rid: str) -> tuple[bytes, dict[int, Any]] | None:
+    """A request's reasons as the worker sends them: the codes, and the
+    details of the blocks that have one (evictions resolved)."""
+    rm = an.misses.lookup(rid)
+    if rm is None:
+        return None
+    det = {i: d for i, (_, d) in enumerate(an.misses.block_reasons(rm)) if d is not None}
+    return rm.codes, det
+
+
+def unpack_reasons(
+    packed: tuple[bytes, dict[int, Any]],
+) -> list[tuple[str | None, dict[str, Any] | None]]:
+    codes, det = packed
+    return [(CODE_NAMES[c], det.get(i)) for i, c in enumerate(codes)]
+
+
+def regret(an: Analysis, limit: int) -> dict[str, Any]:
+    m = an.misses.regret
+    total_ev = sum(an.misses.ring.evictions)
+    rates = an.rates()
+    top = []
+    for r in m.top_roots(limit):
+        top.append(
+            {
+                "root": hex64(r.root),
+                "regrets": r.regrets,
+                "mean_gap_seconds": r.gap_sum / r.regrets if r.regrets else None,
+                "last_gap_seconds": r.last_gap,
+                "last_at": r.last_ts,
+                "deepest_block": r.max_depth,
+                "last_request": r.last_victim,
+                "owner_request": r.last_owner,
+                "first_tokens": r.first_tokens,
+                "lora_name": r.lora_name,
+                "cache_salt": r.cache_salt,
+            }
+        )
+    return {
+        "regrets_total": m.regrets,
+        "evictions_total": total_ev,
+        "regret_ratio": m.regrets / total_ev if total_ev else 0.0,
+        "regrets_per_s": rates["regrets_per_s"],
+        "evictions_per_s": rates["evictions_per_s"],
+        "window_seconds": rates["window_s"],
+        "gap_seconds": m.regret_gap.as_json(),
+        "top_prefixes": top,
+        "recent": m.recent_regret_rows(limit),
+    }
+
+
+def shadows(an: Analysis) -> dict[str, Any]:
+    engine = an.rt
+    st = engine.manager.stats
+    out: dict[str, Any] = {
+        "enabled": an.feeder is not None,
+        "real": {
+            "capacity": engine.pool.num_gpu_blocks - 1,
+            "queries_tokens": st.queries,
+            "hits_tokens": st.hits,
+            "hit_rate": st.hit_rate,
+        },
+        "shadows": [],
+        "curve": {},
+    }
+    f = an.feeder
+    if f is None:
+        return out
+    out.update(f.snapshot())
+    real = f.latest_real
+    if real is not None:  # the real pool over the span the shadows saw
+        q = real[0] - f.real_base[0]
+        h = real[1] - f.real_base[1]
+        out["real"]["span"] = {
+            "queries_tokens": q,
+            "hits_tokens": h,
+            "hit_rate": h / q if q else 0.0,
+        }
+    rows = f.latest or []
+    out["shadows"] = rows
+    curve: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        curve.setdefault(r["policy"], []).append(
+            {"factor": r["factor"], "capacity": r["capacity"], "hit_rate": r["hit_rate"]}
+        )
+    for pts in curve.values():
+        pts.sort(key=lambda p: p["factor"])
+    out["curve"] = curve
+    return out
+
+
+def stream_section(an: Analysis) -> dict[str, Any]:
+    """The stream's ``analysis`` header section (small: sent about once a second)."""
+    m = an.misses
+    rates = an.rates()
+    f = an.feeder
+    sh = []
+    if f is not None:
+        for r in f.latest or []:
+            sh.append(
+                [
+                    r["name"],
+                    r["policy"],
+                    r["factor"],
+                    r["capacity"],
+                    _finite(r["hit_rate"]),
+                    r["queries"],
+                    r["hits"],
+                    r["evictions"],
+                ]
+            )
+    return {
+        "ts": time.time(),
+        "misses": {name: m.blocks[code] for code, name in enumerate(REASONS, start=1)},
+        "miss_tokens": {name: m.tokens[code] for code, name in enumerate(REASONS, start=1)},
+        "hit_blocks": m.blocks[0],
+        "regrets": m.regret.regrets,
+        "evictions": sum(m.ring.evictions),
+        "regrets_per_s": _finite(rates["regrets_per_s"]),
+        "evictions_per_s": _finite(rates["evictions_per_s"]),
+        "regret_gap_p50": _finite(m.regret.regret_gap.quantile(0.5)),
+        "regret_gap_p90": _finite(m.regret.regret_gap.quantile(0.9)),
+        "shadows": sh,
+        "shadow_lag": (f.outstanding + len(f.pending)) if f is not None else None,
+        "shadow_error": f.error if f is not None else None,
+        "recording": (
+            {"first_seq": an.recorder.first_seq, "last_seq": an.recorder.seq}
+            if an.recorder is not None
+            else None
+        ),
+    }
+
+
+def _finite(v: float | None) -> float | None:
+    if v is None or not math.isfinite(v):
+        return None
+    return v
+
+
+# The views a service may ask for by name (REST, the analysis worker).
+VIEWS: dict[str, Any] = {
+    "misses": misses,
+    "request_misses": request_misses,
+    "regret": regret,
+    "shadows": shadows,
+}

@@ -1,0 +1,29 @@
+"""The 64-bit cut of a block hash, and hex: the one place that knows it.
+
+A map key is a digest followed by a 4-byte big-endian group id
+(``make_block_hash_with_group_id``).  Events with integer hashes (vLLM's
+``set_int_block_hashes``), the dashboard and the analysis name a block by the
+last 8 bytes of its digest, big-endian.
+"""
+
+from __future__ import annotations
+
+
+def digest64(digest: bytes) -> int:
+    """A digest (no group id) as events show it: its last 8 bytes."""
+    return int.from_bytes(digest[-8:], "big")
+
+
+def key64(key: bytes) -> int:
+    """A map key's digest as events show it (the key without its group id)."""
+    return int.from_bytes(key[-12:-4], "big")
+
+
+def key_group(key: bytes) -> int:
+    """The KV-cache group id a map key carries."""
+    return int.from_bytes(key[-4:], "big")
+
+
+def hex64(v: int) -> str:
+    """A 64-bit hash as 16 hex digits."""
+    return f"{v:016x}"

@@ -1,0 +1,147 @@
+"""Per-block state as columns, kept in step with the pool by the runtime.
+
+The runtime tells ``sync`` which blocks an operation touched; the columns then
+hold, for every block: its state (null / in use / cached-evictable / empty),
+ref count, whether it is hashed, the 64-bit form of its hash and its group,
+and its queue stamp.  Free blocks sorted by stamp are exactly the free queue
+from head to tail (docs/architecture.md, "The free order's stamping rule"), so a
+client that mirrors these columns knows the LRU order without list diffs.
+
+Counts per state are maintained incrementally: O(touched) per operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from blockpool.block import KVCacheBlock
+from blockpool.keys import key64, key_group
+from blockpool.pool import BlockPool
+
+NULL, IN_USE, CACHED, EMPTY = 0, 1, 2, 3
+STATE_NAMES = ("null", "in_use", "cached", "empty")
+
+
+def classify(block: KVCacheBlock) -> int:
+    if block.is_null:
+        return NULL
+    if block.ref_cnt > 0:
+        return IN_USE
+    return CACHED if block._block_hash is not None else EMPTY
+
+
+hash64 = key64  # a map key's hash as events show it: the digest's last 8 bytes
+
+
+class BlockColumns:
+    """Numpy columns mirroring every block of one pool."""
+
+    def __init__(self, pool: BlockPool) -> None:
+        n = pool.num_gpu_blocks
+        self.pool = pool
+        self.state = np.full(n, EMPTY, dtype=np.uint8)
+        self.ref_cnt = np.zeros(n, dtype=np.int32)
+        self.hashed = np.zeros(n, dtype=np.uint8)
+        self.hash64 = np.zeros(n, dtype=np.uint64)
+        self.group = np.zeros(n, dtype=np.uint32)
+        self.stamp = np.arange(n, dtype=np.int64)
+        self.dirty = np.zeros(n, dtype=np.bool_)
+        self.counts = [0, 0, 0, 0]
+        self.next_stamp = n
+        self.resync_all()
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.state)
+
+    def resync_all(self) -> None:
+        """Recompute every column from the pool (start-up, reset): O(N),
+        vectorised where it can be.  Stamps follow the queue's current order."""
+        blocks = self.pool.blocks
+        n = len(blocks)
+        refs = np.fromiter((b.ref_cnt for b in blocks), dtype=np.int64, count=n)
+        keys = [b._block_hash for b in blocks]
+        hashed = np.fromiter((k is not None for k in keys), dtype=np.uint8, count=n)
+        refs[0] = 0  # the null block's count is not kept
+        self.ref_cnt[:] = refs
+        self.hashed[:] = hashed
+        self.hash64[:] = 0
+        self.group[:] = 0
+        for bid in np.flatnonzero(hashed).tolist():
+            key = keys[bid]
+            assert key is not None
+            self.hash64[bid] = hash64(key)
+            self.group[bid] = key_group(key)
+        state = np.where(refs > 0, IN_USE, np.where(hashed == 1, CACHED, EMPTY))
+        state[0] = NULL
+        self.state[:] = state
+        for pos, block in enumerate(self.pool.free_block_queue):
+            self.stamp[block.block_id] = self.next_stamp + pos
+        self.next_stamp += n
+        self.counts = np.bincount(self.state, minlength=4).astype(int).tolist()
+        self.dirty[:] = True
+
+    def _read(self, bid: int) -> int:
+        block = self.pool.blocks[bid]
+        st = classify(block)
+        self.state[bid] = st
+        self.ref_cnt[bid] = block.ref_cnt if not block.is_null else 0
+        key = block._block_hash
+        if key is None:
+            self.hashed[bid] = 0
+            self.hash64[bid] = 0
+            self.group[bid] = 0
+        else:
+            self.hashed[bid] = 1
+            self.hash64[bid] = hash64(key)
+            self.group[bid] = key_group(key)
+        return st
+
+    def stamp_freed(self, ordered: Iterable[KVCacheBlock]) -> None:
+        """Call after ``pool.free_blocks(ordered)``: the blocks that reached 0
+        were appended in this order."""
+        stamp = self.next_stamp
+        col = self.stamp
+        for block in ordered:
+            if block.ref_cnt == 0 and not block.is_null:
+                col[block.block_id] = stamp
+                stamp += 1
+        self.next_stamp = stamp
+
+    def sync(self, ids: Iterable[int]) -> None:
+        """Re-read the given blocks after an operation touched them."""
+        counts = self.counts
+        state = self.state
+        dirty = self.dirty
+        for bid in ids:
+            old = int(state[bid])
+            new = self._read(bid)
+            if new != old:
+                counts[old] -= 1
+                counts[new] += 1
+            dirty[bid] = True
+
+    def take_dirty(self) -> np.ndarray:
+        """Ids changed since the last call, ascending; clears the marks."""
+        idx = np.flatnonzero(self.dirty)
+        self.dirty[idx] = False
+        return idx
+
+    def queue_order(self) -> np.ndarray:
+        """Free block ids from head (next to go) to tail."""
+        free = np.flatnonzero((self.state == CACHED) | (self.state == EMPTY))
+        return free[np.argsort(self.stamp[free], kind="stable")]
+
+    def queue_position(self, bid: int) -> int | None:
+        """0-based position in the free queue, or None if not free."""
+        st = self.state[bid]
+        if st not in (CACHED, EMPTY):
+            return None
+        free = (self.state == CACHED) | (self.state == EMPTY)
+        return int(np.count_nonzero(free & (self.stamp < self.stamp[bid])))
+
+    def summary(self) -> dict[str, int]:
+        c = self.counts
+        return {"null": c[NULL], "in_use": c[IN_USE], "cached": c[CACHED], "empty": c[EMPTY]}

@@ -1,0 +1,38 @@
+"""What shapes a runtime: the pool, hashing, sampling and the limits."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    num_blocks: int
+    block_size: int = 16
+    num_groups: int = 1
+    hash_fn: str = "sha256"
+    hash_seed: str = "0"
+    enable_caching: bool = True
+    enable_events: bool = True
+    metrics_sample_rate: float = 0.01
+    metrics_seed: int | None = 0
+    # limits: every operation over one is refused before it changes anything
+    max_ids_per_call: int = 100_000
+    max_tokens_per_request: int = 262_144
+    max_requests: int = 100_000
+    # bounded logs of KV events and eviction samples
+    event_log_capacity: int = 200_000
+    sample_log_capacity: int = 50_000
+
+    @classmethod
+    def from_mapping(cls, values: Any) -> RuntimeConfig:
+        """The fields this config has, taken from a mapping or an object
+        with those attributes (settings); the rest keep their defaults."""
+        names = [f.name for f in fields(cls)]
+        if isinstance(values, dict):
+            return cls(**{n: values[n] for n in names if n in values})
+        return cls(**{n: getattr(values, n) for n in names if hasattr(values, n)})
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

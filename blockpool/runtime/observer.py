@@ -1,0 +1,101 @@
+"""The one interface through which the analysis sees operations.
+
+``PoolRuntime.execute`` applies an operation in this order, from one place:
+
+1. the handler validates the whole operation, then changes the pool, the
+   manager and the raw references (a refusal raises before any change);
+2. blocks that reached the free queue are stamped in the order they were
+   appended (``BlockColumns.stamp_freed``);
+3. the observer is told (one method per kind of change) -- after the pool
+   changed, before the columns are re-read, so the columns still show the
+   touched blocks' previous state (which hash a reused block lost, where it
+   stood in the queue), and ``counters.blocks_allocated`` still counts the
+   blocks allocated before this operation;
+4. the touched blocks are re-read into the columns (a reset re-reads all);
+5. the allocation counter moves on; K/V storage writes what was computed;
+6. the recorder keeps the operation, its result and its events;
+7. the pool's events and eviction samples go into the sequenced logs.
+
+Reads (lookups) change nothing and notify nobody.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from blockpool.block import KVCacheBlock
+    from blockpool.manager import Admission, ManagedRequest
+
+
+@dataclass(slots=True)
+class Change:
+    """What one operation did, for the observer and the columns."""
+
+    kind: str  # allocate | free | touch | cache | evict | reset | admit | append | finish
+    sync: Sequence[Iterable[int]] = ()  # block ids to re-read
+    freed: Sequence[Sequence[KVCacheBlock]] = ()  # passed to free_blocks, in order
+    ids: list[int] = field(default_factory=list)  # allocate: new ids; evict: evicted ids
+    hashes: Sequence[bytes] = ()  # cache: the hashes set
+    request_id: str | None = None
+    op: Any = None  # admit: the operation
+    admission: Admission | None = None
+    managed: ManagedRequest | None = None
+    before_tokens: int = 0  # append
+    before_cached: int = 0  # append
+    added: list[list[int]] = field(default_factory=list)  # append: new ids per group
+    write_from: int | None = None  # storage: tokens from here on were computed
+    allocated: int = 0  # blocks this operation allocated
+
+
+class OpObserver(Protocol):
+    """Told of every change, in the order above (see ``Change``)."""
+
+    def on_allocate(self, ids: list[int]) -> None: ...
+
+    def on_freed(self, first_stamp: int, now: float | None = None) -> None: ...
+
+    def on_cache(self, hashes: Sequence[bytes]) -> None: ...
+
+    def on_evict(self, ids: list[int]) -> None: ...
+
+    def on_reset(self) -> None: ...
+
+    def on_admit(self, rid: str, op: Any, adm: Admission) -> None: ...
+
+    def on_append(
+        self,
+        rid: str,
+        managed: ManagedRequest,
+        before_tokens: int,
+        before_cached: int,
+        added: list[list[int]],
+    ) -> None: ...
+
+    def on_finish(self, rid: str, managed: ManagedRequest, first_stamp: int) -> None: ...
+
+
+def notify(obs: OpObserver, ch: Change, first_stamp: int) -> None:
+    """Step 3: the one dispatch from a change to the observer's methods."""
+    kind = ch.kind
+    if kind == "admit":
+        assert ch.request_id is not None and ch.admission is not None
+        obs.on_admit(ch.request_id, ch.op, ch.admission)
+    elif kind == "append":
+        assert ch.request_id is not None and ch.managed is not None
+        obs.on_append(ch.request_id, ch.managed, ch.before_tokens, ch.before_cached, ch.added)
+    elif kind == "finish":
+        assert ch.request_id is not None and ch.managed is not None
+        obs.on_finish(ch.request_id, ch.managed, first_stamp)
+    elif kind == "free":
+        obs.on_freed(first_stamp)
+    elif kind == "allocate":
+        obs.on_allocate(ch.ids)
+    elif kind == "cache":
+        obs.on_cache(ch.hashes)
+    elif kind == "evict":
+        obs.on_evict(ch.ids)
+    elif kind == "reset":
+        obs.on_reset()

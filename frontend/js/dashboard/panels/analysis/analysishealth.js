@@ -1,0 +1,20 @@
+// The analysis health in the top bar: the hub's health as one item.
+
+import { $, h, setText } from "../../../shared/dom.js";
+import { explain } from "../../../shared/terms.js";
+
+export class AnalysisHealthItem {
+  constructor(hub) {
+    this.hub = hub;
+    this.value = h("b", { id: "h-analysis" }, "—");
+    this.item = h("span", { class: "hitem", "data-h": "analysis" }, h("i", null, "analysis"), this.value);
+    $("health").append(this.item);
+  }
+
+  update(now) {
+    const st = this.hub.health(now);
+    setText(this.value, st.text);
+    this.item.dataset.level = st.level;
+    this.item.title = `${explain("analysis")}\n\n${st.title}`;
+  }
+}

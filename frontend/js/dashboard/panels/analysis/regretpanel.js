@@ -1,0 +1,70 @@
+// What eviction cost: evictions and regrets over the window (stream), and
+// from REST every few seconds the eviction-to-re-store gap histogram and the
+// most regretted prefixes.
+
+import { REASON_RGB } from "../../state/analysis.js";
+import { freshWindow, histChart, quiet, rateFmt, timeColumns } from "./analysisparts.js";
+import { $, h, setText } from "../../../shared/dom.js";
+import { dur, int, pct } from "../../../shared/format.js";
+import { MiniChart, compact } from "../../render/minichart.js";
+
+export class RegretPanel {
+  constructor(hub, windowSel) {
+    this.hub = hub;
+    this.windowSel = windowSel;
+    this.version = -1;
+    this.chart = new MiniChart($("chart-regret"), {
+      height: 100,
+      x: "time",
+      y: { fmt: compact },
+      y2: { fmt: compact, rgb: REASON_RGB.evicted },
+      empty: "waiting for two analysis reports…",
+      series: [
+        { label: "evictions/s", rgb: [240, 136, 62], fill: 0.25 },
+        { label: "regrets/s", rgb: REASON_RGB.evicted, axis: 2, width: 1.5 },
+      ],
+    });
+    this.gap = histChart($("chart-regret-gap"), REASON_RGB.evicted, "s", 60);
+    this.summary = $("regret-summary");
+    this.gapTitle = $("regret-gap-title");
+    this.body = $("regret-body");
+  }
+
+  update() {
+    const s = this.hub.series;
+    const pts = freshWindow(this, s);
+    if (!pts) return;
+    const { x, ys } = timeColumns(pts, ["evictions", "regrets"]);
+    this.chart.setData(x, ys);
+    const sec = s.last;
+    if (!sec) return;
+    const ratio = sec.evictions ? sec.regrets / sec.evictions : null;
+    this.summary.replaceChildren(
+      h("span", null, "regrets ", h("b", { id: "regret-total" }, int(sec.regrets)), ` of ${int(sec.evictions)} evictions (${pct(ratio)})`),
+      h("span", null, "last min ", h("b", null, rateFmt(sec.regrets_per_s)), "/s vs ", h("b", null, rateFmt(sec.evictions_per_s)), " evictions/s"),
+      h("span", null, "gap p50 ", h("b", null, dur(sec.regret_gap_p50)), " p90 ", h("b", null, dur(sec.regret_gap_p90))),
+    );
+  }
+
+  async poll() {
+    try {
+      const d = await quiet("/api/regret?limit=12");
+      this.gap.set(d.gap_seconds);
+      setText(this.gapTitle, `gap between eviction and re-store · n=${int(d.gap_seconds.count)}`);
+      const rows = (d.top_prefixes || []).map((r) =>
+        h(
+          "tr",
+          { "data-root": r.root, title: `first tokens ${r.first_tokens.join(" ")}\nroot ${r.root} · deepest block ${r.deepest_block}${r.lora_name ? ` · lora ${r.lora_name}` : ""}${r.cache_salt ? ` · salt ${r.cache_salt}` : ""}` },
+          h("td", { class: "mono toks" }, r.first_tokens.length ? `${r.first_tokens.slice(0, 4).join(" ")}${r.first_tokens.length > 4 ? " …" : ""}` : r.root),
+          h("td", { class: "num" }, int(r.regrets)),
+          h("td", { class: "num" }, dur(r.mean_gap_seconds)),
+          h("td", { class: "mono" }, r.owner_request || "—", h("span", { class: "muted" }, " → "), r.last_request || "—"),
+        ),
+      );
+      if (!rows.length) rows.push(h("tr", { class: "empty" }, h("td", { colspan: 4, class: "muted" }, "no regretted prefix yet")));
+      this.body.replaceChildren(...rows);
+    } catch (err) {
+      setText(this.gapTitle, `GET /api/regret: ${err.message}`);
+    }
+  }
+}

@@ -1,0 +1,80 @@
+// Stream health, always visible: connection state, seq, lag, drops,
+// resyncs, reconnects, gaps resumed, throughput and the render rate.
+
+import { $, h, setText } from "../../shared/dom.js";
+import { bytes, int } from "../../shared/format.js";
+import { explain } from "../../shared/terms.js";
+
+export class HealthBar {
+  constructor(conn, model, perf) {
+    this.conn = conn;
+    this.model = model;
+    this.perf = perf;
+    this.root = $("health");
+    this.prev = { t: performance.now(), frames: 0, bytes: 0 };
+    this.fps = 0;
+    this.bps = 0;
+    this.cells = {};
+    const items = [
+      ["state", "stream"],
+      ["seq", "seq"],
+      ["lag", "lag"],
+      ["drops", "drops"],
+      ["resyncs", "resyncs"],
+      ["reconnects", "reconnects"],
+      ["gaps", "gaps"],
+      ["rate", "in"],
+      ["fps", "fps"],
+    ];
+    for (const [key, label] of items) {
+      const v = h("b", { id: `h-${key}` }, "—");
+      this.cells[key] = v;
+      this.root.append(h("span", { class: "hitem", "data-h": key, title: explain(label) }, h("i", null, label), v));
+    }
+  }
+
+  update(now) {
+    const c = this.conn.health;
+    const m = this.model;
+    const dt = (now - this.prev.t) / 1000;
+    if (dt >= 1) {
+      this.fps = (this.perf.raf - (this.prev.raf || 0)) / dt;
+      this.bps = (c.bytes - this.prev.bytes) / dt;
+      this.framesPs = (c.frames - this.prev.frames) / dt;
+      this.prev = { t: now, frames: c.frames, bytes: c.bytes, raf: this.perf.raf };
+    }
+    const cell = this.cells;
+    let state = c.state;
+    let label = state;
+    if (state === "open") label = m.seq === null ? "syncing" : "live";
+    if (state === "retrying") label = `retry in ${Math.max(0, (c.nextRetryAt - now) / 1000).toFixed(1)}s`;
+    if (state === "auth") label = "token needed";
+    if (state === "open" && m.seq === null) state = "syncing";
+    setText(cell.state, label);
+    this.root.dataset.state = state;
+    document.body.dataset.stream = state === "open" ? "live" : state;
+    const banner = document.getElementById("stale-banner");
+    if (banner) {
+      const age = c.lastFrameAt ? ((now - c.lastFrameAt) / 1000).toFixed(0) : "?";
+      setText(
+        banner,
+        state === "auth"
+          ? "The stream needs a token: enter it at the top right."
+          : `Stream ${state === "syncing" ? "resyncing" : "disconnected"}: showing the pool as of seq ${m.seq ?? "—"} (${age} s ago) · ${label}`,
+      );
+    }
+    setText(cell.seq, m.seq === null ? "—" : int(m.seq));
+    setText(cell.lag, c.lagMs === null ? "—" : `${int(c.lagMs)}ms`);
+    const server = c.server || {};
+    setText(cell.drops, int(server.drops_total ?? 0));
+    cell.drops.title = "frames the server dropped for slow clients (all clients)";
+    setText(cell.resyncs, `${int(c.resyncs)} / ${int(server.resyncs_total ?? 0)}`);
+    cell.resyncs.title = "snapshots this page needed after the first of a connection / server total";
+    setText(cell.reconnects, int(c.reconnects));
+    setText(cell.gaps, int(c.gapsResumed));
+    cell.gaps.title = "gaps detected and resumed from the ring";
+    setText(cell.rate, `${(this.framesPs || 0).toFixed(0)}/s · ${bytes(this.bps || 0)}/s`);
+    setText(cell.fps, this.fps.toFixed(0));
+    cell.fps.title = `map draw: last ${this.perf.map.lastMs.toFixed(2)} ms, max ${this.perf.map.maxMs.toFixed(1)} ms`;
+  }
+}

@@ -1,0 +1,113 @@
+// A request's prompt blocks as a strip of bars: hit, or the reason it
+// missed (colours from analysis.js), decode blocks dimmed; hover says why.
+// Data: GET /api/requests/{id} (running: `blocks[i].reason` / `.miss`, block
+// ids) or GET /api/misses/requests/{id} (also recently finished requests:
+// `blocks[i].reason` / `.detail`).
+
+import { REASON_LABEL, REASON_RGB } from "../state/analysis.js";
+
+/**
+ * One cell per block: {index, kind: "hit" | "miss" | "pending" | "decode",
+ * reason, detail, blockId, tokens}.  "pending": a prompt block whose reason
+ * the analysis has not reported yet (the worker is a tick behind).
+ */
+export function blockCells(req, blockSize) {
+  if (!req || !Array.isArray(req.blocks)) return [];
+  const bs = blockSize || 16;
+  const prompt =
+    req.num_prompt_blocks !== undefined
+      ? req.num_prompt_blocks
+      : Math.ceil((req.num_prompt_tokens ?? req.num_tokens ?? 0) / bs);
+  return req.blocks.map((b, i) => {
+    const index = b.index ?? i;
+    const blockId = Array.isArray(b.block_ids) ? b.block_ids[0] : null;
+    let kind;
+    if (index >= prompt) kind = "decode";
+    else if (b.hit) kind = "hit";
+    else if (b.reason) kind = "miss";
+    else kind = "pending";
+    return { index, kind, reason: b.reason || null, detail: b.miss ?? b.detail ?? null, blockId, tokens: b.tokens };
+  });
+}
+
+const secs = (s) => (s === null || s === undefined ? "—" : s < 1 ? `${Math.round(s * 1000)} ms` : s < 120 ? `${s.toFixed(1)} s` : `${Math.round(s / 60)} min`);
+
+/** The hover line for one cell. */
+export function describeCell(c) {
+  const where = `block ${c.index}${c.blockId !== null && c.blockId !== undefined ? ` · #${c.blockId}` : ""} · ${c.tokens ?? "?"} tok`;
+  if (c.kind === "hit") return `${where} · prefix hit`;
+  if (c.kind === "decode") return `${where} · decode (after the prompt)`;
+  if (c.kind === "pending") return `${where} · missed, reason not reported yet`;
+  const d = c.detail || {};
+  let why = "";
+  switch (c.reason) {
+    case "evicted":
+      why = d.expired
+        ? "evicted long ago (out of the eviction memory)"
+        : `evicted ${secs(d.evicted_ago_seconds)} ago (${d.cause || "?"}) from #${d.block_id ?? "?"}` +
+          `${d.evicted_by ? ` taken by ${d.evicted_by}` : ""}` +
+          `${d.queue_position_when_freed !== null && d.queue_position_when_freed !== undefined ? `, freed at queue position ${d.queue_position_when_freed}` : ""}` +
+          `${d.seconds_in_queue !== null && d.seconds_in_queue !== undefined ? `, ${secs(d.seconds_in_queue)} in the queue` : ""}`;
+      break;
+    case "block_size_floor":
+      why = d.partial ? `partial tail block (${d.tokens} tokens, never hashed)` : `shares ${d.shared_tokens ?? "?"} tokens of this block${d.with_request ? ` with ${d.with_request}` : ""}`;
+      break;
+    case "extra_keys": {
+      const tag = (t) => (t ? [t.lora_name && `lora ${t.lora_name}`, t.cache_salt && `salt ${t.cache_salt}`].filter(Boolean).join(", ") || "none" : "?");
+      why = `same tokens stored with extra keys ${tag(d.stored_with)} (asked with ${tag(d.requested_with)})${d.with_request ? ` by ${d.with_request}` : ""}`;
+      break;
+    }
+    case "chain_broken":
+      why = "still cached, but an earlier block missed";
+      break;
+    case "last_token":
+      why = "holds the last prompt token (always computed)";
+      break;
+    case "cold":
+      why = "never seen";
+      break;
+    default:
+      why = c.reason || "";
+  }
+  return `${where} · ${REASON_LABEL[c.reason] || c.reason}: ${why}`;
+}
+
+const css = ([r, g, b]) => `rgb(${r}, ${g}, ${b})`;
+
+/**
+ * The strip (a DOM element; one span per block).  `onhover(cell | null)`.
+ */
+export function renderBars(doc, cells, onhover) {
+  const strip = doc.createElement("div");
+  strip.className = "rq-bars";
+  if (cells.length > 160) strip.classList.add("dense");
+  else if (cells.length <= 40) strip.classList.add("wide");
+  for (const c of cells) {
+    const s = doc.createElement("span");
+    const key = c.kind === "miss" ? c.reason : c.kind;
+    s.className = `rq-bar k-${c.kind}`;
+    s.dataset.index = String(c.index);
+    s.dataset.kind = c.kind;
+    if (c.reason) s.dataset.reason = c.reason;
+    s.style.background = css(REASON_RGB[key] || REASON_RGB.pending);
+    strip.append(s);
+  }
+  strip.addEventListener("mouseover", (ev) => {
+    const i = ev.target && ev.target.dataset ? ev.target.dataset.index : undefined;
+    if (i === undefined) return;
+    const c = cells.find((x) => String(x.index) === i);
+    if (c && onhover) onhover(c);
+  });
+  strip.addEventListener("mouseleave", () => onhover && onhover(null));
+  return strip;
+}
+
+/** Counts per kind/reason for the strip's legend: [[key, n], ...] (most first). */
+export function cellCounts(cells) {
+  const m = new Map();
+  for (const c of cells) {
+    const k = c.kind === "miss" ? c.reason : c.kind;
+    m.set(k, (m.get(k) || 0) + 1);
+  }
+  return [...m].sort((a, b) => b[1] - a[1]);
+}

@@ -1,0 +1,356 @@
+// The analysis, client side, without DOM (node tests import it): rates from
+// the stream's cumulative `analysis` sections, the token-usage series from
+// every frame's `tokens`, the miss-ratio curve and the what-if sentences from
+// GET /api/shadows (or the section's shadow rows), and the analysis health
+// line (worker lag, restarts, errors, a section that stopped moving).
+
+export const REASONS = ["last_token", "block_size_floor", "cold", "evicted", "extra_keys", "chain_broken"];
+
+export const REASON_LABEL = {
+  last_token: "last token",
+  block_size_floor: "block-size floor",
+  cold: "cold",
+  evicted: "evicted",
+  extra_keys: "extra keys",
+  chain_broken: "chain broken",
+};
+
+export const REASON_HELP = {
+  last_token: "holds the last prompt token: always computed, even when cached",
+  block_size_floor: "partial tail block, or the prompt shares only part of this block with an earlier one",
+  cold: "its hash was never seen (within the bounded memory of evictions)",
+  evicted: "its hash was cached before and evicted since",
+  extra_keys: "the same first-block tokens were stored under other extra keys (cache salt, LoRA)",
+  chain_broken: "still cached, but an earlier block missed and the lookup stops at the first miss",
+};
+
+/** [r, g, b] per reason (+ hit, decode, pending): the chart, the table, the request bars. */
+export const REASON_RGB = {
+  hit: [46, 160, 67],
+  last_token: [210, 168, 255],
+  block_size_floor: [227, 179, 65],
+  cold: [110, 118, 129],
+  evicted: [248, 81, 73],
+  extra_keys: [219, 97, 162],
+  chain_broken: [240, 136, 62],
+  decode: [48, 54, 61],
+  pending: [72, 79, 88],
+};
+
+export const POLICY_RGB = {
+  vllm016: [88, 166, 255],
+  uncached_first: [63, 185, 80],
+  s3fifo: [227, 179, 65],
+};
+const EXTRA_POLICY_RGB = [
+  [210, 168, 255],
+  [219, 97, 162],
+  [121, 192, 255],
+];
+
+export function policyRgb(policy, i = 0) {
+  return POLICY_RGB[policy] || EXTRA_POLICY_RGB[i % EXTRA_POLICY_RGB.length];
+}
+
+const sumOf = (o) => REASONS.reduce((a, r) => a + (Number(o && o[r]) || 0), 0);
+
+/**
+ * Rates from consecutive `analysis` sections (cumulative counters).
+ *
+ * A section that repeats the previous one (same `ts`: the worker has not
+ * reported since) is ignored; one whose counters went down (the analysis
+ * restarted: a new server, or the worker's replica restarted) starts over
+ * with a gap in the series (a point with null rates) and counts a reset.
+ */
+export class AnalysisSeries {
+  constructor({ keep = 3600 } = {}) {
+    this.keep = keep;
+    this.clear();
+  }
+
+  clear() {
+    this.points = []; // {ts, misses: {reason: /s}, missTokens: {reason: /s}, hits, regrets, evictions, missShare}
+    this.last = null; // the latest section taken
+    this.sections = 0; // sections taken (repeats not counted)
+    this.resets = 0;
+    this.version = 0; // bumps on every change (panels redraw on a new version)
+  }
+
+  /** Take one section; returns the new point, or null (first, repeat, reset). */
+  ingest(section) {
+    if (!section || !Number.isFinite(section.ts)) return null;
+    const prev = this.last;
+    if (prev && section.ts === prev.ts) return null;
+    this.last = section;
+    this.sections++;
+    this.version++;
+    if (!prev) return null;
+    const dt = section.ts - prev.ts;
+    if (!(dt > 0) || restarted(prev, section)) {
+      this.resets++;
+      this._push({ ts: section.ts, gap: true, misses: nullRates(), missTokens: nullRates(), hits: null, regrets: null, evictions: null, missShare: null });
+      return null;
+    }
+    const misses = {};
+    const missTokens = {};
+    for (const r of REASONS) {
+      misses[r] = ((section.misses[r] || 0) - (prev.misses[r] || 0)) / dt;
+      missTokens[r] = (((section.miss_tokens || {})[r] || 0) - ((prev.miss_tokens || {})[r] || 0)) / dt;
+    }
+    const dMiss = sumOf(section.misses) - sumOf(prev.misses);
+    const dHit = (section.hit_blocks || 0) - (prev.hit_blocks || 0);
+    const pt = {
+      ts: section.ts,
+      gap: false,
+      misses,
+      missTokens,
+      hits: dHit / dt,
+      regrets: ((section.regrets || 0) - (prev.regrets || 0)) / dt,
+      evictions: ((section.evictions || 0) - (prev.evictions || 0)) / dt,
+      missShare: dMiss + dHit > 0 ? dMiss / (dMiss + dHit) : null,
+    };
+    this._push(pt);
+    return pt;
+  }
+
+  _push(pt) {
+    this.points.push(pt);
+    if (this.points.length > this.keep * 1.25) this.points.splice(0, this.points.length - this.keep);
+  }
+
+  /** Points within `span` seconds of the newest. */
+  window(span) {
+    const pts = this.points;
+    if (!pts.length) return [];
+    const last = pts[pts.length - 1].ts;
+    let i = pts.length - 1;
+    while (i > 0 && last - pts[i - 1].ts <= span) i--;
+    return pts.slice(i);
+  }
+
+  /** Cumulative totals of the latest section: {reason: {blocks, tokens, share}}, missed, hit. */
+  totals() {
+    const s = this.last;
+    if (!s) return null;
+    const missed = sumOf(s.misses);
+    const out = { reasons: {}, missed, missedTokens: sumOf(s.miss_tokens), hit: s.hit_blocks || 0 };
+    for (const r of REASONS) {
+      const b = s.misses[r] || 0;
+      out.reasons[r] = { blocks: b, tokens: (s.miss_tokens || {})[r] || 0, share: missed ? b / missed : 0 };
+    }
+    return out;
+  }
+}
+
+function nullRates() {
+  const o = {};
+  for (const r of REASONS) o[r] = null;
+  return o;
+}
+
+function restarted(prev, cur) {
+  if ((cur.hit_blocks || 0) < (prev.hit_blocks || 0)) return true;
+  if ((cur.regrets || 0) < (prev.regrets || 0) || (cur.evictions || 0) < (prev.evictions || 0)) return true;
+  for (const r of REASONS) if ((cur.misses[r] || 0) < (prev.misses[r] || 0)) return true;
+  return false;
+}
+
+/** The chart's columns from points: x, then one array per reason (stacked by the chart). */
+export function missColumns(points, { tokens = false } = {}) {
+  const x = points.map((p) => p.ts);
+  const key = tokens ? "missTokens" : "misses";
+  const ys = REASONS.map((r) => points.map((p) => p[key][r]));
+  return { x, ys };
+}
+
+/** Token usage from every frame's `tokens` (beside `counts`). */
+export class TokenSeries {
+  constructor({ keep = 7200 } = {}) {
+    this.keep = keep;
+    this.clear();
+  }
+
+  clear() {
+    this.points = []; // {ts, held, reserved, waste, capacity}
+    this.latest = null;
+    this.version = 0;
+  }
+
+  ingest(ts, tokens) {
+    if (!tokens || !Number.isFinite(ts)) return;
+    this.latest = tokens;
+    const pts = this.points;
+    const pt = { ts, held: tokens.held, reserved: tokens.slots_reserved, waste: tokens.tail_waste, capacity: tokens.capacity };
+    if (pts.length && pts[pts.length - 1].ts >= ts) pts[pts.length - 1] = pt;
+    else pts.push(pt);
+    if (pts.length > this.keep * 1.25) pts.splice(0, pts.length - this.keep);
+    this.version++;
+  }
+
+  window(span) {
+    const pts = this.points;
+    if (!pts.length) return [];
+    const last = pts[pts.length - 1].ts;
+    let i = pts.length - 1;
+    while (i > 0 && last - pts[i - 1].ts <= span) i--;
+    return pts.slice(i);
+  }
+}
+
+/**
+ * The miss-ratio curve per policy.  `src` is GET /api/shadows (its `curve`
+ * and `real`) or a stream section (its `shadows` rows:
+ * [name, policy, factor, capacity, hit_rate, queried, hits, evictions]).
+ * Returns {policies: [{policy, points: [{factor, capacity, hit_rate, evictions}]}],
+ * factors (sorted), real: {capacity, hit_rate} | null}.
+ */
+export function buildCurve(src) {
+  const by = new Map();
+  const add = (policy, pt) => {
+    if (!by.has(policy)) by.set(policy, []);
+    by.get(policy).push(pt);
+  };
+  let real = null;
+  if (Array.isArray(src && src.shadows) && src.shadows.length && Array.isArray(src.shadows[0])) {
+    for (const [, policy, factor, capacity, hitRate, , , evictions] of src.shadows) {
+      add(policy, { factor, capacity, hit_rate: hitRate, evictions });
+    }
+  } else if (src && src.curve) {
+    const ev = new Map();
+    for (const s of src.shadows || []) ev.set(`${s.policy}@${s.factor}`, s.evictions);
+    for (const [policy, pts] of Object.entries(src.curve)) {
+      for (const p of pts) add(policy, { factor: p.factor, capacity: p.capacity, hit_rate: p.hit_rate, evictions: ev.get(`${policy}@${p.factor}`) ?? null });
+    }
+    if (src.real) {
+      const span = src.real.span || src.real;
+      real = { capacity: src.real.capacity, hit_rate: span.hit_rate };
+    }
+  }
+  const factors = new Set();
+  const policies = [];
+  for (const [policy, pts] of by) {
+    pts.sort((a, b) => a.factor - b.factor);
+    for (const p of pts) factors.add(p.factor);
+    policies.push({ policy, points: pts });
+  }
+  // vLLM's own order first (the real pool's policy), then the others
+  policies.sort((a, b) => (a.policy === "vllm016" ? -1 : b.policy === "vllm016" ? 1 : a.policy < b.policy ? -1 : 1));
+  return { policies, factors: [...factors].sort((a, b) => a - b), real };
+}
+
+export const factorLabel = (f) => `${Number.isInteger(f) ? f : f.toString().replace(/^0\./, ".")}×`;
+
+const pts = (x) => `${x >= 0 ? "+" : "−"}${Math.abs(x * 100).toFixed(1)} pt`;
+const pctStr = (x) => (x === null || x === undefined || !Number.isFinite(x) ? "—" : `${(x * 100).toFixed(1)}%`);
+
+/**
+ * The curve in words: "Now (1×): 88.2%", then "2× the blocks (16,382):
+ * 88.4%, +0.2 pt" and "Evicting s3fifo at 1×: 88.6%, +0.4 pt".  The baseline
+ * is vLLM's own order at 1× in the shadows (the same requests, counted the
+ * same way); the real pool when there is none.
+ */
+export function whatIf(curve) {
+  const out = [];
+  const own = curve.policies.find((p) => p.policy === "vllm016");
+  const at1 = own && own.points.find((p) => p.factor === 1);
+  const base = at1 ? at1.hit_rate : curve.real ? curve.real.hit_rate : null;
+  if (base === null || base === undefined) return out;
+  const nf = new Intl.NumberFormat("en-US");
+  out.push({
+    kind: "base",
+    policy: at1 ? own.policy : "real",
+    factor: 1,
+    delta: 0,
+    text: `Now (1×${at1 ? `, ${nf.format(at1.capacity)} blocks` : ""}): ${pctStr(base)} of prompt tokens hit.`,
+  });
+  if (own) {
+    for (const p of own.points) {
+      if (p.factor === 1) continue;
+      const size = p.factor === 2 ? "2× the blocks" : p.factor === 0.5 ? "Half the blocks" : `${factorLabel(p.factor)} the blocks`;
+      out.push({
+        kind: "capacity",
+        policy: own.policy,
+        factor: p.factor,
+        delta: p.hit_rate - base,
+        text: `${size} (${nf.format(p.capacity)}): ${pctStr(p.hit_rate)}, ${pts(p.hit_rate - base)}.`,
+      });
+    }
+  }
+  for (const pol of curve.policies) {
+    if (pol.policy === "vllm016") continue;
+    const p = pol.points.find((q) => q.factor === 1);
+    if (!p) continue;
+    out.push({
+      kind: "policy",
+      policy: pol.policy,
+      factor: 1,
+      delta: p.hit_rate - base,
+      text: `Evicting ${pol.policy} at 1×: ${pctStr(p.hit_rate)}, ${pts(p.hit_rate - base)}.`,
+    });
+  }
+  return out;
+}
+
+/**
+ * The analysis health line.  `section` is the latest stream section (or
+ * null), `ctx` {sinceMoveS: seconds its report has not moved while the pool
+ * kept changing (undefined: not stale), resyncs0: the worker's resyncs when
+ * this page first saw it, lagWarn}.
+ * -> {level: "off" | "ok" | "warn" | "err", text, title}
+ */
+export function analysisHealth(section, ctx = {}) {
+  if (!section) return { level: "off", text: "off", title: "no analysis section on the stream (the analysis is off, or not reported yet)" };
+  const lagWarn = ctx.lagWarn || 5000;
+  const w = section.worker;
+  const parts = [];
+  const notes = [];
+  let level = "ok";
+  const worse = (l) => {
+    if (l === "err" || (l === "warn" && level === "ok")) level = l;
+  };
+  if (w) {
+    parts.push(`lag ${w.lag_ops} ops`);
+    notes.push(`the worker has ${w.lag_ops} recorded operations still to apply`);
+    if (w.lag_ops >= lagWarn) worse("warn");
+    if (w.resyncs) {
+      parts.push(`${w.resyncs} restart${w.resyncs > 1 ? "s" : ""}`);
+      notes.push(`it restarted ${w.resyncs} time(s) after falling behind (counters start over)`);
+      if (ctx.resyncs0 !== undefined && w.resyncs > ctx.resyncs0) worse("warn");
+    }
+    if (w.error) {
+      parts.push("error");
+      notes.push(`worker error: ${w.error}`);
+      worse("err");
+    }
+  } else {
+    parts.push("inline");
+    notes.push("the analysis runs on the engine (exact, synchronous)");
+  }
+  if (section.shadow_error) {
+    parts.push("shadows failed");
+    notes.push(`shadow pools: ${section.shadow_error}`);
+    worse("err");
+  } else if (section.shadow_lag && section.shadow_lag >= lagWarn * 10) {
+    parts.push(`shadows lag ${section.shadow_lag}`);
+    worse("warn");
+  }
+  if (section.shadow_lag !== null && section.shadow_lag !== undefined) notes.push(`shadow pools: ${section.shadow_lag} accesses not applied yet`);
+  if (ctx.sinceMoveS !== undefined && ctx.sinceMoveS > 5) {
+    parts.push(`stale ${Math.round(ctx.sinceMoveS)}s`);
+    notes.push(`its report has not moved for ${Math.round(ctx.sinceMoveS)} s`);
+    worse("warn");
+  }
+  return { level, text: parts.join(" · "), title: notes.join("\n") };
+}
+
+/** A histogram's non-empty middle: {labels (upper bounds), counts} (keeps one empty bucket of context). */
+export function trimHistogram(hg) {
+  if (!hg || !hg.counts || !hg.counts.length) return { bounds: [], counts: [], first: 0 };
+  let a = 0;
+  let b = hg.counts.length - 1;
+  while (a < b && hg.counts[a] === 0) a++;
+  while (b > a && hg.counts[b] === 0) b--;
+  a = Math.max(0, a - 1);
+  b = Math.min(hg.counts.length - 1, b + 1);
+  return { bounds: hg.buckets.slice(a, b + 1), counts: hg.counts.slice(a, b + 1), first: a };
+}

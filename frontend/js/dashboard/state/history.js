@@ -1,0 +1,83 @@
+// Time travel's state, pure (the node tests use it): a recorded moment as a
+// source the BlockMap draws, the time of an op seq from the keyframes, what
+// the jump box accepts, and a diff as rows.
+
+const STATE_CODE = { null: 0, in_use: 1, cached: 2, empty: 3 };
+
+/** A recorded moment as a source the BlockMap can draw (pure; node tests use it). */
+export class HistorySource {
+  constructor(state) {
+    const b = state.blocks;
+    const n = b.state.length;
+    this.n = n;
+    this.seq = state.at.seq;
+    this.ts = state.at.ts;
+    this.summary = state.summary;
+    this.state = new Uint8Array(n);
+    this.refCnt = new Int32Array(n);
+    for (let i = 0; i < n; i++) {
+      this.state[i] = STATE_CODE[b.state[i]] ?? 0;
+      this.refCnt[i] = b.ref_cnt[i];
+    }
+    this.hash64 = b.hash64;
+    this.fullDirty = true;
+    this.keyframeSeq = state.keyframe_seq;
+    this.replayed = state.replayed_ops;
+  }
+
+  /** BlockMap's feed: the whole map once, then nothing. */
+  drainDirty(fn) {
+    const full = this.fullDirty;
+    this.fullDirty = false;
+    fn(full, EMPTY, 0);
+  }
+}
+const EMPTY = new Uint32Array(0);
+
+/** Approximate time of an op seq from the keyframes (linear between them). */
+export function seqTime(info, seq) {
+  if (!info) return null;
+  const pts = [[info.first_seq, info.first_ts], ...(info.keyframes || []).map((k) => [k.seq, k.ts]), [info.last_seq, info.last_ts]]
+    .filter(([s, t]) => Number.isFinite(s) && Number.isFinite(t))
+    .sort((a, b) => a[0] - b[0]);
+  if (!pts.length) return null;
+  if (seq <= pts[0][0]) return pts[0][1];
+  for (let i = 1; i < pts.length; i++) {
+    const [s1, t1] = pts[i];
+    if (seq <= s1) {
+      const [s0, t0] = pts[i - 1];
+      return s1 === s0 ? t1 : t0 + ((seq - s0) / (s1 - s0)) * (t1 - t0);
+    }
+  }
+  return pts[pts.length - 1][1];
+}
+
+/**
+ * What the jump box accepts, as the `at` query value: an op seq ("1200"), a
+ * clock time today ("14:02", "14:02:05", local), or anything the server
+ * parses (a Unix time, ISO 8601).
+ */
+export function parseMoment(text, now = new Date()) {
+  const t = text.trim();
+  if (!t) return null;
+  if (/^\d+$/.test(t) && Number(t) < 1e9) return t;
+  const m = /^(\d{1,2}):(\d{2})(?::(\d{2})(\.\d+)?)?$/.exec(t);
+  if (m) {
+    const d = new Date(now.getTime());
+    d.setHours(Number(m[1]), Number(m[2]), Number(m[3] || 0), Math.round(Number(m[4] || 0) * 1000));
+    return String(d.getTime() / 1000);
+  }
+  return t;
+}
+
+/** The diff as rows: {evicted: [[hash, id]], entered: [[hash, id]], started, ended, ...}. */
+export function diffRows(d) {
+  return {
+    evicted: (d.evicted || []).map((e) => [e.hash64, e.block_id]),
+    entered: (d.entered || []).map((e) => [e.hash64, e.block_id]),
+    started: (d.requests && d.requests.started) || [],
+    ended: (d.requests && d.requests.ended) || [],
+    evictedTotal: d.evicted_total ?? (d.evicted || []).length,
+    enteredTotal: d.entered_total ?? (d.entered || []).length,
+  };
+}

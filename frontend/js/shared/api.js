@@ -1,0 +1,97 @@
+// REST client of the dashboard and the fleet page: the bearer token (kept in
+// sessionStorage) and the error shape {"error": {"status", "code", "message",
+// "details"}}.
+
+let tokenKey = "blockpool.token";
+let tokenFromUrl = false;
+
+/** The page's token slot: its sessionStorage key, and whether ?token= overrides it. */
+export function useTokenKey(key, { fromUrl = false } = {}) {
+  tokenKey = key;
+  tokenFromUrl = fromUrl;
+}
+
+export class ApiError extends Error {
+  constructor(status, code, message, details) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.details = details || {};
+  }
+}
+
+export function getToken() {
+  if (tokenFromUrl) {
+    const fromUrl = new URLSearchParams(location.search).get("token");
+    if (fromUrl) return fromUrl;
+  }
+  try {
+    return sessionStorage.getItem(tokenKey) || "";
+  } catch {
+    return "";
+  }
+}
+
+export function setToken(token) {
+  try {
+    if (token) sessionStorage.setItem(tokenKey, token);
+    else sessionStorage.removeItem(tokenKey);
+  } catch {
+    /* storage disabled: the token lives for this page only */
+  }
+}
+
+/** path?k=v&… for the params that have a value. */
+export function withParams(path, params = {}) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params || {})) {
+    if (v !== undefined && v !== null && v !== "") q.set(k, String(v));
+  }
+  const qs = q.toString();
+  return qs ? `${path}${path.includes("?") ? "&" : "?"}${qs}` : path;
+}
+
+const listeners = [];
+
+/** fn(err) for every failed background call (GETs; POSTs report to their control). */
+export function onApiError(fn) {
+  listeners.push(fn);
+}
+
+export async function api(method, path, body, { quiet = false } = {}) {
+  const headers = { Accept: "application/json" };
+  const token = getToken();
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const init = { method, headers };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let resp;
+  try {
+    resp = await fetch(path, init);
+  } catch (exc) {
+    const err = new ApiError(0, "network", `${method} ${path}: ${exc.message || exc}`, {});
+    if (!quiet) for (const fn of listeners) fn(err);
+    throw err;
+  }
+  let data = null;
+  const text = await resp.text();
+  if (text) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      data = { raw: text };
+    }
+  }
+  if (!resp.ok) {
+    const e = (data && data.error) || {};
+    const err = new ApiError(resp.status, e.code || `http_${resp.status}`, e.message || resp.statusText, e.details);
+    if (!quiet) for (const fn of listeners) fn(err);
+    throw err;
+  }
+  return data;
+}
+
+export const get = (path) => api("GET", path);
+export const post = (path, body) => api("POST", path, body === undefined ? {} : body, { quiet: true });

@@ -1,0 +1,75 @@
+// DOM helpers shared by the dashboard and the fleet page: lookup, element
+// building, cheap text updates, and the timing helpers of a rAF loop.
+
+/** document.getElementById that fails loudly. */
+export function $(id) {
+  const el = document.getElementById(id);
+  if (!el) throw new Error(`#${id} is missing from the page`);
+  return el;
+}
+
+/**
+ * Build an element: h("td", {class: "num", title: "x"}, "text" | Node | [..], ...).
+ * Text (from the streams too: instance names, LoRA names) only ever goes in
+ * as text nodes or textContent, never as markup.
+ */
+export function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  if (attrs) {
+    for (const [k, v] of Object.entries(attrs)) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") el.className = v;
+      else if (k === "text") el.textContent = v;
+      else if (k === "dataset") Object.assign(el.dataset, v);
+      else if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
+      else el.setAttribute(k, v === true ? "" : v);
+    }
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+/** Remove every child. */
+export function clear(node) {
+  while (node.firstChild) node.removeChild(node.firstChild);
+}
+
+/** Set text only when it changed (cheap repeated updates). */
+export function setText(el, text) {
+  const t = String(text);
+  if (el.textContent !== t) el.textContent = t;
+}
+
+/** Runs fn at most every `ms` (from a rAF loop): returns true when it ran. */
+export class Every {
+  constructor(ms) {
+    this.ms = ms;
+    this.last = -Infinity;
+    this.cost = 0;
+  }
+
+  due(now) {
+    return now - this.last >= Math.max(this.ms, this.cost * 10);
+  }
+
+  run(now, fn) {
+    if (!this.due(now)) return false;
+    this.last = now;
+    const t0 = performance.now();
+    fn();
+    this.cost = performance.now() - t0;
+    return true;
+  }
+}
+
+/** fn, called once `ms` after the last of a burst of calls. */
+export function debounce(fn, ms) {
+  let timer = null;
+  return (...args) => {
+    clearTimeout(timer);
+    timer = setTimeout(() => fn(...args), ms);
+  };
+}

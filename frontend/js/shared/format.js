@@ -1,0 +1,68 @@
+// Number, duration, size and hash formatting, shared by the dashboard and the
+// fleet page.
+
+const nf = new Intl.NumberFormat("en-US");
+
+export function int(n) {
+  return n === null || n === undefined || Number.isNaN(n) ? "—" : nf.format(Math.round(n));
+}
+
+export function pct(x, digits = 1) {
+  return x === null || x === undefined || !Number.isFinite(x) ? "—" : `${(x * 100).toFixed(digits)}%`;
+}
+
+export function rate(x) {
+  if (x === null || x === undefined || !Number.isFinite(x)) return "—";
+  return x >= 100 ? nf.format(Math.round(x)) : x.toFixed(1);
+}
+
+/** Seconds as a short duration: 850ms, 12.3s, 4m05s, 2h10m. */
+export function dur(s) {
+  if (s === null || s === undefined || !Number.isFinite(s)) return "—";
+  if (s < 1) return `${Math.round(s * 1000)}ms`;
+  if (s < 60) return `${s.toFixed(s < 10 ? 1 : 0)}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m${String(Math.floor(s % 60)).padStart(2, "0")}s`;
+  return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+}
+
+/** Seconds as an axis tick: 5ms, 250ms, 30s, 2m, 1.5h (three digits at most). */
+export function durTick(s) {
+  if (s === null || s === undefined || !Number.isFinite(s)) return "—";
+  const p = (v) => String(Number(v.toPrecision(3)));
+  if (s < 1) return `${p(s * 1000)}ms`;
+  if (s < 60) return `${p(s)}s`;
+  if (s < 3600) return `${p(s / 60)}m`;
+  return `${p(s / 3600)}h`;
+}
+
+export function bytes(n) {
+  if (!Number.isFinite(n)) return "—";
+  const u = ["B", "KB", "MB", "GB"];
+  let i = 0;
+  while (n >= 1024 && i < u.length - 1) {
+    n /= 1024;
+    i++;
+  }
+  return `${n.toFixed(i && n < 10 ? 1 : 0)} ${u[i]}`;
+}
+
+/** A hash as shown: its first `n` hex digits, "…" when cut (the title holds all of it). */
+export function shortHash(h, n = 8) {
+  if (h === null || h === undefined || h === "") return "—";
+  return h.length > n ? `${h.slice(0, n)}…` : h;
+}
+
+/** How long ago, in words: "now", "12 s ago", "3 min ago", "2 h ago"; null: "never". */
+export function age(seconds) {
+  if (seconds === null || seconds === undefined) return "never";
+  if (seconds < 1) return "now";
+  if (seconds < 60) return `${Math.round(seconds)} s ago`;
+  if (seconds < 3600) return `${Math.round(seconds / 60)} min ago`;
+  return `${Math.round(seconds / 3600)} h ago`;
+}
+
+/** Token ids as text, "…(total)" when only the first ones are known. */
+export function tokensText(tokens, total) {
+  const shown = (tokens || []).join(" ");
+  return total > (tokens || []).length ? `${shown} …(${total})` : shown;
+}

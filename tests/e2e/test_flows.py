@@ -1,0 +1,114 @@
+"""Flows that do not trap (issue 15.8): the reset dialog says beforehand why a
+reset would be refused and offers to stop the workload first, with its
+outcome in the dialog; the "fleet" link only where an observer can watch
+this server (it publishes KV events), leading to the command that does it;
+Export says how big the file is (the server's own count of it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Page, Server, free_port, wait_for
+
+pytestmark = pytest.mark.browser
+
+IN_VIEW_JS = """(sel) => {
+  const r = document.querySelector(sel).getBoundingClientRect();
+  return r.width > 0 && r.top >= 0 && r.left >= 0
+    && r.bottom <= innerHeight && r.right <= innerWidth;
+}"""
+
+
+def test_reset_offers_to_stop_the_workload_and_shows_the_outcome(
+    dashboard: Page, server: Server
+) -> None:
+    p = dashboard
+    assert server.post("/api/demo/start").status_code == 200
+    wait_for(lambda: p.js("() => window.__bp.model.header.counts.in_use") > 0, what="held blocks")
+    p.page.click("#reset-btn")
+    facts = p.page.inner_text("#reset-facts")
+    assert "refuses" in facts and "running request" in facts
+    assert p.page.is_visible("#reset-stop")
+    assert "refused" in p.page.inner_text("#reset-confirm")
+    p.page.click("#reset-stop")
+    p.page.wait_for_selector("#reset-outcome.ok", timeout=30_000)
+    # the outcome is in the dialog, on screen, and true
+    assert p.js(IN_VIEW_JS, "#reset-outcome")
+    assert "Reset done" in p.page.inner_text("#reset-outcome")
+    s = server.get("/api/summary")
+    assert s["running_requests"] == 0 and s["hash_map_keys"] == 0 and s["blocks"]["cached"] == 0
+    assert server.get("/api/demo")["running"] is False
+    assert p.page.inner_text("#reset-close") == "Close"
+    p.shot("-dialog")
+    p.page.click("#reset-close")
+    assert not p.page.is_visible("#reset-dialog")
+    assert p.errors == []
+
+
+def test_export_says_how_big_the_file_is(dashboard: Page, server: Server) -> None:
+    p = dashboard
+    assert server.post("/api/demo/start").status_code == 200
+    wait_for(lambda: server.get("/api/history")["last_seq"] > 500, timeout=30, what="a recording")
+    assert server.post("/api/demo/stop").status_code == 200
+    wait_for(lambda: server.get("/api/summary")["running_requests"] == 0, what="requests to end")
+    p.page.locator("#tt-panel").scroll_into_view_if_needed()
+    p.page.hover("#tt-export")
+    wait_for(
+        lambda: (
+            p.js("() => Number(document.getElementById('tt-export').dataset.bytes || 0)")
+            >= server.get("/api/history/export/size")["bytes"] - 100
+        ),
+        what="the page to measure the recording as it is now",
+    )
+    shown = int(p.js("() => document.getElementById('tt-export').dataset.bytes"))
+    body = httpx.get(server.url + "/api/history/export", timeout=60).content
+    # the file is what the page announced (give or take the timestamps' digits)
+    assert abs(len(body) - shown) < 200, (len(body), shown)
+    label = p.page.inner_text("#tt-export")
+    mb = shown / 1048576
+    assert label.startswith("Export · ") and ("MB" in label or "KB" in label), label
+    if "MB" in label:
+        assert abs(float(label.split("· ")[1].split()[0]) - mb) <= 0.1 * mb + 0.1, (label, mb)
+    # the memory held is said to be memory, not the file
+    assert "in memory" in p.page.inner_text("#tt-span")
+    assert p.errors == []
+
+
+def test_fleet_link_hidden_without_kv_events(dashboard: Page) -> None:
+    assert dashboard.js("() => document.getElementById('fleet-link').hidden") is True
+
+
+@pytest.fixture(scope="module")
+def publishing() -> Iterator[tuple[Server, str]]:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    srv = Server(
+        free_port(), "--num-blocks", "1024", "--log-level", "warning",
+        "--kv-events-endpoint", endpoint, "--kv-events-bind", "bind", name="publishing",
+    )  # fmt: skip
+    srv.start()
+    yield srv, endpoint
+    srv.close()
+
+
+def test_fleet_link_leads_to_the_observe_command(
+    browser: Any, publishing: tuple[Server, str]
+) -> None:
+    srv, endpoint = publishing
+    p = Page(browser, srv.url, "flows-fleet-link")
+    try:
+        p.page.wait_for_function("() => !document.getElementById('fleet-link').hidden")
+        tip = p.js("() => document.getElementById('fleet-link').title")
+        assert f"blockpool observe {endpoint}" in tip, tip
+        # the page it leads to, on this pool server, says the same
+        p.page.click("#fleet-link")
+        p.page.wait_for_function(
+            "ep => document.getElementById('page-error').textContent.includes(ep)", arg=endpoint
+        )
+        text = p.page.inner_text("#page-error")
+        assert "pool server, not an observer" in text and f"blockpool observe {endpoint}" in text
+    finally:
+        p.close()
