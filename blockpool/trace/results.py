@@ -17,7 +17,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-REASON_NAMES = ("last_token", "block_size_floor", "cold", "evicted")
+from blockpool.analysis.reasons import REASONS
+
+# The service's reason codes; a trace replay has no extra keys and (one
+# request at a time) no broken chain, so it uses these four.
+REASON_NAMES = tuple(r for r in REASONS if r not in ("extra_keys", "chain_broken"))
 
 
 def capacity_blocks(capacity_tokens: int | None, block_size: int) -> int | None:
