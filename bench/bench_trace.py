@@ -6,14 +6,14 @@
 (the venv of ``vllm016_setup.sh``; the trace path is required.)
 
 ``curve`` -- bar 11-trace-replay.  Sequence mode at 16-token blocks and five
-capacities: the one-pass curve, our BlockPool and vLLM 0.16.0's own
-BlockPool (each driven by ``SequenceDriver``, events on to count evictions)
-must give the same hit tokens, evictions and refusals at every capacity.
-Then timed, alternating, several rounds: the whole five-point one-pass curve
-(from the parsed trace: block naming included) against ONE unbounded replay
-on vLLM's pool, given the block hashes ready-made (hashing and pool
-construction are not counted on vLLM's side), and the five per-capacity
-replays on both pools for reference.
+capacities: the one-pass curve and vLLM 0.16.0's own BlockPool (five pools
+driven in one loop by ``SequenceDriver``, events on to count evictions) must
+give the same hit tokens, evictions and refusals at every capacity (our own
+pool is held to the curve by tests/trace).  Then timed, alternating, several
+rounds: the whole five-point one-pass curve (from the parsed trace: block
+naming included) against ONE unbounded replay on vLLM's pool (and on ours),
+given the block hashes ready-made (hashing and pool construction are not
+counted on the pools' side).
 
 ``requests`` -- issue item 6.  A timed replay of the trace (the scheduler of
 ``blockpool.trace.timed``) is run once on our RequestManager and its calls
