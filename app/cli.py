@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
+from app import cli_trace
 from app.settings import ObserverSettings, Settings
 
 logger = logging.getLogger("blockpool")
@@ -60,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _bool_flag(s, "demo", "demo", "run the demo workload")
     s.add_argument("--demo-rate", type=float, help="demo requests per second")
+    cli_trace.add_serve_flags(s)
     s.add_argument("--tick-hz", type=float, help="stream ticks per second")
     s.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -75,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="replay a recording (GET /api/history/export), check it")
     r.add_argument("path", help="the JSON-lines recording")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
+    cli_trace.add_parser(sub)
     return ap
 
 
@@ -313,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from blockpool.analysis.replay import main as replay_main
 
         return replay_main([args.path, *(["--json"] if args.json else [])])
+    if args.command == "trace":
+        return cli_trace.main(args)
     return 2  # pragma: no cover - argparse enforces the subcommands
 
 

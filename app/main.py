@@ -26,6 +26,7 @@ from app.api import (
     routes_operator,
     routes_pool,
     routes_requests,
+    routes_trace,
 )
 from app.api.deps import require_read
 from app.api.same_origin import SameOriginGuard
@@ -38,6 +39,8 @@ from app.metrics import StatsSource, make_registry
 from app.settings import Settings
 from app.stream import ws as stream_ws
 from app.stream.hub import StreamHub
+from app.trace_driver import TraceDriver
+from blockpool.trace import read_trace
 
 logger = logging.getLogger("blockpool")
 FRONTEND: Path = frontend_dir() or BESIDE
@@ -68,8 +71,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
     engine = Engine(settings, storage)
     demo = DemoWorkload(engine, rate=settings.demo_rate)
+    trace_driver = TraceDriver(engine, settings.trace_speed, settings.trace_loop)
+    if settings.trace is not None:  # a bad file: ValueError, "invalid settings"
+        trace_driver.load(read_trace(settings.trace), Path(settings.trace).name)
     hub = StreamHub(engine)
     engine.waiting_sources.append(lambda: len(demo.waiting))  # vllm:num_requests_waiting
+    engine.waiting_sources.append(lambda: len(trace_driver.waiting))
     recent = RecentAnalysis(engine)
     engine.listeners.append(recent.on_tick)
     extra: dict[str, StatsSource] = {"demo": demo.metrics, "stream": hub.metrics}
@@ -85,11 +92,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await engine.start()
         for hook in app.state.startup_hooks:
             await hook()
-        if settings.demo:
+        if settings.trace is not None:
+            trace_driver.start()  # the trace instead of the demo
+        elif settings.demo:
             demo.start()
         try:
             yield
         finally:
+            await trace_driver.stop(finish_running=False)
             await demo.stop(finish_running=False)
             for hook in reversed(app.state.shutdown_hooks):
                 await hook()
@@ -108,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.storage_off = storage_off
     app.state.engine = engine
     app.state.demo = demo
+    app.state.trace_driver = trace_driver
     app.state.stream = hub
     app.state.analysis_recent = recent
     app.state.metrics_sources = extra
@@ -123,6 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes_inspect.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_demo.router)
+    app.include_router(routes_trace.router)
     app.include_router(routes_analysis.router)
     app.include_router(routes_operator.router)
     app.include_router(stream_ws.router)

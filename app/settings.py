@@ -153,6 +153,10 @@ class Settings(BaseSettings):
     # --- the demo workload
     demo: bool = False
     demo_rate: float = Field(default=8.0, ge=0, le=500, description="requests per second")
+    # --- a production trace instead of the demo (app/trace_driver.py)
+    trace: str | None = Field(default=None, description="Mooncake JSONL (or recording) to replay")
+    trace_speed: float = Field(default=1.0, gt=0, le=10_000, description="arrivals x speed")
+    trace_loop: bool = False
 
     @field_validator("token", mode="before")
     @classmethod

@@ -15,19 +15,28 @@ All groups share one block size, a multiple of the pool's hash block size
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from blockpool.block import KVCacheBlock
-from blockpool.block_hasher import get_request_block_hasher
+from blockpool.block_hasher import HashableRequest, get_request_block_hasher, need_extra_keys
 from blockpool.errors import (
     DuplicateRequestError,
     NotEnoughBlocksError,
     RequestFinishedError,
     UnknownRequestError,
 )
-from blockpool.hashing import BlockHash, BlockHashList, BlockHashListWithBlockSize, HashFn, sha256
+from blockpool.hashing import (
+    BlockHash,
+    BlockHashList,
+    BlockHashListWithBlockSize,
+    HashFn,
+    get_none_hash,
+    sha256,
+)
 from blockpool.pool import BlockPool
 from blockpool.request import LoRARequest, Request
 
@@ -36,6 +45,42 @@ _FINISHED_MEMORY = 10_000  # finished ids remembered to tell "double finish" apa
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _request_block_hasher(
+    block_size: int, hash_fn: HashFn
+) -> Callable[[HashableRequest], list[BlockHash]]:
+    """``get_request_block_hasher``'s hasher (the same hashes), with a fast
+    path for requests without extra keys: no new full block returns at once
+    (a decode step), and the chain is hashed in one loop (sha256 inlined)."""
+    generic = get_request_block_hasher(block_size, hash_fn)
+    dumps, proto, new_sha = pickle.dumps, pickle.HIGHEST_PROTOCOL, hashlib.sha256
+    inline = hash_fn is sha256
+
+    def hasher(request: HashableRequest) -> list[BlockHash]:
+        hashes = request.block_hashes
+        start = len(hashes) * block_size
+        tokens = request.all_token_ids
+        end = len(tokens) - block_size
+        if start > end:
+            return []
+        if request.prompt_embeds is not None or need_extra_keys(request):
+            return generic(request)
+        parent: bytes = (hashes[-1] if hashes else None) or get_none_hash()
+        out: list[bytes] = []
+        put = out.append
+        if inline:
+            for s in range(start, end + 1, block_size):
+                block = dumps((parent, tuple(tokens[s : s + block_size]), None), proto)
+                parent = new_sha(block).digest()
+                put(parent)
+        else:
+            for s in range(start, end + 1, block_size):
+                parent = hash_fn((parent, tuple(tokens[s : s + block_size]), None))
+                put(parent)
+        return out  # type: ignore[return-value]
+
+    return hasher
 
 
 @dataclass
@@ -106,7 +151,7 @@ class RequestManager:
             raise ValueError(f"group ids must be distinct and non-empty, got {list(group_ids)}")
         self.group_ids = list(group_ids)
         self.hash_fn = hash_fn
-        self._hasher = get_request_block_hasher(pool.hash_block_size, hash_fn)
+        self._hasher = _request_block_hasher(pool.hash_block_size, hash_fn)
         self.requests: dict[str, ManagedRequest] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self.stats = PrefixCacheStats()
@@ -244,26 +289,31 @@ class RequestManager:
     def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> list[list[int]]:
         """Append decode tokens; returns the ids of blocks allocated per group.
         NotEnoughBlocksError (nothing changed) when the pool cannot grow it."""
-        managed = self._get(request_id)
+        managed = self.requests.get(request_id)
+        if managed is None:
+            managed = self._get(request_id)  # raises the right error
         req = managed.request
         tables = managed.block_tables
-        new_total = req.num_tokens + len(token_ids)
-        need = cdiv(new_total, self.block_size) - len(tables[0])
+        bs = self.block_size
+        new_total = len(req.all_token_ids) + len(token_ids)
+        need = -(-new_total // bs) - len(tables[0])
+        pool = self.pool
+        added: list[list[int]]
         if need > 0:
             self._require_free(need * len(tables), "appending the tokens")
-        pool = self.pool
-        req.append_output_token_ids(token_ids)
-        added: list[list[int]] = []
-        for table in tables:
-            fresh = pool.get_new_blocks(need) if need > 0 else []
-            table.extend(fresh)
-            added.append([b.block_id for b in fresh])
-        num_full = req.num_tokens // self.block_size
-        if pool.enable_caching and num_full > managed.num_cached_blocks:
+            req.append_output_token_ids(token_ids)
+            added = []
+            for table in tables:
+                fresh = pool.get_new_blocks(need)
+                table.extend(fresh)
+                added.append([b.block_id for b in fresh])
+        else:  # a decode step inside the last block: the common case
+            req.append_output_token_ids(token_ids)
+            added = [[]] if len(tables) == 1 else [[] for _ in tables]
+        num_full = new_total // bs
+        if num_full > managed.num_cached_blocks and pool.enable_caching:
             for gid, table in zip(self.group_ids, tables, strict=True):
-                pool.cache_full_blocks(
-                    req, table, managed.num_cached_blocks, num_full, self.block_size, gid
-                )
+                pool.cache_full_blocks(req, table, managed.num_cached_blocks, num_full, bs, gid)
             managed.num_cached_blocks = num_full
         return added
 

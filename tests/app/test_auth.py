@@ -36,6 +36,9 @@ WRITES: dict[str, Any] = {
     "/api/demo/start": None,
     "/api/demo/stop": None,
     "/api/demo/config": {"rate": 3},
+    "/api/trace/upload": {"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]},
+    "/api/trace/start": None,
+    "/api/trace/stop": None,
 }
 READS = [
     "/api/config",
@@ -49,6 +52,7 @@ READS = [
     "/api/requests",
     "/api/requests/r",
     "/api/demo",
+    "/api/trace",
     "/api/pool/lookup?block_hash=abcd",
     "/metrics",
 ]

@@ -1,0 +1,139 @@
+"""Block identities without hashing, and the real block hashes.
+
+Two full blocks have the same chained hash exactly when their whole token
+prefixes are equal (no hash collisions assumed).  :class:`BlockKeys` gives
+each distinct prefix a small int: a trie over the prompt's hash ids (a
+Mooncake trace) or over its blocks' token tuples (a recording), rooted at
+the request's extra keys (LoRA name, cache salt).  The one-pass curve works
+on these ints; pool replays use :func:`block_hashes` (the real hashes).
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+from blockpool.block_hasher import get_request_block_hasher
+from blockpool.hashing import BlockHash, HashFn
+from blockpool.request import LoRARequest, Request
+from blockpool.trace.reader import Trace, TraceRequest
+
+
+class BlockKeys:
+    """Ints standing for full blocks' prefixes (equal ints, equal hashes)."""
+
+    def __init__(self, trace: Trace, block_size: int) -> None:
+        if block_size < 1:
+            raise ValueError(f"block size must be positive, got {block_size}")
+        self.trace = trace
+        self.block_size = block_size
+        self._roots: dict[tuple[str | None, str | None], int] = {}
+        self._nodes: dict[tuple[int, int], int] = {}
+        self._blocks: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def _root(self, req: TraceRequest) -> int:
+        tag = (req.lora_name, req.cache_salt)
+        root = self._roots.get(tag)
+        if root is None:
+            root = self._roots[tag] = -1 - len(self._roots)
+        return root
+
+    def keys(self, req: TraceRequest) -> list[int]:
+        """One int per full prompt block, in order."""
+        bs = self.block_size
+        num_full = req.input_length // bs
+        if req.token_ids is not None:
+            return self._token_keys(req, num_full)
+        nodes_map = self._nodes
+        parent = self._root(req)
+        nodes: list[int] = []
+        for h in req.hash_ids:
+            node = nodes_map.get((parent, h))
+            if node is None:
+                node = nodes_map[(parent, h)] = len(nodes_map)
+            nodes.append(node)
+            parent = node
+        tpi = self.trace.tokens_per_id
+        if tpi % bs == 0:
+            runs = self._node_runs(nodes, num_full)
+            return list(chain.from_iterable(range(a, a + n) for a, n in runs))
+        # a block may straddle two ids: name it by the id holding its last token
+        return [
+            nodes[((j + 1) * bs - 1) // tpi] * tpi + ((j + 1) * bs - 1) % tpi
+            for j in range(num_full)
+        ]
+
+    def runs(self, req: TraceRequest) -> list[tuple[int, int]]:
+        """The keys of :meth:`keys` as runs ``(first key, count)`` of consecutive ints."""
+        bs = self.block_size
+        tpi = self.trace.tokens_per_id
+        if req.token_ids is None and tpi % bs == 0:
+            parent = self._root(req)
+            nodes_map = self._nodes
+            nodes: list[int] = []
+            for h in req.hash_ids:
+                node = nodes_map.get((parent, h))
+                if node is None:
+                    node = nodes_map[(parent, h)] = len(nodes_map)
+                nodes.append(node)
+                parent = node
+            return self._node_runs(nodes, req.input_length // bs)
+        out: list[tuple[int, int]] = []
+        for k in self.keys(req):
+            if out and out[-1][0] + out[-1][1] == k:
+                out[-1] = (out[-1][0], out[-1][1] + 1)
+            else:
+                out.append((k, 1))
+        return out
+
+    def _node_runs(self, nodes: list[int], num_full: int) -> list[tuple[int, int]]:
+        per = self.trace.tokens_per_id // self.block_size
+        out: list[tuple[int, int]] = []
+        left = num_full
+        for n in nodes:
+            if left <= 0:
+                break
+            c = per if per < left else left
+            a = n * per
+            if out and out[-1][0] + out[-1][1] == a:
+                out[-1] = (out[-1][0], out[-1][1] + c)
+            else:
+                out.append((a, c))
+            left -= c
+        return out
+
+    def _token_keys(self, req: TraceRequest, num_full: int) -> list[int]:
+        assert req.token_ids is not None
+        bs = self.block_size
+        toks = req.token_ids
+        blocks = self._blocks
+        parent = self._root(req)
+        out: list[int] = []
+        for j in range(num_full):
+            k = (parent, toks[j * bs : j * bs + bs])
+            key = blocks.get(k)
+            if key is None:
+                key = blocks[k] = len(blocks)
+            out.append(key)
+            parent = key
+        return out
+
+
+def make_request(trace: Trace, req: TraceRequest, request_id: str, hasher: object) -> Request:
+    """A blockpool Request for ``req``'s prompt, hashed by ``hasher``."""
+    lora = LoRARequest(req.lora_name) if req.lora_name else None
+    return Request(
+        request_id,
+        trace.prompt_token_ids(req),
+        block_hasher=hasher,  # type: ignore[arg-type]
+        lora_request=lora,
+        cache_salt=req.cache_salt,
+    )
+
+
+def block_hashes(
+    trace: Trace, req: TraceRequest, block_size: int, hash_fn: HashFn
+) -> tuple[Request, list[BlockHash]]:
+    """The request (prompt tokens) and the real hashes of its full blocks."""
+    hasher = get_request_block_hasher(block_size, hash_fn)
+    r = make_request(trace, req, str(req.index), hasher)
+    return r, r.block_hashes

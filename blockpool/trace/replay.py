@@ -1,0 +1,118 @@
+"""One entry point: replay a trace in a mode at many capacities.
+
+Sequence mode with vLLM 0.16's free order uses the one-pass curve
+(``curve.py``); everywhere else -- timed mode, another free order, or when
+asked to -- each capacity gets its own real pool.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from blockpool.hashing import get_hash_fn_by_name
+from blockpool.trace.curve import OnePassCurve
+from blockpool.trace.reader import Trace
+from blockpool.trace.results import CapacityResult
+from blockpool.trace.sequence import FREE_ORDERS, SequencePools, make_pool
+from blockpool.trace.timed import TimedConfig, replay_timed
+
+MODES = ("sequence", "timed")
+ONE_PASS_NOTE = (
+    "one pass: exact for every capacity (sequence mode, vLLM 0.16 free order append_all)"
+)
+NO_ONE_PASS = {
+    "timed": "no one pass in timed mode (blocks are held across requests): one replay per capacity",
+    "free_order": "no one pass with free order {free_order!r} (only append_all keeps an LRU "
+    "stack): one replay per capacity",
+    "asked": "one replay per capacity (as asked)",
+}
+
+
+@dataclass
+class TraceReport:
+    mode: str
+    one_pass: bool
+    note: str
+    block_size: int
+    hash_fn: str
+    free_order: str
+    results: list[CapacityResult]
+    seconds: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "one_pass": self.one_pass,
+            "note": self.note,
+            "block_size": self.block_size,
+            "hash": self.hash_fn,
+            "free_order": self.free_order,
+            "seconds": self.seconds,
+            **self.info,
+            "results": [
+                {**r.to_json(), "mode": self.mode, "one_pass": self.one_pass} for r in self.results
+            ],
+        }
+
+
+def replay_trace(
+    trace: Trace,
+    *,
+    mode: str = "sequence",
+    block_size: int = 16,
+    capacities_tokens: Sequence[int | None] = (None,),
+    hash_name: str = "sha256",
+    free_order: str = "append_all",
+    timed: TimedConfig | None = None,
+    one_pass: bool | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> TraceReport:
+    """Replay ``trace``; ``one_pass=None`` uses the curve wherever it is exact."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
+    if free_order not in FREE_ORDERS:
+        raise ValueError(f"unknown free order {free_order!r} (known: {', '.join(FREE_ORDERS)})")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block size must be a positive integer, got {block_size!r}")
+    if not capacities_tokens:
+        raise ValueError("no capacity given")
+    hash_fn = get_hash_fn_by_name(hash_name)
+    if free_order != "append_all":
+        make_pool(2, block_size, free_order)  # refuses a free order this pool lacks
+    applies = mode == "sequence" and free_order == "append_all"
+    if one_pass and not applies:
+        why = "timed" if mode == "timed" else "free_order"
+        raise ValueError(NO_ONE_PASS[why].format(free_order=free_order))
+    use = applies if one_pass is None else one_pass
+    t0 = time.perf_counter()
+    info: dict[str, Any] = {"requests": len(trace), "tokens_per_id": trace.tokens_per_id}
+    if use:
+        curve = OnePassCurve(trace, block_size, capacities_tokens)
+        results = curve.run(progress)
+        note = ONE_PASS_NOTE
+        info["stacks"] = curve.stacks
+    else:
+        if mode == "timed":
+            note = NO_ONE_PASS["timed"]
+            results = replay_timed(
+                trace, block_size, capacities_tokens, hash_fn, free_order, timed, progress
+            )
+        else:
+            note = NO_ONE_PASS["asked" if applies else "free_order"].format(free_order=free_order)
+            pools = SequencePools(trace, block_size, capacities_tokens, hash_fn, free_order)
+            results = pools.run(progress)
+    return TraceReport(
+        mode,
+        use,
+        note,
+        block_size,
+        hash_name,
+        free_order,
+        results,
+        time.perf_counter() - t0,
+        info,
+    )

@@ -1,0 +1,193 @@
+"""Sequence mode on real pools: one pool per capacity, in step.
+
+Requests in file order, one at a time, prompt blocks only (the Mooncake
+paper's Fig. 9 setting): the longest cached prefix (never the block holding
+the last prompt token), ``touch`` it, allocate the rest, cache the full
+blocks, free them all in reverse.  A request needing more blocks than the
+pool holds besides the null block is refused and changes nothing.
+
+:class:`SequenceDriver` drives any object with vLLM 0.16's ``BlockPool``
+methods (ours, or vLLM's own in ``bench/``); each request is hashed once for
+all the pools.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from blockpool.block_hasher import get_request_block_hasher
+from blockpool.hashing import BlockHash, HashFn
+from blockpool.pool import BlockPool
+from blockpool.trace.keys import make_request
+from blockpool.trace.reader import Trace
+from blockpool.trace.results import CapacityResult, capacity_blocks
+
+FREE_ORDERS = ("append_all", "uncached_first")
+
+
+def pool_accepts_free_order() -> bool:
+    """Whether this BlockPool takes a ``free_order`` argument."""
+    return "free_order" in inspect.signature(BlockPool).parameters
+
+
+def make_pool(num_blocks: int, block_size: int, free_order: str = "append_all") -> BlockPool:
+    """A caching pool with events on (they count the evictions)."""
+    if free_order not in FREE_ORDERS:
+        raise ValueError(f"unknown free order {free_order!r} (known: {', '.join(FREE_ORDERS)})")
+    kwargs: dict[str, Any] = {}
+    if free_order != "append_all":
+        if not pool_accepts_free_order():
+            raise ValueError(
+                f"free order {free_order!r} needs a BlockPool with a free_order option; "
+                "this one has only vLLM 0.16's append_all"
+            )
+        kwargs["free_order"] = free_order
+    return BlockPool(num_blocks, True, block_size, True, **kwargs)
+
+
+class _Req:
+    """What ``cache_full_blocks`` reads of a request."""
+
+    __slots__ = ("all_token_ids", "block_hashes", "lora_request")
+
+    def __init__(self, tokens: list[int], hashes: list[BlockHash], lora: Any) -> None:
+        self.all_token_ids = tokens
+        self.block_hashes = hashes
+        self.lora_request = lora
+
+
+def _removed(events: list[Any]) -> int:
+    return sum(len(e.block_hashes) for e in events if e.__class__.__name__ == "BlockRemoved")
+
+
+class SequenceDriver:
+    """Sequence mode on one pool (any object with vLLM's BlockPool methods)."""
+
+    def __init__(
+        self, pool: Any, block_size: int, result: CapacityResult, reasons: bool = True
+    ) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.result = result
+        self.usable = pool.num_gpu_blocks - 1
+        self.stored: set[bytes] | None = set() if reasons else None
+        self.gids = [0]
+
+    def step(self, num_tokens: int, request: Any, hashes: Sequence[BlockHash]) -> int:
+        """One request; returns its hit blocks (-1: refused)."""
+        bs = self.block_size
+        res = self.result
+        res.prompt_tokens += num_tokens
+        num_blocks = -(-num_tokens // bs)
+        if num_blocks > self.usable:
+            res.refused += 1
+            res.refused_tokens += num_tokens
+            return -1
+        pool = self.pool
+        num_full = num_tokens // bs
+        max_hit = min((num_tokens - 1) // bs, num_full)
+        get, gids = pool.get_cached_block, self.gids
+        hits = []
+        for i in range(max_hit):
+            found = get(hashes[i], gids)
+            if found is None:
+                break
+            hits.append(found[0])
+        k = len(hits)
+        if self.stored is not None:
+            self._reasons(hashes, k, max_hit, num_full, num_blocks)
+        pool.touch(hits)
+        blocks = hits + pool.get_new_blocks(num_blocks - k)
+        pool.cache_full_blocks(request, blocks, k, num_full, bs, 0)
+        pool.free_blocks(blocks[::-1])
+        events = pool.take_events()
+        if events:
+            res.evictions += _removed(events)
+        res.admitted += 1
+        res.hit_tokens += k * bs
+        return k
+
+    def _reasons(
+        self, hashes: Sequence[BlockHash], k: int, max_hit: int, num_full: int, num_blocks: int
+    ) -> None:
+        stored = self.stored
+        assert stored is not None
+        lo, hi = k, num_full  # stored hashes are a prefix of the chain
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if hashes[mid] in stored:
+                lo = mid + 1
+            else:
+                hi = mid
+        seen = lo
+        last_token = 0
+        if max_hit < num_full and k == max_hit:
+            last_token = 1 if self.pool.get_cached_block(hashes[max_hit], self.gids) else 0
+        reasons = self.result.miss_reasons
+        reasons["last_token"] += last_token
+        reasons["block_size_floor"] += 1 if num_blocks > num_full else 0
+        reasons["evicted"] += seen - k - last_token
+        reasons["cold"] += num_full - seen
+        self.result.regret_blocks += seen - k - last_token
+        stored.update(hashes[seen:num_full])
+
+
+def unbounded_blocks(trace: Trace, block_size: int) -> int:
+    """A pool size that never evicts on this trace (every block of every request)."""
+    return sum(-(-r.input_length // block_size) for r in trace.requests) + 1
+
+
+class SequencePools:
+    """One pool per capacity, replayed in step (each request hashed once)."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        block_size: int,
+        capacities_tokens: Sequence[int | None],
+        hash_fn: HashFn,
+        free_order: str = "append_all",
+        pool_factory: Callable[[int, int], Any] | None = None,
+    ) -> None:
+        self.trace = trace
+        self.block_size = block_size
+        self.hash_fn = hash_fn
+        self.drivers: list[SequenceDriver] = []
+        for cap in capacities_tokens:
+            blocks = capacity_blocks(cap, block_size)
+            if blocks is not None and blocks < 1:
+                raise ValueError(f"{cap} tokens hold no block of {block_size} tokens")
+            n = unbounded_blocks(trace, block_size) if blocks is None else blocks
+            pool = (
+                pool_factory(n, block_size)
+                if pool_factory is not None
+                else make_pool(n, block_size, free_order)
+            )
+            self.drivers.append(SequenceDriver(pool, block_size, CapacityResult(cap, blocks)))
+
+    def run(self, progress: Callable[[int, int], None] | None = None) -> list[CapacityResult]:
+        hasher = get_request_block_hasher(self.block_size, self.hash_fn)
+        trace = self.trace
+        total = len(trace.requests)
+        for i, req in enumerate(trace.requests):
+            r = make_request(trace, req, str(i), hasher)
+            view = _Req(r.all_token_ids, r.block_hashes, r.lora_request)
+            for d in self.drivers:
+                d.step(req.input_length, view, r.block_hashes)
+            if progress is not None and (i & 15 == 15 or i + 1 == total):
+                progress(i + 1, total)
+        return [d.result for d in self.drivers]
+
+
+def replay_pools(
+    trace: Trace,
+    block_size: int,
+    capacities_tokens: Sequence[int | None],
+    hash_fn: HashFn,
+    free_order: str = "append_all",
+    progress: Callable[[int, int], None] | None = None,
+) -> list[CapacityResult]:
+    """Sequence mode with one real pool per capacity, all in one loop."""
+    return SequencePools(trace, block_size, capacities_tokens, hash_fn, free_order).run(progress)

@@ -1,0 +1,65 @@
+"""Timed mode: arrivals, decode, preemption of the newest, on a RequestManager."""
+
+from __future__ import annotations
+
+from blockpool import RequestManager, check_invariants, sha256
+from blockpool.trace import Trace, one_pass_curve, parse_mooncake, read_trace
+from blockpool.trace.results import CapacityResult
+from blockpool.trace.sequence import make_pool
+from blockpool.trace.timed import ManagerBackend, TimedConfig, replay_timed, run_timed
+from tests.trace.helpers import HEAD50, row, rows_to_lines
+
+
+def _run(
+    trace: Trace, blocks: int, bs: int, cfg: TimedConfig
+) -> tuple[CapacityResult, ManagerBackend]:
+    pool = make_pool(blocks, bs)
+    res = CapacityResult(blocks * bs, blocks)
+    backend = ManagerBackend(RequestManager(pool, hash_fn=sha256), res)
+    run_timed(trace, backend, res, blocks - 1, bs, cfg)
+    check_invariants(pool)
+    assert pool.get_num_free_blocks() == blocks - 1
+    assert not backend.manager.requests
+    return res, backend
+
+
+def test_the_newest_request_is_preempted_and_recomputed() -> None:
+    # block size 1, 5 usable blocks.  A (2 + 4 tokens) and B (2 + 3) arrive together.
+    trace = parse_mooncake(rows_to_lines([row(0, [1, 2], 2, 4), row(0, [3, 4], 2, 3)]), 1)
+    res, _ = _run(trace, 6, 1, TimedConfig(step_ms=1))
+    # step 1 admits both (4 blocks); step 2: A takes the last free block, B finds
+    # none and is preempted (it is the newest); A then evicts B's two blocks and
+    # finishes at step 4; B is readmitted with its prompt and its one output
+    # token (3 tokens, nothing left to hit), evicting A's blocks as it goes.
+    assert res.preemptions == 1
+    assert res.extra["recompute_tokens"] == 3 and res.extra["recompute_hit_tokens"] == 0
+    assert (res.hit_tokens, res.evictions, res.admitted, res.extra["steps"]) == (0, 6, 2, 6)
+    assert res.miss_reasons["cold"] == 4
+
+
+def test_a_request_that_can_never_fit_is_refused_at_arrival() -> None:
+    trace = parse_mooncake(rows_to_lines([row(0, [1, 2], 2, 5), row(1, [1], 1, 1)]), 1)
+    res, _ = _run(trace, 6, 1, TimedConfig())
+    # the first needs 2 + 5 - 1 = 6 blocks of the 5 usable
+    assert (res.refused, res.refused_tokens, res.admitted, res.hit_tokens) == (1, 2, 1, 0)
+
+
+def test_spaced_arrivals_unbounded_hit_like_sequence_mode() -> None:
+    trace = read_trace(HEAD50)
+    rows = [
+        row(i * 1e9, list(r.hash_ids), r.input_length, r.output_length)
+        for i, r in enumerate(trace.requests)
+    ]
+    spaced = parse_mooncake(rows_to_lines(rows))
+    (timed,) = replay_timed(spaced, 16, [None], sha256)
+    (seq,) = one_pass_curve(trace, 16, [None])
+    assert timed.hit_tokens == seq.hit_tokens > 0
+    assert timed.evictions == 0 and timed.preemptions == 0
+
+
+def test_a_small_pool_under_load_preempts_and_stays_consistent() -> None:
+    trace = read_trace(HEAD50)
+    res, backend = _run(trace, 3000, 16, TimedConfig(speed=1000.0))
+    assert res.preemptions > 0 and res.evictions > 0 and res.refused > 0
+    assert res.admitted + res.refused == len(trace)
+    assert backend.manager.stats.hits >= res.hit_tokens
