@@ -39,6 +39,10 @@ class FreeKVCacheBlockQueue:
         head = self.fake_free_list_head
         first = head.next_free_block
         if first is None or first is self.fake_free_list_tail:
+            # vLLM asserts the count agrees with an empty list.
+            assert self.num_free_blocks == 0, (
+                f"num_free_blocks ({self.num_free_blocks}) is out of sync with the free list."
+            )
             raise ValueError("No free blocks available")
         nxt = first.next_free_block
         if nxt is None:
