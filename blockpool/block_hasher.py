@@ -8,6 +8,7 @@ them).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -69,11 +70,10 @@ def embeds_bytes(embeds: Any) -> bytes:
     """The raw bytes of an embeddings tensor (row-major, native byte order),
     what vLLM 0.16.0 puts in a block's extra keys.  Accepts a torch tensor,
     a numpy array, or anything exposing the buffer protocol."""
-    if hasattr(embeds, "untyped_storage"):  # a torch tensor: torch is loaded
-        import torch
-
+    torch = sys.modules.get("torch")  # a tensor means torch is loaded; never import it
+    if torch is not None and isinstance(embeds, torch.Tensor):
         flat = embeds.flatten().contiguous()
-        return bytes(flat.view(torch.uint8).numpy().data)
+        return bytes(flat.view(torch.uint8).numpy().tobytes())
     if hasattr(embeds, "tobytes"):
         return bytes(embeds.tobytes())
     return bytes(memoryview(embeds))
