@@ -38,6 +38,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--num-groups", type=int, help="KV-cache groups (default 1)")
     s.add_argument("--hash-fn", choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
     _bool_flag(s, "caching", "enable_caching", "prefix caching (default on)")
+    s.add_argument(
+        "--free-order", choices=["append_all", "uncached_first"],
+        help="where freed blocks enter the free queue: append_all (vLLM 0.16, default) or "
+        "uncached_first (vLLM >= 0.24: blocks without a hash to the head)",
+    )  # fmt: skip
     _bool_flag(s, "events", "enable_events", "KV events (default on)")
     s.add_argument("--metrics-sample-rate", type=float, help="residency sampling (0.01)")
     _bool_flag(s, "storage", "storage", "torch K/V storage (default on)")
@@ -144,7 +149,8 @@ def describe(settings: Settings, num_blocks: int) -> str:
     s = settings
     return (
         f"pool: {num_blocks} blocks x {s.block_size} tokens, {s.num_groups} group(s), "
-        f"hash {s.hash_fn}, caching {'on' if s.enable_caching else 'off'}, events "
+        f"hash {s.hash_fn}, caching {'on' if s.enable_caching else 'off'}, "
+        f"free order {s.free_order}, events "
         f"{'on' if s.enable_events else 'off'}, metrics sample rate {s.metrics_sample_rate}; "
         f"storage {'on' if s.storage else 'off'}; demo "
         f"{f'on at {s.demo_rate}/s' if s.demo else 'off'}; "

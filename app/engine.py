@@ -93,6 +93,7 @@ class Engine:
             enable_kv_cache_events=settings.enable_events,
             metrics_collector=self.collector,
             strict=True,
+            free_order=settings.free_order,
         )
         self.manager = RequestManager(
             self.pool,

@@ -29,6 +29,11 @@ class Settings(BaseSettings):
     hash_fn: HashName = "sha256"
     hash_seed: str = Field(default="0", description="NONE_HASH seed (PYTHONHASHSEED role)")
     enable_caching: bool = True
+    free_order: Literal["append_all", "uncached_first"] = Field(
+        default="append_all",
+        description="append_all: vLLM 0.16 (every freed block to the queue's tail); "
+        "uncached_first: vLLM >= 0.24 (freed blocks without a hash to the head)",
+    )
     enable_events: bool = True
     metrics_sample_rate: float = Field(default=0.01, gt=0, le=1)
     model_name: str = "blockpool-demo"
