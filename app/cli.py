@@ -88,6 +88,11 @@ def _kv_event_flags(s: argparse.ArgumentParser) -> None:
         "--kv-events-bind", choices=["auto", "bind", "connect"],
         help="auto: bind wildcard/ipc addresses, connect to others (vLLM's rule)",
     )  # fmt: skip
+    g.add_argument(
+        "--kv-events-format", choices=["v016", "map"],
+        help="v016: vLLM 0.16's positional events (default); map: the current vLLM's "
+        "map-tagged events with group_idx and kv_cache_spec_kind",
+    )  # fmt: skip
 
 
 def _observe_parser(sub: Any) -> None:

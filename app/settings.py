@@ -82,6 +82,11 @@ class Settings(BaseSettings):
         default="auto",
         description="auto: vLLM's rule (bind wildcard/ipc addresses, connect to others)",
     )
+    kv_events_format: Literal["v016", "map"] = Field(
+        default="v016",
+        description="v016: vLLM 0.16's positional events; map: the current vLLM's "
+        "map-tagged events (group_idx, kv_cache_spec_kind, ...)",
+    )
 
     # --- analysis: miss reasons, eviction regret, shadow pools, recording
     metrics_seed: int | None = Field(
@@ -158,6 +163,7 @@ class Settings(BaseSettings):
             topic=self.kv_events_topic,
             data_parallel_rank=self.kv_events_data_parallel_rank,
             bind=self.kv_events_bind,
+            events_format=self.kv_events_format,
         )
 
     @model_validator(mode="after")
