@@ -49,10 +49,26 @@ browser:
 bench: $(STAMP)
 	$(PY) bench/bench_pool.py
 
-## Side by side with vLLM 0.16.0's own pool (builds /tmp/vllm016 once).
-bench-vllm:
-	bash ../shared/vllm-speed-reference/vllm016_setup.sh
-	/tmp/vllm016/bin/python ../shared/vllm-speed-reference/bench_vs_vllm.py --candidate blockpool --candidate-path . --variant both
+## Side by side with vLLM 0.16.0's own pool, in one process (bench/bench_vs_vllm.py).
+## Builds a venv with vLLM 0.16.0 from PyPI once (--no-deps: no CUDA stack), a CPU
+## torch and the few packages vLLM's pool modules import.  ~1.5 GB, a few minutes.
+VLLM016      ?= $(or $(TMPDIR),/tmp)/vllm016
+VLLM016_PY    = $(VLLM016)/bin/python
+VLLM016_DEPS  = msgspec pyzmq cbor2 xxhash psutil regex numpy packaging pydantic \
+	"transformers<5" tokenizers aiohttp requests openai pillow pybase64 cachetools \
+	cloudpickle py-cpuinfo prometheus_client fastapi blake3 sentencepiece tiktoken \
+	einops pyyaml tqdm filelock lark
+
+$(VLLM016)/.blockpool-bench:
+	test -x $(VLLM016_PY) || $(PYTHON) -m venv $(VLLM016)
+	$(VLLM016_PY) -m pip install -q --disable-pip-version-check --no-deps vllm==0.16.0
+	$(VLLM016_PY) -m pip install -q --disable-pip-version-check "$(TORCH)" $(VLLM016_DEPS)
+	$(VLLM016_PY) -m pip install -q --disable-pip-version-check --no-deps xgrammar==0.1.29
+	$(VLLM016_PY) -c "from vllm.v1.core.block_pool import BlockPool"
+	touch $@
+
+bench-vllm: $(VLLM016)/.blockpool-bench
+	$(VLLM016_PY) bench/bench_vs_vllm.py --variant both
 
 soak: $(STAMP)
 	$(PY) -m tests.blockpool.soak --ops 2000000

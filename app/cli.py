@@ -44,6 +44,11 @@ def parser() -> argparse.ArgumentParser:
         help="block hash function",
     )  # fmt: skip
     _bool_flag(s, "caching", "enable_caching", "prefix caching")
+    s.add_argument(
+        "--free-order", choices=["append_all", "uncached_first"],
+        help="where freed blocks enter the free queue: append_all (vLLM 0.16) or "
+        "uncached_first (vLLM >= 0.24: blocks without a hash to the head)",
+    )  # fmt: skip
     _bool_flag(s, "events", "enable_events", "KV events")
     s.add_argument("--metrics-sample-rate", type=float, help="residency sampling rate")
     _bool_flag(s, "storage", "storage", "torch K/V storage")
@@ -142,6 +147,11 @@ def _kv_event_flags(s: argparse.ArgumentParser) -> None:
         "--kv-events-bind", choices=["auto", "bind", "connect"],
         help="auto: bind wildcard/ipc addresses, connect to others (vLLM's rule)",
     )  # fmt: skip
+    g.add_argument(
+        "--kv-events-format", choices=["v016", "map"],
+        help="v016: vLLM 0.16's positional events (default); map: the current vLLM's "
+        "map-tagged events with group_idx and kv_cache_spec_kind",
+    )  # fmt: skip
 
 
 def _observe_parser(sub: Any) -> None:
@@ -211,7 +221,8 @@ def describe(settings: Settings, num_blocks: int) -> str:
     s = settings
     return (
         f"pool: {num_blocks} blocks x {s.block_size} tokens, {s.num_groups} group(s), "
-        f"hash {s.hash_fn}, caching {'on' if s.enable_caching else 'off'}, events "
+        f"hash {s.hash_fn}, caching {'on' if s.enable_caching else 'off'}, "
+        f"free order {s.free_order}, events "
         f"{'on' if s.enable_events else 'off'}, metrics sample rate {s.metrics_sample_rate}; "
         f"storage {'on' if s.storage else 'off'}; demo "
         f"{f'on at {s.demo_rate}/s' if s.demo else 'off'}; "

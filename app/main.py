@@ -173,11 +173,7 @@ def _add_kv_event_publisher(app: FastAPI, engine: Engine, settings: Settings) ->
 
     async def start() -> None:
         publisher.start()
-        publisher.attach(engine)
-        replay = publisher.bound_replay_endpoint
-        logger.info(
-            "KV events: PUB %s%s", publisher.bound_endpoint, f", replay {replay}" if replay else ""
-        )
+        publisher.attach(engine)  # start() logged "KV events: PUB bind|connect <endpoint>"
 
     async def stop() -> None:
         publisher.detach()

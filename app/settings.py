@@ -29,6 +29,11 @@ class Settings(BaseSettings):
     hash_fn: HashName = "sha256"
     hash_seed: str = Field(default="0", description="NONE_HASH seed (PYTHONHASHSEED role)")
     enable_caching: bool = True
+    free_order: Literal["append_all", "uncached_first"] = Field(
+        default="append_all",
+        description="append_all: vLLM 0.16 (every freed block to the queue's tail); "
+        "uncached_first: vLLM >= 0.24 (freed blocks without a hash to the head)",
+    )
     enable_events: bool = True
     metrics_sample_rate: float = Field(default=0.01, gt=0, le=1)
     model_name: str = "blockpool-demo"
@@ -106,6 +111,11 @@ class Settings(BaseSettings):
     kv_events_bind: Literal["auto", "bind", "connect"] = Field(
         default="auto",
         description="auto: vLLM's rule (bind wildcard/ipc addresses, connect to others)",
+    )
+    kv_events_format: Literal["v016", "map"] = Field(
+        default="v016",
+        description="v016: vLLM 0.16's positional events; map: the current vLLM's "
+        "map-tagged events (group_idx, kv_cache_spec_kind, ...)",
     )
 
     # --- analysis: miss reasons, eviction regret, shadow pools, recording
@@ -197,6 +207,7 @@ class Settings(BaseSettings):
             topic=self.kv_events_topic,
             data_parallel_rank=self.kv_events_data_parallel_rank,
             bind=self.kv_events_bind,
+            events_format=self.kv_events_format,
         )
 
     @model_validator(mode="after")

@@ -22,7 +22,7 @@ single block or a dict), the same ref count and hash on every block, the same
 pending events (type and every field), the same usage and free count, the same
 metric states and pending samples.  When events are taken, the msgpack wire
 bytes of the two batches must be equal too.  Request block hashes (LoRA,
-cache salt, multimodal extra keys, decode) are compared on every change.
+cache salt, multimodal extra keys, prompt embeddings, decode) are compared on every change.
 
 Prints a summary; exits 1 on any divergence.  Not part of the test suite:
 CI has no vLLM.
@@ -155,7 +155,7 @@ def make_sides(cfg: Config, seed: int, clock: Clock) -> tuple[Side, Side]:
     vhasher = vllm_utils.get_request_block_hasher(cfg.hash_block_size, vllm_fn)
     ohasher = bp.get_request_block_hasher(cfg.hash_block_size, our_fn)
 
-    def vreq(rid: str, tokens: list[int], lora: Any, salt: Any, mm: Any) -> Any:
+    def vreq(rid: str, tokens: list[int], lora: Any, salt: Any, mm: Any, emb: Any = None) -> Any:
         return VRequest(
             rid,
             list(tokens),
@@ -172,9 +172,10 @@ def make_sides(cfg: Config, seed: int, clock: Clock) -> tuple[Side, Side]:
                 for i, o, n in mm
             ]
             or None,
+            prompt_embeds=emb,
         )
 
-    def oreq(rid: str, tokens: list[int], lora: Any, salt: Any, mm: Any) -> Any:
+    def oreq(rid: str, tokens: list[int], lora: Any, salt: Any, mm: Any, emb: Any = None) -> Any:
         return bp.Request(
             rid,
             list(tokens),
@@ -182,6 +183,7 @@ def make_sides(cfg: Config, seed: int, clock: Clock) -> tuple[Side, Side]:
             lora_request=bp.LoRARequest(lora[0], lora[1]) if lora else None,
             cache_salt=salt,
             mm_features=[bp.MultiModalFeature(i, bp.PlaceholderRange(o, n)) for i, o, n in mm],
+            prompt_embeds=emb,
         )
 
     return Side("vllm", vpool, vmc, vreq), Side("ours", opool, omc, oreq)
@@ -331,7 +333,7 @@ class Driver:
 
     # -------------------------------------------------------------- ops
 
-    def new_prompt(self) -> tuple[list[int], Any, Any, Any]:
+    def new_prompt(self) -> tuple[list[int], Any, Any, Any, Any]:
         rng = self.rng
         if self.prompts and rng.random() < 0.2:
             return rng.choice(self.prompts)
@@ -348,18 +350,25 @@ class Driver:
                 n = rng.randint(1, 9)
                 mm.append((f"img{rng.randrange(4)}", off, n))
                 off += n + rng.randint(0, 6)
-        prompt = (tokens, lora, salt, mm)
+        emb = None
+        if rng.random() < 0.06:  # prompt embeddings: a few distinct tensors
+            gen = torch.Generator().manual_seed(rng.randrange(3))
+            dtype = rng.choice([torch.float16, torch.bfloat16, torch.float32])
+            emb = torch.randn(len(tokens), 4, generator=gen).to(dtype)
+        prompt = (tokens, lora, salt, mm, emb)
         self.prompts.append(prompt)
         return prompt
 
     def admit(self) -> None:
         rng, cfg = self.rng, self.cfg
-        tokens, lora, salt, mm = self.new_prompt()
+        tokens, lora, salt, mm, emb = self.new_prompt()
         rid = f"r{self.next_id}"
         self.next_id += 1
+        if emb is not None:
+            self.stats.bump("admit prompt embeds")
         sides = (
-            self.v.make_request(rid, tokens, lora, salt, mm),
-            self.o.make_request(rid, tokens, lora, salt, mm),
+            self.v.make_request(rid, tokens, lora, salt, mm, emb),
+            self.o.make_request(rid, tokens, lora, salt, mm, emb),
         )
         r = Req(rid, sides, [[] for _ in cfg.groups], [0] * len(cfg.groups))
         self.check_hashes(r)

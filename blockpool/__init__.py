@@ -12,7 +12,11 @@ from typing import Any
 
 from blockpool import hashing as _hashing
 from blockpool.block import KVCacheBlock
-from blockpool.block_hasher import generate_block_hash_extra_keys, get_request_block_hasher
+from blockpool.block_hasher import (
+    generate_block_hash_extra_keys,
+    get_request_block_hasher,
+    need_extra_keys,
+)
 from blockpool.errors import (
     BlockPoolError,
     DoubleFreeError,
@@ -129,6 +133,7 @@ __all__ = [
     "init_none_hash",
     "make_block_hash_with_group_id",
     "maybe_convert_block_hash",
+    "need_extra_keys",
     "set_int_block_hashes",
     "sha256",
     "sha256_cbor",

@@ -1,11 +1,14 @@
 """Hashes of a request's full blocks, with vLLM's extra keys.
 
 Extra keys, in vLLM's order: the LoRA name, the identifiers of multimodal
-inputs overlapping the block, the cache salt (first block only).
+inputs overlapping the block, the cache salt (first block only), the raw
+bytes of the block's rows of the prompt embeddings (when the request has
+them).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -25,7 +28,9 @@ class HashableRequest(Protocol):
 
 
 def need_extra_keys(request: HashableRequest) -> bool:
-    """Whether the request's blocks carry extra keys."""
+    """Whether the request has multimodal inputs, a LoRA adapter or a cache
+    salt (as vLLM 0.16.0's: prompt embeddings are not counted here, though
+    they still enter the keys)."""
     return (
         bool(request.mm_features)
         or request.lora_request is not None
@@ -61,6 +66,19 @@ def _mm_extra_keys(
     return keys, mm_idx
 
 
+def embeds_bytes(embeds: Any) -> bytes:
+    """The raw bytes of an embeddings tensor (row-major, native byte order),
+    what vLLM 0.16.0 puts in a block's extra keys.  Accepts a torch tensor,
+    a numpy array, or anything exposing the buffer protocol."""
+    torch = sys.modules.get("torch")  # a tensor means torch is loaded; never import it
+    if torch is not None and isinstance(embeds, torch.Tensor):
+        flat = embeds.flatten().contiguous()
+        return bytes(flat.view(torch.uint8).numpy().tobytes())
+    if hasattr(embeds, "tobytes"):
+        return bytes(embeds.tobytes())
+    return bytes(memoryview(embeds))
+
+
 def generate_block_hash_extra_keys(
     request: HashableRequest, start_token_idx: int, end_token_idx: int, start_mm_idx: int
 ) -> tuple[tuple[Any, ...] | None, int]:
@@ -72,6 +90,9 @@ def generate_block_hash_extra_keys(
     keys.extend(mm_keys)
     if start_token_idx == 0 and request.cache_salt:
         keys.append(request.cache_salt)
+    embeds = request.prompt_embeds
+    if embeds is not None:
+        keys.append(embeds_bytes(embeds[start_token_idx:end_token_idx]))
     return (tuple(keys) if keys else None), next_mm
 
 
@@ -89,7 +110,7 @@ def get_request_block_hasher(
         mm_idx = -1 if start > 0 else 0
         parent = request.block_hashes[-1] if request.block_hashes else None
         tokens = request.all_token_ids
-        extra = need_extra_keys(request)
+        extra = need_extra_keys(request) or request.prompt_embeds is not None
         out: list[BlockHash] = []
         while start + block_size <= num_tokens:
             end = start + block_size

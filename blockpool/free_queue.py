@@ -3,9 +3,10 @@
 An intrusive doubly linked list through the blocks' own ``prev_free_block`` /
 ``next_free_block`` fields, between two sentinel blocks (id -1), so that no
 operation allocates an object or branches on emptiness.  Head = next to be
-reused (and, if cached, evicted); blocks enter only at the tail.
+reused (and, if cached, evicted); blocks enter at the tail (vLLM 0.16.0), or
+at the head with ``prepend_n`` (the ``"uncached_first"`` free order).
 
-Complexity: popleft, remove, append O(1); popleft_n, append_n O(n);
+Complexity: popleft, remove, append O(1); popleft_n, append_n, prepend_n O(n);
 get_all_free_blocks O(free).
 """
 
@@ -39,6 +40,10 @@ class FreeKVCacheBlockQueue:
         head = self.fake_free_list_head
         first = head.next_free_block
         if first is None or first is self.fake_free_list_tail:
+            # vLLM asserts the count agrees with an empty list.
+            assert self.num_free_blocks == 0, (
+                f"num_free_blocks ({self.num_free_blocks}) is out of sync with the free list."
+            )
             raise ValueError("No free blocks available")
         nxt = first.next_free_block
         if nxt is None:
@@ -98,6 +103,23 @@ class FreeKVCacheBlockQueue:
         block.next_free_block = tail
         tail.prev_free_block = block
         self.num_free_blocks += 1
+
+    def prepend_n(self, blocks: list[KVCacheBlock]) -> None:
+        """Add ``blocks`` at the head, in the given order (the first listed
+        becomes the new head).  Used by the ``"uncached_first"`` free order."""
+        if not blocks:
+            return
+        head = self.fake_free_list_head
+        first = head.next_free_block
+        assert first is not None, "next_free_block of fake_free_list_head should always exist"
+        prev = head
+        for block in blocks:
+            block.prev_free_block = prev
+            prev.next_free_block = block
+            prev = block
+        prev.next_free_block = first
+        first.prev_free_block = prev
+        self.num_free_blocks += len(blocks)
 
     def append_n(self, blocks: list[KVCacheBlock]) -> None:
         """Add ``blocks`` at the tail, in the given order."""

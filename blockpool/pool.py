@@ -7,7 +7,8 @@ operations (the classes they stand for stay usable on their own); a
 subclassed or foreign metrics collector is called through its methods.
 
 ``strict=True`` (ours, off by default) adds the checks vLLM skips and raises
-a typed error before anything changes.
+a typed error before anything changes.  ``free_order="uncached_first"``
+(ours, off by default) frees as vLLM >= 0.24 does (``free_order.py``).
 
 Complexity: get_new_blocks O(n), free_blocks O(n), touch O(n),
 cache_full_blocks O(new blocks + tokens in them), get_cached_block O(groups),
@@ -35,6 +36,7 @@ from blockpool.events import (
     BlockStored,
     KVCacheEvent,
 )
+from blockpool.free_order import APPEND_ALL, check_free_order, free_uncached_first
 from blockpool.free_queue import FreeKVCacheBlockQueue
 from blockpool.hash_map import BlockHashToBlockMap
 from blockpool.hashing import (
@@ -68,6 +70,7 @@ class BlockPool:
         metrics_collector: KVCacheMetricsCollector | None = None,
         *,
         strict: bool = False,
+        free_order: str = APPEND_ALL,
     ) -> None:
         if (
             not isinstance(num_gpu_blocks, int)
@@ -89,6 +92,8 @@ class BlockPool:
         self.kv_event_queue: list[KVCacheEvent] = []
         self.metrics_collector = metrics_collector
         self.strict = strict
+        self.free_order = check_free_order(free_order)
+        self._head_uncached = self.free_order != APPEND_ALL
 
     # ------------------------------------------------------------------ lookup
 
@@ -305,10 +310,14 @@ class BlockPool:
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block; those reaching 0 (null block
         aside) go to the queue's tail in the given order, first = evicted
-        first.  A request frees its blocks in reverse."""
+        first.  A request frees its blocks in reverse.  (``uncached_first``:
+        the hashless ones go to the head instead, see ``free_order.py``.)"""
         if self.strict:
             ordered_blocks = list(ordered_blocks)
             self._check_free(ordered_blocks)
+        if self._head_uncached:
+            free_uncached_first(self.free_block_queue, self.enable_caching, ordered_blocks)
+            return
         queue = self.free_block_queue
         tail = queue.fake_free_list_tail
         last = tail.prev_free_block

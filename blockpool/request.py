@@ -52,26 +52,41 @@ class Request:
 
     With a ``block_hasher`` the hashes follow the tokens: they are computed
     at creation and extended by ``append_output_token_ids``.
+
+    ``prompt_embeds`` (a tensor, one row per prompt token) enters the hashes
+    of the blocks it covers.  Without ``prompt_token_ids`` (None) the prompt
+    is that many placeholder tokens 0, as in vLLM.
     """
 
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: Iterable[int],
+        prompt_token_ids: Iterable[int] | None,
         *,
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
         lora_request: LoRARequest | None = None,
         cache_salt: str | None = None,
         mm_features: list[MultiModalFeature] | None = None,
+        prompt_embeds: Any = None,
     ) -> None:
         self.request_id = request_id
-        self.prompt_token_ids = list(prompt_token_ids)
+        if prompt_token_ids is not None:
+            self.prompt_token_ids = list(prompt_token_ids)
+            if prompt_embeds is not None and len(prompt_embeds) != len(self.prompt_token_ids):
+                raise ValueError(
+                    f"prompt_token_ids ({len(self.prompt_token_ids)}) and prompt_embeds "
+                    f"({len(prompt_embeds)}) have different lengths"
+                )
+        elif prompt_embeds is not None:
+            self.prompt_token_ids = [0] * len(prompt_embeds)
+        else:
+            raise ValueError("a request needs prompt_token_ids or prompt_embeds")
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.lora_request = lora_request
         self.cache_salt = cache_salt
         self.mm_features: list[MultiModalFeature] = list(mm_features or [])
-        self.prompt_embeds: Any = None
+        self.prompt_embeds: Any = prompt_embeds
         self.num_preemptions = 0
         self.block_hashes: list[BlockHash] = []
         self._block_hasher = block_hasher

@@ -18,6 +18,9 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """The replay stream's last message carries this sequence and an empty payload."""
 
 BindMode = Literal["auto", "bind", "connect"]
+EventsFormat = Literal["v016", "map"]
+"""``v016``: vLLM 0.16's positional events; ``map``: the current vLLM's
+map-tagged events (``wire_format.py``)."""
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,11 @@ class KVEventsConfig:
     # "auto" is vLLM's rule: bind a wildcard/ipc/inproc address, connect to
     # any other.  "bind" binds a concrete address (tcp://127.0.0.1:5557).
     bind: BindMode = "auto"
+    events_format: EventsFormat = "v016"
 
     def __post_init__(self) -> None:
+        if self.events_format not in ("v016", "map"):
+            raise ValueError(f"events_format must be 'v016' or 'map', not {self.events_format!r}")
         for name in ("buffer_steps", "hwm", "max_queue_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
@@ -60,6 +66,11 @@ class KVEventsConfig:
         if self.bind != "auto":
             return self.bind == "bind"
         return vllm_binds(self.pub_endpoint)
+
+    @property
+    def mode(self) -> Literal["bind", "connect"]:
+        """What the PUB socket does with ``pub_endpoint``."""
+        return "bind" if self.binds() else "connect"
 
 
 def vllm_binds(endpoint: str) -> bool:

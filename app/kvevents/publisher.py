@@ -5,7 +5,9 @@ The wire, as vLLM's subscribers read it:
 * a PUB socket on ``endpoint`` sends one message per engine tick that had
   events: the frames ``topic``, the sequence number (8 bytes, big-endian,
   from 0) and the msgpack of ``KVEventBatch(ts, events, data_parallel_rank)``
-  in vLLM's positional form (``blockpool.encode_event_batch``);
+  in vLLM 0.16's positional form (``blockpool.encode_event_batch``), or with
+  ``events_format="map"`` the current vLLM's map-tagged events
+  (``wire_format.py``);
 * an optional ROUTER socket on ``replay_endpoint`` answers a request
   ``[identity, b"", start_seq (8 bytes)]`` with every buffered batch whose
   seq >= start as ``[identity, b"", seq, payload]``, then
@@ -22,7 +24,9 @@ What differs from vLLM, and why:
   blocks the PUB), with the ROUTER's high-water mark raised to ``hwm``; a
   replay to a peer that went away is abandoned and counted.
 * The PUB binds wildcard/ipc/inproc addresses and connects to others, like
-  vLLM; ``bind="bind"`` binds a concrete address too.
+  vLLM; ``bind="bind"`` binds a concrete address too.  Which of the two it
+  does is logged at start and shown in ``status()`` (``mode``): a loopback
+  endpoint under ``auto`` connects, so a subscriber must bind there.
 
 One thread owns both sockets and a private ``zmq.Context`` (sockets are not
 thread-safe); ``stop()`` sends what is queued (up to ``shutdown_timeout``),
@@ -43,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from app.kvevents.config import END_SEQ, KVEventsConfig
+from app.kvevents.wire_format import encode_map_batch
 from blockpool import KVCacheEvent, KVEventBatch, encode_event_batch
 
 if TYPE_CHECKING:
@@ -78,6 +83,8 @@ class KVEventPublisher:
         self._startup_error: BaseException | None = None
         self._running = False
         self._engine: Engine | None = None
+        # the map form's group_idx: known only for a one-group engine
+        self._group_idx: int | None = None
         self.bound_endpoint: str | None = None
         self.bound_replay_endpoint: str | None = None
         # counters (engine side: queued/dropped; thread side: the rest)
@@ -113,6 +120,17 @@ class KVEventPublisher:
             self._running = False
             err = self._startup_error
             raise RuntimeError(f"KV-event publisher: {err}") from err
+        cfg = self.config
+        replay = self.bound_replay_endpoint
+        logger.info(
+            "KV events: PUB %s %s (--kv-events-bind %s%s), %s events%s",
+            cfg.mode,
+            self.bound_endpoint,
+            cfg.bind,
+            "" if cfg.binds() else ": a subscriber must bind this address",
+            cfg.events_format,
+            f"; replay ROUTER bind {replay}" if replay else "",
+        )
 
     def stop(self) -> None:
         """Send what is queued (bounded by shutdown_timeout), then close."""
@@ -132,6 +150,7 @@ class KVEventPublisher:
     def attach(self, engine: Engine) -> None:
         """Publish every tick of ``engine`` that has events."""
         self._engine = engine
+        self._group_idx = 0 if engine.settings.num_groups == 1 else None
         if self.on_tick not in engine.listeners:
             engine.listeners.append(self.on_tick)
 
@@ -198,6 +217,7 @@ class KVEventPublisher:
             else:
                 pub.connect(endpoint)
                 self.bound_endpoint = endpoint
+
             replay = cfg.router_endpoint
             if replay is not None:
                 router = ctx.socket(zmq.ROUTER)
@@ -272,9 +292,12 @@ class KVEventPublisher:
     def _send(self, pub: zmq.Socket[Any], item: _Item) -> None:
         seq, ts, events = item
         try:
-            payload = encode_event_batch(
-                KVEventBatch(ts=ts, events=events, data_parallel_rank=self._rank)  # type: ignore[arg-type]
-            )
+            if self.config.events_format == "map":
+                payload = encode_map_batch(ts, events, self._rank, self._group_idx)
+            else:
+                payload = encode_event_batch(
+                    KVEventBatch(ts=ts, events=events, data_parallel_rank=self._rank)  # type: ignore[arg-type]
+                )
             pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK)
         except zmq.Again:
             self.batches_dropped += 1
@@ -373,6 +396,9 @@ class KVEventPublisher:
             "endpoint": cfg.pub_endpoint,
             "bound_endpoint": self.bound_endpoint,
             "binds": cfg.binds(),
+            "mode": cfg.mode,
+            "bind_setting": cfg.bind,
+            "events_format": cfg.events_format,
             "replay_endpoint": cfg.router_endpoint,
             "bound_replay_endpoint": self.bound_replay_endpoint,
             "topic": cfg.topic,

@@ -23,7 +23,11 @@ router = APIRouter(prefix="/api", tags=["kv-events"], responses=ERROR_RESPONSES)
 async def kv_events(request: Request) -> dict[str, Any]:
     """Endpoints, sequence numbers, the replay buffer and every counter --
     ``batches_dropped`` / ``events_dropped`` count batches the engine could
-    not queue (their seqs are left as gaps subscribers see)."""
+    not queue (their seqs are left as gaps subscribers see).  ``mode`` is
+    what the PUB socket does with ``bound_endpoint``: ``"bind"`` (subscribers
+    connect to it) or ``"connect"`` (a subscriber must bind that address;
+    ``--kv-events-bind auto`` connects to a concrete address such as
+    127.0.0.1); ``events_format`` is ``"v016"`` or ``"map"``."""
     publisher = getattr(request.app.state, "kv_publisher", None)
     if publisher is None:
         return {"enabled": False}

@@ -4,8 +4,12 @@ The runtime tells ``sync`` which blocks an operation touched; the columns then
 hold, for every block: its state (null / in use / cached-evictable / empty),
 ref count, whether it is hashed, the 64-bit form of its hash and its group,
 and its queue stamp.  Free blocks sorted by stamp are exactly the free queue
-from head to tail (docs/architecture.md, "The free order's stamping rule"), so a
-client that mirrors these columns knows the LRU order without list diffs.
+from head to tail, so a client that mirrors these columns knows the LRU order
+without list diffs (docs/architecture.md, "The free order's stamping rule").
+The stamping rule is the pool's free order's
+(``blockpool.free_order.QueueStamps``): blocks entering at the tail get
+stamps above every other, blocks entering at the head (``uncached_first``)
+stamps below every other, possibly negative.
 
 Counts per state are maintained incrementally: O(touched) per operation.
 """
@@ -17,6 +21,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from blockpool.block import KVCacheBlock
+from blockpool.free_order import QueueStamps
 from blockpool.keys import key64, key_group
 from blockpool.pool import BlockPool
 
@@ -49,8 +54,13 @@ class BlockColumns:
         self.stamp = np.arange(n, dtype=np.int64)
         self.dirty = np.zeros(n, dtype=np.bool_)
         self.counts = [0, 0, 0, 0]
-        self.next_stamp = n
+        self.stamps = QueueStamps(pool.free_order, pool.enable_caching, low=0, high=n)
         self.resync_all()
+
+    @property
+    def next_stamp(self) -> int:
+        """The stamp the next block entering at the queue's tail gets."""
+        return self.stamps.high
 
     @property
     def num_blocks(self) -> int:
@@ -77,9 +87,10 @@ class BlockColumns:
         state = np.where(refs > 0, IN_USE, np.where(hashed == 1, CACHED, EMPTY))
         state[0] = NULL
         self.state[:] = state
-        for pos, block in enumerate(self.pool.free_block_queue):
-            self.stamp[block.block_id] = self.next_stamp + pos
-        self.next_stamp += n
+        # the queue, head first, from next_stamp; next_stamp then moves on by n
+        first = self.stamps.high
+        self.stamps.stamp_queue(self.pool.free_block_queue, self.stamp)
+        self.stamps.high = first + n
         self.counts = np.bincount(self.state, minlength=4).astype(int).tolist()
         self.dirty[:] = True
 
@@ -100,15 +111,9 @@ class BlockColumns:
         return st
 
     def stamp_freed(self, ordered: Iterable[KVCacheBlock]) -> None:
-        """Call after ``pool.free_blocks(ordered)``: the blocks that reached 0
-        were appended in this order."""
-        stamp = self.next_stamp
-        col = self.stamp
-        for block in ordered:
-            if block.ref_cnt == 0 and not block.is_null:
-                col[block.block_id] = stamp
-                stamp += 1
-        self.next_stamp = stamp
+        """Call after ``pool.free_blocks(ordered)``: stamps the blocks that
+        reached 0 where the pool's free order put them."""
+        self.stamps.stamp_freed(ordered, self.stamp)
 
     def sync(self, ids: Iterable[int]) -> None:
         """Re-read the given blocks after an operation touched them."""

@@ -15,6 +15,7 @@ class RuntimeConfig:
     hash_seed: str = "0"
     enable_caching: bool = True
     enable_events: bool = True
+    free_order: str = "append_all"  # or "uncached_first" (vLLM >= 0.24; free_order.py)
     metrics_sample_rate: float = 0.01
     metrics_seed: int | None = 0
     # limits: every operation over one is refused before it changes anything

@@ -57,6 +57,7 @@ class PoolRuntime:
             enable_kv_cache_events=config.enable_events,
             metrics_collector=self.collector,
             strict=True,
+            free_order=config.free_order,
         )
         self.manager = RequestManager(
             self.pool,

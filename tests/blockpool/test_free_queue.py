@@ -193,3 +193,15 @@ def test_a_long_mixed_sequence_against_a_list_model() -> None:
         assert q.num_free_blocks == len(model)
     assert ids(q) == model
     check_links(q)
+
+
+def test_popleft_on_a_count_out_of_step_with_the_links_is_an_assertion() -> None:
+    # As vLLM's: an empty list with a non-zero count is a broken queue.
+    _, q = make(2)
+    q.fake_free_list_head.next_free_block = q.fake_free_list_tail
+    with pytest.raises(AssertionError, match="out of sync"):
+        q.popleft()
+    assert q.num_free_blocks == 2  # nothing changed
+    q.fake_free_list_head.next_free_block = None  # a head with no link at all
+    with pytest.raises(AssertionError, match="out of sync"):
+        q.popleft()

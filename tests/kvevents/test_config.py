@@ -168,3 +168,29 @@ def test_observe_flags() -> None:
         observer_settings_from(
             parser().parse_args(["observe", "tcp://h:1", "tcp://h:2", "--replay", "tcp://h:3"])
         )
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "bind", "mode"),
+    [
+        ("tcp://127.0.0.1:5557", "auto", "connect"),  # loopback under auto: vLLM dials out
+        ("tcp://*:5557", "auto", "bind"),
+        ("tcp://127.0.0.1:5557", "bind", "bind"),
+        ("tcp://*:5557", "connect", "connect"),
+    ],
+)
+def test_mode_says_bind_or_connect(endpoint: str, bind: str, mode: str) -> None:
+    assert KVEventsConfig(endpoint=endpoint, bind=bind).mode == mode  # type: ignore[arg-type]
+
+
+def test_events_format_setting_and_flag() -> None:
+    assert KVEventsConfig().events_format == "v016"
+    with pytest.raises(ValueError, match="events_format"):
+        KVEventsConfig(events_format="json")  # type: ignore[arg-type]
+    s = settings_from(parser().parse_args(["serve", "--kv-events-format", "map"]))
+    assert s.kv_events_config().events_format == "map"
+    assert settings_from(parser().parse_args(["serve"])).kv_events_config().events_format == (
+        "v016"
+    )
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve", "--kv-events-format", "json"])

@@ -287,3 +287,81 @@ def test_events_gone_from_the_engine_log_before_a_tick_are_a_counted_seq_gap() -
     finally:
         pub.stop()
     engine.check()
+
+
+def test_map_form_round_trips_through_the_observer_decoder() -> None:
+    """--kv-events-format map: vLLM >= 0.24's map-tagged events; the
+    observer's decoder reads them back, the new fields as extras."""
+    from app.kvevents.decode import RemovedEvent, StoredEvent, decode_batch
+    from app.kvevents.wire_format import encode_map_batch
+    from blockpool import AllBlocksCleared, BlockRemoved
+
+    lora = BlockStored([7, (1 << 64) - 1], 3, [9, 8, 7, 6], 2, 5, "GPU", "sql")
+    evs = [STORED, lora, BlockRemoved([1], "GPU"), AllBlocksCleared()]
+    raw = msgspec.msgpack.decode(encode_map_batch(4.5, evs, 1, 0))
+    assert raw[0] == 4.5 and raw[2] == 1
+    assert raw[1][0] == {
+        "type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
+        "token_ids": [1, 2, 3, 4], "block_size": 2, "lora_id": None, "medium": "GPU",
+        "lora_name": None, "group_idx": 0, "kv_cache_spec_kind": "full_attention",
+    }  # fmt: skip
+    removed = {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "group_idx": 0}
+    assert raw[1][2] == removed
+    assert raw[1][3] == {"type": "AllBlocksCleared"}
+    got = decode_batch(encode_map_batch(4.5, evs, 1, 0))
+    assert (got.ts, got.data_parallel_rank, got.encoding) == (4.5, 1, "map")
+    assert (got.unknown, got.malformed) == (0, 0)
+    s0, s1, rm = got.events[0], got.events[1], got.events[2]
+    assert isinstance(s0, StoredEvent) and isinstance(s1, StoredEvent)
+    assert (s0.hashes, s0.parent, s0.token_ids, s0.block_size) == ([1, 2], None, [1, 2, 3, 4], 2)
+    assert s0.extra == {"group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+    assert (s1.hashes, s1.parent, s1.lora_id, s1.lora_name) == ([7, (1 << 64) - 1], 3, 5, "sql")
+    assert isinstance(rm, RemovedEvent) and rm.hashes == [1] and rm.extra == {"group_idx": 0}
+    assert len(got.events) == 4
+    # several groups: the group is unknown, so it is left out
+    no_group = msgspec.msgpack.decode(encode_map_batch(1.0, [BlockRemoved([1], "GPU")], 0, None))
+    assert no_group[1] == [{"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU"}]
+
+
+def test_the_publisher_sends_the_map_form_and_says_how_it_wires() -> None:
+    from app.kvevents.wire_format import encode_map_batch
+
+    port = free_port()
+    cfg = KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", bind="bind", events_format="map")
+    pub = KVEventPublisher(cfg)
+    pub.start()
+    try:
+        st = pub.status()
+        assert (st["mode"], st["bind_setting"], st["events_format"]) == ("bind", "bind", "map")
+        sub, seq = connect(pub)  # its poke batches hold no event: alike in both forms
+        pub.publish_events(2.0, [STORED])
+        assert sub.sub.poll(10_000)
+        _, seq_bytes, payload = sub.sub.recv_multipart()
+        assert int.from_bytes(seq_bytes, "big") == seq
+        assert payload == encode_map_batch(2.0, [STORED], 0, None)  # no engine: no group
+        assert msgspec.msgpack.decode(payload)[1][0]["type"] == "BlockStored"
+        pub.attach(make_engine())  # a one-group engine: group 0 from now on
+        pub.publish_events(3.0, [STORED])
+        assert sub.sub.poll(10_000)
+        assert sub.sub.recv_multipart()[2] == encode_map_batch(3.0, [STORED], 0, 0)
+        sub.close()
+    finally:
+        pub.stop()
+
+
+def test_a_loopback_endpoint_under_auto_connects_and_the_log_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    pub = KVEventPublisher(KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}"))
+    with caplog.at_level("INFO", logger="blockpool.kvevents"):
+        pub.start()
+    try:
+        st = pub.status()
+        assert (st["mode"], st["bind_setting"], st["binds"]) == ("connect", "auto", False)
+        assert st["bound_endpoint"] == f"tcp://127.0.0.1:{port}"
+        text = caplog.text
+        assert f"KV events: PUB connect tcp://127.0.0.1:{port}" in text
+        assert "a subscriber must bind this address" in text
+    finally:
+        pub.stop()

@@ -294,7 +294,9 @@ export class PoolModel {
     }
     keys.sort();
     const cached = new Uint8Array(free);
-    for (let i = 0; i < free; i++) cached[i] = keys[i] % 2;
+    // stamps below 0 (blocks put at the queue's head) make negative keys:
+    // take the parity of the key's magnitude
+    for (let i = 0; i < free; i++) cached[i] = Math.abs(keys[i] % 2);
     return cached;
   }
 
