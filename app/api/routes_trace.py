@@ -13,7 +13,9 @@ from fastapi import APIRouter, Query, Request
 
 from app.api.deps import ReadAuth, WriteAuth
 from app.api.errors import ERROR_RESPONSES
-from app.errors import InvalidInput
+from app.api.responses import returns
+from app.api.responses.trace import TraceStatus
+from app.errors import Conflict, InvalidInput, TooLarge
 from app.trace_driver import TraceDriver
 from blockpool.trace import TraceError, parse_trace
 
@@ -25,13 +27,19 @@ def _driver(request: Request) -> TraceDriver:
     return driver
 
 
-@router.get("", dependencies=[ReadAuth], summary="Trace replay status, progress, hit rate")
+@router.get(
+    "",
+    responses=returns(TraceStatus),
+    dependencies=[ReadAuth],
+    summary="Trace replay status, progress, hit rate",
+)
 async def status(request: Request) -> dict[str, Any]:
     return _driver(request).status()
 
 
 @router.post(
     "/upload",
+    responses=returns(TraceStatus),
     dependencies=[WriteAuth],
     summary="Load a trace (Mooncake JSON lines or a recording as the body)",
 )
@@ -43,7 +51,7 @@ async def upload(
     body = await request.body()
     limit = request.app.state.settings.max_body_bytes
     if len(body) > limit:  # the body limit refuses it earlier; never parse more
-        raise InvalidInput(f"the trace is over the limit of {limit} bytes", limit=limit)
+        raise TooLarge(f"the trace is over the limit of {limit} bytes", limit=limit)
     try:
         trace = parse_trace(body, tokens_per_id)
     except TraceError as exc:
@@ -53,7 +61,12 @@ async def upload(
     return driver.status()
 
 
-@router.post("/start", dependencies=[WriteAuth], summary="Start (or resume) the replay")
+@router.post(
+    "/start",
+    responses=returns(TraceStatus),
+    dependencies=[WriteAuth],
+    summary="Start (or resume) the replay",
+)
 async def start(
     request: Request,
     speed: float | None = Query(None, gt=0, le=10_000),
@@ -61,15 +74,18 @@ async def start(
 ) -> dict[str, Any]:
     driver = _driver(request)
     if request.app.state.demo.running_task:
-        from app.errors import Conflict
-
         raise Conflict("the demo workload is running: stop it first (POST /api/demo/stop)")
     driver.configure(speed=speed, loop=loop)
     driver.start()
     return driver.status()
 
 
-@router.post("/stop", dependencies=[WriteAuth], summary="Stop it (running requests finish)")
+@router.post(
+    "/stop",
+    responses=returns(TraceStatus),
+    dependencies=[WriteAuth],
+    summary="Stop it (running requests finish)",
+)
 async def stop(request: Request) -> dict[str, Any]:
     driver = _driver(request)
     await driver.stop()

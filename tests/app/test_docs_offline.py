@@ -127,6 +127,11 @@ def _exercise(client: httpx.Client) -> dict[tuple[str, str], Any]:
     call("POST", "/api/batch", json={"ops": [{"op": "allocate", "num_blocks": 1},
                                              {"op": "touch", "block_ids": [0]}],
                                      "on_error": "stop"})  # fmt: skip
+    row = '{"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [7]}\n'
+    call("GET", "/api/trace")
+    call("POST", "/api/trace/upload", content=row.encode(), params={"tokens_per_id": 64})
+    call("POST", "/api/trace/start")
+    call("POST", "/api/trace/stop")
     call("POST", "/api/demo/config", json={"rate": 3})
     call("POST", "/api/demo/start")
     call("POST", "/api/demo/stop")
