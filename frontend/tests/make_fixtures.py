@@ -113,7 +113,7 @@ class Recorder:
         if fn is not None:
             fn(self.engine)
         self.engine.tick()
-        self.emit(self.hub.ring[-1][1], note)
+        self.emit(self.hub.ring.frames[-1].full, note)
 
     def finish(self) -> None:
         manifest = {"epoch": self.hub.epoch, "frames": self.items}

@@ -1,8 +1,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { PoolModel } from "../js/model.js";
-import { CACHED, EMPTY, IN_USE } from "../js/protocol.js";
+import { PoolModel } from "../js/dashboard/state/model.js";
+import { CACHED, EMPTY, IN_USE } from "../js/dashboard/wire/protocol.js";
 
 // The "uncached_first" free order puts hashless blocks at the queue's head
 // with stamps below every other one, negative ones included: the views that

@@ -314,9 +314,15 @@ def test_map_form_round_trips_through_the_observer_decoder() -> None:
     s0, s1, rm = got.events[0], got.events[1], got.events[2]
     assert isinstance(s0, StoredEvent) and isinstance(s1, StoredEvent)
     assert (s0.hashes, s0.parent, s0.token_ids, s0.block_size) == ([1, 2], None, [1, 2, 3, 4], 2)
-    assert s0.extra == {"group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+    # the observer reads the group fields into the event (its state is per group)
+    assert (s0.group, s0.spec_kind, s0.sliding_window, s0.extra) == (
+        0,
+        "full_attention",
+        None,
+        None,
+    )
     assert (s1.hashes, s1.parent, s1.lora_id, s1.lora_name) == ([7, (1 << 64) - 1], 3, 5, "sql")
-    assert isinstance(rm, RemovedEvent) and rm.hashes == [1] and rm.extra == {"group_idx": 0}
+    assert isinstance(rm, RemovedEvent) and rm.hashes == [1] and (rm.group, rm.extra) == (0, None)
     assert len(got.events) == 4
     # several groups: the group is unknown, so it is left out
     no_group = msgspec.msgpack.decode(encode_map_batch(1.0, [BlockRemoved([1], "GPU")], 0, None))
