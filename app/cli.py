@@ -296,7 +296,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def observe(args: argparse.Namespace) -> int:
-    from app.kvevents.observer_app import create_observer_app
+    from app.observer.app import create_observer_app
 
     try:
         settings = observer_settings_from(args)

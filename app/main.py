@@ -28,13 +28,13 @@ from app.api import (
     routes_requests,
     routes_trace,
 )
+from app.api import routes_kvevents as kvevents_routes
 from app.api.deps import require_read
 from app.api.same_origin import SameOriginGuard
 from app.auth import install_log_redaction
 from app.demo import DemoWorkload
 from app.engine import Engine
 from app.frontend_files import BESIDE, frontend_dir
-from app.kvevents import routes as kvevents_routes
 from app.metrics import StatsSource, make_registry
 from app.settings import Settings
 from app.stream import ws as stream_ws
@@ -166,7 +166,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def _add_kv_event_publisher(app: FastAPI, engine: Engine, settings: Settings) -> None:
     """Publish the engine's KV events over ZMQ as vLLM does (started and
     stopped with the app; its counters under ``blockpool_kvevents_*``)."""
-    from app.kvevents.publisher import KVEventPublisher
+    from blockpool.kvevents.publisher import KVEventPublisher
 
     publisher = KVEventPublisher(settings.kv_events_config())
     app.state.kv_publisher = publisher

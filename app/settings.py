@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.kvevents.config import KVEventsConfig, SourceSpec, plan_sources
+from blockpool.kvevents.config import KVEventsConfig, SourceSpec, plan_sources
 from blockpool.shadow import POLICY_NAMES
 
 HashName = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]

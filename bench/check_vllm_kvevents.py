@@ -42,12 +42,12 @@ sys.path.insert(0, str(ROOT))
 import msgspec  # noqa: E402
 
 from app.engine import Engine  # noqa: E402
-from app.kvevents.config import KVEventsConfig, SourceSpec  # noqa: E402
-from app.kvevents.fleet import Fleet  # noqa: E402
-from app.kvevents.publisher import KVEventPublisher  # noqa: E402
-from app.kvevents.source import Source  # noqa: E402
+from app.observer.fleet import Fleet  # noqa: E402
+from app.observer.source import Source  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from blockpool import KVEventBatch  # noqa: E402
+from blockpool.kvevents.config import KVEventsConfig, SourceSpec  # noqa: E402
+from blockpool.kvevents.publisher import KVEventPublisher  # noqa: E402
 
 PEER = ROOT / "bench" / "vllm_kvevents_peer.py"
 

@@ -12,7 +12,7 @@ import pytest
 
 from app import auth
 from app.cli import parser, settings_from
-from app.kvevents.observer_auth import token_ok
+from app.observer.auth import token_ok
 from app.settings import Settings
 from tests.app.conftest import Api, assert_error, make_app, running
 

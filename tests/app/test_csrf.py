@@ -249,7 +249,7 @@ def test_a_cross_site_websocket_handshake_is_refused() -> None:
 
 
 async def test_the_observer_refuses_cross_site_and_rebinding_too() -> None:
-    from app.kvevents.observer_app import create_observer_app
+    from app.observer.app import create_observer_app
     from app.settings import ObserverSettings
 
     app = create_observer_app(ObserverSettings(endpoints=["tcp://127.0.0.1:1"]))

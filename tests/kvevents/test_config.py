@@ -7,14 +7,14 @@ import pytest
 from pydantic import ValidationError
 
 from app.cli import observer_settings_from, parser, settings_from
-from app.kvevents.config import (
+from app.settings import ObserverSettings, Settings
+from blockpool.kvevents.config import (
     KVEventsConfig,
     SourceSpec,
     offset_endpoint_port,
     plan_sources,
     vllm_binds,
 )
-from app.settings import ObserverSettings, Settings
 
 
 @pytest.mark.parametrize(

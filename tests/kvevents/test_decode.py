@@ -6,7 +6,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from app.kvevents.decode import (
+from blockpool import AllBlocksCleared, BlockRemoved, BlockStored
+from blockpool.kvevents.decode import (
     ClearedEvent,
     DecodeError,
     RemovedEvent,
@@ -16,7 +17,6 @@ from app.kvevents.decode import (
     norm_hash,
     parse_hash,
 )
-from blockpool import AllBlocksCleared, BlockRemoved, BlockStored
 from tests.kvevents.helpers import Workload, map_tagged, positional
 
 STORED = BlockStored(
@@ -179,7 +179,7 @@ def test_poison_is_refused_or_trimmed_by_kind() -> None:
     import json
     import math
 
-    from app.kvevents.event_json import event_json
+    from blockpool.kvevents.event_json import event_json
 
     with pytest.raises(DecodeError) as big:
         decode_batch(positional([STORED]), max_bytes=16)

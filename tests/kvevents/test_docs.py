@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from app.kvevents.observer_app import create_observer_app
-from app.kvevents.observer_metrics import ObserverCollector
+from app.observer.app import create_observer_app
+from app.observer.metrics import ObserverCollector
 from app.settings import ObserverSettings
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "observer.md").read_text()

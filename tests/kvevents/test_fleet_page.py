@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.kvevents.config import KVEventsConfig
-from app.kvevents.publisher import KVEventPublisher
+from blockpool.kvevents.config import KVEventsConfig
+from blockpool.kvevents.publisher import KVEventPublisher
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
 from tests.kvevents.helpers import FakePublisher, Workload, free_port, vllm_current, wait_for
 

@@ -10,12 +10,12 @@ import asyncio
 
 import pytest
 
-from app.kvevents.config import SourceSpec
-from app.kvevents.decode import RemovedEvent, StoredEvent
-from app.kvevents.fleet import Fleet
-from app.kvevents.source import Source
-from app.kvevents.state import InstanceState
+from app.observer.fleet import Fleet
+from app.observer.source import Source
 from blockpool import AllBlocksCleared
+from blockpool.kvevents.config import SourceSpec
+from blockpool.kvevents.decode import RemovedEvent, StoredEvent
+from blockpool.kvevents.state import InstanceState
 from tests.kvevents.helpers import await_for, fake_publisher, vllm_current
 from tests.kvevents.test_observer import settled, shared_workloads
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from app.kvevents.config import KVEventsConfig, SourceSpec
-from app.kvevents.decode import hash_hex
-from app.kvevents.fleet import Fleet
-from app.kvevents.publisher import KVEventPublisher
-from app.kvevents.source import Source
+from app.observer.fleet import Fleet
+from app.observer.source import Source
 from blockpool import KVCacheEvent
+from blockpool.kvevents.config import KVEventsConfig, SourceSpec
+from blockpool.kvevents.decode import hash_hex
+from blockpool.kvevents.publisher import KVEventPublisher
 from tests.kvevents.helpers import (
     FakePublisher,
     Workload,

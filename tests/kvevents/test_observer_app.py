@@ -14,10 +14,10 @@ import uvicorn
 import websockets
 from fastapi import FastAPI
 
-from app.kvevents.decode import hash_hex
-from app.kvevents.observer_app import create_observer_app
+from app.observer.app import create_observer_app
 from app.settings import ObserverSettings
 from blockpool import BlockStored
+from blockpool.kvevents.decode import hash_hex
 from tests.kvevents.helpers import (
     FakePublisher,
     Workload,

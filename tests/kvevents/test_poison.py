@@ -22,10 +22,10 @@ import uvicorn
 import websockets
 from fastapi import FastAPI
 
-from app.kvevents.config import SourceSpec
-from app.kvevents.observer_app import create_observer_app
-from app.kvevents.source import Source
+from app.observer.app import create_observer_app
+from app.observer.source import Source
 from app.settings import ObserverSettings
+from blockpool.kvevents.config import SourceSpec
 from tests.kvevents.helpers import Workload, await_for, fake_publisher, free_port, positional, truth
 from tests.kvevents.test_observer_app import client, ws_ticks
 

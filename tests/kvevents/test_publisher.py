@@ -14,10 +14,10 @@ import pytest
 import zmq
 
 from app.engine import Engine, TickData
-from app.kvevents.config import KVEventsConfig
-from app.kvevents.publisher import KVEventPublisher
 from app.settings import Settings
 from blockpool import BlockStored, KVEventBatch
+from blockpool.kvevents.config import KVEventsConfig
+from blockpool.kvevents.publisher import KVEventPublisher
 from tests.kvevents.helpers import (
     END_SEQ,
     VllmSubscriber,
@@ -292,9 +292,9 @@ def test_events_gone_from_the_engine_log_before_a_tick_are_a_counted_seq_gap() -
 def test_map_form_round_trips_through_the_observer_decoder() -> None:
     """--kv-events-format map: vLLM >= 0.24's map-tagged events; the
     observer's decoder reads them back, the new fields as extras."""
-    from app.kvevents.decode import RemovedEvent, StoredEvent, decode_batch
-    from app.kvevents.wire_format import encode_map_batch
     from blockpool import AllBlocksCleared, BlockRemoved
+    from blockpool.kvevents.decode import RemovedEvent, StoredEvent, decode_batch
+    from blockpool.kvevents.wire_format import encode_map_batch
 
     lora = BlockStored([7, (1 << 64) - 1], 3, [9, 8, 7, 6], 2, 5, "GPU", "sql")
     evs = [STORED, lora, BlockRemoved([1], "GPU"), AllBlocksCleared()]
@@ -330,7 +330,7 @@ def test_map_form_round_trips_through_the_observer_decoder() -> None:
 
 
 def test_the_publisher_sends_the_map_form_and_says_how_it_wires() -> None:
-    from app.kvevents.wire_format import encode_map_batch
+    from blockpool.kvevents.wire_format import encode_map_batch
 
     port = free_port()
     cfg = KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", bind="bind", events_format="map")

@@ -8,7 +8,7 @@ import asyncio
 import re
 import time
 
-from app.kvevents.source import Source
+from app.observer.source import Source
 from tests.kvevents.helpers import (
     Workload,
     await_for,

@@ -11,9 +11,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from app.kvevents.config import SourceSpec
-from app.kvevents.source import Source
+from app.observer.source import Source
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from blockpool.kvevents.config import SourceSpec
 from tests.kvevents.helpers import Workload, as_bytes_truth, map_tagged, positional, truth
 
 Encoder = Callable[[list[KVCacheEvent]], bytes]

@@ -17,9 +17,9 @@ import logging
 import time
 from typing import Any
 
-from app.kvevents.event_json import event_json
-from app.kvevents.fleet import Fleet
-from app.kvevents.source import Source
+from app.observer.fleet import Fleet
+from app.observer.source import Source
+from blockpool.kvevents.event_json import event_json
 
 logger = logging.getLogger("blockpool.observer")
 

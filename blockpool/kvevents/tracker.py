@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.kvevents.decode import DecodeError
+from blockpool.kvevents.decode import DecodeError
 
 Apply = Callable[[int, bytes], bool]  # returns True when the batch cleared the cache
 

@@ -26,13 +26,13 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from app.kvevents.config import END_SEQ, SourceSpec
-from app.kvevents.decode import MAX_BATCH_BYTES, ClearedEvent, DecodeError, decode_batch
-from app.kvevents.event_json import EventItem
-from app.kvevents.poison import PoisonCounter
-from app.kvevents.source_health import source_health
-from app.kvevents.state import InstanceState
-from app.kvevents.tracker import SeqTracker
+from app.observer.source_health import source_health
+from blockpool.kvevents.config import END_SEQ, SourceSpec
+from blockpool.kvevents.decode import MAX_BATCH_BYTES, ClearedEvent, DecodeError, decode_batch
+from blockpool.kvevents.event_json import EventItem
+from blockpool.kvevents.poison import PoisonCounter
+from blockpool.kvevents.state import InstanceState
+from blockpool.kvevents.tracker import SeqTracker
 from blockpool.runtime.seqlog import SeqLog
 
 logger = logging.getLogger("blockpool.observer")

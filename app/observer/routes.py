@@ -10,13 +10,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
 from app.errors import InvalidInput, NotFound
-from app.kvevents.decode import Hash, hash_hex, parse_hash
-from app.kvevents.event_json import event_json
-from app.kvevents.fleet import CANNOT_KNOW, Fleet
-from app.kvevents.hub import FleetHub
-from app.kvevents.observer_auth import Auth
-from app.kvevents.source import Source
-from app.kvevents.state import entry_json
+from app.observer.auth import Auth
+from app.observer.fleet import CANNOT_KNOW, Fleet
+from app.observer.hub import FleetHub
+from app.observer.source import Source
+from blockpool.kvevents.decode import Hash, hash_hex, parse_hash
+from blockpool.kvevents.event_json import event_json
+from blockpool.kvevents.state import entry_json
 
 MAX_QUERY_ITEMS = 1_000_000
 

@@ -42,16 +42,23 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import zmq
 
-from app.kvevents.config import END_SEQ, KVEventsConfig
-from app.kvevents.wire_format import encode_map_batch
-from blockpool import KVCacheEvent, KVEventBatch, encode_event_batch
+from blockpool.events import KVCacheEvent, KVEventBatch, encode_event_batch
+from blockpool.kvevents.config import END_SEQ, KVEventsConfig
+from blockpool.kvevents.wire_format import encode_map_batch
 
-if TYPE_CHECKING:
-    from app.engine import Engine, TickData
+
+class TickSource(Protocol):
+    """What the publisher follows: a runtime with tick listeners (the
+    service's engine); each tick has ``ts``, ``events`` as (seq, ts, event)
+    and ``events_lost``."""
+
+    config: Any
+    listeners: list[Any]
+
 
 logger = logging.getLogger("blockpool.kvevents")
 
@@ -82,7 +89,7 @@ class KVEventPublisher:
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._running = False
-        self._engine: Engine | None = None
+        self._engine: TickSource | None = None
         # the map form's group_idx: known only for a one-group engine
         self._group_idx: int | None = None
         self.bound_endpoint: str | None = None
@@ -147,10 +154,10 @@ class KVEventPublisher:
             logger.error("the KV-event publisher thread did not stop")
         self._thread = None
 
-    def attach(self, engine: Engine) -> None:
+    def attach(self, engine: TickSource) -> None:
         """Publish every tick of ``engine`` that has events."""
         self._engine = engine
-        self._group_idx = 0 if engine.settings.num_groups == 1 else None
+        self._group_idx = 0 if engine.config.num_groups == 1 else None
         if self.on_tick not in engine.listeners:
             engine.listeners.append(self.on_tick)
 
@@ -165,7 +172,7 @@ class KVEventPublisher:
 
     # ---------------------------------------------------------- engine side
 
-    def on_tick(self, data: TickData) -> None:
+    def on_tick(self, data: Any) -> None:
         """The engine's tick listener: queue the tick's events, never wait."""
         if not self._running:
             return

@@ -44,12 +44,12 @@ from app.api import docs as api_docs
 from app.api import errors as api_errors
 from app.api.same_origin import SameOriginGuard
 from app.frontend_files import BESIDE, frontend_dir
-from app.kvevents.fleet import Fleet
-from app.kvevents.hub import FleetHub
-from app.kvevents.observer_auth import Auth, token_ok
-from app.kvevents.observer_metrics import ObserverCollector
-from app.kvevents.observer_routes import router
-from app.kvevents.source import Source
+from app.observer.auth import Auth, token_ok
+from app.observer.fleet import Fleet
+from app.observer.hub import FleetHub
+from app.observer.metrics import ObserverCollector
+from app.observer.routes import router
+from app.observer.source import Source
 from app.settings import ObserverSettings
 
 logger = logging.getLogger("blockpool.observer")

@@ -13,8 +13,8 @@ from typing import Any
 
 import zmq.asyncio
 
-from app.kvevents.decode import Hash, hash_hex
-from app.kvevents.source import Source
+from app.observer.source import Source
+from blockpool.kvevents.decode import Hash, hash_hex
 
 CANNOT_KNOW = (
     "block ids: events name content (hashes), never the physical block that holds it",

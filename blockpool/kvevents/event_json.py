@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.kvevents.decode import ClearedEvent, ObservedEvent, RemovedEvent, StoredEvent, hash_hex
+from blockpool.kvevents.decode import (
+    ClearedEvent,
+    ObservedEvent,
+    RemovedEvent,
+    StoredEvent,
+    hash_hex,
+)
 
 EventItem = tuple[int, ObservedEvent]  # (publisher batch seq, event)
 

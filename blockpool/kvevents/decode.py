@@ -38,7 +38,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from app.kvevents.extra import EXTRA_MAX_ITEMS, GROUP_FIELDS, KNOWN_KEPT, Tally, field_name, safe
+from blockpool.kvevents.extra import (
+    EXTRA_MAX_ITEMS,
+    GROUP_FIELDS,
+    KNOWN_KEPT,
+    Tally,
+    field_name,
+    safe,
+)
 
 MASK64 = (1 << 64) - 1
 Hash = int | bytes

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from app.kvevents.decode import (
+from blockpool.kvevents.decode import (
     ClearedEvent,
     Hash,
     ObservedEvent,

@@ -10,8 +10,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.kvevents.fleet import Fleet
-from app.kvevents.hub import FleetHub
+from app.observer.fleet import Fleet
+from app.observer.hub import FleetHub
 
 
 class ObserverCollector(Collector):
