@@ -62,7 +62,7 @@ def test_every_tile_and_term_explains_itself(dashboard: Page, server: Server) ->
     wait_for(lambda: p.js("() => document.querySelectorAll('#detail-body .kv th').length") > 3)
     got: dict[str, Any] = p.js(UNEXPLAINED_JS)
     assert got["missing"] == [], got["missing"]
-    assert got["counts"]["tiles"] == 9 and got["counts"]["health"] >= 9
+    assert got["counts"]["tiles"] == 13 and got["counts"]["health"] >= 9  # 13 tiles (buildStats)
     assert got["counts"]["heads"] >= 10 and got["counts"]["legend"] == 8, got["counts"]
     assert "vllm:prefix_cache_hits" in got["tile"]
     # the queue summary says "pos N" for a position, never "#N" (that is a block id)

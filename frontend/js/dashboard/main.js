@@ -32,6 +32,7 @@ import { HashMapPanel } from "./panels/hashmap.js";
 import { HealthBar } from "./panels/health.js";
 import { LruPanel } from "./panels/lru.js";
 import { RequestView } from "./panels/requestview.js";
+import { TraceItem } from "./panels/traceitem.js";
 import { TreePanel } from "./panels/treeview.js";
 
 const model = new PoolModel();
@@ -186,6 +187,7 @@ const controls = new Controls(model, detail, () => {
 const health = new HealthBar(conn, model, perf);
 const analysis = new AnalysisHub(model);
 const analysisHealth = new AnalysisHealthItem(analysis);
+const traceItem = new TraceItem();
 const windowSel = $("chart-window");
 const tokensPanel = new TokenPanel(analysis, windowSel);
 const showRequest = (rid) => {
@@ -293,6 +295,7 @@ const cadence = {
   analysis: new Every(500),
   tokens: new Every(500),
   analysisHealth: new Every(500),
+  trace: new Every(2000),
   // REST, every few seconds (quiet: failures show in their panels)
   misses: new Every(4000),
   regret: new Every(4000),
@@ -363,6 +366,7 @@ function frame(now) {
       pollAnalysis(now);
     }
     cadence.analysisHealth.run(now, () => analysisHealth.update(now));
+    cadence.trace.run(now, () => traceItem.refresh());
   } catch (err) {
     showError(`render: ${err.message}`);
     console.error(err); // eslint-disable-line no-console

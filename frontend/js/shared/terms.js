@@ -27,6 +27,7 @@ export const TERMS = {
   gaps: { help: "gaps in the frame seqs detected and resumed from the server's ring" },
   in: { help: "frames and bytes per second arriving on the websocket" },
   fps: { help: "frames this page drew per second (the map redraws only what changed)" },
+  trace: { help: "a production trace (Mooncake JSON lines) replayed at its timestamps instead of the demo: its name, the share of its requests arrived, and the trace's own prefix hit rate (hit / prompt tokens)" },
   analysis: { help: "the analysis worker: 'lag N ops' = pool operations it has not analysed yet; its panels trail the live pool by that much" },
   // the LRU free queue
   "lru free queue": { help: "free blocks in the order they will be handed out: head (position 0) first; a block freed is put at the tail", vllm: "FreeKVCacheBlockQueue" },

@@ -11,7 +11,7 @@ export const OPERATOR_TILES = [
   ["usage01", "usage 0–1", "vllm:kv_cache_usage_perc: blocks in use / usable blocks as a 0-1 fraction (Grafana's panels show this number)"],
   ["hit1m", "hit rate 1m", `prompt tokens hit / queried over the last minute, as Grafana's ${promql("1m")} (samples once a second); restarts on a prefix-cache reset`],
   ["hit5m", "hit rate 5m", `the same over 5 minutes: ${promql("5m")}`],
-  ["hit", "since start", "prompt tokens hit / queried since the server started, or since the last prefix-cache reset"],
+  ["hit", "since start", "prompt tokens hit / queried since the server started, or since the last prefix-cache reset: vllm:prefix_cache_hits / vllm:prefix_cache_queries"],
   ["requests", "running", "vllm:num_requests_running: admitted requests holding blocks (a REST-admitted request runs until it is finished)"],
   ["waiting", "waiting", "vllm:num_requests_waiting: requests of the demo or a trace replay that arrived but are not admitted yet (too few free blocks, or the workload's running limit)"],
 ];
