@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     )
     tick_hz: float = Field(default=20.0, gt=0, le=200)
     event_log_capacity: int = Field(default=200_000, ge=100)
+    event_log_max_tokens: int = Field(
+        default=32_000_000,
+        ge=1000,
+        description="the event log's weight bound: token ids + hashes its events hold",
+    )
     sample_log_capacity: int = Field(default=50_000, ge=100)
 
     # --- limits

@@ -24,6 +24,9 @@ class RuntimeConfig:
     max_requests: int = 100_000
     # bounded logs of KV events and eviction samples
     event_log_capacity: int = 200_000
+    # ... and by weight: the token ids and hashes its events carry (a
+    # 262,144-token admission is one event of ~9 MB)
+    event_log_max_tokens: int = 32_000_000
     sample_log_capacity: int = 50_000
 
     @classmethod

@@ -38,6 +38,13 @@ from blockpool.runtime.observer import Change, OpObserver, notify
 from blockpool.runtime.seqlog import SeqLog
 
 
+def event_weight(ev: KVCacheEvent) -> int:
+    """What an event holds: its token ids and hashes (at least 1)."""
+    if ev.__class__ is BlockStored:
+        return 1 + len(ev.token_ids) + len(ev.block_hashes)
+    return 1 + len(getattr(ev, "block_hashes", ()))
+
+
 class PoolRuntime:
     def __init__(self, config: RuntimeConfig, storage: Any = None) -> None:
         self.config = config
@@ -70,7 +77,9 @@ class PoolRuntime:
         self.columns = BlockColumns(self.pool)
         # References held through the raw block API (not by managed requests).
         self.raw_refs = np.zeros(self.pool.num_gpu_blocks, dtype=np.int32)
-        self.events: SeqLog[KVCacheEvent] = SeqLog(config.event_log_capacity)
+        self.events: SeqLog[KVCacheEvent] = SeqLog(
+            config.event_log_capacity, config.event_log_max_tokens, event_weight
+        )
         self.samples: SeqLog[KVCacheEvictionEvent] = SeqLog(config.sample_log_capacity)
         self.counters = Counters()
         self.histograms = {
