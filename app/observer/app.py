@@ -43,8 +43,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from app.api import docs as api_docs
 from app.api import errors as api_errors
 from app.api.same_origin import SameOriginGuard
+from app.auth import accept_subprotocol, websocket_credentials, websocket_token_ok
 from app.frontend_files import BESIDE, frontend_dir
-from app.observer.auth import Auth, token_ok
+from app.observer.auth import Auth
 from app.observer.fleet import Fleet
 from app.observer.hub import FleetHub
 from app.observer.metrics import ObserverCollector
@@ -116,17 +117,18 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
     @app.websocket("/api/fleet/stream")
     async def stream(ws: WebSocket) -> None:
         token = settings.token
+        offered = list(ws.scope.get("subprotocols") or [])
+        subprotocol = accept_subprotocol(offered)  # never echoes a credential
         if token is not None:
-            header = ws.headers.get("authorization", "")
-            scheme, _, given = header.partition(" ")
-            ok = (scheme.lower() == "bearer" and token_ok(given, token)) or token_ok(
-                ws.query_params.get("token"), token
-            )
-            if not ok:  # accepted first, so that a browser sees the code
-                await ws.accept()
+            # the token as the stream takes it: the Authorization header, the
+            # Sec-WebSocket-Protocol header (bearer.* / base64url.bearer.*, what
+            # the fleet page sends: no secret in the URL) or ?token= (discouraged)
+            creds = websocket_credentials(ws.headers, offered, ws.query_params)
+            if not websocket_token_ok(creds, token, None):
+                await ws.accept(subprotocol=subprotocol)  # so that a browser sees the code
                 await ws.close(code=4401, reason="unauthorized")
                 return
-        await ws.accept()
+        await ws.accept(subprotocol=subprotocol)
         client = hub.add()
         try:
             await ws.send_text(_dumps(hub.hello()))

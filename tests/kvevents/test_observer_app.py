@@ -4,6 +4,7 @@ uvicorn server following two scripted publishers."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -229,6 +230,20 @@ def test_a_token_guards_every_read_and_the_stream() -> None:
                     assert exc.rcvd is not None and exc.rcvd.code == 4401
                 except websockets.exceptions.InvalidStatus as exc:
                     assert exc.response.status_code in (401, 403)
+                # the fleet page's way: the token in Sec-WebSocket-Protocol, not the URL;
+                # the server echoes only "blockpool"
+                b64 = base64.urlsafe_b64encode(b"s3cret").decode().rstrip("=")
+                protos = ["blockpool", f"base64url.bearer.{b64}"]
+                async with websockets.connect(base, subprotocols=protos) as ws:  # type: ignore[arg-type]
+                    assert ws.subprotocol == "blockpool"
+                    assert json.loads(await ws.recv())["type"] == "hello"
+                bad = ["blockpool", "bearer.nope"]
+                try:
+                    async with websockets.connect(base, subprotocols=bad) as ws:  # type: ignore[arg-type]
+                        await ws.recv()
+                    raise AssertionError("a wrong subprotocol token got in")
+                except websockets.exceptions.ConnectionClosed as exc:
+                    assert exc.rcvd is not None and exc.rcvd.code == 4401
                 async with websockets.connect(base + "?token=s3cret") as ws:
                     assert json.loads(await ws.recv())["type"] == "hello"
                     s = app.state.fleet.sources[fp.endpoint.removeprefix("tcp://")]

@@ -3,7 +3,7 @@
 // from ?token= or the token box, and is kept in sessionStorage under its own
 // key (an observer and a pool service may want different tokens).
 
-import { ApiError, api, getToken, setToken, useTokenKey, withParams } from "../shared/api.js";
+import { ApiError, api, bearerProtocols, getToken, setToken, useTokenKey, withParams } from "../shared/api.js";
 
 useTokenKey("blockpool.observer.token", { fromUrl: true });
 
@@ -30,9 +30,8 @@ export function openStream({ onMessage, onState, onResync }) {
     onState("connecting");
     const url = new URL("/api/fleet/stream", location.origin);
     url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
-    const token = getToken();
-    if (token) url.searchParams.set("token", token);
-    ws = new WebSocket(url);
+    // the token rides in Sec-WebSocket-Protocol, never in the URL (nor a log line)
+    ws = new WebSocket(url, bearerProtocols(getToken()));
     ws.onopen = () => {
       delay = 500;
       onState("open");

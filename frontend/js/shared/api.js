@@ -95,3 +95,15 @@ export async function api(method, path, body, { quiet = false } = {}) {
 
 export const get = (path) => api("GET", path);
 export const post = (path, body) => api("POST", path, body === undefined ? {} : body, { quiet: true });
+
+/**
+ * The websocket subprotocols that carry a bearer token without putting it in
+ * the URL: "blockpool" (the one a server echoes) and "base64url.bearer.<t>"
+ * (base64url of the token's UTF-8 bytes: any text fits a header).
+ */
+export function bearerProtocols(token) {
+  if (!token) return ["blockpool"];
+  const bytes = new TextEncoder().encode(token);
+  const b64 = btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  return ["blockpool", `base64url.bearer.${b64}`];
+}

@@ -7,6 +7,7 @@
 // The token never goes in the URL: it rides in Sec-WebSocket-Protocol as
 // "base64url.bearer.<token>", next to "blockpool" (the one the server echoes).
 
+import { bearerProtocols } from "../../shared/api.js";
 import { decodeFrame } from "./protocol.js";
 
 export class StreamConnection {
@@ -58,11 +59,7 @@ export class StreamConnection {
   }
 
   protocols() {
-    const tok = this.token();
-    if (!tok) return ["blockpool"];
-    const bytes = new TextEncoder().encode(tok);
-    const b64 = btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
-    return ["blockpool", `base64url.bearer.${b64}`];
+    return bearerProtocols(this.token());
   }
 
   start() {
