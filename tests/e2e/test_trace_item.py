@@ -60,5 +60,7 @@ def test_the_top_bar_shows_the_trace_replay(browser: Any) -> None:
 def test_no_trace_no_item(dashboard: Page) -> None:
     p = dashboard
     wait_for(lambda: p.js("() => !!document.querySelector('[data-h=\"trace\"]')"), what="the item")
-    assert p.js("() => document.querySelector('[data-h=\"trace\"]').hidden") is True
+    el = "document.querySelector('[data-h=\"trace\"]')"
+    assert p.js(f"() => {el}.hidden") is True
+    assert p.js(f"() => {el}.getClientRects().length") == 0  # not drawn at all
     assert p.errors == [], p.errors
