@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { compact, keepApart, niceTop, plotData, stackBands, xRange, yRange } from "../js/dashboard/render/minichart.js";
-import { durTick } from "../js/shared/format.js";
+import { durTick } from "../js/common/format.js";
 
 const stacked = { x: "time", series: [{ stack: true }, { stack: true }, { stack: true }] };
 

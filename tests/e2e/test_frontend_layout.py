@@ -28,11 +28,11 @@ def modules() -> list[Path]:
 
 def layer(path: Path) -> tuple[str, int]:
     parts = path.relative_to(JS).parts
-    if parts[0] == "shared":
-        return "shared", 0
+    if parts[0] == "common":
+        return "common", 0
     if parts[0] == "fleet":
         return "fleet", 1
-    assert parts[0] == "dashboard", f"{path}: a module outside shared/, dashboard/, fleet/"
+    assert parts[0] == "dashboard", f"{path}: a module outside common/, dashboard/, fleet/"
     if len(parts) == 2:  # main.js, testhooks.js
         return "dashboard", 5
     return "dashboard", DASHBOARD_RANK[parts[1]]
@@ -65,7 +65,7 @@ def test_imports_resolve_and_point_one_way() -> None:
         for target in imports(mod):
             assert target.exists(), f"{mod.relative_to(JS)} imports a missing {target}"
             t_side, t_rank = layer(target)
-            ok = t_side == "shared" or (t_side == side and t_rank <= rank)
+            ok = t_side == "common" or (t_side == side and t_rank <= rank)
             if not ok:
                 wrong.append(f"{mod.relative_to(JS)} -> {target.relative_to(JS)}")
     assert wrong == []

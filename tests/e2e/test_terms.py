@@ -1,6 +1,6 @@
 """Words an operator understands (issue 15.7): every stat tile, health item,
 legend entry and column head on the dashboard explains itself on hover, and
-docs/glossary.md lists every term the page explains (frontend/js/shared/terms.js)."""
+docs/glossary.md lists every term the page explains (frontend/js/common/terms.js)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from tests.e2e.conftest import REPO, Page, Server, wait_for
 
-TERMS_JS = REPO / "frontend" / "js" / "shared" / "terms.js"
+TERMS_JS = REPO / "frontend" / "js" / "common" / "terms.js"
 GLOSSARY = REPO / "docs" / "glossary.md"
 
 

@@ -4,12 +4,12 @@
 // globals: testhooks.js, loaded only by the tests and the benchmark, puts
 // them on window.__bp.
 
-import { ApiError, api, get, getToken, onApiError } from "../shared/api.js";
-import { $, Every, h, setText } from "../shared/dom.js";
-import { int, pct, rate } from "../shared/format.js";
-import { observeHint } from "../shared/observe.js";
-import { COLORS, rgbCss } from "../shared/palette.js";
-import { explain, explainAll } from "../shared/terms.js";
+import { ApiError, api, get, getToken, onApiError } from "../common/api.js";
+import { $, Every, h, setText } from "../common/dom.js";
+import { int, pct, rate } from "../common/format.js";
+import { observeHint } from "../common/observe.js";
+import { COLORS, rgbCss } from "../common/palette.js";
+import { explain, explainAll } from "../common/terms.js";
 import { STATE_NAMES } from "./wire/protocol.js";
 import { StreamConnection } from "./wire/stream.js";
 import { AnalysisHub } from "./state/analysishub.js";

@@ -3,7 +3,7 @@
 // never loads it).  Importing main.js gives the page's own instance of it:
 // a module URL is evaluated once per page.
 
-import { COLORS, colorsForState } from "../shared/palette.js";
+import { COLORS, colorsForState } from "../common/palette.js";
 import { parts } from "./main.js";
 
 const { model, map, perf } = parts;

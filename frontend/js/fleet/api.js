@@ -1,9 +1,9 @@
 // The observer's REST API and live stream (same origin), on the shared REST
-// client (shared/api.js: the error shape, the bearer token).  The token comes
+// client (common/api.js: the error shape, the bearer token).  The token comes
 // from ?token= or the token box, and is kept in sessionStorage under its own
 // key (an observer and a pool service may want different tokens).
 
-import { ApiError, api, bearerProtocols, getToken, setToken, useTokenKey, withParams } from "../shared/api.js";
+import { ApiError, api, bearerProtocols, getToken, setToken, useTokenKey, withParams } from "../common/api.js";
 
 useTokenKey("blockpool.observer.token", { fromUrl: true });
 

@@ -1,10 +1,10 @@
 // The fleet page's view helpers: the shared DOM and format helpers under the
 // names the fleet modules use, and the table cells only this page draws.
 // Text from the streams (instance names, LoRA names, media) is untrusted: it
-// only ever goes in as text (shared/dom.js's h).
+// only ever goes in as text (common/dom.js's h).
 
-import { $, clear, debounce, h } from "../shared/dom.js";
-import { age, int, shortHash as cut, tokensText } from "../shared/format.js";
+import { $, clear, debounce, h } from "../common/dom.js";
+import { age, int, shortHash as cut, tokensText } from "../common/format.js";
 
 export { $, age, clear, debounce, tokensText };
 export const el = h;

@@ -2,7 +2,7 @@
 // instance's hash map and prefix tree, the fleet prefix view and the live
 // event log -- all from `blockpool observe`'s REST API and websocket.
 
-import { observeHint } from "../shared/observe.js";
+import { observeHint } from "../common/observe.js";
 import { getJSON, getToken, openStream, setToken } from "./api.js";
 import { $, clear, el, num } from "./dom.js";
 import { EventLog } from "./events.js";

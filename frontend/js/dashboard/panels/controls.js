@@ -3,9 +3,9 @@
 // reset dialog says beforehand when the pool will refuse (blocks held) and
 // offers "stop the workload and reset"; its outcome shows in the dialog.
 
-import { ApiError, get, getToken, post, setToken } from "../../shared/api.js";
-import { $, h, setText } from "../../shared/dom.js";
-import { int } from "../../shared/format.js";
+import { ApiError, get, getToken, post, setToken } from "../../common/api.js";
+import { $, h, setText } from "../../common/dom.js";
+import { int } from "../../common/format.js";
 
 /** "1 2 3", "1,2,3", "0..255", "rand 512" (mixable: "0..63 rand 32"). */
 export function parseTokens(text) {

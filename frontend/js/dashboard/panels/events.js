@@ -3,9 +3,9 @@
 // frame left out or a resync skipped), which can be loaded from
 // GET /api/events?since=.
 
-import { get } from "../../shared/api.js";
-import { $, h, setText } from "../../shared/dom.js";
-import { int } from "../../shared/format.js";
+import { get } from "../../common/api.js";
+import { $, h, setText } from "../../common/dom.js";
+import { int } from "../../common/format.js";
 import { EVENT_NAMES, EV_CLEARED, EV_REMOVED, EV_STORED, eventHash64 } from "../wire/protocol.js";
 
 const ROWS = 150;

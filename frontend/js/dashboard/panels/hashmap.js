@@ -3,9 +3,9 @@
 // (the local index, numerically) or by block id.  Longer (digest) prefixes
 // go to GET /api/hashmap?hash=.
 
-import { get } from "../../shared/api.js";
-import { $, h, setText } from "../../shared/dom.js";
-import { int } from "../../shared/format.js";
+import { get } from "../../common/api.js";
+import { $, h, setText } from "../../common/dom.js";
+import { int } from "../../common/format.js";
 import { hex64 } from "../wire/protocol.js";
 
 const ROWS = 60;

@@ -1,9 +1,9 @@
 // Stream health, always visible: connection state, seq, lag, drops,
 // resyncs, reconnects, gaps resumed, throughput and the render rate.
 
-import { $, h, setText } from "../../shared/dom.js";
-import { bytes, int } from "../../shared/format.js";
-import { explain } from "../../shared/terms.js";
+import { $, h, setText } from "../../common/dom.js";
+import { bytes, int } from "../../common/format.js";
+import { explain } from "../../common/terms.js";
 
 export class HealthBar {
   constructor(conn, model, perf) {

@@ -4,10 +4,10 @@
 // the allocation rate; cached blocks inside the horizon are "at risk" and
 // stand out here, on the map, and grouped by the prefix they belong to.
 
-import { $, h, setText } from "../../shared/dom.js";
-import { dur, int, rate, shortHash } from "../../shared/format.js";
-import { COLORS, rgbCss } from "../../shared/palette.js";
-import { explain } from "../../shared/terms.js";
+import { $, h, setText } from "../../common/dom.js";
+import { dur, int, rate, shortHash } from "../../common/format.js";
+import { COLORS, rgbCss } from "../../common/palette.js";
+import { explain } from "../../common/terms.js";
 import { CACHED, hex64 } from "../wire/protocol.js";
 
 const LIST_ROWS = 120;

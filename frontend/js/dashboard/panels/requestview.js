@@ -4,9 +4,9 @@
 // it was first tried, admitted, decoded and finished.  The panel builds its
 // own DOM (placed after the time-travel panel) so the page needs no markup.
 
-import { api } from "../../shared/api.js";
-import { h, setText } from "../../shared/dom.js";
-import { dur, int } from "../../shared/format.js";
+import { api } from "../../common/api.js";
+import { h, setText } from "../../common/dom.js";
+import { dur, int } from "../../common/format.js";
 import { REASON_LABEL } from "../state/analysis.js";
 import { blockCells, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
 

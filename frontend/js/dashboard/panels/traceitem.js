@@ -2,10 +2,10 @@
 // progress and the trace's own prefix hit rate, as one item in the top bar.
 // Hidden while no trace is loaded.
 
-import { api } from "../../shared/api.js";
-import { $, h, setText } from "../../shared/dom.js";
-import { pct } from "../../shared/format.js";
-import { explain } from "../../shared/terms.js";
+import { api } from "../../common/api.js";
+import { $, h, setText } from "../../common/dom.js";
+import { pct } from "../../common/format.js";
+import { explain } from "../../common/terms.js";
 
 export class TraceItem {
   constructor() {

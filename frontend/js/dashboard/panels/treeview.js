@@ -2,9 +2,9 @@
 // collapsed to one line ("a1b2c3d4… ─ 37 blocks ─ 9f2c0d1e…"), branches
 // shown where requests diverge.  Built from PrefixTree (REST + events).
 
-import { get } from "../../shared/api.js";
-import { $, h, setText } from "../../shared/dom.js";
-import { int, shortHash } from "../../shared/format.js";
+import { get } from "../../common/api.js";
+import { $, h, setText } from "../../common/dom.js";
+import { int, shortHash } from "../../common/format.js";
 import { chainFrom, copiesFromIndex } from "../state/prefixtree.js";
 
 const MAX_ROOTS = 24;

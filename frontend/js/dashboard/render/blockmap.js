@@ -14,7 +14,7 @@
 // setSource(HistorySource)); the live model keeps taking frames meanwhile
 // and the map repaints from it in full on the way back.
 
-import { PACKED, packedColor } from "../../shared/palette.js";
+import { PACKED, packedColor } from "../../common/palette.js";
 
 const cssOf = new Map(); // packed colour -> CSS string
 function css(packed) {

@@ -2,9 +2,9 @@
 // (stacked), prefix hit rate, allocations and evictions per second, and the
 // eviction-sample histograms (lifetime, idle before eviction, reuse gaps).
 
-import { $ } from "../../shared/dom.js";
-import { dur, durTick } from "../../shared/format.js";
-import { COLORS, rgbCss } from "../../shared/palette.js";
+import { $ } from "../../common/dom.js";
+import { dur, durTick } from "../../common/format.js";
+import { COLORS, rgbCss } from "../../common/palette.js";
 import { apartFilter, labelWidth } from "./minichart.js";
 import { markMoment } from "./moment.js";
 

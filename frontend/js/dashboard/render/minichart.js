@@ -7,7 +7,7 @@
 // at the cursor (or the latest), and a note covers the plot while there is
 // no data.
 
-import { explain } from "../../shared/terms.js";
+import { explain } from "../../common/terms.js";
 import { markMoment } from "./moment.js";
 
 const uPlotLib = () => globalThis.uPlot;

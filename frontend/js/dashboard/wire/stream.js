@@ -7,7 +7,7 @@
 // The token never goes in the URL: it rides in Sec-WebSocket-Protocol as
 // "base64url.bearer.<token>", next to "blockpool" (the one the server echoes).
 
-import { bearerProtocols } from "../../shared/api.js";
+import { bearerProtocols } from "../../common/api.js";
 import { decodeFrame } from "./protocol.js";
 
 export class StreamConnection {

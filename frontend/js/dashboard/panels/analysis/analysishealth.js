@@ -1,7 +1,7 @@
 // The analysis health in the top bar: the hub's health as one item.
 
-import { $, h, setText } from "../../../shared/dom.js";
-import { explain } from "../../../shared/terms.js";
+import { $, h, setText } from "../../../common/dom.js";
+import { explain } from "../../../common/terms.js";
 
 export class AnalysisHealthItem {
   constructor(hub) {

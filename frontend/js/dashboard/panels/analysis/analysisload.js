@@ -4,7 +4,7 @@
 // (GET /api/analysis/recent) before the stream's sections.
 
 import { quiet } from "./analysisparts.js";
-import { h } from "../../../shared/dom.js";
+import { h } from "../../../common/dom.js";
 import { seedSeries, seedTokens } from "../../state/analysisseed.js";
 
 const LOADING = "loading…";

@@ -6,9 +6,9 @@
 // page's error line.
 
 import { trimHistogram } from "../../state/analysis.js";
-import { api } from "../../../shared/api.js";
-import { h } from "../../../shared/dom.js";
-import { durTick, int } from "../../../shared/format.js";
+import { api } from "../../../common/api.js";
+import { h } from "../../../common/dom.js";
+import { durTick, int } from "../../../common/format.js";
 import { MiniChart, compact, rgba } from "../../render/minichart.js";
 
 export const quiet = (path) => api("GET", path, undefined, { quiet: true });

@@ -4,8 +4,8 @@
 
 import { REASONS, REASON_HELP, REASON_LABEL, REASON_RGB, missColumns } from "../../state/analysis.js";
 import { clock, freshWindow, histChart, quiet, rateFmt, swatch } from "./analysisparts.js";
-import { $, h, setText } from "../../../shared/dom.js";
-import { dur, int, pct } from "../../../shared/format.js";
+import { $, h, setText } from "../../../common/dom.js";
+import { dur, int, pct } from "../../../common/format.js";
 import { MiniChart, compact, rgba } from "../../render/minichart.js";
 
 export class MissPanel {

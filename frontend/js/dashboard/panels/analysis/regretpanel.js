@@ -4,8 +4,8 @@
 
 import { REASON_RGB } from "../../state/analysis.js";
 import { freshWindow, histChart, quiet, rateFmt, timeColumns } from "./analysisparts.js";
-import { $, h, setText } from "../../../shared/dom.js";
-import { dur, int, pct } from "../../../shared/format.js";
+import { $, h, setText } from "../../../common/dom.js";
+import { dur, int, pct } from "../../../common/format.js";
 import { MiniChart, compact } from "../../render/minichart.js";
 
 export class RegretPanel {

@@ -5,9 +5,9 @@
 // clearly marked as history, with a way back to live.  Two moments (A, B)
 // give GET /api/history/diff as lists; the recording exports as NDJSON.
 
-import { api, getToken } from "../../../shared/api.js";
-import { $, h, setText } from "../../../shared/dom.js";
-import { bytes, dur, int } from "../../../shared/format.js";
+import { api, getToken } from "../../../common/api.js";
+import { $, h, setText } from "../../../common/dom.js";
+import { bytes, dur, int } from "../../../common/format.js";
 import { hms } from "../../render/minichart.js";
 import { HistorySource, diffRows, parseMoment, seqTime } from "../../state/history.js";
 

@@ -3,8 +3,8 @@
 
 import { REASON_RGB } from "../../state/analysis.js";
 import { freshWindow, timeColumns } from "./analysisparts.js";
-import { $, setText } from "../../../shared/dom.js";
-import { pct } from "../../../shared/format.js";
+import { $, setText } from "../../../common/dom.js";
+import { pct } from "../../../common/format.js";
 import { MiniChart, compact } from "../../render/minichart.js";
 
 export class TokenPanel {

@@ -3,8 +3,8 @@
 
 import { buildCurve, factorLabel, policyRgb, whatIf } from "../../state/analysis.js";
 import { clock, quiet, swatch } from "./analysisparts.js";
-import { $, h, setText } from "../../../shared/dom.js";
-import { int, pct } from "../../../shared/format.js";
+import { $, h, setText } from "../../../common/dom.js";
+import { int, pct } from "../../../common/format.js";
 import { MiniChart } from "../../render/minichart.js";
 
 const pctFmt = (v) => `${Math.round(v * 100)}%`;
