@@ -105,8 +105,11 @@ def test_fleet_link_leads_to_the_observe_command(
         assert f"blockpool observe {endpoint}" in tip, tip
         # the page it leads to, on this pool server, says the same
         p.page.click("#fleet-link")
+        # (the fleet page may still be loading: wait for its element, then its text)
         p.page.wait_for_function(
-            "ep => document.getElementById('page-error').textContent.includes(ep)", arg=endpoint
+            "ep => { const el = document.getElementById('page-error');"
+            " return !!el && el.textContent.includes(ep); }",
+            arg=endpoint,
         )
         text = p.page.inner_text("#page-error")
         assert "pool server, not an observer" in text and f"blockpool observe {endpoint}" in text
