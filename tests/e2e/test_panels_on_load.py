@@ -99,6 +99,12 @@ def test_panels_fill_from_rest_on_open_with_the_recent_history(browser: Any, bus
         wait_for(lambda: (page.evaluate("() => 1"), len(held) >= 3)[1], what="the held REST calls")
         paths = sorted({r.request.url.split("/api/")[1].split("?")[0] for r in held})
         assert paths == ["analysis/recent", "misses", "regret"], paths
+        # the stream draws its first points meanwhile: the charts still say so
+        page.wait_for_function(
+            "() => window.__bp.analysis.series.sections >= 3"
+            " && window.__bp.panels.misses.chart.x.length > 0",
+            timeout=40_000,
+        )
         loading = page.evaluate(LOADING_JS)
         assert loading == {
             "misses": "loading…", "ago": "loading…", "gap": "loading…", "regret": "loading…",

@@ -188,6 +188,7 @@ export class MiniChart {
     this.ys = [];
     this.marks = [];
     this.hover = null;
+    this.loadingText = null;
     this.draws = 0;
     el.classList.add("minichart");
     this.u = new (uPlotLib())(this._opts(), plotData(this.o, [], []), el);
@@ -369,10 +370,18 @@ export class MiniChart {
     if (this.o.onhover) this.o.onhover(i);
   }
 
+  /** A text over the chart while its data loads, points drawn or not (null: none). */
+  setLoading(text) {
+    this.loadingText = text || null;
+    this._showEmpty();
+  }
+
   _showEmpty() {
-    const text = this.x.length ? "" : this.o.empty || "";
+    const text = this.loadingText || (this.x.length ? "" : this.o.empty || "");
     if (this.emptyEl.textContent !== text) this.emptyEl.textContent = text;
     this.emptyEl.hidden = !text;
+    // over live points the text gets a backdrop, so it stays legible
+    this.emptyEl.classList.toggle("over", Boolean(this.loadingText) && this.x.length > 0);
   }
 
   /** Mark a moment (unix ts) on a time chart; null: none. */

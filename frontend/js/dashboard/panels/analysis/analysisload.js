@@ -28,19 +28,10 @@ export class AnalysisLoader {
     model.on("delta", take);
   }
 
-  /** Charts say "loading…" until their part answered (not "none yet", "waiting…"). */
+  /** Charts say "loading…" until their part answered (not "none yet", "waiting…"),
+   * even when the stream drew its first points under it meanwhile. */
   _loading(charts, on) {
-    for (const c of charts) {
-      if (!c) continue;
-      if (on) {
-        if (c._emptyWas === undefined) c._emptyWas = c.o.empty;
-        c.o.empty = LOADING;
-      } else if (c._emptyWas !== undefined) {
-        c.o.empty = c._emptyWas;
-        c._emptyWas = undefined;
-      }
-      c._showEmpty();
-    }
+    for (const c of charts) if (c) c.setLoading(on ? LOADING : null);
   }
 
   async _part(name, charts, fn) {
