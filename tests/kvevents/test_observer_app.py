@@ -6,17 +6,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-import uvicorn
 import websockets
 from fastapi import FastAPI
 
-from app.observer.app import create_observer_app
-from app.settings import ObserverSettings
 from blockpool import BlockStored
 from blockpool.kvevents.decode import hash_hex
 from tests.kvevents.helpers import (
@@ -24,36 +19,11 @@ from tests.kvevents.helpers import (
     Workload,
     await_for,
     fake_publisher,
-    free_port,
     map_tagged,
     positional,
     truth,
 )
-
-
-@asynccontextmanager
-async def live_observer(**settings: Any) -> AsyncIterator[FastAPI]:
-    port = free_port()
-    app = create_observer_app(ObserverSettings(port=port, tick_hz=20, **settings))
-    app.state.port = port
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                       ws="websockets-sansio", ws_per_message_deflate=False)
-    )  # fmt: skip
-    task = asyncio.create_task(server.serve())
-    await await_for(lambda: server.started, what="uvicorn to start")
-    try:
-        yield app
-    finally:
-        server.should_exit = True
-        await task
-
-
-def client(app: FastAPI, token: str | None = None) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{app.state.port}", timeout=20, headers=headers
-    )
+from tests.kvevents.observer_live import client, live_observer, ws_ticks
 
 
 async def feed(app: FastAPI, fps: dict[str, FakePublisher], batches: dict[str, list[Any]]) -> None:
@@ -108,17 +78,6 @@ def test_rest_views_metrics_and_websocket() -> None:
         wb.check()
 
     asyncio.run(main())
-
-
-async def ws_ticks(ws: Any, until: Any, timeout: float = 15.0) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    async with asyncio.timeout(timeout):
-        while True:
-            m = json.loads(await ws.recv())
-            assert m["type"] == "tick", m
-            out.append(m)
-            if until(m):
-                return out
 
 
 async def check_rest(h: httpx.AsyncClient, batches: dict[str, list[Any]]) -> None:

@@ -13,43 +13,22 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import msgpack
-import uvicorn
 import websockets
-from fastapi import FastAPI
 
 from app.observer.app import create_observer_app
 from app.observer.source import Source
 from app.settings import ObserverSettings
 from blockpool.kvevents.config import SourceSpec
 from tests.kvevents.helpers import Workload, await_for, fake_publisher, free_port, positional, truth
-from tests.kvevents.test_observer_app import client, ws_ticks
+from tests.kvevents.observer_live import client, serving, ws_ticks
 
 DEEP = b"\x93" + msgpack.packb(1.0) + b"\x91" * 2000 + b"\x90" + msgpack.packb(0)
 INF_TOKEN = msgpack.packb(
     [1.0, [["BlockStored", [0xDEAD], None, [math.inf], 1, None, "GPU", None]], 0]
 )
-
-
-@asynccontextmanager
-async def observer(app: FastAPI) -> AsyncIterator[FastAPI]:
-    port = app.state.settings.port
-    app.state.port = port
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                       ws="websockets-sansio", ws_per_message_deflate=False)
-    )  # fmt: skip
-    task = asyncio.create_task(server.serve())
-    await await_for(lambda: server.started, what="uvicorn to start")
-    try:
-        yield app
-    finally:
-        server.should_exit = True
-        await task
 
 
 def test_poison_messages_are_counted_and_the_next_good_batch_is_applied() -> None:
@@ -60,7 +39,10 @@ def test_poison_messages_are_counted_and_the_next_good_batch_is_applied() -> Non
         with fake_publisher() as fp:
             endpoints = [f"p={fp.endpoint}"]
             settings = ObserverSettings(endpoints=endpoints, port=free_port(), tick_hz=20)
-            async with observer(create_observer_app(settings)) as app, client(app) as h:
+            async with (
+                serving(create_observer_app(settings), settings.port) as app,
+                client(app) as h,
+            ):
                 s: Source = app.state.fleet.sources["p"]
                 url = f"ws://127.0.0.1:{app.state.port}/api/fleet/stream"
                 async with websockets.connect(url) as ws:
@@ -133,7 +115,7 @@ def test_a_failing_socket_loop_is_restarted_and_health_says_so_meanwhile() -> No
                 await real_monitor(sock)
 
             s._monitor = monitor  # type: ignore[method-assign]
-            async with observer(app), client(app) as h:
+            async with serving(app, settings.port), client(app) as h:
                 await await_for(lambda: s.task_state == "restarting", what="the task to fail")
                 health = (await h.get("/api/health")).json()
                 assert health["status"] == "degraded" and health["down"] == {"p": "restarting"}

@@ -17,7 +17,7 @@ from tests.kvevents.helpers import (
     positional,
     truth,
 )
-from tests.kvevents.test_observer_app import client, live_observer
+from tests.kvevents.observer_live import client, live_observer
 
 
 def ages(metrics: str) -> dict[str, float]:
