@@ -11,15 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, Response
-from fastapi.staticfiles import StaticFiles
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app import storage_link
 from app.analysis_recent import RecentAnalysis
-from app.api import docs as api_docs
-from app.api import errors as api_errors
 from app.api import (
+    assembly,
     routes_analysis,
     routes_demo,
     routes_inspect,
@@ -28,9 +26,9 @@ from app.api import (
     routes_requests,
     routes_trace,
 )
+from app.api import errors as api_errors
 from app.api import routes_kvevents as kvevents_routes
 from app.api.deps import require_read
-from app.api.same_origin import SameOriginGuard
 from app.auth import install_log_redaction
 from app.demo import DemoWorkload
 from app.engine import Engine
@@ -106,13 +104,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await engine.stop()
             gc.unfreeze()
 
-    app = FastAPI(
-        title="blockpool",
-        version="0.1.0",
-        summary="vLLM's paged KV-cache block pool, observable and driveable over REST",
-        lifespan=lifespan,
-        docs_url=None,  # app.api.docs serves /docs from the package
-        redoc_url=None,
+    app = assembly.new_app(
+        "blockpool",
+        "vLLM's paged KV-cache block pool, observable and driveable over REST",
+        lifespan,
     )
     app.state.settings = settings
     app.state.storage_off = storage_off
@@ -128,8 +123,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         _add_kv_event_publisher(app, engine, settings)
     registry = make_registry(engine, extra)
 
-    api_errors.install(app)
-    api_docs.install(app)
     app.include_router(routes_pool.router)
     app.include_router(routes_inspect.router)
     app.include_router(routes_requests.router)
@@ -145,21 +138,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         require_read(request)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    if (FRONTEND / "index.html").is_file():
-        app.mount("/static", StaticFiles(directory=FRONTEND), name="static")
-
-        @app.get("/", include_in_schema=False)
-        async def index() -> FileResponse:
-            return FileResponse(FRONTEND / "index.html")
-
+    assembly.serve_page(app, FRONTEND, "index.html")
     app.add_middleware(api_errors.BodyLimit, limit=settings.max_body_bytes)
-    # outermost: cross-site and foreign-Host browser requests are refused first
-    app.add_middleware(
-        SameOriginGuard,
-        bind_host=settings.host,
-        allowed_hosts=settings.allowed_hosts,
-        allowed_origins=settings.allowed_origins,
-    )
+    assembly.guard(app, settings.host, settings.allowed_hosts, settings.allowed_origins)
     return app
 
 

@@ -36,13 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
-from fastapi.responses import FileResponse, Response
-from fastapi.staticfiles import StaticFiles
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from app.api import docs as api_docs
-from app.api import errors as api_errors
-from app.api.same_origin import SameOriginGuard
+from app.api import assembly
 from app.auth import accept_subprotocol, websocket_credentials, websocket_token_ok
 from app.frontend_files import BESIDE, frontend_dir
 from app.observer.auth import Auth
@@ -87,25 +84,14 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
             await hub.stop()
             await fleet.stop()
 
-    app = FastAPI(
-        title="blockpool observer",
-        version="0.1.0",
-        summary="A fleet of vLLM prefix caches, rebuilt from their ZMQ KV-event streams",
-        lifespan=lifespan,
-        docs_url=None,  # app.api.docs serves /docs from the package
-        redoc_url=None,
+    app = assembly.new_app(
+        "blockpool observer",
+        "A fleet of vLLM prefix caches, rebuilt from their ZMQ KV-event streams",
+        lifespan,
     )
     app.state.settings = settings
     app.state.fleet = fleet
     app.state.hub = hub
-    api_errors.install(app)
-    api_docs.install(app)
-    app.add_middleware(
-        SameOriginGuard,
-        bind_host=settings.host,
-        allowed_hosts=settings.allowed_hosts,
-        allowed_origins=settings.allowed_origins,
-    )
     app.include_router(router)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ObserverCollector(fleet, hub))
@@ -154,13 +140,8 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
         finally:
             hub.remove(client)
 
-    if (FRONTEND / "fleet.html").is_file():
-        app.mount("/static", StaticFiles(directory=FRONTEND), name="static")
-
-        @app.get("/", include_in_schema=False)
-        async def index() -> FileResponse:
-            return FileResponse(FRONTEND / "fleet.html")
-
+    assembly.serve_page(app, FRONTEND, "fleet.html")
+    assembly.guard(app, settings.host, settings.allowed_hosts, settings.allowed_origins)
     return app
 
 

@@ -1,0 +1,67 @@
+"""What both apps — the pool service (``app.main``) and the observer
+(``app.observer.app``) — are assembled from, so that they answer alike:
+
+- ``new_app``: FastAPI with the one JSON error shape and ``/docs`` served
+  from the package (no CDN), the generated ReDoc off;
+- ``serve_page``: the page at ``/`` and its files under ``/static``, when
+  the frontend is installed (the API serves either way);
+- ``guard``: the same-origin guard, added last so it runs first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from app.api import docs as api_docs
+from app.api import errors as api_errors
+from app.api.same_origin import SameOriginGuard
+
+VERSION = "0.1.0"  # pyproject's
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+
+def new_app(title: str, summary: str, lifespan: Lifespan) -> FastAPI:
+    app = FastAPI(
+        title=title,
+        version=VERSION,
+        summary=summary,
+        lifespan=lifespan,
+        docs_url=None,  # app.api.docs serves /docs from the package
+        redoc_url=None,
+    )
+    api_errors.install(app)
+    api_docs.install(app)
+    return app
+
+
+def serve_page(app: FastAPI, folder: Path, page: str) -> None:
+    """``folder/page`` at ``/`` and ``folder`` under ``/static``, if present."""
+    if not (folder / page).is_file():
+        return
+    app.mount("/static", StaticFiles(directory=folder), name="static")
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        return FileResponse(folder / page)
+
+
+def guard(
+    app: FastAPI, bind_host: str, allowed_hosts: Iterable[str], allowed_origins: Iterable[str]
+) -> None:
+    """Outermost (call it last): cross-site and foreign-Host browser requests
+    are refused before anything else runs."""
+    app.add_middleware(
+        SameOriginGuard,
+        bind_host=bind_host,
+        allowed_hosts=allowed_hosts,
+        allowed_origins=allowed_origins,
+    )
+
+
+__all__ = ["Lifespan", "guard", "new_app", "serve_page"]
