@@ -126,10 +126,10 @@ async def test_rest_in_worker_mode(aapi: Api) -> None:
     assert s["mode"] == "inline"  # the replica's own (in the worker)
     an = aapi.engine.analysis
     assert an is not None and an.remote is not None
-    for _ in range(200):  # the reasons are pushed with the batch replies
-        if an.remote.reasons.get("b"):
-            break
-        await asyncio.sleep(0.01)
+    remote = an.remote
+    async with asyncio.timeout(60):  # a deadline: the reasons come with the batch replies
+        while not remote.reasons.get("b"):
+            await asyncio.sleep(0.01)
     d = await aapi.ok("GET", "/api/requests/b")
     assert [x["reason"] for x in d["blocks"]] == [None, "block_size_floor", "block_size_floor"]
     text = (await aapi.get("/metrics")).text

@@ -177,6 +177,12 @@ class Page:
     def js(self, expr: str, arg: Any = None) -> Any:
         return self.page.evaluate(expr, arg)
 
+    def frames(self, n: int = 2) -> None:
+        """Wait until the page has drawn ``n`` more animation frames (the
+        canvas is repainted in a frame, not when its source changes)."""
+        start = self.js("() => window.__bp.perf.raf")
+        self.page.wait_for_function("(r) => window.__bp.perf.raf >= r", arg=start + n)
+
     def shot(self, suffix: str = "") -> Path:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         path = ARTIFACTS / f"{self.name}{suffix}.png"

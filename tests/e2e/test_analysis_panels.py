@@ -497,7 +497,7 @@ def test_scrubbing_shows_recorded_block_states_and_back_to_live(
         " && document.body.dataset.mode === 'history'",
         arg=before,
     )
-    time.sleep(0.3)  # a frame for the canvas
+    p.frames()  # the canvas is repainted in a frame
     st = server.get(f"/api/history/state?at={before}&include_blocks=true&limit=1")
     assert st["at"]["seq"] == before
     hist_state = [STATES[s] for s in st["blocks"]["state"]]
@@ -521,7 +521,7 @@ def test_scrubbing_shows_recorded_block_states_and_back_to_live(
     # back to live: the map shows the pool now
     p.page.click("#tl-live")
     p.page.wait_for_function("() => document.body.dataset.mode !== 'history'")
-    time.sleep(0.3)
+    p.frames()
     assert not p.js("() => document.getElementById('history-banner').offsetParent")
     live_state = p.js("() => Array.from(window.__bp.model.state)")
     live_ref = p.js("() => Array.from(window.__bp.model.refCnt)")

@@ -129,8 +129,10 @@ TREE_JS = """() => {
 def test_prefix_tree_branch_mark_and_counts_show(browser: Any, demo: Server, width: int) -> None:
     p, _ = open_filled(browser, demo, width, f"layout-tree-{width}")
     try:
-        wait_for(lambda: p.js(TREE_JS)["branches"] > 0, timeout=30, what="a branch in the tree")
-        t = p.js(TREE_JS)
+        # the reading that saw a branch (the tree is re-rendered as the demo runs)
+        t = wait_for(
+            lambda: (t := p.js(TREE_JS))["branches"] > 0 and t, timeout=30, what="a branch"
+        )
         assert t["cut"] == [] and t["sideways"] <= 0, t
         # the count alone as text (digits: every font has them); the fork mark is a drawn box
         assert t["text"].isdigit()

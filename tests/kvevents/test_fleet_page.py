@@ -47,6 +47,11 @@ class Fed:
         return self.pub.last_published_seq
 
 
+def last_seqs(url: str) -> dict[str, int | None]:
+    fleet = httpx.get(url + "/api/fleet", timeout=10).json()
+    return {i["name"]: i["last_seq"] for i in fleet["instances"]}
+
+
 @pytest.fixture
 def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
     a = Fed(81)
@@ -81,7 +86,16 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
             if time.monotonic() > deadline:
                 pytest.fail(f"blockpool observe did not connect within 30 s: see {log.name}")
             time.sleep(0.1)
-        time.sleep(0.3)
+        # a SUB misses what its PUB sent before the subscription reached it (the
+        # slow joiner): publish one batch at a time until each source has heard
+        # one (its replay then fills the rest), then the rest
+        deadline = time.monotonic() + 30
+        while unheard := [n for n, last in last_seqs(url).items() if n in feds and last is None]:
+            if time.monotonic() > deadline:
+                pytest.fail(f"the observer heard nothing from {unheard}: see {log.name}")
+            for name in unheard:
+                feds[name].steps(1)
+            time.sleep(0.05)
         b.steps(30)
         a.steps(10)
         hybrid.wait_subscribed()

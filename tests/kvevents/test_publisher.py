@@ -42,7 +42,8 @@ def connect(pub: KVEventPublisher, topic: bytes = b"") -> tuple[VllmSubscriber, 
     assert pub.bound_endpoint is not None
     sub = VllmSubscriber(pub.bound_endpoint, pub.bound_replay_endpoint, topic)
     sub.wait_connected(lambda: pub.publish_events(0.0, []))
-    time.sleep(0.05)
+    # every poke sent (none still in the publisher's queue), then drained
+    wait_for(lambda: pub.last_published_seq == pub._next_seq - 1)
     while sub.sub.poll(50):
         sub.recv(1)
     return sub, pub._next_seq
@@ -151,15 +152,17 @@ def test_bad_replay_requests_are_counted_and_answered_by_nothing() -> None:
 
 
 class _Stalled(KVEventPublisher):
-    """A publisher whose thread stalls in its first send until released."""
+    """A publisher whose thread stalls in its first send after ``armed`` is
+    set, until released."""
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
+        self.armed = threading.Event()
         self.release = threading.Event()
         self.stalled = threading.Event()
 
     def _send(self, pub: Any, item: Any) -> None:
-        if not self.stalled.is_set():
+        if self.armed.is_set() and not self.stalled.is_set():
             self.stalled.set()
             self.release.wait(10)
         super()._send(pub, item)
@@ -173,25 +176,26 @@ def test_a_full_queue_drops_batches_counts_them_and_leaves_a_seq_gap() -> None:
     pub.start()
     try:
         assert pub.bound_endpoint is not None
-        sub = VllmSubscriber(pub.bound_endpoint, pub.bound_replay_endpoint)
-        time.sleep(0.3)  # let the subscription reach the PUB before anything is sent
+        sub, first = connect(pub)  # subscribed (pokes until one arrives): seqs from `first`
+        pub.armed.set()
         engine = make_engine()
         pub.attach(engine)
-        pub.publish_events(0.0, [STORED])  # seq 0: taken by the thread, which stalls
+        pub.publish_events(0.0, [STORED])  # `first`: taken by the thread, which stalls
         assert pub.stalled.wait(5)
         wait_for(lambda: pub._queue.qsize() == 0)
         t0 = time.monotonic()
-        for i in range(10):  # seqs 1..3 queued, 4..10 dropped
+        for i in range(10):  # first+1..first+3 queued, first+4..first+10 dropped
             pub.on_tick(TickData(i, float(i), None, [(i, 0.0, STORED)], [], {}, False))  # type: ignore[arg-type]
-        assert time.monotonic() - t0 < 0.5  # the engine never waited
+        # the engine never waited: a blocking put would wait for the release (10 s)
+        assert time.monotonic() - t0 < 5
         assert (pub.batches_dropped, pub.events_dropped, pub._queue.qsize()) == (7, 7, 3)
         pub.release.set()
-        wait_for(lambda: pub.last_published_seq == 3)
-        pub.publish_events(11.0, [STORED])  # seq 11
+        wait_for(lambda: pub.last_published_seq == first + 3)
+        pub.publish_events(11.0, [STORED])  # first + 11
         try:
-            got = [s for _, s, _ in sub.recv_n(5)]
+            got = [s - first for _, s, _ in sub.recv_n(5)]
             assert got == [0, 1, 2, 3, 11]  # the drops show as a gap
-            assert [s for s, _ in sub.replay(4)] == [11]  # the replay cannot fill it
+            assert [s - first for s, _ in sub.replay(first + 4)] == [11]  # no replay fills it
         finally:
             sub.close()
         m = pub.metrics()
