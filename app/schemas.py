@@ -148,7 +148,9 @@ class BatchRequest(_Op):
     ``rollback`` (default): all or nothing -- when any operation would be
     refused, the batch changes nothing and the refusal is the answer;
     ``stop``: apply up to the first refused operation, skip the rest;
-    ``continue``: apply every operation that can be applied."""
+    ``continue``: apply every operation that can be applied.
+    All or nothing costs about twice the operations themselves (a dry run on
+    a spare kept in step; bench/bench_batch_atomic.py)."""
 
     ops: list[Op] = Field(min_length=1)
     on_error: Literal["rollback", "stop", "continue"] = "rollback"

@@ -14,7 +14,7 @@ from app.api.responses import requests as r
 from app.api.responses import returns
 from app.errors import ApiError, TooLarge
 from app.schemas import AdmitOp, AppendBody, AppendOp, BatchRequest, FinishOp, to_runtime
-from blockpool.runtime.trial import first_refusal, mutating
+from blockpool.runtime.trial import BatchRefused, apply_all
 
 router = APIRouter(prefix="/api", tags=["requests"], responses=ERROR_RESPONSES)
 
@@ -132,17 +132,12 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
 
     def apply() -> dict[str, Any]:
         if atomic:
-            if mutating(rops) > 1:  # (one mutating op is all-or-nothing by itself)
-                refused = first_refusal(engine, rops)
-                if refused is not None:
-                    raise refusal(*refused)
-            done = []
-            for i, op in enumerate(rops):
-                try:
-                    done.append({"ok": True, "result": engine.apply(op)})
-                except ApiError as exc:
-                    raise refusal(i, exc) from None
-            return {"applied": len(done), "failed": 0, "errors": False, "results": done}
+            try:
+                done = apply_all(engine, rops, engine.apply)
+            except BatchRefused as refused:
+                raise refusal(refused.index, refused.error) from None
+            oks = [{"ok": True, "result": r} for r in done]
+            return {"applied": len(done), "failed": 0, "errors": False, "results": oks}
         results: list[dict[str, Any]] = []
         failed = 0
         for op in rops:

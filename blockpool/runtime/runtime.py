@@ -35,6 +35,7 @@ from blockpool.runtime.counters import RESIDENCY_BUCKETS, Counters
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.handlers import HANDLERS, precheck
 from blockpool.runtime.observer import Change, OpObserver, notify
+from blockpool.runtime.ops import READ_ONLY
 from blockpool.runtime.seqlog import SeqLog
 
 
@@ -97,6 +98,10 @@ class PoolRuntime:
         self.recorder: Any = None  # keeps every operation (blockpool.analysis.recording)
         self.after_op: Callable[[], None] | None = None  # after each operation (a wake-up)
         self._spare: PoolRuntime | None = None  # for dry runs (trial.py)
+        # the operations applied since the spare was in step (trial.py); None: not in step
+        self._journal: list[Any] | None = None
+        # replaying more than this costs more than a whole copy (about a few dozen blocks an op)
+        self._journal_cap = max(256, self.pool.num_gpu_blocks // 8)
 
     # ----------------------------------------------------------- operations
 
@@ -143,6 +148,11 @@ class PoolRuntime:
         result, change = HANDLERS[type(op)](self, op)
         if change is not None:
             self._changed(change)
+        journal = self._journal
+        if journal is not None and not isinstance(op, READ_ONLY):
+            journal.append(op)
+            if len(journal) > self._journal_cap:
+                self._journal = None  # a whole copy is cheaper than the replay now
         return result
 
     def _changed(self, ch: Change) -> None:

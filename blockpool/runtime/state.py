@@ -74,6 +74,7 @@ def restore(rt: PoolRuntime, kf: Keyframe, *, check: bool = True) -> None:
             f"keyframe of {kf.pool.num_blocks} blocks, runtime of {rt.pool.num_gpu_blocks}"
         )
     restore_pool(kf.pool, rt.pool, rt.manager, check=check)
+    rt._journal = None  # a spare of this runtime's (trial.py) is out of step now
     counters = dict(kf.counters)
     counters["events"] = dict(counters["events"])
     rt.counters = Counters(**counters)
