@@ -17,7 +17,6 @@ action goes through the engine's queue like any other client.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.errors import ApiError
 from app.schemas import AdmitOp, AppendOp, FinishOp
+from app.workload_task import WorkloadTask
 
 if TYPE_CHECKING:
     from app.engine import Engine
@@ -57,9 +57,9 @@ class DemoStats:
     refused: int = 0
 
 
-class DemoWorkload:
+class DemoWorkload(WorkloadTask["DemoRequest"]):
     def __init__(self, engine: Engine, rate: float = 8.0, seed: int = 0) -> None:
-        self.engine = engine
+        super().__init__(engine, "demo-workload")
         self.rate = rate
         self.mix: dict[str, float] = {"chat": 4, "conversation": 3, "document": 2, "noise": 1}
         self.decode_tokens = (16, 160)
@@ -72,34 +72,21 @@ class DemoWorkload:
         self.documents = [self._tokens(r.randint(800, 2500)) for _ in range(8)]
         self.conversations: list[list[int]] = [[] for _ in range(24)]
         self.busy_conversations: set[int] = set()
-        self.running: dict[str, DemoRequest] = {}
         self.waiting: deque[DemoRequest] = deque()
         self.stats = DemoStats()
-        self._task: asyncio.Task[None] | None = None
         self._seq = 0
 
     # ------------------------------------------------------------- control
 
-    @property
-    def running_task(self) -> bool:
-        return self._task is not None and not self._task.done()
-
     def start(self) -> None:
-        if not self.running_task:
-            self._task = asyncio.create_task(self._loop(), name="demo-workload")
+        self._spawn(self._loop)
 
     async def stop(self, finish_running: bool = True) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._cancel()
         self.waiting.clear()
         if finish_running and self.running:
-            ids = list(self.running)
-            self.running.clear()
             self.busy_conversations.clear()
-            await self.engine.submit(lambda: self._finish_all(ids))
+            await self._finish_running()
 
     def configure(self, **changes: Any) -> None:
         """Apply the given settings, all or none: every value is checked first."""
@@ -260,8 +247,3 @@ class DemoWorkload:
             self.conversations[req.conversation].extend(req.output)
             self._release_conversation(req)
         self.stats.finished += 1
-
-    def _finish_all(self, ids: list[str]) -> None:
-        for rid in ids:
-            with contextlib.suppress(ApiError):
-                self.engine.apply(FinishOp(request_id=rid))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.errors import ApiError, Conflict, InvalidInput
 from app.schemas import AdmitOp, AppendOp, FinishOp
+from app.workload_task import WorkloadTask
 from blockpool.trace import Trace
 
 if TYPE_CHECKING:
@@ -75,9 +76,9 @@ def check_trace(trace: Trace, max_tokens: int) -> None:
         )
 
 
-class TraceDriver:
+class TraceDriver(WorkloadTask[_Live]):
     def __init__(self, engine: Engine, speed: float = 1.0, loop: bool = False) -> None:
-        self.engine = engine
+        super().__init__(engine, "trace-replay")
         self.speed = speed
         self.loop = loop
         self.decode_per_step = 4
@@ -87,15 +88,9 @@ class TraceDriver:
         self.stats = TraceStats()
         self.pending: deque[int] = deque()
         self.waiting: deque[_Live] = deque()
-        self.running: dict[str, _Live] = {}
         self.clock_ms = 0.0
-        self._task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------- control
-
-    @property
-    def running_task(self) -> bool:
-        return self._task is not None and not self._task.done()
 
     def load(self, trace: Trace, name: str) -> None:
         """Take a validated trace (refused while a replay runs)."""
@@ -125,18 +120,12 @@ class TraceDriver:
         if not self.running_task:
             if not self.pending and not self.waiting and not self.running:
                 self._reset()  # finished: start over
-            self._task = asyncio.create_task(self._loop(), name="trace-replay")
+            self._spawn(self._loop)
 
     async def stop(self, finish_running: bool = True) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if finish_running and self.running:
-            ids = list(self.running)
-            self.running.clear()
-            await self.engine.submit(lambda: self._finish_all(ids))
+        await self._cancel()
+        if finish_running:
+            await self._finish_running()
 
     def status(self) -> dict[str, Any]:
         s = self.stats
@@ -270,8 +259,3 @@ class TraceDriver:
         except ApiError:
             logger.warning("trace request %s could not be finished", rid)
         self.stats.finished += 1
-
-    def _finish_all(self, ids: list[str]) -> None:
-        for rid in ids:
-            with contextlib.suppress(ApiError):
-                self.engine.apply(FinishOp(request_id=rid))
