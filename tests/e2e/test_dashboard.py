@@ -1,8 +1,9 @@
 """The dashboard in headless Chromium against a real server.
 
-One server (4,096 blocks, demo workload) serves the module; the restart and
-token tests start their own.  Each test opens a fresh tab; a screenshot of
-it lands in test-artifacts/e2e/<test>.png.
+One server (4,096 blocks, demo workload) serves the module (the restart and
+token tests, with servers of their own, are in test_reconnect.py).  Each
+test opens a fresh tab; a screenshot of it lands in
+test-artifacts/e2e/<test>.png.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Page, Server, free_port, wait_for
+from tests.e2e.conftest import Page, Server, wait_for
+from tests.e2e.page_checks import PAGE_STATS_JS, rest_stats, wait_page_agrees
+from tests.e2e.workload import admit, quiesce, start_demo
 
 pytestmark = pytest.mark.browser
 
@@ -33,68 +36,12 @@ SAMPLE_CELLS_JS = """() => {
   return {seq: m.seq, cells, palette: bp.palette.COLORS, cellPx: map.k * map.effScale};
 }"""
 
-PAGE_STATS_JS = """() => {
-  const v = (k) => Number(document.getElementById('stat-' + k).dataset.value);
-  return {in_use: v('in_use'), cached: v('cached'), empty: v('empty'),
-          keys: v('keys'), requests: v('requests')};
-}"""
-
-MODEL_JS = """() => {
-  const m = window.__bp.model;
-  return {seq: m.seq, epoch: m.epoch, n: m.n, counts: m.countStates(),
-          header: m.header.counts, keys: m.header.hash_map_keys};
-}"""
-
-
-def rest_stats(server: Server) -> dict[str, int]:
-    s = server.get("/api/summary")
-    b = s["blocks"]
-    return {
-        "in_use": b["in_use"],
-        "cached": b["cached"],
-        "empty": b["empty"],
-        "keys": s["hash_map_keys"],
-        "requests": s["running_requests"],
-    }
-
-
-def quiesce(server: Server) -> None:
-    """Stop the demo (its running requests finish): the pool stops changing."""
-    r = server.post("/api/demo/stop")
-    assert r.status_code == 200, r.text
-
-
-def start_demo(server: Server, rate: float = 10.0) -> None:
-    assert server.post("/api/demo/config", {"rate": rate}).status_code == 200
-    assert server.post("/api/demo/start").status_code == 200
-
-
-def wait_page_agrees(page: Page, server: Server, timeout: float = 15.0) -> dict[str, int]:
-    """The numbers the page shows equal GET /api/summary (pool quiet)."""
-
-    def agree() -> Any:
-        want = rest_stats(server)
-        got = page.js(PAGE_STATS_JS)
-        return want if got == want else None
-
-    return wait_for(agree, timeout, "the page's numbers to match /api/summary")
-
-
-def admit(server: Server, tokens: list[int], rid: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"token_ids": tokens}
-    if rid:
-        body["request_id"] = rid
-    r = server.post("/api/requests", body)
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
 # ----------------------------------------------------------------- tests
 
 
 def test_page_loads_live_without_console_errors(dashboard: Page, server: Server) -> None:
     p = dashboard
-    start_demo(server)
+    start_demo(server, rate=10)
     wait_for(lambda: p.js("() => document.getElementById('h-state').textContent") == "live")
     seq0 = p.js("() => window.__bp.model.seq")
     raf0 = p.js("() => window.__bp.perf.raf")
@@ -384,91 +331,6 @@ def test_reset_refused_while_held_then_done(dashboard: Page, server: Server) -> 
     assert all([r, g, b] in (pal["empty"], pal["null"]) for _, _, r, g, b in cells["cells"])
     assert p.errors == []
     assert len(p.network) == 1 and "409" in p.network[0], p.network  # the refused reset
-
-
-def test_token_kept_in_session_storage_and_used_for_writes(browser: Any) -> None:
-    srv = Server(free_port(), "--num-blocks", "1024", "--token", "s3cret", name="token")
-    srv.start()
-    page = Page(browser, srv.url, "test_token")
-    try:
-        p = page
-        assert "need a token" in p.js("() => document.getElementById('auth-note').textContent")
-        p.page.click("#demo-start")
-        p.page.wait_for_selector(".result.err")
-        assert "token" in p.js("() => document.getElementById('ctl-result').textContent")
-        assert srv.get("/api/demo")["running"] is False
-        p.page.fill("#token", "s3cret")
-        p.page.dispatch_event("#token", "change")
-        assert p.js("() => sessionStorage.getItem('blockpool.token')") == "s3cret"
-        p.page.click("#demo-start")
-        p.page.wait_for_selector(".result.ok")
-        assert srv.get("/api/demo")["running"] is True
-        p.page.reload()
-        p.page.wait_for_function("() => window.__bp && window.__bp.ready()")
-        assert p.js("() => document.getElementById('token').value") == "s3cret"
-        assert p.errors == [], p.errors
-        assert p.network and all("401" in e for e in p.network), p.network
-        p.shot()
-    finally:
-        page.close()
-        srv.close()
-
-
-def test_server_restart_is_survived(browser: Any) -> None:
-    port = free_port()
-    srv = Server(port, "--num-blocks", "4096", "--demo", "--log-level", "warning", name="restart")
-    srv.start()
-    page = Page(browser, srv.url, "test_server_restart")
-    try:
-        p = page
-        before = p.js(MODEL_JS)
-        assert before["n"] == 4096
-        srv.stop(kill=True)
-        p.page.wait_for_function(
-            "() => ['retrying', 'connecting'].includes(window.__bp.conn.health.state)"
-        )
-        p.page.wait_for_function(
-            "() => ['retrying', 'connecting'].includes("
-            "document.getElementById('health').dataset.state)"
-        )
-        p.shot("-down")
-        # the same port, another pool: the page must reconnect and resync
-        srv.start("--num-blocks", "2048", "--demo", "--log-level", "warning")
-        try:
-            p.page.wait_for_function(
-                "(e) => window.__bp.model.epoch !== e && window.__bp.ready()",
-                arg=before["epoch"],
-                timeout=40_000,
-            )
-        except Exception as exc:
-            state = p.js(
-                "() => ({health: window.__bp.conn.health, epoch: window.__bp.model.epoch,"
-                " seq: window.__bp.model.seq, n: window.__bp.model.n, map: window.__bp.map.n})"
-            )
-            raise AssertionError(f"no resync after the restart: {state}") from exc
-        after = p.js(MODEL_JS)
-        assert after["n"] == 2048
-        assert p.js("() => window.__bp.conn.health.reconnects") >= 1
-        quiesce(srv)
-        wait_page_agrees(p, srv)
-        assert p.js(MODEL_JS)["counts"] == {
-            "null": 1,
-            **{k: v for k, v in srv.get("/api/summary")["blocks"].items() if k != "null"},
-        }
-        assert "2,048 blocks" in p.js("() => document.getElementById('facts').textContent")
-        p.shot("-after")
-        assert p.errors == [], p.errors
-        # only the restart's own connection failures (refused, or reset in flight)
-        lost = (
-            "ERR_CONNECTION_REFUSED",
-            "ERR_CONNECTION_RESET",
-            "ERR_EMPTY_RESPONSE",  # a poll in flight when the server was killed
-            "WebSocket connection to",
-        )
-        assert all(any(k in e for k in lost) for e in p.network), p.network
-    finally:
-        page.close()
-        srv.close()
 
 
 def test_events_filter_and_pause(dashboard: Page, server: Server) -> None:
