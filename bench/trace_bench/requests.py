@@ -1,0 +1,249 @@
+"""``bench_trace.py requests``: see bench/bench_trace.py."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from typing import Any
+
+from blockpool import BlockPool, init_none_hash, sha256
+from blockpool.trace import read_trace
+from blockpool.trace.reader import Trace
+from blockpool.trace.results import CapacityResult
+from trace_bench.curve import BLOCK_SIZE
+
+# ------------------------------------------------------- request level (item 6)
+
+# ("a", rid, request index, outputs, hit | None) / ("p", rid, token, ok) / ("f", rid)
+Op = tuple[Any, ...]
+
+
+class Recorder:
+    """A timed-replay backend on our RequestManager that records every call."""
+
+    def __init__(self, manager: Any) -> None:
+        self.m = manager
+        self.ops: list[Op] = []
+        self._exc = __import__("blockpool").NotEnoughBlocksError
+
+    def admit(self, rid: str, tokens: list[int], req: Any, first: bool) -> int | None:
+        try:
+            hit = self.m.admit(rid, tokens).num_computed_tokens
+        except self._exc:
+            hit = None
+        self.ops.append(("a", rid, req.index, len(tokens) - req.input_length, hit))
+        return hit
+
+    def append(self, rid: str, token: int) -> bool:
+        try:
+            self.m.append_tokens(rid, [token])
+            ok = True
+        except self._exc:
+            ok = False
+        self.ops.append(("p", rid, token, ok))
+        return ok
+
+    def finish(self, rid: str) -> None:
+        self.m.finish(rid)
+        self.ops.append(("f", rid))
+
+
+class Ours:
+    def __init__(self, num_blocks: int) -> None:
+        from blockpool import NotEnoughBlocksError, RequestManager
+
+        self.pool = BlockPool(num_blocks, True, BLOCK_SIZE)
+        self.m = RequestManager(self.pool, hash_fn=sha256)
+        self.exc = NotEnoughBlocksError
+
+    def run(self, ops: list[Op], tokens: dict[int, list[int]]) -> list[Any]:
+        m, exc = self.m, self.exc
+        admit, append, finish = m.admit, m.append_tokens, m.finish
+        out: list[Any] = []
+        put = out.append
+        for op in ops:
+            kind = op[0]
+            if kind == "p":
+                try:
+                    append(op[1], [op[2]])
+                except exc:
+                    put(False)
+            elif kind == "a":
+                try:
+                    put(admit(op[1], tokens[id(op)]).num_computed_tokens)
+                except exc:
+                    put(None)
+            else:
+                finish(op[1])
+        return out
+
+
+class Vllm:
+    """vLLM 0.16.0's KVCacheManager, driven as its tests drive it."""
+
+    def __init__(self, num_blocks: int) -> None:
+        import torch
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import sha256 as vsha256
+        from vllm.v1.core import kv_cache_utils as ku
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.request import Request
+
+        ku.init_none_hash(vsha256)
+        spec = FullAttentionSpec(
+            block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
+        )
+        config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+        )
+        self.m = KVCacheManager(
+            config, max_model_len=1 << 22, hash_block_size=BLOCK_SIZE, enable_caching=True
+        )
+        self.Request = Request
+        self.params = SamplingParams(max_tokens=1 << 20)
+        self.hasher = ku.get_request_block_hasher(BLOCK_SIZE, vsha256)
+        self.reqs: dict[str, Any] = {}
+        self.pending: set[str] = set()
+
+    def run(self, ops: list[Op], tokens: dict[int, list[int]]) -> list[Any]:
+        m, reqs, pending = self.m, self.reqs, self.pending
+        make, params, hasher = self.Request, self.params, self.hasher
+        get_computed, allocate, free = m.get_computed_blocks, m.allocate_slots, m.free
+        out: list[Any] = []
+        put = out.append
+        for op in ops:
+            kind = op[0]
+            if kind == "p":
+                rid = op[1]
+                req = reqs[rid]
+                if rid in pending:  # appended on the failed try already
+                    pending.discard(rid)
+                else:
+                    req.append_output_token_ids(op[2])
+                if allocate(req, 1) is None:
+                    pending.add(rid)
+                    put(False)
+                else:
+                    req.num_computed_tokens += 1
+            elif kind == "a":
+                rid = op[1]
+                toks = tokens[id(op)]
+                req = make(rid, toks, params, None, 100, block_hasher=hasher)
+                computed, n = get_computed(req)
+                if allocate(req, len(toks) - n, n, computed) is None:
+                    put(None)
+                else:
+                    req.num_computed_tokens = len(toks)
+                    reqs[rid] = req
+                    put(n)
+            else:
+                rid = op[1]
+                free(reqs.pop(rid))
+                pending.discard(rid)
+        return out
+
+
+def _expected(ops: list[Op]) -> list[Any]:
+    return [op[4] if op[0] == "a" else False for op in ops if op[0] == "a" or (
+        op[0] == "p" and not op[3])]  # fmt: skip
+
+
+def _windows(ops: list[Op], admits: int) -> list[list[Op]]:
+    out: list[list[Op]] = [[]]
+    n = 0
+    for op in ops:
+        out[-1].append(op)
+        if op[0] == "a":
+            n += 1
+            if n % admits == 0:
+                out.append([])
+    return [w for w in out if w]
+
+
+def bench_requests(args: argparse.Namespace) -> dict[str, Any]:
+    from blockpool import RequestManager
+    from blockpool.trace.timed import TimedConfig, run_timed
+
+    init_none_hash(sha256)
+    trace = read_trace(args.trace)
+    if args.requests:
+        trace = Trace(trace.requests[: args.requests], trace.tokens_per_id)
+    blocks = args.capacity_tokens // BLOCK_SIZE
+    rec = Recorder(RequestManager(BlockPool(blocks, True, BLOCK_SIZE), hash_fn=sha256))
+    res = CapacityResult(args.capacity_tokens, blocks)
+    t0 = time.perf_counter()
+    run_timed(trace, rec, res, blocks - 1, BLOCK_SIZE, TimedConfig(speed=args.speed))
+    ops = rec.ops
+    n_adm = sum(1 for o in ops if o[0] == "a")
+    n_app = sum(1 for o in ops if o[0] == "p")
+    print(
+        f"timed replay of {len(trace)} requests at {blocks} blocks, speed {args.speed}: "
+        f"{len(ops)} calls ({n_adm} admits, {n_app} appends), {res.preemptions} preemptions, "
+        f"hit rate {res.hit_rate:.4f}; recorded in {time.perf_counter() - t0:.1f}s"
+    )
+    want = _expected(ops)
+    ours, theirs = Ours(blocks), Vllm(blocks)
+    t_ours = t_vllm = 0.0
+    got_o: list[Any] = []
+    got_v: list[Any] = []
+    for i, win in enumerate(_windows(ops, args.window)):
+        tokens = {}
+        for op in win:
+            if op[0] == "a":
+                r = trace.requests[op[2]]
+                toks = trace.prompt_token_ids(r)
+                if op[3]:
+                    toks += trace.output_token_ids(r)[: op[3]]
+                tokens[id(op)] = toks
+        sides = [(ours, got_o), (theirs, got_v)]
+        for side, got in sides if i % 2 == 0 else sides[::-1]:
+            gc.collect()
+            t0 = time.perf_counter()
+            got += side.run(win, tokens)
+            dt = time.perf_counter() - t0
+            if side is ours:
+                t_ours += dt
+            else:
+                t_vllm += dt
+    same = got_o == want and got_v == want
+    hits = sum(h for o in ops if o[0] == "a" and (h := o[4]) is not None)
+    out = {
+        "requests": len(trace),
+        "capacity_tokens": args.capacity_tokens,
+        "calls": len(ops),
+        "admits": n_adm,
+        "appends": n_app,
+        "preemptions": res.preemptions,
+        "hit_tokens_all_admissions": hits,
+        "identical": same,
+        "seconds_ours": t_ours,
+        "seconds_vllm": t_vllm,
+        "ratio": t_vllm / t_ours,
+    }
+    print(
+        f"same hits and failures on both sides: {same}; ours {t_ours:.2f}s, "
+        f"vLLM KVCacheManager {t_vllm:.2f}s: ours {out['ratio']:.2f}x"
+    )
+    if args.profile:
+        import cProfile
+        import io
+        import pstats
+
+        for name, side in (("ours", Ours(blocks)), ("vllm", Vllm(blocks))):
+            prof = cProfile.Profile()
+            for win in _windows(ops, args.window):
+                tokens = {id(op): trace.prompt_token_ids(trace.requests[op[2]])
+                          + trace.output_token_ids(trace.requests[op[2]])[: op[3]]
+                          for op in win if op[0] == "a"}  # fmt: skip
+                prof.enable()
+                side.run(win, tokens)
+                prof.disable()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
+            print(f"--- profile: {name}")
+            print(buf.getvalue()[-4000:])
+    return out
