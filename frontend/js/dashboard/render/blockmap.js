@@ -8,13 +8,16 @@
 // the screen, or the user zoomed in) they go to an offscreen canvas holding
 // the map at one pixel block per cell, and the visible canvas is one scaled
 // drawImage of it.  Highlights live on a second canvas on top, redrawn only
-// when they change.  One render() per animation frame; no per-block DOM.
+// when they change (mapoverlay.js); the mouse drives hover, select, zoom and
+// pan (mapinput.js).  One render() per animation frame; no per-block DOM.
 //
 // The source is the live model, or a recorded moment (time travel:
 // setSource(HistorySource)); the live model keeps taking frames meanwhile
 // and the map repaints from it in full on the way back.
 
 import { PACKED, packedColor } from "../../common/palette.js";
+import { wireInput } from "./mapinput.js";
+import { drawOverlay } from "./mapoverlay.js";
 
 const cssOf = new Map(); // packed colour -> CSS string
 function css(packed) {
@@ -25,13 +28,6 @@ function css(packed) {
   }
   return c;
 }
-
-const HIGHLIGHT = {
-  request: "rgba(227, 179, 65, 0.95)",
-  hash: "rgba(219, 97, 162, 0.95)",
-  selected: "#ffffff",
-  hover: "rgba(255, 255, 255, 0.7)",
-};
 
 export class BlockMap {
   constructor(canvas, overlay, model) {
@@ -59,7 +55,7 @@ export class BlockMap {
     this.perf = { draws: 0, drawMs: 0, lastMs: 0, maxMs: 0, cells: 0, fullPaints: 0 };
     this.onhover = null;
     this.onselect = null;
-    this._wire();
+    wireInput(this); // hover, select, zoom, pan
     new ResizeObserver(() => {
       this.needLayout = true;
     }).observe(canvas.parentElement);
@@ -325,109 +321,10 @@ export class BlockMap {
 
   _drawOverlay() {
     this.needOverlay = false;
-    const { octx, W, H, hl } = this;
-    octx.clearRect(0, 0, W, H);
-    this._grid();
-    const groups = [
-      [hl.request, HIGHLIGHT.request],
-      [hl.hash, HIGHLIGHT.hash],
-    ];
-    const focus = hl.request.length || hl.hash.length;
-    if (focus) {
-      octx.fillStyle = "rgba(0, 0, 0, 0.55)";
-      octx.fillRect(0, 0, W, H);
-      for (const [ids] of groups) {
-        for (const id of ids) {
-          const r = this.cellRect(id);
-          octx.clearRect(r.x - 1, r.y - 1, r.w + 2, r.h + 2);
-        }
-      }
-    }
-    for (const [ids, color] of groups) this._outline(ids, color, 1.5);
-    if (hl.hover >= 0 && hl.hover !== hl.selected) this._outline([hl.hover], HIGHLIGHT.hover, 1);
-    if (hl.selected >= 0) this._outline([hl.selected], HIGHLIGHT.selected, 2);
+    drawOverlay(this);
   }
 
-  /** Cell borders when zoomed in far enough to see them (visible cells only). */
-  _grid() {
-    const s = this.effScale;
-    const cell = this.k * s;
-    if (this.gap || cell < 6) return;
-    const { octx, W, H, k } = this;
-    const c0 = Math.floor(this.panX / k);
-    const r0 = Math.floor(this.panY / k);
-    const c1 = Math.min(this.cols, Math.ceil((this.panX + W / s) / k));
-    const r1 = Math.min(this.rows, Math.ceil((this.panY + H / s) / k));
-    octx.fillStyle = "rgba(13, 17, 23, 0.9)";
-    const x1 = (c1 * k - this.panX) * s;
-    const y1 = (r1 * k - this.panY) * s;
-    for (let c = c0; c <= c1; c++) octx.fillRect((c * k - this.panX) * s - 0.5, 0, 1, y1);
-    for (let r = r0; r <= r1; r++) octx.fillRect(0, (r * k - this.panY) * s - 0.5, x1, 1);
-  }
-
-  _outline(ids, color, lw) {
-    const { octx } = this;
-    octx.strokeStyle = color;
-    octx.fillStyle = color;
-    octx.lineWidth = lw * this.dpr;
-    for (const id of ids) {
-      if (id < 0 || id >= this.n) continue;
-      const r = this.cellRect(id);
-      if (r.x + r.w < 0 || r.y + r.h < 0 || r.x > this.W || r.y > this.H) continue;
-      if (r.w >= 5) octx.strokeRect(r.x - 1, r.y - 1, r.w + 2, r.h + 2);
-      else octx.strokeRect(r.x - 2, r.y - 2, r.w + 4, r.h + 4);
-    }
-  }
-
-  // ------------------------------------------------------------- input
-
-  _wire() {
-    const el = this.overlay;
-    let drag = null;
-    el.addEventListener("mousemove", (ev) => {
-      if (drag) {
-        const dx = ev.offsetX - drag.x;
-        const dy = ev.offsetY - drag.y;
-        if (Math.abs(dx) + Math.abs(dy) > 3) drag.moved = true;
-        if (drag.moved && this.zoom > 1) {
-          const s = this.effScale;
-          this._pan(drag.panX - (dx * this.dpr) / s, drag.panY - (dy * this.dpr) / s);
-        }
-        return;
-      }
-      const id = this.hitTest(ev.offsetX, ev.offsetY);
-      if (id !== this.hl.hover) {
-        this.setHighlight("hover", id);
-        if (this.onhover) this.onhover(id);
-      }
-    });
-    el.addEventListener("mouseleave", () => {
-      drag = null;
-      this.setHighlight("hover", -1);
-      if (this.onhover) this.onhover(-1);
-    });
-    el.addEventListener("mousedown", (ev) => {
-      drag = { x: ev.offsetX, y: ev.offsetY, panX: this.panX, panY: this.panY, moved: false };
-    });
-    el.addEventListener("mouseup", (ev) => {
-      const d = drag;
-      drag = null;
-      if (d && !d.moved) {
-        const id = this.hitTest(ev.offsetX, ev.offsetY);
-        if (this.onselect) this.onselect(id);
-      }
-    });
-    el.addEventListener(
-      "wheel",
-      (ev) => {
-        ev.preventDefault();
-        const z = this.zoom * (ev.deltaY < 0 ? 1.25 : 0.8);
-        this.zoomAt(ev.offsetX * this.dpr, ev.offsetY * this.dpr, z);
-      },
-      { passive: false },
-    );
-    el.addEventListener("dblclick", () => this.zoomAt(0, 0, 1));
-  }
+  // ------------------------------------------------------------- zoom, pan
 
   zoomAt(x, y, z) {
     const zMax = Math.max(1, 32 / (this.k * this.scale));
@@ -437,10 +334,11 @@ export class BlockMap {
     const sy = this.panY + y / s0;
     this.zoom = nz;
     const s1 = this.effScale;
-    this._pan(sx - x / s1, sy - y / s1);
+    this.panTo(sx - x / s1, sy - y / s1);
   }
 
-  _pan(px, py) {
+  /** Pan to (px, py) in map pixels, clamped to the map (none at zoom 1). */
+  panTo(px, py) {
     const s = this.effScale;
     const maxX = Math.max(0, this.off.width - this.W / s);
     const maxY = Math.max(0, this.off.height - this.H / s);
