@@ -18,18 +18,18 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+import blockpool
 from app.api import docs as api_docs
 from app.api import errors as api_errors
 from app.api.same_origin import SameOriginGuard
 
-VERSION = "0.1.0"  # pyproject's
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
 def new_app(title: str, summary: str, lifespan: Lifespan) -> FastAPI:
     app = FastAPI(
         title=title,
-        version=VERSION,
+        version=blockpool.__version__,
         summary=summary,
         lifespan=lifespan,
         docs_url=None,  # app.api.docs serves /docs from the package
