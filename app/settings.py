@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from app.serving import ServingSettings
 from blockpool.kvevents.config import KVEventsConfig, SourceSpec, plan_sources
 from blockpool.shadow import POLICY_NAMES
 
@@ -14,7 +15,7 @@ HashName = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 SHADOW_POLICIES: tuple[str, ...] = POLICY_NAMES  # the library's list, the one list
 
 
-class Settings(BaseSettings):
+class Settings(ServingSettings):
     model_config = SettingsConfigDict(env_prefix="BLOCKPOOL_", extra="ignore")
 
     # --- the pool
@@ -228,7 +229,7 @@ class Settings(BaseSettings):
         return self.num_blocks if self.num_blocks is not None else 8192
 
 
-class ObserverSettings(BaseSettings):
+class ObserverSettings(ServingSettings):
     """``blockpool observe``: the streams to follow and the server showing them
     (env prefix ``BLOCKPOOL_OBSERVER_``; lists as JSON)."""
 

@@ -32,6 +32,7 @@ _CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "body_timeout",
     413: "too_large",
     415: "unsupported_media_type",
     422: "invalid_input",
