@@ -307,7 +307,7 @@ def _run_server(
     from app.serving import uvicorn_config
 
     config = uvicorn_config(app, host, port, log_level, limits, ws_max_size)
-    install_log_redaction()  # after Config (it configures logging): no secret in a log line
+    install_log_redaction(getattr(limits, "token", None))  # after Config (it configures logging)
     server = uvicorn.Server(config)
     # Ctrl-C comes back as KeyboardInterrupt after a graceful shutdown:
     # swallowed, as uvicorn.run does
