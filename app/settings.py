@@ -69,6 +69,13 @@ class Settings(ServingSettings):
     costly_reads_per_s: float = Field(
         default=0.5, gt=0, le=100_000, description="units a second that ration refills"
     )
+    costly_reads_global_burst: int = Field(
+        default=32, ge=1, le=1_000_000,
+        description="units of costly reads all clients without the token may burst together",
+    )  # fmt: skip
+    costly_reads_global_per_s: float = Field(
+        default=2.0, gt=0, le=1_000_000, description="units a second that shared ration refills"
+    )
     tick_hz: float = Field(default=20.0, gt=0, le=200)
     event_log_capacity: int = Field(default=200_000, ge=100)
     event_log_max_tokens: int = Field(
