@@ -6,7 +6,9 @@
 - ``serve_page``: the page at ``/`` and its files under ``/static``, when
   the frontend is installed (the API serves either way);
 - ``guard``: the same-origin guard (added last so it runs first), then the
-  body deadline (``app.serving.BodyDeadline``).
+  token check on the headers before any body is read
+  (``app.api.auth_first``), then the body deadline
+  (``app.serving.BodyDeadline``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fastapi.staticfiles import StaticFiles
 import blockpool
 from app.api import docs as api_docs
 from app.api import errors as api_errors
+from app.api.auth_first import AuthBeforeBody
 from app.api.same_origin import SameOriginGuard
 from app.serving import DEFAULT_BODY_TIMEOUT_S, BodyDeadline
 
@@ -62,6 +65,7 @@ def guard(
     settings = getattr(app.state, "settings", None)
     timeout_s = getattr(settings, "body_timeout_s", DEFAULT_BODY_TIMEOUT_S)
     app.add_middleware(BodyDeadline, timeout_s=timeout_s)
+    app.add_middleware(AuthBeforeBody)
     app.add_middleware(
         SameOriginGuard,
         bind_host=bind_host,

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator
 
 from fastapi import Depends, Request
 
+from app.api import auth_first
 from app.api.deps import require_read, token_given
 from app.errors import ApiError
 
@@ -209,3 +210,6 @@ def require_costly_export(request: Request) -> None:
 
 CostlyRead = Depends(require_costly_read)
 CostlyExport = Depends(require_costly_export)
+# before the body: the read rule only (the ration is taken by the route)
+auth_first.register(require_costly_read, require_read)
+auth_first.register(require_costly_export, require_read)
