@@ -52,9 +52,7 @@ def _serving_flags(p: argparse.ArgumentParser) -> None:
         "--keep-alive", dest="keep_alive_s", type=int,
         help="seconds an idle connection is kept open",
     )  # fmt: skip
-    p.add_argument(
-        "--max-connections", type=int, help="connections and requests at once (beyond: 503)"
-    )
+    p.add_argument("--max-connections", type=int, help="connections open at once (beyond: 503)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -12,8 +12,8 @@ What a client's connection may hold, and for how long:
   ``body_timeout`` (``BodyDeadline``, an ASGI middleware both apps get from
   ``app.api.assembly.guard``).
 - **Idle**: ``keep_alive_s`` between requests (uvicorn's ``timeout_keep_alive``).
-- **Slots**: at most ``max_connections`` connections and requests at once
-  (uvicorn's ``limit_concurrency``; beyond it uvicorn answers 503).
+- **Slots**: at most ``max_connections`` connections at once (websockets
+  included); one more is answered 503 ``too_many_connections`` and closed.
 - **Forwarded headers** (``X-Forwarded-For``, ``X-Forwarded-Proto``) are
   ignored unless ``forwarded_allow_ips`` names the proxies to trust: uvicorn
   trusts them from 127.0.0.1 by default, which let any local client pick its
@@ -48,42 +48,46 @@ class ServingSettings(BaseSettings):
         "/ -Proto headers are trusted; none: those headers are ignored",
     )
     header_timeout_s: float = Field(
-        default=10.0, gt=0, le=3600,
+        default=10.0,
+        gt=0,
+        le=3600,
         description="seconds a connection has to send a request's headers",
-    )  # fmt: skip
+    )
     body_timeout_s: float = Field(
-        default=DEFAULT_BODY_TIMEOUT_S, gt=0, le=3600,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        gt=0,
+        le=3600,
         description="seconds a request has to send its whole body",
-    )  # fmt: skip
+    )
     keep_alive_s: int = Field(
         default=5, ge=1, le=3600, description="seconds an idle connection is kept open"
     )
     max_connections: int = Field(
-        default=1000, ge=1, le=1_000_000,
-        description="connections and requests at once (beyond: 503)",
-    )  # fmt: skip
+        default=1000,
+        ge=1,
+        le=1_000_000,
+        description="connections open at once, websockets included (beyond: 503)",
+    )
 
 
 # ------------------------------------------------------------- the headers
 
 
-def _timeout_response() -> bytes:
-    body = json.dumps(
-        error_body(
-            408,
-            "request_timeout",
-            "the request's headers did not arrive in time: the connection is closed",
-        )
-    ).encode()
+def _raw_error(status: int, reason: str, code: str, message: str) -> bytes:
+    """A whole HTTP response in the one error shape, closing the connection."""
+    body = json.dumps(error_body(status, code, message)).encode()
     head = (
-        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode() + body
 
 
-def deadline_protocol(base: type[asyncio.Protocol], header_timeout_s: float) -> type[Any]:
-    """``base`` (one of uvicorn's HTTP protocols) with a header deadline."""
+def deadline_protocol(
+    base: type[asyncio.Protocol], header_timeout_s: float, max_connections: int | None = None
+) -> type[Any]:
+    """``base`` (one of uvicorn's HTTP protocols) with a header deadline and
+    a bound on the connections open at once."""
 
     class DeadlineProtocol(base):  # type: ignore[valid-type,misc]
         _deadline: asyncio.TimerHandle | None = None
@@ -91,6 +95,17 @@ def deadline_protocol(base: type[asyncio.Protocol], header_timeout_s: float) -> 
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            if max_connections is not None and len(self.connections) > max_connections:
+                transport.write(
+                    _raw_error(
+                        503,
+                        "Service Unavailable",
+                        "too_many_connections",
+                        f"the server holds {max_connections} connections, its limit: retry later",
+                    )
+                )
+                transport.close()
+                return
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -119,7 +134,14 @@ def deadline_protocol(base: type[asyncio.Protocol], header_timeout_s: float) -> 
                 return  # closed, or upgraded to a websocket
             if self.cycle is not self._armed_for:
                 return  # a request's headers arrived: the body has its own deadline
-            transport.write(_timeout_response())
+            transport.write(
+                _raw_error(
+                    408,
+                    "Request Timeout",
+                    "request_timeout",
+                    "the request's headers did not arrive in time: the connection is closed",
+                )
+            )
             transport.close()
 
     DeadlineProtocol.__name__ = f"Deadline{base.__name__}"
@@ -144,7 +166,7 @@ def uvicorn_config(
         port=port,
         log_level=log_level,
         access_log=False,
-        http=deadline_protocol(AutoHTTPProtocol, limits.header_timeout_s),
+        http=deadline_protocol(AutoHTTPProtocol, limits.header_timeout_s, limits.max_connections),
         ws="websockets-sansio",
         # No per-connection deflate: it would compress every frame once per
         # client (serve compresses once per tick on request: ?compress=zlib).
@@ -155,7 +177,9 @@ def uvicorn_config(
         proxy_headers=limits.forwarded_allow_ips is not None,
         forwarded_allow_ips=limits.forwarded_allow_ips or "",
         timeout_keep_alive=limits.keep_alive_s,
-        limit_concurrency=limits.max_connections,
+        # (requests at once: each connection runs one at a time, so the
+        # connection bound above bounds them; uvicorn's own limit would
+        # answer a plain-text 503)
     )
 
 

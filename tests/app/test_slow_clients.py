@@ -152,3 +152,30 @@ def test_forwarded_headers_are_ignored_unless_configured() -> None:
     config = uvicorn_config(app, "127.0.0.1", 0, "warning", app.state.settings)
     assert config.proxy_headers is True and config.forwarded_allow_ips == "10.0.0.1"
     app.state.engine.check()
+
+
+def test_connections_over_the_limit_are_refused_in_the_error_shape() -> None:
+    with served(max_connections=5, header_timeout_s=60.0) as server:
+
+        async def scenario() -> None:
+            until = time.monotonic() + DEADLINE_S
+            held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(5)]
+            extra = await silent(server.port, until)
+            head, _, body = extra.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503 "), extra
+            err = json.loads(body)["error"]
+            assert err["code"] == "too_many_connections" and "5" in err["message"], err
+            for _, writer in held:
+                writer.close()
+            # the slots come back once the server has seen them close
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                while True:
+                    try:
+                        if (await client.get("/api/health")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    assert time.monotonic() < until, "the slots never came back"
+                    await asyncio.sleep(0.05)
+
+        asyncio.run(scenario())
