@@ -18,8 +18,10 @@ Where a websocket may carry its credentials (``websocket_credentials``):
 - ``?token=`` — old clients only, discouraged: a URL ends up in logs and
   browser history (the server's own log lines are redacted, ``RedactSecrets``).
 
-Also here: ``RedactSecrets``, the logging filter that blanks ``token=`` and
-``ticket=`` in every line uvicorn logs (``install_log_redaction``).
+Also here: ``RedactSecrets``, the logging filter that blanks every secret a
+request can carry (``redact``) in every record, at every level — uvicorn's
+and websockets' debug lines show handshake headers and URLs — installed by
+``install_log_redaction``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from urllib.parse import unquote_plus
 
 SUBPROTOCOL = "blockpool"
 BEARER_PREFIX = "bearer."
@@ -165,34 +168,122 @@ class TicketBook:
 
 # ------------------------------------------------------------ log redaction
 
-_SECRET_IN_URL = re.compile(r"([?&](?:token|ticket)=)[^&\s\"']*", re.IGNORECASE)
 REDACTED = "[redacted]"
-LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "websockets", "blockpool")
+SECRET_PARAMS = frozenset({"token", "ticket"})
+
+# a URL's query parameter (its name as sent, maybe percent-encoded)
+_QUERY_PARAM = re.compile(r"([?&])([^=&\s\"'#?]+)=([^&\s\"'#]*)")
+# an Authorization header as a log line shows it (uvicorn's debug lines: "< authorization: x")
+_AUTH_HEADER = re.compile(
+    r"((?:proxy-)?authorization\s*[:=]\s*+)(?!\[redacted\])[^\r\n\"',]+", re.IGNORECASE
+)
+# "Bearer <token>" anywhere; the subprotocols bearer.* / base64url.bearer.* / ticket.*
+_BEARER_WORD = re.compile(r"(\bbearer\s++)(?!\[redacted\])[^\s\"',;]+", re.IGNORECASE)
+_SUBPROTOCOL = re.compile(
+    r"(\b(?:base64url\.bearer|bearer|ticket)\.)(?!\[redacted\])[^\s\"',;\]]+", re.IGNORECASE
+)
+
+
+def _param(match: re.Match[str]) -> str:
+    sep, name, value = match.groups()
+    # the server decodes the name (?tok%65n= is ?token=), so the filter does too
+    if unquote_plus(name).strip().lower() in SECRET_PARAMS and value:
+        return f"{sep}{name}={REDACTED}"
+    return match.group(0)
+
+
+def _spelled(char: str) -> str:
+    """A pattern for ``char`` as is or percent-encoded (any hex case)."""
+    encoded = "".join(f"%{b:02x}" for b in _utf8(char))
+    alternatives = [re.escape(char), encoded] + (["\\+"] if char == " " else [])
+    return f"(?:{'|'.join(alternatives)})"
+
+
+def secret_pattern(token: str) -> re.Pattern[str] | None:
+    """Every spelling of ``token`` a log line could show: as is or with any of
+    its characters percent-encoded, and base64url (the dashboard's
+    subprotocol); None for a token under 4 characters (it would blank
+    ordinary text)."""
+    if len(token) < 4:
+        return None
+    b64 = base64.urlsafe_b64encode(_utf8(token)).decode("ascii")
+    spellings = ["".join(_spelled(c) for c in token), re.escape(b64), re.escape(b64.rstrip("="))]
+    return re.compile("|".join(spellings), re.IGNORECASE)
+
+
+_known_secrets: list[re.Pattern[str]] = []
 
 
 def redact(text: str) -> str:
-    """``text`` with the value of every ``token=`` / ``ticket=`` of a URL blanked."""
-    return _SECRET_IN_URL.sub(rf"\1{REDACTED}", text)
+    """``text`` with every secret a request can carry blanked: the value of a
+    URL's ``token`` / ``ticket`` parameter (however its name is spelled:
+    case, percent-encoding), an ``Authorization`` header, ``Bearer <token>``,
+    the ``bearer.`` / ``base64url.bearer.`` / ``ticket.`` subprotocols, and
+    every spelling of a server's token (``install_log_redaction``)."""
+    if "=" in text:
+        text = _QUERY_PARAM.sub(_param, text)
+    text = _AUTH_HEADER.sub(rf"\1{REDACTED}", text)
+    text = _BEARER_WORD.sub(rf"\1{REDACTED}", text)
+    text = _SUBPROTOCOL.sub(rf"\1{REDACTED}", text)
+    for secret in _known_secrets:
+        text = secret.sub(REDACTED, text)
+    return text
+
+
+def _redact_arg(arg: object) -> object:
+    return redact(arg) if isinstance(arg, str) else arg
 
 
 class RedactSecrets(logging.Filter):
-    """Rewrites a record whose message shows a URL's token or ticket."""
+    """Rewrites a record whose message shows a secret (see ``redact``): its
+    text arguments one by one when that is enough (formatters that read the
+    arguments, like uvicorn's access log, keep working), else the whole
+    message; a traceback's text too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
         except (TypeError, ValueError):  # a malformed record: leave it to logging
             return True
-        clean = redact(message)
-        if clean != message:
-            record.msg, record.args = clean, ()
+        if redact(message) != message:
+            args = record.args
+            if isinstance(args, tuple):
+                record.args = tuple(_redact_arg(a) for a in args)
+            elif isinstance(args, Mapping):
+                record.args = {k: _redact_arg(v) for k, v in args.items()}
+            if isinstance(record.msg, str):
+                record.msg = redact(record.msg)
+            try:
+                again = record.getMessage()
+            except (TypeError, ValueError):
+                again = message
+            if redact(again) != again:
+                record.msg, record.args = redact(message), ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        elif record.exc_text:
+            record.exc_text = redact(record.exc_text)
         return True
 
 
-def install_log_redaction() -> None:
-    """Add ``RedactSecrets`` to uvicorn's loggers (once; a later
-    ``logging.config.dictConfig`` keeps a logger's filters)."""
-    for name in LOGGERS:
+def install_log_redaction(token: str | None = None) -> None:
+    """Add ``RedactSecrets`` (once each) to the loggers of uvicorn, websockets
+    and blockpool and to every handler of those and of the root logger, so
+    that a record from any logger is redacted at every level (a logger's
+    filter does not see its children's records; a handler's sees them all).
+    ``token``: the server's token, blanked in every spelling.  Call it again
+    after logging is configured (``logging.config.dictConfig`` keeps a
+    logger's filters but makes new handlers)."""
+    pattern = secret_pattern(token) if token else None
+    if pattern is not None and all(p.pattern != pattern.pattern for p in _known_secrets):
+        _known_secrets.append(pattern)
+    targets: list[logging.Filterer] = []
+    for name in (None, *LOGGERS):
         log = logging.getLogger(name)
-        if not any(isinstance(f, RedactSecrets) for f in log.filters):
-            log.addFilter(RedactSecrets())
+        if name is not None:
+            targets.append(log)
+        targets.extend(log.handlers)
+    for target in targets:
+        if not any(isinstance(f, RedactSecrets) for f in target.filters):
+            target.addFilter(RedactSecrets())

@@ -27,6 +27,34 @@ def _bool_flag(p: argparse.ArgumentParser, name: str, dest: str, help_text: str)
     p.add_argument(f"--no-{name}", dest=dest, action="store_false", default=None)
 
 
+TOKEN_FLAG_NOTE = "; every local user sees it in ps: prefer --token-file or BLOCKPOOL_TOKEN"
+
+
+def _serving_flags(p: argparse.ArgumentParser) -> None:
+    """The token file and the connection limits (app/serving.py), both apps."""
+    p.add_argument(
+        "--token-file", metavar="PATH",
+        help="read the bearer token from this file (its first line); the way to pass it",
+    )  # fmt: skip
+    p.add_argument(
+        "--forwarded-allow-ips", metavar="IPS",
+        help="proxies (comma-separated, '*': any) whose X-Forwarded-For is trusted",
+    )  # fmt: skip
+    p.add_argument(
+        "--header-timeout", dest="header_timeout_s", type=float,
+        help="seconds a connection has to send a request's headers (then 408)",
+    )  # fmt: skip
+    p.add_argument(
+        "--body-timeout", dest="body_timeout_s", type=float,
+        help="seconds a request has to send its whole body (then 408)",
+    )  # fmt: skip
+    p.add_argument(
+        "--keep-alive", dest="keep_alive_s", type=int,
+        help="seconds an idle connection is kept open",
+    )  # fmt: skip
+    p.add_argument("--max-connections", type=int, help="connections open at once (beyond: 503)")
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="blockpool", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -55,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--device", dest="storage_device", help="storage device")
     s.add_argument("--host", help="bind address")
     s.add_argument("--port", type=int, help="port")
-    s.add_argument("--token", help="bearer token required by mutating endpoints")
+    s.add_argument("--token", help="bearer token required by mutating endpoints" + TOKEN_FLAG_NOTE)
+    _serving_flags(s)
     s.add_argument(
         "--allowed-host", dest="allowed_hosts", action="append", metavar="NAME",
         help="a Host name browsers may use (repeatable; loopback names and IPs always work)",
@@ -184,7 +213,8 @@ def _observe_parser(sub: Any) -> None:
     )  # fmt: skip
     o.add_argument("--host", help="bind address")
     o.add_argument("--port", type=int, help="port")
-    o.add_argument("--token", help="bearer token required by every read")
+    o.add_argument("--token", help="bearer token required by every read" + TOKEN_FLAG_NOTE)
+    _serving_flags(o)
     o.add_argument("--allowed-host", dest="allowed_hosts", action="append", metavar="NAME",
                    help="a Host name browsers may use (repeatable)")  # fmt: skip
     o.add_argument("--allowed-origin", dest="allowed_origins", action="append",
@@ -199,8 +229,37 @@ def _observe_parser(sub: Any) -> None:
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the flags give (those left out are None)."""
-    skip = {"command", "log_level"}
-    return {k: v for k, v in vars(args).items() if k not in skip and v is not None}
+    skip = {"command", "log_level", "token_file"}
+    given = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
+    token_file = getattr(args, "token_file", None)
+    if token_file is not None:
+        given["token"] = read_token_file(token_file)
+    return given
+
+
+class TokenFileError(ValueError):
+    """The --token-file could not be read (exit 2)."""
+
+
+def read_token_file(path: str) -> str:
+    """The first line of ``path``, without its line ending."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline(65536)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenFileError(f"--token-file {path}: {exc}") from None
+    token = first.rstrip("\r\n")
+    if not token.strip():
+        raise TokenFileError(f"--token-file {path}: line 1 is empty (no token)")
+    return token
+
+
+def warn_token_flag(args: argparse.Namespace) -> None:
+    if getattr(args, "token", None) is not None:
+        logger.warning(
+            "the token was given with --token: every local user can read it in the "
+            "process list (ps, /proc); pass it with --token-file PATH or BLOCKPOOL_TOKEN"
+        )
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -235,27 +294,18 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _run_server(app: Any, host: str, port: int, log_level: str, ws_max_size: int = 4096) -> int:
-    """Serve ``app`` with uvicorn until a signal stops it."""
+def _run_server(
+    app: Any, host: str, port: int, log_level: str, limits: Any, ws_max_size: int = 4096
+) -> int:
+    """Serve ``app`` with uvicorn until a signal stops it (``limits``: the
+    settings' connection limits, app/serving.py)."""
     import uvicorn
 
     from app.auth import install_log_redaction
+    from app.serving import uvicorn_config
 
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        access_log=False,
-        ws="websockets-sansio",
-        # No per-connection deflate: it would compress every frame once per
-        # client (serve compresses once per tick on request: ?compress=zlib).
-        ws_per_message_deflate=False,
-        # Clients only send small control messages: a bigger one closes the
-        # socket (1009) before it is buffered, let alone parsed.
-        ws_max_size=ws_max_size,
-    )
-    install_log_redaction()  # after Config (it configures logging): no token in a log line
+    config = uvicorn_config(app, host, port, log_level, limits, ws_max_size)
+    install_log_redaction(getattr(limits, "token", None))  # after Config (it configures logging)
     server = uvicorn.Server(config)
     # Ctrl-C comes back as KeyboardInterrupt after a graceful shutdown:
     # swallowed, as uvicorn.run does
@@ -272,7 +322,11 @@ def serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"blockpool: invalid settings:\n{exc}", file=sys.stderr)
         return 2
+    except TokenFileError as exc:
+        print(f"blockpool: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    warn_token_flag(args)
     try:
         app = create_app(settings)
     except ValueError as exc:  # e.g. a K/V memory budget that holds no block
@@ -291,7 +345,7 @@ def serve(args: argparse.Namespace) -> int:
         settings.port,
     )
     return _run_server(
-        app, settings.host, settings.port, args.log_level, settings.ws_max_message_bytes
+        app, settings.host, settings.port, args.log_level, settings, settings.ws_max_message_bytes
     )
 
 
@@ -303,7 +357,11 @@ def observe(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"blockpool observe: invalid settings:\n{exc}", file=sys.stderr)
         return 2
+    except TokenFileError as exc:
+        print(f"blockpool observe: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    warn_token_flag(args)
     app = create_observer_app(settings)
     for spec in settings.sources():
         logger.info(
@@ -314,7 +372,7 @@ def observe(args: argparse.Namespace) -> int:
             spec.data_parallel_rank,
         )
     logger.info("fleet dashboard: http://%s:%d/", _url_host(settings.host), settings.port)
-    return _run_server(app, settings.host, settings.port, args.log_level)
+    return _run_server(app, settings.host, settings.port, args.log_level, settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -55,7 +55,7 @@ def build_storage(settings: Settings) -> Any:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    install_log_redaction()  # whoever serves the app: no token in uvicorn's log lines
+    install_log_redaction(settings.token)  # whoever serves the app: no secret in a log line
     settings, storage_off = storage_link.settle(settings)
     if storage_off is not None:
         logger.warning("%s", storage_off)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from app.serving import ServingSettings
 from blockpool.kvevents.config import KVEventsConfig, SourceSpec, plan_sources
 from blockpool.shadow import POLICY_NAMES
 
@@ -14,7 +15,7 @@ HashName = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 SHADOW_POLICIES: tuple[str, ...] = POLICY_NAMES  # the library's list, the one list
 
 
-class Settings(BaseSettings):
+class Settings(ServingSettings):
     model_config = SettingsConfigDict(env_prefix="BLOCKPOOL_", extra="ignore")
 
     # --- the pool
@@ -67,6 +68,13 @@ class Settings(BaseSettings):
     )  # fmt: skip
     costly_reads_per_s: float = Field(
         default=0.5, gt=0, le=100_000, description="units a second that ration refills"
+    )
+    costly_reads_global_burst: int = Field(
+        default=32, ge=1, le=1_000_000,
+        description="units of costly reads all clients without the token may burst together",
+    )  # fmt: skip
+    costly_reads_global_per_s: float = Field(
+        default=2.0, gt=0, le=1_000_000, description="units a second that shared ration refills"
     )
     tick_hz: float = Field(default=20.0, gt=0, le=200)
     event_log_capacity: int = Field(default=200_000, ge=100)
@@ -228,7 +236,7 @@ class Settings(BaseSettings):
         return self.num_blocks if self.num_blocks is not None else 8192
 
 
-class ObserverSettings(BaseSettings):
+class ObserverSettings(ServingSettings):
     """``blockpool observe``: the streams to follow and the server showing them
     (env prefix ``BLOCKPOOL_OBSERVER_``; lists as JSON)."""
 

@@ -5,7 +5,10 @@
   from the package (no CDN), the generated ReDoc off;
 - ``serve_page``: the page at ``/`` and its files under ``/static``, when
   the frontend is installed (the API serves either way);
-- ``guard``: the same-origin guard, added last so it runs first.
+- ``guard``: the same-origin guard (added last so it runs first), then the
+  token check on the headers before any body is read
+  (``app.api.auth_first``), then the body deadline
+  (``app.serving.BodyDeadline``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from fastapi.staticfiles import StaticFiles
 import blockpool
 from app.api import docs as api_docs
 from app.api import errors as api_errors
+from app.api.auth_first import AuthBeforeBody
 from app.api.same_origin import SameOriginGuard
+from app.serving import DEFAULT_BODY_TIMEOUT_S, BodyDeadline
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -54,8 +59,13 @@ def serve_page(app: FastAPI, folder: Path, page: str) -> None:
 def guard(
     app: FastAPI, bind_host: str, allowed_hosts: Iterable[str], allowed_origins: Iterable[str]
 ) -> None:
-    """Outermost (call it last): cross-site and foreign-Host browser requests
-    are refused before anything else runs."""
+    """Outermost (call it last): cross-site and foreign-Host requests are
+    refused before anything else runs; then a body that trickles in is cut
+    off after the settings' ``body_timeout_s``."""
+    settings = getattr(app.state, "settings", None)
+    timeout_s = getattr(settings, "body_timeout_s", DEFAULT_BODY_TIMEOUT_S)
+    app.add_middleware(BodyDeadline, timeout_s=timeout_s)
+    app.add_middleware(AuthBeforeBody)
     app.add_middleware(
         SameOriginGuard,
         bind_host=bind_host,

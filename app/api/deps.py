@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from app.api import auth_first
 from app.auth import headers_token_ok
 from app.engine import Engine
 from app.errors import Unauthorized
@@ -49,6 +50,9 @@ def require_read(request: Request) -> None:
 
 WriteAuth = Depends(require_write)
 ReadAuth = Depends(require_read)
+# checked on the headers, before the body is read (app/api/auth_first.py)
+auth_first.register(require_write)
+auth_first.register(require_read)
 
 
 async def run(engine: Engine, op: Any) -> dict[str, Any]:

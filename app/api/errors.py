@@ -32,6 +32,7 @@ _CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "body_timeout",
     413: "too_large",
     415: "unsupported_media_type",
     422: "invalid_input",
@@ -113,14 +114,20 @@ def _clean(errors: Any) -> list[dict[str, Any]]:
     return out
 
 
+def refusal_response(exc: ApiError) -> JSONResponse:
+    """A refusal as its response: its status, the one error shape, and
+    ``WWW-Authenticate`` for a 401, ``Retry-After`` for a 429."""
+    status = status_of(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 429 and "retry_after_s" in exc.details:
+        headers = {"Retry-After": str(exc.details["retry_after_s"])}
+    return JSONResponse(body_of(exc), status, headers=headers)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        status = status_of(exc)
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        if status == 429 and "retry_after_s" in exc.details:
-            headers = {"Retry-After": str(exc.details["retry_after_s"])}
-        return JSONResponse(body_of(exc), status, headers=headers)
+        return refusal_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -160,6 +167,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        refusal = getattr(exc, "refusal", None)  # app.api.auth_first: before the body
+        if isinstance(refusal, ApiError):
+            return refusal_response(refusal)
         if exc.status_code == 400 and exc.detail == _FASTAPI_BODY_ERROR:
             # FastAPI's answer to a JSON body that is not even text (bad UTF-8):
             # the same 422 as any other malformed JSON, after the token check.

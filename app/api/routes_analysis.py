@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from app.analysis.host import AnalysisHost
-from app.api.costly import CostlyExport, CostlyRead
+from app.api.costly import CostlyExport, CostlyRead, charge_written, charged_lines
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import analysis as r
@@ -196,7 +196,7 @@ async def history_diff(
     dependencies=[CostlyExport],  # it writes the whole export to count it
     summary="What the export would send now",
 )
-async def history_export_size(engine: EngineDep) -> dict[str, Any]:
+async def history_export_size(request: Request, engine: EngineDep) -> dict[str, Any]:
     """The bytes and lines ``GET /history/export`` would send now, counted by
     writing it (in a thread, nothing kept): the JSON is many times the
     recording's in-memory size (``bytes_held``).  Rationed like the export
@@ -212,6 +212,7 @@ async def history_export_size(engine: EngineDep) -> dict[str, Any]:
         return size, lines
 
     size, lines = await asyncio.to_thread(count)
+    charge_written(request, size)
     return {"bytes": size, "lines": lines, "last_seq": final.seq}
 
 
@@ -226,7 +227,7 @@ class NDJSONResponse(StreamingResponse):
     response_class=NDJSONResponse,
     responses={200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},
 )
-async def history_export(engine: EngineDep) -> NDJSONResponse:
+async def history_export(request: Request, engine: EngineDep) -> NDJSONResponse:
     """A header, every keyframe and operation (result and events included)
     from the oldest held, and the state now as a final keyframe.  Replay it
     with ``blockpool replay FILE``."""
@@ -234,6 +235,6 @@ async def history_export(engine: EngineDep) -> NDJSONResponse:
     header, segments, final, view = rec.export_parts()
     name = f"blockpool-recording-{int(time.time())}.jsonl"
     return NDJSONResponse(
-        export_lines(header, segments, final, view),
+        charged_lines(request, export_lines(header, segments, final, view)),
         headers={"Content-Disposition": f'attachment; filename="{name}"'},
     )

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path, Query, Request
 from app import request_story
 from app.analysis_recent import RecentAnalysis
 from app.api import responses_operator as r
+from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import returns
@@ -65,7 +66,7 @@ async def analysis_recent(
 @router.get(
     "/requests/{request_id}/story",
     responses=returns(r.RequestStory),
-    dependencies=[ReadAuth],
+    dependencies=[CostlyRead],  # it scans the recording
     summary="One request's story",
 )
 async def story(

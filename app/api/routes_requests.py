@@ -106,7 +106,14 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
     status and code, ``details.op_index`` naming it).  With ``stop`` or
     ``continue`` operations apply one by one (each all-or-nothing) and the
     results come per operation (``ok`` + ``result`` or ``error``); ``stop``
-    skips the rest after the first refusal."""
+    skips the rest after the first refusal.
+
+    A refused all-or-nothing batch, of one operation or many, counts once in
+    ``operations_refused`` (``blockpool_operations_refused``) and is not in
+    the recording: the pool, the other counters, the event log and the
+    recording stay as they were (it was tried on a spare pool).  With
+    ``stop`` / ``continue`` each operation is applied, recorded and counted
+    as if sent alone."""
     limit = engine.settings.max_batch_ops
     if len(body.ops) > limit:
         raise TooLarge(
@@ -133,7 +140,7 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
     def apply() -> dict[str, Any]:
         if atomic:
             try:
-                done = apply_all(engine, rops, engine.apply)
+                done = apply_all(engine, rops, engine.apply, dry_run_one=True)
             except BatchRefused as refused:
                 raise refusal(refused.index, refused.error) from None
             oks = [{"ok": True, "result": r} for r in done]

@@ -12,12 +12,18 @@ or no token (defence in depth):
   A request with no ``Origin``, no ``Referer`` and no ``Sec-Fetch-*`` header is
   not from a browser page (curl, scripts, the Python client): it is allowed —
   a browser always names the origin of a cross-site POST.
-- **DNS rebinding** (``host_refused``, 403): a browser request (it carries
-  ``Origin``, ``Referer`` or ``Sec-Fetch-*``) whose ``Host`` is a name other
-  than a loopback name (``localhost``, ``*.localhost``), the bound ``--host``
-  or one of ``allowed_hosts`` ("*" allows any).  IP-address hosts are always
-  accepted: rebinding needs a DNS name the attacker controls.  This holds for
-  reads too, so a rebound page cannot read the recording either.
+- **DNS rebinding** (``host_refused``, 403): every request — reads too, from
+  a browser or not — whose ``Host`` is a name other than a loopback name
+  (``localhost``, ``*.localhost``), the bound ``--host`` or one of
+  ``allowed_hosts`` ("*" allows any).  A rebound page may strip ``Origin``,
+  ``Referer`` and (on plain http) never sends ``Sec-Fetch-*``, so nothing but
+  the ``Host`` tells its requests apart: the check cannot depend on them.
+  IP-address hosts are always accepted: rebinding needs a DNS name the
+  attacker controls (a page served from an IP address is that address's own
+  origin), and a server bound to 0.0.0.0 is reached by its LAN address.  A
+  request without a ``Host`` header (HTTP/1.0) is not from a browser and is
+  served.  Scripts and proxies that call the server by another name add it
+  with ``--allowed-host NAME`` (``BLOCKPOOL_ALLOWED_HOSTS``).
 """
 
 from __future__ import annotations
@@ -108,6 +114,8 @@ class SameOriginGuard:
 
     def host_ok(self, host: str) -> bool:
         name = host_name(host)
+        if not name:  # no Host header: HTTP/1.0, never a browser
+            return True
         return self.any_host or name in self.hosts or name.endswith(".localhost") or _is_ip(name)
 
     def refusal(self, kind: str, method: str, headers: Headers) -> tuple[str, str, dict[str, str]]:
@@ -116,19 +124,13 @@ class SameOriginGuard:
         origin_header = headers.get("origin")
         referer = headers.get("referer")
         fetch_site = headers.get("sec-fetch-site")
-        browser = (
-            origin_header is not None
-            or referer is not None
-            or fetch_site is not None
-            or "sec-fetch-mode" in headers
-        )
-        if browser and not self.host_ok(host):
+        if not self.host_ok(host):
             return (
                 "host_refused",
-                f"this server does not answer browsers under the host {host!r} (a page "
+                f"this server does not answer under the host name {host[:200]!r} (a page "
                 "on another site may be rebinding its DNS name to this address); start "
                 "the server with --allowed-host NAME to accept it",
-                {"host": host},
+                {"host": host[:200]},
             )
         if kind == "http" and method in SAFE_METHODS:
             return "", "", {}

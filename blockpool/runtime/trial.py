@@ -90,13 +90,20 @@ def first_refusal(rt: PoolRuntime, ops: Sequence[Any]) -> tuple[int, OperationEr
 
 
 def apply_all(
-    rt: PoolRuntime, ops: Sequence[Any], apply: Callable[[Any], dict[str, Any]]
+    rt: PoolRuntime,
+    ops: Sequence[Any],
+    apply: Callable[[Any], dict[str, Any]],
+    *,
+    dry_run_one: bool = False,
 ) -> list[dict[str, Any]]:
     """Apply ``ops`` with ``apply`` (the runtime's ``apply``, or a service's
     wrapper of it), all or nothing: raises ``BatchRefused`` before anything
     changes when one of them would be refused.  A batch with one mutating
-    operation needs no dry run (an operation is all or nothing by itself)."""
-    if mutating(ops) <= 1:
+    operation needs no dry run (an operation is all or nothing by itself)
+    unless ``dry_run_one``: then its refusal, like any batch's, happens on
+    the spare — nothing of the batch is applied, recorded or counted by the
+    runtime (the lookups before it included), whatever its size."""
+    if mutating(ops) == 0 or (mutating(ops) == 1 and not dry_run_one):
         out = []
         for i, op in enumerate(ops):
             try:

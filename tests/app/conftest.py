@@ -208,7 +208,7 @@ async def running(app: FastAPI, **client_kw: Any) -> AsyncIterator[Api]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://testserver", timeout=30, **client_kw
+            transport=transport, base_url="http://127.0.0.1:8000", timeout=30, **client_kw
         ) as client:
             yield Api(app, client)
 

@@ -33,6 +33,7 @@ APP = make_app(
     max_requests=200,
     event_log_capacity=1000,
     metrics_sample_rate=1.0,
+    allowed_hosts=["testserver"],  # schemathesis' ASGI client's Host
 )
 MAX_EXAMPLES = 60
 MIN_REQUESTS = 1000

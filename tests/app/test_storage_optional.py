@@ -84,7 +84,7 @@ def test_the_service_imports_and_serves_without_torch(tmp_path: Path) -> None:
         from app.main import create_app
         from app.settings import Settings
         app = create_app(Settings(num_blocks=32, block_size=4))
-        with TestClient(app) as client:
+        with TestClient(app, base_url="http://127.0.0.1:8000") as client:
             body = client.get("/api/storage").json()
             assert body["enabled"] is False and "torch" in body["reason"], body
             assert client.get("/").status_code == 200

@@ -72,7 +72,7 @@ async def _churn() -> Live:
 
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as c:
 
             async def ok(method: str, path: str, body: Any = None) -> dict[str, Any]:
                 r = await c.request(method, path, json=body)

@@ -129,7 +129,7 @@ def test_loadgen_backs_off_when_the_pool_is_full(loadgen: ModuleType) -> None:
     async def go() -> Any:
         app = create_app(Settings(num_blocks=160, demo=False))
         async with app.router.lifespan_context(app):
-            cfg = loadgen.Config(url="http://test", duration=2.0, stats_interval=1.0,
+            cfg = loadgen.Config(url="http://127.0.0.1:8000", duration=2.0, stats_interval=1.0,
                                  concurrency=8, seed=5, think_time=0.0)  # fmt: skip
             gen = loadgen.LoadGen(cfg, httpx.ASGITransport(app=app))
             code = await gen.run()
@@ -148,7 +148,7 @@ def test_loadgen_exits_nonzero_on_repeated_5xx(loadgen: ModuleType) -> None:
             return httpx.Response(200, json={"status": "ok"})
         return httpx.Response(500, json={"error": {"status": 500, "code": "internal"}})
 
-    cfg = loadgen.Config(url="http://test", duration=30.0, max_5xx=5, concurrency=2)
+    cfg = loadgen.Config(url="http://127.0.0.1:8000", duration=30.0, max_5xx=5, concurrency=2)
     t0 = time.monotonic()
     code = asyncio.run(loadgen.run(cfg, httpx.MockTransport(handler)))
     assert code == loadgen.EXIT_5XX == 1
@@ -159,7 +159,7 @@ def test_loadgen_exits_when_the_token_is_refused(loadgen: ModuleType) -> None:
     async def go() -> int:
         app = create_app(Settings(num_blocks=64, demo=False, token="right"))
         async with app.router.lifespan_context(app):
-            cfg = loadgen.Config(url="http://test", duration=30.0, token="wrong")
+            cfg = loadgen.Config(url="http://127.0.0.1:8000", duration=30.0, token="wrong")
             code: int = await loadgen.run(cfg, httpx.ASGITransport(app=app))
             return code
 
