@@ -240,6 +240,10 @@ class ObserverSettings(BaseSettings):
     replay_endpoints: list[str] = Field(
         default_factory=list, description="one ROUTER endpoint per endpoint ('none': no replay)"
     )
+    bind_endpoints: list[str] = Field(
+        default_factory=list,
+        description="addresses to bind for publishers that connect: [name=]tcp://host:port",
+    )
     dp_size: int = Field(default=1, ge=1, le=1024, description="DP ranks per endpoint")
     topic: str = Field(default="", description="topic prefix to subscribe to ('' = all)")
     bootstrap_replay: bool = Field(
@@ -251,11 +255,23 @@ class ObserverSettings(BaseSettings):
     rcvhwm: int = Field(default=100_000, ge=0, description="SUB socket high-water mark")
     event_log_capacity: int = Field(default=20_000, ge=100, description="events kept per pool")
     max_batch_bytes: int = Field(
-        default=32 * 1024 * 1024, ge=1024, description="a larger message is refused unread"
+        default=4 * 1024 * 1024, ge=1024, description="a larger message is refused unread"
     )
+    max_batch_hashes: int = Field(
+        default=131_072, ge=1, le=1 << 31,
+        description="events and hashes per batch at most; a larger batch is refused",
+    )  # fmt: skip
     silence_s: float = Field(
         default=10.0, gt=0, le=86_400,
         description="seconds without any message before the fleet card says what to check",
+    )  # fmt: skip
+    max_hashes: int = Field(
+        default=2_000_000, ge=1, le=1 << 31,
+        description="hashes held per pool at most; more are counted (overflow), not kept",
+    )  # fmt: skip
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, le=1 << 30,
+        description="a larger request body is refused (413) before it is read",
     )  # fmt: skip
 
     host: str = "127.0.0.1"
@@ -277,10 +293,10 @@ class ObserverSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _plan(self) -> ObserverSettings:
-        if self.endpoints:
+        if self.endpoints or self.bind_endpoints:
             self.sources()  # raises ValueError on a bad plan
         return self
 
     def sources(self) -> list[SourceSpec]:
         replays: list[str | None] = list(self.replay_endpoints)
-        return plan_sources(self.endpoints, replays, self.dp_size)
+        return plan_sources(self.endpoints, replays, self.dp_size, self.bind_endpoints)

@@ -70,7 +70,9 @@ class Entry:
 class InstanceState:
     """The rebuilt hash map of one stream; ``apply`` is the only mutator."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_keys: int | None = None) -> None:
+        self.max_keys = max_keys  # hashes held at most (None: no cap)
+        self.overflow = 0  # stored blocks not kept because the cap was reached
         self.entries: dict[Hash, Entry] = {}
         self.blocks = 0  # sum of copies
         self.block_size: int | None = None  # the latest BlockStored's
@@ -113,9 +115,15 @@ class InstanceState:
         group = ev.group
         if group is not None and (ev.spec_kind is not None or ev.sliding_window is not None):
             self.group_specs[group] = {"kind": ev.spec_kind, "sliding_window": ev.sliding_window}
+        cap = self.max_keys
+        kept = 0
         for i, h in enumerate(ev.hashes):
             entry = entries.get(h)
             if entry is None:
+                if cap is not None and len(entries) >= cap:
+                    self.overflow += 1  # over the cap: not kept (the state is then partial)
+                    parent = h
+                    continue
                 chunk = tuple(tokens[i * size : (i + 1) * size]) if size else ()
                 entries[h] = Entry(
                     parent, chunk, size, ev.lora_id, ev.lora_name, ev.medium, seq, ts, group
@@ -126,12 +134,14 @@ class InstanceState:
                 entry.copies += 1
                 entry.media[ev.medium] = entry.media.get(ev.medium, 0) + 1
                 entry.groups[group] = entry.groups.get(group, 0) + 1
+            kept += 1
             parent = h
-        media = self.media_blocks
-        media[ev.medium] = media.get(ev.medium, 0) + len(ev.hashes)
-        groups = self.group_blocks
-        groups[group] = groups.get(group, 0) + len(ev.hashes)
-        self.blocks += len(ev.hashes)
+        if kept or not ev.hashes:
+            media = self.media_blocks
+            media[ev.medium] = media.get(ev.medium, 0) + kept
+            groups = self.group_blocks
+            groups[group] = groups.get(group, 0) + kept
+        self.blocks += kept
         self.stored_blocks += len(ev.hashes)
 
     def _removed(self, ev: RemovedEvent) -> None:
@@ -288,6 +298,8 @@ class InstanceState:
             "removed_blocks": self.removed_blocks,
             "clears": self.clears,
             "unknown_removals": self.unknown_removals,
+            "max_keys": self.max_keys,
+            "overflow_blocks": self.overflow,
             "event_counts": dict(self.events),
         }
 
