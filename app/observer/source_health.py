@@ -40,7 +40,8 @@ def silence_hint(
             "its 'endpoint' (tcp://*:5557); blockpool serve binds only a wildcard or ipc "
             "endpoint or with --kv-events-bind bind (under 'auto' a concrete host means it "
             "connects, and two connecting sides never meet). Check the endpoint's host and "
-            "port, that the publisher is running, and any firewall between."
+            "port, that the publisher is running, and any firewall between. A publisher "
+            "given a concrete host connects: observe it with --bind on that host:port."
         )
     checks = []
     if topic:
