@@ -195,9 +195,7 @@ def check_page(page: Any, url: str, feds: dict[str, Fed]) -> None:
     assert "bind" in ghost and "connect" in ghost
     assert page.query_selector_all("#instances .instance:not([data-name='ghost']) .silence") == []
     # the one whose publisher went away after data: stale, with what that means
-    page.wait_for_selector(
-        '#instances .instance[data-name="gone"] .badge.stale', timeout=30_000
-    )
+    page.wait_for_selector('#instances .instance[data-name="gone"] .badge.stale', timeout=30_000)
     gone = page.inner_text('#instances .instance[data-name="gone"] .reason.stale')
     assert "no message for" in gone and "connection to" in gone and "closed" in gone
     assert page.query_selector_all('#instances .instance[data-name="gone"] .badge.exact') == []
