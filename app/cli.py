@@ -152,6 +152,11 @@ def _kv_event_flags(s: argparse.ArgumentParser) -> None:
         help="v016: vLLM 0.16's positional events (default); map: the current vLLM's "
         "map-tagged events with group_idx and kv_cache_spec_kind",
     )  # fmt: skip
+    g.add_argument(
+        "--fleet-url", metavar="URL",
+        help="the page of a blockpool observe following this server's KV events: the "
+        "dashboard's 'fleet' link opens it (without it there is no link)",
+    )  # fmt: skip
 
 
 def _observe_parser(sub: Any) -> None:

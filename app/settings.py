@@ -122,6 +122,22 @@ class Settings(BaseSettings):
         description="v016: vLLM 0.16's positional events; map: the current vLLM's "
         "map-tagged events (group_idx, kv_cache_spec_kind, ...)",
     )
+    fleet_url: str | None = Field(
+        default=None,
+        description="the page of a blockpool observe that follows this server's KV events: "
+        "the dashboard's 'fleet' link opens it (none: no link)",
+    )
+
+    @field_validator("fleet_url", mode="before")
+    @classmethod
+    def _fleet_url_is_http(cls, v: object) -> object:
+        if isinstance(v, str) and not v.strip():
+            return None
+        if isinstance(v, str) and (
+            not v.startswith(("http://", "https://")) or "@" in v.split("/")[2]
+        ):
+            raise ValueError("fleet_url is an http(s):// URL without credentials")
+        return v
 
     # --- analysis: miss reasons, eviction regret, shadow pools, recording
     metrics_seed: int | None = Field(
