@@ -274,8 +274,16 @@ class ObserverSettings(BaseSettings):
         default=4 * 1024 * 1024, ge=1024, description="a larger message is refused unread"
     )
     max_batch_hashes: int = Field(
-        default=131_072, ge=1, le=1 << 31,
-        description="events and hashes per batch at most; a larger batch is refused",
+        default=32_768, ge=1, le=1 << 31,
+        description="block hashes per batch at most; a larger batch is refused",
+    )  # fmt: skip
+    max_batch_events: int = Field(
+        default=8_192, ge=1, le=1 << 31,
+        description="events per batch at most; a larger batch is refused",
+    )  # fmt: skip
+    max_batch_tokens: int = Field(
+        default=524_288, ge=1, le=1 << 31,
+        description="token ids (of BlockStored) per batch at most; a larger batch is refused",
     )  # fmt: skip
     silence_s: float = Field(
         default=10.0, gt=0, le=86_400,

@@ -71,6 +71,8 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
             silence_s=settings.silence_s,
             max_hashes=settings.max_hashes,
             max_batch_hashes=settings.max_batch_hashes,
+            max_batch_events=settings.max_batch_events,
+            max_batch_tokens=settings.max_batch_tokens,
         )
         for spec in settings.sources()
     ]

@@ -56,6 +56,8 @@ class Source:
         silence_s: float = 10.0,
         max_hashes: int | None = None,
         max_batch_hashes: int | None = None,
+        max_batch_events: int | None = None,
+        max_batch_tokens: int | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -66,6 +68,8 @@ class Source:
         self.rcvhwm = rcvhwm
         self.max_batch_bytes = max_batch_bytes
         self.max_batch_hashes = max_batch_hashes
+        self.max_batch_events = max_batch_events
+        self.max_batch_tokens = max_batch_tokens
         self.restart_backoff = restart_backoff
         self.silence_s = silence_s
         self.poison = PoisonCounter(spec.name, logger)
@@ -108,22 +112,16 @@ class Source:
 
     def _apply(self, seq: int, payload: bytes) -> bool:
         try:
-            batch = decode_batch(payload, self.max_batch_bytes)
+            batch = decode_batch(
+                payload,
+                self.max_batch_bytes,
+                self.max_batch_events,
+                self.max_batch_hashes,
+                self.max_batch_tokens,
+            )
         except DecodeError as exc:
             self.poison.add(exc.kind, f"batch {seq}: {exc}")
             raise
-        cap = self.max_batch_hashes
-        if cap is not None:
-            items = len(batch.events) + sum(
-                len(ev.hashes) for ev in batch.events if not isinstance(ev, ClearedEvent)
-            )
-            if items > cap:
-                refused = DecodeError(
-                    f"{items} events and hashes, over the limit of {cap} per batch",
-                    "too_many_hashes",
-                )
-                self.poison.add(refused.kind, f"batch {seq}: {refused}")
-                raise refused
         now = time.time()
         if batch.issues:
             for kind, n in batch.issues.items():

@@ -16,7 +16,8 @@ a replay from seq 0 covers them).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from blockpool.kvevents.decode import (
@@ -46,7 +47,7 @@ class Entry:
     def __init__(
         self,
         parent: Hash | None,
-        tokens: tuple[int, ...],
+        tokens: Sequence[int],
         block_size: int,
         lora_id: int | None,
         lora_name: str | None,
@@ -124,7 +125,7 @@ class InstanceState:
                     self.overflow += 1  # over the cap: not kept (the state is then partial)
                     parent = h
                     continue
-                chunk = tuple(tokens[i * size : (i + 1) * size]) if size else ()
+                chunk = _packed(tokens[i * size : (i + 1) * size]) if size else _EMPTY
                 entries[h] = Entry(
                     parent, chunk, size, ev.lora_id, ev.lora_name, ev.medium, seq, ts, group
                 )
@@ -235,7 +236,7 @@ class InstanceState:
         best: list[Hash] = []
         frontier: list[tuple[Hash | None, list[Hash]]] = [(None, [])]
         for start in range(0, len(tokens) - size + 1, size):
-            chunk = tuple(tokens[start : start + size])
+            chunk = _packed(tokens[start : start + size])
             nxt: list[tuple[Hash | None, list[Hash]]] = []
             for parent, path in frontier:
                 for c in children.get(parent, ()):
@@ -302,6 +303,19 @@ class InstanceState:
             "overflow_blocks": self.overflow,
             "event_counts": dict(self.events),
         }
+
+
+_EMPTY: array[int] = array("q")
+
+
+def _packed(tokens: list[int]) -> Sequence[int]:
+    """A block's token ids as 8 bytes each (a tuple of ints costs ~36 B a
+    token); a tuple should one not fit 64 bits (compares unequal to any
+    packed chunk: such ids are no real vocabulary's)."""
+    try:
+        return array("q", tokens)
+    except OverflowError:
+        return tuple(tokens)
 
 
 _NONE: Any = object()  # no such medium / group held

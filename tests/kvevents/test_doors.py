@@ -186,27 +186,46 @@ def test_the_held_hashes_are_capped_and_the_overflow_counted() -> None:
     st.check()
 
 
-def test_a_batch_over_the_hash_limit_is_refused_whole() -> None:
-    s = source(max_batch_hashes=100)
+def test_a_batch_over_a_count_limit_is_refused_whole() -> None:
+    s = source(max_batch_hashes=100, max_batch_events=10, max_batch_tokens=300)
     s.feed_live(0, positional([stored([1, 2])]))
-    s.feed_live(1, positional([stored(list(range(10, 210)))]))  # 201 events and hashes
+    # over each limit in turn: 101 hashes in two events; 11 events; 320 tokens
+    s.feed_live(1, positional([stored(list(range(10, 60))), stored(list(range(60, 111)))]))
+    s.feed_live(2, positional([stored([200 + i]) for i in range(11)]))
+    wide = BlockStored(
+        block_hashes=list(range(300, 340)), parent_block_hash=None, token_ids=[5] * 320,
+        block_size=8, lora_id=None, medium="GPU", lora_name=None,
+    )  # fmt: skip
+    s.feed_live(3, positional([wide]))  # 40 hashes, 320 tokens
     t = s.tracker
-    assert s.state.copies() == {1: 1, 2: 1} and s.poison.counts == {"too_many_hashes": 1}
-    assert t.decode_errors == 1 and not t.exact
-    s.feed_live(2, positional([stored([3])]))  # the next good batch is applied
+    assert s.state.copies() == {1: 1, 2: 1}
+    assert s.poison.counts == {"too_many_hashes": 1, "too_many_events": 1, "too_many_tokens": 1}
+    assert t.decode_errors == 3 and not t.exact
+    s.feed_live(4, positional([stored([3])]))  # the next good batch is applied
     assert s.state.copies() == {1: 1, 2: 1, 3: 1}
     s.state.check()
 
 
+def test_the_count_limits_leave_other_decoders_alone() -> None:
+    """decode_batch without limits (other users of the codec) reads it all."""
+    from blockpool.kvevents.decode import decode_batch
+
+    payload = positional([stored(list(range(1, 5001)))])
+    assert len(decode_batch(payload).events[0].hashes) == 5000  # type: ignore[union-attr]
+
+
 def test_the_default_batch_limits_bound_one_message() -> None:
     """An observer with the defaults refuses what a vLLM step never sends:
-    a 12.5 MB payload unread, 200,000 one-byte hashes after decoding."""
+    a 12.5 MB payload unread, 200,000 one-byte hashes or 100,000 events
+    before they are read."""
     cfg = ObserverSettings()
     s = source(max_batch_bytes=cfg.max_batch_bytes, max_batch_hashes=cfg.max_batch_hashes,
+               max_batch_events=cfg.max_batch_events, max_batch_tokens=cfg.max_batch_tokens,
                max_hashes=cfg.max_hashes)  # fmt: skip
     huge = msgpack.packb([1.0, [["BlockRemoved", [1] * 200_000, "GPU"]], 0])
     s.feed_live(0, huge)
-    assert s.poison.counts == {"too_many_hashes": 1}
-    s.feed_live(1, b"\x00" * 12_500_000)
-    assert s.poison.counts == {"too_many_hashes": 1, "too_large": 1}
-    assert s.state.copies() == {} and s.tracker.decode_errors == 2
+    many = msgpack.packb([1.0, [["AllBlocksCleared"]] * 100_000, 0])
+    s.feed_live(1, many)
+    s.feed_live(2, b"\x00" * 12_500_000)
+    assert s.poison.counts == {"too_many_hashes": 1, "too_many_events": 1, "too_large": 1}
+    assert s.state.copies() == {} and s.tracker.decode_errors == 3
