@@ -17,7 +17,8 @@ REST (JSON; hashes as hex strings -- 16 digits for the 64-bit int form):
 
 With a token every route but ``/api/health`` and the page needs
 ``Authorization: Bearer <token>`` (the websocket and the page may pass
-``?token=``).
+``?token=``), checked before any request body is read (``auth.TokenGate``);
+bodies over ``max_body_bytes`` are refused with 413 unread.
 
 Here: the app (``create_observer_app``), the websocket and the page.  The
 REST routes are ``observer_routes.py``, ``/metrics`` ``observer_metrics.py``,

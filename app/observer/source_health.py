@@ -2,12 +2,15 @@
 should check when its stream stays silent.
 
 ZeroMQ's PUB/SUB works only when exactly one side binds (listens) and the
-other connects: vLLM binds its wildcard endpoint (``tcp://*:5557``);
-``blockpool serve`` binds wildcard or ipc addresses and *connects* to a
-concrete host under its default ``--kv-events-bind auto``; the observer
-always connects.  Two connecting sides never meet and nothing says so --
-hence these hints, shown on the fleet card once nothing has arrived for
-``silence_s`` seconds.
+other connects: vLLM binds a wildcard endpoint (``tcp://*:5557``) and
+connects to a concrete one (``tcp://observer-host:5557``); ``blockpool
+serve`` does the same under its default ``--kv-events-bind auto``; the
+observer connects to its ENDPOINTs and binds its ``--bind`` ones.  Two
+connecting sides never meet and nothing says so -- hence these hints, shown
+on the fleet card once nothing has arrived for ``silence_s`` seconds.
+
+A stream that had data and then went away (no connection, no message for
+``silence_s``) is *stale*: its card says so, with ``stale_hint``.
 """
 
 from __future__ import annotations
