@@ -181,6 +181,11 @@ def _kv_event_flags(s: argparse.ArgumentParser) -> None:
         help="v016: vLLM 0.16's positional events (default); map: the current vLLM's "
         "map-tagged events with group_idx and kv_cache_spec_kind",
     )  # fmt: skip
+    g.add_argument(
+        "--fleet-url", metavar="URL",
+        help="the page of a blockpool observe following this server's KV events: the "
+        "dashboard's 'fleet' link opens it (without it there is no link)",
+    )  # fmt: skip
 
 
 def _observe_parser(sub: Any) -> None:
@@ -194,8 +199,17 @@ def _observe_parser(sub: Any) -> None:
         ),
     )
     o.add_argument(
-        "endpoints", nargs="+", metavar="ENDPOINT",
+        "endpoints", nargs="*", metavar="ENDPOINT",
         help="[name=]tcp://host:port of a PUB socket (vLLM's kv-events-config endpoint)",
+    )  # fmt: skip
+    o.add_argument(
+        "--bind", dest="bind_endpoints", action="append", metavar="ENDPOINT",
+        help="[name=]tcp://host:port to bind (repeatable), for publishers that connect: vLLM "
+        "does when its kv-events endpoint is a concrete host (tcp://this-host:5557)",
+    )  # fmt: skip
+    o.add_argument(
+        "--max-hashes", type=int,
+        help="hashes held per pool at most (more are counted as overflow, not kept)",
     )  # fmt: skip
     o.add_argument(
         "--replay", dest="replay_endpoints", action="append", metavar="ENDPOINT",
@@ -360,13 +374,17 @@ def observe(args: argparse.Namespace) -> int:
     except TokenFileError as exc:
         print(f"blockpool observe: {exc}", file=sys.stderr)
         return 2
+    if not settings.endpoints and not settings.bind_endpoints:
+        print("blockpool observe: give at least one ENDPOINT or --bind ENDPOINT", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     warn_token_flag(args)
     app = create_observer_app(settings)
     for spec in settings.sources():
         logger.info(
-            "observing %s: %s%s (dp rank %d)",
+            "observing %s: %s %s%s (dp rank %d)",
             spec.name,
+            "binding" if spec.bind else "connecting to",
             spec.endpoint,
             f", replay {spec.replay_endpoint}" if spec.replay_endpoint else ", no replay",
             spec.data_parallel_rank,

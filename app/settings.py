@@ -130,6 +130,22 @@ class Settings(ServingSettings):
         description="v016: vLLM 0.16's positional events; map: the current vLLM's "
         "map-tagged events (group_idx, kv_cache_spec_kind, ...)",
     )
+    fleet_url: str | None = Field(
+        default=None,
+        description="the page of a blockpool observe that follows this server's KV events: "
+        "the dashboard's 'fleet' link opens it (none: no link)",
+    )
+
+    @field_validator("fleet_url", mode="before")
+    @classmethod
+    def _fleet_url_is_http(cls, v: object) -> object:
+        if isinstance(v, str) and not v.strip():
+            return None
+        if isinstance(v, str) and (
+            not v.startswith(("http://", "https://")) or "@" in v.split("/")[2]
+        ):
+            raise ValueError("fleet_url is an http(s):// URL without credentials")
+        return v
 
     # --- analysis: miss reasons, eviction regret, shadow pools, recording
     metrics_seed: int | None = Field(
@@ -248,6 +264,10 @@ class ObserverSettings(ServingSettings):
     replay_endpoints: list[str] = Field(
         default_factory=list, description="one ROUTER endpoint per endpoint ('none': no replay)"
     )
+    bind_endpoints: list[str] = Field(
+        default_factory=list,
+        description="addresses to bind for publishers that connect: [name=]tcp://host:port",
+    )
     dp_size: int = Field(default=1, ge=1, le=1024, description="DP ranks per endpoint")
     topic: str = Field(default="", description="topic prefix to subscribe to ('' = all)")
     bootstrap_replay: bool = Field(
@@ -259,11 +279,31 @@ class ObserverSettings(ServingSettings):
     rcvhwm: int = Field(default=100_000, ge=0, description="SUB socket high-water mark")
     event_log_capacity: int = Field(default=20_000, ge=100, description="events kept per pool")
     max_batch_bytes: int = Field(
-        default=32 * 1024 * 1024, ge=1024, description="a larger message is refused unread"
+        default=4 * 1024 * 1024, ge=1024, description="a larger message is refused unread"
     )
+    max_batch_hashes: int = Field(
+        default=32_768, ge=1, le=1 << 31,
+        description="block hashes per batch at most; a larger batch is refused",
+    )  # fmt: skip
+    max_batch_events: int = Field(
+        default=8_192, ge=1, le=1 << 31,
+        description="events per batch at most; a larger batch is refused",
+    )  # fmt: skip
+    max_batch_tokens: int = Field(
+        default=524_288, ge=1, le=1 << 31,
+        description="token ids (of BlockStored) per batch at most; a larger batch is refused",
+    )  # fmt: skip
     silence_s: float = Field(
         default=10.0, gt=0, le=86_400,
         description="seconds without any message before the fleet card says what to check",
+    )  # fmt: skip
+    max_hashes: int = Field(
+        default=2_000_000, ge=1, le=1 << 31,
+        description="hashes held per pool at most; more are counted (overflow), not kept",
+    )  # fmt: skip
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, le=1 << 30,
+        description="a larger request body is refused (413) before it is read",
     )  # fmt: skip
 
     host: str = "127.0.0.1"
@@ -285,10 +325,10 @@ class ObserverSettings(ServingSettings):
 
     @model_validator(mode="after")
     def _plan(self) -> ObserverSettings:
-        if self.endpoints:
+        if self.endpoints or self.bind_endpoints:
             self.sources()  # raises ValueError on a bad plan
         return self
 
     def sources(self) -> list[SourceSpec]:
         replays: list[str | None] = list(self.replay_endpoints)
-        return plan_sources(self.endpoints, replays, self.dp_size)
+        return plan_sources(self.endpoints, replays, self.dp_size, self.bind_endpoints)

@@ -27,9 +27,12 @@ async def kv_events(request: Request) -> dict[str, Any]:
     what the PUB socket does with ``bound_endpoint``: ``"bind"`` (subscribers
     connect to it) or ``"connect"`` (a subscriber must bind that address;
     ``--kv-events-bind auto`` connects to a concrete address such as
-    127.0.0.1); ``events_format`` is ``"v016"`` or ``"map"``."""
+    127.0.0.1); ``events_format`` is ``"v016"`` or ``"map"``.  ``fleet_url``:
+    the page of the fleet observer following this stream (``--fleet-url``),
+    or null."""
+    fleet_url = request.app.state.settings.fleet_url
     publisher = getattr(request.app.state, "kv_publisher", None)
     if publisher is None:
-        return {"enabled": False}
+        return {"enabled": False, "fleet_url": fleet_url}
     status: dict[str, Any] = publisher.status()
-    return status
+    return {**status, "fleet_url": fleet_url}

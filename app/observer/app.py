@@ -17,7 +17,8 @@ REST (JSON; hashes as hex strings -- 16 digits for the 64-bit int form):
 
 With a token every route but ``/api/health`` and the page needs
 ``Authorization: Bearer <token>`` (the websocket and the page may pass
-``?token=``).
+``?token=``), checked before any request body is read (``auth.TokenGate``);
+bodies over ``max_body_bytes`` are refused with 413 unread.
 
 Here: the app (``create_observer_app``), the websocket and the page.  The
 REST routes are ``observer_routes.py``, ``/metrics`` ``observer_metrics.py``,
@@ -40,9 +41,10 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from app.api import assembly
+from app.api.errors import BodyLimit
 from app.auth import accept_subprotocol, websocket_credentials, websocket_token_ok
 from app.frontend_files import BESIDE, frontend_dir
-from app.observer.auth import Auth
+from app.observer.auth import Auth, TokenGate
 from app.observer.fleet import Fleet
 from app.observer.hub import FleetHub
 from app.observer.metrics import ObserverCollector
@@ -68,6 +70,10 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
             rcvhwm=settings.rcvhwm,
             max_batch_bytes=settings.max_batch_bytes,
             silence_s=settings.silence_s,
+            max_hashes=settings.max_hashes,
+            max_batch_hashes=settings.max_batch_hashes,
+            max_batch_events=settings.max_batch_events,
+            max_batch_tokens=settings.max_batch_tokens,
         )
         for spec in settings.sources()
     ]
@@ -141,6 +147,10 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
             hub.remove(client)
 
     assembly.serve_page(app, FRONTEND, "fleet.html")
+    # outermost first: the same-origin guard, then the token, then the body's
+    # size -- a stranger's body is never read, a client's is bounded
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(TokenGate, token=settings.token)
     assembly.guard(app, settings.host, settings.allowed_hosts, settings.allowed_origins)
     return app
 

@@ -91,11 +91,28 @@ class ObserverCollector(Collector):
             p + "last_batch_age_seconds",
             "Seconds since the instance's last batch was applied (since the observer "
             "started when none yet): alert on a stalled publisher.",
-            labels=["instance"],
+            labels=["pool"],
         )
         for s in sources:
             age.add_metric([s.name], s.last_batch_age(now))
         yield age
+        stale = GaugeMetricFamily(
+            p + "stale",
+            "1 when the pool's publisher went away: data came, then no connection and no "
+            "message for silence_s (the map is the last one heard).",
+            labels=["pool"],
+        )
+        for s in sources:
+            stale.add_metric([s.name], float(s.stale(now)))
+        yield stale
+        yield fam("g", "hash_map_max_keys", "The cap on hashes held (--max-hashes).",
+                  lambda s: s.state.max_keys or 0)  # fmt: skip
+        yield fam("c", "hash_overflow_blocks", "Stored blocks not kept: over the held-hash cap.",
+                  lambda s: s.state.overflow)  # fmt: skip
+        yield fam("c", "live_duplicates", "Live messages received twice (skipped).",
+                  lambda s: s.tracker.live_duplicates)  # fmt: skip
+        yield fam("c", "replay_out_of_range", "Replayed seqs past the live stream (given up).",
+                  lambda s: s.tracker.replay_out_of_range)  # fmt: skip
         yield GaugeMetricFamily(p + "ws_clients", "Websocket clients.", value=len(self.hub.clients))
         yield CounterMetricFamily(
             p + "ws_clients_dropped", "Slow websocket clients resynced.",

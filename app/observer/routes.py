@@ -4,6 +4,7 @@ pool's hash map, prefix tree and event log."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -74,18 +75,23 @@ router = APIRouter(prefix="/api", tags=["observer"])
 
 @router.get("/health", summary="Liveness")
 async def health(request: Request) -> dict[str, Any]:
-    """``status`` is ``ok`` while every source's task runs, ``degraded``
-    while one is restarting or dead (listed in ``down``)."""
+    """``status`` is ``ok`` while every source's task runs and none is
+    stale; ``degraded`` while one is restarting or dead (listed in ``down``)
+    or stale -- it had data, then no connection and no message for
+    ``silence_s`` (listed in ``stale``)."""
     fleet: Fleet = request.app.state.fleet
     sources = list(fleet.sources.values())
     down = {s.name: s.task_state for s in sources if not s.task_alive}
+    now = time.time()
+    stale = [s.name for s in sources if s.stale(now)]
     return {
-        "status": "degraded" if down else "ok",
+        "status": "degraded" if down or stale else "ok",
         "role": "observer",
         "instances": len(sources),
         "connected": sum(1 for s in sources if s.connected),
         "exact": sum(1 for s in sources if s.tracker.exact),
         "down": down,
+        "stale": stale,
         "poison_messages": sum(s.poison.total for s in sources),
     }
 

@@ -54,6 +54,10 @@ class Source:
         max_batch_bytes: int = MAX_BATCH_BYTES,
         restart_backoff: tuple[float, float] = (0.1, 10.0),
         silence_s: float = 10.0,
+        max_hashes: int | None = None,
+        max_batch_hashes: int | None = None,
+        max_batch_events: int | None = None,
+        max_batch_tokens: int | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -63,6 +67,9 @@ class Source:
         self.bootstrap_replay = bootstrap_replay
         self.rcvhwm = rcvhwm
         self.max_batch_bytes = max_batch_bytes
+        self.max_batch_hashes = max_batch_hashes
+        self.max_batch_events = max_batch_events
+        self.max_batch_tokens = max_batch_tokens
         self.restart_backoff = restart_backoff
         self.silence_s = silence_s
         self.poison = PoisonCounter(spec.name, logger)
@@ -71,7 +78,7 @@ class Source:
         self.last_task_error: str | None = None
         self.started_at: float | None = None
         self._wake = asyncio.Event()
-        self.state = InstanceState()
+        self.state = InstanceState(max_hashes)
         self.log: SeqLog[EventItem] = SeqLog(event_log_capacity)
         self.tracker = SeqTracker(
             self._apply,
@@ -80,6 +87,7 @@ class Source:
             max_pending=max_pending,
         )
         self.connected = False
+        self._peers: set[int] = set()  # the fds of the connections the monitor reported
         self.connects = 0
         self.disconnects = 0
         self.ranks_seen: set[int] = set()
@@ -91,6 +99,7 @@ class Source:
         self.bad_messages = 0
         self.last_batch_ts: float | None = None  # the publisher's clock
         self.last_batch_at: float | None = None  # ours
+        self.last_message_at: float | None = None  # ours: any live message
         self.events_total = 0
         self.resets = 0
         self.on_batch: Callable[[Source], None] | None = None
@@ -103,7 +112,13 @@ class Source:
 
     def _apply(self, seq: int, payload: bytes) -> bool:
         try:
-            batch = decode_batch(payload, self.max_batch_bytes)
+            batch = decode_batch(
+                payload,
+                self.max_batch_bytes,
+                self.max_batch_events,
+                self.max_batch_hashes,
+                self.max_batch_tokens,
+            )
         except DecodeError as exc:
             self.poison.add(exc.kind, f"batch {seq}: {exc}")
             raise
@@ -117,7 +132,13 @@ class Source:
             self._count_unknown_fields(batch.unknown_fields)
         if batch.malformed:
             self.tracker.lossy(f"{batch.malformed} event(s) of batch {seq} could not be read")
+        overflow = self.state.overflow
         self.state.apply(batch.events, seq, batch.ts)
+        if self.state.overflow != overflow:
+            self.tracker.lossy(
+                f"{self.state.overflow} stored block(s) not kept: over the cap of "
+                f"{self.state.max_keys} held hashes (--max-hashes)"
+            )
         self.encodings[batch.encoding] = self.encodings.get(batch.encoding, 0) + 1
         if batch.data_parallel_rank is not None:
             self.ranks_seen.add(batch.data_parallel_rank)
@@ -230,9 +251,16 @@ class Source:
         sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
         monitor = sub.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+            zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
         )
-        sub.connect(self.spec.endpoint)
+        # a peer that hangs without closing its connection is found out by
+        # heartbeats (ZMTP PING) and reported as a disconnect
+        sub.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        if self.spec.bind:
+            sub.bind(self.spec.endpoint)  # the publisher connects to us
+        else:
+            sub.connect(self.spec.endpoint)
         dealer = self._new_dealer(ctx) if self.spec.replay_endpoint else None
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
@@ -272,6 +300,7 @@ class Source:
             if dealer is not None:
                 dealer.close(linger=0)
             self.connected = False
+            self._peers.clear()
 
     async def _monitor(self, monitor: zmq.asyncio.Socket) -> None:
         for _ in range(100):
@@ -279,15 +308,17 @@ class Source:
                 frames = await monitor.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
-            event = parse_monitor_message(frames)["event"]
-            if event in (zmq.EVENT_CONNECTED, zmq.EVENT_HANDSHAKE_SUCCEEDED):
-                if not self.connected:
+            message = parse_monitor_message(frames)
+            event, fd = message["event"], message["value"]
+            # a connecting SUB has one peer at a time, a bound one any number
+            if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
+                if fd not in self._peers:
                     self.connects += 1
-                self.connected = True
-            elif event == zmq.EVENT_DISCONNECTED:
-                if self.connected:
-                    self.disconnects += 1
-                self.connected = False
+                self._peers.add(fd)
+            elif event == zmq.EVENT_DISCONNECTED and fd in self._peers:
+                self._peers.discard(fd)
+                self.disconnects += 1
+            self.connected = bool(self._peers)
 
     def _bad_frames(self, frames: list[bytes]) -> bool:
         if len(frames) == 3 and len(frames[1]) == 8:
@@ -300,6 +331,7 @@ class Source:
         if self._bad_frames(frames):
             return None
         seq = int.from_bytes(frames[1], "big")
+        self.last_message_at = time.time()
         tracker = self.tracker
         tracker.has_replay = (
             self.spec.replay_endpoint is not None and time.monotonic() >= self._replay_paused_until
@@ -324,8 +356,11 @@ class Source:
         if frames[1] == END_SEQ:
             self._replay_outstanding = None
             return tracker.on_replay_end()
-        tracker.on_replay(int.from_bytes(frames[1], "big"), frames[2])
-        return None
+        out_of_range = tracker.replay_out_of_range
+        start = tracker.on_replay(int.from_bytes(frames[1], "big"), frames[2])
+        if tracker.replay_out_of_range != out_of_range:
+            self.poison.add("replay_out_of_range", tracker.last_failure or "")
+        return start
 
     async def _request(
         self,
@@ -398,6 +433,23 @@ class Source:
         yet): what a stalled-publisher alert watches."""
         since = self.last_batch_at or self.started_at or now
         return max(0.0, now - since)
+
+    def silent_for(self, now: float) -> float | None:
+        """Seconds since the last live message (None: none yet)."""
+        return None if self.last_message_at is None else max(0.0, now - self.last_message_at)
+
+    def stale(self, now: float) -> bool:
+        """Data came, then the publisher went away: no connection and no
+        message for ``silence_s``.  The map is the last one heard and may no
+        longer be the engine's.  (Connected but silent is an idle engine.)"""
+        silent = self.silent_for(now)
+        return silent is not None and silent >= self.silence_s and not self.connected
+
+    def idle(self, now: float) -> bool:
+        """Data came, the publisher is still connected, and nothing for
+        ``silence_s``: an engine without traffic (the map stands)."""
+        silent = self.silent_for(now)
+        return silent is not None and silent >= self.silence_s and self.connected
 
     def health(self) -> dict[str, Any]:
         """Stream health, task and map summary (``source_health.py``)."""

@@ -2,12 +2,15 @@
 should check when its stream stays silent.
 
 ZeroMQ's PUB/SUB works only when exactly one side binds (listens) and the
-other connects: vLLM binds its wildcard endpoint (``tcp://*:5557``);
-``blockpool serve`` binds wildcard or ipc addresses and *connects* to a
-concrete host under its default ``--kv-events-bind auto``; the observer
-always connects.  Two connecting sides never meet and nothing says so --
-hence these hints, shown on the fleet card once nothing has arrived for
-``silence_s`` seconds.
+other connects: vLLM binds a wildcard endpoint (``tcp://*:5557``) and
+connects to a concrete one (``tcp://observer-host:5557``); ``blockpool
+serve`` does the same under its default ``--kv-events-bind auto``; the
+observer connects to its ENDPOINTs and binds its ``--bind`` ones.  Two
+connecting sides never meet and nothing says so -- hence these hints, shown
+on the fleet card once nothing has arrived for ``silence_s`` seconds.
+
+A stream that had data and then went away (no connection, no message for
+``silence_s``) is *stale*: its card says so, with ``stale_hint``.
 """
 
 from __future__ import annotations
@@ -17,13 +20,22 @@ from typing import Any
 
 
 def silence_hint(
-    endpoint: str, topic: str, connected: bool, received: int, waited_s: float, silence_s: float
-) -> str | None:
+    endpoint: str, topic: str, connected: bool, received: int, waited_s: float, silence_s: float,
+    binds: bool = False,
+) -> str | None:  # fmt: skip
     """None while the stream is fine (or too young to tell); otherwise one
     paragraph naming what to check."""
     if received or waited_s < silence_s:
         return None
     waited = f"nothing received in {waited_s:.0f} s"
+    if not connected and binds:
+        return (
+            f"{waited}, and no publisher has connected to {endpoint}, which this observer "
+            "binds (--bind). The publisher must connect here: give vLLM a concrete kv-events "
+            "endpoint naming this host and port (tcp://<observer host>:<port>; a wildcard "
+            "endpoint makes vLLM bind instead). Check the host and port, that the publisher "
+            "is running, and any firewall between."
+        )
     if not connected:
         return (
             f"{waited}, and the SUB socket never connected to {endpoint}. The observer "
@@ -31,7 +43,8 @@ def silence_hint(
             "its 'endpoint' (tcp://*:5557); blockpool serve binds only a wildcard or ipc "
             "endpoint or with --kv-events-bind bind (under 'auto' a concrete host means it "
             "connects, and two connecting sides never meet). Check the endpoint's host and "
-            "port, that the publisher is running, and any firewall between."
+            "port, that the publisher is running, and any firewall between. A publisher "
+            "given a concrete host connects: observe it with --bind on that host:port."
         )
     checks = []
     if topic:
@@ -45,15 +58,33 @@ def silence_hint(
     )
 
 
+def stale_hint(endpoint: str, binds: bool, silent_s: float) -> str:
+    """What a stale card says: the map is the last one heard."""
+    side = (
+        f"no publisher is connected to {endpoint} (bound here)"
+        if binds
+        else f"the connection to {endpoint} is closed"
+    )
+    return (
+        f"stale: no message for {silent_s:.0f} s and {side}. The publisher stopped or "
+        "restarted, or the network between failed; the map shows what it last said and may "
+        "no longer be the engine's. When it comes back its seq tells whether the map "
+        "carries on (gaps replayed) or starts over."
+    )
+
+
 def source_health(s: Any) -> dict[str, Any]:
     # ``s``: a Source (source.py imports this module, so not the other way round)
     """What ``/api/fleet`` and the websocket show of one source."""
     t = s.tracker
     now = time.time()
     waited = now - (s.started_at or now)
+    stale = s.stale(now)
+    silent = s.silent_for(now)
     return {
         "name": s.name,
         "endpoint": s.spec.endpoint,
+        "mode": "bind" if s.spec.bind else "connect",
         "replay_endpoint": s.spec.replay_endpoint,
         "data_parallel_rank": s.spec.data_parallel_rank,
         "ranks_seen": sorted(s.ranks_seen),
@@ -95,7 +126,14 @@ def source_health(s: Any) -> dict[str, Any]:
             t.received,
             waited,
             s.silence_s,
+            s.spec.bind,
         ),
+        "stale": stale,
+        "stale_hint": stale_hint(s.spec.endpoint, s.spec.bind, silent or 0.0) if stale else None,
+        "idle": s.idle(now),
+        "silent_s": silent,
+        "live_duplicates": t.live_duplicates,
+        "replay_out_of_range": t.replay_out_of_range,
         "unknown_events": s.unknown_events,
         "malformed_events": s.malformed_events,
         "unknown_fields": dict(s.unknown_fields),

@@ -126,6 +126,7 @@ class SourceSpec:
     endpoint: str
     replay_endpoint: str | None
     data_parallel_rank: int
+    bind: bool = False  # the observer binds ``endpoint`` and the publisher connects to it
 
 
 def default_name(endpoint: str) -> str:
@@ -136,36 +137,56 @@ def default_name(endpoint: str) -> str:
     return endpoint.split("://", 1)[-1]
 
 
+def _bind_name(endpoint: str) -> str:
+    """host:port of an address the observer binds (``*`` reads ``any``)."""
+    return default_name(endpoint).replace("*", "any").replace("[", "").replace("]", "")
+
+
 def plan_sources(
-    endpoints: list[str], replays: list[str | None] | None = None, dp_size: int = 1
+    endpoints: list[str],
+    replays: list[str | None] | None = None,
+    dp_size: int = 1,
+    binds: list[str] | None = None,
 ) -> list[SourceSpec]:
     """Expand the command line's endpoints into the streams to follow.
 
     ``endpoints`` may be ``name=tcp://host:port``; ``replays`` is empty or has
     one entry per endpoint (None: that one has no replay socket); with
     ``dp_size`` N each endpoint (and its replay) becomes N ranks on N
-    consecutive ports, as vLLM's publishers bind them.
+    consecutive ports, as vLLM's publishers bind them.  ``binds`` are
+    addresses the observer binds (``[name=]tcp://host:port``) for publishers
+    that connect -- vLLM does when its endpoint is a concrete host; they
+    follow ``endpoints`` in the order ``replays`` are matched.
     """
-    if not endpoints:
-        raise ValueError("give at least one endpoint to observe")
+    binds = list(binds or [])
+    if not endpoints and not binds:
+        raise ValueError("give at least one endpoint to observe (or one to --bind)")
     if dp_size < 1:
         raise ValueError("dp_size must be >= 1")
     replays = list(replays or [])
-    if replays and len(replays) != len(endpoints):
+    if replays and len(replays) != len(endpoints) + len(binds):
         raise ValueError(
-            f"{len(replays)} replay endpoint(s) for {len(endpoints)} endpoint(s): give one per "
-            "endpoint (use 'none' for an endpoint without replay) or none at all"
+            f"{len(replays)} replay endpoint(s) for {len(endpoints) + len(binds)} endpoint(s): "
+            "give one per endpoint (use 'none' for an endpoint without replay) or none at all"
+            + (" -- the endpoints first, then the --bind ones" if binds else "")
         )
     out: list[SourceSpec] = []
-    for i, raw in enumerate(endpoints):
+    given = [(raw, False) for raw in endpoints] + [(raw, True) for raw in binds]
+    for i, (raw, bind) in enumerate(given):
         name, sep, endpoint = raw.partition("=")
         if not sep:
             name, endpoint = "", raw
         name = name.strip()
         endpoint = endpoint.strip()
         check_endpoint(endpoint)
-        if "*" in endpoint:
-            raise ValueError(f"endpoint {endpoint!r}: an observer connects; give a host, not *")
+        if bind:
+            if endpoint.endswith(":*"):
+                raise ValueError(f"--bind {endpoint!r}: give the port the publishers connect to")
+        elif "*" in endpoint:
+            raise ValueError(
+                f"endpoint {endpoint!r}: an observer connects to it; give a host, not * "
+                "(or --bind it, for publishers that connect)"
+            )
         replay = replays[i] if replays else None
         if replay is not None:
             replay = replay.strip()
@@ -179,8 +200,8 @@ def plan_sources(
             if name:
                 label = name if dp_size == 1 else f"{name}-dp{rank}"
             else:
-                label = default_name(ep)
-            out.append(SourceSpec(label, ep, rp, rank))
+                label = _bind_name(ep) if bind else default_name(ep)
+            out.append(SourceSpec(label, ep, rp, rank, bind))
     for s in out:
         if not s.name or any(not (c.isalnum() or c in "._:-") for c in s.name):
             raise ValueError(f"instance name {s.name!r}: use letters, digits and . _ : -")

@@ -284,8 +284,18 @@ def _event(raw: Any, tally: Tally) -> ObservedEvent | None:
     return None
 
 
-def decode_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> ObservedBatch:
-    """Decode one message payload, whichever encoding it uses."""
+def decode_batch(
+    payload: bytes,
+    max_bytes: int = MAX_BATCH_BYTES,
+    max_events: int | None = None,
+    max_hashes: int | None = None,
+    max_tokens: int | None = None,
+) -> ObservedBatch:
+    """Decode one message payload, whichever encoding it uses.  With
+    ``max_events`` / ``max_hashes`` / ``max_tokens`` a batch with more
+    events, or more block hashes or token ids in all, is refused
+    (``too_many_events`` / ``too_many_hashes`` / ``too_many_tokens``) before
+    more than that is read: the time one batch takes is bounded."""
     if len(payload) > max_bytes:
         raise DecodeError(f"{len(payload)} bytes, over the {max_bytes} limit", "too_large")
     try:
@@ -312,6 +322,13 @@ def decode_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> ObservedBa
         raise DecodeError(f"a batch is an array or a map, not {type(raw).__name__}")
     if not isinstance(events_raw, list):
         raise DecodeError("the batch's events are not a list")
+    if max_events is not None and len(events_raw) > max_events:
+        raise DecodeError(
+            f"{len(events_raw)} events, over the limit of {max_events} per batch",
+            "too_many_events",
+        )
+    hashes_left = max_hashes
+    tokens_left = max_tokens
     if isinstance(ts_raw, bool) or not isinstance(ts_raw, int | float | None):
         raise DecodeError("the batch's ts is not a number")
     issues: dict[str, int] = {}
@@ -324,6 +341,18 @@ def decode_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> ObservedBa
     unknown = malformed = 0
     tally = Tally()
     for item in events_raw:
+        if hashes_left is not None or tokens_left is not None:
+            n_hashes, n_tokens = _raw_counts(item)  # before reading them
+            if hashes_left is not None:
+                hashes_left -= n_hashes
+                if hashes_left < 0:
+                    raise DecodeError(f"over {max_hashes} block hashes in one batch",
+                                      "too_many_hashes")  # fmt: skip
+            if tokens_left is not None:
+                tokens_left -= n_tokens
+                if tokens_left < 0:
+                    raise DecodeError(f"over {max_tokens} token ids in one batch",
+                                      "too_many_tokens")  # fmt: skip
         try:
             ev = _event(item, tally)
         except (BadNumber, OverflowError):
@@ -349,6 +378,22 @@ def decode_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> ObservedBa
         malformed=malformed,
         issues={**issues, "extra_cut": tally.cut} if tally.cut else (issues or None),
         unknown_fields=tally.unknown_names or None,
+    )
+
+
+def _raw_counts(item: Any) -> tuple[int, int]:
+    """How many block hashes and token ids an undecoded event lists where
+    BlockStored keeps them (0 for what is not a list there)."""
+    if isinstance(item, list):
+        hashes = item[1] if len(item) > 1 else None
+        tokens = item[3] if len(item) > 3 else None
+    elif isinstance(item, dict):
+        hashes, tokens = item.get("block_hashes"), item.get("token_ids")
+    else:
+        return 0, 0
+    return (
+        len(hashes) if isinstance(hashes, list) else 0,
+        len(tokens) if isinstance(tokens, list) else 0,
     )
 
 

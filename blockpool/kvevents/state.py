@@ -16,7 +16,8 @@ a replay from seq 0 covers them).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from blockpool.kvevents.decode import (
@@ -46,7 +47,7 @@ class Entry:
     def __init__(
         self,
         parent: Hash | None,
-        tokens: tuple[int, ...],
+        tokens: Sequence[int],
         block_size: int,
         lora_id: int | None,
         lora_name: str | None,
@@ -70,7 +71,9 @@ class Entry:
 class InstanceState:
     """The rebuilt hash map of one stream; ``apply`` is the only mutator."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_keys: int | None = None) -> None:
+        self.max_keys = max_keys  # hashes held at most (None: no cap)
+        self.overflow = 0  # stored blocks not kept because the cap was reached
         self.entries: dict[Hash, Entry] = {}
         self.blocks = 0  # sum of copies
         self.block_size: int | None = None  # the latest BlockStored's
@@ -113,10 +116,16 @@ class InstanceState:
         group = ev.group
         if group is not None and (ev.spec_kind is not None or ev.sliding_window is not None):
             self.group_specs[group] = {"kind": ev.spec_kind, "sliding_window": ev.sliding_window}
+        cap = self.max_keys
+        kept = 0
         for i, h in enumerate(ev.hashes):
             entry = entries.get(h)
             if entry is None:
-                chunk = tuple(tokens[i * size : (i + 1) * size]) if size else ()
+                if cap is not None and len(entries) >= cap:
+                    self.overflow += 1  # over the cap: not kept (the state is then partial)
+                    parent = h
+                    continue
+                chunk = _packed(tokens[i * size : (i + 1) * size]) if size else _EMPTY
                 entries[h] = Entry(
                     parent, chunk, size, ev.lora_id, ev.lora_name, ev.medium, seq, ts, group
                 )
@@ -126,12 +135,14 @@ class InstanceState:
                 entry.copies += 1
                 entry.media[ev.medium] = entry.media.get(ev.medium, 0) + 1
                 entry.groups[group] = entry.groups.get(group, 0) + 1
+            kept += 1
             parent = h
-        media = self.media_blocks
-        media[ev.medium] = media.get(ev.medium, 0) + len(ev.hashes)
-        groups = self.group_blocks
-        groups[group] = groups.get(group, 0) + len(ev.hashes)
-        self.blocks += len(ev.hashes)
+        if kept or not ev.hashes:
+            media = self.media_blocks
+            media[ev.medium] = media.get(ev.medium, 0) + kept
+            groups = self.group_blocks
+            groups[group] = groups.get(group, 0) + kept
+        self.blocks += kept
         self.stored_blocks += len(ev.hashes)
 
     def _removed(self, ev: RemovedEvent) -> None:
@@ -225,7 +236,7 @@ class InstanceState:
         best: list[Hash] = []
         frontier: list[tuple[Hash | None, list[Hash]]] = [(None, [])]
         for start in range(0, len(tokens) - size + 1, size):
-            chunk = tuple(tokens[start : start + size])
+            chunk = _packed(tokens[start : start + size])
             nxt: list[tuple[Hash | None, list[Hash]]] = []
             for parent, path in frontier:
                 for c in children.get(parent, ()):
@@ -288,8 +299,23 @@ class InstanceState:
             "removed_blocks": self.removed_blocks,
             "clears": self.clears,
             "unknown_removals": self.unknown_removals,
+            "max_keys": self.max_keys,
+            "overflow_blocks": self.overflow,
             "event_counts": dict(self.events),
         }
+
+
+_EMPTY: array[int] = array("q")
+
+
+def _packed(tokens: list[int]) -> Sequence[int]:
+    """A block's token ids as 8 bytes each (a tuple of ints costs ~36 B a
+    token); a tuple should one not fit 64 bits (compares unequal to any
+    packed chunk: such ids are no real vocabulary's)."""
+    try:
+        return array("q", tokens)
+    except OverflowError:
+        return tuple(tokens)
 
 
 _NONE: Any = object()  # no such medium / group held

@@ -16,21 +16,42 @@ socket for missed batches (the returned start seq).
   started; otherwise, with a replay socket, the tracker first asks for
   everything from seq 0 (vLLM keeps the last ``buffer_steps`` batches).
 * **Duplicates** -- the replay may run ahead of the live stream, so a live
-  batch may already have been applied: skipped, counted.
-* **Restart** -- the *live* seq goes back (a PUB socket delivers one
-  publisher's messages in order, so only a new publisher does that): the
-  state is reset and the stream followed from the new seq, as a join.
+  batch may already have been applied: skipped, counted.  A live message
+  repeated byte for byte (the same seq and payload as one of the last
+  ``DUPLICATE_WINDOW`` received) is a duplicate too: skipped, counted, the
+  state kept.
+* **Restart** -- the *live* seq goes back with a payload other than the one
+  first received at that seq (a PUB socket delivers one publisher's
+  messages in order, so only a new publisher does that): the state is reset
+  and the stream followed from the new seq, as a join.
+* **Replay range** -- a replayed seq more than ``replay_ahead`` past the
+  newest live seq cannot be one the publisher has sent: the replay is given
+  up (counted in ``replay_out_of_range``), so that a bogus seq can never
+  make the live batches after it look like duplicates.
 * **Exact** -- true when every batch since seq 0 (or since an
   AllBlocksCleared) was applied; false, with a reason, otherwise.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Callable
 
 from blockpool.kvevents.decode import DecodeError
 
 Apply = Callable[[int, bytes], bool]  # returns True when the batch cleared the cache
+
+DUPLICATE_WINDOW = 1024
+"""Live messages remembered (seq and a digest of the payload) to tell a
+repeated message from a restarted publisher."""
+REPLAY_AHEAD = 10_000
+"""How far past the newest live seq a replay may run (batches still on their
+way on the live socket)."""
+
+
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
 
 
 class SeqTracker:
@@ -40,11 +61,14 @@ class SeqTracker:
         on_restart: Callable[[], None],
         has_replay: bool,
         max_pending: int = 100_000,
+        replay_ahead: int = REPLAY_AHEAD,
     ) -> None:
         self._apply_fn = apply
         self._on_restart = on_restart
         self.has_replay = has_replay
         self.max_pending = max_pending
+        self.replay_ahead = replay_ahead
+        self._recent: OrderedDict[int, bytes] = OrderedDict()  # live seq -> payload digest
         self.applied: int | None = None  # the last seq applied (or given up)
         self.live_last: int | None = None  # the last live seq received
         self.replaying = False
@@ -64,6 +88,8 @@ class SeqTracker:
         self.replay_batches = 0
         self.replay_failures = 0
         self.stale_replies = 0
+        self.live_duplicates = 0  # live messages received twice (skipped)
+        self.replay_out_of_range = 0  # replayed seqs past the live stream (replay given up)
         self.restarts = 0
         self.decode_errors = 0
         self.apply_errors = 0  # batches whose apply raised (anything but DecodeError)
@@ -76,9 +102,18 @@ class SeqTracker:
     def on_live(self, seq: int, payload: bytes) -> int | None:
         """A live message; returns the seq to request a replay from, if any."""
         self.received += 1
+        digest = _digest(payload)
         if self.live_last is not None and seq <= self.live_last:
+            if self._recent.get(seq) == digest:
+                self.live_duplicates += 1  # the same message again: nothing to do
+                self.duplicates += 1
+                return None
             self._restart(seq)
         self.live_last = seq
+        recent = self._recent
+        recent[seq] = digest
+        if len(recent) > DUPLICATE_WINDOW:
+            recent.popitem(last=False)
         if self.replaying:
             self.pending.append((seq, payload))
             if len(self.pending) > self.max_pending:
@@ -88,15 +123,23 @@ class SeqTracker:
             return None
         return self._process(seq, payload, allow_replay=True)
 
-    def on_replay(self, seq: int, payload: bytes) -> None:
-        """One replayed batch (of the current replay)."""
+    def on_replay(self, seq: int, payload: bytes) -> int | None:
+        """One replayed batch (of the current replay); returns the seq to
+        request a new replay from, if giving this one up calls for one."""
         if not self.replaying:
             self.stale_replies += 1
-            return
+            return None
         self.replay_batches += 1
         if self.applied is not None and seq <= self.applied:
             self.duplicates += 1
-            return
+            return None
+        newest = self.live_last if self.live_last is not None else -1
+        if seq > newest + self.replay_ahead:
+            self.replay_out_of_range += 1
+            return self.on_replay_failed(
+                f"the replay sent seq {seq}, more than {self.replay_ahead} past the newest "
+                f"live seq {newest}"
+            )
         # A replay may run past what arrived live: the live copies of those
         # batches are skipped as duplicates when the buffer is drained.
         expected = 0 if self.applied is None else self.applied + 1
@@ -105,6 +148,7 @@ class SeqTracker:
             self._replay_short = True
             self._lost(expected, seq)
         self._apply(seq, payload)
+        return None
 
     def on_replay_end(self) -> int | None:
         """The replay's end marker arrived."""
@@ -146,6 +190,7 @@ class SeqTracker:
         self.applied = None
         self.first_seq = None
         self.pending = []
+        self._recent.clear()
         if self.replaying:
             self.replaying = False
             self.replay_gen += 1

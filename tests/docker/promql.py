@@ -140,7 +140,7 @@ def check_selector(sel: Selector, scrape: Scrape) -> list[str]:
 
 def _matches(labels: dict[str, str], matcher: tuple[str, str, str]) -> bool:
     lbl, op, val = matcher
-    val = val.replace("$model_name", MODEL)
+    val = val.replace("$model_name", MODEL).replace("$pool", ".+")  # $pool: All
     have = labels.get(lbl, "")
     if op == "=":
         return have == val

@@ -35,9 +35,11 @@ def test_compose_config_is_valid(profiles: tuple[str, ...]) -> None:
 
 
 def test_compose_services() -> None:
-    assert set(compose_model()["services"]) == {"app", "loadgen", "prometheus", "grafana"}
+    assert set(compose_model()["services"]) == {
+        "app", "loadgen", "observer", "prometheus", "grafana"
+    }  # fmt: skip
     assert set(compose_model("gpu")["services"]) == {
-        "app", "loadgen", "prometheus", "grafana", "app-gpu", "loadgen-gpu",
+        "app", "loadgen", "observer", "prometheus", "grafana", "app-gpu", "loadgen-gpu",
     }  # fmt: skip
 
 
@@ -64,7 +66,7 @@ def test_every_service_has_a_healthcheck(compose: dict[str, Any]) -> None:
 
 def test_ports_are_the_documented_ones(compose: dict[str, Any]) -> None:
     expected = {
-        "app": (8000, 8000), "app-gpu": (8001, 8000),
+        "app": (8000, 8000), "app-gpu": (8001, 8000), "observer": (8002, 8002),
         "prometheus": (9090, 9090), "grafana": (3000, 3000),
     }  # fmt: skip
     for name, svc in compose["services"].items():
@@ -78,7 +80,7 @@ def test_ports_are_the_documented_ones(compose: dict[str, Any]) -> None:
         # Loopback unless BLOCKPOOL_BIND says otherwise: the demo has no auth.
         assert p.get("host_ip") == "127.0.0.1", p
     doc = (DOCKER / "README.md").read_text()
-    for port in ("8000", "9090", "3000"):
+    for port in ("8000", "8002", "9090", "3000"):
         assert f"localhost:{port}" in doc, f"docker/README.md does not document port {port}"
 
 

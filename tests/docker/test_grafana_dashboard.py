@@ -15,11 +15,14 @@ from typing import Any
 
 import httpx
 import pytest
+import zmq
 
 from app.main import create_app
-from app.settings import Settings
+from app.observer.app import create_observer_app
+from app.settings import ObserverSettings, Settings
 from tests.docker.helpers import DASHBOARD, MODEL, STREAM_METRICS, TARGET_LABELS, datasource
 from tests.docker.promql import NAME, Live, Scrape, check_selector, evaluate, selectors
+from tests.kvevents.helpers import Workload, await_for, free_port, positional
 
 # The KV-cache queries of vLLM's example Grafana dashboard
 # (examples/online_serving/prometheus_grafana/grafana.json, "Cache
@@ -114,9 +117,43 @@ async def _churn() -> Live:
     return Live(first, last)
 
 
+async def _observed() -> str:
+    """A real observer's /metrics after it followed a publisher: batches, a
+    poison message, a gap (the series its panels name)."""
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    pub.bind(endpoint)
+    app = create_observer_app(ObserverSettings(endpoints=[f"engine-a={endpoint}"]))
+    try:
+        async with app.router.lifespan_context(app):
+            src = app.state.fleet.sources["engine-a"]
+            assert await asyncio.to_thread(pub.poll, 30_000), "no subscription"
+            pub.recv()
+            batches = Workload(seed=31, lora=False).batches(6)
+            for i, evs in enumerate(batches):
+                if i != 3:  # one lost: a gap
+                    pub.send_multipart([b"", i.to_bytes(8, "big"), positional(evs)])
+            pub.send_multipart([b"", b"short"])  # poison: bad frames
+            await await_for(lambda: src.tracker.applied == 5, 30, "the observer fed")
+            await await_for(lambda: src.poison.total == 1, 30, "the poison counted")
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+                r = await c.get("/metrics")
+                assert r.status_code == 200
+                return r.text
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+
+
 @pytest.fixture(scope="module")
 def live() -> Live:
     result = asyncio.run(_churn())
+    observer = asyncio.run(_observed())  # the observer's series, as a second target
+    for scrape in (result.first, result.last):
+        scrape.text += observer
     for name in ("lifetime", "idle_before_evict", "reuse_gap"):
         count = [
             v for n, _, v, _ in result.last.samples()
@@ -191,10 +228,22 @@ def test_dashboard_has_the_issue_panels() -> None:
     assert "by (state)" in blocks["targets"][0]["expr"]
     assert blocks["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
     assert has(r"^vllm:kv_cache_usage_perc\{")
-    assert has(
-        r"rate\(vllm:prefix_cache_hits_total\{[^}]*\}\[\$__rate_interval\]\)\)"
-        r"\s*/\s*sum by \(job\) \(rate\(vllm:prefix_cache_queries_total"
-    )
+    # the hit rate over the windows the page's tiles promise (1m, 5m), not
+    # Grafana's rate interval, on the stat and on the time series
+    for window in ("1m", "5m"):
+        for agg in (r"sum", r"sum by \(job\) "):
+            assert has(
+                rf"^{agg}\(rate\(vllm:prefix_cache_hits_total\{{[^}}]*\}}\[{window}\]\)\)"
+                rf"\s*/\s*{agg}\(rate\(vllm:prefix_cache_queries_total\{{[^}}]*\}}\[{window}\]\)\)$"
+            ), (agg, window)
+    hit_rate = [e for e in exprs if "rate(vllm:prefix_cache_hits_total" in e and " / " in e]
+    assert hit_rate and not [e for e in hit_rate if "$__rate_interval" in e]
+    assert has(r"^sum by \(job\) \(vllm:num_requests_waiting\{")
+    # the observer's panels: every one by pool, the label all its metrics carry
+    observer = [e for e in exprs if "blockpool_observer_" in e]
+    for name in ("connected", "exact", "stale", "last_batch_age_seconds"):
+        assert has(rf"by \(pool\) \(blockpool_observer_{name}\{{pool=~\"\$pool\"\}}\)"), name
+    assert all("by (pool)" in e or e.startswith("blockpool_observer_") for e in observer)
     assert has(r"rate\(blockpool_evictions_total") and has(r"rate\(blockpool_blocks_allocated")
     for name in ("lifetime", "idle_before_evict", "reuse_gap"):
         quantile = r"histogram_quantile\(0\.\d+, sum by \((job, )?le\) \(rate\("

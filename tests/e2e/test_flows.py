@@ -1,18 +1,21 @@
 """Flows that do not trap (issue 15.8): the reset dialog says beforehand why a
 reset would be refused and offers to stop the workload first, with its
-outcome in the dialog; the "fleet" link only where an observer can watch
-this server (it publishes KV events), leading to the command that does it;
+outcome in the dialog; the "fleet" link only to a fleet observer that
+answers (``--fleet-url``), opening its page -- never a dead end;
 Export says how big the file is (the server's own count of it)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import Page, Server, free_port, wait_for
+from tests.e2e.conftest import ARTIFACTS, REPO, Page, Server, free_port, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -94,24 +97,74 @@ def publishing() -> Iterator[tuple[Server, str]]:
     srv.close()
 
 
-def test_fleet_link_leads_to_the_observe_command(
+def link_state(p: Page) -> dict[str, Any]:
+    p.page.wait_for_function("() => document.getElementById('fleet-link').dataset.checked")
+    state: dict[str, Any] = p.js(
+        "() => { const a = document.getElementById('fleet-link');"
+        " return {hidden: a.hidden, href: a.getAttribute('href'), title: a.title}; }"
+    )
+    return state
+
+
+def test_fleet_link_opens_a_real_observer_or_is_not_shown(
     browser: Any, publishing: tuple[Server, str]
 ) -> None:
     srv, endpoint = publishing
-    p = Page(browser, srv.url, "flows-fleet-link")
+    # publishing, but no observer named: no link (the pool server has no fleet page)
+    p = Page(browser, srv.url, "flows-fleet-link-none")
     try:
-        p.page.wait_for_function("() => !document.getElementById('fleet-link').hidden")
-        tip = p.js("() => document.getElementById('fleet-link').title")
-        assert f"blockpool observe {endpoint}" in tip, tip
-        # the page it leads to, on this pool server, says the same
-        p.page.click("#fleet-link")
-        # (the fleet page may still be loading: wait for its element, then its text)
-        p.page.wait_for_function(
-            "ep => { const el = document.getElementById('page-error');"
-            " return !!el && el.textContent.includes(ep); }",
-            arg=endpoint,
-        )
-        text = p.page.inner_text("#page-error")
-        assert "pool server, not an observer" in text and f"blockpool observe {endpoint}" in text
+        assert link_state(p)["hidden"] is True
     finally:
         p.close()
+    port = free_port()
+    fleet = f"http://127.0.0.1:{port}/"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    log = open(ARTIFACTS / "flows-observer.log", "wb")  # noqa: SIM115
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
+    observer = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "observe", f"pool={endpoint}", "--port", str(port),
+         "--log-level", "warning"],
+        cwd=REPO, env=env, stdout=log, stderr=log,
+    )  # fmt: skip
+    linked = Server(
+        free_port(), "--num-blocks", "256", "--log-level", "warning", "--fleet-url", fleet,
+        name="linked",
+    )  # fmt: skip
+    try:
+
+        def answers() -> bool:
+            try:
+                return httpx.get(fleet + "api/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                assert observer.poll() is None, f"the observer exited: see {log.name}"
+                return False
+
+        wait_for(answers, what="the observer to answer")
+        linked.start()
+        assert linked.get("/api/kv-events")["fleet_url"] == fleet
+        p = Page(browser, linked.url, "flows-fleet-link")
+        try:
+            state = link_state(p)
+            assert state["hidden"] is False and state["href"] == fleet, state
+            assert fleet in state["title"]
+            with p.ctx.expect_page() as opened:
+                p.page.click("#fleet-link")
+            page = opened.value
+            page.wait_for_selector('#instances .instance[data-name="pool"]', timeout=30_000)
+            assert page.url.startswith(fleet)
+        finally:
+            p.close()
+        # the observer gone: the link is not shown
+        observer.terminate()
+        observer.wait(30)
+        p = Page(browser, linked.url, "flows-fleet-link-gone")
+        try:
+            assert link_state(p)["hidden"] is True
+        finally:
+            p.close()
+    finally:
+        if observer.poll() is None:
+            observer.kill()
+            observer.wait()
+        log.close()
+        linked.close()

@@ -297,13 +297,13 @@ class FakePublisher:
     live messages against the replay).  ``serve_replays=False`` leaves
     requests unanswered (timeouts)."""
 
-    def __init__(self, topic: bytes = b"") -> None:
+    def __init__(self, topic: bytes = b"", endpoint: str | None = None) -> None:
         self.ctx = zmq.Context()
         # an XPUB is a PUB that also hears subscriptions: wait_subscribed()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.subscriptions = 0
-        self.endpoint = tcp()
+        self.endpoint = endpoint or tcp()
         self.pub.bind(self.endpoint)
         self.replay_endpoint = tcp()
         self.topic = topic
@@ -374,6 +374,8 @@ class FakePublisher:
             self.buffer.clear()
 
     def close(self) -> None:
+        if self.ctx.closed:
+            return
         self._stop.set()
         self._thread.join(5)
         self.pub.close(linger=0)

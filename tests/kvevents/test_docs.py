@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -47,3 +48,26 @@ def test_cli_flags_in_the_doc_exist() -> None:
         # vLLM's own flag and the bench script's are not ours
         assert flag in flags or flag in ("--prefix-caching-hash-algo", "--vllm-python"), flag
     assert text
+
+
+def test_the_documented_alerts_match_the_metrics() -> None:
+    """The alert rules in docs/observer.md name metrics the observer has, by
+    the label they carry (pool -- never instance, which Prometheus renames)."""
+    import yaml
+
+    from tests.docker.promql import selectors
+
+    block = re.search(r"```yaml\n(groups:.*?)```", DOC, re.S)
+    assert block, "docs/observer.md has no alert rules"
+    rules = [r for g in yaml.safe_load(block[1])["groups"] for r in g["rules"]]
+    assert len(rules) >= 2
+    app = create_observer_app(ObserverSettings(endpoints=["p=tcp://127.0.0.1:1"]))
+    families = {m.name: m for m in ObserverCollector(app.state.fleet, app.state.hub).collect()}
+    for rule in rules:
+        (sel,) = selectors(rule["expr"])
+        family = families.get(sel.name)
+        assert family is not None, sel.name
+        labels = {k for s in family.samples for k in s.labels}
+        assert labels == {"pool"}, (sel.name, labels)
+        used = set(re.findall(r"\$labels\.(\w+)", json.dumps(rule["annotations"])))
+        assert used and used <= labels, rule["alert"]

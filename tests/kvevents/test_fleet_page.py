@@ -19,7 +19,14 @@ import pytest
 from blockpool.kvevents.config import KVEventsConfig
 from blockpool.kvevents.publisher import KVEventPublisher
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
-from tests.kvevents.helpers import FakePublisher, Workload, free_port, vllm_current, wait_for
+from tests.kvevents.helpers import (
+    FakePublisher,
+    Workload,
+    free_port,
+    positional,
+    vllm_current,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "kvevents"
@@ -68,9 +75,11 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
     cmd += [f"ghost=tcp://127.0.0.1:{free_port()}"]  # nothing binds there
     hybrid = FakePublisher()  # a hybrid model's two KV-cache groups, current vLLM's format
     cmd += [f"hybrid={hybrid.endpoint}"]
+    gone = FakePublisher()  # sends one batch, then its process is gone: stale
+    cmd += [f"gone={gone.endpoint}"]
     for fed in feds.values():
         cmd += ["--replay", fed.pub.bound_replay_endpoint or "none"]
-    cmd += ["--replay", "none", "--replay", "none"]
+    cmd += ["--replay", "none", "--replay", "none", "--replay", "none"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
     env["BLOCKPOOL_OBSERVER_SILENCE_S"] = "1"
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
@@ -81,7 +90,7 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
             if proc.poll() is not None:
                 pytest.fail(f"blockpool observe exited with {proc.returncode}: see {log.name}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/api/health", timeout=1).json()["connected"] == 3:
+                if httpx.get(url + "/api/health", timeout=1).json()["connected"] == 4:
                     break
             if time.monotonic() > deadline:
                 pytest.fail(f"blockpool observe did not connect within 30 s: see {log.name}")
@@ -109,6 +118,10 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
                     kind, win = ("full_attention", None) if g == 0 else ("sliding_window", 8)
                     hybrid.send(seq, vllm_current(evs, g, kind, win))
                     seq += 1
+        gone.wait_subscribed()
+        gone.send(0, positional(Workload(seed=85, lora=False).batches(1)[0]))
+        wait_for(lambda: last_seqs(url)["gone"] == 0, 20, "the gone publisher's batch")
+        gone.close()
         yield url, feds
     finally:
         proc.terminate()
@@ -119,6 +132,7 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
             proc.wait()
         log.close()
         hybrid.close()
+        gone.close()
         for fed in feds.values():
             fed.pub.stop()
             fed.work.check()
@@ -162,7 +176,7 @@ def test_fleet_page_shows_both_instances_and_their_hashes(
 def check_page(page: Any, url: str, feds: dict[str, Fed]) -> None:
     page.wait_for_selector("#instances .instance >> nth=1", timeout=20_000)
     names = page.eval_on_selector_all("#instances .instance", "els => els.map(e => e.dataset.name)")
-    assert names == ["alpha", "beta", "ghost", "hybrid"]
+    assert names == ["alpha", "beta", "ghost", "hybrid", "gone"]
     # the hybrid instance's KV-cache groups, with their specs and blocks
     page.wait_for_selector('#instances .instance[data-name="hybrid"] .group[data-group="1"]')
     groups = page.inner_text('#instances .instance[data-name="hybrid"] .groups')
@@ -180,6 +194,16 @@ def check_page(page: Any, url: str, feds: dict[str, Fed]) -> None:
     ghost = page.inner_text('#instances .instance[data-name="ghost"] .reason.silence')
     assert "bind" in ghost and "connect" in ghost
     assert page.query_selector_all("#instances .instance:not([data-name='ghost']) .silence") == []
+    # the one whose publisher went away after data: stale, with what that means
+    page.wait_for_selector('#instances .instance[data-name="gone"] .badge.stale', timeout=30_000)
+    gone = page.inner_text('#instances .instance[data-name="gone"] .reason.stale')
+    assert "no message for" in gone and "connection to" in gone and "closed" in gone
+    assert page.query_selector_all('#instances .instance[data-name="gone"] .badge.exact') == []
+    assert page.query_selector_all("#instances .instance:not([data-name='gone']) .stale") == []
+    assert httpx.get(f"{url}/api/health").json()["stale"] == ["gone"]
+    page.wait_for_function(
+        "() => document.getElementById('fleet-facts').textContent.includes('1 stale')"
+    )
     names = ["alpha", "beta"]
     assert page.is_visible("#cannot-know")
     banner = page.inner_text("#cannot-know")
@@ -214,7 +238,7 @@ def check_page(page: Any, url: str, feds: dict[str, Fed]) -> None:
     page.click(f'#hashmap tbody tr[data-hash="{one}"]')
     page.wait_for_selector("#fp-result .bar >> nth=1")
     bars = page.eval_on_selector_all("#fp-result .bar", "els => els.map(e => e.dataset.instance)")
-    assert sorted(bars) == ["alpha", "beta", "ghost", "hybrid"]
+    assert sorted(bars) == ["alpha", "beta", "ghost", "gone", "hybrid"]
     width = page.eval_on_selector("#fp-result .bar .fill", "e => e.getBoundingClientRect().width")
     assert width > 0
     page.wait_for_selector("#families tbody tr[data-root]")

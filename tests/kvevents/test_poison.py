@@ -79,7 +79,7 @@ def test_poison_messages_are_counted_and_the_next_good_batch_is_applied() -> Non
                     line = f'blockpool_observer_poison_messages_total{{kind="{kind}",pool="p"}} 1.0'
                     assert line in metrics, kind
                 assert 'blockpool_observer_task_running{pool="p"} 1.0' in metrics
-                assert 'blockpool_observer_last_batch_age_seconds{instance="p"}' in metrics
+                assert 'blockpool_observer_last_batch_age_seconds{pool="p"}' in metrics
 
                 # a restarted publisher (seqs from 0 again) is followed
                 for i, evs in enumerate(restarted):

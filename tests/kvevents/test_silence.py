@@ -10,6 +10,7 @@ import time
 
 from app.observer.source import Source
 from tests.kvevents.helpers import (
+    FakePublisher,
     Workload,
     await_for,
     fake_publisher,
@@ -21,7 +22,12 @@ from tests.kvevents.observer_live import client, live_observer
 
 
 def ages(metrics: str) -> dict[str, float]:
-    pat = r'^blockpool_observer_last_batch_age_seconds\{instance="([^"]+)"\} (\S+)$'
+    pat = r'^blockpool_observer_last_batch_age_seconds\{pool="([^"]+)"\} (\S+)$'
+    return {m[1]: float(m[2]) for m in re.finditer(pat, metrics, re.M)}
+
+
+def gauge(metrics: str, name: str) -> dict[str, float]:
+    pat = rf'^blockpool_observer_{name}\{{pool="([^"]+)"\}} (\S+)$'
     return {m[1]: float(m[2]) for m in re.finditer(pat, metrics, re.M)}
 
 
@@ -125,6 +131,109 @@ def test_the_age_gauge_is_the_time_since_the_last_batch() -> None:
                     )
                     assert s.state.copies() == truth(batches)
                     s.state.check()
+        w.check()
+
+    asyncio.run(main())
+
+
+def test_a_publisher_that_goes_away_after_data_makes_its_pool_stale() -> None:
+    """Data, then the publisher is killed: after ``silence_s`` the pool is
+    stale (card hint, health degraded, gauge 1) while the other stays fine;
+    an idle but connected publisher is not stale."""
+    w1, w2 = Workload(seed=97, lora=False), Workload(seed=98, lora=False)
+    dying_batches, idle_batches = w1.batches(3), w2.batches(2)
+
+    async def main() -> None:
+        dying = FakePublisher()
+        try:
+            with fake_publisher() as idle:
+                endpoints = [f"dying={dying.endpoint}", f"idle={idle.endpoint}"]
+                async with live_observer(endpoints=endpoints, silence_s=0.5) as app:
+                    srcs: dict[str, Source] = app.state.fleet.sources
+                    async with client(app) as h:
+                        for fp, name, batches in (
+                            (dying, "dying", dying_batches),
+                            (idle, "idle", idle_batches),
+                        ):
+                            await await_for(lambda n=name: srcs[n].connected, what="connect")
+                            await asyncio.to_thread(fp.wait_subscribed)
+                            for i, evs in enumerate(batches):
+                                fp.send(i, positional(evs))
+                            last = len(batches) - 1
+                            await await_for(
+                                lambda n=name, q=last: srcs[n].tracker.applied == q, what="fed"
+                            )
+                        health = (await h.get("/api/health")).json()
+                        assert health["status"] == "ok" and health["stale"] == []
+                        dying.close()  # the process is gone: its connection closes
+                        deadline = time.monotonic() + 30
+                        while True:
+                            health = (await h.get("/api/health")).json()
+                            if health["stale"]:
+                                break
+                            assert time.monotonic() < deadline, health
+                            await asyncio.sleep(0.05)
+                        assert health["status"] == "degraded" and health["stale"] == ["dying"]
+                        card = (await h.get("/api/fleet/dying")).json()
+                        assert card["stale"] is True and card["connected"] is False
+                        assert card["silent_s"] >= 0.5 and card["exact"] is True
+                        assert (
+                            "stale" in card["stale_hint"] and dying.endpoint in card["stale_hint"]
+                        )
+                        # the map is the last one heard, not wiped
+                        assert srcs["dying"].state.copies() == truth(dying_batches)
+                        # connected and silent just as long: idle, not stale
+                        other = (await h.get("/api/fleet/idle")).json()
+                        await await_for(lambda: srcs["idle"].idle(time.time()), what="idle")
+                        other = (await h.get("/api/fleet/idle")).json()
+                        assert other["stale"] is False and other["idle"] is True
+                        assert other["stale_hint"] is None
+                        metrics = (await h.get("/metrics")).text
+                        assert gauge(metrics, "stale") == {"dying": 1.0, "idle": 0.0}
+                        assert set(ages(metrics)) == {"dying", "idle"}
+                        fleet = (await h.get("/api/fleet")).json()
+                        by_name = {i["name"]: i for i in fleet["instances"]}
+                        assert by_name["dying"]["stale"] and not by_name["idle"]["stale"]
+                        assert srcs["idle"].state.copies() == truth(idle_batches)
+                        srcs["idle"].state.check()
+        finally:
+            dying.close()
+        w1.check()
+        w2.check()
+
+    asyncio.run(main())
+
+
+def test_a_stale_pool_is_live_again_when_its_publisher_returns() -> None:
+    w = Workload(seed=99, lora=False)
+    batches = w.batches(4)
+
+    async def main() -> None:
+        fp = FakePublisher()
+        try:
+            async with live_observer(endpoints=[f"p={fp.endpoint}"], silence_s=0.3) as app:
+                s: Source = app.state.fleet.sources["p"]
+                async with client(app) as h:
+                    await await_for(lambda: s.connected, what="connect")
+                    await asyncio.to_thread(fp.wait_subscribed)
+                    fp.send(0, positional(batches[0]))
+                    await await_for(lambda: s.tracker.applied == 0, what="fed")
+                    endpoint = fp.endpoint
+                    fp.close()
+                    await await_for(lambda: s.stale(time.time()), 30, what="stale")
+                    assert (await h.get("/api/health")).json()["status"] == "degraded"
+                    fp = FakePublisher(endpoint=endpoint)  # the same address, back
+                    await await_for(lambda: s.connected, 30, what="reconnect")
+                    await asyncio.to_thread(fp.wait_subscribed)
+                    for i in range(1, 4):
+                        fp.send(i, positional(batches[i]))
+                    await await_for(lambda: s.tracker.applied == 3, what="fed again")
+                    health = (await h.get("/api/health")).json()
+                    assert health["status"] == "ok" and health["stale"] == []
+                    assert s.state.copies() == truth(batches) and s.tracker.exact
+                    s.state.check()
+        finally:
+            fp.close()
         w.check()
 
     asyncio.run(main())

@@ -164,6 +164,7 @@ class KvEvents(Out):
     batches_published: int | None = None
     batches_dropped: int | None = None
     events_dropped: int | None = None
+    fleet_url: str | None = None  # --fleet-url: the observer's page, or null
 
 
 # --------------------------------------------------------------- requests

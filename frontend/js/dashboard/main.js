@@ -378,15 +378,26 @@ function frame(now) {
   requestAnimationFrame(frame);
 }
 
-/** The "fleet" link: only when this server publishes KV events (an observer can watch it). */
+/** The "fleet" link: only to an observer that answers (--fleet-url), never a dead end. */
 async function fleetLink() {
   const link = $("fleet-link");
+  link.hidden = true;
   try {
-    const hint = observeHint(await api("GET", "/api/kv-events", undefined, { quiet: true }), location.hostname);
-    link.hidden = !hint;
-    if (hint) link.title = `Fleet observer: ${hint.text}.`;
+    const kv = await api("GET", "/api/kv-events", undefined, { quiet: true });
+    const url = kv && kv.fleet_url;
+    if (!url) return;
+    // another origin: an opaque answer proves it is up without reading it
+    await fetch(new URL("api/health", url.endsWith("/") ? url : `${url}/`), { mode: "no-cors", cache: "no-store" });
+    const hint = observeHint(kv, location.hostname);
+    link.href = url;
+    link.target = "_blank";
+    link.rel = "noopener";
+    link.title = `The fleet observer at ${url}${hint ? ` (${hint.text})` : ""}.`;
+    link.hidden = false;
   } catch {
     link.hidden = true;
+  } finally {
+    link.dataset.checked = "1"; // for the tests: the check is over, shown or not
   }
 }
 

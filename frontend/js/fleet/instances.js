@@ -5,9 +5,12 @@ import { age, clear, el, num } from "./dom.js";
 export function renderInstances(container, instances, selected, onSelect) {
   clear(container);
   for (const inst of instances) {
-    const exact = inst.exact
-      ? el("span", { class: "badge exact", title: "every batch since seq 0 (or a clear) applied" }, "exact")
-      : el("span", { class: "badge inexact", title: inst.inexact_reason || "" }, "inexact");
+    // a stale pool's map is the last one heard: "exact" would claim too much
+    const exact = inst.stale
+      ? el("span", { class: "badge stale", title: inst.stale_hint || "" }, "stale")
+      : inst.exact
+        ? el("span", { class: "badge exact", title: "every batch since seq 0 (or a clear) applied" }, "exact")
+        : el("span", { class: "badge inexact", title: inst.inexact_reason || "" }, "inexact");
     const stat = (label, value, title) => el("span", { title: title || "" }, el("i", {}, `${label} `), value);
     const card = el(
       "div",
@@ -33,7 +36,7 @@ export function renderInstances(container, instances, selected, onSelect) {
       el(
         "div",
         { class: "endpoint" },
-        inst.endpoint,
+        inst.mode === "bind" ? `bound ${inst.endpoint}` : inst.endpoint,
         inst.replay_endpoint ? ` · replay ${inst.replay_endpoint}` : " · no replay",
         inst.ranks_seen && inst.ranks_seen.length ? ` · dp ${inst.ranks_seen.join(",")}` : "",
       ),
@@ -54,7 +57,16 @@ export function renderInstances(container, instances, selected, onSelect) {
         stat("last", age(inst.last_batch_age_s), "last batch applied"),
       ),
       groupsLine(inst),
+      inst.stale ? el("div", { class: "reason stale" }, inst.stale_hint || "stale") : null,
+      !inst.stale && inst.idle
+        ? el("div", { class: "note idle", title: "connected; nothing changed, the map stands" },
+            `idle: connected, last message ${age(inst.silent_s)}`)
+        : null,
       inst.exact ? null : el("div", { class: "reason" }, inst.inexact_reason || ""),
+      inst.overflow_blocks
+        ? el("div", { class: "reason overflow", title: "--max-hashes" },
+            `${num(inst.overflow_blocks)} stored block(s) not kept: over the cap of ${num(inst.max_keys)} held hashes`)
+        : null,
       inst.task && inst.task !== "running"
         ? el("div", { class: "reason task", title: inst.last_task_error || "" },
             `source task ${inst.task} (restarts ${num(inst.task_restarts)})`)

@@ -62,9 +62,10 @@ function setInstances(instances) {
   state.instances = instances;
   $("instance-count").textContent = `${instances.length}`;
   const connected = instances.filter((i) => i.connected).length;
-  const exact = instances.filter((i) => i.exact).length;
+  const exact = instances.filter((i) => i.exact && !i.stale).length;
+  const stale = instances.filter((i) => i.stale).length;
   const keys = instances.reduce((a, i) => a + i.keys, 0);
-  $("fleet-facts").textContent = `${instances.length} instance(s) · ${connected} connected · ${exact} exact · ${num(keys)} hashes held`;
+  $("fleet-facts").textContent = `${instances.length} instance(s) · ${connected} connected · ${exact} exact · ${stale ? `${stale} stale · ` : ""}${num(keys)} hashes held`;
   renderInstances($("instances"), instances, state.selected, select);
 }
 
