@@ -195,7 +195,12 @@ class TraceDriver(WorkloadTask[_Live]):
         """Take a validated trace (refused while a replay runs)."""
         if self.running_task:
             raise Conflict("a trace replay is running: stop it first")
-        check_trace(trace, self.engine.settings)
+        try:
+            check_trace(trace, self.engine.settings)
+        except TraceRefused as exc:
+            exc.message = f"trace {name!r}: {exc.message}"
+            exc.args = (exc.message,)
+            raise
         self.trace, self.name = trace, name
         self._reset()
 
