@@ -164,3 +164,45 @@ def test_tokens_are_built_only_for_the_slice_asked() -> None:
     assert tr.prompt_token_ids(b, 5, 5) == []
     full = tr.output_token_ids(b)
     assert tr.output_token_ids(b, 0, 1) == full[:1] and len(full) == 1
+
+
+# ------------------------------------------------ blockpool replay RECORDING
+
+REPLAY_HEADER = {"type": "header", "format": "blockpool-recording", "version": 1,
+                 "settings": {"num_blocks": 16, "block_size": 4}}  # fmt: skip
+REPLAY_CASES = {
+    "nested": (
+        [json.dumps(REPLAY_HEADER), "[" * 100_000 + "]" * 100_000],
+        "line 2: ",
+        "nested too deeply",
+    ),
+    "digits": (
+        [json.dumps(REPLAY_HEADER), '{"type": ' + "1" * 5000 + "}"],
+        "line 2: ",
+        "4300 digits",
+    ),
+    "not_an_object": ([json.dumps(REPLAY_HEADER), "[1, 2]"], "line 2: ", "JSON object"),
+    "a_huge_pool": (
+        [json.dumps({**REPLAY_HEADER, "settings": {"num_blocks": 10**12, "block_size": 4}})],
+        "line 1: ",
+        "settings.num_blocks",
+    ),
+    "a_list_op": (
+        [json.dumps(REPLAY_HEADER), json.dumps({"type": "op", "seq": 1, "op": ["admit"]})],
+        "record 2: ",
+        "keyframe",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPLAY_CASES))
+def test_replay_exits_2_naming_the_line(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines, where, words = REPLAY_CASES[name]
+    p = tmp_path / f"{name}.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    assert main(["replay", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert f"{p}: {where}" in err and words in err, err
+    assert "Traceback" not in err
