@@ -53,7 +53,7 @@ MAX_TOKEN_ID = 2**31 - 1
 MAX_TOKENS_PER_ID = 65_536
 MAX_TIMESTAMP_MS = 30 * 86_400_000.0  # 30 days of trace time
 MAX_EXTRA_KEY = 200  # lora_name / cache_salt characters (the admit op's bound)
-PREFILL_CHUNK = 512
+PREFILL_CHUNK = 256  # tokens a prefill command brings in: its K/V writes take a few ms
 STEP_TOKENS = 4096
 T = TypeVar("T")
 
@@ -334,6 +334,8 @@ class TraceDriver(WorkloadTask[_Live]):
             budget -= n
             if not await self._run(partial(self._prefill, rid, live, n)):
                 return  # preempted
+        if self.stats.preemptions != before:
+            return  # a prefill preempted another: no admissions in this step either
         while budget > 0 and self.waiting and len(self.running) < self.max_running:
             used = await self._run(partial(self._admit, budget))
             if not used:
@@ -393,12 +395,8 @@ class TraceDriver(WorkloadTask[_Live]):
             if target <= chunk:
                 tokens = self._tokens(live, 0, target)
             else:  # the whole prompt's cached prefix, then a chunk past it
-                whole = self._tokens(live, 0, target)
-                hit = engine.manager.lookup(
-                    whole, lora_name=req.lora_name, cache_salt=req.cache_salt
-                )
-                tokens = whole[: hit + min(chunk, target - hit)]
-                del whole
+                hit = self._cached_prefix(live, target)
+                tokens = self._tokens(live, 0, hit + min(chunk, target - hit))
             op = AdmitOp(
                 request_id=live.rid,
                 token_ids=tokens,
@@ -425,6 +423,22 @@ class TraceDriver(WorkloadTask[_Live]):
                 self.stats.hit_tokens += hit
             return max(len(tokens) - hit, 1)
         return 0
+
+    def _cached_prefix(self, live: _Live, target: int) -> int:
+        """The cached prefix (tokens) of the request's first ``target`` tokens,
+        as one lookup of them all finds it, hashing little more than it: a
+        prefix's hits are the whole's up to the prefix's cap, so prefixes
+        twice as long each time are looked up until one misses before its cap."""
+        manager = self.engine.manager
+        bs = manager.block_size
+        req = live.req
+        m = min(target, 2 * max(self.prefill_chunk, bs))
+        while True:
+            toks = self._tokens(live, 0, m)
+            hit = manager.lookup(toks, lora_name=req.lora_name, cache_salt=req.cache_salt)
+            if m >= target or hit < (m - 1) // bs * bs:
+                return hit
+            m = min(target, 2 * m)
 
     def _grow(self, rid: str, live: _Live, toks: list[int]) -> bool:
         """Append ``toks``; when the pool is full, preempt the newest running
