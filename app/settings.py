@@ -196,6 +196,12 @@ class Settings(ServingSettings):
     trace: str | None = Field(default=None, description="Mooncake JSONL (or recording) to replay")
     trace_speed: float = Field(default=1.0, gt=0, le=10_000, description="arrivals x speed")
     trace_loop: bool = False
+    trace_max_requests: int = Field(
+        default=100_000, ge=1, description="requests an uploaded or served trace may hold"
+    )
+    trace_max_tokens: int = Field(
+        default=1_000_000_000, ge=1, description="input + output tokens of all its requests"
+    )
 
     @field_validator("token", mode="before")
     @classmethod

@@ -9,8 +9,21 @@ its prompt and the tokens it had.  Every action goes through the engine's
 queue like any other client.  With ``loop`` the trace starts over when
 done (new request ids).
 
+Prompts are prefilled in chunks (vLLM's chunked prefill): an admission
+looks up the whole prompt's cached prefix, admits that prefix and the first
+``prefill_chunk`` tokens after it, and later engine commands append the
+rest a chunk at a time, at most ``step_tokens`` prefill tokens a step.
+Each admission, chunk and decode is an engine command of its own, so no
+command holds the event loop for long whatever the trace's sizes; the
+token lists are built only for the chunk at hand.
+
 Tokens come from ``blockpool.trace`` (hash id ``h`` at offset ``j``: one
 token per ``(h, j)``; outputs unique per request).
+
+What an uploaded trace may imply is bounded (:func:`service_limits`,
+:func:`check_trace`): requests, tokens a request (the service's
+``max_tokens_per_request`` and what the pool can hold), tokens in all, tokens
+per id, arrival times; a refusal names the line, the field and the limit.
 """
 
 from __future__ import annotations
@@ -20,30 +33,48 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.errors import ApiError, Conflict, InvalidInput
 from app.schemas import AdmitOp, AppendOp, FinishOp
 from app.workload_task import WorkloadTask
-from blockpool.trace import Trace
+from blockpool.trace import Trace, TraceLimits, TraceRequest
 
 if TYPE_CHECKING:
     from app.engine import Engine
+    from app.settings import Settings
 
 logger = logging.getLogger("blockpool.trace")
 STEP_S = 0.05
 MAX_TOKEN_ID = 2**31 - 1
+MAX_TOKENS_PER_ID = 65_536
+MAX_TIMESTAMP_MS = 30 * 86_400_000.0  # 30 days of trace time
+MAX_EXTRA_KEY = 200  # lora_name / cache_salt characters (the admit op's bound)
+PREFILL_CHUNK = 256  # tokens a prefill command brings in: its K/V writes take a few ms
+STEP_TOKENS = 4096
+T = TypeVar("T")
+
+
+class TraceRefused(InvalidInput, ValueError):
+    """A trace the service will not replay (a 422; ``serve --trace``: invalid settings)."""
 
 
 @dataclass
 class _Live:
     index: int
     rid: str
-    prompt: list[int]
-    outputs: list[int]
+    req: TraceRequest
     done: int = 0  # output tokens produced
+    filled: int = 0  # tokens of this admission in the pool
     admitted: bool = False
+
+    @property
+    def target(self) -> int:
+        """Tokens an admission brings in: the prompt and the outputs so far."""
+        return self.req.input_length + self.done
 
 
 @dataclass
@@ -59,21 +90,85 @@ class TraceStats:
     extra: dict[str, int] = field(default_factory=dict)
 
 
-def check_trace(trace: Trace, max_tokens: int) -> None:
-    """Refuse (InvalidInput, nothing loaded) a trace the service cannot replay."""
+def service_limits(settings: Settings) -> TraceLimits:
+    """The bounds an uploaded trace is read under."""
+    return TraceLimits(
+        max_requests=settings.trace_max_requests,
+        max_tokens_per_request=settings.max_tokens_per_request,
+        max_total_tokens=settings.trace_max_tokens,
+        max_tokens_per_id=MAX_TOKENS_PER_ID,
+        max_timestamp_ms=MAX_TIMESTAMP_MS,
+    )
+
+
+def _refuse(
+    message: str, req: TraceRequest | None, field: str | None, limit: str, **more: Any
+) -> None:
+    line = req.line if req is not None else 0
+    where = f"line {line}: " if line else ""
+    raise TraceRefused(f"{where}{message}", line=line, field=field, limit=limit, **more)
+
+
+def check_trace(trace: Trace, settings: Settings) -> None:
+    """Refuse (TraceRefused, nothing loaded) a trace the service cannot replay:
+    every request must fit a request's limit and the pool, the whole within
+    the service's bounds, its token ids within the service's range."""
+    limits = service_limits(settings)
+    reqs = trace.requests
+    if len(reqs) > limits.max_requests:
+        _refuse(
+            f"the trace holds {len(reqs)} requests; this server takes at most "
+            f"{limits.max_requests} (trace_max_requests)",
+            reqs[limits.max_requests], None, "trace_max_requests",
+        )  # fmt: skip
+    if trace.tokens_per_id > limits.max_tokens_per_id:
+        _refuse(
+            f"tokens per id {trace.tokens_per_id} is over this server's limit of "
+            f"{limits.max_tokens_per_id} (max_tokens_per_id)",
+            None, "tokens_per_id", "max_tokens_per_id",
+        )  # fmt: skip
+    cap = settings.max_tokens_per_request
+    bs, groups = settings.block_size, settings.num_groups
+    usable = settings.effective_num_blocks - 1
+    total = 0
+    for r in reqs:
+        n = r.input_length + r.output_length
+        if n > cap:
+            _refuse(
+                f"a request of the trace holds {n} tokens; this server takes at most {cap} per "
+                "request (max_tokens_per_request)",
+                r, "input_length", "max_tokens_per_request", longest=n,
+            )  # fmt: skip
+        need = -(-n // bs) * groups
+        if need > usable:
+            _refuse(
+                f"a request of the trace needs {need} blocks for its {n} tokens; the pool holds "
+                f"{usable} besides the null block (num_blocks)",
+                r, "input_length", "num_blocks", blocks=need, pool_blocks=usable,
+            )  # fmt: skip
+        if r.timestamp_ms > limits.max_timestamp_ms:
+            _refuse(
+                f"an arrival at {r.timestamp_ms:g} ms is past this server's limit of "
+                f"{limits.max_timestamp_ms:g} ms (max_timestamp_ms)",
+                r, "timestamp", "max_timestamp_ms",
+            )  # fmt: skip
+        for key in ("lora_name", "cache_salt"):
+            v = getattr(r, key)
+            if v is not None and not 1 <= len(v) <= MAX_EXTRA_KEY:
+                _refuse(f"{key} must hold 1..{MAX_EXTRA_KEY} characters", r, key, key)
+        total += n
+        if total > limits.max_total_tokens:
+            _refuse(
+                f"the trace's requests hold more than {limits.max_total_tokens} tokens in all; "
+                "this server takes at most that (trace_max_tokens)",
+                r, "input_length", "trace_max_tokens",
+            )  # fmt: skip
     top = trace.max_token_id()
     if top > MAX_TOKEN_ID:
-        raise InvalidInput(
+        _refuse(
             f"the trace's token ids reach {top}, above the service's {MAX_TOKEN_ID}",
-            max_token_id=top,
-        )
-    longest = max(r.input_length + r.output_length for r in trace.requests)
-    if longest > max_tokens:
-        raise InvalidInput(
-            f"a request of the trace holds {longest} tokens; this server takes at most "
-            f"{max_tokens} per request (max_tokens_per_request)",
-            longest=longest,
-        )
+            None, "hash_ids", "max_token_id", max_token_id=top,
+        )  # fmt: skip
 
 
 class TraceDriver(WorkloadTask[_Live]):
@@ -83,12 +178,16 @@ class TraceDriver(WorkloadTask[_Live]):
         self.loop = loop
         self.decode_per_step = 4
         self.max_running = 64
+        self.prefill_chunk = PREFILL_CHUNK
+        self.step_tokens = STEP_TOKENS
         self.trace: Trace | None = None
         self.name: str | None = None
         self.stats = TraceStats()
         self.pending: deque[int] = deque()
         self.waiting: deque[_Live] = deque()
         self.clock_ms = 0.0
+        # (request id, free blocks it lacked): not tried again until more are free
+        self._blocked: tuple[str, int] | None = None
 
     # ------------------------------------------------------------- control
 
@@ -96,7 +195,12 @@ class TraceDriver(WorkloadTask[_Live]):
         """Take a validated trace (refused while a replay runs)."""
         if self.running_task:
             raise Conflict("a trace replay is running: stop it first")
-        check_trace(trace, self.engine.settings.max_tokens_per_request)
+        try:
+            check_trace(trace, self.engine.settings)
+        except TraceRefused as exc:
+            exc.message = f"trace {name!r}: {exc.message}"
+            exc.args = (exc.message,)
+            raise
         self.trace, self.name = trace, name
         self._reset()
 
@@ -114,13 +218,18 @@ class TraceDriver(WorkloadTask[_Live]):
         if loop is not None:
             self.loop = loop
 
-    def start(self) -> None:
+    def ensure_startable(self) -> None:
         if self.trace is None:
             raise Conflict("no trace loaded: upload one (POST /api/trace/upload) or serve --trace")
+        super().ensure_startable()
+
+    def start(self) -> None:
+        self.ensure_startable()
         if not self.running_task:
-            if not self.pending and not self.waiting and not self.running:
+            idle = not self.pending and not self.waiting and not self.running
+            self._spawn(self._loop)  # a 409 when another workload runs
+            if idle:
                 self._reset()  # finished: start over
-            self._spawn(self._loop)
 
     async def stop(self, finish_running: bool = True) -> None:
         await self._cancel()
@@ -175,10 +284,7 @@ class TraceDriver(WorkloadTask[_Live]):
             self.clock_ms += (now - last) * 1000.0 * self.speed
             last = now
             self._arrivals()
-            try:
-                await self.engine.submit(self._step)
-            except ApiError:
-                logger.exception("trace step refused")
+            await self._step()
             if not self.pending and not self.waiting and not self.running:
                 if not self.loop:
                     return
@@ -192,45 +298,147 @@ class TraceDriver(WorkloadTask[_Live]):
         reqs = trace.requests
         while self.pending and reqs[self.pending[0]].timestamp_ms <= self.clock_ms:
             i = self.pending.popleft()
-            r = reqs[i]
             self.stats.arrived += 1
-            rid = f"trace-{self.stats.loops}-{i}"
-            outs = trace.output_token_ids(r)
-            self.waiting.append(_Live(i, rid, trace.prompt_token_ids(r), outs))
+            self.waiting.append(_Live(i, f"trace-{self.stats.loops}-{i}", reqs[i]))
 
-    def _step(self) -> None:
-        """One scheduler step, in the engine's context."""
-        engine = self.engine
+    async def _run(self, fn: Callable[[], T]) -> T | None:
+        """One engine command; None when the engine refused it."""
+        try:
+            result: T = await self.engine.submit(fn)
+        except ApiError:
+            logger.exception("trace step refused")
+            return None
+        return result
+
+    async def _step(self) -> None:
+        """One scheduler step: each a command of its own, decodes (oldest
+        first), then prefill chunks of the requests being admitted, then
+        admissions, within ``step_tokens`` prefill tokens."""
         before = self.stats.preemptions
         for rid in list(self.running):
             live = self.running.get(rid)
-            if live is None:
-                continue  # preempted in this step
-            n = min(self.decode_per_step, len(live.outputs) - live.done)
-            if n > 0 and not self._grow(rid, live, live.outputs[live.done : live.done + n]):
+            if live is None or live.filled < live.target:
+                continue  # preempted in this step, or still prefilling
+            if not await self._run(partial(self._decode, rid, live)):
                 break  # it was preempted itself: the others wait for the next step
+        if self.stats.preemptions != before:
+            return  # vLLM admits nobody then
+        budget = self.step_tokens
+        for rid in list(self.running):
+            live = self.running.get(rid)
+            if live is None or live.filled >= live.target:
+                continue
+            if budget <= 0:
+                return
+            n = min(self.prefill_chunk, live.target - live.filled, budget)
+            budget -= n
+            if not await self._run(partial(self._prefill, rid, live, n)):
+                return  # preempted
+        if self.stats.preemptions != before:
+            return  # a prefill preempted another: no admissions in this step either
+        while budget > 0 and self.waiting and len(self.running) < self.max_running:
+            used = await self._run(partial(self._admit, budget))
+            if not used:
+                return
+            budget -= used
+
+    def _tokens(self, live: _Live, start: int, stop: int) -> list[int]:
+        """Tokens ``[start:stop]`` of the request's prompt and outputs (only those built)."""
+        trace = self.trace
+        assert trace is not None
+        req = live.req
+        n = req.input_length
+        out = trace.prompt_token_ids(req, start, stop) if start < n else []
+        if stop > n:
+            out += trace.output_token_ids(req, max(start - n, 0), stop - n)
+        return out
+
+    def _decode(self, rid: str, live: _Live) -> bool:
+        """Decode one step of ``rid`` (engine context); False when it was preempted."""
+        n = min(self.decode_per_step, live.req.output_length - live.done)
+        if n > 0:
+            toks = self._tokens(live, live.target, live.target + n)
+            if not self._grow(rid, live, toks):
+                return False
             live.done += n
-            if live.done >= len(live.outputs):
-                self._finish(rid)
-        preempted = self.stats.preemptions != before  # vLLM admits nobody then
-        while not preempted and self.waiting and len(self.running) < self.max_running:
+            live.filled += n
+        if live.done >= live.req.output_length:
+            self._finish(rid)
+        return True
+
+    def _prefill(self, rid: str, live: _Live, n: int) -> bool:
+        """The next ``n`` tokens of an admission (engine context); False when preempted."""
+        if self.running.get(rid) is not live:
+            return True  # preempted since the step planned it
+        if not self._grow(rid, live, self._tokens(live, live.filled, live.filled + n)):
+            return False
+        live.filled += n
+        return True
+
+    def _admit(self, budget: int) -> int:
+        """Admit the first waiting request, its cached prefix and a first chunk
+        (engine context); the prefill tokens it took, 0 when none was admitted."""
+        engine = self.engine
+        while self.waiting:
             live = self.waiting[0]
-            tokens = live.prompt + live.outputs[: live.done]
+            req = live.req
+            blocked = self._blocked
+            if (
+                blocked is not None
+                and blocked[0] == live.rid
+                and engine.pool.get_num_free_blocks() < blocked[1]
+            ):
+                return 0  # nothing freed since it did not fit: it would not now
+            self._blocked = None
+            target = live.target
+            chunk = min(self.prefill_chunk, budget)
+            if target <= chunk:
+                tokens = self._tokens(live, 0, target)
+            else:  # the whole prompt's cached prefix, then a chunk past it
+                hit = self._cached_prefix(live, target)
+                tokens = self._tokens(live, 0, hit + min(chunk, target - hit))
+            op = AdmitOp(
+                request_id=live.rid,
+                token_ids=tokens,
+                lora_name=req.lora_name,
+                cache_salt=req.cache_salt,
+            )
             try:
-                res = engine.apply(AdmitOp(request_id=live.rid, token_ids=tokens))
+                res = engine.apply(op)
             except ApiError as exc:
                 if exc.code == "not_enough_blocks" and self.running:
-                    break  # no room now; try again next step
+                    self._blocked = (live.rid, int(exc.details.get("requested", 0)))
+                    return 0  # no room now; try again once blocks are freed
                 self.waiting.popleft()  # it can never be admitted here
                 self.stats.refused += 1
                 continue
             self.waiting.popleft()
+            live.filled = len(tokens)
             self.running[live.rid] = live
+            hit = int(res["num_computed_tokens"])
             if not live.admitted:
                 live.admitted = True
                 self.stats.admitted += 1
-                self.stats.prompt_tokens += len(tokens)
-                self.stats.hit_tokens += int(res["num_computed_tokens"])
+                self.stats.prompt_tokens += target
+                self.stats.hit_tokens += hit
+            return max(len(tokens) - hit, 1)
+        return 0
+
+    def _cached_prefix(self, live: _Live, target: int) -> int:
+        """The cached prefix (tokens) of the request's first ``target`` tokens,
+        as one lookup of them all finds it, hashing little more than it: a
+        prefix's hits are the whole's up to the prefix's cap, so prefixes
+        twice as long each time are looked up until one misses before its cap."""
+        manager = self.engine.manager
+        bs = manager.block_size
+        req = live.req
+        m = min(target, 2 * max(self.prefill_chunk, bs))
+        while True:
+            toks = self._tokens(live, 0, m)
+            hit = manager.lookup(toks, lora_name=req.lora_name, cache_salt=req.cache_salt)
+            if m >= target or hit < (m - 1) // bs * bs:
+                return hit
+            m = min(target, 2 * m)
 
     def _grow(self, rid: str, live: _Live, toks: list[int]) -> bool:
         """Append ``toks``; when the pool is full, preempt the newest running
@@ -250,6 +458,7 @@ class TraceDriver(WorkloadTask[_Live]):
         with contextlib.suppress(ApiError):
             self.engine.apply(FinishOp(request_id=rid))
         self.stats.preemptions += 1
+        live.filled = 0
         self.waiting.appendleft(live)
 
     def _finish(self, rid: str) -> None:

@@ -36,7 +36,8 @@ async def status(request: Request) -> dict[str, Any]:
 )
 async def start(request: Request) -> dict[str, Any]:
     demo = _demo(request)
-    demo.start()
+    async with demo.transition():  # one workload at a time: 409 while a trace runs
+        demo.start()
     return demo.status()
 
 
@@ -48,7 +49,8 @@ async def start(request: Request) -> dict[str, Any]:
 )
 async def stop(request: Request) -> dict[str, Any]:
     demo = _demo(request)
-    await demo.stop()
+    async with demo.transition():
+        await demo.stop()
     return demo.status()
 
 

@@ -1,30 +1,58 @@
 """Replay a production trace on the live engine: upload, start, stop, inspect.
 
 Uploads (the raw JSON lines as the body) are bounded by the server's body
-limit and validated whole -- every row, the token ids, the request sizes --
-before anything changes; a bad one is a 422 naming the line.
+limit and by what the trace implies (requests, tokens a request and in all,
+the pool, tokens per id, arrival times: ``trace_driver.check_trace``), and
+validated whole before anything changes; a bad one is a 422 naming the
+line, the field and the limit.  Starts and stops are serialized with the
+demo's (one workload at a time: a 409 names the one running).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
+from starlette.requests import ClientDisconnect
 
 from app.api.deps import ReadAuth, WriteAuth
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import returns
 from app.api.responses.trace import TraceStatus
-from app.errors import Conflict, InvalidInput, TooLarge
-from app.trace_driver import TraceDriver
+from app.errors import InvalidInput, TooLarge
+from app.trace_driver import MAX_TOKENS_PER_ID, TraceDriver, service_limits
 from blockpool.trace import TraceError, parse_trace
 
+logger = logging.getLogger("blockpool.trace")
+# the reader's limits -> the settings that set them here
+SETTING_OF_LIMIT = {
+    "max_requests": "trace_max_requests",
+    "max_tokens_per_request": "max_tokens_per_request",
+    "max_total_tokens": "trace_max_tokens",
+}
 router = APIRouter(prefix="/api/trace", tags=["trace"], responses=ERROR_RESPONSES)
 
 
 def _driver(request: Request) -> TraceDriver:
     driver: TraceDriver = request.app.state.trace_driver
     return driver
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The body, at most ``limit`` bytes; a client gone mid-body is one log line."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:  # the body limit refuses it earlier; never hold more
+                raise TooLarge(f"the trace is over the limit of {limit} bytes", limit=limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        logger.info("trace upload abandoned by the client after %d bytes", size)
+        raise InvalidInput("the upload was cut off before its end", received_bytes=size) from None
+    return b"".join(chunks)
 
 
 @router.get(
@@ -46,18 +74,20 @@ async def status(request: Request) -> dict[str, Any]:
 async def upload(
     request: Request,
     name: str = Query("upload", max_length=200),
-    tokens_per_id: int = Query(512, ge=1, le=1 << 20),
+    tokens_per_id: int = Query(512, ge=1, le=MAX_TOKENS_PER_ID),
 ) -> dict[str, Any]:
-    body = await request.body()
-    limit = request.app.state.settings.max_body_bytes
-    if len(body) > limit:  # the body limit refuses it earlier; never parse more
-        raise TooLarge(f"the trace is over the limit of {limit} bytes", limit=limit)
+    settings = request.app.state.settings
+    body = await _body(request, settings.max_body_bytes)
     try:
-        trace = parse_trace(body, tokens_per_id)
+        trace = parse_trace(body, tokens_per_id, service_limits(settings))
     except TraceError as exc:
-        raise InvalidInput(f"trace: {exc}", line=exc.line) from None
+        details = {"line": exc.line, "field": exc.field, "limit": exc.limit}
+        if exc.limit in SETTING_OF_LIMIT:
+            details["setting"] = SETTING_OF_LIMIT[exc.limit]
+        raise InvalidInput(f"trace: {exc}", **details) from None
     driver = _driver(request)
-    driver.load(trace, name)
+    async with driver.transition():
+        driver.load(trace, name)
     return driver.status()
 
 
@@ -73,10 +103,10 @@ async def start(
     loop: bool | None = None,
 ) -> dict[str, Any]:
     driver = _driver(request)
-    if request.app.state.demo.running_task:
-        raise Conflict("the demo workload is running: stop it first (POST /api/demo/stop)")
-    driver.configure(speed=speed, loop=loop)
-    driver.start()
+    async with driver.transition():  # one workload at a time: 409 while the demo runs
+        driver.ensure_startable()  # refused before anything changes
+        driver.configure(speed=speed, loop=loop)
+        driver.start()
     return driver.status()
 
 
@@ -88,5 +118,6 @@ async def start(
 )
 async def stop(request: Request) -> dict[str, Any]:
     driver = _driver(request)
-    await driver.stop()
+    async with driver.transition():
+        await driver.stop()
     return driver.status()

@@ -312,10 +312,42 @@ class ReplayReport:
 
 
 def read_lines(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The recording's JSON objects; ValueError naming the line of one that is not."""
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                yield json.loads(line)
+        for n, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except RecursionError:
+                raise ValueError(
+                    f"{path}: line {n}: not JSON this reads: nested too deeply"
+                ) from None
+            except ValueError as exc:  # bad JSON, or an integer past 4300 digits
+                why = str(exc).split(";")[0]
+                raise ValueError(f"{path}: line {n}: not JSON this reads: {why}") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}: line {n}: a record must be a JSON object")
+            yield rec
+
+
+# A header's pool settings, at most (the service's own bounds): a recording
+# cannot make a replay build a pool larger than a server could have had.
+HEADER_BOUNDS = {"num_blocks": (2, 4_000_000), "block_size": (1, 1024), "num_groups": (1, 16)}
+
+
+def _check_settings(settings: Any, path: str) -> dict[str, Any]:
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path}: line 1: the header's settings must be a JSON object")
+    for name, (lo, hi) in HEADER_BOUNDS.items():
+        v = settings.get(name)
+        if v is None and name != "num_blocks":
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(
+                f"{path}: line 1: settings.{name} must be an integer {lo}..{hi}, got {v!r:.40}"
+            )
+    return settings
 
 
 def replay_records(
@@ -326,50 +358,67 @@ def replay_records(
     t0 = time.perf_counter()
     it = iter(records)
     header = next(it, None)
-    if header is None or header.get("type") != "header" or header.get("format") != FORMAT:
+    if (
+        not isinstance(header, dict)
+        or header.get("type") != "header"
+        or header.get("format") != FORMAT
+    ):
         raise ValueError(f"{path}: not a {FORMAT} file (the first line must be its header)")
-    engine = make_runtime(header["settings"])
+    engine = make_runtime(_check_settings(header.get("settings"), path))
     started = False
-    for rec in it:
-        kind = rec.get("type")
-        if kind == "keyframe":
-            kf = keyframe_from_json(rec)
-            report.keyframes += 1
-            if not started:
-                restore(engine, kf)
-                started = True
-            elif _kf_digest(engine, kf) != digest(engine):
-                report.keyframe_mismatches += 1
-                report.note(f"state after op {kf.seq} differs from the recorded keyframe")
-        elif kind == "op":
-            if not started:
-                raise ValueError(f"{path}: an operation before the first keyframe")
-            op = op_from_json(rec["op"])
-            before = engine.events.last_seq
-            ok, payload = apply_entry(engine, op)
-            report.ops += 1
-            report.refused += not ok
-            want = rec.get("result") if rec["ok"] else _error(rec.get("error"))
-            if ok != rec["ok"] or _jsonish(payload) != want:
-                report.result_mismatches += 1
-                report.note(
-                    f"op {rec['seq']} ({rec['op'].get('op')}): got {payload!r}, recorded {want!r}"
-                )
-            events, _ = engine.events.since(before, 1 << 30)
-            got = [ev for _, _, ev in events]
-            want_events = rec["events"]
-            if want_events is None:  # not in the recording (dropped from the event log)
-                report.events_unknown += 1
-            elif got != [event_from_json(d) for d in want_events]:
-                report.event_mismatches += 1
-                report.note(f"op {rec['seq']}: events differ")
-        elif kind == "final":
-            kf = keyframe_from_json(rec)
-            report.final_matches = _kf_digest(engine, kf) == digest(engine)
-            if not report.final_matches:
-                report.note("the final state differs from the recorded one")
+    for n, rec in enumerate(it, start=2):
+        try:
+            started = _replay_record(engine, report, rec, started)
+        except (KeyError, TypeError, AttributeError, ValueError, OperationError) as exc:
+            what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ValueError(f"{path}: record {n}: {what}"[:400]) from None
     report.seconds = time.perf_counter() - t0
     return report, engine
+
+
+def _replay_record(engine: PoolRuntime, report: ReplayReport, rec: Any, started: bool) -> bool:
+    """One record of a recording, checked against the replay; whether the
+    replay has started (its first keyframe restored)."""
+    if not isinstance(rec, dict):
+        raise ValueError("a record must be a JSON object")
+    kind = rec.get("type")
+    if kind == "keyframe":
+        kf = keyframe_from_json(rec)
+        report.keyframes += 1
+        if not started:
+            restore(engine, kf)
+            started = True
+        elif _kf_digest(engine, kf) != digest(engine):
+            report.keyframe_mismatches += 1
+            report.note(f"state after op {kf.seq} differs from the recorded keyframe")
+    elif kind == "op":
+        if not started:
+            raise ValueError("an operation before the first keyframe")
+        op = op_from_json(rec["op"])
+        before = engine.events.last_seq
+        ok, payload = apply_entry(engine, op)
+        report.ops += 1
+        report.refused += not ok
+        want = rec.get("result") if rec["ok"] else _error(rec.get("error"))
+        if ok != rec["ok"] or _jsonish(payload) != want:
+            report.result_mismatches += 1
+            report.note(
+                f"op {rec['seq']} ({rec['op'].get('op')}): got {payload!r}, recorded {want!r}"
+            )
+        events, _ = engine.events.since(before, 1 << 30)
+        got = [ev for _, _, ev in events]
+        want_events = rec["events"]
+        if want_events is None:  # not in the recording (dropped from the event log)
+            report.events_unknown += 1
+        elif got != [event_from_json(d) for d in want_events]:
+            report.event_mismatches += 1
+            report.note(f"op {rec['seq']}: events differ")
+    elif kind == "final":
+        kf = keyframe_from_json(rec)
+        report.final_matches = _kf_digest(engine, kf) == digest(engine)
+        if not report.final_matches:
+            report.note("the final state differs from the recorded one")
+    return started
 
 
 def replay_file(path: str | Path) -> ReplayReport:
