@@ -84,14 +84,18 @@ def test_ports_are_the_documented_ones(compose: dict[str, Any]) -> None:
         assert f"localhost:{port}" in doc, f"docker/README.md does not document port {port}"
 
 
-def test_app_service(compose: dict[str, Any]) -> None:
+def test_app_service(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     app = compose["services"]["app"]
     assert app["build"]["dockerfile"] == "docker/Dockerfile"
     assert Path(app["build"]["context"]).resolve() == ROOT
     env = app["environment"]
     assert env["BLOCKPOOL_PORT"] == "8000" and env["BLOCKPOOL_HOST"] == "0.0.0.0"
     assert env["BLOCKPOOL_DEMO"] == "true"
-    Settings(**{k.removeprefix("BLOCKPOOL_").lower(): v for k, v in env.items()})
+    # Read as the container reads them: from its environment.
+    for key, value in env.items():
+        monkeypatch.setenv(key, str(value))
+    settings = Settings()
+    assert settings.port == 8000 and settings.demo
     assert "/api/health" in " ".join(app["healthcheck"]["test"])
 
 
