@@ -60,6 +60,7 @@ class TraceRequest:
     lora_name: str | None = None
     cache_salt: str | None = None
     line: int = 0
+    priority: int = 0  # the scheduler's priority policy: lower runs first
 
 
 @dataclass
@@ -154,7 +155,12 @@ def parse_mooncake_row(
             f"{input_length} (the last id would hold {last} tokens; 1..{tokens_per_id} allowed)",
             line,
         )
-    return TraceRequest(index, float(ts), input_length, output_length, tuple(ids), line=line)
+    prio = row.get("priority", 0)
+    if isinstance(prio, bool) or not isinstance(prio, int):
+        raise TraceError(f"priority must be an integer, got {prio!r}", line)
+    return TraceRequest(
+        index, float(ts), input_length, output_length, tuple(ids), line=line, priority=prio
+    )
 
 
 def _json_lines(lines: Iterable[str | bytes]) -> Iterator[tuple[int, Any]]:

@@ -1,0 +1,177 @@
+"""KV slots per request, allocated chunk by chunk, as vLLM 0.16's
+``KVCacheManager`` allocates them for one full-attention group.
+
+``lookup`` is ``get_computed_blocks``: the cached prefix of a waiting
+request (never the block holding its last token), counted in the
+lookup-level statistics vLLM exports as ``vllm:prefix_cache_queries`` and
+``vllm:prefix_cache_hits`` -- every lookup, a retry of a request that could
+not be admitted included; lookups of a preempted request go to
+``preempted_queries``/``preempted_hits`` (vLLM's ``PrefixCacheStats``).
+
+``allocate`` is ``allocate_slots`` without lookahead, connectors or
+sliding windows: the blocks needed to hold ``num_computed + hit + new``
+tokens (capped at ``max_model_len``), where a hit block that sits in the free
+queue counts as one more block to take; ``False``, changing nothing, when the
+pool lacks them.  Full blocks are cached up to the tokens scheduled so far
+(at most the request's known tokens) unless ``cache=False`` (asynchronous
+scheduling caches decode blocks when their token arrives: ``cache_blocks``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from blockpool.block import KVCacheBlock
+from blockpool.hashing import BlockHash
+from blockpool.pool import BlockPool
+
+_GROUPS = [0]
+
+
+class SlotRequest(Protocol):
+    """What the slot manager reads of a request."""
+
+    rid: str
+    num_computed: int
+    num_preemptions: int
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def block_hashes(self) -> list[BlockHash]: ...
+
+    @property
+    def hashable(self) -> object:
+        """The object ``BlockPool.cache_full_blocks`` reads hashes from."""
+
+
+class LookupStats:
+    """vLLM's ``PrefixCacheStats`` totals: tokens queried and hit per lookup."""
+
+    __slots__ = (
+        "hits",
+        "preempted_hits",
+        "preempted_queries",
+        "preempted_requests",
+        "queries",
+        "requests",
+    )
+
+    def __init__(self) -> None:
+        self.requests = self.queries = self.hits = 0
+        self.preempted_requests = self.preempted_queries = self.preempted_hits = 0
+
+    def to_json(self) -> dict[str, int | float]:
+        return {
+            "prefix_cache_queries": self.queries,
+            "prefix_cache_hits": self.hits,
+            "prefix_cache_hit_rate": self.hits / self.queries if self.queries else 0.0,
+            "prefix_cache_lookups": self.requests,
+            "preempted_prefix_cache_lookups": self.preempted_requests,
+            "preempted_prefix_cache_queries": self.preempted_queries,
+            "preempted_prefix_cache_hits": self.preempted_hits,
+        }
+
+
+class KVSlots:
+    """Block tables of the requests that hold blocks, on one ``BlockPool``."""
+
+    def __init__(self, pool: BlockPool, block_size: int, max_model_len: int) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.tables: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached: dict[str, int] = {}
+        self.stats = LookupStats()
+        self.stored = 0  # blocks made reachable by hash (evictions: stored - cached at the end)
+        self.caching = pool.enable_caching
+
+    def lookup(self, req: SlotRequest) -> tuple[list[KVCacheBlock], int]:
+        """The cached blocks of ``req``'s longest hit prefix and their tokens."""
+        if not self.caching:
+            return [], 0
+        bs = self.block_size
+        hashes = req.block_hashes
+        n = min((req.num_tokens - 1) // bs, len(hashes))
+        get = self.pool.get_cached_block
+        hit: list[KVCacheBlock] = []
+        for i in range(n):
+            found = get(hashes[i], _GROUPS)
+            if found is None:
+                break
+            hit.append(found[0])
+        tokens = len(hit) * bs
+        st = self.stats
+        if req.num_preemptions:
+            st.preempted_requests += 1
+            st.preempted_queries += req.num_tokens
+            st.preempted_hits += tokens
+        else:
+            st.requests += 1
+            st.queries += req.num_tokens
+            st.hits += tokens
+        return hit, tokens
+
+    def allocate(
+        self,
+        req: SlotRequest,
+        num_new: int,
+        num_hit: int = 0,
+        hit: Sequence[KVCacheBlock] = (),
+        *,
+        cache: bool = True,
+    ) -> bool:
+        """Slots for ``num_new`` more tokens after ``num_computed + num_hit``."""
+        bs = self.block_size
+        computed = min(req.num_computed + num_hit, self.max_model_len)
+        need = min(computed + num_new, self.max_model_len)
+        rid = req.rid
+        table = self.tables.get(rid)
+        have = 0 if table is None else len(table)
+        required = -(-need // bs)
+        take = required - have - len(hit)
+        if take < 0:
+            take = 0
+        if hit:
+            take += sum(1 for b in hit if b.ref_cnt == 0 and not b.is_null)
+        pool = self.pool
+        if take > pool.free_block_queue.num_free_blocks:
+            return False
+        if table is None:
+            table = self.tables[rid] = []
+        if hit:
+            pool.touch(hit)
+            table.extend(hit)
+            self.num_cached[rid] = len(table)
+        grow = required - len(table)
+        if grow > 0:
+            table.extend(pool.get_new_blocks(grow))
+        if cache and self.caching:
+            upto = computed + num_new
+            n = req.num_tokens
+            self.cache_blocks(req, upto if upto < n else n)
+        return True
+
+    def cache_blocks(self, req: SlotRequest, num_tokens: int) -> None:
+        """Make the request's full blocks up to ``num_tokens`` reachable by hash."""
+        rid = req.rid
+        done = self.num_cached.get(rid, 0)
+        full = num_tokens // self.block_size
+        if done >= full:
+            return
+        self.pool.cache_full_blocks(req.hashable, self.tables[rid], done, full, self.block_size, 0)
+        self.stored += full - done
+        self.num_cached[rid] = full
+
+    def free(self, req: SlotRequest) -> None:
+        """Give the request's blocks back, last block first."""
+        table = self.tables.pop(req.rid, None)
+        self.num_cached.pop(req.rid, None)
+        if table:
+            self.pool.free_blocks(reversed(table))
+
+    def num_blocks(self, rid: str) -> int:
+        table = self.tables.get(rid)
+        return 0 if table is None else len(table)
