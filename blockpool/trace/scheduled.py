@@ -106,7 +106,7 @@ def run_scheduled(
     live: list[SchedRequest] = []
     finished: list[SchedRequest] = []
     too_long = too_long_tokens = 0
-    outcome: dict[int, int] = {}  # index -> -1 rejected, -2 refused
+    never: list[RequestRecord] = []  # rejected or refused (records=True)
     while i < total or engine.busy():
         if not engine.busy():
             t = reqs[i].timestamp_ms / speed
@@ -119,7 +119,8 @@ def run_scheduled(
             if tr.input_length >= model_len:
                 too_long += 1
                 too_long_tokens += tr.input_length
-                outcome[tr.index] = -1
+                if records:
+                    never.append(RequestRecord(tr.index, -1, 0, -1, -1.0, -1.0, -1.0))
                 done += 1
                 continue
             out = max(tr.output_length, 1)
@@ -128,7 +129,8 @@ def run_scheduled(
             if -(-(tr.input_length + out - 1) // block_size) > usable:
                 result.refused += 1
                 result.refused_tokens += tr.input_length
-                outcome[tr.index] = -2
+                if records:
+                    never.append(RequestRecord(tr.index, -1, 0, -1, -1.0, -1.0, -1.0))
                 done += 1
                 continue
             lora = LoRARequest(tr.lora_name, 1) if tr.lora_name else None
@@ -179,7 +181,7 @@ def run_scheduled(
     x["simulated_seconds"] = clock / 1000.0
     if progress is not None:
         progress(total, total)
-    run = ScheduledRun(result)
+    run = ScheduledRun(result, never)
     if records:
         order = {id(r): k for k, r in enumerate(finished)}
         for r in live:
