@@ -205,6 +205,7 @@ def run(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
 
     i, clock, total = 0, 0.0, len(reqs)
     t0 = time.perf_counter()
+    c0 = time.process_time()
     while i < total or sched.has_requests() or in_flight:
         if not sched.has_requests() and not in_flight:
             clock = max(clock, reqs[i].timestamp_ms / args.speed)
@@ -250,6 +251,7 @@ def run(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
             update(in_flight.pop())
         clock += dt
     seconds = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     return {
         "cached": {rid: r.num_cached_tokens for rid, r in made.items()},
         "preemptions": {rid: r.num_preemptions for rid, r in made.items()},
@@ -258,6 +260,7 @@ def run(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
         "refused": refused,
         "lookups": lookups,
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "unfinished": sorted(sched.requests),
     }
 

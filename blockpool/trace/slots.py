@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from blockpool.block import KVCacheBlock
-from blockpool.hashing import BlockHash
+from blockpool.hashing import BlockHash, group_id_suffix
 from blockpool.pool import BlockPool
 
-_GROUPS = [0]
+_GID0 = group_id_suffix(0)
 
 
 class SlotRequest(Protocol):
@@ -95,13 +95,19 @@ class KVSlots:
         bs = self.block_size
         hashes = req.block_hashes
         n = min((req.num_tokens - 1) // bs, len(hashes))
-        get = self.pool.get_cached_block
+        # BlockPool.get_cached_block for group 0, inlined: the hot loop of
+        # a blocked head request's retries.
+        get = self.pool.cached_block_hash_to_block._cache.get
+        gid0 = _GID0
         hit: list[KVCacheBlock] = []
+        put = hit.append
         for i in range(n):
-            found = get(hashes[i], _GROUPS)
-            if found is None:
+            entry = get(hashes[i] + gid0)
+            if entry is None:
                 break
-            hit.append(found[0])
+            if entry.__class__ is dict:
+                entry = next(iter(entry.values()))
+            put(entry)
         tokens = len(hit) * bs
         st = self.stats
         if req.num_preemptions:
@@ -135,7 +141,9 @@ class KVSlots:
         if take < 0:
             take = 0
         if hit:
-            take += sum(1 for b in hit if b.ref_cnt == 0 and not b.is_null)
+            for b in hit:
+                if not b.ref_cnt and not b.is_null:
+                    take += 1
         pool = self.pool
         if take > pool.free_block_queue.num_free_blocks:
             return False
