@@ -166,6 +166,8 @@ def run_scheduled(
     result.hit_tokens = hit
     result.admitted = admitted
     result.preemptions = sched.preemptions
+    result.regret_blocks = sched.regret_blocks
+    result.miss_reasons.update(slots.reasons)
     cached_now = sum(1 for b in pool.blocks if b.block_hash is not None)
     result.evictions = slots.stored - cached_now
     x = result.extra

@@ -241,6 +241,7 @@ class Scheduler:
         self.running: list[SchedRequest] = []
         self.finished_since_schedule = 0
         self.preemptions = 0
+        self.regret_blocks = 0
         self._budget = config.budget
         self._model_len = config.model_len
         self._threshold = config.long_prefill_token_threshold
@@ -340,6 +341,9 @@ class Scheduler:
                     break
                 if n > budget:
                     n = budget
+                first = r.num_cached_tokens < 0
+                if first:
+                    misses = slots.misses(r, num_hit)
                 if not allocate(r, n, num_hit, hit):
                     break
                 waiting.pop()
@@ -348,8 +352,10 @@ class Scheduler:
                 budget -= n
                 r.status = RUNNING
                 r.num_computed = num_hit
-                if r.num_cached_tokens < 0:
+                if first:
                     r.num_cached_tokens = num_hit
+                    slots.add_misses(misses)
+                    self.regret_blocks += misses[2]
                 if r.first_sched_ms < 0:
                     r.first_sched_ms = now_ms
 

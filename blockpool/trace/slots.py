@@ -86,6 +86,8 @@ class KVSlots:
         self.num_cached: dict[str, int] = {}
         self.stats = LookupStats()
         self.stored = 0  # blocks made reachable by hash (evictions: stored - cached at the end)
+        self.ever: set[BlockHash] = set()  # every hash stored so far (the miss reasons)
+        self.reasons = {"last_token": 0, "block_size_floor": 0, "evicted": 0, "cold": 0}
         self.caching = pool.enable_caching
 
     def lookup(self, req: SlotRequest) -> tuple[list[KVCacheBlock], int]:
@@ -171,7 +173,40 @@ class KVSlots:
             return
         self.pool.cache_full_blocks(req.hashable, self.tables[rid], done, full, self.block_size, 0)
         self.stored += full - done
+        self.ever.update(req.block_hashes[done:full])
         self.num_cached[rid] = full
+
+    def misses(self, req: SlotRequest, num_hit: int) -> tuple[int, int, int, int]:
+        """The miss reasons of a request about to be first scheduled with
+        ``num_hit`` cached tokens, before its own blocks are stored:
+        ``(last_token, block_size_floor, evicted, cold)`` in blocks (the
+        names of ``blockpool.trace.results``); ``add_misses`` counts them."""
+        bs = self.block_size
+        hashes = req.block_hashes
+        n = req.num_tokens
+        k = num_hit // bs
+        num_full = min(n // bs, len(hashes))
+        max_hit = min((n - 1) // bs, num_full)
+        ever = self.ever
+        lo, hi = k, num_full  # the hashes stored so far are a prefix of the chain
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if hashes[mid] in ever:
+                lo = mid + 1
+            else:
+                hi = mid
+        last = 0
+        if max_hit < num_full and k == max_hit:
+            cache = self.pool.cached_block_hash_to_block._cache
+            last = 1 if hashes[max_hit] + _GID0 in cache else 0
+        return last, 1 if n % bs else 0, lo - k - last, num_full - lo
+
+    def add_misses(self, m: tuple[int, int, int, int]) -> None:
+        r = self.reasons
+        r["last_token"] += m[0]
+        r["block_size_floor"] += m[1]
+        r["evicted"] += m[2]
+        r["cold"] += m[3]
 
     def free(self, req: SlotRequest) -> None:
         """Give the request's blocks back, last block first."""

@@ -134,3 +134,16 @@ def test_step_model_fit_recovers_the_terms_and_refuses_bad_samples() -> None:
         StepModel.from_json({"base": 3})
     with pytest.raises(ValueError, match="base_ms must be > 0"):
         StepModel(0.0)
+
+
+@pytest.mark.parametrize("cap", [3200, 9600, None])
+def test_miss_reasons_match_the_simple_scheduler_with_features_off(
+    tmp_path: Path, cap: int | None
+) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", 3, 100)
+    init_none_hash(sha256)
+    (simple,) = replay_timed(trace, 16, [cap], sha256, config=TimedConfig(step_ms=20))
+    (vllm,) = replay_timed(trace, 16, [cap], sha256, config=TimedConfig(step_ms=20, scheduler=OFF))
+    assert vllm.miss_reasons == simple.miss_reasons
+    assert vllm.regret_blocks == simple.regret_blocks
+    assert sum(vllm.miss_reasons.values()) > 0
