@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from blockpool.hashing import BlockHash
 from blockpool.request import Request
-from blockpool.trace.slots import KVSlots
+from blockpool.trace.slots import SlotBackend
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 POLICIES = ("fcfs", "priority")
@@ -230,10 +230,12 @@ class StepPlan:
 
 
 class Scheduler:
-    """The scheduler above a :class:`KVSlots`; driven by ``add``,
-    ``schedule`` and ``update`` (see :mod:`blockpool.trace.engine`)."""
+    """The scheduler above a :class:`~blockpool.trace.slots.SlotBackend`
+    (``KVSlots``); driven by ``add``, ``schedule`` and ``update`` (an
+    :class:`~blockpool.trace.engine.Engine` does that as vLLM's engine core
+    does; a live driver can call ``Engine.step`` at its own pace)."""
 
-    def __init__(self, slots: KVSlots, config: SchedulerConfig) -> None:
+    def __init__(self, slots: SlotBackend, config: SchedulerConfig) -> None:
         self.slots = slots
         self.config = config
         self.requests: dict[str, SchedRequest] = {}

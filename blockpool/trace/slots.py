@@ -47,6 +47,33 @@ class SlotRequest(Protocol):
         """The object ``BlockPool.cache_full_blocks`` reads hashes from."""
 
 
+class SlotBackend(Protocol):
+    """What the scheduler asks of the KV cache (``KVSlots`` on a BlockPool;
+    a live driver could put the same calls on a service's engine)."""
+
+    stats: LookupStats
+
+    def lookup(self, req: SlotRequest) -> tuple[list[KVCacheBlock], int]: ...
+
+    def allocate(
+        self,
+        req: SlotRequest,
+        num_new: int,
+        num_hit: int = 0,
+        hit: Sequence[KVCacheBlock] = (),
+        *,
+        cache: bool = True,
+    ) -> bool: ...
+
+    def cache_blocks(self, req: SlotRequest, num_tokens: int) -> None: ...
+
+    def free(self, req: SlotRequest) -> None: ...
+
+    def misses(self, req: SlotRequest, num_hit: int) -> tuple[int, int, int, int]: ...
+
+    def add_misses(self, m: tuple[int, int, int, int]) -> None: ...
+
+
 class LookupStats:
     """vLLM's ``PrefixCacheStats`` totals: tokens queried and hit per lookup."""
 
