@@ -151,8 +151,8 @@ def run_scheduled(
         if fin:
             done += len(fin)
             finished.extend(fin)
-            if progress is not None and engine.steps & 255 == 0:
-                progress(done, total)
+        if progress is not None and engine.steps & 255 == 0:
+            progress(done, total)
     stats = slots.stats
     ttft, queue, e2e = [], [], []
     hit = 0
