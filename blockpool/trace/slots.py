@@ -116,6 +116,10 @@ class KVSlots:
         self.ever: set[BlockHash] = set()  # every hash stored so far (the miss reasons)
         self.reasons = {"last_token": 0, "block_size_floor": 0, "evicted": 0, "cold": 0}
         self.caching = pool.enable_caching
+        # lookups to resume: rid -> (eviction log position, blocks limit, hit, keys)
+        self._memo: dict[str, tuple[int, int, list[KVCacheBlock], set[bytes]]] = {}
+        self._evicted: list[bytes] = []  # keys evicted while a lookup is memoised
+        self._log_base = 0
 
     def lookup(self, req: SlotRequest) -> tuple[list[KVCacheBlock], int]:
         """The cached blocks of ``req``'s longest hit prefix and their tokens."""
@@ -125,18 +129,38 @@ class KVSlots:
         hashes = req.block_hashes
         n = min((req.num_tokens - 1) // bs, len(hashes))
         # BlockPool.get_cached_block for group 0, inlined: the hot loop of
-        # a blocked head request's retries.
+        # a blocked head request's retries.  Those start from the prefix
+        # found last time when none of its keys was evicted since (the map
+        # loses keys only by eviction; the first block of a key's entry
+        # changes only when that block is evicted).
         get = self.pool.cached_block_hash_to_block._cache.get
         gid0 = _GID0
-        hit: list[KVCacheBlock] = []
+        start = 0
+        memo = self._memo.get(req.rid)
+        if memo is not None and memo[1] == n:
+            pos, _, hit, keys = memo
+            log = self._evicted
+            for j in range(pos - self._log_base, len(log)):
+                if log[j] in keys:
+                    break
+            else:
+                start = len(hit)
+        if start == 0:
+            hit = []
+            keys = set()
         put = hit.append
-        for i in range(n):
-            entry = get(hashes[i] + gid0)
+        add = keys.add
+        for i in range(start, n):
+            key = hashes[i] + gid0
+            entry = get(key)
             if entry is None:
                 break
             if entry.__class__ is dict:
                 entry = next(iter(entry.values()))
             put(entry)
+            add(key)
+        self._memo[req.rid] = (self._log_base + len(self._evicted), n, hit, keys)
+        hit = list(hit)
         tokens = len(hit) * bs
         st = self.stats
         if req.num_preemptions:
@@ -160,6 +184,27 @@ class KVSlots:
     ) -> bool:
         """Slots for ``num_new`` more tokens after ``num_computed + num_hit``."""
         bs = self.block_size
+        rid = req.rid
+        table = self.tables.get(rid)
+        if table is not None and not hit:  # a running request: the common case
+            computed = req.num_computed
+            upto = computed + num_new
+            if upto > self.max_model_len:
+                upto = self.max_model_len
+            grow = -(-upto // bs) - len(table)
+            if grow > 0:
+                pool = self.pool
+                if grow > pool.free_block_queue.num_free_blocks:
+                    return False
+                if self._memo:
+                    self._log_evictions(grow)
+                table.extend(pool.get_new_blocks(grow))
+            if cache and self.caching:
+                upto = computed + num_new  # not capped: vLLM caches min(this, num_tokens)
+                n = req.num_tokens
+                if (upto if upto < n else n) // bs > self.num_cached.get(rid, 0):
+                    self.cache_blocks(req, upto if upto < n else n)
+            return True
         computed = min(req.num_computed + num_hit, self.max_model_len)
         need = min(computed + num_new, self.max_model_len)
         rid = req.rid
@@ -178,18 +223,37 @@ class KVSlots:
             return False
         if table is None:
             table = self.tables[rid] = []
+            memo = self._memo
+            if memo:
+                memo.pop(rid, None)
+                if not memo:
+                    self._log_base += len(self._evicted)
+                    self._evicted.clear()
         if hit:
             pool.touch(hit)
             table.extend(hit)
             self.num_cached[rid] = len(table)
         grow = required - len(table)
         if grow > 0:
+            if self._memo:
+                self._log_evictions(grow)
             table.extend(pool.get_new_blocks(grow))
         if cache and self.caching:
             upto = computed + num_new
             n = req.num_tokens
             self.cache_blocks(req, upto if upto < n else n)
         return True
+
+    def _log_evictions(self, n: int) -> None:
+        """Log the keys the next ``get_new_blocks(n)`` evicts (the queue's head)."""
+        log = self._evicted
+        b = self.pool.free_block_queue.fake_free_list_head.next_free_block
+        for _ in range(n):
+            assert b is not None
+            key = b._block_hash
+            if key is not None:
+                log.append(key)  # type: ignore[arg-type]
+            b = b.next_free_block
 
     def cache_blocks(self, req: SlotRequest, num_tokens: int) -> None:
         """Make the request's full blocks up to ``num_tokens`` reachable by hash."""
