@@ -57,7 +57,7 @@ def _ours(trace: Any, c: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 @pytest.mark.vllm016
 def test_per_request_equal_to_vllm_016s_scheduler(tmp_path: Path) -> None:
     python = vllm016_python()
-    trace = write_trace(tmp_path / "trace.jsonl", 7, 150)
+    trace = write_trace(tmp_path / "trace.jsonl", 7, 120)
     (tmp_path / "configs.json").write_text(json.dumps(CONFIGS))
     done = subprocess.run(
         [python, str(REPO / "bench/parity/sched016.py"), str(tmp_path / "trace.jsonl"),
