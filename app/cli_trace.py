@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from app.cli_trace_sched import add_scheduler_arguments, scheduler_lines, timed_config
 from blockpool.hashing import HASH_FUNCTIONS
 from blockpool.trace import TraceError, parse_capacities, read_trace
 from blockpool.trace.replay import MODES, TraceReport, replay_trace
 from blockpool.trace.sequence import FREE_ORDERS
-from blockpool.trace.timed import TimedConfig
 
 
 def add_parser(sub: Any) -> None:
@@ -50,6 +50,7 @@ def add_parser(sub: Any) -> None:
         help="progress bar on stderr (default: when stderr is a terminal)",
     )  # fmt: skip
     t.add_argument("--no-progress", dest="progress", action="store_false")
+    add_scheduler_arguments(t)
 
 
 def add_serve_flags(s: argparse.ArgumentParser) -> None:
@@ -112,6 +113,7 @@ def render(report: TraceReport, path: str) -> str:
     if report.mode == "timed":
         pre = ", ".join(f"{_fmt_cap(r.capacity_tokens)}: {r.preemptions}" for r in report.results)
         lines.append(f"preemptions: {pre}")
+    lines += scheduler_lines(report)
     return "\n".join(lines)
 
 
@@ -127,7 +129,7 @@ def main(args: argparse.Namespace) -> int:
             capacities_tokens=caps,
             hash_name=args.hash_name,
             free_order=args.free_order,
-            timed=TimedConfig(args.speed, args.step_ms, args.max_running),
+            timed=timed_config(args),
             one_pass=args.one_pass,
             progress=progress_bar(sys.stderr, args.mode) if show else None,
         )

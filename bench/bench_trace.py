@@ -15,7 +15,11 @@ naming included) against ONE unbounded replay on vLLM's pool (and on ours),
 given the block hashes ready-made (hashing and pool construction are not
 counted on the pools' side).
 
-``requests`` -- issue item 6.  A timed replay of the trace (the scheduler of
+``scheduler`` -- timed mode's vLLM scheduler model against vLLM 0.16.0's
+real ``AsyncScheduler`` (``--sync``: ``Scheduler``) on the same trace
+(bench/trace_bench/scheduler.py).
+
+``requests`` --  A timed replay of the trace (the scheduler of
 ``blockpool.trace.timed``) is run once on our RequestManager and its calls
 recorded (admit with the prompt, one append per decode token, finish); the
 same calls are then replayed, alternating A/B, on our RequestManager and on
@@ -36,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from trace_bench.curve import bench_curve
 from trace_bench.requests import bench_requests
+from trace_bench.scheduler import add_arguments as add_scheduler_bench
+from trace_bench.scheduler import bench_scheduler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--window", type=int, default=100, help="admissions per A/B window")
     r.add_argument("--profile", action="store_true", help="cProfile both sides after")
     r.add_argument("--json", type=Path, help="write the figures here")
+    add_scheduler_bench(sub.add_parser("scheduler", help="timed mode vs vLLM's Scheduler"))
     args = ap.parse_args(argv)
-    out = bench_curve(args) if args.what == "curve" else bench_requests(args)
+    benches = {"curve": bench_curve, "requests": bench_requests, "scheduler": bench_scheduler}
+    out = benches[args.what](args)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0 if out.get("identical", True) else 1

@@ -85,6 +85,7 @@ class TraceRequest:
     lora_name: str | None = None
     cache_salt: str | None = None
     line: int = 0
+    priority: int = 0  # the scheduler's priority policy: lower runs first
 
 
 @dataclass
@@ -248,7 +249,14 @@ def parse_mooncake_row(
             line,
             "hash_ids",
         )
-    return TraceRequest(index, ts, input_length, output_length, tuple(ids), line=line)
+    prio = row.get("priority", 0)
+    if isinstance(prio, bool) or not isinstance(prio, int) or abs(prio) > 2**31:
+        raise TraceError(
+            f"priority must be an integer within ±2^31, got {prio!r}", line, "priority"
+        )
+    return TraceRequest(
+        index, float(ts), input_length, output_length, tuple(ids), line=line, priority=prio
+    )
 
 
 def _json_lines(lines: Iterable[str | bytes]) -> Iterator[tuple[int, Any]]:

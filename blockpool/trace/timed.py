@@ -1,7 +1,11 @@
 """Timed mode: arrivals at their timestamps, decode, a scheduler above the pool.
 
-A step-based simulation of vLLM 0.16's scheduler (FCFS, no chunked prefill,
-no token budget), on simulated time: arrivals at ``timestamp / speed`` ms,
+Two schedulers.  ``TimedConfig(scheduler=SchedulerConfig(...))`` runs vLLM
+0.16's v1 scheduler with its token budget, chunked prefill, asynchronous
+scheduling, ``max_model_len`` and policies (``scheduler.py``, ``engine.py``,
+``scheduled.py``).  Without one, the simple scheduler below: a step-based
+simulation of vLLM 0.16's scheduler with those features off (FCFS, no
+chunked prefill, no token budget), on simulated time: arrivals at ``timestamp / speed`` ms,
 one step every ``step_ms``.  Each step:
 
 1. running requests, oldest first, each get a slot for their next token;
@@ -34,8 +38,11 @@ from typing import Protocol
 from blockpool.errors import NotEnoughBlocksError
 from blockpool.hashing import HashFn, maybe_convert_block_hash
 from blockpool.manager import RequestManager
+from blockpool.trace.engine import StepModel
 from blockpool.trace.reader import Trace, TraceRequest
 from blockpool.trace.results import CapacityResult, capacity_blocks
+from blockpool.trace.scheduled import replay_scheduled
+from blockpool.trace.scheduler import SchedulerConfig
 from blockpool.trace.sequence import make_pool, unbounded_blocks
 
 
@@ -143,9 +150,14 @@ class ManagerBackend:
 
 @dataclass
 class TimedConfig:
+    """``scheduler``: vLLM's scheduler with these settings (None: the simple
+    one); ``step_model``: its step times (None: ``step_ms`` a step)."""
+
     speed: float = 1.0
     step_ms: float = 20.0
     max_running: int = 256
+    scheduler: SchedulerConfig | None = None
+    step_model: StepModel | None = None
 
     def __post_init__(self) -> None:
         if not self.speed > 0 or not self.step_ms > 0 or self.max_running < 1:
@@ -272,7 +284,22 @@ def replay_timed(
     config: TimedConfig | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[CapacityResult]:
-    """Timed mode on a RequestManager per capacity (one replay each)."""
+    """Timed mode on a RequestManager per capacity (one replay each), or
+    through vLLM's scheduler model when ``config.scheduler`` is set."""
+    cfg = config or TimedConfig()
+    if cfg.scheduler is not None:
+        model = cfg.step_model or StepModel(cfg.step_ms)
+        return replay_scheduled(
+            trace,
+            block_size,
+            capacities_tokens,
+            hash_fn,
+            free_order,
+            cfg.scheduler,
+            model,
+            cfg.speed,
+            progress,
+        )
     out = []
     for cap in capacities_tokens:
         blocks = capacity_blocks(cap, block_size)

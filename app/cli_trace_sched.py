@@ -1,0 +1,142 @@
+"""``blockpool trace --mode timed``: the scheduler's flags, config and lines.
+
+By default timed mode runs vLLM 0.16's v1 scheduler with vLLM's defaults
+(chunked prefill, asynchronous scheduling, a budget of 8192 tokens a step,
+FCFS); each feature has a flag that turns it off, and ``--scheduler simple``
+runs the earlier scheduler (synchronous, whole prompts, no budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from blockpool.trace.engine import StepModel
+from blockpool.trace.scheduler import POLICIES, SchedulerConfig
+from blockpool.trace.timed import TimedConfig
+
+SCHEDULERS = ("vllm", "simple")
+MAX_STEP_MODEL_BYTES = 4 * 1024 * 1024
+
+
+def add_scheduler_arguments(t: argparse.ArgumentParser) -> None:
+    g = t.add_argument_group("timed mode: vLLM's scheduler")
+    g.add_argument(
+        "--scheduler", choices=SCHEDULERS, default="vllm",
+        help="vllm: vLLM 0.16's v1 scheduler (default); simple: synchronous, "
+        "whole prompts, no token budget",
+    )  # fmt: skip
+    g.add_argument(
+        "--max-num-batched-tokens", type=int, default=8192, metavar="N",
+        help="tokens a step may schedule (8192; 0: no budget)",
+    )  # fmt: skip
+    g.add_argument(
+        "--no-chunked-prefill", dest="chunked_prefill", action="store_false",
+        help="a prompt runs whole or waits (vLLM's enable_chunked_prefill=False)",
+    )  # fmt: skip
+    g.add_argument(
+        "--long-prefill-token-threshold", type=int, default=0, metavar="N",
+        help="at most N prompt tokens of one request a step (0: off)",
+    )  # fmt: skip
+    g.add_argument(
+        "--max-model-len", type=int, default=None, metavar="N",
+        help="prompts of N tokens or more are rejected (counted), outputs stop at N",
+    )  # fmt: skip
+    g.add_argument("--policy", choices=POLICIES, default="fcfs", help="(default fcfs)")
+    g.add_argument(
+        "--sync-scheduling", dest="async_scheduling", action="store_false",
+        help="synchronous scheduling (default: asynchronous, frees a step late)",
+    )  # fmt: skip
+    g.add_argument(
+        "--step-model", metavar="FILE",
+        help='JSON step times: {"base_ms", "per_prefill_token_ms", "per_decode_seq_ms"} '
+        'or {"samples": [[prefill_tokens, decode_seqs, ms], ...]} to fit',
+    )  # fmt: skip
+    g.add_argument(
+        "--step-prefill-token-ms", type=float, default=0.0, metavar="MS",
+        help="ms a step adds per prefill token (0; --step-ms is the base)",
+    )  # fmt: skip
+    g.add_argument(
+        "--step-decode-seq-ms", type=float, default=0.0, metavar="MS",
+        help="ms a step adds per decoding request (0)",
+    )  # fmt: skip
+
+
+def _read_step_model(path: str) -> StepModel:
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_STEP_MODEL_BYTES:
+            raise ValueError(f"--step-model {path}: larger than {MAX_STEP_MODEL_BYTES} bytes")
+        doc: Any = json.loads(p.read_text())
+    except OSError as exc:
+        raise ValueError(f"--step-model {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--step-model {path}: line {exc.lineno}: {exc.msg}") from None
+    try:
+        return StepModel.from_json(doc)
+    except ValueError as exc:
+        raise ValueError(f"--step-model {path}: {exc}") from None
+
+
+def timed_config(args: argparse.Namespace) -> TimedConfig:
+    """The TimedConfig the flags ask for (ValueError naming the flag when bad)."""
+    if args.scheduler == "simple":
+        return TimedConfig(args.speed, args.step_ms, args.max_running)
+    budget = args.max_num_batched_tokens
+    if budget < 0:
+        raise ValueError("--max-num-batched-tokens must be >= 0 (0: no budget)")
+    if args.step_model:
+        model = _read_step_model(args.step_model)
+    else:
+        model = StepModel(args.step_ms, args.step_prefill_token_ms, args.step_decode_seq_ms)
+    sched = SchedulerConfig(
+        max_num_batched_tokens=budget or None,
+        max_num_seqs=args.max_running,
+        enable_chunked_prefill=args.chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        max_model_len=args.max_model_len,
+        policy=args.policy,
+        async_scheduling=args.async_scheduling,
+    )
+    return TimedConfig(args.speed, args.step_ms, args.max_running, sched, model)
+
+
+def _ms(d: Any) -> str:
+    if not isinstance(d, dict) or d.get("p50") is None:
+        return "-"
+    return f"{d['p50']:.0f}/{d['p90']:.0f}/{d['p99']:.0f}"
+
+
+def scheduler_lines(report: Any) -> list[str]:
+    """The table's lines for a replay through vLLM's scheduler (else none)."""
+    rows = [r for r in report.results if "prefix_cache_queries" in r.extra]
+    if not rows:
+        return []
+    cfg = rows[0].extra["scheduler"]
+    out = [
+        "",
+        "scheduler: vLLM 0.16 v1 ("
+        + ", ".join(f"{k}={v}" for k, v in cfg.items() if k != "step_model")
+        + "), step ms = "
+        + " + ".join(f"{v:g} {k}" for k, v in cfg["step_model"].items()),
+        "request_hit_rate: cached prefix at first schedule / prompt tokens (what clients see); "
+        "prefix_cache_hit_rate: vLLM's /metrics prefix_cache_hits / prefix_cache_queries "
+        "(every lookup, blocked retries included)",
+    ]
+    head = ("capacity_tokens", "request_hit_rate", "prefix_cache_hit_rate", "preemptions",
+            "rejected_too_long", "ttft_ms p50/p90/p99", "queue_ms p50/p90/p99",
+            "simulated_s")  # fmt: skip
+    table = [head]
+    for r in rows:
+        x = r.extra
+        table.append((
+            "inf" if r.capacity_tokens is None else str(r.capacity_tokens),
+            f"{x['request_hit_rate']:.4f}", f"{x['prefix_cache_hit_rate']:.4f}",
+            str(r.preemptions), str(x["rejected_too_long"]), _ms(x["ttft_ms"]),
+            _ms(x["queue_ms"]), f"{x['simulated_seconds']:.1f}",
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    out += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in table]
+    return out

@@ -1,0 +1,87 @@
+"""``blockpool trace --mode timed``: the scheduler's flags, fields and errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from tests.trace.sched_traces import TOKENS_PER_ID, write_trace
+
+
+@pytest.fixture
+def trace_file(tmp_path: Path) -> Path:
+    p = tmp_path / "t.jsonl"
+    write_trace(p, 5, 40)
+    return p
+
+
+def _doc(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    assert main(["trace", *argv, "--tokens-per-id", str(TOKENS_PER_ID), "--mode", "timed",
+                 "--json", "--no-progress"]) == 0  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_defaults_are_vllms_and_both_hit_rates_are_named(
+    trace_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _doc(capsys, str(trace_file), "--capacity-tokens", "3200,inf", "--max-model-len", "2000")
+    small, inf = doc["results"]  # type: ignore[misc]
+    sched = small["scheduler"]
+    assert sched["enable_chunked_prefill"] and sched["async_scheduling"]
+    assert sched["max_num_batched_tokens"] == 8192 and sched["max_model_len"] == 2000
+    for r in (small, inf):
+        assert r["request_hit_rate"] == r["hit_rate"]
+        assert r["prefix_cache_hit_rate"] == r["prefix_cache_hits"] / r["prefix_cache_queries"]
+        assert set(r["ttft_ms"]) == {"p50", "p90", "p99", "mean"}
+        assert r["rejected_too_long"] > 0  # the trace has prompts of 2000+ tokens
+    assert inf["evictions"] == 0 and inf["preemptions"] == 0
+
+
+def test_each_feature_turns_off_and_simple_is_the_old_scheduler(
+    trace_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    off = _doc(capsys, str(trace_file), "--capacity-tokens", "3200", "--max-num-batched-tokens",
+               "0", "--no-chunked-prefill", "--sync-scheduling")  # fmt: skip
+    simple = _doc(capsys, str(trace_file), "--capacity-tokens", "3200", "--scheduler", "simple")
+    (a,), (b,) = off["results"], simple["results"]  # type: ignore[misc]
+    for k in ("hit_tokens", "evictions", "refused", "preemptions", "miss_reasons"):
+        assert a[k] == b[k], k
+    assert "prefix_cache_queries" not in b
+
+
+def test_step_model_file_and_its_errors(
+    trace_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "steps.json"
+    model.write_text(json.dumps({"base_ms": 5, "per_prefill_token_ms": 0.01}))
+    doc = _doc(capsys, str(trace_file), "--step-model", str(model))
+    (r,) = doc["results"]  # type: ignore[misc]
+    assert r["scheduler"]["step_model"] == {
+        "base_ms": 5.0, "per_prefill_token_ms": 0.01, "per_decode_seq_ms": 0.0}  # fmt: skip
+    model.write_text("{\n  nope")
+    argv = ["trace", str(trace_file), "--tokens-per-id", "64", "--mode", "timed"]
+    assert main([*argv, "--step-model", str(model)]) == 2
+    assert "--step-model" in capsys.readouterr().err
+    model.write_text(json.dumps({"samples": [[1, 2, 3]]}))
+    assert main([*argv, "--step-model", str(model)]) == 2
+    assert "at least 3 samples" in capsys.readouterr().err
+    assert main([*argv, "--max-num-batched-tokens", "-1"]) == 2
+    assert "--max-num-batched-tokens" in capsys.readouterr().err
+    assert main([*argv, "--no-chunked-prefill", "--max-num-batched-tokens", "100",
+                 "--max-model-len", "1000"]) == 2  # fmt: skip
+    assert "smaller than max_model_len" in capsys.readouterr().err
+
+
+def test_the_table_names_both_hit_rates(
+    trace_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["trace", str(trace_file), "--tokens-per-id", "64", "--mode", "timed",
+                 "--capacity-tokens", "3200", "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "request_hit_rate" in out and "prefix_cache_hit_rate" in out
+    assert "ttft_ms p50/p90/p99" in out
