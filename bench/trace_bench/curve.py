@@ -84,13 +84,18 @@ def bench_curve(args: argparse.Namespace) -> dict[str, Any]:
     reqs = hashed_requests(trace)  # hashing is not timed on vLLM's side
     print(f"hashed: {time.perf_counter() - t0:.1f}s", flush=True)
     blocks = [capacity_blocks(c, BLOCK_SIZE) for c in caps]
-    t_vcaps, theirs = lockstep([vpool(b, True, BLOCK_SIZE, True) for b in blocks], reqs, caps)
-    print(f"vLLM's five pools: {t_vcaps:.1f}s", flush=True)
-    same = True
+    if args.no_check:  # timing only: the identity check is the suite's and the default run's
+        t_vcaps, theirs = float("nan"), [CapacityResult(c, None) for c in caps]
+        print("identity check against vLLM's five pools skipped (--no-check)", flush=True)
+    else:
+        pools = [vpool(b, True, BLOCK_SIZE, True) for b in blocks]
+        t_vcaps, theirs = lockstep(pools, reqs, caps)
+        print(f"vLLM's five pools: {t_vcaps:.1f}s", flush=True)
+    same = not args.no_check
     rows = []
     for c, v in zip(curve, theirs, strict=False):
         ok = c.counts() == v.counts()
-        same &= ok
+        same &= ok or args.no_check
         rows.append({**c.to_json(), "vllm_pool": v.counts(), "same": ok})
     inf = curve[-1]
     rows.append(inf.to_json())
@@ -135,7 +140,7 @@ def bench_curve(args: argparse.Namespace) -> dict[str, Any]:
     out = {
         "trace": str(args.trace),
         "requests": len(trace),
-        "identical": same,
+        "identical": None if args.no_check else same,
         "unbounded_hit_rate": inf.hit_rate,
         "curve": rows,
         "stacks": stacks,
@@ -149,7 +154,8 @@ def bench_curve(args: argparse.Namespace) -> dict[str, Any]:
     }
     s = out["seconds"]
     ratio = s["vllm_one_unbounded_replay"] / s["one_pass_5_capacities"]
-    out["bar_met"] = same and ratio >= 1.0
+    out["ratio"] = ratio
+    out["bar_met"] = same and ratio >= 30.0
     print(
         f"one-pass 5-point curve {s['one_pass_5_capacities']:.2f}s ({stacks} stack(s)); "
         f"ONE unbounded vLLM replay {s['vllm_one_unbounded_replay']:.2f}s "

@@ -147,3 +147,24 @@ def shadow_curve(
         if progress is not None:
             progress(i + 1, len(usable))
     return out
+
+
+def bound_at(trace: Trace, block_size: int, num_blocks: int) -> dict[str, float | int | str]:
+    """LRU, the offline optimum and the unbounded ceiling for one pool of
+    ``num_blocks`` (null block included), requests one at a time."""
+    keys = BlockKeys(trace, block_size)
+    curve = OnePassCurve(trace, block_size, [num_blocks * block_size])
+    curve.keys = keys
+    (lru,) = curve.run()
+    opt = OptimalCurve(trace, block_size, keys)
+    prompt = trace.prompt_tokens or 1
+    best = opt.hit_blocks(num_blocks - 1) * block_size
+    ceiling = opt.hit_blocks(None) * block_size
+    return {
+        "model": "sequence",
+        "blocks": num_blocks,
+        "prompt_tokens": trace.prompt_tokens,
+        "lru_hit_rate": lru.hit_tokens / prompt,
+        "optimal_hit_rate": best / prompt,
+        "unbounded_hit_rate": ceiling / prompt,
+    }
