@@ -86,7 +86,7 @@ def _advance(live: ByteArray, top: int, b: int, x: int) -> tuple[int, int]:
     w = max(64, 2 * x)
     while x > 0:
         end = min(b + w, top)
-        idx = np.flatnonzero(live[b:end])
+        idx = live[b:end].nonzero()[0]
         if len(idx) < x:
             x -= len(idx)
             b = end
@@ -98,15 +98,6 @@ def _advance(live: ByteArray, top: int, b: int, x: int) -> tuple[int, int]:
         x = 0
     # live entries are 1 (unhashed) or 2 (hashed): their sum less their count
     return b, int(live[start:b].sum(dtype=np.int64)) - want
-
-
-def _chain(runs: list[tuple[int, int]]) -> IntArray:
-    if len(runs) == 1:
-        a, n = runs[0]
-        return np.arange(a, a + n, dtype=np.int64)
-    if not runs:
-        return np.empty(0, dtype=np.int64)
-    return np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in runs])
 
 
 class OnePassCurve:
@@ -141,8 +132,8 @@ class OnePassCurve:
         reqs = self.trace.requests
         total = len(reqs)
         bs = self.block_size
-        runs = self.keys.runs
-        chains = [_chain(runs(req)) for req in reqs]
+        chain_of = self.keys.chain
+        chains = [chain_of(req) for req in reqs]
         if self.results:
             num_keys = max((int(c.max()) for c in chains if len(c)), default=-1) + 1
             length = sum(-(-r.input_length // bs) for r in reqs) + 1
@@ -192,7 +183,7 @@ class OnePassCurve:
         caps = stack.caps
         pos, extra, multi = stack.pos, stack.extra, stack.multi
         olds = pos[chain]  # -1: never stored in this stack
-        missing = np.flatnonzero(olds < 0)
+        missing = (olds < 0).nonzero()[0]
         seen = int(missing[0]) if len(missing) else num_full
         lim = min(seen, max_hit)
         hits = []

@@ -86,19 +86,10 @@ class OptimalCurve:
         chains: list[IntArray] = []
         for i, req in enumerate(trace.requests):
             n = req.input_length
-            runs = bk.runs(req)
-            num_full = sum(c for _, c in runs)
+            chain = bk.chain(req)
             self.num_blocks[i] = -(-n // block_size)
-            self.max_hit[i] = min((n - 1) // block_size, num_full)
-            if len(runs) == 1:
-                a, c = runs[0]
-                chains.append(np.arange(a, a + c, dtype=np.int64))
-            else:
-                chains.append(
-                    np.concatenate([np.arange(a, a + c, dtype=np.int64) for a, c in runs])
-                    if runs
-                    else np.empty(0, dtype=np.int64)
-                )
+            self.max_hit[i] = min((n - 1) // block_size, len(chain))
+            chains.append(chain)
         refs = sum(len(c) for c in chains)
         top = max((int(c.max()) for c in chains if len(c)), default=-1)
         if top > 2 * refs + 16:  # sparse names (blocks straddling ids): make them dense
