@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from blockpool.shadow.pool import make_shadow
 from blockpool.trace.curve import OnePassCurve
@@ -48,7 +49,8 @@ def policy_hit_tokens(
     shadow = make_shadow(policy, usable_blocks, block_size)
     admit, finish = shadow.admit, shadow.finish
     for req in trace.requests:
-        names = [k.to_bytes(8, "big", signed=True) for k in keys.keys(req)]
+        # the shadow only hashes and compares its keys: the ints stand for the hashes
+        names = cast("list[bytes]", keys.keys(req))
         if admit("r", names, req.input_length) >= 0:
             finish("r")
     return shadow.stats.hits, shadow.stats.evictions
