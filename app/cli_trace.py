@@ -125,8 +125,11 @@ def main(args: argparse.Namespace) -> int:
         if args.mode == "sequence":
             planner.run_policies(plan, trace, args.block_size, report.results, progress)
         if args.target_hit_rate is not None:
-            if args.mode != "sequence":
-                raise ValueError("--target-hit-rate searches sequence-mode replays only")
+            if args.mode != "sequence" or args.free_order != "append_all":
+                raise ValueError(
+                    "--target-hit-rate searches sequence-mode replays with vLLM 0.16's "
+                    "free order (append_all) only"
+                )
             planner.find_target(plan, trace, args.block_size, args.target_hit_rate, progress)
         if args.plot:
             from app.trace_plot import plot_curve

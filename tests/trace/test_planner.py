@@ -223,6 +223,12 @@ def test_cli_errors(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> Non
         main(["trace", str(trace_file), "--tokens-per-id", "64", "--target-hit-rate", "1.5"]) == 2
     )
     assert "(0, 1]" in capsys.readouterr().err
+    timed = ["--mode", "timed", "--target-hit-rate", "0.5"]
+    assert main(["trace", str(trace_file), "--tokens-per-id", "64", *timed]) == 2
+    assert "sequence-mode replays" in capsys.readouterr().err
+    assert main(["trace", str(trace_file), "--tokens-per-id", "64", "--mode", "timed",
+                 "--policies", "s3fifo"]) == 2  # fmt: skip
+    assert "sequence mode only" in capsys.readouterr().err
 
 
 def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
