@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install run test test-fast lint fmt bench bench-vllm vllm-envs soak browser clean
+.PHONY: install run test test-fast lint fmt bench bench-vllm vllm-envs soak browser clean plot-curve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -95,3 +95,11 @@ soak: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis test-artifacts
+
+## docs/trace-curve.png: LRU, the offline optimum and the unbounded ceiling on the
+## Mooncake trace, against pool size in tokens and in GiB (Llama-3.1-8B's KV layout).
+TRACE        ?= ../shared/traces/mooncake_synthetic_trace.jsonl
+CURVE_MODEL  ?= docs/examples/llama-3.1-8b-config.json
+plot-curve: $(STAMP)
+	$(VENV)/bin/blockpool trace $(TRACE) --model-config $(CURVE_MODEL) --sweep \
+	  --sweep-points 28 --policies optimal --plot docs/trace-curve.png

@@ -1,7 +1,9 @@
 """``blockpool trace FILE``: replay a production trace offline (no server).
 
-Prints, per capacity, the prompt and hit tokens, the hit rate, evictions,
-refused requests and miss reasons; ``--json`` prints one JSON document.
+Prints, per capacity, the prompt and hit tokens, the hit rate (LRU, the
+offline optimum, the unbounded ceiling), evictions, refused requests, miss
+reasons and regret; ``--json`` prints one JSON document, ``--csv`` a CSV.
+The capacity-planning flags are in ``trace_planner.py``.
 """
 
 from __future__ import annotations
@@ -9,13 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from collections.abc import Callable
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any
 
+from app import trace_planner as planner
 from app.cli_trace_sched import add_scheduler_arguments, scheduler_lines, timed_config
 from blockpool.hashing import HASH_FUNCTIONS
 from blockpool.trace import TraceError, parse_capacities, read_trace
+from blockpool.trace.optimal import OptimalCurve
 from blockpool.trace.replay import MODES, TraceReport, replay_trace
 from blockpool.trace.sequence import FREE_ORDERS
 
@@ -34,8 +37,11 @@ def add_parser(sub: Any) -> None:
         help="comma list of pool sizes in tokens, 'inf' = never evicts (default inf)",
     )  # fmt: skip
     t.add_argument("--capacity-blocks", default=None, help="comma list of pool sizes in blocks")
-    t.add_argument("--hash", dest="hash_name", choices=sorted(HASH_FUNCTIONS), default="sha256")
-    t.add_argument("--free-order", choices=FREE_ORDERS, default="append_all")
+    t.add_argument("--hash", dest="hash_name", choices=sorted(HASH_FUNCTIONS), default="sha256",
+                   help="block hash function (default sha256)")  # fmt: skip
+    t.add_argument("--free-order", choices=FREE_ORDERS, default="append_all",
+                   help="where freed blocks enter the free queue "
+                   "(default append_all: vLLM 0.16)")  # fmt: skip
     t.add_argument("--speed", type=float, default=1.0, help="timed: arrivals x speed (1)")
     t.add_argument("--step-ms", type=float, default=20.0, help="timed: ms per step (20)")
     t.add_argument("--max-running", type=int, default=256, help="timed: running limit (256)")
@@ -51,6 +57,7 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     t.add_argument("--no-progress", dest="progress", action="store_false")
     add_scheduler_arguments(t)
+    planner.add_planner_args(t)
 
 
 def add_serve_flags(s: argparse.ArgumentParser) -> None:
@@ -71,25 +78,11 @@ def _capacities(args: argparse.Namespace) -> list[int | None]:
     return caps or [None]
 
 
-def progress_bar(stream: TextIO, label: str) -> Callable[[int, int], None]:
-    t0 = time.monotonic()
-
-    def show(done: int, total: int) -> None:
-        frac = done / total if total else 1.0
-        bar = "#" * int(frac * 30)
-        stream.write(f"\r{label} [{bar:<30}] {done}/{total} {time.monotonic() - t0:5.1f}s")
-        if done >= total:
-            stream.write("\n")
-        stream.flush()
-
-    return show
-
-
 def _fmt_cap(v: int | None) -> str:
     return "inf" if v is None else str(v)
 
 
-def render(report: TraceReport, path: str) -> str:
+def render(report: TraceReport, path: str, plan: planner.Plan | None = None) -> str:
     lines = [
         f"trace: {path} ({report.info['requests']} requests, tokens per id "
         f"{report.info['tokens_per_id']})",
@@ -98,18 +91,9 @@ def render(report: TraceReport, path: str) -> str:
         report.note + (f" ({report.info['stacks']} stack(s))" if "stacks" in report.info else ""),
         "",
     ]
-    head = ("capacity_tokens", "blocks", "prompt_tokens", "hit_tokens", "hit_rate", "evictions",
-            "refused", "cold", "evicted", "last_token", "floor")  # fmt: skip
-    rows = [head]
-    for r in report.results:
-        m = r.miss_reasons
-        rows.append((
-            _fmt_cap(r.capacity_tokens), _fmt_cap(r.blocks), str(r.prompt_tokens),
-            str(r.hit_tokens), f"{r.hit_rate:.4f}", str(r.evictions), str(r.refused),
-            str(m["cold"]), str(m["evicted"]), str(m["last_token"]), str(m["block_size_floor"]),
-        ))  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines += planner.table_lines(report.results, plan)
+    if plan is not None:
+        lines += planner.target_lines(plan, report.block_size)
     if report.mode == "timed":
         pre = ", ".join(f"{_fmt_cap(r.capacity_tokens)}: {r.preemptions}" for r in report.results)
         lines.append(f"preemptions: {pre}")
@@ -119,20 +103,40 @@ def render(report: TraceReport, path: str) -> str:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        caps = _capacities(args)
+        layout = planner.layout_of(args)
+        policies = planner.parse_policies(args.policies, args.mode)
+        caps = planner.capacities_of(args, layout, _capacities(args) if _legacy(args) else [])
         trace = read_trace(args.path, args.tokens_per_id)
-        show = args.progress if args.progress is not None else sys.stderr.isatty()
+        progress = planner.progress_for(args)
+        if args.sweep:
+            caps = planner.sweep_capacities(args, caps, OptimalCurve(trace, args.block_size), trace)
+        plan = planner.Plan(caps, layout, policies)
+        label = "one pass" if args.mode == "sequence" else args.mode
         report = replay_trace(
             trace,
             mode=args.mode,
             block_size=args.block_size,
-            capacities_tokens=caps,
+            capacities_tokens=[c.capacity_tokens for c in caps],
             hash_name=args.hash_name,
             free_order=args.free_order,
             timed=timed_config(args),
             one_pass=args.one_pass,
-            progress=progress_bar(sys.stderr, args.mode) if show else None,
+            progress=progress.bar(f"{label} ({len(caps)} capacities)"),
         )
+        planner.annotate(report.results, caps)
+        if args.mode == "sequence":
+            planner.run_policies(plan, trace, args.block_size, report.results, progress)
+        if args.target_hit_rate is not None:
+            if args.mode != "sequence" or args.free_order != "append_all":
+                raise ValueError(
+                    "--target-hit-rate searches sequence-mode replays with vLLM 0.16's "
+                    "free order (append_all) only"
+                )
+            planner.find_target(plan, trace, args.block_size, args.target_hit_rate, progress)
+        if args.plot:
+            from app.trace_plot import plot_curve
+
+            plot_curve(report, plan, args.plot, title=Path(args.path).name)
     except TraceError as exc:
         print(f"blockpool trace: {args.path}: {exc}", file=sys.stderr)
         return 2
@@ -140,7 +144,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"blockpool trace: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"file": args.path, **report.to_json()}))
+        print(json.dumps({"file": args.path, **report.to_json(), **plan.info(args.block_size)}))
+    elif args.csv:
+        sys.stdout.write(planner.render_csv(report.results, plan, report.mode))
     else:
-        print(render(report, args.path))
+        print(render(report, args.path, plan))
     return 0
+
+
+def _legacy(args: argparse.Namespace) -> bool:
+    return bool(args.capacity_tokens or args.capacity_blocks)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from app.errors import ApiError, Conflict, InvalidInput
 from app.schemas import AdmitOp, AppendOp, FinishOp
 from app.workload_task import WorkloadTask
 from blockpool.trace import Trace, TraceLimits, TraceRequest
+from blockpool.trace.planner import bound_at
 
 if TYPE_CHECKING:
     from app.engine import Engine
@@ -188,6 +190,7 @@ class TraceDriver(WorkloadTask[_Live]):
         self.clock_ms = 0.0
         # (request id, free blocks it lacked): not tried again until more are free
         self._blocked: tuple[str, int] | None = None
+        self.bound: dict[str, Any] | None = None
 
     # ------------------------------------------------------------- control
 
@@ -203,6 +206,20 @@ class TraceDriver(WorkloadTask[_Live]):
             raise
         self.trace, self.name = trace, name
         self._reset()
+        self.bound = None
+        pool = self.engine.pool
+        args = (trace, pool.hash_block_size, pool.num_gpu_blocks)
+        threading.Thread(target=self._bound, args=args, daemon=True).start()
+
+    def _bound(self, trace: Trace, block_size: int, num_blocks: int) -> None:
+        """LRU against the offline optimum for the what-if panel, off the loop."""
+        try:
+            bound = bound_at(trace, block_size, num_blocks)
+        except Exception:  # a bound is a hint: never the replay's failure
+            logger.exception("trace bound")
+            return
+        if self.trace is trace:
+            self.bound = bound
 
     def _reset(self) -> None:
         self.stats = TraceStats()
@@ -263,6 +280,7 @@ class TraceDriver(WorkloadTask[_Live]):
                 "hit_tokens": s.hit_tokens,
                 "hit_rate": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
             },
+            "bound": self.bound,
         }
 
     def metrics(self) -> dict[str, float]:

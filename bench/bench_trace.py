@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("curve", help="bar 11-trace-replay")
     c.add_argument("trace", type=Path)
     c.add_argument("--rounds", type=int, default=3)
+    c.add_argument("--no-check", action="store_true", help="timing only (no vLLM pools check)")
     c.add_argument("--json", type=Path, help="write the figures here")
     r = sub.add_parser("requests", help="request level: RequestManager vs KVCacheManager")
     r.add_argument("trace", type=Path)
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     out = benches[args.what](args)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
-    return 0 if out.get("identical", True) else 1
+    return 1 if out.get("identical") is False else 0
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ amortised), ``order`` O(free).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 POLICY_NAMES = ("vllm016", "uncached_first", "s3fifo")
@@ -268,7 +269,9 @@ class S3FIFO(FreePolicy):
         self.where[0] = _NONE
         self.home = [_SMALL] * (capacity + 1)
         self.freq = [0] * (capacity + 1)
-        self.ghost: dict[bytes, None] = {}
+        # an OrderedDict: dropping the oldest is O(1) (``del d[next(iter(d))]`` on a
+        # dict rescans the deleted slots at its front: quadratic over a long run)
+        self.ghost: OrderedDict[bytes, None] = OrderedDict()
         self.ghost_limit = capacity
         self.small_target = max(1, int(capacity * self.small_ratio))
         self.promoted = 0
@@ -328,7 +331,7 @@ class S3FIFO(FreePolicy):
                 ghost = self.ghost
                 ghost[key] = None
                 if len(ghost) > self.ghost_limit:
-                    del ghost[next(iter(ghost))]
+                    ghost.popitem(last=False)
             self._drop(slot)
             return slot
 

@@ -37,9 +37,10 @@ No hashing is needed: blocks are named by :class:`~blockpool.trace.keys.BlockKey
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from operator import neg
+
+import numpy as np
+import numpy.typing as npt
 
 from blockpool.trace.keys import BlockKeys
 from blockpool.trace.reader import Trace
@@ -48,31 +49,30 @@ from blockpool.trace.results import CapacityResult, capacity_blocks
 _FULL = 2  # live, hashed
 _PART = 1  # live, no hash (partial tail block)
 
+IntArray = npt.NDArray[np.int64]
+ByteArray = npt.NDArray[np.uint8]
+
 
 class _Stack:
-    """One LRU stack ``G`` shared by a group of capacities."""
+    """One LRU stack ``G`` shared by a group of capacities (numpy columns:
+    the per-request work is a few array operations, not a loop per block)."""
 
     __slots__ = ("caps", "extra", "live", "multi", "pos", "top")
 
-    def __init__(self, caps: list[int]) -> None:
+    def __init__(self, caps: list[int], num_keys: int, length: int) -> None:
         self.caps = caps
-        self.live = bytearray()  # per position: 0 dead, 1 unhashed, 2 hashed
-        self.pos: list[int | None] = []  # key -> highest position of a live copy
-        self.multi = bytearray()  # key -> 1 when ``extra`` holds it
+        self.live: ByteArray = np.zeros(length, dtype=np.uint8)  # 0 dead, 1 unhashed, 2 hashed
+        self.pos: IntArray = np.full(num_keys, -1, dtype=np.int64)  # key -> top live copy
+        self.multi: ByteArray = np.zeros(num_keys, dtype=np.uint8)  # key -> 1: in ``extra``
         self.extra: dict[int, list[int]] = {}  # key -> copies' positions, first stored first
         self.top = 0
 
-    def grow(self, size: int) -> None:
-        if size > len(self.pos):
-            more = max(size - len(self.pos), len(self.pos) // 2, 1024)
-            self.pos.extend([None] * more)
-            self.multi.extend(bytes(more))
-
     def split(self, caps: list[int]) -> _Stack:
-        other = _Stack(caps)
-        other.live = bytearray(self.live)
-        other.pos = list(self.pos)
-        other.multi = bytearray(self.multi)
+        other = _Stack.__new__(_Stack)
+        other.caps = caps
+        other.live = self.live.copy()
+        other.pos = self.pos.copy()
+        other.multi = self.multi.copy()
         other.extra = {k: list(v) for k, v in self.extra.items()}
         other.top = self.top
         gone = set(caps)
@@ -80,47 +80,24 @@ class _Stack:
         return other
 
 
-def _keys(runs: list[tuple[int, int]]) -> list[int]:
-    return [k for a, n in runs for k in range(a, a + n)]
-
-
-def _any_multi(multi: bytearray, runs: list[tuple[int, int]], lo: int, hi: int) -> bool:
-    """Whether a key of blocks ``lo .. hi - 1`` has several copies."""
-    j = 0
-    for a, n in runs:
-        if j >= hi:
-            break
-        s, e = max(lo - j, 0), min(hi - j, n)
-        if s < e and multi.find(1, a + s, a + e) >= 0:
-            return True
-        j += n
-    return False
-
-
-def _advance(live: bytearray, b: int, x: int) -> tuple[int, int]:
+def _advance(live: ByteArray, top: int, b: int, x: int) -> tuple[int, int]:
     """Skip ``x`` live entries from ``b`` upward: (new boundary, hashed ones skipped)."""
-    start = b
-    n = len(live)
-    w = max(64, x)
+    start, want = b, x
+    w = max(64, 2 * x)
     while x > 0:
-        end = min(b + w, n)
-        nz = (end - b) - live.count(0, b, end)
-        if nz <= x:
-            x -= nz
+        end = min(b + w, top)
+        idx = live[b:end].nonzero()[0]
+        if len(idx) < x:
+            x -= len(idx)
             b = end
             w *= 2
-            if b >= n and x:
+            if b >= top and x:
                 raise AssertionError("boundary ran past the stack's top")
             continue
-        lo, hi = b, end  # smallest e in (b, end] with x live entries in [b, e)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if (mid - b) - live.count(0, b, mid) >= x:
-                hi = mid
-            else:
-                lo = mid + 1
-        b, x = lo, 0
-    return b, live.count(_FULL, start, b)
+        b += int(idx[x - 1]) + 1
+        x = 0
+    # live entries are 1 (unhashed) or 2 (hashed): their sum less their count
+    return b, int(live[start:b].sum(dtype=np.int64)) - want
 
 
 class OnePassCurve:
@@ -143,7 +120,7 @@ class OnePassCurve:
         n = len(self.results)
         self.bound = [0] * n
         self.empties = [0 if u is None else u for u in self.usable]
-        self._stacks = [_Stack(list(range(n)))] if n else []
+        self._stacks: list[_Stack] = []
         self.splits = 0  # stacks copied (refusals and copies)
         self.copy_splits = 0  # of which: capacities touching different copies
 
@@ -154,24 +131,31 @@ class OnePassCurve:
     def run(self, progress: Callable[[int, int], None] | None = None) -> list[CapacityResult]:
         reqs = self.trace.requests
         total = len(reqs)
+        bs = self.block_size
+        chain_of = self.keys.chain
+        chains = [chain_of(req) for req in reqs]
+        if self.results:
+            num_keys = max((int(c.max()) for c in chains if len(c)), default=-1) + 1
+            length = sum(-(-r.input_length // bs) for r in reqs) + 1
+            self._stacks = [_Stack(list(range(len(self.results))), num_keys, length)]
         for i, req in enumerate(reqs):
-            self.step(req.input_length, self.keys.runs(req))
+            self.step(req.input_length, chains[i])
             if progress is not None and (i & 63 == 63 or i + 1 == total):
                 progress(i + 1, total)
         return self.results
 
     # ----------------------------------------------------------- one request
 
-    def step(self, num_tokens: int, runs: list[tuple[int, int]]) -> None:
-        """One request: ``runs`` of its full blocks' keys (``BlockKeys.runs``)."""
+    def step(self, num_tokens: int, chain: IntArray) -> None:
+        """One request: ``chain``, its full blocks' keys (``BlockKeys.keys``)."""
         bs = self.block_size
         num_blocks = -(-num_tokens // bs)
-        num_full = sum(n for _, n in runs)
+        num_full = len(chain)
         max_hit = min((num_tokens - 1) // bs, num_full)
         for res in self.results:
             res.prompt_tokens += num_tokens
         for stack in list(self._stacks):
-            self._step(stack, num_tokens, num_blocks, num_full, max_hit, runs)
+            self._step(stack, num_tokens, num_blocks, num_full, max_hit, chain)
 
     def _refuse(self, caps: list[int], num_tokens: int) -> None:
         for c in caps:
@@ -186,7 +170,7 @@ class OnePassCurve:
         num_blocks: int,
         num_full: int,
         max_hit: int,
-        runs: list[tuple[int, int]],
+        chain: IntArray,
     ) -> None:
         usable, bound = self.usable, self.bound
         refused = [c for c in stack.caps if (u := usable[c]) is not None and u < num_blocks]
@@ -197,30 +181,26 @@ class OnePassCurve:
             self._stacks.append(stack.split(refused))
             self.splits += 1
         caps = stack.caps
-        if runs:
-            stack.grow(max(a + n for a, n in runs))
         pos, extra, multi = stack.pos, stack.extra, stack.multi
-        olds: list[int | None] = []
-        for a, n in runs:
-            olds += pos[a : a + n]
-        try:
-            seen = olds.index(None)
-        except ValueError:
-            seen = num_full
+        olds = pos[chain]  # -1: never stored in this stack
+        missing = (olds < 0).nonzero()[0]
+        seen = int(missing[0]) if len(missing) else num_full
         lim = min(seen, max_hit)
         hits = []
-        for c in caps:
-            if usable[c] is None:
-                hits.append(lim)
-            else:  # positions fall along the chain: binary search
-                hits.append(bisect_right(olds, -bound[c], 0, lim, key=neg))  # type: ignore[arg-type]
+        if lim:  # positions fall along the chain: a binary search per capacity
+            rising = olds[lim - 1 :: -1]
+            for c in caps:
+                if usable[c] is None:
+                    hits.append(lim)
+                else:
+                    hits.append(lim - int(np.searchsorted(rising, bound[c], "left")))
+        else:
+            hits = [0] * len(caps)
         k_top = max(hits)
         chosen: dict[int, tuple[int, list[int]]] = {}
-        keys: list[int] | None = None
-        if extra and k_top and _any_multi(multi, runs, 0, k_top):
-            keys = _keys(runs)
+        if extra and k_top and multi[chain[:k_top]].any():
             for j in range(k_top):
-                copies = extra.get(keys[j])
+                copies = extra.get(int(chain[j]))
                 if copies is None:
                     continue
                 groups: dict[int, list[int]] = {}
@@ -235,55 +215,57 @@ class OnePassCurve:
                         self._stacks.append(part)
                         self.splits += 1
                         self.copy_splits += 1
-                        self._step(part, num_tokens, num_blocks, num_full, max_hit, runs)
-                    self._step(stack, num_tokens, num_blocks, num_full, max_hit, runs)
+                        self._step(part, num_tokens, num_blocks, num_full, max_hit, chain)
+                    self._step(stack, num_tokens, num_blocks, num_full, max_hit, chain)
                     return
                 (idx,) = groups
                 chosen[j] = (idx, copies)
 
         # --- update G: hits move to the top, the rest are new entries
         live = stack.live
-        kills = olds[:k_top]
-        for j, (idx, copies) in chosen.items():
-            kills[j] = copies[idx]
-        for p in kills:
-            live[p] = 0  # type: ignore[index]
+        if k_top:
+            if chosen:
+                kills = olds[:k_top].copy()
+                for j, (idx, copies) in chosen.items():
+                    kills[j] = copies[idx]
+                live[kills] = 0
+            else:
+                live[olds[:k_top]] = 0
         t = stack.top
         hi = t + num_blocks - 1  # block j lands at hi - j
-        if num_blocks > num_full:
-            live.append(_PART)
-        live.extend(b"\x02" * num_full)
-        j = 0
-        for a, n in runs:
-            p0 = hi - j
-            pos[a : a + n] = range(p0, p0 - n, -1)
-            j += n
+        partial = 1 if num_blocks > num_full else 0
+        if partial:
+            live[t] = _PART
+        live[t + partial : t + num_blocks] = _FULL
+        if num_full:
+            pos[chain] = np.arange(hi, hi - num_full, -1, dtype=np.int64)
         stack.top = t + num_blocks
         for j, (idx, copies) in chosen.items():
             copies[idx] = hi - j
         last = num_full - 1
+        old_last = int(olds[last]) if num_full else -1
         dup = (
             max_hit < num_full
             and seen == num_full
-            and any(usable[c] is None or olds[last] >= bound[c] for c in caps)  # type: ignore[operator]
+            and any(usable[c] is None or old_last >= bound[c] for c in caps)
         )
-        if extra and k_top < num_full and _any_multi(multi, runs, k_top, num_full):
-            keys = _keys(runs) if keys is None else keys
+        if extra and k_top < num_full and multi[chain[k_top:num_full]].any():
             for j in range(k_top, num_full - 1 if dup else num_full):
-                if extra.pop(keys[j], None) is not None:
-                    multi[keys[j]] = 0
+                key = int(chain[j])
+                if extra.pop(key, None) is not None:
+                    multi[key] = 0
         if dup:  # the last block is stored again while a copy is cached
-            key = runs[-1][0] + runs[-1][1] - 1
+            key = int(chain[last])
             copies = extra.get(key)
             if copies is None:
-                extra[key] = [olds[last], hi - last]  # type: ignore[list-item]
+                extra[key] = [old_last, hi - last]
                 multi[key] = 1
             else:
                 copies.append(hi - last)
 
         # --- per capacity: pops from the head, counts
         bs = self.block_size
-        partial = 1 if num_blocks > num_full else 0
+        top = stack.top
         for c, k in zip(caps, hits, strict=True):
             res = self.results[c]
             res.admitted += 1
@@ -292,7 +274,7 @@ class OnePassCurve:
                 1
                 if max_hit < num_full
                 and seen == num_full
-                and (usable[c] is None or olds[last] >= bound[c])  # type: ignore[operator]
+                and (usable[c] is None or old_last >= bound[c])
                 else 0
             )
             evicted = seen - k - last_token
@@ -311,7 +293,7 @@ class OnePassCurve:
                 self.empties[c] = e - use
                 x -= use
             if x:
-                bound[c], ev = _advance(live, bound[c], x)
+                bound[c], ev = _advance(live, top, bound[c], x)
                 res.evictions += ev
 
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from itertools import chain
 
+import numpy as np
+import numpy.typing as npt
+
 from blockpool.block_hasher import get_request_block_hasher
 from blockpool.hashing import BlockHash, HashFn
 from blockpool.request import LoRARequest, Request
@@ -84,6 +87,25 @@ class BlockKeys:
             else:
                 out.append((k, 1))
         return out
+
+    def chain(self, req: TraceRequest) -> npt.NDArray[np.int64]:
+        """The keys of :meth:`keys` as one numpy array."""
+        bs = self.block_size
+        tpi = self.trace.tokens_per_id
+        if req.token_ids is None and tpi % bs == 0:
+            parent = self._root(req)
+            nodes_map = self._nodes
+            nodes: list[int] = []
+            for h in req.hash_ids:
+                node = nodes_map.get((parent, h))
+                if node is None:
+                    node = nodes_map[(parent, h)] = len(nodes_map)
+                nodes.append(node)
+                parent = node
+            per = tpi // bs
+            grid = np.asarray(nodes, dtype=np.int64)[:, None] * per + np.arange(per)
+            return grid.ravel()[: req.input_length // bs]
+        return np.asarray(self.keys(req), dtype=np.int64)
 
     def _node_runs(self, nodes: list[int], num_full: int) -> list[tuple[int, int]]:
         per = self.trace.tokens_per_id // self.block_size

@@ -56,6 +56,20 @@ async def test_upload_start_run_to_the_end(api: Api) -> None:
     assert api.engine.manager.requests == {}
 
 
+async def test_the_bound_for_the_what_if_panel(api: Api) -> None:
+    r = await api.client.post(UPLOAD, content=BODY)
+    assert r.status_code == 200, r.text
+    s = await _wait(api, lambda s: s["bound"] is not None)
+    b = s["bound"]
+    pool = api.engine.pool
+    assert b["model"] == "sequence" and b["blocks"] == pool.num_gpu_blocks
+    assert b["prompt_tokens"] == 12 * 14
+    # a big pool: nothing is evicted, so LRU, the optimum and unbounded agree
+    # (each later request hits ids 1, 2: 8 tokens)
+    assert b["lru_hit_rate"] == b["optimal_hit_rate"] == b["unbounded_hit_rate"]
+    assert b["unbounded_hit_rate"] == pytest.approx(88 / 168)
+
+
 @pytest.mark.app_settings(max_tokens_per_request=3000)
 async def test_a_bad_upload_changes_nothing(api: Api) -> None:
     bad = BODY + json.dumps({"timestamp": 99, "input_length": 30, "hash_ids": [1]}) + "\n"

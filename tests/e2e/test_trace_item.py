@@ -50,6 +50,21 @@ def test_the_top_bar_shows_the_trace_replay(browser: Any) -> None:
         assert TRACE.name in shown["text"] and "hit" in shown["text"], shown
         assert f"of {status['requests']} requests arrived" in shown["title"], shown
         assert "production trace" in shown["title"]
+        # the what-if panel: the trace's LRU against the offline optimum at this pool's size
+        bound = wait_for(lambda: srv.get("/api/trace")["bound"], what="the trace's bound")
+        assert bound["lru_hit_rate"] <= bound["optimal_hit_rate"] <= bound["unbounded_hit_rate"]
+        p.page.locator("#whatif-panel").scroll_into_view_if_needed()
+        line = wait_for(
+            lambda: p.js(
+                "() => { const li = document.querySelector('#whatif-text li[data-kind=\"bound\"]');"
+                " return li && li.textContent; }"
+            ),
+            timeout=60,
+            what="the what-if panel's line on the optimum",
+        )
+        for key in ("lru_hit_rate", "optimal_hit_rate", "unbounded_hit_rate"):
+            assert f"{bound[key] * 100:.1f}%" in line, (key, line)
+        assert "100,000 blocks" in line and TRACE.name in line, line
         p.shot()
         assert p.errors == [], p.errors
     finally:

@@ -91,15 +91,20 @@ def test_the_table(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None
     lines = cap.out.splitlines()
     assert "5 requests" in lines[0]
     assert lines[2].startswith("one pass: exact")
-    header = lines[4].split()
-    assert header[:5] == ["capacity_tokens", "blocks", "prompt_tokens", "hit_tokens", "hit_rate"]
+    header = lines[4]
+    for h in ("usable (tokens)", "blocks (num_gpu_blocks)", "LRU (%)", "optimal (%)",
+              "unbounded (%)", "regret (blocks)", "evictions (blocks)"):  # fmt: skip
+        assert h in header
+    assert lines[5].split()[:2] == ["4080", "256"]  # 255 usable blocks of 16 tokens
     assert lines[6].split()[:2] == ["inf", "inf"]
-    assert "5/5" in cap.err  # the progress bar
+    assert "5/5" in cap.err and "ETA" in cap.err  # the progress bar
 
 
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = tmp_path / "bad.jsonl"
     p.write_text(json.dumps(row(0, [1], 100)) + "\n" + json.dumps(row(1, [1], 600)) + "\n")
+    assert main(["trace", str(p), "--capacity", "8GiB"]) == 2
+    assert "--model-config" in capsys.readouterr().err
     assert main(["trace", str(p)]) == 2
     err = capsys.readouterr().err
     assert "line 2:" in err and "600" in err

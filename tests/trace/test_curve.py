@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from blockpool import BlockPool, NotEnoughBlocksError, RequestManager, check_invariants, sha256
 from blockpool.trace import OnePassCurve, Trace, one_pass_curve, parse_mooncake, read_trace
+from blockpool.trace.keys import BlockKeys
 from blockpool.trace.sequence import SequencePools
 from tests.trace.helpers import HEAD50, row, rows_to_lines, traces
 
@@ -110,3 +111,10 @@ def test_a_pool_of_one_block_refuses_everything() -> None:
     assert (r.blocks, r.refused, r.hit_tokens, r.admitted) == (1, 50, 0, 0)
     with pytest.raises(ValueError, match="hold no block"):
         one_pass_curve(trace, 16, [15])
+
+
+@given(trace=traces(), bs=st.sampled_from([1, 2, 3, 4, 8]))
+def test_block_key_chains_are_the_keys(trace: Trace, bs: int) -> None:
+    a, b = BlockKeys(trace, bs), BlockKeys(trace, bs)
+    for req in trace.requests:
+        assert a.chain(req).tolist() == b.keys(req)

@@ -19,6 +19,17 @@ class TraceStats(Out):
     hit_rate: float = Field(description="the trace's own prefix hit rate (hit / prompt tokens)")
 
 
+class TraceBound(Out):
+    """The loaded trace replayed one request at a time on this pool's size."""
+
+    model: str = Field(description="sequence: requests one at a time, prompt blocks only")
+    blocks: int
+    prompt_tokens: int
+    lru_hit_rate: float = Field(description="vLLM's LRU free queue")
+    optimal_hit_rate: float = Field(description="the offline optimum (Belady's MIN)")
+    unbounded_hit_rate: float = Field(description="a pool that never evicts")
+
+
 class TraceStatus(Out):
     """A trace replay driving the engine: progress and the trace's hit rate."""
 
@@ -34,3 +45,6 @@ class TraceStatus(Out):
     requests_running: int
     requests_waiting: int
     stats: TraceStats
+    bound: TraceBound | None = Field(
+        None, description="LRU against the offline optimum on the loaded trace (null: computing)"
+    )

@@ -42,6 +42,23 @@ export class WhatIfPanel {
     return this.chart;
   }
 
+  /** The loaded trace's gap between LRU and the offline optimum (GET /api/trace). */
+  async _bound() {
+    let st = null;
+    try {
+      st = await quiet("/api/trace");
+    } catch {
+      return;
+    }
+    const b = st && st.loaded ? st.bound : null;
+    if (!b) return;
+    const gap = b.optimal_hit_rate - b.lru_hit_rate;
+    const text =
+      `Trace ${st.name}, one request at a time on ${int(b.blocks)} blocks: LRU ${pct(b.lru_hit_rate)}, ` +
+      `the offline optimum ${pct(b.optimal_hit_rate)} (gap ${(gap * 100).toFixed(1)} pt), unbounded ${pct(b.unbounded_hit_rate)}.`;
+    this.text.append(h("li", { class: trend(gap, "same"), "data-kind": "bound", "data-policy": "optimal", "data-factor": "1" }, text));
+  }
+
   async poll() {
     let d;
     try {
@@ -68,6 +85,7 @@ export class WhatIfPanel {
         h("li", { class: l.kind === "base" ? "base" : trend(l.delta, "same"), "data-kind": l.kind, "data-policy": l.policy, "data-factor": String(l.factor) }, l.text),
       ),
     );
+    await this._bound();
     const base = (curve.policies.find((p) => p.policy === "vllm016")?.points || []).find((p) => p.factor === 1);
     const rows = [];
     curve.policies.forEach((p, i) => {

@@ -1,0 +1,258 @@
+"""Capacity planning: sizes in bytes, vLLM's block count, sweeps, the target
+search, other policies, CSV and the plot."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from blockpool.trace import OnePassCurve, parse_mooncake
+from blockpool.trace.capacity import (
+    layout_from_config,
+    parse_bytes,
+    parse_capacity_list,
+)
+from blockpool.trace.optimal import OptimalCurve
+from blockpool.trace.planner import log_grid, smallest_capacity
+from tests.trace.helpers import row, rows_to_lines
+
+LLAMA_8B = {
+    "model_type": "llama",
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "torch_dtype": "bfloat16",
+}
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3",
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "hidden_size": 7168,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_sizes_and_units() -> None:
+    assert parse_bytes("8GiB") == 8 << 30
+    assert parse_bytes("1.5 GB") == 1_500_000_000
+    assert parse_bytes("500mb") == 500_000_000
+    assert parse_bytes("2TiB") == 2 << 40
+    assert parse_bytes("4096") is None  # tokens
+    with pytest.raises(ValueError, match="unknown unit 'GX'"):
+        parse_bytes("8GX")
+    with pytest.raises(ValueError, match="not a size"):
+        parse_bytes("eight")
+
+
+def test_vllm_block_count_for_a_gqa_model() -> None:
+    layout = layout_from_config(LLAMA_8B)
+    # 2 (K, V) x 8 heads x 128 dims x 2 bytes x 32 layers
+    assert layout.bytes_per_token == 2 * 8 * 128 * 2 * 32 == 131072
+    # get_num_blocks: budget // page_size // num_layers, page = 16 tokens of one layer
+    assert layout.num_blocks(8 << 30, 16) == (8 << 30) // (2 * 16 * 8 * 128 * 2) // 32 == 4096
+    assert layout.num_blocks((8 << 30) - 1, 16) == 4095
+    tp4 = layout_from_config(LLAMA_8B, tensor_parallel_size=4)
+    assert tp4.num_kv_heads == 2 and tp4.num_blocks(8 << 30, 16) == 16384
+    tp16 = layout_from_config(LLAMA_8B, tensor_parallel_size=16)
+    assert tp16.num_kv_heads == 1  # replicated, at least one head a GPU
+    fp8 = layout_from_config(LLAMA_8B, kv_cache_dtype="fp8")
+    assert fp8.bytes_per_token == 65536
+
+
+def test_mla_is_one_latent_vector_a_token_on_every_rank() -> None:
+    layout = layout_from_config(DEEPSEEK_V3, tensor_parallel_size=8)
+    assert layout.mla and layout.num_kv_heads == 1 and layout.head_size == 576
+    assert layout.bytes_per_token == 576 * 2 * 61
+
+
+def test_sliding_window_and_bad_configs_are_refused() -> None:
+    mistral = {**LLAMA_8B, "model_type": "mistral", "sliding_window": 4096}
+    with pytest.raises(ValueError, match="sliding_window 4096 on every layer"):
+        layout_from_config(mistral)
+    gemma = {**LLAMA_8B, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+    with pytest.raises(ValueError, match="5 of 6 layers"):
+        layout_from_config(gemma)
+    # Qwen2 style: a window named but switched off changes nothing
+    qwen = {**LLAMA_8B, "sliding_window": 32768, "use_sliding_window": False}
+    assert layout_from_config(qwen).bytes_per_token == 131072
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        layout_from_config({"num_attention_heads": 4})
+    with pytest.raises(ValueError, match="positive integer"):
+        layout_from_config({**LLAMA_8B, "num_key_value_heads": "8"})
+    with pytest.raises(ValueError, match="unknown --kv-cache-dtype"):
+        layout_from_config(LLAMA_8B, kv_cache_dtype="fp4")
+
+
+def test_capacity_list_reports_what_the_pool_holds() -> None:
+    layout = layout_from_config(LLAMA_8B)
+    a, b, c = parse_capacity_list("8GiB,100001,inf", 16, layout)
+    assert (a.blocks, a.usable_tokens, a.bytes) == (4096, 4095 * 16, 8 << 30)
+    assert (b.label, b.blocks, b.usable_tokens) == ("100001", 6250, 99984)
+    assert c.blocks is None and c.usable_tokens is None
+    with pytest.raises(ValueError, match="--bytes-per-token"):
+        parse_capacity_list("1GB", 16, None)
+
+
+def _trace_rows() -> list[dict[str, object]]:
+    rows = []
+    for i in range(40):
+        base = [1, 2, 3] if i % 3 else [7, 8]
+        rows.append(row(i, [*base, 100 + i % 5], 16 * 4 * len(base) + 30, 2))
+    return rows
+
+
+@pytest.fixture
+def trace_file(tmp_path: Path) -> Path:
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(rows_to_lines(_trace_rows())) + "\n")
+    return p
+
+
+def test_log_grid_and_target_search() -> None:
+    assert log_grid(2, 2048, 11) == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+    trace = parse_mooncake(rows_to_lines(_trace_rows()), 64)
+    opt = OptimalCurve(trace, 16)
+    ans = smallest_capacity(trace, 16, 0.3, opt)
+    assert ans.lru_blocks is not None and ans.optimal_blocks is not None
+    assert ans.optimal_blocks <= ans.lru_blocks
+
+    def lru_rate(b: int) -> float:
+        (r,) = OnePassCurve(trace, 16, [b * 16]).run()
+        return r.hit_rate
+
+    assert lru_rate(ans.lru_blocks) >= 0.3 > lru_rate(ans.lru_blocks - 1)
+    prompt = trace.prompt_tokens
+    assert opt.hit_blocks(ans.optimal_blocks - 1) * 16 >= 0.3 * prompt
+    assert opt.hit_blocks(ans.optimal_blocks - 2) * 16 < 0.3 * prompt
+    none = smallest_capacity(trace, 16, 0.99, opt)
+    assert none.lru_blocks is None and none.unbounded_hit_rate < 0.99
+
+
+def test_cli_bytes_policies_json(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "trace",
+        str(trace_file),
+        "--tokens-per-id",
+        "64",
+        "--capacity",
+        "64KiB,256KiB,inf",
+        "--bytes-per-token",
+        "64",
+        "--policies",
+        "optimal,s3fifo",
+        "--json",
+        "--quiet",
+    ]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    small, big, inf = doc["results"]
+    # 64 KiB / (64 B x 16 tokens) = 64 blocks: 63 usable
+    assert (small["blocks"], small["usable_tokens"], small["bytes"]) == (64, 63 * 16, 65536)
+    assert small["capacity"] == "64KiB" and inf["usable_tokens"] is None
+    for r in (small, big):
+        assert r["hit_tokens"] <= r["optimal_hit_tokens"] <= doc["unbounded_hit_tokens"]
+        assert r["s3fifo_hit_tokens"] <= r["optimal_hit_tokens"]
+    assert inf["optimal_hit_tokens"] == inf["hit_tokens"] == doc["unbounded_hit_tokens"]
+    assert doc["policies"] == ["lru", "optimal", "s3fifo"]
+    assert doc["kv_layout"]["bytes_per_token"] == 64 and doc["kv_layout"]["block_bytes"] == 1024
+
+
+def test_cli_sweep_csv_and_target(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "trace",
+        str(trace_file),
+        "--tokens-per-id",
+        "64",
+        "--capacity-blocks",
+        "4,64",
+        "--sweep",
+        "--sweep-points",
+        "5",
+        "--csv",
+        "--target-hit-rate",
+        "0.2",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert out.err == ""  # no progress bar when not a terminal
+    rows = list(csv.DictReader(io.StringIO(out.out)))
+    blocks = [int(r["blocks"]) for r in rows]
+    assert blocks == sorted(blocks) and blocks[0] == 4 and blocks[-1] == 64 and len(rows) >= 5
+    for r in rows:
+        assert int(r["usable_tokens"]) == (int(r["blocks"]) - 1) * 16
+        assert float(r["lru_hit_rate"]) <= float(r["optimal_hit_rate"])
+        assert float(r["optimal_gap_rate"]) == pytest.approx(
+            float(r["optimal_hit_rate"]) - float(r["lru_hit_rate"])
+        )
+    assert "regret_blocks" in rows[0] and "evictions_blocks" in rows[0]
+
+
+def test_cli_errors(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["trace", str(trace_file), "--tokens-per-id", "64", "--capacity", "1GB"]) == 2
+    assert "--model-config" in capsys.readouterr().err
+    bad = trace_file.parent / "config.json"
+    bad.write_text("{nope")
+    assert (
+        main(
+            [
+                "trace",
+                str(trace_file),
+                "--tokens-per-id",
+                "64",
+                "--capacity",
+                "1GB",
+                "--model-config",
+                str(bad),
+            ]
+        )
+        == 2
+    )
+    assert "not JSON" in capsys.readouterr().err
+    assert main(["trace", str(trace_file), "--tokens-per-id", "64", "--policies", "fifo"]) == 2
+    assert "unknown policy 'fifo'" in capsys.readouterr().err
+    assert (
+        main(["trace", str(trace_file), "--tokens-per-id", "64", "--target-hit-rate", "1.5"]) == 2
+    )
+    assert "(0, 1]" in capsys.readouterr().err
+    timed = ["--mode", "timed", "--target-hit-rate", "0.5"]
+    assert main(["trace", str(trace_file), "--tokens-per-id", "64", *timed]) == 2
+    assert "sequence-mode replays" in capsys.readouterr().err
+    assert main(["trace", str(trace_file), "--tokens-per-id", "64", "--mode", "timed",
+                 "--policies", "s3fifo"]) == 2  # fmt: skip
+    assert "sequence mode only" in capsys.readouterr().err
+
+
+def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["trace", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default sha256)" in out and "(default append_all" in out
+
+
+def test_plot_draws_a_png(trace_file: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "curve.png"
+    argv = [
+        "trace",
+        str(trace_file),
+        "--tokens-per-id",
+        "64",
+        "--capacity",
+        "16KiB,64KiB,256KiB",
+        "--bytes-per-token",
+        "64",
+        "--plot",
+        str(png),
+        "--quiet",
+    ]
+    assert main(argv) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
