@@ -165,7 +165,7 @@ class EngineCollector(Collector):
         for name, n in sorted(c.events.items()):
             kv.add_metric([name], n)
         yield kv
-        yield from analysis_prom.token_families(e)
+        yield from analysis_prom.token_families(e.runtime)
         yield from analysis_prom.families(e.analysis)
         for part, source in self.extra.items():
             for key, reading in sorted(source().items()):

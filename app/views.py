@@ -74,7 +74,7 @@ def summary(engine: Engine) -> dict[str, Any]:
             "hit_rate": stats.hit_rate,
         },
         "running_requests": len(engine.manager.requests),
-        "tokens": analysis_views.tokens(engine),
+        "tokens": analysis_views.tokens(engine.runtime),
         "counters": {
             "operations": c.ops,
             "operations_refused": c.ops_failed,

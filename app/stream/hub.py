@@ -172,7 +172,7 @@ class StreamHub:
                 "queries": e.manager.stats.queries,
                 "hits": e.manager.stats.hits,
             },
-            "tokens": analysis_views.tokens(e),
+            "tokens": analysis_views.tokens(e.runtime),
         }
 
     def snapshot_frame(self) -> bytes:
