@@ -19,7 +19,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString  # type: ignore[attr-defined]
+from prometheus_client.utils import floatToGoString
 
 from app.analysis import prom as analysis_prom
 from blockpool.runtime.columns import STATE_NAMES

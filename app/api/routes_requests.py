@@ -77,7 +77,8 @@ async def verify(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Check bit for bit that the request's blocks hold the K/V the stand-in
     model computes for its tokens (prefix hits included).  409 when the
     server runs without storage."""
-    return await engine.submit(lambda: views.verify(engine, request_id))
+    verified: dict[str, Any] = await engine.submit(lambda: views.verify(engine, request_id))
+    return verified
 
 
 @router.post(

@@ -100,7 +100,8 @@ class PoolMirror:
     def queue_order(self) -> list[int]:
         """Free block ids from head (next to be evicted) to tail."""
         free = np.flatnonzero(np.isin(self.state, FREE_STATES))
-        return free[np.argsort(self.stamp[free], kind="stable")].tolist()
+        order: list[int] = free[np.argsort(self.stamp[free], kind="stable")].tolist()
+        return order
 
     def hash_map(self) -> dict[tuple[int, int], list[int]]:
         """(64-bit hash, group) -> sorted block ids holding it."""

@@ -104,7 +104,7 @@ class ShadowPool:
         entry = self.map.get(key)
         if entry is None:
             return 0
-        return entry if entry.__class__ is int else entry[0]  # type: ignore[no-any-return]
+        return entry if entry.__class__ is int else entry[0]
 
     def _allocate(self, n: int) -> list[int]:
         """``n`` slots from the policy, their hashes evicted, ref count 1."""
