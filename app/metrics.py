@@ -170,12 +170,11 @@ class EngineCollector(Collector):
         for part, source in self.extra.items():
             for key, reading in sorted(source().items()):
                 full = f"blockpool_{part}_{key}"
+                doc = getattr(source, "help", {}).get(key) or f"{part}: {key}"
                 if key.endswith("_total"):
-                    yield CounterMetricFamily(
-                        full[: -len("_total")], f"{part}: {key}", value=reading
-                    )
+                    yield CounterMetricFamily(full[: -len("_total")], doc, value=reading)
                 else:
-                    yield GaugeMetricFamily(full, f"{part}: {key}", value=reading)
+                    yield GaugeMetricFamily(full, doc, value=reading)
 
 
 def _le(bound: float) -> str:

@@ -47,11 +47,6 @@ class PoolMirror:
     def next_seq(self) -> int | None:
         return None if self.seq is None else self.seq + 1
 
-    def apply_bytes(self, data: bytes) -> p.Frame:
-        frame = p.decode(data)
-        self.apply(frame)
-        return frame
-
     def apply(self, frame: p.Frame) -> None:
         if frame.kind == p.CONFIG:
             epoch = frame.header.get("epoch")

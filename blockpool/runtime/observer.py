@@ -1,6 +1,6 @@
 """How the analysis sees operations: a typed change and the observer's methods.
 
-``PoolRuntime.execute`` applies an operation in this order, from one place:
+``PoolRuntime.execute`` applies an operation in this order (``PoolRuntime._changed``):
 
 1. the handler validates the whole operation, then changes the pool, the
    manager and the raw references (a refusal raises before any change);

@@ -1,4 +1,4 @@
-"""Flows that do not trap (issue 15.8): the reset dialog says beforehand why a
+"""Flows that do not trap: the reset dialog says beforehand why a
 reset would be refused and offers to stop the workload first, with its
 outcome in the dialog; the "fleet" link only where an observer can watch
 this server (it publishes KV events), leading to the command that does it;
