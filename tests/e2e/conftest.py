@@ -9,6 +9,7 @@ test-artifacts/e2e/ (git-ignored).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -23,10 +24,11 @@ import pytest
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
 from tests.e2e import hooks
 from tests.support.ports import free_port
-from tests.support.wait import CLIENT_TIMEOUT
-from tests.support.wait import eventually as wait_for
+from tests.support.wait import CLIENT_TIMEOUT, eventually
 
 __all__ = ["free_port", "wait_for"]  # the e2e tests import them from here
+# a page's predicate asks the browser: every 0.1 s is often enough
+wait_for = functools.partial(eventually, poll=0.1)
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "e2e"

@@ -24,8 +24,15 @@ def _timed_out(timeout: float, what: str, last: Any) -> AssertionError:
     return AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
-def eventually(pred: Callable[[], T], timeout: float = WAIT_TIMEOUT, what: str = "condition") -> T:
-    """``pred()`` once it is truthy (polled); AssertionError after ``timeout``."""
+def eventually(
+    pred: Callable[[], T],
+    timeout: float = WAIT_TIMEOUT,
+    what: str = "condition",
+    *,
+    poll: float = POLL_S,
+) -> T:
+    """``pred()`` once it is truthy (polled every ``poll`` s); AssertionError
+    after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         last = pred()
@@ -33,7 +40,7 @@ def eventually(pred: Callable[[], T], timeout: float = WAIT_TIMEOUT, what: str =
             return last
         if time.monotonic() >= deadline:
             raise _timed_out(timeout, what, last)
-        time.sleep(POLL_S)
+        time.sleep(poll)
 
 
 async def eventually_async(
