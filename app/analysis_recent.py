@@ -44,7 +44,7 @@ class RecentAnalysis:
         if last is not None and last["ts"] == section.get("ts"):
             return  # the worker's report has not moved
         point = {k: section.get(k) for k in KEYS}
-        point["tokens"] = analysis_views.tokens(self.engine)
+        point["tokens"] = analysis_views.tokens(self.engine.runtime)
         point["tokens_ts"] = data.ts
         self.points.append(point)
 

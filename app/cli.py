@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings
 
 from app import cli_trace
 from app.settings import ObserverSettings, Settings
+from blockpool.free_order import FREE_ORDERS
 
 logger = logging.getLogger("blockpool")
 
@@ -73,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _bool_flag(s, "caching", "enable_caching", "prefix caching")
     s.add_argument(
-        "--free-order", choices=["append_all", "uncached_first"],
+        "--free-order", choices=FREE_ORDERS,
         help="where freed blocks enter the free queue: append_all (vLLM 0.16) or "
         "uncached_first (vLLM >= 0.24: blocks without a hash to the head)",
     )  # fmt: skip

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from app.errors import ApiError
+from app.figures import Figures, counter, helps, rest_view, totals
 from app.schemas import AdmitOp, AppendOp, FinishOp
 from app.workload_task import WorkloadTask
 
@@ -49,12 +50,26 @@ class DemoRequest:
 
 @dataclass
 class DemoStats:
-    arrived: int = 0
-    admitted: int = 0
-    finished: int = 0
-    waiting_peak: int = 0
-    dropped_waiting: int = 0
-    refused: int = 0
+    arrived: int = counter("Requests the demo workload generated.", metric="requests_arrived_total")
+    admitted: int = counter("Demo requests admitted.", metric=None)
+    finished: int = counter("Demo requests finished.", metric=None)
+    refused: int = counter(
+        "Demo admissions refused for lack of blocks (retried).",
+        rest="refused_for_space",
+        metric=None,
+    )
+    waiting_peak: int = counter("The most demo requests waiting at once.", metric=None)
+    dropped_waiting: int = counter(
+        "Demo requests dropped because the waiting queue was full.",
+        metric="dropped_waiting_total",
+    )
+
+
+DEMO_HELP = {
+    **helps(DemoStats),
+    "running": "1 while the demo workload runs.",
+    "requests_waiting": "Demo requests waiting for blocks.",
+}
 
 
 class DemoWorkload(WorkloadTask["DemoRequest"]):
@@ -74,6 +89,7 @@ class DemoWorkload(WorkloadTask["DemoRequest"]):
         self.busy_conversations: set[int] = set()
         self.waiting: deque[DemoRequest] = deque()
         self.stats = DemoStats()
+        self.figures = Figures(self.metrics, DEMO_HELP)
         self._seq = 0
 
     # ------------------------------------------------------------- control
@@ -123,22 +139,14 @@ class DemoWorkload(WorkloadTask["DemoRequest"]):
             "max_running": self.max_running,
             "requests_running": len(self.running),
             "requests_waiting": len(self.waiting),
-            "stats": {
-                "arrived": s.arrived,
-                "admitted": s.admitted,
-                "finished": s.finished,
-                "refused_for_space": s.refused,
-                "waiting_peak": s.waiting_peak,
-                "dropped_waiting": s.dropped_waiting,
-            },
+            "stats": rest_view(s),
         }
 
     def metrics(self) -> dict[str, float]:
         return {
             "running": float(self.running_task),
             "requests_waiting": float(len(self.waiting)),
-            "requests_arrived_total": float(self.stats.arrived),
-            "dropped_waiting_total": float(self.stats.dropped_waiting),
+            **{k: float(v) for k, v in totals(self.stats).items()},
         }
 
     # ------------------------------------------------------------ requests

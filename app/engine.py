@@ -2,14 +2,14 @@
 
 The pool, its manager, columns, logs and counters live in the library's
 ``PoolRuntime`` (blockpool/runtime/), which applies operations synchronously;
-the engine drives one from one asyncio task.  HTTP handlers, the demo
+the engine holds one (``runtime``) and drives it from one asyncio task.  HTTP handlers, the demo
 workload and the batch endpoint hand it operations through a queue
 (``submit``); one consumer task applies them in order.  Once per tick it
 hands a TickData to its listeners (the stream, the ZMQ publisher) without
 awaiting them, and keeps the time series of points.
 
 The pool runs in strict mode and every operation is validated as a whole
-before it changes anything (blockpool/runtime/handlers.py), so a refused
+before it changes anything (blockpool/runtime/ops/), so a refused
 operation changes nothing.
 """
 
@@ -22,17 +22,26 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from app.analysis.host import AnalysisHost
 from app.errors import ApiError, Unavailable
-from app.schemas import to_runtime
 from app.settings import Settings
 from app.windowed import HitWindow
 from blockpool import KVCacheEvent, KVCacheEvictionEvent
 from blockpool.runtime import PoolRuntime, RuntimeConfig
+from blockpool.runtime.ops import Op
+
+if TYPE_CHECKING:
+    from blockpool.hashing import HashFn
+    from blockpool.histogram import Histogram
+    from blockpool.manager import RequestManager
+    from blockpool.metrics import KVCacheMetricsCollector
+    from blockpool.pool import BlockPool
+    from blockpool.prefix_tree import PrefixTree
+    from blockpool.runtime import BlockColumns, Counters, SeqLog
 
 logger = logging.getLogger("blockpool.engine")
 
@@ -68,10 +77,11 @@ def runtime_config(settings: Settings) -> RuntimeConfig:
     return RuntimeConfig(**fields)
 
 
-class Engine(PoolRuntime):
+class Engine:
     def __init__(self, settings: Settings, storage: Any = None) -> None:
-        super().__init__(runtime_config(settings), storage)
+        rt = self.runtime = PoolRuntime(runtime_config(settings), storage)
         self.settings = settings
+        self.config: RuntimeConfig = rt.config  # fixed for the runtime's life
         self.series: deque[dict[str, float]] = deque(maxlen=SERIES_CAPACITY)
         self.hit_window = HitWindow()  # hit rate 1m / 5m as Prometheus' rate() (windowed.py)
         self.waiting_sources: list[Callable[[], int]] = []  # workloads' queued requests
@@ -85,12 +95,78 @@ class Engine(PoolRuntime):
         self._queue: asyncio.Queue[Command] | None = None
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.after_op = self._woken
-        self.analysis = AnalysisHost(self, settings) if settings.analysis else None
+        rt.after_op = self._woken
+        self.analysis = AnalysisHost(rt, settings) if settings.analysis else None
         if self.analysis is not None:
             # the runtime tells the inline analysis of every change, and records
-            self.hooks = self.analysis.inline
-            self.recorder = self.analysis.recorder
+            rt.hooks = self.analysis.inline
+            rt.recorder = self.analysis.recorder
+
+    # ------------------------------------------------- the runtime's state
+
+    @property
+    def pool(self) -> BlockPool:
+        return self.runtime.pool
+
+    @property
+    def manager(self) -> RequestManager:
+        return self.runtime.manager
+
+    @property
+    def columns(self) -> BlockColumns:
+        return self.runtime.columns
+
+    @property
+    def counters(self) -> Counters:
+        return self.runtime.counters
+
+    @property
+    def events(self) -> SeqLog[KVCacheEvent]:
+        return self.runtime.events
+
+    @property
+    def samples(self) -> SeqLog[KVCacheEvictionEvent]:
+        return self.runtime.samples
+
+    @property
+    def histograms(self) -> dict[str, Histogram]:
+        return self.runtime.histograms
+
+    @property
+    def tree(self) -> PrefixTree:
+        return self.runtime.tree
+
+    @property
+    def collector(self) -> KVCacheMetricsCollector:
+        return self.runtime.collector
+
+    @property
+    def hash_fn(self) -> HashFn:
+        return self.runtime.hash_fn
+
+    @property
+    def storage(self) -> Any:
+        return self.runtime.storage
+
+    @property
+    def raw_refs(self) -> np.ndarray:
+        return self.runtime.raw_refs
+
+    @property
+    def tail_waste(self) -> int:
+        return self.runtime.tail_waste
+
+    @property
+    def paranoid(self) -> bool:
+        return self.runtime.paranoid
+
+    @paranoid.setter
+    def paranoid(self, on: bool) -> None:
+        self.runtime.paranoid = on  # check_invariants after every operation (tests)
+
+    def check(self) -> None:
+        """The pool's invariants plus the runtime's own bookkeeping."""
+        self.runtime.check()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -140,7 +216,7 @@ class Engine(PoolRuntime):
             while True:
                 if not fut.cancelled():
                     try:
-                        fut.set_result(self.run(fn))
+                        fut.set_result(self.runtime.run(fn))
                     except ApiError as exc:
                         fut.set_exception(exc)
                     except Exception as exc:  # a bug: report it, keep serving
@@ -182,24 +258,18 @@ class Engine(PoolRuntime):
         if self._wake is not None:
             self._wake.set()
 
-    def run_op(self, fn: Callable[[], Any]) -> Any:
-        """Apply one operation closure now (engine context)."""
-        return self.run(fn)
+    def apply(self, op: Op) -> dict[str, Any]:
+        """Apply one operation now (engine context)."""
+        return self.runtime.apply(op)
 
-    def apply(self, op: Any) -> dict[str, Any]:
-        """Apply one operation (a request body or a runtime op) now (engine context)."""
-        return super().apply(to_runtime(op))
+    def precheck(self, op: Op) -> None:
+        """Limits that need no pool state (a whole batch before any op)."""
+        self.runtime.precheck(op)
 
-    def execute(self, op: Any) -> dict[str, Any]:
-        return super().execute(to_runtime(op))
-
-    def precheck(self, op: Any) -> None:
-        super().precheck(to_runtime(op))
-
-    async def submit_op(self, op: Any) -> dict[str, Any]:
+    async def submit_op(self, op: Op) -> dict[str, Any]:
         """Queue one operation and wait for its result."""
-        rop = to_runtime(op)
-        result: dict[str, Any] = await self.submit(lambda: PoolRuntime.execute(self, rop))
+        rt = self.runtime
+        result: dict[str, Any] = await self.submit(lambda: rt.execute(op))
         return result
 
     # -------------------------------------------------------------- storage
@@ -269,11 +339,11 @@ class Engine(PoolRuntime):
             events=events,
             samples=samples,
             point=point,
-            full=self.full_dirty,
+            full=self.runtime.full_dirty,
             events_lost=events_lost,
             samples_lost=samples_lost,
         )
-        self.full_dirty = False
+        self.runtime.full_dirty = False
         for listener in list(self.listeners):
             try:
                 listener(data)

@@ -77,7 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine.waiting_sources.append(lambda: len(trace_driver.waiting))
     recent = RecentAnalysis(engine)
     engine.listeners.append(recent.on_tick)
-    extra: dict[str, StatsSource] = {"demo": demo.metrics, "stream": hub.metrics}
+    extra: dict[str, StatsSource] = {"demo": demo.figures, "stream": hub.figures}
     if storage is not None:
         extra["storage"] = storage.metrics
 

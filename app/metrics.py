@@ -19,7 +19,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString  # type: ignore[attr-defined]
+from prometheus_client.utils import floatToGoString
 
 from app.analysis import prom as analysis_prom
 from blockpool.runtime.columns import STATE_NAMES
@@ -165,17 +165,16 @@ class EngineCollector(Collector):
         for name, n in sorted(c.events.items()):
             kv.add_metric([name], n)
         yield kv
-        yield from analysis_prom.token_families(e)
+        yield from analysis_prom.token_families(e.runtime)
         yield from analysis_prom.families(e.analysis)
         for part, source in self.extra.items():
             for key, reading in sorted(source().items()):
                 full = f"blockpool_{part}_{key}"
+                doc = getattr(source, "help", {}).get(key) or f"{part}: {key}"
                 if key.endswith("_total"):
-                    yield CounterMetricFamily(
-                        full[: -len("_total")], f"{part}: {key}", value=reading
-                    )
+                    yield CounterMetricFamily(full[: -len("_total")], doc, value=reading)
                 else:
-                    yield GaugeMetricFamily(full, f"{part}: {key}", value=reading)
+                    yield GaugeMetricFamily(full, doc, value=reading)
 
 
 def _le(bound: float) -> str:

@@ -1,149 +1,150 @@
-"""Operation bodies: the same models serve the REST endpoints and /batch.
+"""Request bodies, derived from the operations' records (blockpool/runtime/ops/).
+
+Each operation is declared once, as a msgspec record in the library; the
+pydantic model FastAPI validates and documents (OpenAPI) is built from that
+record here -- same name, fields, bounds, defaults, descriptions and
+examples -- so the two cannot drift (tests/app/test_op_bodies.py checks the
+schemas agree).  A route takes the record itself (``Body[AllocateOp]``): the
+validated body arrives converted.
 
 Shapes are checked here (pydantic); limits that come from settings and
-everything that depends on the pool's state are checked by the engine before
-it changes anything.
+everything that depends on the pool's state are checked by the handlers
+before anything changes.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import inspect
+import types
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+import msgspec
+from fastapi import Depends
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from blockpool.runtime import ops as rops
+from blockpool.runtime.ops import (
+    SPECS,
+    AdmitOp,
+    AllocateOp,
+    AppendOp,
+    CacheOp,
+    EvictOp,
+    FinishOp,
+    FreeOp,
+    LookupOp,
+    Op,
+    OpRecord,
+    PrefixLookupOp,
+    ResetOp,
+    TouchOp,
+)
 
-HexHash = Annotated[
-    str,
-    Field(
-        pattern=r"^(?:[0-9a-fA-F]{2}){1,64}$",
-        description="a block hash as hex (the raw digest, e.g. 64 hex digits for sha256)",
-        examples=["9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"],
-    ),
-]
-BlockId = Annotated[int, Field(ge=0, le=2**31 - 1)]
-TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
-GroupId = Annotated[int, Field(ge=0, le=2**31 - 1)]
-RequestId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
-ExtraKey = Annotated[str, Field(min_length=1, max_length=200)]
+_META_KEYS = ("ge", "gt", "le", "lt", "min_length", "max_length", "pattern")
+_DOC_KEYS = ("title", "description", "examples")
 
 
-class _Op(BaseModel):
+def field_type(tp: Any) -> Any:
+    """The pydantic annotation for a record's field type (msgspec.Meta -> Field)."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        base, *metas = get_args(tp)
+        fields = [
+            Field(**{k: v for k in (*_META_KEYS, *_DOC_KEYS) if (v := getattr(m, k)) is not None})
+            for m in metas
+            if isinstance(m, msgspec.Meta)
+        ]
+        return Annotated[(field_type(base), *fields)] if fields else field_type(base)
+    if origin is list:
+        return list[field_type(get_args(tp)[0])]  # type: ignore[misc]
+    if origin in (Union, types.UnionType):
+        return Union[tuple(field_type(a) for a in get_args(tp))]  # noqa: UP007
+    return tp
+
+
+class _Strict(BaseModel):
     # strict: a JSON string or boolean is not silently taken for a number
     # ({"num_blocks": true} would otherwise allocate one block).
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class AllocateOp(_Op):
-    """get_new_blocks(num_blocks): blocks from the queue's head, ref count 1."""
-
-    op: Literal["allocate"] = "allocate"
-    num_blocks: int = Field(ge=0, le=2**31 - 1, examples=[4])
-
-
-class FreeOp(_Op):
-    """free_blocks(ordered): the first id is evicted first (free a chain in reverse)."""
-
-    op: Literal["free"] = "free"
-    block_ids: list[BlockId] = Field(examples=[[3, 2, 1]])
-
-
-class TouchOp(_Op):
-    """touch(blocks): one more reference each (a free block leaves the queue)."""
-
-    op: Literal["touch"] = "touch"
-    block_ids: list[BlockId] = Field(examples=[[1, 2]])
-
-
-class CacheOp(_Op):
-    """cache_full_blocks: make held blocks reachable by hash.
-
-    Give ``token_ids`` (block_size per block; hashes are chained from
-    ``parent_block_hash``, with ``lora_name`` / ``cache_salt`` as extra keys)
-    or precomputed ``block_hashes`` (one per block)."""
-
-    op: Literal["cache"] = "cache"
-    block_ids: list[BlockId] = Field(min_length=1, examples=[[1, 2]])
-    token_ids: list[TokenId] | None = None
-    block_hashes: list[HexHash] | None = None
-    parent_block_hash: HexHash | None = None
-    group_id: GroupId = 0
-    lora_name: ExtraKey | None = None
-    cache_salt: ExtraKey | None = None
+def body_model(record: type[OpRecord]) -> type[BaseModel]:
+    """The request body model of an operation record (same name and fields)."""
+    hints = inspect.get_annotations(record, eval_str=True)
+    for klass in record.__mro__[1:]:
+        for name, tp in inspect.get_annotations(klass, eval_str=True).items():
+            hints.setdefault(name, tp)
+    fields: dict[str, Any] = {}
+    for f in msgspec.structs.fields(record):
+        tp = field_type(hints[f.name])
+        if f.name == "op":
+            tp = Literal[f.default]  # the discriminator of /batch's operations
+        if f.default_factory is not msgspec.NODEFAULT:
+            fields[f.name] = (tp, Field(default_factory=f.default_factory))
+        elif f.default is not msgspec.NODEFAULT:
+            fields[f.name] = (tp, f.default)
+        else:
+            fields[f.name] = (tp, ...)
+    model: type[BaseModel] = create_model(
+        record.__name__, __base__=_Strict, __module__=__name__, **fields
+    )
+    model.__doc__ = record.__doc__
+    return model
 
 
-class LookupOp(_Op):
-    """get_cached_block(hash, group_ids): one block per group, or a miss."""
-
-    op: Literal["lookup"] = "lookup"
-    block_hash: HexHash
-    group_ids: list[GroupId] = Field(default_factory=lambda: [0], min_length=1, max_length=64)
+BODIES: dict[type[OpRecord], type[BaseModel]] = {s.record: body_model(s.record) for s in SPECS}
+_RECORDS: dict[type[BaseModel], type[OpRecord]] = {m: r for r, m in BODIES.items()}
 
 
-class PrefixLookupOp(_Op):
-    """How many leading tokens of a prompt would hit the cache now."""
-
-    op: Literal["prefix_lookup"] = "prefix_lookup"
-    token_ids: list[TokenId] = Field(min_length=1)
-    lora_name: ExtraKey | None = None
-    cache_salt: ExtraKey | None = None
-
-
-class EvictOp(_Op):
-    """evict_blocks(ids): drop cached hashes; held blocks stay held."""
-
-    op: Literal["evict"] = "evict"
-    block_ids: list[BlockId] = Field(examples=[[5]])
+def to_op(body: BaseModel) -> Op:
+    """A validated request body as its operation record (TypeError for any
+    other object: nothing passes through unconverted)."""
+    record = _RECORDS.get(type(body))
+    if record is None:
+        raise TypeError(f"not an operation body: {type(body).__name__}")
+    op: Op = record(**{f: getattr(body, f) for f in record.__struct_fields__})  # type: ignore[assignment]
+    return op
 
 
-class ResetOp(_Op):
-    """reset_prefix_cache(): refused while any block is held."""
-
-    op: Literal["reset"] = "reset"
+R = TypeVar("R", bound=OpRecord)
 
 
-class AdmitOp(_Op):
-    """Admit a request: prefix hit, allocation, caching of its full blocks."""
+def op_body(record: type[R]) -> Any:
+    """A FastAPI dependency: the request body validated by ``record``'s model,
+    handed to the route as the record."""
+    model = BODIES[record]
 
-    op: Literal["admit"] = "admit"
-    request_id: RequestId | None = None
-    token_ids: list[TokenId] = Field(min_length=1, examples=[[1, 2, 3, 4, 5, 6, 7, 8, 9]])
-    lora_name: ExtraKey | None = None
-    cache_salt: ExtraKey | None = None
+    def body_as_op(body: BaseModel) -> Op:
+        return to_op(body)
 
-
-class AppendOp(_Op):
-    """Append decode tokens to a running request."""
-
-    op: Literal["append"] = "append"
-    request_id: RequestId
-    token_ids: list[TokenId] = Field(min_length=1, examples=[[10, 11]])
+    param = inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=model)
+    body_as_op.__signature__ = inspect.Signature([param])  # type: ignore[attr-defined]
+    return Depends(body_as_op)
 
 
-class FinishOp(_Op):
-    """Finish a request: its blocks are freed in reverse."""
+# The annotations routes take their operation bodies with.
+AllocateBody = Annotated[AllocateOp, op_body(AllocateOp)]
+FreeBody = Annotated[FreeOp, op_body(FreeOp)]
+TouchBody = Annotated[TouchOp, op_body(TouchOp)]
+CacheBody = Annotated[CacheOp, op_body(CacheOp)]
+EvictBody = Annotated[EvictOp, op_body(EvictOp)]
+PrefixLookupBody = Annotated[PrefixLookupOp, op_body(PrefixLookupOp)]
+AdmitBody = Annotated[AdmitOp, op_body(AdmitOp)]
 
-    op: Literal["finish"] = "finish"
-    request_id: RequestId
+if TYPE_CHECKING:
+    HexHash = str
+    GroupId = int
+    TokenId = int
+    OpBodyUnion = BaseModel
+else:
+    # query parameters and fields with the records' bounds
+    HexHash = field_type(rops.HexHash)
+    GroupId = field_type(rops.GroupId)
+    TokenId = field_type(rops.TokenId)
+    OpBodyUnion = Annotated[Union[tuple(BODIES.values())], Field(discriminator="op")]  # noqa: UP007
 
 
-Op = Annotated[
-    AllocateOp
-    | FreeOp
-    | TouchOp
-    | CacheOp
-    | LookupOp
-    | PrefixLookupOp
-    | EvictOp
-    | ResetOp
-    | AdmitOp
-    | AppendOp
-    | FinishOp,
-    Field(discriminator="op"),
-]
-
-
-class BatchRequest(_Op):
+class BatchRequest(_Strict):
     """Many operations in one call, applied in order.  ``on_error``:
     ``rollback`` (default): all or nothing -- when any operation would be
     refused, the batch changes nothing and the refusal is the answer;
@@ -152,15 +153,19 @@ class BatchRequest(_Op):
     All or nothing costs about twice the operations themselves (a dry run on
     a spare kept in step; bench/bench_batch_atomic.py)."""
 
-    ops: list[Op] = Field(min_length=1)
+    ops: list[OpBodyUnion] = Field(min_length=1)
     on_error: Literal["rollback", "stop", "continue"] = "rollback"
 
+    def operations(self) -> list[Op]:
+        """The operations as records, in order."""
+        return [to_op(b) for b in self.ops]
 
-class AppendBody(_Op):
+
+class AppendBody(_Strict):
     token_ids: list[TokenId] = Field(min_length=1, examples=[[10, 11]])
 
 
-class DemoConfig(_Op):
+class DemoConfig(_Strict):
     """Demo workload settings; omitted fields keep their value."""
 
     rate: float | None = Field(default=None, ge=0, le=500, description="requests per second")
@@ -177,23 +182,33 @@ class DemoConfig(_Op):
     max_running: int | None = Field(default=None, ge=1, le=100_000)
 
 
-_RUNTIME: dict[type, type[Any]] = {
-    AllocateOp: rops.AllocateOp,
-    FreeOp: rops.FreeOp,
-    TouchOp: rops.TouchOp,
-    CacheOp: rops.CacheOp,
-    LookupOp: rops.LookupOp,
-    PrefixLookupOp: rops.PrefixLookupOp,
-    EvictOp: rops.EvictOp,
-    ResetOp: rops.ResetOp,
-    AdmitOp: rops.AdmitOp,
-    AppendOp: rops.AppendOp,
-    FinishOp: rops.FinishOp,
-}
-
-
-def to_runtime(op: Any) -> Any:
-    """A validated operation body as the runtime's operation (runtime
-    operations pass through unchanged)."""
-    cls = _RUNTIME.get(type(op))
-    return op if cls is None else cls(**op.__dict__)
+__all__ = [
+    "BODIES",
+    "AdmitBody",
+    "AdmitOp",
+    "AllocateBody",
+    "AllocateOp",
+    "AppendBody",
+    "AppendOp",
+    "BatchRequest",
+    "CacheBody",
+    "CacheOp",
+    "DemoConfig",
+    "EvictBody",
+    "EvictOp",
+    "FinishOp",
+    "FreeBody",
+    "FreeOp",
+    "GroupId",
+    "HexHash",
+    "LookupOp",
+    "PrefixLookupBody",
+    "PrefixLookupOp",
+    "ResetOp",
+    "TokenId",
+    "TouchBody",
+    "TouchOp",
+    "body_model",
+    "op_body",
+    "to_op",
+]

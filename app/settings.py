@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from app.serving import ServingSettings
+from blockpool.free_order import FreeOrder
 from blockpool.kvevents.config import KVEventsConfig, SourceSpec, plan_sources
 from blockpool.shadow import POLICY_NAMES
 
@@ -30,7 +31,7 @@ class Settings(ServingSettings):
     hash_fn: HashName = "sha256"
     hash_seed: str = Field(default="0", description="NONE_HASH seed (PYTHONHASHSEED role)")
     enable_caching: bool = True
-    free_order: Literal["append_all", "uncached_first"] = Field(
+    free_order: FreeOrder = Field(
         default="append_all",
         description="append_all: vLLM 0.16 (every freed block to the queue's tail); "
         "uncached_first: vLLM >= 0.24 (freed blocks without a hash to the head)",

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from app.errors import Conflict, InvalidInput, NotFound
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.analysis import views as analysis_views
-from blockpool.keys import key_group
-from blockpool.runtime.columns import STATE_NAMES, hash64
+from blockpool.keys import key64, key_group
+from blockpool.runtime.columns import STATE_NAMES
 
 if TYPE_CHECKING:
     from app.engine import Engine
@@ -74,7 +74,7 @@ def summary(engine: Engine) -> dict[str, Any]:
             "hit_rate": stats.hit_rate,
         },
         "running_requests": len(engine.manager.requests),
-        "tokens": analysis_views.tokens(engine),
+        "tokens": analysis_views.tokens(engine.runtime),
         "counters": {
             "operations": c.ops,
             "operations_refused": c.ops_failed,
@@ -123,7 +123,7 @@ def block(engine: Engine, block_id: int) -> dict[str, Any]:
         "raw_refs": int(engine.raw_refs[block_id]),
         "requests": holders,
         "block_hash": key[:-4].hex() if key is not None else None,
-        "hash64": f"{hash64(key):016x}" if key is not None else None,
+        "hash64": f"{key64(key):016x}" if key is not None else None,
         "group_id": key_group(key) if key is not None else None,
         "copies_under_hash": (
             len(pool.cached_block_hash_to_block.blocks_under(key)) if key is not None else 0
@@ -155,7 +155,7 @@ def queue(engine: Engine, offset: int, limit: int) -> dict[str, Any]:
                 "position": pos,
                 "block_id": b.block_id,
                 "cached": key is not None,
-                "hash64": f"{hash64(key):016x}" if key is not None else None,
+                "hash64": f"{key64(key):016x}" if key is not None else None,
             }
         )
     return {
@@ -193,7 +193,7 @@ def hash_map(
     for key, blocks in entries:
         if multi_only and len(blocks) < 2:
             continue
-        h64 = f"{hash64(key):016x}"
+        h64 = f"{key64(key):016x}"
         if prefix and not (key[:-4].hex().startswith(prefix) or h64.startswith(prefix)):
             continue
         if matched >= offset and len(items) < limit:
@@ -224,7 +224,7 @@ def prefix_tree(engine: Engine, limit: int) -> dict[str, Any]:
     holding each one now."""
     ids: dict[str, list[int]] = {}
     for key, blocks in engine.pool.cached_block_hash_to_block.iter_entries():
-        ids.setdefault(f"{hash64(key):016x}", []).extend(b.block_id for b in blocks)
+        ids.setdefault(f"{key64(key):016x}", []).extend(b.block_id for b in blocks)
     nodes = []
     for h, parent in islice(engine.tree.parents.items(), limit):
         hx = _h(h)

@@ -1,4 +1,4 @@
-"""Resume flood (bar 13-resume-flood; not a test): clients spamming resumes on
+"""Resume flood (not a test): clients spamming resumes on
 compressed streams must not stall the server.
 
 A server (``blockpool serve --demo``, the command line of ``--repo``, this
@@ -224,7 +224,7 @@ def main() -> None:
         f"  server CPU (cores busy): alone {result['server_cpu_share_alone']:.2f}, "
         f"flood {result['server_cpu_share_flood']:.2f}"
     )
-    print(f"  bar 13-resume-flood (max under the flood < {BAR_S:g} s): "
+    print(f"  resume flood (max under the flood < {BAR_S:g} s): "
           f"{'PASS' if result['bar_13_resume_flood'] else 'FAIL'}")  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

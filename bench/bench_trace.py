@@ -5,7 +5,7 @@
 
 (the venv of ``vllm016_setup.sh``; the trace path is required.)
 
-``curve`` -- bar 11-trace-replay.  Sequence mode at 16-token blocks and five
+``curve`` -- the hit-rate curve.  Sequence mode at 16-token blocks and five
 capacities: the one-pass curve and vLLM 0.16.0's own BlockPool (five pools
 driven in one loop by ``SequenceDriver``, events on to count evictions) must
 give the same hit tokens, evictions and refusals at every capacity (our own
@@ -47,7 +47,7 @@ from trace_bench.scheduler import bench_scheduler
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
-    c = sub.add_parser("curve", help="bar 11-trace-replay")
+    c = sub.add_parser("curve", help="the hit-rate curve against vLLM 0.16.0's pool")
     c.add_argument("trace", type=Path)
     c.add_argument("--rounds", type=int, default=3)
     c.add_argument("--no-check", action="store_true", help="timing only (no vLLM pools check)")

@@ -68,7 +68,7 @@ class AllBlocksCleared(KVCacheEvent):
 
 
 class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]  # type: ignore[assignment]
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
 AnyKVEvent = BlockStored | BlockRemoved | AllBlocksCleared

@@ -14,27 +14,29 @@ Two orders:
 Queue stamps (``stamp_freed``) are numbers such that the free blocks sorted
 by stamp are the queue from head to tail: tail entries take increasing
 stamps above every stamp given so far, head entries decreasing ones below.
-This module is the one place that knows both rules.
+Both rules, and the names of the orders (``FreeOrder``), live here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 from blockpool.block import KVCacheBlock
 from blockpool.free_queue import FreeKVCacheBlockQueue
 
+# The free orders' names, everywhere (settings, the command line, the runtime).
+FreeOrder = Literal["append_all", "uncached_first"]
 APPEND_ALL: Final = "append_all"
 UNCACHED_FIRST: Final = "uncached_first"
-FREE_ORDERS: Final = (APPEND_ALL, UNCACHED_FIRST)
+FREE_ORDERS: Final[tuple[FreeOrder, ...]] = (APPEND_ALL, UNCACHED_FIRST)
 
 
-def check_free_order(name: object) -> str:
+def check_free_order(name: object) -> FreeOrder:
     """``name`` if it is a known free order; ValueError otherwise."""
     if name not in FREE_ORDERS:
         raise ValueError(f"unknown free order {name!r} (known: {', '.join(FREE_ORDERS)})")
-    return str(name)
+    return name
 
 
 def goes_to_head(block: KVCacheBlock, free_order: str, enable_caching: bool) -> bool:

@@ -33,8 +33,10 @@ class BlockHashToBlockMap:
         if entry is None:
             return None
         if entry.__class__ is dict:
-            return next(iter(entry.values()))
-        return entry
+            first: KVCacheBlock = next(iter(entry.values()))
+            return first
+        one: KVCacheBlock = entry
+        return one
 
     def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
         """Add ``block`` under ``key``; a second block promotes to a dict."""
@@ -56,12 +58,13 @@ class BlockHashToBlockMap:
         if entry is None:
             return None
         if entry.__class__ is dict:
-            block = entry.pop(block_id, None)
+            block: KVCacheBlock | None = entry.pop(block_id, None)
             if entry:
                 cache[key] = entry  # re-inserted, as vLLM does
             return block
         if entry.block_id == block_id:
-            return entry
+            one: KVCacheBlock = entry
+            return one
         cache[key] = entry
         return None
 

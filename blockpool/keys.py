@@ -1,4 +1,4 @@
-"""The 64-bit cut of a block hash, and hex: the one place that knows it.
+"""The 64-bit cut of a block hash, and its hex form.
 
 A map key is a digest followed by a 4-byte big-endian group id
 (``make_block_hash_with_group_id``).  Events with integer hashes (vLLM's

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from blockpool.admission import hit_limit, new_blocks
 from blockpool.block import KVCacheBlock
 from blockpool.block_hasher import HashableRequest, get_request_block_hasher, need_extra_keys
 from blockpool.errors import (
@@ -41,10 +42,6 @@ from blockpool.pool import BlockPool
 from blockpool.request import LoRARequest, Request
 
 _FINISHED_MEMORY = 10_000  # finished ids remembered to tell "double finish" apart
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _request_block_hasher(
@@ -191,7 +188,7 @@ class RequestManager:
         hits: list[list[KVCacheBlock]] = [[] for _ in self.group_ids]
         if not self.pool.enable_caching:
             return hits
-        max_blocks = min((num_tokens - 1) // self.block_size, len(block_hashes))
+        max_blocks = hit_limit(num_tokens, self.block_size, len(block_hashes))
         get = self.pool.get_cached_block
         for i in range(max_blocks):
             found = get(block_hashes[i], self.group_ids)
@@ -257,7 +254,7 @@ class RequestManager:
         hashes = self._view(req)
         hits = self.find_longest_cache_hit(hashes, req.num_tokens)
         num_hit = len(hits[0])
-        num_new = cdiv(req.num_tokens, self.block_size) - num_hit
+        num_new = new_blocks(req.num_tokens, self.block_size, num_hit)
         # Hit blocks that sit in the free queue leave it when touched.
         evictable = {b.block_id for table in hits for b in table if b.ref_cnt == 0}
         self._require_free(num_new * len(self.group_ids) + len(evictable), "admitting the request")

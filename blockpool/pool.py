@@ -36,7 +36,7 @@ from blockpool.events import (
     BlockStored,
     KVCacheEvent,
 )
-from blockpool.free_order import APPEND_ALL, check_free_order, free_uncached_first
+from blockpool.free_order import APPEND_ALL, FreeOrder, check_free_order, free_uncached_first
 from blockpool.free_queue import FreeKVCacheBlockQueue
 from blockpool.hash_map import BlockHashToBlockMap
 from blockpool.hashing import (
@@ -70,7 +70,7 @@ class BlockPool:
         metrics_collector: KVCacheMetricsCollector | None = None,
         *,
         strict: bool = False,
-        free_order: str = APPEND_ALL,
+        free_order: FreeOrder | str = APPEND_ALL,
     ) -> None:
         if (
             not isinstance(num_gpu_blocks, int)

@@ -1,6 +1,6 @@
 """The prefix tree that BlockStored events describe: hash -> parent, copies.
 
-One builder for every consumer (the runtime, replay, the observer): each
+The builder of the runtime and replay: each
 BlockStored names a chain of hashes and the parent of its first; each copy
 of a hash counts, and a hash leaves the tree when its last copy is removed.
 AllBlocksCleared empties it.

@@ -122,7 +122,7 @@ class AnalysisHost:
     async def query(self, kind: str, **args: Any) -> dict[str, Any]:
         """A view: ``misses``, ``request_misses``, ``regret`` or ``shadows``."""
         if self.remote is not None:
-            result = await self.remote.query(kind, **args)
+            result: dict[str, Any] = await self.remote.query(kind, **args)
             result["worker"] = self.remote.snapshot()  # how far behind the answer may be
             return result
         assert self.inline is not None

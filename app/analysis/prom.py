@@ -17,7 +17,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.utils import floatToGoString  # type: ignore[attr-defined]
+from prometheus_client.utils import floatToGoString
 
 from blockpool.analysis import views
 from blockpool.analysis.reasons import CAUSES, REASONS

@@ -63,7 +63,7 @@ class Replica:
         self.analysis.rebase()
 
     def now(self) -> float:
-        return self.ts
+        return float(self.ts)
 
     def apply(self, parts: list[tuple[Any, list[bytes]]]) -> dict[str, Any]:
         from app.analysis import prom

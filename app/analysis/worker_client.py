@@ -108,11 +108,6 @@ _hub = _Hub()
 atexit.register(_hub.shutdown)
 
 
-def shutdown_worker() -> None:
-    """Stop the shared worker process (it restarts on the next use)."""
-    _hub.shutdown()
-
-
 class WorkerClient:
     """One client of the worker: its channel (``cid``), the messages sent and
     replies read (each message gets one reply), how far behind the worker is

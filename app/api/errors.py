@@ -57,7 +57,7 @@ def status_of(exc: ApiError) -> int:
         own = cls.__dict__.get("status")
         if isinstance(own, int):
             return own
-        status = STATUS.get(cls)  # type: ignore[arg-type]
+        status = STATUS.get(cls)
         if status is not None:
             return status
     return 400

@@ -13,16 +13,16 @@ from app.api.errors import ERROR_RESPONSES
 from app.api.responses import pool as r
 from app.api.responses import returns
 from app.schemas import (
-    AllocateOp,
-    CacheOp,
-    EvictOp,
-    FreeOp,
+    AllocateBody,
+    CacheBody,
+    EvictBody,
+    FreeBody,
     GroupId,
     HexHash,
     LookupOp,
-    PrefixLookupOp,
+    PrefixLookupBody,
     ResetOp,
-    TouchOp,
+    TouchBody,
 )
 
 router = APIRouter(prefix="/api", tags=["pool"], responses=ERROR_RESPONSES)
@@ -55,7 +55,7 @@ async def get_summary(engine: EngineDep) -> dict[str, Any]:
     dependencies=[WriteAuth],
     summary="get_new_blocks(n)",
 )
-async def allocate(op: AllocateOp, engine: EngineDep) -> dict[str, Any]:
+async def allocate(op: AllocateBody, engine: EngineDep) -> dict[str, Any]:
     """Blocks come from the free queue's head; cached ones lose their hash
     (listed in ``evicted``).  409 with requested vs free when too few."""
     return await run(engine, op)
@@ -67,7 +67,7 @@ async def allocate(op: AllocateOp, engine: EngineDep) -> dict[str, Any]:
     dependencies=[WriteAuth],
     summary="free_blocks(ordered ids)",
 )
-async def free(op: FreeOp, engine: EngineDep) -> dict[str, Any]:
+async def free(op: FreeBody, engine: EngineDep) -> dict[str, Any]:
     """Only blocks held through this API (allocate/touch) can be freed here;
     blocks of a request are freed by finishing it."""
     return await run(engine, op)
@@ -76,7 +76,7 @@ async def free(op: FreeOp, engine: EngineDep) -> dict[str, Any]:
 @router.post(
     "/pool/touch", responses=returns(r.Touched), dependencies=[WriteAuth], summary="touch(ids)"
 )
-async def touch(op: TouchOp, engine: EngineDep) -> dict[str, Any]:
+async def touch(op: TouchBody, engine: EngineDep) -> dict[str, Any]:
     return await run(engine, op)
 
 
@@ -86,7 +86,7 @@ async def touch(op: TouchOp, engine: EngineDep) -> dict[str, Any]:
     dependencies=[WriteAuth],
     summary="cache_full_blocks",
 )
-async def cache(op: CacheOp, engine: EngineDep) -> dict[str, Any]:
+async def cache(op: CacheBody, engine: EngineDep) -> dict[str, Any]:
     return await run(engine, op)
 
 
@@ -96,7 +96,7 @@ async def cache(op: CacheOp, engine: EngineDep) -> dict[str, Any]:
     dependencies=[WriteAuth],
     summary="evict_blocks(ids)",
 )
-async def evict(op: EvictOp, engine: EngineDep) -> dict[str, Any]:
+async def evict(op: EvictBody, engine: EngineDep) -> dict[str, Any]:
     return await run(engine, op)
 
 
@@ -134,6 +134,6 @@ async def lookup(
     dependencies=[CostlyRead],
     summary="Cached prefix of a prompt",
 )
-async def prefix_lookup(op: PrefixLookupOp, engine: EngineDep) -> dict[str, Any]:
+async def prefix_lookup(op: PrefixLookupBody, engine: EngineDep) -> dict[str, Any]:
     """How many leading tokens would hit now; changes nothing."""
     return await run(engine, op)

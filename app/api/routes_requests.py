@@ -13,7 +13,7 @@ from app.api.errors import ERROR_RESPONSES, body_of
 from app.api.responses import requests as r
 from app.api.responses import returns
 from app.errors import ApiError, TooLarge
-from app.schemas import AdmitOp, AppendBody, AppendOp, BatchRequest, FinishOp, to_runtime
+from app.schemas import AdmitBody, AppendBody, AppendOp, BatchRequest, FinishOp
 from blockpool.runtime.trial import BatchRefused, apply_all
 
 router = APIRouter(prefix="/api", tags=["requests"], responses=ERROR_RESPONSES)
@@ -28,7 +28,7 @@ Rid = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$
     dependencies=[WriteAuth],
     summary="Admit a request",
 )
-async def admit(op: AdmitOp, engine: EngineDep) -> dict[str, Any]:
+async def admit(op: AdmitBody, engine: EngineDep) -> dict[str, Any]:
     """Hashes the full blocks, reuses the longest cached prefix (never the
     block of the last prompt token), allocates the rest and caches the full
     blocks.  409 ``not_enough_blocks`` (nothing changed) when it cannot fit."""
@@ -77,7 +77,8 @@ async def verify(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Check bit for bit that the request's blocks hold the K/V the stand-in
     model computes for its tokens (prefix hits included).  409 when the
     server runs without storage."""
-    return await engine.submit(lambda: views.verify(engine, request_id))
+    verified: dict[str, Any] = await engine.submit(lambda: views.verify(engine, request_id))
+    return verified
 
 
 @router.post(
@@ -121,7 +122,7 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
             given=len(body.ops),
             limit=limit,
         )
-    rops = [to_runtime(op) for op in body.ops]
+    rops = body.operations()
     for i, op in enumerate(rops):
         try:
             engine.precheck(op)
@@ -140,7 +141,7 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
     def apply() -> dict[str, Any]:
         if atomic:
             try:
-                done = apply_all(engine, rops, engine.apply, dry_run_one=True)
+                done = apply_all(engine.runtime, rops, engine.apply, dry_run_one=True)
             except BatchRefused as refused:
                 raise refusal(refused.index, refused.error) from None
             oks = [{"ok": True, "result": r} for r in done]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.auth import TicketBook
+from app.figures import Figures, counter, helps, totals
 from app.stream import protocol as p
 from app.stream.ring import ALL, Ring, Variant, select_header
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -71,7 +72,6 @@ class Client:
     queue: asyncio.Queue[bytes] = field(default_factory=lambda: asyncio.Queue(QUEUE_FRAMES))
     needs_snapshot: bool = True
     connected_at: float = field(default_factory=time.time)
-    last_queued_seq: int = 0
     last_sent_seq: int = 0
     frames: int = 0
     bytes: int = 0
@@ -82,20 +82,34 @@ class Client:
     refused: deque[float] = field(default_factory=deque)  # when its last messages were refused
 
 
+@dataclass
+class StreamCounters:
+    frames: int = counter("Frames queued to stream clients.")
+    bytes: int = counter("Bytes of frames queued to stream clients.")
+    drops: int = counter("Frames dropped for a client whose queue was full (it resyncs).")
+    resyncs: int = counter("Snapshots a client asked for or was given after a gap.")
+    snapshots: int = counter("Snapshot frames encoded.")
+    disconnects: int = counter("Stream clients that went away.")
+    resumes: int = counter("Resumes answered from the ring of recent frames.")
+    refused: int = counter("Client messages refused (rate limit, malformed).")
+
+
+STREAM_HELP = {
+    **helps(StreamCounters),
+    "clients": "Stream clients connected.",
+    "ring_variants_made_total": "Channel / compression variants of ring frames encoded.",
+    "max_lag_frames": "Frames the slowest client is behind the newest.",
+}
+
+
 class StreamHub:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.seq = 0
         self.clients: set[Client] = set()
         self.ring = Ring()
-        self.frames_total = 0
-        self.bytes_total = 0
-        self.drops_total = 0
-        self.resyncs_total = 0
-        self.snapshots_total = 0
-        self.disconnects_total = 0
-        self.resumes_total = 0  # resumes answered from the ring
-        self.refused_total = 0  # client messages refused (rate limit, malformed)
+        self.counts = StreamCounters()
+        self.figures = Figures(self.metrics, STREAM_HELP)
         self.tickets = TicketBook()
         self.recent_events: deque[list[Any]] = deque(maxlen=RECENT_EVENTS)
         self.epoch = f"{time.time():.6f}"  # a new server = a new epoch
@@ -117,7 +131,7 @@ class StreamHub:
     def disconnect(self, client: Client) -> None:
         if client in self.clients:
             self.clients.discard(client)
-            self.disconnects_total += 1
+            self.counts.disconnects += 1
 
     def resume(self, client: Client, from_seq: int) -> bool:
         """Queue frames ``from_seq``.. from the ring; False (snapshot needed)
@@ -127,15 +141,14 @@ class StreamHub:
             return False
         for entry in entries:
             client.queue.put_nowait(self.ring.variant(entry, client.channels, client.compress))
-        client.last_queued_seq = self.seq
-        self.resumes_total += 1
+        self.counts.resumes += 1
         return True
 
     def request_snapshot(self, client: Client) -> None:
         self._drop_queue(client)
         client.needs_snapshot = True
         client.resyncs += 1
-        self.resyncs_total += 1
+        self.counts.resyncs += 1
 
     @staticmethod
     def _for(client: Client, frame: bytes) -> bytes:
@@ -156,7 +169,6 @@ class StreamHub:
             "seq": self.seq,
             "config": views.config(self.engine),
             "channels": list(p.CHANNELS),
-            "state_names": ["null", "in_use", "cached", "empty"],
         }
         return p.encode(p.CONFIG, self.seq, header)
 
@@ -172,7 +184,7 @@ class StreamHub:
                 "queries": e.manager.stats.queries,
                 "hits": e.manager.stats.hits,
             },
-            "tokens": analysis_views.tokens(e),
+            "tokens": analysis_views.tokens(e.runtime),
         }
 
     def snapshot_frame(self) -> bytes:
@@ -201,7 +213,7 @@ class StreamHub:
             "group": ("u32", cols.group),
             "stamp": ("f64", cols.stamp.astype(np.float64)),
         }
-        self.snapshots_total += 1
+        self.counts.snapshots += 1
         return p.encode(p.SNAPSHOT, self.seq, header, columns)
 
     def _histograms(self) -> dict[str, Any]:
@@ -315,10 +327,9 @@ class StreamHub:
                 self._drop_queue(client)
                 client.needs_snapshot = True
                 client.drops += 1
-                self.drops_total += 1
+                self.counts.drops += 1
                 continue
             client.needs_snapshot = False
-            client.last_queued_seq = self.seq
         self.ring.keep_live(entry, encoded)  # a resume needing one of them is free
 
     # --------------------------------------------------------------- stats
@@ -327,37 +338,25 @@ class StreamHub:
         client.frames += 1
         client.bytes += len(frame)
         client.last_sent_seq = int.from_bytes(frame[8:16], "little")
-        self.frames_total += 1
-        self.bytes_total += len(frame)
+        counts = self.counts
+        counts.frames += 1
+        counts.bytes += len(frame)
 
     def stats(self) -> dict[str, Any]:
         lag = max((self.seq - c.last_sent_seq for c in self.clients), default=0)
         return {
             "seq": self.seq,
             "clients": len(self.clients),
-            "frames_total": self.frames_total,
-            "bytes_total": self.bytes_total,
-            "drops_total": self.drops_total,
-            "resyncs_total": self.resyncs_total,
-            "snapshots_total": self.snapshots_total,
+            **totals(self.counts),
             "max_lag_frames": lag,
             "ring_frames": len(self.ring),
-            "resumes_total": self.resumes_total,
-            "refused_total": self.refused_total,
         }
 
     def metrics(self) -> dict[str, float]:
         s = self.stats()
         return {
             "clients": float(s["clients"]),
-            "frames_total": float(s["frames_total"]),
-            "bytes_total": float(s["bytes_total"]),
-            "drops_total": float(s["drops_total"]),
-            "resyncs_total": float(s["resyncs_total"]),
-            "snapshots_total": float(s["snapshots_total"]),
-            "disconnects_total": float(self.disconnects_total),
-            "resumes_total": float(self.resumes_total),
-            "refused_total": float(self.refused_total),
+            **{k: float(v) for k, v in totals(self.counts).items()},
             "ring_variants_made_total": float(self.ring.variants_made),
             "max_lag_frames": float(s["max_lag_frames"]),
         }

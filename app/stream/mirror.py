@@ -47,11 +47,6 @@ class PoolMirror:
     def next_seq(self) -> int | None:
         return None if self.seq is None else self.seq + 1
 
-    def apply_bytes(self, data: bytes) -> p.Frame:
-        frame = p.decode(data)
-        self.apply(frame)
-        return frame
-
     def apply(self, frame: p.Frame) -> None:
         if frame.kind == p.CONFIG:
             epoch = frame.header.get("epoch")
@@ -100,7 +95,8 @@ class PoolMirror:
     def queue_order(self) -> list[int]:
         """Free block ids from head (next to be evicted) to tail."""
         free = np.flatnonzero(np.isin(self.state, FREE_STATES))
-        return free[np.argsort(self.stamp[free], kind="stable")].tolist()
+        order: list[int] = free[np.argsort(self.stamp[free], kind="stable")].tolist()
+        return order
 
     def hash_map(self) -> dict[tuple[int, int], list[int]]:
         """(64-bit hash, group) -> sorted block ids holding it."""

@@ -115,7 +115,7 @@ async def _receiver(ws: WebSocket, hub: StreamHub, client: Client) -> tuple[int,
         if notice is not None:
             now = time.monotonic()
             client.refused.append(now)
-            hub.refused_total += 1
+            hub.counts.refused += 1
             if len(client.refused) >= max_refused and now - client.refused[0] <= REFUSED_WINDOW_S:
                 return CLOSE_POLICY, f"{max_refused} refused messages within a minute"
             await ws.send_text(notice)

@@ -1,5 +1,5 @@
 """The two production-trace benchmarks of bench/bench_trace.py: ``curve``
-(bar 11-trace-replay) and ``requests`` (RequestManager against vLLM
+(the hit-rate curve against vLLM 0.16.0's pool) and ``requests`` (RequestManager against vLLM
 0.16.0's KVCacheManager).  Importing the package puts this checkout first on
 ``sys.path`` and sets the environment both need before vLLM is imported."""
 

@@ -100,7 +100,6 @@ class MissTracker:
         self.pool = pool
         self.hash_fn = hash_fn
         self.bs = block_size
-        self.hbs = pool.hash_block_size
         self.size = index_size
         self.finished_kept = finished_kept
         # the indexes: free batches, evictions, the floor; regret

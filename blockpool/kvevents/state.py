@@ -328,7 +328,7 @@ def _which(held: dict[K, int], wanted: K) -> K:
     the field out); otherwise _NONE."""
     if wanted in held:
         return wanted
-    return next(iter(held)) if len(held) == 1 else _NONE  # type: ignore[no-any-return]
+    return next(iter(held)) if len(held) == 1 else _NONE
 
 
 def _take(counts: dict[K, int], key: K) -> None:

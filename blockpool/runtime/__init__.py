@@ -14,7 +14,7 @@ from blockpool.runtime.errors import (
     TooLarge,
     Unavailable,
 )
-from blockpool.runtime.observer import Change, OpObserver
+from blockpool.runtime.observer import Change, ChangeKind, OpObserver
 from blockpool.runtime.ops import OP_CLASSES, Op, op_from_fields
 from blockpool.runtime.runtime import PoolRuntime
 from blockpool.runtime.seqlog import SeqLog
@@ -24,6 +24,7 @@ __all__ = [
     "STATE_NAMES",
     "BlockColumns",
     "Change",
+    "ChangeKind",
     "Conflict",
     "Counters",
     "InvalidInput",

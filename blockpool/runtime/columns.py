@@ -37,9 +37,6 @@ def classify(block: KVCacheBlock) -> int:
     return CACHED if block._block_hash is not None else EMPTY
 
 
-hash64 = key64  # a map key's hash as events show it: the digest's last 8 bytes
-
-
 class BlockColumns:
     """Numpy columns mirroring every block of one pool."""
 
@@ -82,7 +79,7 @@ class BlockColumns:
         for bid in np.flatnonzero(hashed).tolist():
             key = keys[bid]
             assert key is not None
-            self.hash64[bid] = hash64(key)
+            self.hash64[bid] = key64(key)
             self.group[bid] = key_group(key)
         state = np.where(refs > 0, IN_USE, np.where(hashed == 1, CACHED, EMPTY))
         state[0] = NULL
@@ -106,7 +103,7 @@ class BlockColumns:
             self.group[bid] = 0
         else:
             self.hashed[bid] = 1
-            self.hash64[bid] = hash64(key)
+            self.hash64[bid] = key64(key)
             self.group[bid] = key_group(key)
         return st
 

@@ -1,6 +1,6 @@
-"""The one interface through which the analysis sees operations.
+"""How the analysis sees operations: a typed change and the observer's methods.
 
-``PoolRuntime.execute`` applies an operation in this order, from one place:
+``PoolRuntime.execute`` applies an operation in this order (``PoolRuntime._changed``):
 
 1. the handler validates the whole operation, then changes the pool, the
    manager and the raw references (a refusal raises before any change);
@@ -21,26 +21,50 @@ Reads (lookups) change nothing and notify nobody.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from blockpool.block import KVCacheBlock
     from blockpool.manager import Admission, ManagedRequest
 
 
+class AdmitFields(Protocol):
+    """What the observer reads of an admission's operation (``AdmitOp``)."""
+
+    request_id: str | None
+    token_ids: list[int]
+    lora_name: str | None
+    cache_salt: str | None
+
+
+class ChangeKind(enum.Enum):
+    """What kind of change an operation made (each operation declares its own)."""
+
+    ALLOCATE = "allocate"
+    FREE = "free"
+    TOUCH = "touch"
+    CACHE = "cache"
+    EVICT = "evict"
+    RESET = "reset"
+    ADMIT = "admit"
+    APPEND = "append"
+    FINISH = "finish"
+
+
 @dataclass(slots=True)
 class Change:
     """What one operation did, for the observer and the columns."""
 
-    kind: str  # allocate | free | touch | cache | evict | reset | admit | append | finish
+    kind: ChangeKind
     sync: Sequence[Iterable[int]] = ()  # block ids to re-read
     freed: Sequence[Sequence[KVCacheBlock]] = ()  # passed to free_blocks, in order
     ids: list[int] = field(default_factory=list)  # allocate: new ids; evict: evicted ids
     hashes: Sequence[bytes] = ()  # cache: the hashes set
     request_id: str | None = None
-    op: Any = None  # admit: the operation
+    op: AdmitFields | None = None  # admit: the operation (an AdmitOp)
     admission: Admission | None = None
     managed: ManagedRequest | None = None
     before_tokens: int = 0  # append
@@ -63,7 +87,7 @@ class OpObserver(Protocol):
 
     def on_reset(self) -> None: ...
 
-    def on_admit(self, rid: str, op: Any, adm: Admission) -> None: ...
+    def on_admit(self, rid: str, op: AdmitFields, adm: Admission) -> None: ...
 
     def on_append(
         self,
@@ -80,22 +104,23 @@ class OpObserver(Protocol):
 def notify(obs: OpObserver, ch: Change, first_stamp: int) -> None:
     """Step 3: the one dispatch from a change to the observer's methods."""
     kind = ch.kind
-    if kind == "admit":
-        assert ch.request_id is not None and ch.admission is not None
+    if kind is ChangeKind.ADMIT:
+        assert ch.request_id is not None and ch.admission is not None and ch.op is not None
         obs.on_admit(ch.request_id, ch.op, ch.admission)
-    elif kind == "append":
+    elif kind is ChangeKind.APPEND:
         assert ch.request_id is not None and ch.managed is not None
         obs.on_append(ch.request_id, ch.managed, ch.before_tokens, ch.before_cached, ch.added)
-    elif kind == "finish":
+    elif kind is ChangeKind.FINISH:
         assert ch.request_id is not None and ch.managed is not None
         obs.on_finish(ch.request_id, ch.managed, first_stamp)
-    elif kind == "free":
+    elif kind is ChangeKind.FREE:
         obs.on_freed(first_stamp)
-    elif kind == "allocate":
+    elif kind is ChangeKind.ALLOCATE:
         obs.on_allocate(ch.ids)
-    elif kind == "cache":
+    elif kind is ChangeKind.CACHE:
         obs.on_cache(ch.hashes)
-    elif kind == "evict":
+    elif kind is ChangeKind.EVICT:
         obs.on_evict(ch.ids)
-    elif kind == "reset":
+    elif kind is ChangeKind.RESET:
         obs.on_reset()
+    # TOUCH: re-read into the columns only; the analysis has nothing to learn

@@ -33,9 +33,8 @@ from blockpool.runtime.columns import BlockColumns
 from blockpool.runtime.config import RuntimeConfig
 from blockpool.runtime.counters import RESIDENCY_BUCKETS, Counters
 from blockpool.runtime.errors import OperationError
-from blockpool.runtime.handlers import HANDLERS, precheck
-from blockpool.runtime.observer import Change, OpObserver, notify
-from blockpool.runtime.ops import READ_ONLY
+from blockpool.runtime.observer import Change, ChangeKind, OpObserver, notify
+from blockpool.runtime.ops import READ_ONLY, Op, handle, precheck
 from blockpool.runtime.seqlog import SeqLog
 
 
@@ -99,7 +98,7 @@ class PoolRuntime:
         self.after_op: Callable[[], None] | None = None  # after each operation (a wake-up)
         self._spare: PoolRuntime | None = None  # for dry runs (trial.py)
         # the operations applied since the spare was in step (trial.py); None: not in step
-        self._journal: list[Any] | None = None
+        self._journal: list[Op] | None = None
         # replaying more than this costs more than a whole copy (about a few dozen blocks an op)
         self._journal_cap = max(256, self.pool.num_gpu_blocks // 8)
 
@@ -123,12 +122,12 @@ class PoolRuntime:
             if self.paranoid:
                 check_invariants(self.pool)
 
-    def apply(self, op: Any) -> dict[str, Any]:
+    def apply(self, op: Op) -> dict[str, Any]:
         """Apply one operation now, as a unit of its own."""
         result: dict[str, Any] = self.run(lambda: self.execute(op))
         return result
 
-    def execute(self, op: Any) -> dict[str, Any]:
+    def execute(self, op: Op) -> dict[str, Any]:
         """Apply one operation (inside ``run``), recorded when the runtime records."""
         rec = self.recorder
         if rec is None:
@@ -144,8 +143,8 @@ class PoolRuntime:
         rec.record(op, True, result, self.events.last_seq + 1 + start, len(queue) - start)
         return result
 
-    def _execute(self, op: Any) -> dict[str, Any]:
-        result, change = HANDLERS[type(op)](self, op)
+    def _execute(self, op: Op) -> dict[str, Any]:
+        result, change = handle(self, op)
         if change is not None:
             self._changed(change)
         journal = self._journal
@@ -163,7 +162,7 @@ class PoolRuntime:
             cols.stamp_freed(blocks)
         if self.hooks is not None:
             notify(self.hooks, ch, first_stamp)
-        if ch.kind == "reset":
+        if ch.kind is ChangeKind.RESET:
             self.mark_all_dirty()
         else:
             for ids in ch.sync:
@@ -173,7 +172,7 @@ class PoolRuntime:
             assert ch.managed is not None
             self.storage.write_request(ch.managed, ch.write_from)
 
-    def precheck(self, op: Any) -> None:
+    def precheck(self, op: Op) -> None:
         """Limits that need no pool state (a whole batch before any op)."""
         precheck(self, op)
 

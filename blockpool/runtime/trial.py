@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from blockpool.runtime.errors import OperationError
-from blockpool.runtime.ops import READ_ONLY
+from blockpool.runtime.ops import READ_ONLY, Op
 from blockpool.runtime.runtime import PoolRuntime
 from blockpool.runtime.state import restore, snapshot
 from blockpool.snapshot import pool_digest
@@ -40,7 +40,7 @@ class BatchRefused(Exception):
         self.error = error
 
 
-def mutating(ops: Sequence[Any]) -> int:
+def mutating(ops: Sequence[Op]) -> int:
     """How many of the operations change state (lookups do not)."""
     return sum(1 for op in ops if not isinstance(op, READ_ONLY))
 
@@ -73,7 +73,7 @@ def _discard_output(spare: PoolRuntime) -> None:
     spare.collector.drain_events()
 
 
-def first_refusal(rt: PoolRuntime, ops: Sequence[Any]) -> tuple[int, OperationError] | None:
+def first_refusal(rt: PoolRuntime, ops: Sequence[Op]) -> tuple[int, OperationError] | None:
     """Apply ``ops`` in order to the spare; the index and error of the first
     refused one, or None when all would succeed (the spare then holds the
     state after them: see ``apply_all``)."""
@@ -91,8 +91,8 @@ def first_refusal(rt: PoolRuntime, ops: Sequence[Any]) -> tuple[int, OperationEr
 
 def apply_all(
     rt: PoolRuntime,
-    ops: Sequence[Any],
-    apply: Callable[[Any], dict[str, Any]],
+    ops: Sequence[Op],
+    apply: Callable[[Op], dict[str, Any]],
     *,
     dry_run_one: bool = False,
 ) -> list[dict[str, Any]]:

@@ -26,11 +26,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from blockpool.admission import cdiv as _cdiv
+from blockpool.admission import fits, hit_limit, new_blocks
 from blockpool.shadow.policies import FreePolicy, make_policy
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass
@@ -104,7 +102,7 @@ class ShadowPool:
         entry = self.map.get(key)
         if entry is None:
             return 0
-        return entry if entry.__class__ is int else entry[0]  # type: ignore[no-any-return]
+        return entry if entry.__class__ is int else entry[0]
 
     def _allocate(self, n: int) -> list[int]:
         """``n`` slots from the policy, their hashes evicted, ref count 1."""
@@ -161,7 +159,7 @@ class ShadowPool:
         if rid in self.requests:
             self.finish(rid)
         bs, groups = self.block_size, self.num_groups
-        max_hit = min((num_tokens - 1) // bs, len(hashes))
+        max_hit = hit_limit(num_tokens, bs, len(hashes))
         hits: list[list[int]] = [[] for _ in range(groups)]
         cache = self.map
         if groups == 1:
@@ -179,11 +177,11 @@ class ShadowPool:
                 for row, slot in zip(hits, found, strict=True):
                     row.append(slot)
         num_hit = len(hits[0])
-        num_new = _cdiv(num_tokens, bs) - num_hit
+        num_new = new_blocks(num_tokens, bs, num_hit)
         ref = self.ref
         evictable = {s for row in hits for s in row if ref[s] == 0}
         stats = self.stats
-        if num_new * groups + len(evictable) > self.policy.num_free:
+        if not fits(num_new, groups, len(evictable), self.policy.num_free):
             stats.refused += 1
             stats.refused_tokens += num_tokens
             return -1

@@ -73,7 +73,7 @@ def _pool(num_blocks: int, block_size: int, free_order: str) -> BlockPool:
     if free_order == "append_all":
         return BlockPool(num_blocks, True, block_size, False)
     make_pool(2, block_size, free_order)  # refuses a free order this pool lacks
-    return BlockPool(num_blocks, True, block_size, False, free_order=free_order)  # type: ignore[call-arg]
+    return BlockPool(num_blocks, True, block_size, False, free_order=free_order)
 
 
 def run_scheduled(

@@ -252,7 +252,7 @@ class KVSlots:
             assert b is not None
             key = b._block_hash
             if key is not None:
-                log.append(key)  # type: ignore[arg-type]
+                log.append(key)
             b = b.next_free_block
 
     def cache_blocks(self, req: SlotRequest, num_tokens: int) -> None:

@@ -42,7 +42,7 @@ def random_run(e: Engine, seed: int, steps: int, tick_every: int = 0) -> dict[in
     docs = [[rng.randrange(50) for _ in range(rng.randint(3, 30))] for _ in range(5)]
     running: list[str] = []
     raw: list[int] = []
-    states: dict[int, Any] = {0: digest(e)}
+    states: dict[int, Any] = {0: digest(e.runtime)}
     assert e.analysis is not None and e.analysis.recorder is not None
     rec = e.analysis.recorder
     for step in range(steps):
@@ -87,19 +87,19 @@ def random_run(e: Engine, seed: int, steps: int, tick_every: int = 0) -> dict[in
                 raw.extend(result["block_ids"])
             elif isinstance(op, TouchOp):
                 raw.extend(op.block_ids)
-        states[rec.seq] = digest(e)
+        states[rec.seq] = digest(e.runtime)
         if tick_every and step % tick_every == 0:
             e.tick()
     for rid in running:
         e.apply(FinishOp(request_id=rid))
-    states[rec.seq] = digest(e)
+    states[rec.seq] = digest(e.runtime)
     return states
 
 
 def test_snapshot_restore_round_trip(engine_factory: Factory) -> None:
     e = engine_factory(num_blocks=24, recording_keyframe_ops=10**6)
     random_run(e, 1, 150)
-    assert replay.snapshot_digest(e) == digest(e)
+    assert replay.snapshot_digest(e.runtime) == digest(e.runtime)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -132,7 +132,7 @@ def test_export_replays_with_the_same_results_and_events(
     assert report.final_matches is True
     assert report.refused > 0  # refusals are replayed as refusals
     _, end = replay.replay_records(replay.read_lines(path))
-    assert digest(end) == digest(e)
+    assert digest(end) == digest(e.runtime)
     assert replay.main([str(path)]) == 0
     from app.cli import main as cli_main
 
@@ -179,7 +179,7 @@ def test_the_recording_is_bounded_and_starts_at_a_keyframe(engine_factory: Facto
     assert digest(m.engine) == states[rec.first_seq]
     lines = _lines(*rec.export_parts())
     report, end = replay.replay_records(json.loads(x) for x in lines)
-    assert report.ok and digest(end) == digest(e)
+    assert report.ok and digest(end) == digest(e.runtime)
 
 
 def test_moments_by_time_and_seq(engine_factory: Factory, clock: Any) -> None:
@@ -228,8 +228,8 @@ def test_keyframe_json_round_trip(engine_factory: Factory) -> None:
 
     e = engine_factory(num_blocks=24)
     random_run(e, 4, 120)
-    kf = snapshot(e, 7, 1.0)
+    kf = snapshot(e.runtime, 7, 1.0)
     back = keyframe_from_json(json.loads(json.dumps(keyframe_json(kf))))
     fresh = replay.make_runtime(e.config)
     restore(fresh, back)
-    assert digest(fresh) == digest(e)
+    assert digest(fresh) == digest(e.runtime)

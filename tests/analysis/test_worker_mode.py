@@ -49,7 +49,8 @@ def drive(e: Engine, clock: Clock, seed: int) -> None:
 def test_the_replica_answers_as_the_inline_analysis(engine_factory: Factory, clock: Clock) -> None:
     inline = engine_factory(num_blocks=40, analysis_mode="inline")
     worker = engine_factory(num_blocks=40, analysis_mode="worker")
-    assert inline.hooks is not None and worker.hooks is None  # the engine only records
+    # the worker's engine only records
+    assert inline.runtime.hooks is not None and worker.runtime.hooks is None
     wan = worker.analysis
     assert wan is not None and wan.remote is not None
     wan.start()

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -32,6 +31,7 @@ from app.engine import Engine
 from app.main import create_app
 from app.settings import Settings
 from tests.conftest import FIXED_SEED, map_contents
+from tests.support.ports import free_port
 
 SMALL: dict[str, Any] = {
     "num_blocks": 64,
@@ -228,12 +228,6 @@ async def api(request: pytest.FixtureRequest) -> AsyncIterator[Api]:
 
 
 # ------------------------------------------------------------ a real server
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LiveServer:

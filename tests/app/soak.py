@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from typing import Any
 
 import httpx
 import websockets
+
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TOP_RATE = 500.0  # the demo's top rate (Settings.demo_rate's bound)
@@ -43,12 +44,6 @@ COST = {
     "series": 6_000 * 540,  # SERIES_CAPACITY points
     "stream_ring": 64 * MIB,  # RING_BYTES: the hard bound (RING_FRAMES = 1,200 frames)
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tree(pid: int) -> list[int]:

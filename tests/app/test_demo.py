@@ -4,12 +4,12 @@ are shared), stop (its requests finish: nothing held)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
 
 from tests.app.conftest import Api
+from tests.support.wait import eventually_async
 
 pytestmark = pytest.mark.anyio
 
@@ -17,14 +17,13 @@ pytestmark = pytest.mark.anyio
 DEMO = {"num_blocks": 256, "block_size": 16}
 
 
-async def wait_for(api: Api, pred: Any, timeout: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+async def wait_for(api: Api, pred: Any, timeout: float = 60.0) -> dict[str, Any]:
+    async def seen() -> dict[str, Any] | None:
         s = await api.summary()
-        if pred(s):
-            return s
-        assert time.monotonic() < deadline, s
-        await asyncio.sleep(0.05)
+        return s if pred(s) else None
+
+    found: dict[str, Any] = await eventually_async(seen, timeout, "the summary to match")
+    return found
 
 
 @pytest.mark.app_settings(**DEMO)

@@ -173,3 +173,22 @@ async def test_events_pushed_out_of_the_log_before_a_tick_are_counted(api: Api) 
     assert one(m, "blockpool_event_log_lost_before_tick_total") == 28
     assert one(m, "blockpool_event_log_dropped_total") == s["event_log"]["dropped"] == 92
     api.check()
+
+
+async def test_the_stream_and_demo_figures_carry_their_help(api: Api) -> None:
+    from app.demo import DEMO_HELP
+    from app.stream.hub import STREAM_HELP
+
+    r = await api.get("/metrics")
+    text = r.text
+    for part, helps in (("stream", STREAM_HELP), ("demo", DEMO_HELP)):
+        for key, doc in helps.items():
+            name = f"blockpool_{part}_{key}"
+            if key.endswith("_total"):
+                name = name[: -len("_total")] + "_total"
+            assert f"# HELP {name} {doc}" in text, name
+    # REST reads the same figures
+    stats = api.app.state.stream.stats()
+    assert {k for k in stats if k.endswith("_total")} == {
+        k for k in STREAM_HELP if k.endswith("_total") and k != "ring_variants_made_total"
+    }

@@ -4,15 +4,14 @@ the demo."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.app.conftest import Api, assert_error, make_app, running
+from tests.support.wait import eventually_async
 
 pytestmark = pytest.mark.anyio
 
@@ -25,14 +24,13 @@ BODY = "\n".join(json.dumps(r) for r in ROWS) + "\n"
 UPLOAD = "/api/trace/upload?tokens_per_id=4&name=small"
 
 
-async def _wait(api: Api, pred: Any, timeout: float = 30.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+async def _wait(api: Api, pred: Any, timeout: float = 60.0) -> dict[str, Any]:
+    async def seen() -> dict[str, Any] | None:
         s = await api.ok("GET", "/api/trace")
-        if pred(s):
-            return s
-        assert time.monotonic() < deadline, s
-        await asyncio.sleep(0.05)
+        return s if pred(s) else None
+
+    found: dict[str, Any] = await eventually_async(seen, timeout, "the trace status to match")
+    return found
 
 
 async def test_upload_start_run_to_the_end(api: Api) -> None:

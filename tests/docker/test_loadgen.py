@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from app.main import create_app
-from app.schemas import AdmitOp, AppendBody, BatchRequest
+from app.schemas import BODIES, AdmitOp, AppendBody, BatchRequest
 from app.settings import Settings
 from tests.docker.helpers import LOADGEN, ROOT
 
@@ -46,7 +46,7 @@ def test_loadgen_bodies_match_the_api_models(loadgen: ModuleType) -> None:
         prompt = wl.next_prompt()
         kinds.add(prompt.kind)
         rid = wl.new_request_id()
-        AdmitOp.model_validate(loadgen.admit_body(rid, prompt))
+        BODIES[AdmitOp].model_validate(loadgen.admit_body(rid, prompt))
         chunks = wl.decode_plan(8, 96)
         assert 8 <= sum(chunks) <= 96 and all(1 <= n <= 16 for n in chunks)
         AppendBody.model_validate(loadgen.append_body(wl.tokens(chunks[0])))

@@ -9,12 +9,12 @@ test-artifacts/e2e/ (git-ignored).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +23,16 @@ import pytest
 
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
 from tests.e2e import hooks
+from tests.support.ports import free_port
+from tests.support.wait import CLIENT_TIMEOUT, eventually
+
+__all__ = ["free_port", "wait_for"]  # the e2e tests import them from here
+# a page's predicate asks the browser: every 0.1 s is often enough
+wait_for = functools.partial(eventually, poll=0.1)
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "e2e"
 VIEWPORT = {"width": 1600, "height": 1000}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
@@ -44,7 +44,7 @@ class Server:
         self.name = name
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.http = httpx.Client(base_url=self.url, timeout=10)
+        self.http = httpx.Client(base_url=self.url, timeout=CLIENT_TIMEOUT)
         self.token: str | None = None
         self._log: Any = None
         self.starts = 0
@@ -101,17 +101,6 @@ class Server:
 
     def post(self, path: str, body: Any = None) -> httpx.Response:
         return self.http.post(path, json={} if body is None else body, headers=self._headers())
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture(scope="package")

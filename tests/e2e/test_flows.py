@@ -1,4 +1,4 @@
-"""Flows that do not trap (issue 15.8): the reset dialog says beforehand why a
+"""Flows that do not trap: the reset dialog says beforehand why a
 reset would be refused and offers to stop the workload first, with its
 outcome in the dialog; the "fleet" link only to a fleet observer that
 answers (``--fleet-url``), opening its page -- never a dead end;

@@ -1,4 +1,4 @@
-"""Time travel moves everything (issue 15.6): at a recorded moment the stat
+"""Time travel moves everything: at a recorded moment the stat
 tiles, the LRU queue and the block detail show that moment (from
 GET /api/history/state), the charts mark it with a line, the panels that stay
 live say so; the moment reads as a clock time with its op seq beside it; the

@@ -1,4 +1,4 @@
-"""Legible at the sizes people use (issue 15.5, bar 12-operator-page).
+"""Legible at the sizes people use.
 
 With the demo running, at 1280x800 and 1000x800: the dashboard never scrolls
 sideways, no two visible pieces of text overlap, and no request from `/`

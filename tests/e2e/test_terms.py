@@ -1,4 +1,4 @@
-"""Words an operator understands (issue 15.7): every stat tile, health item,
+"""Words an operator understands: every stat tile, health item,
 legend entry and column head on the dashboard explains itself on hover, and
 docs/glossary.md lists every term the page explains (frontend/js/common/terms.js)."""
 

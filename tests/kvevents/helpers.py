@@ -6,7 +6,6 @@ publisher (PUB + ROUTER) for gap / replay / restart scenarios."""
 from __future__ import annotations
 
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,18 +26,14 @@ from blockpool import (
     KVEventBatch,
     RequestManager,
 )
+from tests.support.ports import free_port as free_port  # re-exported for the tests here
+from tests.support.ports import tcp_endpoint
+from tests.support.wait import eventually, eventually_async
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def tcp() -> str:
-    return f"tcp://127.0.0.1:{free_port()}"
+tcp = tcp_endpoint
 
 
 # ------------------------------------------------------------------ workload
@@ -391,26 +386,10 @@ def fake_publisher(topic: bytes = b"") -> Iterator[FakePublisher]:
         fp.close()
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
+wait_for = eventually
 
 
-async def await_for(
-    cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition"
-) -> None:
-    import asyncio
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
+await_for = eventually_async
 
 
 def engine_step(engine: Any, rng: random.Random, prefixes: list[list[int]]) -> None:

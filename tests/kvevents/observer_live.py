@@ -15,7 +15,8 @@ from fastapi import FastAPI
 
 from app.observer.app import create_observer_app
 from app.settings import ObserverSettings
-from tests.kvevents.helpers import await_for, free_port
+from tests.kvevents.helpers import await_for
+from tests.support.ports import free_port
 
 
 @asynccontextmanager

@@ -19,14 +19,8 @@ import pytest
 from blockpool.kvevents.config import KVEventsConfig
 from blockpool.kvevents.publisher import KVEventPublisher
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
-from tests.kvevents.helpers import (
-    FakePublisher,
-    Workload,
-    free_port,
-    positional,
-    vllm_current,
-    wait_for,
-)
+from tests.kvevents.helpers import FakePublisher, Workload, positional, vllm_current, wait_for
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "kvevents"

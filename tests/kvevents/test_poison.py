@@ -22,8 +22,9 @@ from app.observer.app import create_observer_app
 from app.observer.source import Source
 from app.settings import ObserverSettings
 from blockpool.kvevents.config import SourceSpec
-from tests.kvevents.helpers import Workload, await_for, fake_publisher, free_port, positional, truth
+from tests.kvevents.helpers import Workload, await_for, fake_publisher, positional, truth
 from tests.kvevents.observer_live import client, serving, ws_ticks
+from tests.support.ports import free_port
 
 DEEP = b"\x93" + msgpack.packb(1.0) + b"\x91" * 2000 + b"\x90" + msgpack.packb(0)
 INF_TOKEN = msgpack.packb(

@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,13 +15,7 @@ from fastapi import FastAPI
 from app.main import create_app
 from app.settings import Settings
 from app.stream.mirror import PoolMirror
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.support.ports import free_port
 
 
 @asynccontextmanager
@@ -60,44 +48,6 @@ async def live_server(
     finally:
         server.should_exit = True
         await task
-
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def start_cli_server(
-    port: int, log: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """``blockpool serve`` of this checkout in a child process, stdout and
-    stderr (its whole log) into ``log``; ready once ``/api/health`` answers."""
-    cmd = [
-        sys.executable, "-c", "from app.cli import main; main()", "serve", "--port", str(port),
-        "--num-blocks", "64", "--no-storage", "--no-analysis", "--log-level", "info", *args,
-    ]  # fmt: skip
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120  # a bound for a stuck start, not a timing check
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the server exited during its start:\n" + log.read_text()
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=5).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("the server never answered /api/health")
-
-
-def stop_cli_server(proc: subprocess.Popen[bytes]) -> None:
-    """Ctrl-C, as an operator stops it."""
-    proc.send_signal(2)  # SIGINT
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def ws_url(app: FastAPI) -> str:

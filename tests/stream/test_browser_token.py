@@ -12,7 +12,8 @@ import pytest
 
 from app.stream import protocol as p
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
-from tests.stream.live import free_port, start_cli_server, stop_cli_server
+from tests.support.cli import start_cli_server, stop_cli_server
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.browser
 

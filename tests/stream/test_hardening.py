@@ -20,6 +20,7 @@ from app.stream import protocol as p
 from app.stream.limits import parse_message, parse_seq
 from app.stream.ring import filter_delta
 from tests.stream.live import http, live_server, random_traffic, ws_url
+from tests.support.wait import eventually_async
 
 TOKEN = "t0k"
 
@@ -80,11 +81,7 @@ class Recorder:
 
 
 async def _wait(pred: Callable[[], bool], what: str) -> None:
-    for _ in range(3000):
-        if pred():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
+    await eventually_async(pred, 60.0, what)
 
 
 # ------------------------------------------------------------ 1. resumes
@@ -115,12 +112,12 @@ def test_each_ring_frame_is_compressed_once_however_often_it_is_replayed(
             await random_traffic(h, 150, seed=21)
             await _wait(lambda: hub.seq > 25, "25 ticks")
             # Two clients flood resumes of 20 frames; health answers meanwhile.
-            before = hub.resumes_total
+            before = hub.counts.resumes
             health = asyncio.create_task(h.get("/api/health"))
             for _ in range(40):
                 for ws in (full, series):
                     await ws.send(json.dumps({"type": "resume", "from": hub.seq - 19}))
-            await _wait(lambda: hub.resumes_total >= before + 80, "80 resumes answered")
+            await _wait(lambda: hub.counts.resumes >= before + 80, "80 resumes answered")
             assert (await health).status_code == 200
             await _wait(lambda: all(r.replayed for r in readers), "replayed frames arrived")
             for r in readers:
@@ -151,7 +148,7 @@ def test_a_client_that_keeps_asking_is_refused_then_disconnected() -> None:
             assert [n["code"] for n in notices] == ["rate_limited"] * 3
             assert all(n["type"] == "error" and n["retry_after_s"] > 0 for n in notices)
             assert "too many resume/snapshot requests" in notices[0]["message"]
-            assert hub.refused_total == 4 and hub.resyncs_total == 3
+            assert hub.counts.refused == 4 and hub.counts.resyncs == 3
             assert not hub.clients
             metrics = (await h.get("/metrics")).text
             assert "blockpool_stream_refused_total 4.0" in metrics

@@ -102,7 +102,7 @@ def test_a_client_that_never_reads_stalls_nothing_and_later_resyncs() -> None:
                 await healthy.wait_until(lambda m: m.seq is not None, timeout=30)
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + 60
-                while hub.drops_total == 0:
+                while hub.counts.drops == 0:
                     await random_traffic(h, 20, seed=hub.seq)
                     assert loop.time() < deadline, "the stalled client was never dropped"
                 # the engine went on and the healthy client kept up, exactly

@@ -19,7 +19,8 @@ from websockets.exceptions import ConnectionClosed
 
 from app.stream import protocol as p
 from app.stream.client import StreamClient
-from tests.stream.live import free_port, start_cli_server, stop_cli_server
+from tests.support.cli import start_cli_server, stop_cli_server
+from tests.support.ports import free_port
 
 TOKEN = "s3cret-Tok3n-9f2c"
 WRONG = TOKEN + "\u00e9\u00b2"  # non-ASCII, and holding the right token
@@ -85,7 +86,7 @@ async def _probe(port: int) -> None:
             assert closed.rcvd is not None and closed.rcvd.code == 1009
 
 
-def test_bar_13_ws_auth_against_the_real_server(tmp_path: Path) -> None:
+def test_ws_auth_against_the_real_server(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "server.log"
     proc = start_cli_server(port, log, "--token", TOKEN, env={"BLOCKPOOL_PROTECT_READS": "1"})

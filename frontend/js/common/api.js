@@ -1,3 +1,4 @@
+// @ts-check
 // REST client of the dashboard and the fleet page: the bearer token (kept in
 // sessionStorage) and the error shape {"error": {"status", "code", "message",
 // "details"}}.

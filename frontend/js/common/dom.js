@@ -1,3 +1,4 @@
+// @ts-check
 // DOM helpers shared by the dashboard and the fleet page: lookup, element
 // building, cheap text updates, and the timing helpers of a rAF loop.
 

@@ -1,3 +1,4 @@
+// @ts-check
 // Number, duration, size and hash formatting, shared by the dashboard and the
 // fleet page.
 

@@ -1,3 +1,4 @@
+// @ts-check
 // How an observer can watch this pool server: from its KV-event publisher's
 // status (GET /api/kv-events), the endpoint to subscribe to and the command
 // that does it.  The dashboard shows its "fleet" link only when there is one;

@@ -1,3 +1,4 @@
+// @ts-check
 // What the words on the pages mean: the hover text of every stat tile,
 // column and term (one place; docs/glossary.md says the same at more length,
 // with vLLM's names).  Keyed by the text as shown, lower case.

@@ -1,3 +1,4 @@
+// @ts-check
 // The fleet page's view helpers: the shared DOM and format helpers under the
 // names the fleet modules use, and the table cells only this page draws.
 // Text from the streams (instance names, LoRA names, media) is untrusted: it

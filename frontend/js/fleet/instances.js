@@ -1,3 +1,4 @@
+// @ts-check
 // The instance selector: one card per observed stream, with its health.
 
 import { age, clear, el, num } from "./dom.js";

@@ -1,3 +1,4 @@
+// @ts-check
 // One instance's prefix tree (parents from BlockStored), expanded on demand.
 
 import { getJSON } from "./api.js";

@@ -1,3 +1,4 @@
+// @ts-check
 // Stream health, always visible: connection state, seq, lag, drops,
 // resyncs, reconnects, gaps resumed, throughput and the render rate.
 

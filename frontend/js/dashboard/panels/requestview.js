@@ -1,3 +1,4 @@
+// @ts-check
 // One request's story (GET /api/requests/{id}/story): search a request id,
 // or follow a link from the block detail, the running list, the regret
 // table or the event log; see its blocks (hit, or why each missed), and when

@@ -1,3 +1,4 @@
+// @ts-check
 // A trace replay driving the pool (serve --trace, POST /api/trace/start): its
 // progress and the trace's own prefix hit rate, as one item in the top bar.
 // Hidden while no trace is loaded.

@@ -1,3 +1,4 @@
+// @ts-check
 // The prefix-tree panel: shared prefixes as a forest, single-child chains
 // collapsed to one line ("a1b2c3d4… ─ 37 blocks ─ 9f2c0d1e…"), branches
 // shown where requests diverge.  Built from PrefixTree (REST + events).

@@ -1,3 +1,4 @@
+// @ts-check
 // The block map's mouse: hover (onhover), a click without a drag selects
 // (onselect), a drag pans when zoomed in, the wheel zooms at the pointer and
 // a double click zooms back out.

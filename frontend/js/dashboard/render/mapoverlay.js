@@ -1,3 +1,4 @@
+// @ts-check
 // The block map's overlay canvas: the focus (a request's or a hash's blocks
 // outlined, the rest dimmed), hover and selection outlines, and the cell
 // grid when zoomed in far enough.  Redrawn only when a highlight, the zoom

@@ -1,3 +1,4 @@
+// @ts-check
 // The moment time travel shows, as a vertical line on a time chart (uPlot):
 // the live charts keep running while the map shows a recorded moment, and
 // this marks where that moment falls on them (or says it is off the chart).

@@ -1,3 +1,4 @@
+// @ts-check
 // A request's prompt blocks as a strip of bars: hit, or the reason it
 // missed (colours from analysis.js), decode blocks dimmed; hover says why.
 // Data: GET /api/requests/{id} (running: `blocks[i].reason` / `.miss`, block

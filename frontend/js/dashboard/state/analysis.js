@@ -1,3 +1,4 @@
+// @ts-check
 // The analysis, client side, without DOM (node tests import it): rates from
 // the stream's cumulative `analysis` sections, the token-usage series from
 // every frame's `tokens`, the miss-ratio curve and the what-if sentences from

@@ -1,3 +1,4 @@
+// @ts-check
 // The analysis hub: holds the analysis series and the token series, fed
 // from the stream (`analysis` about once a second, `tokens` in every
 // frame); every analysis panel reads from here.

@@ -1,3 +1,4 @@
+// @ts-check
 // The analysis series seeded from REST as the page opens, without DOM (node
 // tests import it): GET /api/analysis/recent's sections (oldest first) go
 // before the sections the stream brought while the answer was on its way,

@@ -1,3 +1,4 @@
+// @ts-check
 // HashIndex: the prefix-cache hash map as the client sees it, kept
 // incrementally: (hash64, group) -> the blocks holding it.
 //

@@ -1,3 +1,4 @@
+// @ts-check
 // Time travel's state, pure (the node tests use it): a recorded moment as a
 // source the BlockMap draws, the time of an op seq from the keyframes, what
 // the jump box accepts, and a diff as rows.

@@ -1,3 +1,4 @@
+// @ts-check
 // PoolModel: applies stream frames and keeps an exact copy of the pool,
 // exactly as app/stream/mirror.py does (the reference).
 //

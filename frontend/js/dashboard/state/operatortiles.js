@@ -1,3 +1,4 @@
+// @ts-check
 // The stat tiles an operator compares with Grafana, without DOM (node tests
 // import it): the prefix hit rate over 1 and 5 minutes (the server computes
 // them as Prometheus' rate() of vLLM's two counters), since start (or the

@@ -1,3 +1,4 @@
+// @ts-check
 // PrefixTree: cached hashes with their parents, as a forest of shared
 // prefixes.  Loaded from GET /api/prefix-tree, kept fresh from the stream's
 // BlockStored (hash -> parent links) and AllBlocksCleared events.  Whether a

@@ -1,3 +1,4 @@
+// @ts-check
 // StreamConnection: the websocket to /api/stream, feeding a PoolModel.
 //
 // As docs/protocol.md (and app/stream/client.py) say: reconnect with

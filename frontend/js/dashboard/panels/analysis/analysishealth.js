@@ -1,3 +1,4 @@
+// @ts-check
 // The analysis health in the top bar: the hub's health as one item.
 
 import { $, h, setText } from "../../../common/dom.js";

@@ -1,3 +1,4 @@
+// @ts-check
 // The analysis row as the page opens: every panel asks REST at once (not
 // after the stream's first reports and a cadence), says "loading…" until
 // its answer came, and the charts get the server's recent history

@@ -1,3 +1,4 @@
+// @ts-check
 // What the analysis panels share: the quiet REST getter, a few formatters,
 // the colour swatch, the window of a series that moved, and the small bar
 // histogram (MissPanel's age and queue position, RegretPanel's gap).

@@ -1,3 +1,4 @@
+// @ts-check
 // Token usage beside block usage: slots reserved, held and the tail waste
 // over the window, from the `tokens` figures in every stream frame.
 

@@ -1,3 +1,4 @@
+// @ts-check
 // What a bigger cache or another free order would buy: the shadow pools'
 // hit-rate curve, its what-if lines and table, from REST every few seconds.
 

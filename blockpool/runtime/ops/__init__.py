@@ -1,0 +1,171 @@
+"""The operations a runtime applies: one module each, registered here.
+
+Each module of this package declares one operation once: its record (a
+msgspec struct: the fields with their bounds, ``op`` first, the recording's
+wire order), its handler (validates the whole operation, then changes the
+pool; a refusal raises an ``OperationError`` before any change) and its
+``OpSpec`` (the handler, and the kind of change it reports, None for a
+read).  ``SPECS`` lists them; ``Op`` is their union.  The service's request
+bodies and OpenAPI schemas are derived from the records (app/schemas.py).
+
+Adding an operation: a module here (record, handler, ``SPEC``), its entry in
+``SPECS`` and ``Op``, and its test (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from blockpool.runtime.errors import TooLarge
+from blockpool.runtime.ops import (
+    admit,
+    allocate,
+    append,
+    cache,
+    evict,
+    finish,
+    free,
+    lookup,
+    prefix_lookup,
+    reset,
+    touch,
+)
+from blockpool.runtime.ops.admit import AdmitOp
+from blockpool.runtime.ops.allocate import AllocateOp
+from blockpool.runtime.ops.append import AppendOp
+from blockpool.runtime.ops.base import (
+    BlockId,
+    ExtraKey,
+    GroupId,
+    HexHash,
+    OpRecord,
+    OpSpec,
+    Outcome,
+    RequestId,
+    RuntimeState,
+    TokenId,
+    check_ids,
+    check_tokens,
+)
+from blockpool.runtime.ops.cache import CacheOp
+from blockpool.runtime.ops.evict import EvictOp
+from blockpool.runtime.ops.finish import FinishOp
+from blockpool.runtime.ops.free import FreeOp
+from blockpool.runtime.ops.lookup import LookupOp
+from blockpool.runtime.ops.prefix_lookup import PrefixLookupOp
+from blockpool.runtime.ops.reset import ResetOp
+from blockpool.runtime.ops.touch import TouchOp
+
+Op = (
+    AllocateOp
+    | FreeOp
+    | TouchOp
+    | CacheOp
+    | LookupOp
+    | PrefixLookupOp
+    | EvictOp
+    | ResetOp
+    | AdmitOp
+    | AppendOp
+    | FinishOp
+)
+
+# In the order the API documents them.
+SPECS: tuple[OpSpec[Any], ...] = tuple(
+    m.SPEC
+    for m in (
+        allocate,
+        free,
+        touch,
+        cache,
+        lookup,
+        prefix_lookup,
+        evict,
+        reset,
+        admit,
+        append,
+        finish,
+    )
+)
+SPEC_OF: dict[type[OpRecord], OpSpec[Any]] = {s.record: s for s in SPECS}
+OP_CLASSES: dict[str, type[OpRecord]] = {s.record.__name__: s.record for s in SPECS}
+OP_BY_NAME: dict[str, type[OpRecord]] = {s.name: s.record for s in SPECS}
+# Operations that never change the pool (a batch of only these needs no undo).
+READ_ONLY: tuple[type[OpRecord], ...] = tuple(s.record for s in SPECS if s.read_only)
+
+
+def handle(rt: RuntimeState, op: Op) -> Outcome:
+    """Apply ``op`` with its handler (``PoolRuntime._execute``)."""
+    return SPEC_OF[type(op)].handler(rt, op)
+
+
+def precheck(rt: RuntimeState, op: Op) -> None:
+    """Limits that need no pool state (run on a whole batch before any op)."""
+    ids = getattr(op, "block_ids", None)
+    if isinstance(ids, list):
+        check_ids(rt, ids, op.op)
+    tokens = getattr(op, "token_ids", None)
+    if isinstance(tokens, list):
+        check_tokens(rt, len(tokens), op.op)
+    limit = rt.config.max_ids_per_call
+    if isinstance(op, AllocateOp) and op.num_blocks > limit:
+        raise TooLarge(
+            f"allocate: {op.num_blocks} blocks in one call, the limit is {limit}", limit=limit
+        )
+
+
+def op_from_fields(name: str, fields: dict[str, Any]) -> Op:
+    """The operation ``name`` (its class name) with these fields."""
+    op: Op = OP_CLASSES[name](**fields)  # type: ignore[assignment]
+    return op
+
+
+def op_from_json(d: Any) -> Op:
+    """Validate untrusted JSON (a dict with ``op``) into an operation;
+    ValueError naming what is wrong."""
+    if not isinstance(d, dict) or not isinstance(d.get("op"), str):
+        raise ValueError("an operation is an object with an 'op' name")
+    cls = OP_BY_NAME.get(d["op"])
+    if cls is None:
+        raise ValueError(f"unknown operation {d['op']!r}")
+    try:
+        op: Op = msgspec.convert(d, cls, strict=True)  # type: ignore[assignment]
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"operation {d['op']!r}: {exc}") from None
+    return op
+
+
+__all__ = [
+    "OP_BY_NAME",
+    "OP_CLASSES",
+    "READ_ONLY",
+    "SPECS",
+    "SPEC_OF",
+    "AdmitOp",
+    "AllocateOp",
+    "AppendOp",
+    "BlockId",
+    "CacheOp",
+    "EvictOp",
+    "ExtraKey",
+    "FinishOp",
+    "FreeOp",
+    "GroupId",
+    "HexHash",
+    "LookupOp",
+    "Op",
+    "OpRecord",
+    "OpSpec",
+    "PrefixLookupOp",
+    "RequestId",
+    "ResetOp",
+    "RuntimeState",
+    "TokenId",
+    "TouchOp",
+    "handle",
+    "op_from_fields",
+    "op_from_json",
+    "precheck",
+]

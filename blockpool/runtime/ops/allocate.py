@@ -1,0 +1,40 @@
+"""Allocate raw blocks: the record, its handler and its declaration."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from blockpool.runtime.errors import NotEnoughBlocks, TooLarge
+from blockpool.runtime.observer import Change, ChangeKind
+from blockpool.runtime.ops.base import Count, OpRecord, OpSpec, Outcome, RuntimeState
+
+
+class AllocateOp(OpRecord, kw_only=True):
+    """get_new_blocks(num_blocks): blocks from the queue's head, ref count 1."""
+
+    op: Literal["allocate"] = "allocate"
+    num_blocks: Annotated[Count, msgspec.Meta(examples=[4])]
+
+
+def allocate(rt: RuntimeState, op: AllocateOp) -> Outcome:
+    n = op.num_blocks
+    limit = rt.config.max_ids_per_call
+    if n > limit:
+        raise TooLarge(f"allocate: {n} blocks in one call, the limit is {limit}", limit=limit)
+    free = rt.pool.get_num_free_blocks()
+    if n > free:
+        raise NotEnoughBlocks(
+            f"allocate needs {n} free block(s) but only {free} are free", requested=n, free=free
+        )
+    blocks = rt.pool.get_new_blocks(n)
+    ids = [b.block_id for b in blocks]
+    hashed = rt.columns.hashed
+    evicted = [i for i in ids if hashed[i]]
+    rt.raw_refs[ids] += 1
+    change = Change(ChangeKind.ALLOCATE, sync=[ids], ids=ids, allocated=n)
+    return {"block_ids": ids, "evicted": evicted}, change
+
+
+SPEC = OpSpec(AllocateOp, allocate, ChangeKind.ALLOCATE)

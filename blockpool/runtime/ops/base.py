@@ -1,0 +1,134 @@
+"""What every operation module uses: the field bounds, the record base class,
+what a handler may change (``RuntimeState``) and the declaration (``OpSpec``).
+
+An operation is declared once, in a module of this package: its record (the
+fields with their bounds, in the recording's wire order, ``op`` first), its
+handler, whether it is read-only and which kind of change it reports.  The
+service derives its request bodies and OpenAPI schemas from the records
+(app/schemas.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypeVar
+
+import msgspec
+
+from blockpool.errors import RequestFinishedError, UnknownRequestError
+from blockpool.runtime.errors import Conflict, InvalidInput, NotFound, TooLarge
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from blockpool.block import KVCacheBlock
+    from blockpool.hashing import HashFn
+    from blockpool.manager import ManagedRequest, RequestManager
+    from blockpool.pool import BlockPool
+    from blockpool.runtime.columns import BlockColumns
+    from blockpool.runtime.config import RuntimeConfig
+    from blockpool.runtime.counters import Counters
+    from blockpool.runtime.observer import Change, ChangeKind
+
+MAX_INT = 2**31 - 1
+BlockId = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
+GroupId = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
+HexHash = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^(?:[0-9a-fA-F]{2}){1,64}$",
+        description="a block hash as hex (the raw digest, e.g. 64 hex digits for sha256)",
+        examples=["9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"],
+    ),
+]
+RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+ExtraKey = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+
+
+class OpRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The base of every operation's record; each starts with ``op``, its
+    name (a literal with that default)."""
+
+
+class RuntimeState(Protocol):
+    """What the handlers change (blockpool.runtime.runtime.PoolRuntime)."""
+
+    config: RuntimeConfig
+    pool: BlockPool
+    manager: RequestManager
+    columns: BlockColumns
+    raw_refs: np.ndarray
+    counters: Counters
+    hash_fn: HashFn
+    tail_waste: int
+
+    def new_request_id(self) -> str: ...
+
+
+Outcome = tuple[dict[str, Any], "Change | None"]
+T = TypeVar("T", bound=OpRecord)
+
+
+@dataclass(frozen=True)
+class OpSpec(Generic[T]):
+    """One operation: its record class, its handler, whether it only reads,
+    and the kind of change it reports (None for a read)."""
+
+    record: type[T]
+    handler: Callable[[RuntimeState, T], Outcome]
+    change: ChangeKind | None
+
+    @property
+    def name(self) -> str:
+        """The operation's name on the wire (the record's ``op`` default)."""
+        default = msgspec.structs.fields(self.record)[0].default
+        assert isinstance(default, str)
+        return default
+
+    @property
+    def read_only(self) -> bool:
+        return self.change is None
+
+
+def check_ids(rt: RuntimeState, ids: Sequence[int], what: str) -> None:
+    limit = rt.config.max_ids_per_call
+    if len(ids) > limit:
+        raise TooLarge(
+            f"{what}: {len(ids)} block ids in one call, the limit is {limit}",
+            given=len(ids),
+            limit=limit,
+        )
+    n = rt.pool.num_gpu_blocks
+    bad = [i for i in ids if not 0 <= i < n]
+    if bad:
+        raise InvalidInput(
+            f"{what}: block id {bad[0]} is outside the pool (ids 0..{n - 1})",
+            invalid_ids=bad[:20],
+            num_blocks=n,
+        )
+
+
+def check_tokens(rt: RuntimeState, n: int, what: str) -> None:
+    limit = rt.config.max_tokens_per_request
+    if n > limit:
+        raise TooLarge(
+            f"{what}: {n} tokens, the limit per request is {limit}", given=n, limit=limit
+        )
+
+
+def blocks_of(rt: RuntimeState, ids: Sequence[int]) -> list[KVCacheBlock]:
+    blocks = rt.pool.blocks
+    return [blocks[i] for i in ids]
+
+
+def managed_of(rt: RuntimeState, rid: str, what: str) -> ManagedRequest:
+    """The running request ``rid``; NotFound / Conflict naming ``what``."""
+    try:
+        return rt.manager.get(rid)
+    except RequestFinishedError:
+        raise Conflict(f"{what}: request {rid!r} was already finished", request_id=rid) from None
+    except UnknownRequestError:
+        raise NotFound(f"{what}: no running request {rid!r}", request_id=rid) from None

@@ -1,0 +1,31 @@
+"""Evict blocks' cached hashes: the record, its handler and its declaration."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from blockpool.runtime.observer import Change, ChangeKind
+from blockpool.runtime.ops.base import BlockId, OpRecord, OpSpec, Outcome, RuntimeState, check_ids
+
+
+class EvictOp(OpRecord, kw_only=True):
+    """evict_blocks(ids): drop cached hashes; held blocks stay held."""
+
+    op: Literal["evict"] = "evict"
+    block_ids: Annotated[list[BlockId], msgspec.Meta(examples=[[5]])]
+
+
+def evict(rt: RuntimeState, op: EvictOp) -> Outcome:
+    check_ids(rt, op.block_ids, "evict")  # the ids as given (as /batch checks them)
+    ids = list(dict.fromkeys(op.block_ids))
+    hashed = rt.columns.hashed
+    evicted = [i for i in ids if hashed[i]]
+    rt.pool.evict_blocks(ids)
+    gone = set(evicted)
+    result = {"evicted": evicted, "not_cached": [i for i in ids if i not in gone]}
+    return result, Change(ChangeKind.EVICT, sync=[ids], ids=evicted)
+
+
+SPEC = OpSpec(EvictOp, evict, ChangeKind.EVICT)

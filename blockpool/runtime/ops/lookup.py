@@ -1,0 +1,33 @@
+"""Look one hash up in the cache (a read): the record, its handler and its declaration."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from blockpool.hashing import BlockHash
+from blockpool.runtime.ops.base import GroupId, HexHash, OpRecord, OpSpec, Outcome, RuntimeState
+
+
+class LookupOp(OpRecord, kw_only=True):
+    """get_cached_block(hash, group_ids): one block per group, or a miss."""
+
+    op: Literal["lookup"] = "lookup"
+    block_hash: HexHash
+    group_ids: Annotated[list[GroupId], msgspec.Meta(min_length=1, max_length=64)] = msgspec.field(
+        default_factory=lambda: [0]
+    )
+
+
+def lookup(rt: RuntimeState, op: LookupOp) -> Outcome:
+    found = rt.pool.get_cached_block(BlockHash(bytes.fromhex(op.block_hash)), op.group_ids)
+    result = {
+        "hit": found is not None,
+        "group_ids": op.group_ids,
+        "block_ids": None if found is None else [b.block_id for b in found],
+    }
+    return result, None
+
+
+SPEC = OpSpec(LookupOp, lookup, None)
