@@ -1,6 +1,7 @@
 """``MirrorScheduler``: vLLM's own scheduler, followed by a blockpool mirror.
 
-Start vLLM with ``--scheduler-cls blockpool_vllm.scheduler.MirrorScheduler``
+Start vLLM with ``--scheduler-cls blockpool_vllm.scheduler.MirrorAsyncScheduler``
+(``MirrorScheduler`` where the engine runs ``--no-async-scheduling``)
 and ``BLOCKPOOL_MIRROR_ENDPOINT=tcp://127.0.0.1:5590`` in its environment
 (without the variable the subclass is vLLM's scheduler, unchanged).  In the
 engine-core process it follows the KV-cache manager's block pool
@@ -27,6 +28,7 @@ import time
 from typing import Any
 
 import vllm
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from blockpool.mirror.protocol import (
@@ -53,7 +55,14 @@ def _shift(endpoint: str, by: int) -> str:
     return endpoint
 
 
-class MirrorScheduler(Scheduler):  # type: ignore[misc]
+class _Mirrored:
+    """The hooks, for either of vLLM's scheduler classes (see the module doc)."""
+
+    kv_cache_manager: Any
+    vllm_config: Any
+    kv_cache_config: Any
+    block_size: int
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._mirror: PoolFollower | None = None
@@ -158,7 +167,7 @@ class MirrorScheduler(Scheduler):  # type: ignore[misc]
     # -------------------------------------------------------------- hooks
 
     def add_request(self, request: Any) -> None:
-        super().add_request(request)
+        super().add_request(request)  # type: ignore[misc]
         m = self._mirror
         if m is not None:
             hashes = [bytes(h) for h in getattr(request, "block_hashes", ())]
@@ -167,7 +176,7 @@ class MirrorScheduler(Scheduler):  # type: ignore[misc]
             )
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().schedule(*args, **kwargs)
+        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         m = self._mirror
         if m is not None:
             now = time.time()
@@ -177,19 +186,19 @@ class MirrorScheduler(Scheduler):  # type: ignore[misc]
         return out
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().update_from_output(*args, **kwargs)
+        out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
         if self._mirror is not None:
             self._mirror.flush()
         return out
 
     def finish_requests(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().finish_requests(*args, **kwargs)
+        out = super().finish_requests(*args, **kwargs)  # type: ignore[misc]
         if self._mirror is not None:
             self._mirror.flush()
         return out
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().reset_prefix_cache(*args, **kwargs)
+        out = super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
         if self._mirror is not None:
             self._mirror.flush(force_digest=True)
         return out
@@ -198,4 +207,12 @@ class MirrorScheduler(Scheduler):  # type: ignore[misc]
         if self._mirror_sender is not None:
             self._mirror_sender.close()
             self._mirror_sender = None
-        super().shutdown()
+        super().shutdown()  # type: ignore[misc]
+
+
+class MirrorScheduler(_Mirrored, Scheduler):  # type: ignore[misc]
+    """vLLM's synchronous Scheduler, followed."""
+
+
+class MirrorAsyncScheduler(_Mirrored, AsyncScheduler):  # type: ignore[misc]
+    """vLLM's AsyncScheduler (the default of current vLLM), followed."""

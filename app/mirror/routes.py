@@ -6,9 +6,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 
+from app.api.costly import CostlyRead
 from app.api.deps import ReadAuth
 from app.api.errors import ERROR_RESPONSES
 from app.errors import NotFound
+from blockpool.mirror.poolview import pool_digest
 
 router = APIRouter(prefix="/api", tags=["mirror"], responses=ERROR_RESPONSES)
 
@@ -46,3 +48,12 @@ async def mirror_request(
     if r is None:
         raise NotFound(f"no request {request_id!r} heard of", request_id=request_id)
     return dict(r)
+
+
+@router.get("/mirror/digest", dependencies=[CostlyRead], summary="The mirrored pool's digest")
+async def mirror_digest(request: Request) -> dict[str, Any]:
+    """The digest the engine's plugin computes of its pool (ref counts, hashes,
+    queue order, the hash map), of the mirror's pool now, after ``ops``
+    operations of the engine's: equal digests at equal ``ops``, equal pools."""
+    client = _client(request)
+    return {"ops": client.applier.next_op, "digest": pool_digest(request.app.state.engine.pool)}
