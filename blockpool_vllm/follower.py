@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from time import perf_counter_ns as _now
 from typing import Any
 
 from blockpool.mirror.poolview import pool_digest, snapshot_of
@@ -63,6 +64,7 @@ class PoolFollower:
         self.drops = 0
         self.epoch = 0  # odd while a pool call runs (capture's consistency check)
         self.problems: list[str] = []
+        self.cost_ns = 0  # time spent recording and flushing (not the pool's own calls)
         self._wrap()
 
     # ------------------------------------------------------------ wrapping
@@ -82,9 +84,11 @@ class PoolFollower:
             self.epoch += 1
             try:
                 ret = get_new_blocks(num_blocks)
+                t = _now()
                 if ret:
                     ops.append([OP_ALLOCATE, [b.block_id for b in ret]])
                     self.op_count += 1
+                self.cost_ns += _now() - t
                 return ret
             finally:
                 self.epoch += 1
@@ -94,9 +98,11 @@ class PoolFollower:
             self.epoch += 1
             try:
                 free_blocks(blocks)
+                t = _now()
                 if blocks:
                     ops.append([OP_FREE, [b.block_id for b in blocks]])
                     self.op_count += 1
+                self.cost_ns += _now() - t
             finally:
                 self.epoch += 1
 
@@ -105,9 +111,11 @@ class PoolFollower:
             self.epoch += 1
             try:
                 touch(blocks)
+                t = _now()
                 if blocks:
                     ops.append([OP_TOUCH, [b.block_id for b in blocks]])
                     self.op_count += 1
+                self.cost_ns += _now() - t
             finally:
                 self.epoch += 1
 
@@ -135,6 +143,7 @@ class PoolFollower:
                     *rest,
                     **kw,
                 )
+                t = _now()
                 ids: list[int] = []
                 hashes: list[bytes] = []
                 first = -1
@@ -159,6 +168,7 @@ class PoolFollower:
                     parent = bytes(request.block_hashes[first - 1])
                 ops.append([OP_CACHE, int(kv_cache_group_id), parent, ids, hashes])
                 self.op_count += 1
+                self.cost_ns += _now() - t
             finally:
                 self.epoch += 1
 
@@ -225,6 +235,7 @@ class PoolFollower:
         batch handed to the sender (None when there was nothing)."""
         if not self.ops and not self.requests and not force_digest:
             return None
+        t = _now()
         self.step += 1
         self.seq += 1
         digest = None
@@ -246,6 +257,7 @@ class PoolFollower:
         self.first_op = self.op_count
         if not self.offer(batch):
             self.drops += 1
+        self.cost_ns += _now() - t
         return batch
 
     # ----------------------------------------------------------- snapshots

@@ -150,6 +150,7 @@ class _Mirrored:
             hello,
             follower.capture,
             follower.stats,
+            lambda: (follower.step, follower.cost_ns),
             control_endpoint=control,
             max_queue=int(os.environ.get("BLOCKPOOL_MIRROR_QUEUE", "4096")),
         )
@@ -170,18 +171,22 @@ class _Mirrored:
         super().add_request(request)  # type: ignore[misc]
         m = self._mirror
         if m is not None:
+            t = time.perf_counter_ns()
             hashes = [bytes(h) for h in getattr(request, "block_hashes", ())]
             m.request(
                 [REQ_ARRIVE, request.request_id, time.time(), request.num_prompt_tokens, hashes]
             )
+            m.cost_ns += time.perf_counter_ns() - t
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         m = self._mirror
         if m is not None:
+            t = time.perf_counter_ns()
             now = time.time()
             for new in out.scheduled_new_reqs:
                 m.request([REQ_SCHEDULED, new.req_id, now, int(new.num_computed_tokens)])
+            m.cost_ns += time.perf_counter_ns() - t
             m.flush()
         return out
 

@@ -56,6 +56,7 @@ class Sender:
         hello: Callable[[], Hello],
         capture: Callable[[], Snapshot | None],
         stats: Callable[[], tuple[int, int, int]],
+        cost: Callable[[], tuple[int, int]] = lambda: (0, 0),
         *,
         control_endpoint: str | None = None,
         max_queue: int = 4096,
@@ -66,6 +67,7 @@ class Sender:
         self._hello = hello
         self._capture = capture
         self._stats = stats
+        self._cost = cost  # (steps, ns): the follower's own cost on the engine's thread
         # the last batch sent or dropped, and the operations up to its end: a
         # beat claims no more than this (what is still queued comes after it)
         self.handled_seq = 0
@@ -108,12 +110,15 @@ class Sender:
         self._handled(batch)
 
     def beat(self) -> Beat:
+        steps, cost_ns = self._cost()
         return Beat(
             seq=self.handled_seq,
             ts=time.time(),
             ops=self.handled_ops,
             drops=self.dropped,
             stats=self._stats(),
+            steps=steps,
+            cost_ns=cost_ns,
         )
 
     def close(self, timeout: float = 5.0) -> None:

@@ -143,6 +143,7 @@ class MirrorClient:
     def _beat(self, beat: Beat) -> None:
         st = self.status
         st.engine_drops = beat.drops
+        st.engine_steps, st.engine_cost_ns = beat.steps, beat.cost_ns
         if self.applier.synced and beat.ops > self.applier.next_op:
             self._lost(f"the engine is at operation {beat.ops}, the mirror {self.applier.next_op}")
 

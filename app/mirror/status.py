@@ -39,6 +39,8 @@ class MirrorStatus:
     engine_drops: int = 0
     bad_messages: int = 0
     last_seq: int = 0
+    engine_steps: int = 0  # from the engine's beats: batches made, the plugin's own time
+    engine_cost_ns: int = 0
     last_problem: str | None = None
     last_problem_at: float | None = None
     lags_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
@@ -81,6 +83,9 @@ class MirrorStatus:
             "lag_ms": lags[-1] if lags else None,
             "lag_p50_ms": _quantile(lags, 0.5),
             "lag_p99_ms": _quantile(lags, 0.99),
+            "plugin_us_per_step": round(self.engine_cost_ns / self.engine_steps / 1000, 2)
+            if self.engine_steps
+            else None,
             "last_problem": self.last_problem,
             "last_problem_at": self.last_problem_at,
             "engine": msgspec.to_builtins(hello) if hello is not None else None,

@@ -189,5 +189,8 @@ class MirrorApplier:
                 rt.raw_refs[bid] = ref
         rt.tree.clear()
         rt.mark_all_dirty()
+        rec = getattr(rt, "recorder", None)
+        if rec is not None:  # time travel starts a segment here (the jump is no operation)
+            rec.keyframe()
         self.next_op = snap.ops
         self.synced = True

@@ -93,6 +93,8 @@ class Beat(msgspec.Struct, tag="beat"):
     ops: int
     drops: int
     stats: tuple[int, int, int]
+    steps: int = 0  # batches made so far
+    cost_ns: int = 0  # the follower's own time on the engine's thread so far
 
 
 class Snapshot(msgspec.Struct, tag="snapshot"):

@@ -111,8 +111,14 @@ def main() -> int:
             if pending:
                 rid, prompt, out_n = pending.pop(0)
                 sched.add_request(
-                    Request(rid, prompt, SamplingParams(max_tokens=out_n, ignore_eos=True),
-                            None, None, block_hasher=hasher)  # fmt: skip
+                    Request(
+                        rid,
+                        prompt,
+                        SamplingParams(max_tokens=out_n, ignore_eos=True),
+                        None,
+                        None,
+                        block_hasher=hasher,
+                    )
                 )
         if not sched.has_requests():
             continue
@@ -124,7 +130,9 @@ def main() -> int:
             done = r.num_computed_tokens + out.num_scheduled_tokens[rid] >= r.num_tokens
             sampled.append([rng.randrange(100, 30000)] if done else [])
         mro = ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
+            req_ids=ids,
+            req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=sampled,
         )
         for outs in sched.update_from_output(out, mro).values():
             st = outs.scheduler_stats

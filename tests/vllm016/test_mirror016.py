@@ -102,8 +102,12 @@ def test_the_mirror_follows_vllm_016s_scheduler(tmp_path: Path) -> None:
         assert hello.exact and not hello.problems and hello.num_gpu_blocks == NUM_BLOCKS
         assert [g.kind for g in hello.groups] == ["FullAttentionSpec"]
         rt = PoolRuntime(
-            RuntimeConfig(num_blocks=NUM_BLOCKS, block_size=hello.block_size,
-                          hash_fn="sha256", free_order=hello.free_order)  # fmt: skip
+            RuntimeConfig(
+                num_blocks=NUM_BLOCKS,
+                block_size=hello.block_size,
+                hash_fn="sha256",
+                free_order=hello.free_order,
+            )
         )
         applier = MirrorApplier(rt)
         req = ctx.socket(zmq.REQ)

