@@ -54,6 +54,25 @@ def run_slice(engine: Engine, prompts: list[list[int]], concurrency: int, max_to
         return time.perf_counter() - t0
 
 
+def screenshot(url: str, path: str) -> None:
+    """The dashboard of the mirror, once its top bar says it is exact."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.chromium import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page.goto(url + "/")
+        page.wait_for_function(
+            "() => (document.getElementById('h-mirror') || {}).textContent?.includes('exact')",
+            timeout=120_000,
+        )
+        page.wait_for_function("() => document.body.dataset.stream === 'live'", timeout=120_000)
+        page.screenshot(path=path)
+        browser.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -61,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--num-blocks", type=int, default=256)
+    ap.add_argument("--screenshot", help="save the mirror's dashboard as this PNG at the end")
     ap.add_argument(
         "--vllm-python",
         default=os.environ.get("BLOCKPOOL_VLLM_PYTHON", str(REPO / ".venv-vllm/bin/python")),
@@ -116,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             "settings": vars(args),
         }
         print(json.dumps(out, indent=2))
+        if args.screenshot:
+            screenshot(mirror.url, args.screenshot)
     finally:
         for s in services:
             s.stop()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -118,7 +117,8 @@ def test_the_mirror_equals_the_engine_after_a_trace_slice(rig: dict[str, Any]) -
     assert st["exact"] and st["divergences"] == 0 and st["gaps"] == 0, st
     assert st["digests_checked"] >= 1 and st["ops_applied"] > len(prompts)
     # the engine really evicted: the slice overflowed the pool
-    assert int(client.get(rig["mirror"].url + "/api/summary").json()["evictions"]) > 0
+    summary = client.get(rig["mirror"].url + "/api/summary").json()
+    assert summary["counters"]["evictions"] > 0
 
 
 def test_prefix_cache_counters_equal_the_engines_metrics(rig: dict[str, Any]) -> None:
@@ -176,14 +176,15 @@ def test_the_lru_head_is_the_block_the_engine_evicts_next(rig: dict[str, Any]) -
     until(lambda: caught_up(rig), what_for="idle")
     queue = client.get(mirror.url + "/api/queue", params={"limit": 10000}).json()["items"]
     uncached = sum(1 for i in queue if not i["cached"])
-    cached_order = [i["hash64"] for i in queue if i["cached"]]
-    assert len(cached_order) >= 3, queue
+    need = uncached + 3  # every uncached free block and three cached ones more
+    # the blocks the dashboard says go next, in order: those of them that hold a hash
+    expected = [i["hash64"] for i in queue[:need] if i["cached"]]
+    assert len(expected) >= 3, queue
     name = client.get(observer.url + "/api/fleet").json()["instances"][0]["name"]
     events_url = f"{observer.url}/api/fleet/{name}/events"
     since = client.get(events_url, params={"limit": 1}).json()["last_seq"]
-    # fresh tokens needing every uncached free block and three cached ones more
     rng = random.Random(99)
-    tokens = [rng.randrange(100, 31000) for _ in range(BLOCK * (uncached + 3) - 5)]
+    tokens = [rng.randrange(100, 31000) for _ in range(BLOCK * need - 5)]  # fresh: no hit
     engine.complete(client, tokens)
     until(lambda: caught_up(rig), what_for="the probe mirrored")
 
@@ -191,9 +192,11 @@ def test_the_lru_head_is_the_block_the_engine_evicts_next(rig: dict[str, Any]) -
         items = client.get(events_url, params={"since": since, "limit": 10000}).json()["items"]
         return [h for e in items if e["type"] == "BlockRemoved" for h in e["block_hashes"]]
 
-    gone = until(lambda: len(r := removed()) >= 3 and r, what_for="the engine's BlockRemoved")
-    # vLLM's own events name the blocks it evicted, in order: the dashboard's queue order
-    assert gone[:3] == cached_order[:3], (gone, cached_order[:8])
+    gone = until(
+        lambda: len(r := removed()) >= len(expected) and r, what_for="the engine's BlockRemoved"
+    )
+    # vLLM's own KV events name the blocks it evicted, in order: the dashboard's queue order
+    assert gone == expected, (gone, expected)
 
 
 def test_a_killed_engine_shows_as_stale(rig: dict[str, Any]) -> None:
@@ -202,11 +205,19 @@ def test_a_killed_engine_shows_as_stale(rig: dict[str, Any]) -> None:
     engine.kill()
     st = until(lambda: (s := mirror_state(rig))["stale"] and s, timeout=60, what_for="stale")
     assert not st["connected"] and not st["exact"]
-    # the observer: what it has today -- the source's health as it is after the kill
-    fleet = client.get(observer.url + "/api/fleet").json()
-    assert fleet["instances"][0]["name"] == "engine"
-    print(f"engine start: {rig['start_s']:.1f} s", file=__import__("sys").stderr)
+    # the observer, as it is: its SUB socket sees the publisher's connection drop
+    # (marking an instance stale after a silence is the observer's own work)
+    inst = until(
+        lambda: (
+            (i := client.get(observer.url + "/api/fleet").json()["instances"][0])
+            and not i["connected"]
+            and i
+        ),
+        timeout=60,
+        what_for="the observer's source disconnected",
+    )
+    assert inst["name"] == "engine" and inst["disconnects"] >= 1
 
 
-def test_the_module_started_one_engine(rig: dict[str, Any], tmp_path: Path) -> None:
+def test_the_engine_was_ended(rig: dict[str, Any]) -> None:
     assert rig["engine"].proc is not None and rig["engine"].proc.poll() is not None
