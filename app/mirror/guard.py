@@ -14,10 +14,13 @@ from app.errors import error_body
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 READ_ONLY_POSTS = frozenset({"/api/pool/prefix-lookup"})
+# every answer of a mirror says so (the dashboard shows its mirror item then)
+MARK = (b"x-blockpool-mirror", b"1")
 
 
 class ReadOnlyMirror:
-    """ASGI middleware refusing mutations under /api/ (before any body is read)."""
+    """ASGI middleware refusing mutations under /api/ (before any body is read),
+    and marking every HTTP answer with ``x-blockpool-mirror: 1``."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -41,4 +44,13 @@ class ReadOnlyMirror:
             )
             await response(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def marked(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), MARK]}
+            await send(message)
+
+        await self.app(scope, receive, marked)

@@ -108,6 +108,8 @@ async def test_the_service_mirrors_the_engine_exactly_and_read_only(rig: Rig) ->
 
         st = await api.ok("GET", "/api/mirror")
         assert st["connected"] and st["exact"] and st["synced"] and not st["stale"]
+        # every answer says it comes from a mirror (the dashboard shows its item then)
+        assert (await api.get("/api/config")).headers["x-blockpool-mirror"] == "1"
         assert st["divergences"] == 0 and st["gaps"] == 0 and st["resyncs"] == 1
         assert st["ops_applied"] > 100 and st["lag_ms"] is not None
         assert st["engine"]["engine_id"] == "test-engine"
@@ -172,3 +174,4 @@ async def test_a_service_without_mirror_says_so() -> None:
     app = create_app(make_settings())
     async with running(app) as api:
         assert_error(await api.get("/api/mirror"), 404, "not_found")
+        assert "x-blockpool-mirror" not in (await api.get("/api/config")).headers

@@ -2,7 +2,7 @@
 // (blockpool serve --mirror): the engine, whether the pool shown is exactly
 // the engine's, the lag, resyncs and divergences.  Absent on any other service.
 
-import { api } from "../../common/api.js";
+import { api, getToken } from "../../common/api.js";
 import { $, h, setText } from "../../common/dom.js";
 import { int } from "../../common/format.js";
 
@@ -13,6 +13,26 @@ export class MirrorItem {
     this.value = h("b", { id: "h-mirror" }, "—");
     this.item = h("span", { class: "hitem", "data-h": "mirror", hidden: "" }, h("i", null, "mirror"), this.value);
     $("health").append(this.item);
+    this.timer = null;
+    this.start();
+  }
+
+  /** A mirror marks its answers (x-blockpool-mirror): only then is there anything to poll. */
+  async start() {
+    const headers = { Accept: "application/json" };
+    const token = getToken();
+    if (token) headers.Authorization = `Bearer ${token}`;
+    let mirror = false;
+    try {
+      const resp = await fetch("/api/config", { headers });
+      mirror = resp.headers.get("x-blockpool-mirror") === "1";
+    } catch {
+      mirror = false;
+    }
+    if (!mirror) {
+      this.item.remove(); // not a mirror: nothing to show, ever
+      return;
+    }
     this.timer = setInterval(() => this.poll(), POLL_MS);
     this.poll();
   }
