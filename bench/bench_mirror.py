@@ -96,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         mirror = Service(["serve", "--mirror", on.mirror_endpoint], work, "mirror")
         services.append(mirror)
         mirror.wait_up("/api/mirror")
-        prompts = conversation_trace(seed=3, conversations=16, turns=4 * args.rounds)
+        # short conversations (at most 14 blocks a prompt: within --max-model-len 1024)
+        prompts = conversation_trace(
+            seed=3, conversations=args.rounds * args.requests // 4 + 1, turns=4
+        )
         n = args.requests
         rounds: list[dict[str, float]] = []
         for r in range(args.rounds):

@@ -156,6 +156,12 @@ class _Mirrored:
         )
         sender.start()
         self._mirror, self._mirror_sender = follower, sender
+        if "://*:" in endpoint or "0.0.0.0" in endpoint:
+            logger.warning(
+                "blockpool mirror: %s listens on every network interface (block hashes and "
+                "snapshots to anyone who connects); tcp://127.0.0.1:PORT keeps it local",
+                endpoint,
+            )
         logger.warning(
             "blockpool mirror: publishing on %s (snapshots on %s), vLLM %s, %d blocks; %s",
             endpoint,

@@ -146,15 +146,14 @@ async def test_the_service_mirrors_the_engine_exactly_and_read_only(rig: Rig) ->
 
 
 async def test_a_silent_engine_is_stale(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(mirror_status, "STALE_AFTER_S", 1.0)
+    monkeypatch.setattr(mirror_status, "STALE_AFTER_S", 2.0)
     hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
     app = create_app(mirror_setup.settings_for(hello, make_settings()))
     client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
     async with running(app) as api:
         rig.engine.drive(5)
-        await until(lambda: client.applier.synced)
-        st = await api.ok("GET", "/api/mirror")
-        assert st["connected"] and not st["stale"]
+        await until(lambda: client.applier.synced and not client.status.stale)
+        assert client.status.as_dict()["connected"]
         rig.close()  # the engine is gone
         await until(lambda: client.status.stale, timeout=30)
         st = await api.ok("GET", "/api/mirror")
@@ -175,3 +174,21 @@ async def test_a_service_without_mirror_says_so() -> None:
     async with running(app) as api:
         assert_error(await api.get("/api/mirror"), 404, "not_found")
         assert "x-blockpool-mirror" not in (await api.get("/api/config")).headers
+
+
+async def test_an_engine_the_mirror_cannot_follow_is_never_called_exact(rig: Rig) -> None:
+    rig.engine.problems = ["2 KV-cache groups (hybrid models): the mirror follows one"]
+    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
+    assert not hello.exact
+    app = create_app(mirror_setup.settings_for(hello, make_settings()))
+    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    async with running(app) as api:
+        await until(lambda: client.applier.synced)
+        for _ in range(10):
+            rig.engine.drive(3)
+            await anyio.sleep(0)
+        await until(lambda: client.status.digests_checked >= 2)
+        st = await api.ok("GET", "/api/mirror")
+        assert st["connected"] and st["synced"] and not st["exact"]
+        assert st["engine"]["problems"] == rig.engine.problems
+    app.state.engine.check()

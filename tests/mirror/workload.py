@@ -68,6 +68,7 @@ class FollowedEngine:
         self.prefixes = [[self.rng.randrange(1000) for _ in range(BLOCK * 3)] for _ in range(4)]
         self.raw: list[int] = []  # block ids held through the raw API
         self.free_order = free_order
+        self.problems: list[str] = []  # what the handshake says it cannot follow
 
     def stats(self) -> tuple[int, int, int]:
         s = self.rt.manager.stats
@@ -84,8 +85,8 @@ class FollowedEngine:
             hash_fn="sha256",
             groups=[Group(0, "FullAttentionSpec", BLOCK)],
             free_order=self.free_order,
-            exact=True,
-            problems=[],
+            exact=not self.problems,
+            problems=list(self.problems),
             digest_every=3,
             control_port=control_port,
             started_at=1.0,
