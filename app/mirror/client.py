@@ -161,11 +161,14 @@ class MirrorClient:
         self.book.apply(batch.requests)
         if not self.applier.synced:
             return  # the snapshot asked for covers it (or a later batch does)
-        if st.last_seq and batch.seq != st.last_seq + 1 and batch.seq > st.last_seq:
-            st.gaps += 1
+        # a batch that never came: its operations are a Gap (below); one with
+        # request records only is a gap too, though the pool needs no resync
+        jumped = bool(st.last_seq) and batch.seq > st.last_seq + 1
         st.last_seq = max(st.last_seq, batch.seq)
         try:
             applied = await self.engine.submit(lambda: self.applier.apply_batch(batch))
+            if jumped:
+                st.gaps += 1
         except Divergence as exc:
             if isinstance(exc, Gap):
                 self._lost(str(exc))
