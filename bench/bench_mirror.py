@@ -7,7 +7,11 @@ and a ``blockpool serve --mirror`` following it (on).  Each round sends the
 same slice of a multi-turn trace to each, one after the other (the order
 alternates between rounds), with a few requests in flight; the ratio is
 on/off in the same round.  Both engines see the same requests in the same
-order, so their caches evolve alike.
+order, so their caches evolve alike.  Then a ``blockpool serve --mirror``
+joins the "on" engine (from a snapshot) and follows one more slice: the
+mirror's lag, the plugin's µs per step, and the ratio with the mirror
+running on the same machine as the engine (on a small box it competes for
+the same cores).
 
     python bench/bench_mirror.py [--rounds 5] [--requests 60] [--concurrency 4]
 
@@ -93,9 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for e in (off, on):
             e.start()
-        mirror = Service(["serve", "--mirror", on.mirror_endpoint], work, "mirror")
-        services.append(mirror)
-        mirror.wait_up("/api/mirror")
         # short conversations (at most 14 blocks a prompt: within --max-model-len 1024)
         prompts = conversation_trace(
             seed=3, conversations=args.rounds * args.requests // 4 + 1, turns=4
@@ -118,6 +119,14 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             print(json.dumps({"round": r, **rounds[-1]}), file=sys.stderr)
+        # then a mirror joins (from a snapshot) and follows one more slice: its lag,
+        # the plugin's cost, and the ratio with the mirror on this same machine
+        mirror = Service(["serve", "--mirror", on.mirror_endpoint], work, "mirror")
+        services.append(mirror)
+        mirror.wait_up("/api/mirror")
+        part = prompts[-n:]
+        t_on = run_slice(on, part, args.concurrency, args.max_tokens)
+        t_off = run_slice(off, part, args.concurrency, args.max_tokens)
         with httpx.Client(timeout=60) as client:
             deadline = time.monotonic() + 60
             st: dict[str, Any] = {}
@@ -129,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {
             "rounds": rounds,
             "throughput_ratio_median": statistics.median(x["ratio"] for x in rounds),
+            "with_mirror_on_this_machine_ratio": t_off / t_on,
             "plugin_us_per_step": st.get("plugin_us_per_step"),
             "mirror_lag_p50_ms": st.get("lag_p50_ms"),
             "mirror_lag_p99_ms": st.get("lag_p99_ms"),
