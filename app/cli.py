@@ -104,6 +104,7 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _kv_event_flags(s)
     _bool_flag(s, "analysis", "analysis", "miss reasons, regret, shadow pools, recording")
+    _mirror_flags(s)
     s.add_argument(
         "--shadow-mode", choices=["process", "inline", "off"], help="where shadow pools run"
     )
@@ -242,9 +243,22 @@ def _observe_parser(sub: Any) -> None:
     with_defaults(o, ObserverSettings)
 
 
+def _mirror_flags(s: argparse.ArgumentParser) -> None:
+    m = s.add_argument_group("mirror a vLLM engine (read only; README: Watch your vLLM)")
+    m.add_argument(
+        "--mirror", metavar="ENDPOINT",
+        help="follow the pool of the vLLM engine publishing on this tcp://HOST:PORT "
+        "(its BLOCKPOOL_MIRROR_ENDPOINT); the pool is sized as the engine's",
+    )  # fmt: skip
+    m.add_argument(
+        "--mirror-wait", type=float, default=120.0, metavar="SECONDS",
+        help="how long to wait for the engine's handshake (default: %(default)s)",
+    )  # fmt: skip
+
+
 def _given(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the flags give (those left out are None)."""
-    skip = {"command", "log_level", "token_file"}
+    skip = {"command", "log_level", "token_file", "mirror", "mirror_wait"}
     given = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
     token_file = getattr(args, "token_file", None)
     if token_file is not None:
@@ -342,12 +356,27 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     warn_token_flag(args)
+    mirror = getattr(args, "mirror", None)
+    if mirror:
+        from app.mirror import setup as mirror_setup
+
+        try:
+            mirror_setup.check_endpoint(mirror)
+            logger.info("mirror: waiting for the engine's handshake on %s", mirror)
+            hello = mirror_setup.wait_hello(mirror, args.mirror_wait)
+        except mirror_setup.MirrorStartError as exc:
+            print(f"blockpool: {exc}", file=sys.stderr)
+            return 2
+        settings = mirror_setup.settings_for(hello, settings)
     try:
         app = create_app(settings)
     except ValueError as exc:  # e.g. a K/V memory budget that holds no block
         print(f"blockpool: invalid settings: {exc}", file=sys.stderr)
         return 2
     engine = app.state.engine
+    if mirror:
+        mirror_setup.install(app, mirror, mirror_setup.control_for(mirror, hello))
+        logger.info("mirror: read only, following %s", mirror)
     logger.info("%s", describe(app.state.settings, engine.pool.num_gpu_blocks))
     if engine.storage is not None:
         logger.info("storage: %s", engine.storage_facts())

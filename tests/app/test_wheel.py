@@ -32,7 +32,9 @@ from tests.app.page_assets import crawl
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "app", "blockpool", "frontend")
+SOURCES = (
+    "pyproject.toml", "README.md", "LICENSE", "app", "blockpool", "frontend", "blockpool_vllm",
+)  # fmt: skip
 
 
 def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -96,6 +98,8 @@ def test_the_venv_has_no_torch_and_the_frontend_is_package_data(installed: Path)
     site = next((installed / "lib").glob("python3*/site-packages"))
     assert where == [str(site / "frontend")] * 2
     assert not (site / "frontend" / "tests").exists()  # the JS tests stay out
+    # the engine side of `serve --mirror` ships in the same wheel (extra `vllm`)
+    assert (site / "blockpool_vllm" / "scheduler.py").exists()
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ import { EventLog } from "./panels/events.js";
 import { HashMapPanel } from "./panels/hashmap.js";
 import { HealthBar } from "./panels/health.js";
 import { LruPanel } from "./panels/lru.js";
+import { MirrorItem } from "./panels/mirroritem.js";
 import { RequestView } from "./panels/requestview.js";
 import { TraceItem } from "./panels/traceitem.js";
 import { TreePanel } from "./panels/treeview.js";
@@ -187,6 +188,7 @@ const controls = new Controls(model, detail, () => {
 const health = new HealthBar(conn, model, perf);
 const analysis = new AnalysisHub(model);
 const analysisHealth = new AnalysisHealthItem(analysis);
+new MirrorItem(); // the top bar item, only on `blockpool serve --mirror`
 const traceItem = new TraceItem();
 const windowSel = $("chart-window");
 const tokensPanel = new TokenPanel(analysis, windowSel);

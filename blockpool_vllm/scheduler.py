@@ -1,0 +1,229 @@
+"""``MirrorScheduler``: vLLM's own scheduler, followed by a blockpool mirror.
+
+Start vLLM with ``--scheduler-cls blockpool_vllm.scheduler.MirrorAsyncScheduler``
+(``MirrorScheduler`` where the engine runs ``--no-async-scheduling``)
+and ``BLOCKPOOL_MIRROR_ENDPOINT=tcp://127.0.0.1:5590`` in its environment
+(without the variable the subclass is vLLM's scheduler, unchanged).  In the
+engine-core process it follows the KV-cache manager's block pool
+(blockpool_vllm/follower.py) and publishes one batch per scheduler call on
+that endpoint; the control socket (snapshots) is the next port.  With data
+parallelism rank r uses the ports + 2r.
+
+Environment (read here, in the engine, never by blockpool's library):
+
+* ``BLOCKPOOL_MIRROR_ENDPOINT``   the PUB endpoint (``tcp://HOST:PORT``, loopback
+  advised; ``*`` binds every interface)
+* ``BLOCKPOOL_MIRROR_CONTROL``    the snapshot endpoint (default: the next port)
+* ``BLOCKPOOL_MIRROR_DIGEST_EVERY``  a digest of the pool every N batches (16)
+* ``BLOCKPOOL_MIRROR_QUEUE``      batches queued for the sender before drops (4096)
+* ``BLOCKPOOL_MIRROR_NAME``       the engine's name in the handshake
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+import vllm
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from blockpool.mirror.protocol import (
+    PROTOCOL,
+    REQ_ARRIVE,
+    REQ_FINISHED,
+    REQ_PREEMPTED,
+    REQ_SCHEDULED,
+    Group,
+    Hello,
+)
+from blockpool_vllm.engine_facts import free_order_for, problems_of
+from blockpool_vllm.follower import PoolFollower
+from blockpool_vllm.sender import Sender, next_port
+
+logger = logging.getLogger("blockpool_vllm")
+
+ENV_ENDPOINT = "BLOCKPOOL_MIRROR_ENDPOINT"
+
+
+def _shift(endpoint: str, by: int) -> str:
+    for _ in range(by):
+        endpoint = next_port(endpoint)
+    return endpoint
+
+
+class _Mirrored:
+    """The hooks, for either of vLLM's scheduler classes (see the module doc)."""
+
+    kv_cache_manager: Any
+    vllm_config: Any
+    kv_cache_config: Any
+    block_size: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._mirror: PoolFollower | None = None
+        self._mirror_sender: Sender | None = None
+        endpoint = os.environ.get(ENV_ENDPOINT)
+        if endpoint:
+            self._start_mirror(endpoint)
+
+    # ------------------------------------------------------------ set-up
+
+    def _start_mirror(self, endpoint: str) -> None:
+        mgr = self.kv_cache_manager
+        pool = mgr.block_pool
+        rank = int(getattr(self.vllm_config.parallel_config, "data_parallel_rank", 0) or 0)
+        control = os.environ.get("BLOCKPOOL_MIRROR_CONTROL") or next_port(endpoint)
+        endpoint, control = _shift(endpoint, 2 * rank), _shift(control, 2 * rank)
+        totals = [0, 0, 0]
+        make_stats = mgr.make_prefix_cache_stats
+
+        def counted_stats() -> Any:
+            st = make_stats()
+            if st is not None:
+                totals[0] += st.requests
+                totals[1] += st.queries
+                totals[2] += st.hits
+            return st
+
+        mgr.make_prefix_cache_stats = counted_stats
+        follower = PoolFollower(
+            pool,
+            lambda b: sender.offer(b),
+            digest_every=int(os.environ.get("BLOCKPOOL_MIRROR_DIGEST_EVERY", "16")),
+            stats=lambda: (totals[0], totals[1], totals[2]),
+        )
+        free = mgr.free
+
+        def free_request(request: Any) -> Any:
+            kind = REQ_FINISHED if request.is_finished() else REQ_PREEMPTED
+            follower.request([kind, request.request_id, time.time(), request.num_tokens])
+            return free(request)
+
+        mgr.free = free_request
+        version = str(vllm.__version__)
+        cache = self.vllm_config.cache_config
+        groups = [
+            Group(i, type(g.kv_cache_spec).__name__, int(g.kv_cache_spec.block_size))
+            for i, g in enumerate(self.kv_cache_config.kv_cache_groups)
+        ]
+        transfer = self.vllm_config.kv_transfer_config
+        hash_fn = str(getattr(cache, "prefix_caching_hash_algo", "sha256"))
+        problems = problems_of(
+            version,
+            groups,
+            enable_caching=bool(cache.enable_prefix_caching),
+            block_size=int(self.block_size),
+            hash_block_size=int(pool.hash_block_size),
+            kv_connector=getattr(transfer, "kv_connector", None) if transfer else None,
+            hash_fn=hash_fn,
+        )
+        problems.extend(follower.problems)
+        started = time.time()
+        name = os.environ.get("BLOCKPOOL_MIRROR_NAME") or f"{socket.gethostname()}:{os.getpid()}"
+
+        def hello() -> Hello:
+            return Hello(
+                protocol=PROTOCOL,
+                engine_id=name if not rank else f"{name}/dp{rank}",
+                vllm_version=version,
+                num_gpu_blocks=int(pool.num_gpu_blocks),
+                block_size=int(self.block_size),
+                hash_block_size=int(pool.hash_block_size),
+                hash_fn=hash_fn,
+                groups=groups,
+                free_order=free_order_for(version) or "unknown",
+                exact=not (problems or follower.problems),
+                problems=problems + [p for p in follower.problems if p not in problems],
+                digest_every=follower.digest_every,
+                control_port=sender.control_port,
+                started_at=started,
+                seq=follower.seq,
+            )
+
+        sender = Sender(
+            endpoint,
+            hello,
+            follower.capture,
+            follower.stats,
+            lambda: (follower.step, follower.cost_ns),
+            control_endpoint=control,
+            max_queue=int(os.environ.get("BLOCKPOOL_MIRROR_QUEUE", "4096")),
+        )
+        sender.start()
+        self._mirror, self._mirror_sender = follower, sender
+        if "://*:" in endpoint or "0.0.0.0" in endpoint:
+            logger.warning(
+                "blockpool mirror: %s listens on every network interface (block hashes and "
+                "snapshots to anyone who connects); tcp://127.0.0.1:PORT keeps it local",
+                endpoint,
+            )
+        logger.warning(
+            "blockpool mirror: publishing on %s (snapshots on %s), vLLM %s, %d blocks; %s",
+            endpoint,
+            control,
+            version,
+            pool.num_gpu_blocks,
+            "exact" if not problems else "NOT exact: " + "; ".join(problems),
+        )
+
+    # -------------------------------------------------------------- hooks
+
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)  # type: ignore[misc]
+        m = self._mirror
+        if m is not None:
+            t = time.perf_counter_ns()
+            hashes = [bytes(h) for h in getattr(request, "block_hashes", ())]
+            m.request(
+                [REQ_ARRIVE, request.request_id, time.time(), request.num_prompt_tokens, hashes]
+            )
+            m.cost_ns += time.perf_counter_ns() - t
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        m = self._mirror
+        if m is not None:
+            t = time.perf_counter_ns()
+            now = time.time()
+            for new in out.scheduled_new_reqs:
+                m.request([REQ_SCHEDULED, new.req_id, now, int(new.num_computed_tokens)])
+            m.cost_ns += time.perf_counter_ns() - t
+            m.flush()
+        return out
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
+        if self._mirror is not None:
+            self._mirror.flush()
+        return out
+
+    def finish_requests(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().finish_requests(*args, **kwargs)  # type: ignore[misc]
+        if self._mirror is not None:
+            self._mirror.flush()
+        return out
+
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
+        if self._mirror is not None:
+            self._mirror.flush(force_digest=True)
+        return out
+
+    def shutdown(self) -> None:
+        if self._mirror_sender is not None:
+            self._mirror_sender.close()
+            self._mirror_sender = None
+        super().shutdown()  # type: ignore[misc]
+
+
+class MirrorScheduler(_Mirrored, Scheduler):  # type: ignore[misc]
+    """vLLM's synchronous Scheduler, followed."""
+
+
+class MirrorAsyncScheduler(_Mirrored, AsyncScheduler):  # type: ignore[misc]
+    """vLLM's AsyncScheduler (the default of current vLLM), followed."""

@@ -1,0 +1,86 @@
+// The mirror in the top bar, on a service that follows a real vLLM engine
+// (blockpool serve --mirror): the engine, whether the pool shown is exactly
+// the engine's, the lag, resyncs and divergences.  Absent on any other service.
+
+import { api, getToken } from "../../common/api.js";
+import { $, h, setText } from "../../common/dom.js";
+import { int } from "../../common/format.js";
+
+const POLL_MS = 1000;
+
+export class MirrorItem {
+  constructor() {
+    this.value = h("b", { id: "h-mirror" }, "—");
+    this.item = h("span", { class: "hitem", "data-h": "mirror", hidden: "" }, h("i", null, "mirror"), this.value);
+    $("health").append(this.item);
+    this.timer = null;
+    this.start();
+  }
+
+  /** A mirror marks its answers (x-blockpool-mirror): only then is there anything to poll. */
+  async start() {
+    const headers = { Accept: "application/json" };
+    const token = getToken();
+    if (token) headers.Authorization = `Bearer ${token}`;
+    let mirror = false;
+    try {
+      const resp = await fetch("/api/config", { headers });
+      mirror = resp.headers.get("x-blockpool-mirror") === "1";
+    } catch {
+      mirror = false;
+    }
+    if (!mirror) {
+      this.item.remove(); // not a mirror: nothing to show, ever
+      return;
+    }
+    this.timer = setInterval(() => this.poll(), POLL_MS);
+    this.poll();
+  }
+
+  async poll() {
+    let st;
+    try {
+      st = await api("GET", "/api/mirror", undefined, { quiet: true });
+    } catch (err) {
+      if (err.status === 404) {
+        clearInterval(this.timer); // not a mirror: nothing to show, ever
+        this.item.remove();
+        return;
+      }
+      this.show("err", "unreachable", String(err.message || err));
+      return;
+    }
+    document.body.dataset.mirror = "1";
+    const eng = st.engine || {};
+    const name = eng.vllm_version ? `vLLM ${eng.vllm_version}` : "engine";
+    let level = "ok";
+    let text = `${name} · exact`;
+    if (!st.connected) {
+      level = "err";
+      text = `${name} · stale ${st.seconds_since_message === null ? "" : `${int(st.seconds_since_message)}s`}`;
+    } else if (!st.synced) {
+      level = "warn";
+      text = `${name} · resyncing`;
+    } else if (!st.exact) {
+      level = "warn";
+      text = `${name} · not exact`;
+    }
+    if (st.lag_ms !== null && st.connected) text += ` · ${int(st.lag_ms)}ms`;
+    const title = [
+      `following ${st.endpoint} (engine ${eng.engine_id || "?"})`,
+      `operations applied ${int(st.ops_applied)} · digests checked ${int(st.digests_checked)}`,
+      `divergences ${int(st.divergences)} · gaps ${int(st.gaps)} · resyncs ${int(st.resyncs)} · engine drops ${int(st.engine_drops)}`,
+      `lag p50 ${st.lag_p50_ms === null ? "—" : `${st.lag_p50_ms.toFixed(1)}ms`} · p99 ${st.lag_p99_ms === null ? "—" : `${st.lag_p99_ms.toFixed(1)}ms`}`,
+      ...(eng.problems && eng.problems.length ? ["not followed exactly:", ...eng.problems] : []),
+      ...(st.last_problem ? [`last problem: ${st.last_problem}`] : []),
+    ].join("\n");
+    this.show(level, text, title);
+  }
+
+  show(level, text, title) {
+    this.item.hidden = false;
+    this.item.dataset.level = level;
+    setText(this.value, text);
+    this.item.title = title;
+  }
+}

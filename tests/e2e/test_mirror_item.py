@@ -1,0 +1,73 @@
+"""The dashboard on a mirror: the top bar's mirror item says the pool is the
+engine's, exactly; on any other service the item is not there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.main import create_app
+from app.mirror import setup as mirror_setup
+from blockpool_vllm.sender import Sender
+from tests.app.conftest import LiveServer, free_port, make_app, make_settings
+from tests.e2e.conftest import Page, wait_for
+from tests.mirror.workload import FollowedEngine
+
+pytestmark = pytest.mark.browser
+
+
+def test_the_mirror_item_shows_an_exact_mirror(browser: Any) -> None:
+    engine = FollowedEngine(num_blocks=256, free_order="uncached_first")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    sender = Sender(
+        endpoint,
+        lambda: engine.hello(sender.control_port),
+        engine.follower.capture,
+        engine.stats,
+        control_endpoint=f"tcp://127.0.0.1:{free_port()}",
+    )
+    engine.send = sender.offer
+    sender.start()
+    server = None
+    try:
+        hello = mirror_setup.wait_hello(endpoint, 30.0)
+        app = create_app(mirror_setup.settings_for(hello, make_settings()))
+        client = mirror_setup.install(app, endpoint, mirror_setup.control_for(endpoint, hello))
+        server = LiveServer(app, free_port())
+        server.start()
+        engine.drive(30)
+        p = Page(browser, server.url, "mirror")
+        text = wait_for(
+            lambda: (
+                "exact" in (t := p.js("() => document.getElementById('h-mirror').textContent"))
+                and t
+            ),
+            what="the mirror item says exact",
+        )
+        assert "vLLM 0.32.0" in text
+        assert p.js("() => document.body.dataset.mirror") == "1"
+        title = p.js("() => document.querySelector('[data-h=mirror]').title")
+        assert endpoint in title and "divergences 0" in title
+        assert client.status.exact
+        assert p.errors == [] and p.network == [], (p.errors, p.network)
+        server.call(server.engine.check)
+    finally:
+        if server is not None:
+            server.stop()
+        sender.close()
+
+
+def test_no_mirror_item_without_a_mirror(browser: Any) -> None:
+    server = LiveServer(make_app(), free_port())
+    server.start()
+    try:
+        p = Page(browser, server.url, "plain")
+        wait_for(
+            lambda: p.js("() => !document.querySelector('[data-h=mirror]')"),
+            what="the item gone",
+        )
+        assert p.errors == [] and p.network == [], (p.errors, p.network)
+        server.call(server.engine.check)
+    finally:
+        server.stop()

@@ -1,0 +1,107 @@
+"""The plugin's engine side without vLLM: what it says it can follow, its control socket."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+
+from blockpool.mirror import (
+    Snapshot,
+    SnapshotRequest,
+    decode,
+    encode,
+    pool_digest,
+    snapshot_digest,
+)
+from blockpool.mirror.protocol import Group
+from blockpool_vllm.engine_facts import free_order_for, problems_of
+from blockpool_vllm.sender import Sender, next_port
+from tests.app.conftest import free_port
+from tests.mirror.workload import FollowedEngine
+
+FULL = [Group(0, "FullAttentionSpec", 16)]
+
+
+@pytest.mark.parametrize(
+    ("version", "order"),
+    [("0.16.0", "append_all"), ("0.16.2rc1", "append_all"), ("0.24.0", "uncached_first"),
+     ("0.32.0", "uncached_first"), ("1.2.0", "uncached_first"), ("0.20.1", None),
+     ("0.15.0", None), ("dev", None)],
+)  # fmt: skip
+def test_the_free_order_follows_the_version(version: str, order: str | None) -> None:
+    assert free_order_for(version) == order
+
+
+def facts(**kw: object) -> list[str]:
+    args: dict[str, object] = {
+        "enable_caching": True, "block_size": 16, "hash_block_size": 16,
+        "kv_connector": None, "hash_fn": "sha256",
+    }  # fmt: skip
+    version = str(kw.pop("version", "0.32.0"))
+    groups = kw.pop("groups", FULL)
+    args.update(kw)
+    return problems_of(version, groups, **args)  # type: ignore[arg-type]
+
+
+def test_what_the_mirror_cannot_follow_is_said() -> None:
+    assert facts() == []
+    assert "free order" in facts(version="0.20.0")[0]
+    assert "prefix caching is off" in facts(enable_caching=False)[0]
+    two = [Group(0, "FullAttentionSpec", 16), Group(1, "SlidingWindowSpec", 16)]
+    got = facts(groups=two)
+    assert any("2 KV-cache groups" in p for p in got)
+    assert any("SlidingWindowSpec" in p for p in got)
+    assert "hash block size" in facts(block_size=32)[0]
+    assert "KV connector" in facts(kv_connector="LMCacheConnectorV1")[0]
+    assert "hash function" in facts(hash_fn="blake3")[0]
+
+
+def test_next_port_and_bad_endpoints() -> None:
+    assert next_port("tcp://127.0.0.1:5590") == "tcp://127.0.0.1:5591"
+    with pytest.raises(ValueError, match="tcp://HOST:PORT"):
+        next_port("ipc:///tmp/x")
+
+
+def test_the_control_socket_answers_strangers_and_serves_snapshots() -> None:
+    engine = FollowedEngine()
+    engine.drive(10)
+    control = f"tcp://127.0.0.1:{free_port()}"
+    sender = Sender(
+        f"tcp://127.0.0.1:{free_port()}",
+        engine.hello,
+        engine.follower.capture,
+        engine.stats,
+        control_endpoint=control,
+    )
+    sender.start()
+    ctx = zmq.Context()
+    try:
+        for junk in (b"hello?", encode(engine.hello())):  # not a snapshot request
+            req = ctx.socket(zmq.REQ)
+            req.setsockopt(zmq.LINGER, 0)
+            req.connect(control)
+            req.send(junk)
+            assert req.poll(30_000)
+            assert req.recv() == b""  # not understood, and the sender lives on
+            req.close(0)
+        deadline = time.monotonic() + 30
+        while sender.bad_requests < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sender.bad_requests == 2
+        req = ctx.socket(zmq.REQ)
+        req.setsockopt(zmq.LINGER, 0)
+        req.connect(control)
+        req.send(encode(SnapshotRequest(reason="test")))
+        assert req.poll(30_000)
+        snap = decode(req.recv())
+        req.close(0)
+        assert isinstance(snap, Snapshot)
+        assert snap.ops == engine.follower.op_count
+        assert snapshot_digest(snap) == pool_digest(engine.rt.pool)
+        assert sender.snapshots == 1
+    finally:
+        sender.close()
+        ctx.destroy(0)
+    engine.rt.check()

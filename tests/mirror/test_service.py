@@ -1,0 +1,194 @@
+"""``serve --mirror``: the service follows an engine over ZMQ, read only, exact.
+
+The engine is a blockpool runtime followed exactly as the plugin follows
+vLLM's pool (tests/mirror/workload.py), its batches sent by the plugin's own
+sender thread; the service is the real app with the mirror installed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from app.main import create_app
+from app.mirror import setup as mirror_setup
+from app.mirror import status as mirror_status
+from blockpool.mirror import pool_digest
+from blockpool_vllm.sender import Sender
+from tests.app.conftest import assert_error, free_port, make_settings, running
+from tests.mirror.workload import FollowedEngine
+
+pytestmark = pytest.mark.anyio
+
+
+class Rig:
+    def __init__(self, free_order: str) -> None:
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.engine = FollowedEngine(free_order=free_order)
+        self.sender = Sender(
+            self.endpoint,
+            lambda: self.engine.hello(self.sender.control_port),
+            self.engine.follower.capture,
+            self.engine.stats,
+            control_endpoint=f"tcp://127.0.0.1:{free_port()}",
+        )
+        self.engine.send = self.sender.offer
+
+    def close(self) -> None:
+        self.sender.close()
+
+
+def metric(text: str, name: str) -> float:
+    """The value of one sample of ``name`` (any labels) in a Prometheus text."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+async def until(what: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        await anyio.sleep(0.02)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+@pytest.fixture(params=["append_all", "uncached_first"])
+async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
+    r = Rig(request.param)
+    r.sender.start()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+async def test_the_service_mirrors_the_engine_exactly_and_read_only(rig: Rig) -> None:
+    engine = rig.engine
+    engine.drive(20)  # a start mid-run: the mirror begins from a snapshot
+    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
+    assert hello.num_gpu_blocks == 64 and hello.free_order == engine.free_order
+    settings = mirror_setup.settings_for(hello, make_settings(demo=True))
+    assert not settings.demo and settings.free_order == engine.free_order
+    app = create_app(settings)
+    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    mine = app.state.engine
+
+    def caught_up() -> bool:
+        f = engine.follower
+        return client.applier.synced and client.applier.next_op == f.op_count == f.first_op
+
+    async with running(app) as api:
+        await until(caught_up)
+        for _ in range(40):
+            engine.drive(5)
+            await anyio.sleep(0)
+        await until(caught_up)
+        await until(lambda: client.status.digests_checked > 3)
+        assert pool_digest(mine.pool) == pool_digest(engine.rt.pool)
+        mine.check()
+
+        # every view reads the mirrored pool: the LRU queue in eviction order
+        q = await api.ok("GET", "/api/queue", params={"limit": 10000})
+        assert [i["block_id"] for i in q["items"]] == [
+            b.block_id for b in engine.rt.pool.free_block_queue
+        ]
+        # the engine's prefix-cache counters, as /metrics exports them
+        text = (await api.get("/metrics")).text
+        stats = engine.rt.manager.stats
+        assert metric(text, "vllm:prefix_cache_hits_total") == stats.hits > 0
+        assert metric(text, "vllm:prefix_cache_queries_total") == stats.queries
+
+        st = await api.ok("GET", "/api/mirror")
+        assert st["connected"] and st["exact"] and st["synced"] and not st["stale"]
+        # every answer says it comes from a mirror (the dashboard shows its item then)
+        assert (await api.get("/api/config")).headers["x-blockpool-mirror"] == "1"
+        assert st["divergences"] == 0 and st["gaps"] == 0 and st["resyncs"] == 1
+        assert st["ops_applied"] > 100 and st["lag_ms"] is not None
+        assert st["engine"]["engine_id"] == "test-engine"
+        assert st["engine"]["free_order"] == engine.free_order
+
+        # read only: a mutation is refused and changes nothing
+        before = pool_digest(mine.pool)
+        r = await api.post("/api/pool/allocate", json={"num_blocks": 1})
+        assert_error(r, 409, "read_only_mirror")
+        r = await api.post("/api/requests", json={"token_ids": [1, 2, 3]})
+        assert_error(r, 409, "read_only_mirror")
+        assert pool_digest(mine.pool) == before
+        # a lookup changes nothing and stays open
+        r = await api.post("/api/pool/prefix-lookup", json={"token_ids": [1, 2, 3, 4, 5]})
+        assert r.status_code == 200
+
+        # a dropped batch: the mirror sees the gap and resyncs from a snapshot
+        engine.accept = False
+        engine.drive(3)
+        engine.accept = True
+        engine.drive(10)
+        await until(lambda: client.status.gaps >= 1 and client.status.resyncs >= 2)
+        await until(caught_up)
+        assert pool_digest(mine.pool) == pool_digest(engine.rt.pool)
+        st = await api.ok("GET", "/api/mirror")
+        assert st["engine_drops"] >= 1 and st["exact"]
+        mine.check()
+
+        # the engine's requests, hashes and lengths only
+        reqs = await api.ok("GET", "/api/mirror/requests")
+        assert reqs["known"] == 0  # this engine (the runtime) reports no request records
+
+    engine.rt.check()
+
+
+async def test_a_silent_engine_is_stale(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mirror_status, "STALE_AFTER_S", 2.0)
+    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
+    app = create_app(mirror_setup.settings_for(hello, make_settings()))
+    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    async with running(app) as api:
+        rig.engine.drive(5)
+        await until(lambda: client.applier.synced and not client.status.stale)
+        assert client.status.as_dict()["connected"]
+        rig.close()  # the engine is gone
+        await until(lambda: client.status.stale, timeout=30)
+        st = await api.ok("GET", "/api/mirror")
+        assert not st["connected"] and st["stale"] and not st["exact"]
+    app.state.engine.check()
+
+
+async def test_no_engine_no_service() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    with pytest.raises(mirror_setup.MirrorStartError, match="no handshake"):
+        await anyio.to_thread.run_sync(mirror_setup.wait_hello, endpoint, 0.5)
+    with pytest.raises(mirror_setup.MirrorStartError, match="tcp://HOST:PORT"):
+        mirror_setup.check_endpoint("ipc:///tmp/x")
+
+
+async def test_a_service_without_mirror_says_so() -> None:
+    app = create_app(make_settings())
+    async with running(app) as api:
+        assert_error(await api.get("/api/mirror"), 404, "not_found")
+        assert "x-blockpool-mirror" not in (await api.get("/api/config")).headers
+
+
+async def test_an_engine_the_mirror_cannot_follow_is_never_called_exact(rig: Rig) -> None:
+    rig.engine.problems = ["2 KV-cache groups (hybrid models): the mirror follows one"]
+    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
+    assert not hello.exact
+    app = create_app(mirror_setup.settings_for(hello, make_settings()))
+    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    async with running(app) as api:
+        await until(lambda: client.applier.synced)
+        for _ in range(10):
+            rig.engine.drive(3)
+            await anyio.sleep(0)
+        await until(lambda: client.status.digests_checked >= 2)
+        st = await api.ok("GET", "/api/mirror")
+        assert st["connected"] and st["synced"] and not st["exact"]
+        assert st["engine"]["problems"] == rig.engine.problems
+    app.state.engine.check()

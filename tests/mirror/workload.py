@@ -1,0 +1,142 @@
+"""An engine for the mirror's tests: a blockpool runtime followed as vLLM's pool is.
+
+``FollowedEngine`` is a PoolRuntime (the "engine") whose pool a
+``PoolFollower`` wraps exactly as the plugin wraps vLLM's; ``drive`` puts a
+seeded random workload through it (requests sharing prefixes, raw block
+calls, evictions, resets) and flushes one batch per step.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from blockpool.mirror.protocol import Batch, Group, Hello
+from blockpool.runtime import PoolRuntime, RuntimeConfig
+from blockpool.runtime.errors import OperationError
+from blockpool.runtime.ops import (
+    AdmitOp,
+    AllocateOp,
+    AppendOp,
+    CacheOp,
+    EvictOp,
+    FinishOp,
+    FreeOp,
+    ResetOp,
+    TouchOp,
+)
+from blockpool_vllm.follower import PoolFollower
+
+BLOCK = 4
+
+
+def config(num_blocks: int = 64, free_order: str = "append_all") -> RuntimeConfig:
+    return RuntimeConfig(
+        num_blocks=num_blocks, block_size=BLOCK, hash_fn="sha256", free_order=free_order
+    )
+
+
+class FollowedEngine:
+    def __init__(
+        self,
+        num_blocks: int = 64,
+        free_order: str = "append_all",
+        send: Callable[[Batch], bool] | None = None,
+    ) -> None:
+        self.rt = PoolRuntime(config(num_blocks, free_order))
+        self.batches: list[Batch] = []
+        self.accept = True  # False: the sender's queue is "full" (a drop)
+        self.send = send  # a real sender's offer (None: batches kept in a list)
+        st = self.rt.manager
+
+        def offer(b: Batch) -> bool:
+            if not self.accept:
+                return False
+            if self.send is not None:
+                return self.send(b)
+            self.batches.append(b)
+            return True
+
+        self.follower = PoolFollower(
+            self.rt.pool,
+            offer,
+            digest_every=3,
+            stats=lambda: (st.stats.requests, st.stats.queries, st.stats.hits),
+        )
+        self.rng = random.Random(7)
+        self.prefixes = [[self.rng.randrange(1000) for _ in range(BLOCK * 3)] for _ in range(4)]
+        self.raw: list[int] = []  # block ids held through the raw API
+        self.free_order = free_order
+        self.problems: list[str] = []  # what the handshake says it cannot follow
+
+    def stats(self) -> tuple[int, int, int]:
+        s = self.rt.manager.stats
+        return (s.requests, s.queries, s.hits)
+
+    def hello(self, control_port: int | None = None) -> Hello:
+        return Hello(
+            protocol=1,
+            engine_id="test-engine",
+            vllm_version="0.16.0" if self.free_order == "append_all" else "0.32.0",
+            num_gpu_blocks=self.rt.pool.num_gpu_blocks,
+            block_size=BLOCK,
+            hash_block_size=BLOCK,
+            hash_fn="sha256",
+            groups=[Group(0, "FullAttentionSpec", BLOCK)],
+            free_order=self.free_order,
+            exact=not self.problems,
+            problems=list(self.problems),
+            digest_every=3,
+            control_port=control_port,
+            started_at=1.0,
+            seq=self.follower.seq,
+        )
+
+    def _try(self, op: Any) -> Any:
+        try:
+            return self.rt.apply(op)
+        except OperationError:
+            return None
+
+    def step(self) -> None:
+        """One scheduler-like step: a few operations, then a flush."""
+        rng, rt = self.rng, self.rt
+        for _ in range(rng.randrange(1, 5)):
+            r = rng.random()
+            running = list(rt.manager.requests)
+            if r < 0.35 or not running:
+                prompt = rng.choice(self.prefixes) + [
+                    rng.randrange(1000) for _ in range(rng.randrange(1, 3 * BLOCK))
+                ]
+                self._try(AdmitOp(token_ids=prompt))
+            elif r < 0.55:
+                rid = rng.choice(running)
+                self._try(AppendOp(request_id=rid, token_ids=[rng.randrange(1000)] * BLOCK))
+            elif r < 0.8:
+                self._try(FinishOp(request_id=rng.choice(running)))
+            elif r < 0.86:
+                got = self._try(AllocateOp(num_blocks=rng.randrange(1, 3)))
+                if got:
+                    self.raw.extend(got["block_ids"])
+                    tokens = [rng.randrange(1000) for _ in range(BLOCK)]
+                    self._try(CacheOp(block_ids=got["block_ids"][:1], token_ids=tokens))
+            elif r < 0.9 and self.raw:
+                bid = self.raw.pop(rng.randrange(len(self.raw)))
+                self._try(FreeOp(block_ids=[bid]))
+            elif r < 0.93:
+                cached = [b.block_id for b in rt.pool.blocks if b.block_hash is not None]
+                if cached:
+                    bid = rng.choice(cached)
+                    if self._try(TouchOp(block_ids=[bid])):
+                        self.raw.append(bid)
+            elif r < 0.97:
+                self._try(EvictOp(block_ids=[rng.randrange(1, rt.pool.num_gpu_blocks)]))
+            elif not running and not self.raw:
+                self._try(ResetOp())
+        self.follower.flush()
+
+    def drive(self, steps: int) -> None:
+        for _ in range(steps):
+            self.step()
+        self.rt.check()
