@@ -26,7 +26,6 @@ from app.api import (
     routes_requests,
     routes_trace,
 )
-from app.api import errors as api_errors
 from app.api import routes_kvevents as kvevents_routes
 from app.api.deps import require_read
 from app.auth import install_log_redaction
@@ -139,7 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     assembly.serve_page(app, FRONTEND, "index.html")
-    app.add_middleware(api_errors.BodyLimit, limit=settings.max_body_bytes)
+    assembly.limit_bodies(app, settings.max_body_bytes)
     assembly.guard(app, settings.host, settings.allowed_hosts, settings.allowed_origins)
     return app
 

@@ -56,6 +56,11 @@ def serve_page(app: FastAPI, folder: Path, page: str) -> None:
         return FileResponse(folder / page)
 
 
+def limit_bodies(app: FastAPI, limit: int) -> None:
+    """Bodies over ``limit`` bytes get 413, declared or streamed (both apps)."""
+    app.add_middleware(api_errors.BodyLimit, limit=limit)
+
+
 def guard(
     app: FastAPI, bind_host: str, allowed_hosts: Iterable[str], allowed_origins: Iterable[str]
 ) -> None:

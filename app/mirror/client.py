@@ -47,7 +47,7 @@ class MirrorClient:
         self.control_endpoint = control_endpoint
         self.status = MirrorStatus(endpoint, control_endpoint)
         self.book = RequestBook()
-        self.applier = MirrorApplier(engine)
+        self.applier = MirrorApplier(engine.runtime)
         self._task: asyncio.Task[None] | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._unsupported = False

@@ -41,7 +41,6 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from app.api import assembly
-from app.api.errors import BodyLimit
 from app.auth import accept_subprotocol, websocket_credentials, websocket_token_ok
 from app.frontend_files import BESIDE, frontend_dir
 from app.observer.auth import Auth, TokenGate
@@ -149,7 +148,7 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
     assembly.serve_page(app, FRONTEND, "fleet.html")
     # outermost first: the same-origin guard, then the token, then the body's
     # size -- a stranger's body is never read, a client's is bounded
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    assembly.limit_bodies(app, settings.max_body_bytes)
     app.add_middleware(TokenGate, token=settings.token)
     assembly.guard(app, settings.host, settings.allowed_hosts, settings.allowed_origins)
     return app

@@ -68,7 +68,7 @@ def _hex(h: Any, what: str) -> str:
 class MirrorApplier:
     """Keeps one runtime equal to an engine's pool (see the module doc)."""
 
-    def __init__(self, rt: Any) -> None:
+    def __init__(self, rt: PoolRuntime) -> None:
         self.rt = rt
         self.next_op = 0  # the index of the next operation to apply
         self.synced = False  # a snapshot (or the start) fixed next_op
@@ -101,8 +101,7 @@ class MirrorApplier:
     def _run(self, op: Any, index: int) -> dict[str, Any]:
         rt = self.rt
         try:
-            # the runtime's own execute (a service's subclass may convert request bodies)
-            result: dict[str, Any] = PoolRuntime.execute(rt, op)
+            result: dict[str, Any] = rt.execute(op)
         except OperationError as exc:
             raise Divergence(f"operation {index} ({op.op}) refused: {exc}") from None
         return result
@@ -189,7 +188,7 @@ class MirrorApplier:
                 rt.raw_refs[bid] = ref
         rt.tree.clear()
         rt.mark_all_dirty()
-        rec = getattr(rt, "recorder", None)
+        rec = rt.recorder
         if rec is not None:  # time travel starts a segment here (the jump is no operation)
             rec.keyframe()
         self.next_op = snap.ops
