@@ -71,7 +71,8 @@ export const TERMS = {
   "last token": { help: "the block with the prompt's last token is always computed, even when cached" },
   "block-size floor": { help: "a partial tail block (fewer tokens than the block size) is never cached, nor shared part-way" },
   cold: { help: "its hash was never seen before (within the bounded memory of evictions)" },
-  evicted: { help: "its hash was cached before and evicted since: a bigger cache or another free order would have kept it" },
+  evicted: { help: "its hash was cached before and evicted since (its block handed out again, or the evict operation): a bigger cache or another free order might have kept it" },
+  reset: { help: "its hash was cached before and dropped by a prefix-cache reset since: not an eviction and not a regret (no cache size keeps a hash through a reset)", vllm: "reset_prefix_cache()" },
   "extra keys": { help: "the same tokens were stored under other extra keys (cache salt, LoRA)" },
   "chain broken": { help: "still cached, but an earlier block missed: the lookup stops at the first miss" },
   // regret
