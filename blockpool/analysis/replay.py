@@ -17,6 +17,7 @@ operation's result and events, and the final state, against the file.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
@@ -312,7 +313,11 @@ class ReplayReport:
 
 
 def read_lines(path: str | Path) -> Iterator[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
+    """The JSON lines of a file; a ``.gz`` one (or any gzip file) uncompressed."""
+    with open(path, "rb") as probe:
+        gz = probe.read(2) == b"\x1f\x8b"
+    opener: Any = gzip.open if gz else open
+    with opener(path, "rt", encoding="utf-8") as fh:
         for line in fh:
             if line.strip():
                 yield json.loads(line)
