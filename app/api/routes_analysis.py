@@ -20,6 +20,7 @@ from app.api.responses import analysis as r
 from app.api.responses import returns
 from app.engine import Engine
 from app.errors import Conflict, InvalidInput, NotFound
+from app.moment_tiles import moment_tiles
 from blockpool.analysis import replay
 from blockpool.analysis.recording import EventsView, Recorder, export_lines
 
@@ -161,7 +162,11 @@ async def history_state(
     requests; every block's state, ref count and hash with ``include_blocks``."""
     seq = _seq(_recorder(engine), at, "at")
     m = await _moment(request, engine, seq)
-    return replay.state_json(m, limit, include_blocks)
+    out = replay.state_json(m, limit, include_blocks)
+    ts = out["at"]["ts"]
+    usage = out["summary"]["usage"]
+    out["tiles"] = moment_tiles(list(engine.series), ts, usage)
+    return out
 
 
 @router.get(

@@ -122,6 +122,12 @@ class HistoryState(Out):
     hash_map: dict[str, Any]
     requests: dict[str, Any]
     blocks: dict[str, list[Any]] | None = Field(default=None, description="with include_blocks")
+    tiles: dict[str, Any] | None = Field(
+        default=None,
+        description="the stat tiles then: usage, hit_rate_1m, hit_rate_5m, hit_rate_since "
+        "(since_label), waiting from the server's series point at the moment (point_ts); "
+        "null figures with a reason when the moment is older than that series",
+    )
 
 
 class HistoryDiff(Out):

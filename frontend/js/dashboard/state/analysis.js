@@ -303,7 +303,8 @@ export function whatIf(curve) {
  * -> {level: "off" | "ok" | "warn" | "err", text, title}
  */
 export function analysisHealth(section, ctx = {}) {
-  if (!section) return { level: "off", text: "off", title: "no analysis section on the stream (the analysis is off, or not reported yet)" };
+  if (!section && ctx.enabled) return { level: "ok", text: "on, waiting for operations", title: "the analysis runs on this server; it reports once the pool has had operations" };
+  if (!section) return { level: "off", text: "off", title: "no analysis section on the stream: the analysis is off on this server" };
   const lagWarn = ctx.lagWarn || 5000;
   const w = section.worker;
   const parts = [];

@@ -9,7 +9,7 @@ import { api, getToken } from "../../../common/api.js";
 import { $, h, setText } from "../../../common/dom.js";
 import { bytes, dur, int } from "../../../common/format.js";
 import { hms } from "../../render/minichart.js";
-import { HistorySource, diffRows, parseMoment, seqTime } from "../../state/history.js";
+import { HistorySource, diffRows, momentProblem, parseMoment, seqTime } from "../../state/history.js";
 
 const quiet = (path) => api("GET", path, undefined, { quiet: true });
 const QUEUE_ROWS = 120; // the recorded free queue's head the LRU panel shows
@@ -35,6 +35,7 @@ export class TimeTravel {
     this.visible = visible || (() => true); // is the time-travel panel on screen?
     this.info = null;
     this.error = "";
+    this.jumpError = ""; // the jump box's refusal, shown until corrected
     this.mode = "live"; // live | history
     this.src = null; // HistorySource shown
     this.want = null; // seq asked for (the slider)
@@ -79,6 +80,11 @@ export class TimeTravel {
         ev.preventDefault();
         this.jumpTo(this.jump.value);
       }
+    });
+    // a refused moment stays said until the box is corrected (a jump that
+    // works) or emptied
+    this.jump.addEventListener("input", () => {
+      if (!this.jump.value.trim()) this._jumpOk();
     });
     for (const btn of document.querySelectorAll("[data-last]")) {
       btn.addEventListener("click", () => this.diffLast(Number(btn.dataset.last)));
@@ -140,7 +146,7 @@ export class TimeTravel {
       this.span,
       `${hms(info.first_ts)}–${hms(info.last_ts)} (${dur(secs)}) · ${horizonText(info.horizon)} · ops ${int(info.first_seq)}–${int(info.last_seq)} · ${int(info.keyframes.length)} keyframes · ${bytes(info.bytes_held)} in memory`,
     );
-    if (!this.active) this._at(`live · ${hms(info.last_ts)} · op ${int(info.last_seq)}`);
+    if (!this.active) this._at(this.jumpError || `live · ${hms(info.last_ts)} · op ${int(info.last_seq)}`);
     this._marks();
   }
 
@@ -227,7 +233,7 @@ export class TimeTravel {
     this.want = null;
     this.gen++;
     // an error from a jump or a fetch is about the moment left: it goes too
-    this.jump.classList.remove("bad");
+    this._jumpOk();
     if (!this.active) {
       this.render();
       return;
@@ -244,18 +250,39 @@ export class TimeTravel {
   }
 
   async jumpTo(text) {
+    const problem = momentProblem(text);
+    if (problem) {
+      this._jumpBad(problem);
+      return;
+    }
     const at = parseMoment(text);
-    if (at === null) return;
     this.want = null;
     const gen = ++this.gen;
     try {
       const st = await quiet(`/api/history/state?at=${encodeURIComponent(at)}&include_blocks=true&limit=${QUEUE_ROWS}`);
+      this._jumpOk();
       if (gen === this.gen) this.show(st);
-      this.jump.classList.remove("bad");
     } catch (err) {
-      this.jump.classList.add("bad");
-      this._at(`${text}: ${err.message}`);
+      this._jumpBad(`${text.trim()}: ${err.message}`);
     }
+  }
+
+  /** The jump box refused its moment: said in the box and the moment line, until corrected. */
+  _jumpBad(message) {
+    this.jumpError = message;
+    this.jump.classList.add("bad");
+    this.jump.setAttribute("aria-invalid", "true");
+    this.jump.dataset.error = message;
+    this._at(message);
+  }
+
+  _jumpOk() {
+    const had = Boolean(this.jumpError);
+    this.jumpError = "";
+    this.jump.classList.remove("bad");
+    this.jump.removeAttribute("aria-invalid");
+    delete this.jump.dataset.error;
+    if (had && !this.active) this.render();
   }
 
   /** Hover line for a block of the moment shown. */
