@@ -171,3 +171,24 @@ def test_a_reset_is_not_an_eviction_on_the_page(browser: Any, server: Server) ->
         assert p.errors == []
     finally:
         p.close()
+
+
+def test_demo_drops_are_shown_on_the_page(browser: Any, server: Server) -> None:
+    """A workload that outruns the pool drops its oldest arrivals: the page says how many."""
+    before = server.get("/api/demo")
+    assert server.post("/api/demo/config", {"rate": 400, "max_running": 1}).status_code == 200
+    assert server.post("/api/demo/start").status_code == 200
+    p = Page(browser, server.url, "trust-demo-drops", viewport={"width": 1280, "height": 800})
+    try:
+        wait_for(lambda: server.get("/api/demo")["stats"]["dropped_waiting"] > 0, what="drops")
+        p.page.locator("#demo-status").scroll_into_view_if_needed()
+        wait_for(lambda: p.page.is_visible("#demo-dropped"), what="the drops on the page")
+        shown = int(p.page.inner_text("#demo-dropped").split()[0].replace(",", ""))
+        assert 0 < shown <= server.get("/api/demo")["stats"]["dropped_waiting"]
+        p.shot()
+        assert p.errors == []
+    finally:
+        p.close()
+        quiesce_idle(server)
+        cfg = {"rate": before["rate"], "max_running": before["max_running"]}
+        assert server.post("/api/demo/config", cfg).status_code == 200

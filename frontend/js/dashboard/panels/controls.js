@@ -251,6 +251,15 @@ export class Controls {
       this.demoStatus,
       `${st.running ? "running" : "stopped"} · ${st.rate}/s · ${st.requests_running} running · ${st.requests_waiting} waiting · ${int(st.stats.admitted)} admitted · ${int(st.stats.finished)} finished`,
     );
+    // arrivals dropped because too many waited: said, never silent
+    const dropped = st.stats.dropped_waiting || 0;
+    if (dropped) {
+      this.demoStatus.append(
+        " · ",
+        h("b", { class: "demo-dropped", id: "demo-dropped", title: `arrivals dropped because ${st.max_waiting ?? "too many"} were already waiting (the workload outran the pool): /metrics blockpool_demo_dropped_waiting_total` }, `${int(dropped)} dropped`),
+      );
+    }
+    this.demoStatus.classList.toggle("dropping", dropped > 0);
     this.demoStatus.classList.toggle("on", st.running);
     $("demo-start").disabled = st.running;
     $("demo-stop").disabled = !st.running;
