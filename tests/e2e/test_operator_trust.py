@@ -6,11 +6,12 @@ server's analysis, a reset that is not an eviction."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Page, Server, free_port, wait_for
+from tests.e2e.conftest import ARTIFACTS, Page, Server, free_port, wait_for
 from tests.e2e.workload import quiesce_idle, start_demo
 
 pytestmark = pytest.mark.browser
@@ -192,3 +193,97 @@ def test_demo_drops_are_shown_on_the_page(browser: Any, server: Server) -> None:
         quiesce_idle(server)
         cfg = {"rate": before["rate"], "max_running": before["max_running"]}
         assert server.post("/api/demo/config", cfg).status_code == 200
+
+
+TRACE = Path(__file__).resolve().parents[1] / "trace" / "data" / "mooncake_head50.jsonl"
+
+
+def test_trace_replay_has_its_controls(browser: Any) -> None:
+    srv = Server(
+        free_port(), "--num-blocks", "100000", "--no-storage", "--trace", str(TRACE),
+        "--trace-speed", "0.5", "--log-level", "warning", name="trust-trace",
+    )  # fmt: skip
+    srv.start()
+    p = Page(browser, srv.url, "trust-trace-controls", viewport={"width": 1280, "height": 800})
+    try:
+        p.page.locator("#trace-ctl").scroll_into_view_if_needed()
+        wait_for(lambda: p.page.is_visible("#trace-ctl"), what="the trace controls")
+        if srv.get("/api/trace")["running"]:
+            wait_for(lambda: p.page.is_enabled("#trace-stop"), what="stop offered")
+            p.page.click("#trace-stop")
+            wait_for(lambda: not srv.get("/api/trace")["running"], what="the replay to stop")
+        wait_for(lambda: p.page.is_enabled("#trace-start"), what="start offered")
+        p.page.click("#trace-start")
+        wait_for(lambda: srv.get("/api/trace")["running"], what="the replay to start")
+        wait_for(
+            lambda: p.page.inner_text("#trace-status").startswith("running"), what="its status"
+        )
+        assert TRACE.name in p.page.inner_text("#trace-status")
+        p.shot()
+        assert p.errors == []
+    finally:
+        p.close()
+        srv.close()
+
+
+RECORD_STREAM_JS = """() => {
+  window.__streamStates = [];
+  new MutationObserver(() => {
+    const s = document.body && document.body.dataset.stream;
+    const last = window.__streamStates[window.__streamStates.length - 1];
+    if (s && s !== last) window.__streamStates.push(s);
+  }).observe(document, {attributes: true, subtree: true, attributeFilter: ['data-stream']});
+}"""
+
+
+def test_first_load_is_not_an_error_and_small_things_read_right(browser: Any, idle: Server) -> None:
+    """The first connection loads without the resync warning; an idle rates
+    axis keeps its decimals; a KV event row reads "16 tok · who?"; a story
+    panel clears while the next request loads."""
+    from tests.e2e import hooks
+
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    hooks.install(ctx)
+    ctx.add_init_script(f"({RECORD_STREAM_JS})()")
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.goto(idle.url + "/")
+        page.wait_for_function("() => window.__bp && window.__bp.ready()", timeout=120_000)
+        page.wait_for_function("() => document.body.dataset.stream === 'live'")
+        states = page.evaluate("() => window.__streamStates")
+        first_live = states.index("live")
+        assert set(states[:first_live]) <= {"loading"}, states
+        # an idle pool: the rates axis ticks differ (never "1, 1, 0")
+        ticks = page.evaluate("() => window.__bp.charts.rates.axes[1]._values")
+        assert ticks and len(set(ticks)) == len(ticks), ticks
+        # a stored block: the event row names its tokens, then the link apart
+        r = idle.post("/api/requests", {"token_ids": list(range(40)), "request_id": "rq-a"})
+        assert r.status_code == 201, r.text
+        assert (
+            idle.post("/api/requests", {"token_ids": [7] * 20, "request_id": "rq-b"}).status_code
+            == 201
+        )
+        page.wait_for_function("() => document.querySelector('[data-story-hash]')")
+        row = page.evaluate(
+            "() => document.querySelector('[data-story-hash]').closest('td').innerText"
+        )
+        assert row.endswith("tok · who?"), row
+        # a story, then another: the first is gone while the second loads
+        page.evaluate("() => window.__bp.requestView.show('rq-a')")
+        page.wait_for_function("() => document.getElementById('rv-rid')?.textContent === 'rq-a'")
+        page.route("**/api/requests/rq-b/story", lambda route: None)  # held: never answered
+        page.evaluate("() => { window.__bp.requestView.show('rq-b'); }")
+        page.wait_for_function(
+            "() => document.getElementById('request-view').dataset.state === 'loading'"
+        )
+        assert page.evaluate("() => document.getElementById('rv-rid')") is None
+        assert page.inner_text("#rv-loading") == "loading rq-b…"
+        page.unroute("**/api/requests/rq-b/story")
+        page.screenshot(path=str(ARTIFACTS / "trust-small-things.png"), full_page=True)
+        for rid in ("rq-a", "rq-b"):
+            assert idle.post(f"/api/requests/{rid}/finish").status_code == 200
+        assert errors == []
+    finally:
+        ctx.close()

@@ -403,7 +403,7 @@ function frame(now) {
       pollAnalysis(now);
     }
     cadence.analysisHealth.run(now, () => analysisHealth.update(now));
-    cadence.trace.run(now, () => traceItem.refresh());
+    cadence.trace.run(now, () => traceItem.refresh().then(() => controls.renderTrace(traceItem.status)));
   } catch (err) {
     showError(`render: ${err.message}`);
     console.error(err); // eslint-disable-line no-console

@@ -68,6 +68,8 @@ export class Controls {
       this.onToken();
     });
     $("demo-start").addEventListener("click", () => this.demo("start"));
+    $("trace-start").addEventListener("click", () => this.trace("start"));
+    $("trace-stop").addEventListener("click", () => this.trace("stop"));
     $("demo-stop").addEventListener("click", () => this.demo("stop"));
     for (const el of $("demo-form").querySelectorAll("input")) {
       el.addEventListener("input", () => (el.dataset.touched = "1"));
@@ -272,6 +274,30 @@ export class Controls {
     fill("demo-dmin", st.decode_tokens[0]);
     fill("demo-dmax", st.decode_tokens[1]);
     for (const [k, v] of Object.entries(st.mix)) fill(`mix-${k}`, v);
+  }
+
+  /** The trace replay's controls (serve --trace): shown while a trace is loaded. */
+  renderTrace(st) {
+    const box = $("trace-ctl");
+    box.hidden = !(st && st.loaded);
+    if (box.hidden) return;
+    setText(
+      $("trace-status"),
+      `${st.running ? "running" : "stopped"} · ${st.name || "trace"} · ${Math.round((st.progress || 0) * 100)}% · ${int(st.requests_running)} running · ${int(st.requests_waiting)} waiting`,
+    );
+    $("trace-status").classList.toggle("on", st.running);
+    $("trace-start").disabled = st.running;
+    $("trace-stop").disabled = !st.running;
+  }
+
+  async trace(action) {
+    try {
+      const st = await post(`/api/trace/${action}`);
+      this.renderTrace(st);
+      this.show("ok", `trace replay ${action === "start" ? "started" : "stopped"}`);
+    } catch (err) {
+      this.showError(`trace ${action}`, err);
+    }
   }
 
   async refreshDemo() {
