@@ -67,6 +67,7 @@ KEYFRAME_BUDGET = 0.01  # at tick time, keyframes take at most this share of the
 # tick time give JSON bytes per recorded byte; one keyframe, written now and
 # then, gives the bytes of each.
 SAMPLES_PER_TICK = 4
+SAMPLE_BUDGET = 0.005  # writing sampled operations: at most this share of the time
 SAMPLE_KEEP_BYTES = 1 << 22  # the sampled sums halve past this: the ratio follows the load
 MEASURE_BUDGET = 0.01  # writing keyframes to measure them: at most this share of the time
 # seq, ts, msgpack of (op class name, op fields, ok, result or error body),
@@ -177,6 +178,7 @@ class Recorder:
         self._sampled_to = 0
         self._kf_json = 0  # the latest keyframe measured
         self._next_measure = 0.0
+        self._next_sample = 0.0
 
     def _snapshot(self) -> Keyframe:
         t0 = time.perf_counter()
@@ -225,14 +227,16 @@ class Recorder:
 
     def calibrate(self) -> None:
         """Tick time: a few of the operations recorded since the last call
-        written as their export lines, counted (O(1) a tick); and the latest
+        written as their export lines, counted (at most SAMPLE_BUDGET of the
+        time); and the latest
         keyframe written, when MEASURE_BUDGET allows (the size of the latest
         measured stands for the keyframes not measured)."""
         seg = self.segments[-1]
         base = seg.keyframe.seq
         lo = max(self._sampled_to, base)
         n = self.seq - lo
-        if n > 0:
+        t0 = time.perf_counter()
+        if n > 0 and (t0 >= self._next_sample or not self._sample_pack):
             view = EventsView(self.engine.events)
             step = max(1, n // SAMPLES_PER_TICK)
             for seq in range(self.seq, lo, -step)[:SAMPLES_PER_TICK]:
@@ -243,6 +247,8 @@ class Recorder:
                 self._sample_json //= 2
                 self._sample_pack //= 2
             self._sampled_to = self.seq
+            t1 = time.perf_counter()
+            self._next_sample = t1 + (t1 - t0) / SAMPLE_BUDGET
         t0 = time.perf_counter()
         if not seg.json_bytes and t0 >= self._next_measure:
             kf = {"type": "keyframe", **keyframe_json(seg.keyframe)}

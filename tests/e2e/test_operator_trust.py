@@ -49,9 +49,9 @@ def test_every_tile_at_a_moment_and_the_jump_box(
     browser: Any, server: Server, size: tuple[int, int]
 ) -> None:
     w, h = size
-    start_demo(server)
     p = Page(browser, server.url, f"trust-moment-{w}", viewport={"width": w, "height": h})
     try:
+        start_demo(server)
         # a moment a few seconds back, with the series' windows filled
         wait_for(
             lambda: p.js("() => window.__bp.history.info?.last_seq ?? 0") > 200,
@@ -287,3 +287,38 @@ def test_first_load_is_not_an_error_and_small_things_read_right(browser: Any, id
         assert errors == []
     finally:
         ctx.close()
+
+
+LEGIBLE_JS = """() => {
+  const bar = document.querySelector('.topbar').getBoundingClientRect();
+  const hists = [...document.querySelectorAll('.hist')].map((e) => e.getBoundingClientRect().width);
+  const cut = [...document.querySelectorAll('.hist-title, .panel-head h2, #stats .stat .label')]
+    .filter((e) => e.getClientRects().length && e.scrollWidth > e.clientWidth + 1)
+    .map((e) => e.textContent.trim());
+  const items = [...document.querySelectorAll('#health .hitem')]
+    .filter((e) => e.getClientRects().length);
+  const health = document.getElementById('health');
+  return {bar: bar.height, hists, cut, healthCut: health.scrollWidth > health.clientWidth + 1,
+          items: items.map((e) => e.dataset.h)};
+}"""
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+def test_legible_at_every_size(browser: Any, server: Server, size: tuple[int, int]) -> None:
+    """One-row top bar; histograms wide enough for their titles and labels;
+    no clipped panel title or tile label."""
+    w, h = size
+    p = Page(browser, server.url, f"trust-legible-{w}", viewport={"width": w, "height": h})
+    try:
+        start_demo(server)
+        wait_for(lambda: p.js("() => window.__bp.model.points.length") > 5, what="points")
+        got = p.js(LEGIBLE_JS)
+        assert got["bar"] <= 44, got  # one row (a wrapped bar was ~105 px at 1000)
+        assert not got["healthCut"], got
+        assert {"state", "seq", "lag", "drops", "resyncs", "analysis"} <= set(got["items"]), got
+        assert len(got["hists"]) == 3 and min(got["hists"]) >= 240, got["hists"]
+        assert got["cut"] == [], got["cut"]
+        p.shot()
+        assert p.errors == []
+    finally:
+        p.close()

@@ -81,6 +81,11 @@ export class HealthBar {
     cell.gaps.title = "gaps detected and resumed from the ring";
     setText(cell.rate, `${(this.framesPs || 0).toFixed(0)}/s · ${bytes(this.bps || 0)}/s`);
     setText(cell.fps, this.fps.toFixed(0));
+    // the figures a narrow top bar leaves out, on the stream item's hover
+    const stateItem = cell.state.parentElement;
+    if (stateItem) {
+      stateItem.title = `${explain("stream")}\n\nreconnects ${int(c.reconnects)} · gaps resumed ${int(c.gapsResumed)} · in ${(this.framesPs || 0).toFixed(0)} frames/s, ${bytes(this.bps || 0)}/s · ${this.fps.toFixed(0)} fps`;
+    }
     cell.fps.title = `map draw: last ${this.perf.map.lastMs.toFixed(2)} ms, max ${this.perf.map.maxMs.toFixed(1)} ms`;
   }
 }
