@@ -17,6 +17,7 @@ from tests.e2e.workload import quiesce_idle, start_demo
 pytestmark = pytest.mark.browser
 
 SIZES = [(1600, 1000), (1280, 800), (1000, 800)]
+DEMO_RATE = 8.0  # the default demo: a busy machine still serves the pages quickly
 TILES = ("usage01", "hit1m", "hit5m", "hit", "waiting")
 
 TILE_JS = """(keys) => Object.fromEntries(keys.map((k) => {
@@ -51,7 +52,7 @@ def test_every_tile_at_a_moment_and_the_jump_box(
     w, h = size
     p = Page(browser, server.url, f"trust-moment-{w}", viewport={"width": w, "height": h})
     try:
-        start_demo(server)
+        start_demo(server, rate=DEMO_RATE)
         # a moment a few seconds back, with the series' windows filled
         wait_for(
             lambda: p.js("() => window.__bp.history.info?.last_seq ?? 0") > 200,
@@ -107,6 +108,7 @@ def test_every_tile_at_a_moment_and_the_jump_box(
         assert p.errors == []
     finally:
         p.close()
+        server.post("/api/demo/stop")
 
 
 @pytest.fixture(scope="module")
@@ -140,13 +142,13 @@ def test_an_idle_server_says_the_analysis_is_on(
 def test_a_reset_is_not_an_eviction_on_the_page(browser: Any, server: Server) -> None:
     """After stop-and-reset, the blocks readmitted miss as ``reset``: the
     regret count and the evicted misses do not move."""
-    start_demo(server)
+    start_demo(server, rate=DEMO_RATE)
     wait_for(lambda: server.get("/api/summary")["blocks"]["cached"] > 50, what="cached blocks")
     quiesce_idle(server)
     before = server.get("/api/misses?limit=1")
     regrets = server.get("/api/regret?limit=1")["regrets_total"]
     assert server.post("/api/pool/reset").status_code == 200
-    start_demo(server)
+    start_demo(server, rate=DEMO_RATE)
     wait_for(
         lambda: server.get("/api/misses?limit=1")["reasons"]["reset"]["blocks"] > 0,
         what="misses of reset blocks",
@@ -310,7 +312,7 @@ def test_legible_at_every_size(browser: Any, server: Server, size: tuple[int, in
     w, h = size
     p = Page(browser, server.url, f"trust-legible-{w}", viewport={"width": w, "height": h})
     try:
-        start_demo(server)
+        start_demo(server, rate=DEMO_RATE)
         wait_for(lambda: p.js("() => window.__bp.model.points.length") > 5, what="points")
         got = p.js(LEGIBLE_JS)
         assert got["bar"] <= 44, got  # one row (a wrapped bar was ~105 px at 1000)
@@ -322,3 +324,4 @@ def test_legible_at_every_size(browser: Any, server: Server, size: tuple[int, in
         assert p.errors == []
     finally:
         p.close()
+        server.post("/api/demo/stop")
