@@ -80,6 +80,7 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _bool_flag(s, "events", "enable_events", "KV events")
     s.add_argument("--metrics-sample-rate", type=float, help="residency sampling rate")
+    s.add_argument("--model-name", help="the model_name label on /metrics (vLLM's served model)")
     _bool_flag(s, "storage", "storage", "torch K/V storage")
     s.add_argument("--device", dest="storage_device", help="storage device")
     s.add_argument("--host", help="bind address")

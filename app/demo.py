@@ -8,15 +8,21 @@ Four kinds of traffic, mixed by weight:
 - document: one of a few long shared documents + a short question;
 - noise: random prompts that share nothing.
 
-Requests arrive as a Poisson process at ``rate`` per second, decode a few
-tokens per step, and finish; when the pool is full, arrivals wait (vLLM's
-scheduler would queue them) and the oldest waiting ones go first.  Every
-action goes through the engine's queue like any other client.
+Requests arrive as a Poisson process at ``rate`` per second, decode at
+``decode_per_step`` tokens per STEP_S of wall time (a step that came late
+decodes more: a busy machine slows the pool's operations, not the
+workload's service rate, so the default load holds steady however loaded
+the machine is), and finish; when the pool is full, arrivals wait (vLLM's
+scheduler would queue them) and the oldest waiting ones go first; past
+``max_waiting`` the oldest are dropped (counted in ``dropped_waiting`` and
+shown on the page).  Every action goes through the engine's queue like any
+other client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -35,6 +41,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("blockpool.demo")
 VOCAB = 32000
 STEP_S = 0.05
+MAX_CATCH_UP = 8  # a late step decodes at most this many steps' tokens
 KINDS = ("chat", "conversation", "document", "noise")
 
 
@@ -91,6 +98,7 @@ class DemoWorkload(WorkloadTask["DemoRequest"]):
         self.stats = DemoStats()
         self.figures = Figures(self.metrics, DEMO_HELP)
         self._seq = 0
+        self._carry = 0.0  # the arrivals' fraction carried to the next step
 
     # ------------------------------------------------------------- control
 
@@ -137,6 +145,7 @@ class DemoWorkload(WorkloadTask["DemoRequest"]):
             "mix": self.mix,
             "decode_tokens": list(self.decode_tokens),
             "max_running": self.max_running,
+            "max_waiting": self.max_waiting,
             "requests_running": len(self.running),
             "requests_waiting": len(self.waiting),
             "stats": rest_view(s),
@@ -187,42 +196,55 @@ class DemoWorkload(WorkloadTask["DemoRequest"]):
 
     async def _loop(self) -> None:
         last = time.monotonic()
-        carry = 0.0
         while True:
             await asyncio.sleep(STEP_S)
             now = time.monotonic()
             dt, last = now - last, now
-            carry += self.rate * dt
-            arrivals = 0
-            # Poisson-ish: the expected count, with the fraction drawn.
-            while carry >= 1.0:
-                arrivals += 1
-                carry -= 1.0
-            if self.rng.random() < carry:
-                arrivals += 1
-                carry = 0.0
-            for _ in range(arrivals):
-                self.stats.arrived += 1
-                self.waiting.append(self._new_request())
-            while len(self.waiting) > self.max_waiting:
-                req = self.waiting.popleft()
-                self._release_conversation(req)
-                self.stats.dropped_waiting += 1
-            self.stats.waiting_peak = max(self.stats.waiting_peak, len(self.waiting))
+            self.arrive(dt)
+            per = self.step_tokens(dt)
             try:
-                await self.engine.submit(self._step)
+                await self.engine.submit(functools.partial(self._step, per))
             except ApiError:
                 logger.exception("demo step refused")
+
+    def arrive(self, dt: float) -> None:
+        """The arrivals of ``dt`` seconds into the waiting queue (the oldest
+        dropped past ``max_waiting``)."""
+        self._carry += self.rate * dt
+        arrivals = 0
+        # Poisson-ish: the expected count, with the fraction drawn.
+        while self._carry >= 1.0:
+            arrivals += 1
+            self._carry -= 1.0
+        if self.rng.random() < self._carry:
+            arrivals += 1
+            self._carry = 0.0
+        for _ in range(arrivals):
+            self.stats.arrived += 1
+            self.waiting.append(self._new_request())
+        while len(self.waiting) > self.max_waiting:
+            req = self.waiting.popleft()
+            self._release_conversation(req)
+            self.stats.dropped_waiting += 1
+        self.stats.waiting_peak = max(self.stats.waiting_peak, len(self.waiting))
+
+    def step_tokens(self, dt: float) -> int:
+        """Tokens each running request decodes in a step that came ``dt``
+        seconds after the last: ``decode_per_step`` per STEP_S of wall time."""
+        steps = min(float(MAX_CATCH_UP), max(1.0, dt / STEP_S))
+        return max(1, round(self.decode_per_step * steps))
 
     def _release_conversation(self, req: DemoRequest) -> None:
         if req.conversation is not None:
             self.busy_conversations.discard(req.conversation)
 
-    def _step(self) -> None:
-        """One scheduler step, in the engine's context."""
+    def _step(self, per: int | None = None) -> None:
+        """One scheduler step, in the engine's context: each running request
+        decodes ``per`` tokens (``decode_per_step`` by default)."""
         engine = self.engine
+        per = self.decode_per_step if per is None else per
         for rid, req in list(self.running.items()):
-            n = min(self.decode_per_step, req.decode_left)
+            n = min(per, req.decode_left)
             toks = self._tokens(n)
             try:
                 engine.apply(AppendOp(request_id=rid, token_ids=toks))

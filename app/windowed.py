@@ -130,6 +130,7 @@ class HitWindow:
         self.observe(hits, queries, epoch)
         out = {f"hit_rate_{_label(w)}": _num(self._rates[w]) for w in self.windows_s}
         out["hit_rate_since"] = _num(self.since_start(hits, queries))
+        out["hit_rate_resets"] = float(self.restarts)  # 0: "since start", else "since reset"
         return out
 
     def summary(self, hits: int, queries: int) -> dict[str, object]:

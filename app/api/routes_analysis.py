@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
+from collections.abc import Iterable, Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from app.analysis.host import AnalysisHost
-from app.api.costly import CostlyExport, CostlyRead, charge_written, charged_lines
+from app.api.costly import CostlyExport, CostlyRead, charged_lines
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import analysis as r
 from app.api.responses import returns
 from app.engine import Engine
 from app.errors import Conflict, InvalidInput, NotFound
+from app.moment_tiles import moment_tiles
 from blockpool.analysis import replay
 from blockpool.analysis.recording import EventsView, Recorder, export_lines
 
@@ -57,7 +60,7 @@ def _recorder(engine: Engine) -> Recorder:
 )
 async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
     """Missed prompt blocks (and tokens) by reason -- last_token,
-    block_size_floor, cold, evicted, extra_keys, chain_broken -- with how long
+    block_size_floor, cold, evicted, extra_keys, chain_broken, reset -- with how long
     ago evicted misses had been evicted and how far they had travelled
     through the free queue, every eviction's travel, and recent requests."""
     return await _analysis(engine).query("misses", limit=limit)
@@ -159,7 +162,11 @@ async def history_state(
     requests; every block's state, ref count and hash with ``include_blocks``."""
     seq = _seq(_recorder(engine), at, "at")
     m = await _moment(request, engine, seq)
-    return replay.state_json(m, limit, include_blocks)
+    out = replay.state_json(m, limit, include_blocks)
+    ts = out["at"]["ts"]
+    usage = out["summary"]["usage"]
+    out["tiles"] = moment_tiles(list(engine.series), ts, usage)
+    return out
 
 
 @router.get(
@@ -193,31 +200,57 @@ async def history_diff(
 @router.get(
     "/history/export/size",
     responses=returns(r.ExportSize),
-    dependencies=[CostlyExport],  # it writes the whole export to count it
+    dependencies=[ReadAuth],
     summary="What the export would send now",
 )
-async def history_export_size(request: Request, engine: EngineDep) -> dict[str, Any]:
-    """The bytes and lines ``GET /history/export`` would send now, counted by
-    writing it (in a thread, nothing kept): the JSON is many times the
-    recording's in-memory size (``bytes_held``).  Rationed like the export
-    (half the burst each, so that the export asked for next is not refused)."""
-    rec = _recorder(engine)
-    header, segments, final, view = rec.export_parts()
-
-    def count() -> tuple[int, int]:
-        size = lines = 0
-        for line in export_lines(header, segments, final, view):
-            size += len(line.encode())
-            lines += 1
-        return size, lines
-
-    size, lines = await asyncio.to_thread(count)
-    charge_written(request, size)
-    return {"bytes": size, "lines": lines, "last_seq": final.seq}
+async def history_export_size(engine: EngineDep) -> dict[str, Any]:
+    """The lines ``GET /history/export`` would send now, and its bytes
+    estimated from the recording's counters (JSON bytes per recorded byte,
+    sampled as the recording grows; a keyframe's size): O(1), nothing is
+    written.  The JSON is many times the recording's in-memory size
+    (``bytes_held``); the gzip export is a small fraction of it."""
+    return _recorder(engine).export_size()
 
 
 class NDJSONResponse(StreamingResponse):
     media_type = "application/x-ndjson"
+
+
+GZIP_CHUNK = 1 << 16
+
+
+def gzip_stream(lines: Iterable[str]) -> Iterator[bytes]:
+    """The lines gzip-compressed, in chunks of about GZIP_CHUNK input bytes."""
+    co = zlib.compressobj(6, zlib.DEFLATED, 31)  # 31: a gzip header and trailer
+    buf: list[bytes] = []
+    size = 0
+    for line in lines:
+        b = line.encode()
+        buf.append(b)
+        size += len(b)
+        if size >= GZIP_CHUNK:
+            out = co.compress(b"".join(buf))
+            buf, size = [], 0
+            if out:
+                yield out
+    yield co.compress(b"".join(buf)) + co.flush()
+
+
+def accepts_gzip(request: Request) -> bool:
+    """Whether Accept-Encoding names gzip (or *) with a q above 0."""
+    for part in request.headers.get("accept-encoding", "").split(","):
+        name, _, params = part.strip().partition(";")
+        if name.strip().lower() not in ("gzip", "*"):
+            continue
+        q = params.strip()
+        if q.startswith("q="):
+            try:
+                if float(q[2:]) <= 0:
+                    continue
+            except ValueError:
+                continue
+        return True
+    return False
 
 
 @router.get(
@@ -227,14 +260,41 @@ class NDJSONResponse(StreamingResponse):
     response_class=NDJSONResponse,
     responses={200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},
 )
-async def history_export(request: Request, engine: EngineDep) -> NDJSONResponse:
+async def history_export(request: Request, engine: EngineDep) -> StreamingResponse:
     """A header, every keyframe and operation (result and events included)
     from the oldest held, and the state now as a final keyframe.  Replay it
-    with ``blockpool replay FILE``."""
+    with ``blockpool replay FILE``.  Gzip-compressed (``Content-Encoding:
+    gzip``) when the request's ``Accept-Encoding`` allows it."""
     rec = _recorder(engine)
     header, segments, final, view = rec.export_parts()
     name = f"blockpool-recording-{int(time.time())}.jsonl"
-    return NDJSONResponse(
-        charged_lines(request, export_lines(header, segments, final, view)),
+    lines = charged_lines(request, export_lines(header, segments, final, view))
+    disposition = {
+        "Content-Disposition": f'attachment; filename="{name}"',
+        "Vary": "Accept-Encoding",
+    }
+    if accepts_gzip(request):
+        return NDJSONResponse(
+            gzip_stream(lines), headers={**disposition, "Content-Encoding": "gzip"}
+        )
+    return NDJSONResponse(lines, headers=disposition)
+
+
+@router.get(
+    "/history/export.jsonl.gz",
+    dependencies=[CostlyExport],
+    summary="The recording as gzip-compressed JSON lines (a file)",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/gzip": {"schema": {"type": "string"}}}}},
+)
+async def history_export_gz(request: Request, engine: EngineDep) -> StreamingResponse:
+    """The same lines as ``GET /history/export``, as a ``.jsonl.gz`` file
+    (``blockpool replay`` reads it as it is)."""
+    rec = _recorder(engine)
+    header, segments, final, view = rec.export_parts()
+    name = f"blockpool-recording-{int(time.time())}.jsonl.gz"
+    return StreamingResponse(
+        gzip_stream(charged_lines(request, export_lines(header, segments, final, view))),
+        media_type="application/gzip",
         headers={"Content-Disposition": f'attachment; filename="{name}"'},
     )

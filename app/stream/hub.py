@@ -202,6 +202,9 @@ class StreamHub:
             "stream": self.stats(),
             **self._counts(),
         }
+        # whether the analysis runs: its section may not exist yet (an idle
+        # server, a worker that has not reported)
+        header["analysis_enabled"] = e.analysis is not None
         section = e.analysis.stream_section() if e.analysis is not None else None
         if section is not None:
             header["analysis"] = section

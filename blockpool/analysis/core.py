@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from blockpool.analysis.misses import MissTracker
-from blockpool.analysis.reasons import REUSE
+from blockpool.analysis.reasons import REUSE, evicted_count
 
 if TYPE_CHECKING:
     from blockpool.manager import Admission, ManagedRequest
@@ -181,7 +181,12 @@ class Analysis:
             now,
         )
         if self.feeder is not None:
-            self.feeder.reset()
+            # the shadows start over with the pool: empty, counters "since
+            # the reset", compared with the real pool's counters since then
+            st = self.rt.manager.stats
+            real = (st.queries, st.hits)
+            self.feeder.flush(real)
+            self.feeder.restart(real)
 
     # ---------------------------------------------------------- tick time
 
@@ -194,13 +199,14 @@ class Analysis:
             st = self.rt.manager.stats
             self.feeder.flush((st.queries, st.hits))
         w = self.window
-        w.append((now, m.regret.regrets, sum(m.ring.evictions), m.admissions))
+        w.append((now, m.regret.regrets, evicted_count(m.ring.evictions), m.admissions))
         while len(w) > 2 and w[1][0] < now - RATE_WINDOW_S:
             w.popleft()
         self.tick_seconds += time.perf_counter() - t0
 
     def rates(self) -> dict[str, float]:
-        """Regrets and evictions per second over the last minute."""
+        """Regrets and evictions per second over the last minute (a reset's
+        drops are not evictions)."""
         w = self.window
         if len(w) < 2:
             return {"regrets_per_s": 0.0, "evictions_per_s": 0.0, "window_s": 0.0}

@@ -160,6 +160,10 @@ class EvictionRing:
             return -1
         return s
 
+    def by_reset(self, serial: int) -> bool:
+        """Whether the (held) eviction ``serial`` was a prefix-cache reset's."""
+        return bool(self.r_cause[serial % self.size] == RESET)
+
     def eviction_info(self, serial: int, at: float) -> dict[str, Any]:
         """One eviction, seen from time ``at``; ``expired`` once the ring
         has moved past it."""

@@ -139,6 +139,7 @@ class ShadowFeeder:
         self.pending = []
         self.since = time.time()
         self.real_base = real
+        self.latest_real = real
         if self.inline is not None:
             self.inline.restart()
             self.latest = self.inline.stats()

@@ -22,6 +22,10 @@ Every block of an admitted prompt that is not a prefix hit gets one reason
     block held it, who took that block, its queue position when it was
     freed, the allocations between its free and its eviction, and its
     seconds in the queue.
+``reset``
+    Its hash was stored before and dropped by a prefix-cache reset since
+    (and not stored again): no eviction, no regret -- a bigger cache would
+    not have kept it either.  The detail is the reset's (cause ``reset``).
 ``extra_keys``
     The prompt's first block was stored with the same tokens under other
     extra keys (cache salt, LoRA adapter): its hash differs, so nothing can
@@ -68,7 +72,9 @@ from blockpool.analysis.reasons import (
     EXTRA_KEYS,
     FLOOR,
     LAST_TOKEN,
+    NUM_CODES,
     REASONS,
+    RESET_DROP,
     REUSE,
     RequestMisses,
     Tag,
@@ -108,8 +114,8 @@ class MissTracker:
         self.floor = FloorIndex(pool.num_gpu_blocks, block_size)
         self.regret = RegretTracker(self.ring)
         # aggregates
-        self.blocks = [0] * 7  # per code (0 = hit)
-        self.tokens = [0] * 7
+        self.blocks = [0] * NUM_CODES  # per code (0 = hit)
+        self.tokens = [0] * NUM_CODES
         self.admissions = 0
         # evicted misses: how long ago, how far they had travelled (at tick time)
         self.ago = Hist(SECONDS_BUCKETS)
@@ -196,8 +202,9 @@ class MissTracker:
                 code = LAST_TOKEN
             else:
                 code, info = self._history(h)
-                if code == EVICTED:
-                    regrets.append((i, info))
+                if code in (EVICTED, RESET_DROP):
+                    if code == EVICTED:
+                        regrets.append((i, info))
                 elif i == 0 and first is not None and (found := self._other_keys(first, tag)):
                     code, info = EXTRA_KEYS, found
                 elif code == COLD:
@@ -237,7 +244,7 @@ class MissTracker:
         # aggregates
         blocks, toks = self.blocks, self.tokens
         cb = bytes(codes)
-        for code in range(7):
+        for code in range(NUM_CODES):
             c = cb.count(code)
             if c:
                 blocks[code] += c
@@ -309,8 +316,11 @@ class MissTracker:
                 continue
             s = serials[k]
             if s is not None and s >= floor:
-                codes[j] = EVICTED
-                regrets.append((j, s))
+                if ring.by_reset(s):
+                    codes[j] = RESET_DROP
+                else:
+                    codes[j] = EVICTED
+                    regrets.append((j, s))
                 if details is None:
                     details = {}
                 details[j] = s
@@ -320,11 +330,11 @@ class MissTracker:
         return details
 
     def _history(self, h: bytes) -> tuple[int, Any]:
-        """A full block whose hash is not cached: evicted (with its ring
-        serial) or cold."""
+        """A full block whose hash is not cached: evicted or dropped by a
+        reset (with its ring serial), or cold."""
         serial = self.ring.eviction(h64(h))
         if serial >= 0:
-            return EVICTED, serial
+            return (RESET_DROP if self.ring.by_reset(serial) else EVICTED), serial
         return COLD, None
 
     def _other_keys(self, first: tuple[int, ...], tag: Tag) -> dict[str, Any] | None:
@@ -364,7 +374,7 @@ class MissTracker:
         for j in range(old_cached, new_cached):
             if ev:
                 serial = ring.eviction(h64(hashes[j]))
-                if serial >= 0:
+                if serial >= 0 and not ring.by_reset(serial):
                     found.append((j, serial))
         if found:
             self.regret.record(
@@ -374,7 +384,11 @@ class MissTracker:
     def on_stored(self, hashes: Sequence[bytes], now: float) -> None:
         """Hashes cached through the raw block API (regret check only)."""
         ring = self.ring
-        found = [(i, s) for i, h in enumerate(hashes) if (s := ring.eviction(h64(h))) >= 0]
+        found = [
+            (i, s)
+            for i, h in enumerate(hashes)
+            if (s := ring.eviction(h64(h))) >= 0 and not ring.by_reset(s)
+        ]
         if found:
             self.regret.record(hashes, found, now, None, h64(hashes[0]), None, None, None, None)
 

@@ -12,11 +12,26 @@ from dataclasses import dataclass
 from typing import Any
 
 Tag = tuple[str | None, str | None]  # (lora name, cache salt)
-REASONS = ("last_token", "block_size_floor", "cold", "evicted", "extra_keys", "chain_broken")
-HIT, LAST_TOKEN, FLOOR, COLD, EVICTED, EXTRA_KEYS, CHAIN_BROKEN = range(7)
+REASONS = (
+    "last_token",
+    "block_size_floor",
+    "cold",
+    "evicted",
+    "extra_keys",
+    "chain_broken",
+    "reset",
+)
+HIT, LAST_TOKEN, FLOOR, COLD, EVICTED, EXTRA_KEYS, CHAIN_BROKEN, RESET_DROP = range(8)
+NUM_CODES = len(REASONS) + 1
 CODE_NAMES = (None, *REASONS)
 CAUSES = ("reuse", "evict_op", "reset")
 REUSE, EVICT_OP, RESET = range(3)
+
+
+def evicted_count(evictions: list[int]) -> int:
+    """Evictions proper (reuse and the evict operation): a prefix-cache reset
+    drops every hash at once, which is neither pressure nor a regret."""
+    return evictions[REUSE] + evictions[EVICT_OP]
 
 
 @dataclass

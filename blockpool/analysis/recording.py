@@ -63,6 +63,13 @@ POOL_SETTINGS = (
 )
 
 KEYFRAME_BUDGET = 0.01  # at tick time, keyframes take at most this share of the time
+# The export's size, estimated (never by writing it): operations sampled at
+# tick time give JSON bytes per recorded byte; one keyframe, written now and
+# then, gives the bytes of each.
+SAMPLES_PER_TICK = 4
+SAMPLE_BUDGET = 0.005  # writing sampled operations: at most this share of the time
+SAMPLE_KEEP_BYTES = 1 << 22  # the sampled sums halve past this: the ratio follows the load
+MEASURE_BUDGET = 0.01  # writing keyframes to measure them: at most this share of the time
 # seq, ts, msgpack of (op class name, op fields, ok, result or error body),
 # the engine event-log seq of its first event, how many events it emitted
 Entry = tuple[int, float, bytes, int, int]
@@ -108,7 +115,7 @@ class Segment:
     per operation, the rest in arrays (nothing per operation for the
     garbage collector to track)."""
 
-    __slots__ = ("blobs", "ev_first", "ev_n", "keyframe", "nbytes", "ts")
+    __slots__ = ("blobs", "ev_first", "ev_n", "json_bytes", "keyframe", "nbytes", "ts")
 
     def __init__(self, keyframe: Keyframe) -> None:
         self.keyframe = keyframe
@@ -117,6 +124,7 @@ class Segment:
         self.ev_first = array("q")
         self.ev_n = array("q")
         self.nbytes = 0
+        self.json_bytes = 0  # its keyframe's export line, once measured
 
     def __len__(self) -> int:
         return len(self.blobs)
@@ -135,6 +143,7 @@ class Segment:
         other.ev_first = array("q", self.ev_first)
         other.ev_n = array("q", self.ev_n)
         other.nbytes = self.nbytes
+        other.json_bytes = self.json_bytes
         return other
 
 
@@ -163,6 +172,13 @@ class Recorder:
         self.keyframe_seconds = 0.0
         self.segments: deque[Segment] = deque()
         self.segments.append(Segment(self._snapshot()))
+        # the export's size: sampled JSON bytes / recorded bytes; a keyframe's JSON
+        self._sample_json = 0
+        self._sample_pack = 0
+        self._sampled_to = 0
+        self._kf_json = 0  # the latest keyframe measured
+        self._next_measure = 0.0
+        self._next_sample = 0.0
 
     def _snapshot(self) -> Keyframe:
         t0 = time.perf_counter()
@@ -207,6 +223,68 @@ class Recorder:
             and time.perf_counter() >= self._next_keyframe
         ):
             self.keyframe()
+        self.calibrate()
+
+    def calibrate(self) -> None:
+        """Tick time: a few of the operations recorded since the last call
+        written as their export lines, counted (at most SAMPLE_BUDGET of the
+        time); and the latest
+        keyframe written, when MEASURE_BUDGET allows (the size of the latest
+        measured stands for the keyframes not measured)."""
+        seg = self.segments[-1]
+        base = seg.keyframe.seq
+        lo = max(self._sampled_to, base)
+        n = self.seq - lo
+        t0 = time.perf_counter()
+        if n > 0 and (t0 >= self._next_sample or not self._sample_pack):
+            view = EventsView(self.engine.events)
+            step = max(1, n // SAMPLES_PER_TICK)
+            for seq in range(self.seq, lo, -step)[:SAMPLES_PER_TICK]:
+                entry = seg.entries(seq - base - 1, seq - base)[0]
+                self._sample_json += len(json.dumps(entry_json(entry, view))) + 1
+                self._sample_pack += len(entry[2])
+            if self._sample_pack > SAMPLE_KEEP_BYTES:
+                self._sample_json //= 2
+                self._sample_pack //= 2
+            self._sampled_to = self.seq
+            t1 = time.perf_counter()
+            self._next_sample = t1 + (t1 - t0) / SAMPLE_BUDGET
+        t0 = time.perf_counter()
+        if not seg.json_bytes and t0 >= self._next_measure:
+            kf = {"type": "keyframe", **keyframe_json(seg.keyframe)}
+            seg.json_bytes = self._kf_json = len(json.dumps(kf)) + 1
+            t1 = time.perf_counter()
+            self._next_measure = t1 + (t1 - t0) / MEASURE_BUDGET
+
+    def export_size(self) -> dict[str, Any]:
+        """What ``export_lines`` would write now, without writing it: the
+        lines exactly, the bytes estimated (``calibrate``)."""
+        if not self._kf_json or (self.ops and not self._sample_pack):
+            self.calibrate()
+        per_byte = self._sample_json / self._sample_pack if self._sample_pack else 0.0
+        header = len(json.dumps(self._header())) + 1
+        latest = self._kf_json
+        kf = sum(seg.json_bytes or latest for seg in self.segments) + latest  # and the final
+        kf_lines = len(self.segments) + 1
+        return {
+            "bytes": int(header + kf + self.nbytes * per_byte),
+            "lines": 1 + kf_lines + self.ops,
+            "last_seq": self.seq,
+            "estimated": True,
+            "json_per_recorded_byte": per_byte,
+            "keyframe_bytes": self._kf_json,
+        }
+
+    def horizon(self) -> dict[str, Any]:
+        """How far back the recording reaches: held now, and at the current
+        rate once its bounds are reached (``None`` before any operation)."""
+        held = max(0.0, self.last_ts() - self.first_ts)
+        full = self.dropped_segments > 0
+        if full or not self.ops or held <= 0:
+            return {"held_seconds": held, "full": full, "seconds": held if full else None}
+        by_ops = self.max_ops / self.ops
+        by_bytes = self.max_bytes / self.nbytes if self.nbytes else by_ops
+        return {"held_seconds": held, "full": False, "seconds": held * min(by_ops, by_bytes)}
 
     def keyframe(self) -> None:
         """Between operations only (tick time, or before the next one)."""
@@ -299,6 +377,7 @@ class Recorder:
             "dropped_segments": self.dropped_segments,
             "keyframes": [{"seq": s.keyframe.seq, "ts": s.keyframe.ts} for s in self.segments],
             "keyframes_taken": self.keyframes_taken,
+            "horizon": self.horizon(),
             "keyframe_seconds_total": self.keyframe_seconds,
             "limits": {
                 "max_ops": self.max_ops,
@@ -312,8 +391,14 @@ class Recorder:
     def export_parts(self) -> tuple[dict[str, Any], list[Segment], Keyframe, EventsView]:
         """On the engine's loop: what an export needs, consistent at one
         moment (the segments' lists are copied; the final keyframe is now)."""
+        header = self._header()
+        segs = [seg.copy() for seg in self.segments]
+        final = snapshot(self.engine, self.seq, self.clock())
+        return header, segs, final, EventsView(self.engine.events)
+
+    def _header(self) -> dict[str, Any]:
         s = self.engine.config
-        header = {
+        return {
             "type": "header",
             "format": FORMAT,
             "version": VERSION,
@@ -325,9 +410,6 @@ class Recorder:
             "first_seq": self.first_seq,
             "last_seq": self.seq,
         }
-        segs = [seg.copy() for seg in self.segments]
-        final = snapshot(self.engine, self.seq, self.clock())
-        return header, segs, final, EventsView(self.engine.events)
 
 
 def entry_json(entry: Entry, view: EventsView) -> dict[str, Any]:

@@ -17,6 +17,7 @@ operation's result and events, and the final state, against the file.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
@@ -312,8 +313,12 @@ class ReplayReport:
 
 
 def read_lines(path: str | Path) -> Iterator[dict[str, Any]]:
-    """The recording's JSON objects; ValueError naming the line of one that is not."""
-    with open(path, encoding="utf-8") as fh:
+    """The recording's JSON objects (a ``.gz`` file, or any gzip file,
+    uncompressed); ValueError naming the line of one that is not."""
+    with open(path, "rb") as probe:
+        gz = probe.read(2) == b"\x1f\x8b"
+    opener: Any = gzip.open if gz else open
+    with opener(path, "rt", encoding="utf-8") as fh:
         for n, line in enumerate(fh, start=1):
             if not line.strip():
                 continue

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from blockpool.analysis.common import hex64
-from blockpool.analysis.reasons import CAUSES, CODE_NAMES, REASONS, RequestMisses
+from blockpool.analysis.reasons import CAUSES, CODE_NAMES, REASONS, RequestMisses, evicted_count
 from blockpool.runtime.errors import NotFound
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def unpack_reasons(
 
 def regret(an: Analysis, limit: int) -> dict[str, Any]:
     m = an.misses.regret
-    total_ev = sum(an.misses.ring.evictions)
+    total_ev = evicted_count(an.misses.ring.evictions)
     rates = an.rates()
     top = []
     for r in m.top_roots(limit):
@@ -248,7 +248,7 @@ def stream_section(an: Analysis) -> dict[str, Any]:
         "miss_tokens": {name: m.tokens[code] for code, name in enumerate(REASONS, start=1)},
         "hit_blocks": m.blocks[0],
         "regrets": m.regret.regrets,
-        "evictions": sum(m.ring.evictions),
+        "evictions": evicted_count(m.ring.evictions),
         "regrets_per_s": _finite(rates["regrets_per_s"]),
         "evictions_per_s": _finite(rates["evictions_per_s"]),
         "regret_gap_p50": _finite(m.regret.regret_gap.quantile(0.5)),

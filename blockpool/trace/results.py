@@ -20,8 +20,8 @@ from typing import Any
 from blockpool.analysis.reasons import REASONS
 
 # The service's reason codes; a trace replay has no extra keys and (one
-# request at a time) no broken chain, so it uses these four.
-REASON_NAMES = tuple(r for r in REASONS if r not in ("extra_keys", "chain_broken"))
+# request at a time) no broken chain and no reset, so it uses these four.
+REASON_NAMES = tuple(r for r in REASONS if r not in ("extra_keys", "chain_broken", "reset"))
 
 
 def capacity_blocks(capacity_tokens: int | None, block_size: int) -> int | None:

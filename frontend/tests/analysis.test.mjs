@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { AnalysisSeries, REASONS, TokenSeries, analysisHealth, buildCurve, missColumns, trimHistogram, whatIf } from "../js/dashboard/state/analysis.js";
-import { HistorySource, diffRows, parseMoment, seqTime } from "../js/dashboard/state/history.js";
+import { HistorySource, diffRows, momentProblem, parseMoment, seqTime } from "../js/dashboard/state/history.js";
 import { PoolModel } from "../js/dashboard/state/model.js";
 import { decodeFrame } from "../js/dashboard/wire/protocol.js";
 import { blockCells, cellCounts, describeCell } from "../js/dashboard/render/reqbars.js";
@@ -224,11 +224,20 @@ test("seq -> time between keyframes; what the jump box accepts", () => {
   assert.equal(Number(parseMoment("14:02:05", now)), new Date(2026, 10, 29, 14, 2, 5).getTime() / 1000);
   assert.equal(parseMoment("2026-11-29T14:02:00Z"), "2026-11-29T14:02:00Z");
   assert.equal(parseMoment("  "), null);
+  // a clock time out of range is refused here, never rolled over to another day
+  assert.equal(parseMoment("99:99:99", now), null);
+  assert.match(momentProblem("99:99:99"), /not a time of day/);
+  assert.match(momentProblem("24:00"), /hours 0–23/);
+  assert.equal(momentProblem("23:59:59"), null);
+  assert.equal(momentProblem("1200"), null);
+  assert.equal(momentProblem("abc"), null); // the server says why (422), the page keeps it
 });
 
 test("analysis health: lag, restarts, errors, a report that stopped moving", () => {
   const sec = sections.at(-1);
   assert.equal(analysisHealth(null).level, "off");
+  // an idle server runs the analysis before its first report: on, waiting
+  assert.deepEqual([analysisHealth(null, { enabled: true }).level, analysisHealth(null, { enabled: true }).text], ["ok", "on, waiting for operations"]);
   assert.deepEqual(
     [analysisHealth(sec).level, analysisHealth(sec).text],
     ["ok", "inline"],

@@ -6,7 +6,7 @@ import { test } from "node:test";
 
 import { AnalysisSeries, TokenSeries } from "../js/dashboard/state/analysis.js";
 import { seedSeries, seedTokens } from "../js/dashboard/state/analysisseed.js";
-import { operatorValues, usageText } from "../js/dashboard/state/operatortiles.js";
+import { operatorValues, sinceLabel, usageText } from "../js/dashboard/state/operatortiles.js";
 import { decodeFrame } from "../js/dashboard/wire/protocol.js";
 import { loadScenario, toArrayBuffer } from "./fixtures.mjs";
 
@@ -78,4 +78,8 @@ test("the operator tiles: windows, since start, running, waiting; a missing figu
   assert.equal(none.hit.text, "25.0%", "an older server: since start from the header's counters");
   assert.equal(usageText(0.7342), "0.734");
   assert.equal(usageText(null), "—");
+  // the since tile says what REST says: since reset once the cache was reset
+  assert.equal(sinceLabel({ hit_rate_resets: 0 }), "since start");
+  assert.equal(sinceLabel({ hit_rate_resets: 2 }), "since reset");
+  assert.equal(sinceLabel({}), null);
 });

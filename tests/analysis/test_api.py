@@ -91,6 +91,27 @@ async def test_history_state_diff_export(aapi: Api) -> None:
     assert report.ok and digest(end) == digest(aapi.engine.runtime)
 
 
+async def test_export_compressed_and_its_size_from_counters(aapi: Api) -> None:
+    import gzip
+
+    await _traffic(aapi)
+    plain = await aapi.get("/api/history/export", headers={"accept-encoding": "identity"})
+    assert "content-encoding" not in plain.headers
+    r = await aapi.get("/api/history/export", headers={"accept-encoding": "br;q=1, gzip;q=0.5"})
+    assert r.headers["content-encoding"] == "gzip" and r.headers["vary"] == "Accept-Encoding"
+    # httpx undoes the Content-Encoding: the same lines (the times aside)
+    assert r.text.splitlines()[1:-1] == plain.text.splitlines()[1:-1]
+    f = await aapi.get("/api/history/export.jsonl.gz")
+    assert f.headers["content-type"] == "application/gzip"
+    assert 'filename="blockpool-recording-' in f.headers["content-disposition"]
+    assert gzip.decompress(f.content).decode().splitlines()[1:-1] == plain.text.splitlines()[1:-1]
+    size = await aapi.ok("GET", "/api/history/export/size")
+    assert size["lines"] == len(plain.text.splitlines()) and size["estimated"] is True
+    assert abs(size["bytes"] - len(plain.content)) <= 0.25 * len(plain.content)
+    info = await aapi.ok("GET", "/api/history")
+    assert info["horizon"]["full"] is False and info["horizon"]["seconds"] is not None
+
+
 async def test_bad_input_changes_nothing(aapi: Api) -> None:
     await _traffic(aapi)
     before = aapi.fingerprint()

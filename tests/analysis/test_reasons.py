@@ -170,3 +170,43 @@ def test_totals_over_requests(engine_factory: Factory) -> None:
     assert t["cold"] == {"blocks": 2, "tokens": 8}
     assert t["block_size_floor"] == {"blocks": 2, "tokens": 3}
     assert m.admissions == 2
+
+
+def test_reset_drops_are_not_evictions(engine_factory: Factory, clock: Clock) -> None:
+    """Blocks a prefix-cache reset dropped miss as ``reset``: no regret, no
+    eviction in the rates, and the shadows start over with the pool."""
+    from app.schemas import ResetOp
+    from blockpool.analysis import views
+
+    e = engine_factory(num_blocks=12)
+    assert e.analysis is not None
+    an = e.analysis.inline
+    assert an is not None
+    e.tick()
+    toks = list(range(60, 72))  # 3 full blocks
+    admit(e, "a", toks)
+    finish(e, "a")
+    e.tick()
+    assert e.apply(ResetOp()) == {"reset": True}
+    clock.advance(4)
+    admit(e, "b", toks)
+    e.tick()
+    assert reasons(e, "b") == ["reset", "reset", "reset"]
+    d = details(e, "b")[0]
+    assert d is not None and d["cause"] == "reset" and d["evicted_ago_seconds"] == 4
+    m = an.misses
+    assert m.regret.regrets == 0
+    assert m.totals()["reset"] == {"blocks": 3, "tokens": 12}
+    assert m.totals()["evicted"] == {"blocks": 0, "tokens": 0}
+    assert m.ring.evictions == [0, 0, 3]  # by cause: reuse, evict_op, reset
+    assert an.rates()["evictions_per_s"] == 0.0
+    assert views.regret(an, 5)["evictions_total"] == 0
+    sec = views.stream_section(an)
+    assert sec["evictions"] == 0 and sec["misses"]["reset"] == 3
+    # the shadows were emptied with the pool: vllm016 at 1x saw what the real
+    # pool saw since the reset (b's 12 tokens, no hit)
+    sh = views.shadows(an)
+    one = next(r for r in sh["shadows"] if r["policy"] == "vllm016" and r["factor"] == 1.0)
+    assert (one["queries"], one["hits"]) == (12, 0)
+    assert sh["real"]["span"] == {"queries_tokens": 12, "hits_tokens": 0, "hit_rate": 0.0}
+    finish(e, "b")

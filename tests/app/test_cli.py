@@ -178,3 +178,19 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.enable_caching is False and s.enable_events is False and s.num_blocks == 999
     text = describe(s, 999)
     assert "999 blocks x 32 tokens" in text and "caching off" in text and "events off" in text
+
+
+def test_model_name_flag_labels_the_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from app.engine import Engine
+    from app.metrics import make_registry
+
+    default = settings_from(parser().parse_args(["serve", "--no-storage"]))
+    assert default.model_name == "blockpool-demo"
+    s = settings_from(parser().parse_args(["serve", "--no-storage", "--model-name", "llama-3-8b"]))
+    assert s.model_name == "llama-3-8b"
+    engine = Engine(s.model_copy(update={"num_blocks": 64, "analysis_mode": "inline"}))
+    text = generate_latest(make_registry(engine, {})).decode()
+    assert 'model_name="llama-3-8b"' in text and "blockpool-demo" not in text
+    engine.check()

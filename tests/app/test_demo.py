@@ -129,3 +129,36 @@ async def test_demo_config_partial_updates(api: Api) -> None:
     assert after["max_running"] == 5 and after["rate"] == base["rate"]
     after = await api.ok("POST", "/api/demo/config", {"rate": 0})
     assert after["rate"] == 0 and after["max_running"] == 5
+
+
+def test_the_default_demo_holds_steady_on_a_busy_machine() -> None:
+    """Steps that come 8x late (a loaded machine) decode 8x the tokens: the
+    default load (rate, mix, decode lengths) keeps running and waiting far
+    below their caps for 5 simulated minutes, and drops nothing."""
+    from app.demo import MAX_CATCH_UP, STEP_S, DemoWorkload
+    from app.engine import Engine
+    from app.settings import Settings
+
+    engine = Engine(Settings(analysis_mode="inline", shadow_mode="off", storage=False))
+    engine.paranoid = False
+    demo = DemoWorkload(engine)  # the defaults
+    late = STEP_S * MAX_CATCH_UP
+    assert demo.step_tokens(STEP_S) == demo.decode_per_step
+    assert demo.step_tokens(late) == demo.decode_per_step * MAX_CATCH_UP
+    assert demo.step_tokens(10 * late) == demo.decode_per_step * MAX_CATCH_UP  # bounded
+    peak_running = peak_waiting = 0
+    for i in range(int(300 / late)):
+        demo.arrive(late)
+        demo._step(demo.step_tokens(late))
+        if i % 5 == 0:
+            engine.tick()
+        peak_running = max(peak_running, len(demo.running))
+        peak_waiting = max(peak_waiting, len(demo.waiting))
+    assert demo.stats.arrived > 0.8 * demo.rate * 300
+    assert demo.stats.dropped_waiting == 0
+    assert peak_running < demo.max_running // 2, peak_running
+    assert peak_waiting < 32, peak_waiting
+    assert demo.stats.finished > 0.8 * demo.stats.arrived
+    for rid, req in list(demo.running.items()):
+        demo._finish(rid, req)
+    engine.check()

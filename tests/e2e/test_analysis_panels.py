@@ -24,7 +24,15 @@ from tests.e2e.workload import quiesce_idle as quiesce
 
 pytestmark = pytest.mark.browser
 
-REASONS = ["last_token", "block_size_floor", "cold", "evicted", "extra_keys", "chain_broken"]
+REASONS = [
+    "last_token",
+    "block_size_floor",
+    "cold",
+    "evicted",
+    "extra_keys",
+    "chain_broken",
+    "reset",
+]
 
 
 PAGE_MISSES_JS = """() => Object.fromEntries(Array.from(

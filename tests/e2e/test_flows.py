@@ -69,8 +69,9 @@ def test_export_says_how_big_the_file_is(dashboard: Page, server: Server) -> Non
     )
     shown = int(p.js("() => document.getElementById('tt-export').dataset.bytes"))
     body = httpx.get(server.url + "/api/history/export", timeout=60).content
-    # the file is what the page announced (give or take the timestamps' digits)
-    assert abs(len(body) - shown) < 200, (len(body), shown)
+    # the file is about what the page announced (the size is estimated from
+    # the recording's counters, never by writing the file)
+    assert abs(len(body) - shown) <= 0.15 * len(body), (len(body), shown)
     label = p.page.inner_text("#tt-export")
     mb = shown / 1048576
     assert label.startswith("Export · ") and ("MB" in label or "KB" in label), label

@@ -283,6 +283,19 @@ def test_fleet_page_reflows(browser: Any, fleet: str, width: int, columns: int) 
         side = layout.sideways(page)
         wide = page.evaluate(WIDE_JS)
         assert side["scrollWidth"] <= side["clientWidth"], (side, wide)
+        # nor inside a panel (the hash map's table fits its panel)
+        panels = page.evaluate(
+            "() => [...document.querySelectorAll('.panel')]"
+            ".filter((e) => e.scrollWidth > e.clientWidth + 1)"
+            ".map((e) => (e.querySelector('h2') || e).textContent.trim().slice(0, 30))"
+        )
+        assert panels == [], panels
+        # and the hash map's column heads show whole
+        cut = page.evaluate(
+            "() => [...document.querySelectorAll('#hashmap th')]"
+            ".filter((e) => e.scrollWidth > e.clientWidth).map((e) => e.textContent)"
+        )
+        assert cut == [], cut
         assert layout.overlaps(page)["overlaps"] == []
         assert all(origin(u) == fleet for u in requests if not u.startswith("data:"))
     finally:

@@ -43,9 +43,21 @@ UNEXPLAINED_JS = """() => {
     heads: need('thead th', 'column'),
     detail: need('#detail-body .kv th', 'detail'),
     chartLegends: need('.mc-legend .mc-item', 'chart legend'),
+    uplotLegends: need('.u-legend .u-series th', 'chart legend'),
     lru: need('#lru-summary > span', 'queue summary'),
+    demoForm: need('#demo-form label', 'demo field'),
+    regret: need('#regret-summary > span', 'regret summary'),
+    detailTitle: need('#detail-title > span', 'block detail title'),
   };
-  return {counts, missing, tile: document.querySelector('[data-stat="hit"]').title};
+  // a panel title explains itself, not another term: its data-term is its own words
+  const wrong = [];
+  for (const e of document.querySelectorAll('h2[data-term]')) {
+    const own = [...e.childNodes].filter((n) => n.nodeType === 3)
+      .map((n) => n.textContent).join('').trim();
+    if (e.dataset.term !== own.toLowerCase()) wrong.push(`${own} shows "${e.dataset.term}"`);
+    if (!(e.title || '').trim()) missing.push(`panel title: ${own}`);
+  }
+  return {counts, missing, wrong, tile: document.querySelector('[data-stat="hit"]').title};
 }"""
 
 
@@ -60,8 +72,19 @@ def test_every_tile_and_term_explains_itself(dashboard: Page, server: Server) ->
     xy = p.js("(id) => window.__bp.map.cellCenterPage(id)", bid)
     p.page.mouse.click(xy["x"], xy["y"])
     wait_for(lambda: p.js("() => document.querySelectorAll('#detail-body .kv th').length") > 3)
+    p.page.locator("#regret-summary").scroll_into_view_if_needed()
+    wait_for(lambda: p.js("() => document.querySelectorAll('#regret-summary > span').length") == 3)
     got: dict[str, Any] = p.js(UNEXPLAINED_JS)
     assert got["missing"] == [], got["missing"]
+    assert got["wrong"] == [], got["wrong"]
+    assert got["counts"]["demoForm"] == 8 and got["counts"]["regret"] == 3, got["counts"]
+    # block #0: the null block and its badge say what they are
+    p.js("() => window.__bp.detail.select(0)")
+    wait_for(lambda: p.js("() => document.getElementById('detail-state')?.textContent") == "null")
+    null_got: dict[str, Any] = p.js(UNEXPLAINED_JS)
+    assert null_got["missing"] == [], null_got["missing"]
+    badge = p.js("() => document.getElementById('detail-state').title")
+    assert "never hands out" in badge, badge
     assert got["counts"]["tiles"] == 13 and got["counts"]["health"] >= 9  # 13 tiles (buildStats)
     assert got["counts"]["heads"] >= 10 and got["counts"]["legend"] == 8, got["counts"]
     assert "vllm:prefix_cache_hits" in got["tile"]

@@ -96,6 +96,11 @@ class History(Out):
     keyframes: list[Keyframe] = []
     keyframes_taken: int | None = None
     keyframe_seconds_total: float | None = None
+    horizon: dict[str, Any] | None = Field(
+        default=None,
+        description="held_seconds: the span held; seconds: how far back it reaches once "
+        "full, at the current rate (null before any operation); full: its bounds reached",
+    )
     limits: dict[str, int] | None = None
 
 
@@ -117,6 +122,12 @@ class HistoryState(Out):
     hash_map: dict[str, Any]
     requests: dict[str, Any]
     blocks: dict[str, list[Any]] | None = Field(default=None, description="with include_blocks")
+    tiles: dict[str, Any] | None = Field(
+        default=None,
+        description="the stat tiles then: usage, hit_rate_1m, hit_rate_5m, hit_rate_since "
+        "(since_label), waiting from the server's series point at the moment (point_ts); "
+        "null figures with a reason when the moment is older than that series",
+    )
 
 
 class HistoryDiff(Out):
@@ -137,8 +148,12 @@ class HistoryDiff(Out):
 
 
 class ExportSize(Out):
-    """What ``GET /api/history/export`` would send now."""
+    """What ``GET /api/history/export`` would send now: the lines exactly,
+    the bytes estimated from the recording's counters (nothing written)."""
 
     bytes: int
     lines: int
     last_seq: int
+    estimated: bool = True
+    json_per_recorded_byte: float = 0.0
+    keyframe_bytes: int = 0

@@ -118,6 +118,9 @@ class DemoStatus(Out):
     mix: dict[str, int]
     decode_tokens: Ids
     max_running: int
+    max_waiting: int | None = Field(
+        default=None, description="arrivals held waiting; past it the oldest are dropped"
+    )
     requests_running: int
     requests_waiting: int
     stats: dict[str, int]

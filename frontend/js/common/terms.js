@@ -61,6 +61,17 @@ export const TERMS = {
   request: { help: "a request id: click it to see its blocks" },
   tokens: { help: "tokens: the prompt's plus those decoded so far" },
   hits: { help: "prompt blocks found in the prefix cache when the request was admitted" },
+  // the panels' titles (each explains its own panel)
+  "token usage": { help: "the token slots running requests' blocks reserve, the tokens they hold, and the empty slots at the end of each request's last block (tail waste)" },
+  "allocations & evictions": { help: "blocks handed out by the free queue per second (alloc/s) and cached blocks whose hash was dropped to do it (evict/s)", vllm: "BlockRemoved events" },
+  "why prompts missed": { help: "every prompt block that was not a prefix hit, by its reason (hover a reason for its meaning)" },
+  "eviction regret": { help: "evicted hashes stored again later: work recomputed because the cache let them go" },
+  "what if": { help: "shadow pools fed the same requests, with another size or free order: the hit rate each would have had" },
+  "time travel": { help: "the pool at any recorded moment (scrub the timeline under the map), what changed between two moments, and the recording as a file" },
+  "kv events": { help: "the KV-cache events vLLM would publish: blocks stored, removed, and the cache cleared", vllm: "vllm.distributed.kv_events" },
+  // the hit-rate chart's legend
+  "per tick (1s avg)": { help: "prompt tokens hit / looked up between two series points (about a second)" },
+  cumulative: { help: "prompt tokens hit / looked up since the start, or since the last prefix-cache reset" },
   // the token chart
   "slots reserved": { help: "token slots of the blocks running requests hold (blocks × block size)" },
   held: { help: "tokens actually stored in those blocks" },
@@ -72,7 +83,8 @@ export const TERMS = {
   "last token": { help: "the block with the prompt's last token is always computed, even when cached" },
   "block-size floor": { help: "a partial tail block (fewer tokens than the block size) is never cached, nor shared part-way" },
   cold: { help: "its hash was never seen before (within the bounded memory of evictions)" },
-  evicted: { help: "its hash was cached before and evicted since: a bigger cache or another free order would have kept it" },
+  evicted: { help: "its hash was cached before and evicted since (its block handed out again, or the evict operation): a bigger cache or another free order might have kept it" },
+  reset: { help: "its hash was cached before and dropped by a prefix-cache reset since: not an eviction and not a regret (no cache size keeps a hash through a reset)", vllm: "reset_prefix_cache()" },
   "extra keys": { help: "the same tokens were stored under other extra keys (cache salt, LoRA)" },
   "chain broken": { help: "still cached, but an earlier block missed: the lookup stops at the first miss" },
   // regret

@@ -13,7 +13,7 @@ import { explain, explainAll } from "../common/terms.js";
 import { STATE_NAMES } from "./wire/protocol.js";
 import { StreamConnection } from "./wire/stream.js";
 import { AnalysisHub } from "./state/analysishub.js";
-import { OPERATOR_TILES, operatorValues, usageText } from "./state/operatortiles.js";
+import { OPERATOR_TILES, operatorValues, sinceLabel, usageText } from "./state/operatortiles.js";
 import { PoolModel } from "./state/model.js";
 import { PrefixTree } from "./state/prefixtree.js";
 import { BlockMap } from "./render/blockmap.js";
@@ -66,9 +66,10 @@ function legend() {
 }
 
 function stat(key, label, cls, title) {
+  const help = title || explain(label);
   return h(
     "div",
-    { class: `stat ${cls || ""}`, title: title || explain(label), dataset: { stat: key } },
+    { class: `stat ${cls || ""}`, title: help, dataset: { stat: key, help } },
     h("span", { class: "label" }, label),
     h("span", { class: "value", id: `stat-${key}` }, "—"),
   );
@@ -99,7 +100,26 @@ function setStat(key, text, value, share) {
   el.dataset.value = String(value);
 }
 
-/** The tiles at a recorded moment (time travel): its summary; the rates from the live points then. */
+/** A tile with no figure at the moment shown: "—", and why on hover (data-reason). */
+function setReason(key, reason) {
+  const el = document.getElementById(`stat-${key}`);
+  const tile = el.closest(".stat");
+  if (reason) {
+    tile.dataset.reason = reason;
+    tile.title = `${tile.dataset.help}\n\nat this moment: ${reason}`;
+  } else if (tile.dataset.reason !== undefined) {
+    delete tile.dataset.reason;
+    tile.title = tile.dataset.help;
+  }
+}
+
+/** "since start", or "since reset" once the prefix cache was reset (the REST label too). */
+function setSinceLabel(label) {
+  const el = document.querySelector('.stat[data-stat="hit"] .label');
+  if (el && label && el.textContent !== label) el.textContent = label;
+}
+
+/** The tiles at a recorded moment (time travel): every one at that moment, or "—" with the reason. */
 function momentStats(st) {
   const sm = st.summary;
   const b = sm.blocks;
@@ -108,16 +128,30 @@ function momentStats(st) {
   setStat("cached", int(b.cached), b.cached, pct(b.cached / total, 0));
   setStat("empty", int(b.empty), b.empty, pct(b.empty / total, 0));
   setStat("usage", pct(sm.usage), sm.usage);
-  const pc = sm.prefix_cache || {};
-  const hr = pc.queries_tokens ? pc.hits_tokens / pc.queries_tokens : null;
-  setStat("hit", pct(hr), hr);
+  setStat("usage01", usageText(sm.usage), sm.usage);
   setStat("keys", int(sm.hash_map_keys), sm.hash_map_keys);
   setStat("requests", int(sm.running_requests), sm.running_requests);
+  // the windows, since-start and waiting as the server computed them then
+  // (its series point at the moment), or none with the reason
+  const t = st.tiles || { reason: "this server does not report the tiles at a moment" };
+  const noPoint = t.point_ts === null || t.point_ts === undefined;
+  const fig = (key, v, text) => {
+    setStat(key, v === null || v === undefined ? "—" : text(v), v ?? null);
+    setReason(key, v === null || v === undefined ? (noPoint ? t.reason : "no value then (under two samples, or no query)") : "");
+  };
+  fig("hit1m", t.hit_rate_1m, (v) => pct(v));
+  fig("hit5m", t.hit_rate_5m, (v) => pct(v));
+  fig("hit", t.hit_rate_since, (v) => pct(v));
+  fig("waiting", t.waiting, (v) => int(v));
+  if (t.since_label) setSinceLabel(t.since_label);
   // the rates around that moment, when the page still holds its points
   const near = model.points.filter((p) => Math.abs(p.ts - st.at.ts) <= 1);
   const avg = (k) => (near.length ? near.reduce((a, p) => a + (Number.isFinite(p[k]) ? p[k] : 0), 0) / near.length : null);
+  const why = near.length ? "" : "the page holds no series point near the moment (its charts' window)";
   setStat("alloc", near.length ? rate(avg("alloc_per_s")) : "—", avg("alloc_per_s"));
   setStat("evict", near.length ? rate(avg("evict_per_s")) : "—", avg("evict_per_s"));
+  setReason("alloc", why);
+  setReason("evict", why);
 }
 
 function updateStats() {
@@ -129,13 +163,16 @@ function updateStats() {
   }
   const c = hd.counts;
   const total = Math.max(1, model.n - 1);
+  for (const key of ["hit1m", "hit5m", "hit", "waiting", "alloc", "evict"]) setReason(key, "");
   setStat("in_use", int(c.in_use), c.in_use, pct(c.in_use / total, 0));
   setStat("cached", int(c.cached), c.cached, pct(c.cached / total, 0));
   setStat("empty", int(c.empty), c.empty, pct(c.empty / total, 0));
   setStat("usage", pct(hd.usage), hd.usage);
   setStat("usage01", usageText(hd.usage), hd.usage);
   const pts = model.points;
-  for (const [k, v] of Object.entries(operatorValues(pts[pts.length - 1], hd, pct, int))) setStat(k, v.text, v.value);
+  const last = pts[pts.length - 1];
+  for (const [k, v] of Object.entries(operatorValues(last, hd, pct, int))) setStat(k, v.text, v.value);
+  setSinceLabel(sinceLabel(last));
   setStat("keys", int(hd.hash_map_keys), hd.hash_map_keys);
   const recent = pts.slice(-20);
   const avg = (k) => recent.reduce((a, p) => a + (Number.isFinite(p[k]) ? p[k] : 0), 0) / Math.max(1, recent.length);
@@ -368,7 +405,7 @@ function frame(now) {
       pollAnalysis(now);
     }
     cadence.analysisHealth.run(now, () => analysisHealth.update(now));
-    cadence.trace.run(now, () => traceItem.refresh());
+    cadence.trace.run(now, () => traceItem.refresh().then(() => controls.renderTrace(traceItem.status)));
   } catch (err) {
     showError(`render: ${err.message}`);
     console.error(err); // eslint-disable-line no-console

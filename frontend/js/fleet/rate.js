@@ -2,6 +2,15 @@
 
 const POINTS = 150;
 
+/** An axis tick in three or four characters (12k, 1.5M): never cut to ",000". */
+export function tickText(v) {
+  if (v === null || v === undefined || !Number.isFinite(v)) return "";
+  const a = Math.abs(v);
+  if (a >= 1e6) return `${Number((v / 1e6).toPrecision(3))}M`;
+  if (a >= 1e3) return `${Number((v / 1e3).toPrecision(3))}k`;
+  return String(Number(v.toPrecision(3)));
+}
+
 export class RateChart {
   constructor(container) {
     this.container = container;
@@ -46,7 +55,7 @@ export class RateChart {
         scales: { x: { time: true } },
         axes: [
           { stroke: "#8b949e", grid: { stroke: "#2a313c" } },
-          { stroke: "#8b949e", grid: { stroke: "#2a313c" }, size: 40 },
+          { stroke: "#8b949e", grid: { stroke: "#2a313c" }, size: 44, values: (u, vals) => vals.map(tickText) },
         ],
         series: [{}, ...names.map((n, k) => ({ label: n, stroke: colors[k % colors.length], width: 1 }))],
       },

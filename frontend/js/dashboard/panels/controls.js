@@ -68,6 +68,8 @@ export class Controls {
       this.onToken();
     });
     $("demo-start").addEventListener("click", () => this.demo("start"));
+    $("trace-start").addEventListener("click", () => this.trace("start"));
+    $("trace-stop").addEventListener("click", () => this.trace("stop"));
     $("demo-stop").addEventListener("click", () => this.demo("stop"));
     for (const el of $("demo-form").querySelectorAll("input")) {
       el.addEventListener("input", () => (el.dataset.touched = "1"));
@@ -251,6 +253,15 @@ export class Controls {
       this.demoStatus,
       `${st.running ? "running" : "stopped"} · ${st.rate}/s · ${st.requests_running} running · ${st.requests_waiting} waiting · ${int(st.stats.admitted)} admitted · ${int(st.stats.finished)} finished`,
     );
+    // arrivals dropped because too many waited: said, never silent
+    const dropped = st.stats.dropped_waiting || 0;
+    if (dropped) {
+      this.demoStatus.append(
+        " · ",
+        h("b", { class: "demo-dropped", id: "demo-dropped", title: `arrivals dropped because ${st.max_waiting ?? "too many"} were already waiting (the workload outran the pool): /metrics blockpool_demo_dropped_waiting_total` }, `${int(dropped)} dropped`),
+      );
+    }
+    this.demoStatus.classList.toggle("dropping", dropped > 0);
     this.demoStatus.classList.toggle("on", st.running);
     $("demo-start").disabled = st.running;
     $("demo-stop").disabled = !st.running;
@@ -263,6 +274,30 @@ export class Controls {
     fill("demo-dmin", st.decode_tokens[0]);
     fill("demo-dmax", st.decode_tokens[1]);
     for (const [k, v] of Object.entries(st.mix)) fill(`mix-${k}`, v);
+  }
+
+  /** The trace replay's controls (serve --trace): shown while a trace is loaded. */
+  renderTrace(st) {
+    const box = $("trace-ctl");
+    box.hidden = !(st && st.loaded);
+    if (box.hidden) return;
+    setText(
+      $("trace-status"),
+      `${st.running ? "running" : "stopped"} · ${st.name || "trace"} · ${Math.round((st.progress || 0) * 100)}% · ${int(st.requests_running)} running · ${int(st.requests_waiting)} waiting`,
+    );
+    $("trace-status").classList.toggle("on", st.running);
+    $("trace-start").disabled = st.running;
+    $("trace-stop").disabled = !st.running;
+  }
+
+  async trace(action) {
+    try {
+      const st = await post(`/api/trace/${action}`);
+      this.renderTrace(st);
+      this.show("ok", `trace replay ${action === "start" ? "started" : "stopped"}`);
+    } catch (err) {
+      this.showError(`trace ${action}`, err);
+    }
   }
 
   async refreshDemo() {

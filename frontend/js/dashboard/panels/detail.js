@@ -17,6 +17,15 @@ import { STATE_NAMES, hex64 } from "../wire/protocol.js";
 
 const STATE_LABEL = { null: "null", in_use: "in use", cached: "cached", empty: "empty" };
 
+/** "Block #N" and its state badge, each with its meaning on hover (block #0: the null block). */
+function blockTitle(id, state) {
+  return [
+    h("span", { class: "bt-id", title: id === 0 ? explain("null") : explain("block") }, `Block #${id}`),
+    " ",
+    h("span", { class: `badge st-${state}`, id: "detail-state", title: explain(STATE_LABEL[state]) }, STATE_LABEL[state]),
+  ];
+}
+
 export class DetailPanel {
   constructor(model, map, queueEta) {
     this.model = model;
@@ -254,8 +263,7 @@ export class DetailPanel {
     }
     const state = ["null", "in_use", "cached", "empty"][src.state[id]];
     this.title.replaceChildren(
-      `Block #${id} `,
-      h("span", { class: `badge st-${state}`, id: "detail-state" }, STATE_LABEL[state]),
+      ...blockTitle(id, state),
       h("span", { class: "pin hist-tag", title: "a recorded moment, not the live pool" }, `at op ${seq}`),
     );
     const rows = [];
@@ -298,8 +306,7 @@ export class DetailPanel {
     const hashed = m.hashed[id];
     const hex = hashed ? hex64(m.hash64[2 * id], m.hash64[2 * id + 1]) : null;
     this.title.replaceChildren(
-      `Block #${id} `,
-      h("span", { class: `badge st-${state}`, id: "detail-state" }, STATE_LABEL[state]),
+      ...blockTitle(id, state),
       ...(this.pinned === id ? [h("span", { class: "pin", title: "pinned (Esc to unpin)" }, "pinned")] : []),
     );
     const r = this.restFor === id ? this.rest : null;

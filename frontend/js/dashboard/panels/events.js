@@ -156,7 +156,14 @@ export class EventLog {
       h("td", null, EVENT_NAMES[type] || String(type)),
       h("td", { class: "mono", title: hashes.join("\n") }, shown, more),
       h("td", { class: "mono" }, parent),
-      h("td", null, info, type === EV_STORED && hashes.length ? h("button", { class: "link", "data-story-hash": hashes[0], title: "the story of the request holding this block now", onclick: () => this.onStory && this.onStory(hashes[0]) }, " who?") : null),
+      h(
+        "td",
+        null,
+        info,
+        // its own word, apart from the token count: "16 tok · who?"
+        type === EV_STORED && hashes.length ? " · " : null,
+        type === EV_STORED && hashes.length ? h("button", { class: "link", "data-story-hash": hashes[0], title: "the story of the request holding this block now", onclick: () => this.onStory && this.onStory(hashes[0]) }, "who?") : null,
+      ),
     );
   }
 }

@@ -51,15 +51,21 @@ export class HealthBar {
     if (state === "retrying") label = `retry in ${Math.max(0, (c.nextRetryAt - now) / 1000).toFixed(1)}s`;
     if (state === "auth") label = "token needed";
     if (state === "open" && m.seq === null) state = "syncing";
-    setText(cell.state, label);
+    if (state === "open") this.everLive = true;
+    // the first connection of the page is loading, not an error: no warning
+    // banner, no greyed panels until a stream that was live is lost
+    const first = !this.everLive && (state === "syncing" || state === "connecting" || state === "idle");
+    setText(cell.state, first && label !== "syncing" ? "connecting" : label);
     this.root.dataset.state = state;
-    document.body.dataset.stream = state === "open" ? "live" : state;
+    document.body.dataset.stream = state === "open" ? "live" : first ? "loading" : state;
     const banner = document.getElementById("stale-banner");
     if (banner) {
       const age = c.lastFrameAt ? ((now - c.lastFrameAt) / 1000).toFixed(0) : "?";
       setText(
         banner,
-        state === "auth"
+        first
+          ? "Loading the pool…"
+          : state === "auth"
           ? "The stream needs a token: enter it at the top right."
           : `Stream ${state === "syncing" ? "resyncing" : "disconnected"}: showing the pool as of seq ${m.seq ?? "—"} (${age} s ago) · ${label}`,
       );
@@ -76,6 +82,11 @@ export class HealthBar {
     cell.gaps.title = "gaps detected and resumed from the ring";
     setText(cell.rate, `${(this.framesPs || 0).toFixed(0)}/s · ${bytes(this.bps || 0)}/s`);
     setText(cell.fps, this.fps.toFixed(0));
+    // the figures a narrow top bar leaves out, on the stream item's hover
+    const stateItem = cell.state.parentElement;
+    if (stateItem) {
+      stateItem.title = `${explain("stream")}\n\nreconnects ${int(c.reconnects)} · gaps resumed ${int(c.gapsResumed)} · in ${(this.framesPs || 0).toFixed(0)} frames/s, ${bytes(this.bps || 0)}/s · ${this.fps.toFixed(0)} fps`;
+    }
     cell.fps.title = `map draw: last ${this.perf.map.lastMs.toFixed(2)} ms, max ${this.perf.map.maxMs.toFixed(1)} ms`;
   }
 }

@@ -70,6 +70,11 @@ export class RequestView {
     const seq = ++this.seq;
     setText(this.status, "loading…");
     this.el.dataset.state = "loading";
+    // another request: the previous story goes at once (never shown under the new id)
+    if (!this.story || this.story.request_id !== rid) {
+      this.story = null;
+      this.body.replaceChildren(h("p", { class: "muted", id: "rv-loading" }, `loading ${rid}…`));
+    }
     if (scroll) this.el.scrollIntoView({ block: "nearest" });
     try {
       const s = await api("GET", `/api/requests/${encodeURIComponent(rid)}/story`, undefined, { quiet: true });

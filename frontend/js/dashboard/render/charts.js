@@ -5,7 +5,7 @@
 import { $ } from "../../common/dom.js";
 import { dur, durTick } from "../../common/format.js";
 import { COLORS, rgbCss } from "../../common/palette.js";
-import { apartFilter, labelWidth } from "./minichart.js";
+import { apartFilter, compact, labelWidth } from "./minichart.js";
 import { markMoment } from "./moment.js";
 
 const uPlot = window.uPlot;
@@ -35,7 +35,7 @@ function sizeOf(el) {
   return { width: Math.max(120, el.clientWidth), height: Number(el.dataset.h) || 140 };
 }
 
-const compact = (v) => (v >= 1e6 ? `${(v / 1e6).toFixed(1)}M` : v >= 1e3 ? `${(v / 1e3).toFixed(v >= 1e4 ? 0 : 1)}k` : String(Math.round(v)));
+// (axis ticks below 10 keep their decimal: an idle axis reads 1, 0.5, 0, never "1, 1, 0")
 
 export class Charts {
   constructor(model) {

@@ -61,6 +61,9 @@ export function describeCell(c) {
     case "chain_broken":
       why = "still cached, but an earlier block missed";
       break;
+    case "reset":
+      why = d.expired ? "dropped by a prefix-cache reset long ago" : `dropped by a prefix-cache reset ${secs(d.evicted_ago_seconds)} ago (not an eviction)`;
+      break;
     case "last_token":
       why = "holds the last prompt token (always computed)";
       break;

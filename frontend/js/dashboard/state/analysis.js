@@ -5,7 +5,7 @@
 // GET /api/shadows (or the section's shadow rows), and the analysis health
 // line (worker lag, restarts, errors, a section that stopped moving).
 
-export const REASONS = ["last_token", "block_size_floor", "cold", "evicted", "extra_keys", "chain_broken"];
+export const REASONS = ["last_token", "block_size_floor", "cold", "evicted", "extra_keys", "chain_broken", "reset"];
 
 export const REASON_LABEL = {
   last_token: "last token",
@@ -14,15 +14,17 @@ export const REASON_LABEL = {
   evicted: "evicted",
   extra_keys: "extra keys",
   chain_broken: "chain broken",
+  reset: "reset",
 };
 
 export const REASON_HELP = {
   last_token: "holds the last prompt token: always computed, even when cached",
   block_size_floor: "partial tail block, or the prompt shares only part of this block with an earlier one",
   cold: "its hash was never seen (within the bounded memory of evictions)",
-  evicted: "its hash was cached before and evicted since",
+  evicted: "its hash was cached before and evicted since (its block reused, or the evict operation)",
   extra_keys: "the same first-block tokens were stored under other extra keys (cache salt, LoRA)",
   chain_broken: "still cached, but an earlier block missed and the lookup stops at the first miss",
+  reset: "its hash was cached before and dropped by a prefix-cache reset since: not an eviction, no regret",
 };
 
 /** [r, g, b] per reason (+ hit, decode, pending): the chart, the table, the request bars. */
@@ -34,6 +36,7 @@ export const REASON_RGB = {
   evicted: [248, 81, 73],
   extra_keys: [219, 97, 162],
   chain_broken: [240, 136, 62],
+  reset: [57, 197, 187],
   decode: [48, 54, 61],
   pending: [72, 79, 88],
 };
@@ -301,7 +304,8 @@ export function whatIf(curve) {
  * -> {level: "off" | "ok" | "warn" | "err", text, title}
  */
 export function analysisHealth(section, ctx = {}) {
-  if (!section) return { level: "off", text: "off", title: "no analysis section on the stream (the analysis is off, or not reported yet)" };
+  if (!section && ctx.enabled) return { level: "ok", text: "on, waiting for operations", title: "the analysis runs on this server; it reports once the pool has had operations" };
+  if (!section) return { level: "off", text: "off", title: "no analysis section on the stream: the analysis is off on this server" };
   const lagWarn = ctx.lagWarn || 5000;
   const w = section.worker;
   const parts = [];

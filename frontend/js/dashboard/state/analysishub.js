@@ -16,6 +16,7 @@ export class AnalysisHub {
     this.firstAt = 0; // when this server's first section came
     this.activityAt = 0; // when the pool last changed (a delta with blocks or events)
     this.resyncs0 = undefined;
+    this.enabled = false; // the server runs the analysis (snapshot's analysis_enabled)
     model.on("config", (frame) => {
       if (this.epoch !== undefined && frame.header.epoch !== this.epoch) this.clear();
       this.epoch = frame.header.epoch;
@@ -25,8 +26,10 @@ export class AnalysisHub {
       const series = hd.series || [];
       this.tokens.ingest(series.length ? series[series.length - 1].ts : Date.now() / 1000, hd.tokens);
       this.take(hd.analysis);
-      // a snapshot always carries the section when the analysis runs
-      document.body.dataset.analysis = hd.analysis ? "on" : "off";
+      // the snapshot says whether the analysis runs, section or not (an idle
+      // server, a worker that has not reported yet: on, waiting)
+      this.enabled = Boolean(hd.analysis || hd.analysis_enabled);
+      document.body.dataset.analysis = this.enabled ? "on" : "off";
     });
     model.on("delta", (frame) => {
       const hd = frame.header;
@@ -35,7 +38,7 @@ export class AnalysisHub {
       if ((ids && ids.length) || (hd.events && hd.events.length)) this.activityAt = performance.now();
       if (hd.analysis) {
         this.take(hd.analysis);
-        // a snapshot before the worker's first report said "off"
+        this.enabled = true;
         document.body.dataset.analysis = "on";
       }
     });
@@ -66,6 +69,7 @@ export class AnalysisHub {
     return analysisHealth(this.section, {
       sinceMoveS: stale ? (now - this.movedAt) / 1000 : undefined,
       resyncs0: this.resyncs0,
+      enabled: this.enabled,
     });
   }
 }

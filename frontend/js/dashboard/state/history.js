@@ -60,15 +60,29 @@ export function seqTime(info, seq) {
  */
 export function parseMoment(text, now = new Date()) {
   const t = text.trim();
-  if (!t) return null;
+  if (!t || momentProblem(t)) return null;
   if (/^\d+$/.test(t) && Number(t) < 1e9) return t;
-  const m = /^(\d{1,2}):(\d{2})(?::(\d{2})(\.\d+)?)?$/.exec(t);
+  const m = CLOCK.exec(t);
   if (m) {
     const d = new Date(now.getTime());
     d.setHours(Number(m[1]), Number(m[2]), Number(m[3] || 0), Math.round(Number(m[4] || 0) * 1000));
     return String(d.getTime() / 1000);
   }
   return t;
+}
+
+const CLOCK = /^(\d{1,2}):(\d{2})(?::(\d{2})(\.\d+)?)?$/;
+
+/** Why the jump box cannot take `text` (checked here, before any request), or null. */
+export function momentProblem(text) {
+  const t = String(text).trim();
+  if (!t) return "give a moment: an op seq, a time of day (14:02:05), a Unix or ISO time";
+  const m = CLOCK.exec(t);
+  if (m && (Number(m[1]) > 23 || Number(m[2]) > 59 || Number(m[3] || 0) > 59)) {
+    return `${t} is not a time of day: hh:mm or hh:mm:ss, hours 0–23, minutes and seconds 0–59`;
+  }
+  if (!m && /^[\d:]+$/.test(t) && t.includes(":")) return `${t} is not a time of day: hh:mm or hh:mm:ss`;
+  return null;
 }
 
 /** The diff as rows: {evicted: [[hash, id]], entered: [[hash, id]], started, ended, ...}. */

@@ -40,6 +40,13 @@ export function operatorValues(point, header, pct, int) {
   };
 }
 
+/** The since tile's label from a series point: "since reset" once the prefix cache was reset (null: not said). */
+export function sinceLabel(point) {
+  const n = point && point.hit_rate_resets;
+  if (typeof n !== "number" || !Number.isFinite(n)) return null;
+  return n > 0 ? "since reset" : "since start";
+}
+
 /** Usage as vllm:kv_cache_usage_perc reports it: the 0-1 fraction. */
 export function usageText(usage) {
   return finite(usage) === null ? "—" : usage.toFixed(3);

@@ -40,9 +40,9 @@ export class RegretPanel {
     if (!sec) return;
     const ratio = sec.evictions ? sec.regrets / sec.evictions : null;
     this.summary.replaceChildren(
-      h("span", null, "regrets ", h("b", { id: "regret-total" }, int(sec.regrets)), ` of ${int(sec.evictions)} evictions (${pct(ratio)})`),
-      h("span", null, "last min ", h("b", null, rateFmt(sec.regrets_per_s)), "/s vs ", h("b", null, rateFmt(sec.evictions_per_s)), " evictions/s"),
-      h("span", null, "gap p50 ", h("b", null, dur(sec.regret_gap_p50)), " p90 ", h("b", null, dur(sec.regret_gap_p90))),
+      h("span", { title: "hashes stored again after their eviction, of all evictions (reuse and the evict operation; a prefix-cache reset's drops are not evictions): the share of evictions that cost a recompute" }, "regrets ", h("b", { id: "regret-total" }, int(sec.regrets)), ` of ${int(sec.evictions)} evictions (${pct(ratio)})`),
+      h("span", { title: "over the last minute: regrets per second against evictions per second" }, "last min ", h("b", null, rateFmt(sec.regrets_per_s)), "/s vs ", h("b", null, rateFmt(sec.evictions_per_s)), " evictions/s"),
+      h("span", { title: "time from an eviction to the hash being stored again: median (p50) and 90th percentile (p90), as histogram bucket bounds" }, "gap p50 ", h("b", null, dur(sec.regret_gap_p50)), " p90 ", h("b", null, dur(sec.regret_gap_p90))),
     );
   }
 

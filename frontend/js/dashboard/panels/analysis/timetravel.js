@@ -9,10 +9,18 @@ import { api, getToken } from "../../../common/api.js";
 import { $, h, setText } from "../../../common/dom.js";
 import { bytes, dur, int } from "../../../common/format.js";
 import { hms } from "../../render/minichart.js";
-import { HistorySource, diffRows, parseMoment, seqTime } from "../../state/history.js";
+import { HistorySource, diffRows, momentProblem, parseMoment, seqTime } from "../../state/history.js";
 
 const quiet = (path) => api("GET", path, undefined, { quiet: true });
 const QUEUE_ROWS = 120; // the recorded free queue's head the LRU panel shows
+
+/** How far back the recording reaches (GET /api/history `horizon`). */
+export function horizonText(hz) {
+  if (!hz) return "horizon —";
+  if (hz.full) return `holds the last ${dur(hz.seconds)} (full: older moments drop)`;
+  if (hz.seconds === null || hz.seconds === undefined) return "horizon — (no operation yet)";
+  return `holds ~${dur(hz.seconds)} at this rate`;
+}
 
 export class TimeTravel {
   constructor(model, map, { onEnter, onLeave, onMoment, showRequest, highlight, visible } = {}) {
@@ -27,6 +35,7 @@ export class TimeTravel {
     this.visible = visible || (() => true); // is the time-travel panel on screen?
     this.info = null;
     this.error = "";
+    this.jumpError = ""; // the jump box's refusal, shown until corrected
     this.mode = "live"; // live | history
     this.src = null; // HistorySource shown
     this.want = null; // seq asked for (the slider)
@@ -49,6 +58,7 @@ export class TimeTravel {
     this.enteredBody = $("diff-entered");
     this.reqsEl = $("diff-requests");
     this.exportLink = $("tt-export");
+    this.exportGz = $("tt-export-gz");
     this.exportSize = null; // {bytes, lines, last_seq, at}: GET /api/history/export/size
     this.sizing = false;
     this._wire();
@@ -71,6 +81,11 @@ export class TimeTravel {
         this.jumpTo(this.jump.value);
       }
     });
+    // a refused moment stays said until the box is corrected (a jump that
+    // works) or emptied
+    this.jump.addEventListener("input", () => {
+      if (!this.jump.value.trim()) this._jumpOk();
+    });
     for (const btn of document.querySelectorAll("[data-last]")) {
       btn.addEventListener("click", () => this.diffLast(Number(btn.dataset.last)));
     }
@@ -84,7 +99,12 @@ export class TimeTravel {
     this.exportLink.addEventListener("click", (ev) => {
       if (!getToken()) return; // a plain download; with a token, fetch it with the header
       ev.preventDefault();
-      this.exportWithToken();
+      this.exportWithToken("/api/history/export", "jsonl");
+    });
+    this.exportGz.addEventListener("click", (ev) => {
+      if (!getToken()) return;
+      ev.preventDefault();
+      this.exportWithToken("/api/history/export.jsonl.gz", "jsonl.gz");
     });
   }
 
@@ -95,9 +115,9 @@ export class TimeTravel {
       this.info = await quiet("/api/history");
       this.error = "";
       this.pollEvery = 3000;
-      // the export's true size (the JSON is several times the memory held): now and then
-      const stale = !this.exportSize || performance.now() - this.exportSize.at > 30000;
-      if (stale && this.visible()) this.measureExport();
+      // the export's size (the JSON is several times the memory held): read
+      // from the recording's counters, cheap: with every poll while on screen
+      if (this.visible()) this.measureExport();
     } catch (err) {
       this.info = null;
       this.error = err.status === 409 ? err.message : `GET /api/history: ${err.message}`;
@@ -124,9 +144,9 @@ export class TimeTravel {
     const secs = info.last_ts - info.first_ts;
     setText(
       this.span,
-      `${hms(info.first_ts)}–${hms(info.last_ts)} (${dur(secs)}) · ops ${int(info.first_seq)}–${int(info.last_seq)} · ${int(info.keyframes.length)} keyframes · ${bytes(info.bytes_held)} in memory`,
+      `${hms(info.first_ts)}–${hms(info.last_ts)} (${dur(secs)}) · ${horizonText(info.horizon)} · ops ${int(info.first_seq)}–${int(info.last_seq)} · ${int(info.keyframes.length)} keyframes · ${bytes(info.bytes_held)} in memory`,
     );
-    if (!this.active) this._at(`live · ${hms(info.last_ts)} · op ${int(info.last_seq)}`);
+    if (!this.active) this._at(this.jumpError || `live · ${hms(info.last_ts)} · op ${int(info.last_seq)}`);
     this._marks();
   }
 
@@ -213,7 +233,7 @@ export class TimeTravel {
     this.want = null;
     this.gen++;
     // an error from a jump or a fetch is about the moment left: it goes too
-    this.jump.classList.remove("bad");
+    this._jumpOk();
     if (!this.active) {
       this.render();
       return;
@@ -230,18 +250,39 @@ export class TimeTravel {
   }
 
   async jumpTo(text) {
+    const problem = momentProblem(text);
+    if (problem) {
+      this._jumpBad(problem);
+      return;
+    }
     const at = parseMoment(text);
-    if (at === null) return;
     this.want = null;
     const gen = ++this.gen;
     try {
       const st = await quiet(`/api/history/state?at=${encodeURIComponent(at)}&include_blocks=true&limit=${QUEUE_ROWS}`);
+      this._jumpOk();
       if (gen === this.gen) this.show(st);
-      this.jump.classList.remove("bad");
     } catch (err) {
-      this.jump.classList.add("bad");
-      this._at(`${text}: ${err.message}`);
+      this._jumpBad(`${text.trim()}: ${err.message}`);
     }
+  }
+
+  /** The jump box refused its moment: said in the box and the moment line, until corrected. */
+  _jumpBad(message) {
+    this.jumpError = message;
+    this.jump.classList.add("bad");
+    this.jump.setAttribute("aria-invalid", "true");
+    this.jump.dataset.error = message;
+    this._at(message);
+  }
+
+  _jumpOk() {
+    const had = Boolean(this.jumpError);
+    this.jumpError = "";
+    this.jump.classList.remove("bad");
+    this.jump.removeAttribute("aria-invalid");
+    delete this.jump.dataset.error;
+    if (had && !this.active) this.render();
   }
 
   /** Hover line for a block of the moment shown. */
@@ -324,7 +365,7 @@ export class TimeTravel {
     );
   }
 
-  /** How big the export is now: the server writes it once and counts (GET /api/history/export/size). */
+  /** How big the export is now: estimated by the server from the recording's counters (GET /api/history/export/size). */
   async measureExport() {
     if (this.sizing) return;
     this.sizing = true;
@@ -333,7 +374,7 @@ export class TimeTravel {
       this.exportSize = { ...sz, at: performance.now() };
       setText(this.exportLink, `Export · ${bytes(sz.bytes)}`);
       this.exportLink.dataset.bytes = String(sz.bytes);
-      this.exportLink.title = `the recording as NDJSON: ${int(sz.bytes)} bytes, ${int(sz.lines)} lines at op ${int(sz.last_seq)} (it grows as the pool works; replay it with \`blockpool replay FILE\`)`;
+      this.exportLink.title = `the recording as NDJSON: about ${bytes(sz.bytes)} (estimated from the recording), ${int(sz.lines)} lines at op ${int(sz.last_seq)}; it grows as the pool works; sent gzip-compressed to a browser; replay it with \`blockpool replay FILE\``;
     } catch (err) {
       this.exportLink.title = `the recording as NDJSON (its size: ${err.message})`;
     } finally {
@@ -341,13 +382,13 @@ export class TimeTravel {
     }
   }
 
-  async exportWithToken() {
+  async exportWithToken(path, ext) {
     try {
-      const resp = await fetch("/api/history/export", { headers: { Authorization: `Bearer ${getToken()}` } });
+      const resp = await fetch(path, { headers: { Authorization: `Bearer ${getToken()}` } });
       if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
       const blob = await resp.blob();
       const url = URL.createObjectURL(blob);
-      const a = h("a", { href: url, download: `blockpool-recording-${Math.floor(Date.now() / 1000)}.jsonl` });
+      const a = h("a", { href: url, download: `blockpool-recording-${Math.floor(Date.now() / 1000)}.${ext}` });
       document.body.append(a);
       a.click();
       a.remove();
