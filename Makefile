@@ -66,7 +66,7 @@ VLLM016_DEPS  = msgspec pyzmq cbor2 xxhash psutil regex numpy packaging pydantic
 	cloudpickle py-cpuinfo prometheus_client fastapi blake3 sentencepiece tiktoken \
 	einops pyyaml tqdm filelock "lark==1.2.2" gguf mistral_common openai-harmony \
 	partial-json-parser "llguidance>=1.3.0,<1.4.0" python-json-logger setproctitle ijson \
-	watchfiles diskcache
+	watchfiles diskcache triton
 
 $(VLLM016)/.blockpool-bench:
 	test -x $(VLLM016_PY) || $(PYTHON) -m venv $(VLLM016)
