@@ -129,9 +129,16 @@ class Page:
     """A dashboard tab with its console errors collected."""
 
     def __init__(
-        self, browser: Any, url: str, name: str, viewport: dict[str, int] | None = None
+        self,
+        browser: Any,
+        url: str,
+        name: str,
+        viewport: dict[str, int] | None = None,
+        init_script: str | None = None,
     ) -> None:
         self.ctx = browser.new_context(viewport=viewport or VIEWPORT)
+        if init_script:  # a test's own recorder, in place before the page's scripts
+            self.ctx.add_init_script(script=init_script)
         hooks.install(self.ctx)  # window.__bp (the page itself sets no globals)
         # every URL the page asks for (the websocket too): none may leave the server
         self.requests: list[str] = []

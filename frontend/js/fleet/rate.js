@@ -1,6 +1,18 @@
 // Events per second per instance (uPlot, vendored), from the stream's ticks.
 
 const POINTS = 150;
+/** The least span the x axis shows (s): one point still reads as a clock time, not years. */
+export const MIN_SPAN = 30;
+
+/** The x range for points from lo to hi (unix s): at least MIN_SPAN, ending at the latest. */
+export function timeRange(lo, hi) {
+  if (hi === null || hi === undefined || !Number.isFinite(hi)) {
+    const now = Date.now() / 1000;
+    return [now - MIN_SPAN, now];
+  }
+  const from = lo === null || lo === undefined || !Number.isFinite(lo) ? hi : lo;
+  return hi - from >= MIN_SPAN ? [from, hi] : [hi - MIN_SPAN, hi];
+}
 
 /** An axis tick in three or four characters (12k, 1.5M): never cut to ",000". */
 export function tickText(v) {
@@ -9,6 +21,15 @@ export function tickText(v) {
   if (a >= 1e6) return `${Number((v / 1e6).toPrecision(3))}M`;
   if (a >= 1e3) return `${Number((v / 1e3).toPrecision(3))}k`;
   return String(Number(v.toPrecision(3)));
+}
+
+const two = (n) => String(n).padStart(2, "0");
+
+/** An x tick as a clock time (14:05:30): the same reading at any span. */
+export function clockText(t) {
+  if (t === null || t === undefined || !Number.isFinite(t)) return "";
+  const d = new Date(t * 1000);
+  return `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
 }
 
 export class RateChart {
@@ -34,7 +55,10 @@ export class RateChart {
         this.xs.shift();
         this.ys.forEach((y) => y.shift());
       }
-      this.plot.setData([this.xs, ...this.ys]);
+      // the x range set here, not by uPlot: it widens a lone point to a thousand days
+      this.plot.setData([this.xs, ...this.ys], false);
+      const [min, max] = timeRange(this.xs[0], this.xs[this.xs.length - 1]);
+      this.plot.setScale("x", { min, max });
     }
     this.prev = { ts, counts };
   }
@@ -52,9 +76,11 @@ export class RateChart {
         width,
         height: 120,
         legend: { show: true },
-        scales: { x: { time: true } },
+        // room on the right for half of the last clock label (centred on the plot's edge)
+        padding: [8, 28, 0, 0],
+        scales: { x: { time: true, auto: false } },
         axes: [
-          { stroke: "#8b949e", grid: { stroke: "#2a313c" } },
+          { stroke: "#8b949e", grid: { stroke: "#2a313c" }, space: 70, values: (u, vals) => vals.map(clockText) },
           { stroke: "#8b949e", grid: { stroke: "#2a313c" }, size: 44, values: (u, vals) => vals.map(tickText) },
         ],
         series: [{}, ...names.map((n, k) => ({ label: n, stroke: colors[k % colors.length], width: 1 }))],

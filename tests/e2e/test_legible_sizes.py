@@ -1,0 +1,258 @@
+"""Nothing cut, nothing sideways, at 1600x1000, 1280x800 and 1000x800, on the
+dashboard (the demo running) and the fleet page: no panel title, label,
+placeholder or chart axis label is clipped, the fleet page's events/s axis
+reads clock times from its first point, and a histogram with no samples says
+so over a readable axis.  Screenshots land in test-artifacts/e2e/legible-*.png.
+
+Chart axis labels are canvas text: an init script records every uPlot the
+page makes (``window.__plots``) so the test can read where each label was
+drawn and how wide it is.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import ARTIFACTS, Page, Server, free_port, wait_for
+from tests.e2e.test_layout import fleet  # noqa: F401  (the fleet page with data)
+from tests.e2e.workload import start_demo
+
+pytestmark = pytest.mark.browser
+
+SIZES = [(1600, 1000), (1280, 800), (1000, 800)]
+IDS = [f"{w}x{h}" for w, h in SIZES]
+
+# every uPlot the page makes, and for each draw: how many x values and the x labels
+PLOTS_INIT = """
+(() => {
+  let U = undefined;
+  window.__plots = [];
+  Object.defineProperty(window, "uPlot", {
+    configurable: true,
+    get: () => U,
+    set: (Base) => {
+      U = class extends Base {
+        constructor(...args) {
+          super(...args);
+          this.__draws = [];
+          window.__plots.push(this);
+          const hk = this.hooks;
+          hk.draw = [...(hk.draw || []), (u) => {
+            if (u.__draws.length < 400) u.__draws.push({
+              n: u.data[0].length, min: u.scales.x.min, max: u.scales.x.max,
+              labels: (u.axes[0]._values || []).filter((v) => v),
+            });
+          }];
+        }
+      };
+    },
+  });
+})();
+"""
+
+CLIPPED_JS = """(rootSel) => {
+  const root = document.querySelector(rootSel) || document.body;
+  const shown = (e) => e.getClientRects().length > 0
+    && getComputedStyle(e).visibility === "visible";
+  const ctx = document.createElement('canvas').getContext('2d');
+  const cut = [];
+  // titles and labels whose text does not fit their box
+  const sel = 'h2, h3, .hist-title, th, label, button, .label, summary, .panel-head > span, .btn';
+  for (const e of root.querySelectorAll(sel)) {
+    if (!shown(e) || e.clientWidth === 0) continue;
+    if (e.scrollWidth > e.clientWidth + 1) cut.push(`text: ${e.textContent.trim().slice(0, 40)}`);
+  }
+  // placeholders (an empty input shows its whole hint)
+  for (const e of root.querySelectorAll('input[placeholder]')) {
+    if (!shown(e) || e.value) continue;
+    const cs = getComputedStyle(e);
+    ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+    const room = e.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+    const need = ctx.measureText(e.placeholder).width;
+    if (need > room + 1) cut.push(`placeholder: ${e.placeholder} (${need.toFixed(0)} > ${room})`);
+  }
+  // chart axis labels inside their canvas
+  for (const u of window.__plots || []) {
+    if (!shown(u.root) || !u.root.isConnected) continue;
+    const W = u.width;
+    const left = u.bbox.left / uPlot.pxRatio;
+    u.axes.forEach((ax, k) => {
+      if (ax.show === false) return;
+      ctx.font = ax.font[0] || ax.font;
+      const vals = ax._values || [];
+      (ax._splits || []).forEach((v, i) => {
+        const t = vals[i];
+        if (v === null || v === undefined || !t) return;
+        const w = ctx.measureText(String(t)).width;
+        const where = u.root.closest('[id]');
+        const name = `${where ? where.id : '?'} axis ${k} "${t}"`;
+        if (k === 0) {
+          const x = left + u.valToPos(v, 'x');
+          if (x - w / 2 < -1 || x + w / 2 > W + 1) cut.push(`${name} outside 0..${W}`);
+        } else {
+          const room = ax._size - (ax.ticks.size || 0) - (ax.gap || 0);
+          if (w > room + 1) cut.push(`${name} wider than its axis (${w.toFixed(0)} > ${room})`);
+        }
+      });
+    });
+  }
+  const s = document.scrollingElement;
+  const wide = [...document.querySelectorAll('.panel')]
+    .filter((e) => shown(e) && e.scrollWidth > e.clientWidth + 1)
+    .map((e) => (e.querySelector('h2') || e).textContent.trim().slice(0, 30));
+  return {cut, sideways: s.scrollWidth - s.clientWidth, wide};
+}"""
+
+
+def _dashboard(browser: Any, url: str, name: str, size: tuple[int, int]) -> Page:
+    w, h = size
+    return Page(browser, url, name, viewport={"width": w, "height": h}, init_script=PLOTS_INIT)
+
+
+@pytest.fixture(scope="module")
+def quiet() -> Iterator[Server]:
+    """A server nothing has evicted on (its histograms hold no samples)."""
+    srv = Server(free_port(), "--num-blocks", "1024", "--log-level", "warning", name="quiet")
+    srv.start()
+    yield srv
+    srv.close()
+
+
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
+def test_dashboard_nothing_clipped_nor_sideways(
+    browser: Any, server: Server, size: tuple[int, int]
+) -> None:
+    p = _dashboard(browser, server.url, f"legible-dashboard-{size[0]}", size)
+    try:
+        start_demo(server, rate=8.0)
+        wait_for(
+            lambda: p.js("() => window.__bp.model.histograms?.lifetime?.count ?? 0") > 5,
+            timeout=60,
+            what="eviction samples",
+        )
+        wait_for(lambda: p.js("() => window.__bp.model.points.length") > 40, what="points")
+        p.page.locator("#analysis").scroll_into_view_if_needed()
+        p.page.locator(".bottom").scroll_into_view_if_needed()
+        p.js("() => window.scrollTo(0, 0)")
+        p.frames(3)
+        got = p.js(CLIPPED_JS, "body")
+        p.shot()
+        assert got["sideways"] <= 0, got
+        assert got["wide"] == [], got
+        assert got["cut"] == [], got["cut"]
+        assert p.errors == []
+    finally:
+        p.close()
+        server.post("/api/demo/stop")
+
+
+HIST_JS = """() => {
+  const ctx = document.createElement('canvas').getContext('2d');
+  return Object.entries(window.__bp.charts.hists).map(([name, u]) => {
+    const box = u.root.closest('.hist');
+    const note = box.querySelector('.hist-empty');
+    const ax = u.axes[0];
+    ctx.font = ax.font[0] || ax.font;
+    const spans = [];
+    (ax._splits || []).forEach((v, i) => {
+      const t = (ax._values || [])[i];
+      if (v === null || v === undefined || !t) return;
+      const x = u.valToPos(v, 'x');
+      const w = ctx.measureText(t).width;
+      spans.push([x - w / 2, x + w / 2, t]);
+    });
+    return {name, note: note && note.getClientRects().length ? note.textContent : null,
+            spans: spans.sort((a, b) => a[0] - b[0])};
+  });
+}"""
+
+
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
+def test_an_empty_histogram_says_so_over_a_readable_axis(
+    browser: Any, quiet: Server, size: tuple[int, int]
+) -> None:
+    p = _dashboard(browser, quiet.url, f"legible-empty-hists-{size[0]}", size)
+    try:
+        assert p.js("() => window.__bp.model.histograms.lifetime.count") == 0
+        p.page.locator(".hists").scroll_into_view_if_needed()
+        wait_for(
+            lambda: all(len(h["spans"]) >= 3 for h in p.js(HIST_JS)),
+            what="the empty histograms' axes",
+        )
+        for h in p.js(HIST_JS):
+            assert h["note"] == "no samples yet", h
+            for a, b in itertools.pairwise(h["spans"]):
+                assert b[0] >= a[1] + 2, f"{h['name']}: {a[2]!r} and {b[2]!r} touch"
+        got = p.js(CLIPPED_JS, ".hists")
+        assert got["cut"] == [], got["cut"]
+        p.shot()
+        assert p.errors == []
+    finally:
+        p.close()
+
+
+def test_histograms_with_samples_drop_the_empty_note(browser: Any, server: Server) -> None:
+    p = _dashboard(browser, server.url, "legible-hists-filled", SIZES[1])
+    try:
+        start_demo(server, rate=8.0)
+        wait_for(
+            lambda: (
+                p.js(HIST_JS)[0]["note"] is None
+                and p.js("() => window.__bp.model.histograms.lifetime.count") > 0
+            ),
+            timeout=60,
+            what="lifetime samples",
+        )
+        assert p.js(HIST_JS)[0]["note"] is None
+    finally:
+        p.close()
+        server.post("/api/demo/stop")
+
+
+RATE_DRAWS_JS = """() => {
+  const u = (window.__plots || []).find((p) => p.root.closest('#rate-chart'));
+  return u ? u.__draws.filter((d) => d.n > 0) : null;
+}"""
+
+
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
+def test_fleet_page_nothing_clipped_and_its_rate_axis_reads_times(
+    browser: Any,
+    fleet: str,  # noqa: F811
+    size: tuple[int, int],
+) -> None:
+    w, h = size
+    ctx = browser.new_context(viewport={"width": w, "height": h})
+    try:
+        ctx.add_init_script(script=PLOTS_INIT)
+        page = ctx.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(fleet + "/")
+        page.wait_for_selector("#instances .instance")
+        page.wait_for_function("() => document.querySelectorAll('#hashmap tbody tr').length > 0")
+        page.wait_for_selector("#tree li")
+        # the chart drew with one point, then with more
+        wait_for(
+            lambda: (d := page.evaluate(RATE_DRAWS_JS)) and d[-1]["n"] >= 3, what="rate points"
+        )
+        draws = page.evaluate(RATE_DRAWS_JS)
+        assert draws[0]["n"] == 1, draws[:3]
+        for d in draws:
+            # seconds to minutes of x range, labelled as clock times (never a year)
+            assert 10 <= d["max"] - d["min"] <= 3600, d
+            assert d["labels"], d
+            assert all(":" in t for t in d["labels"]), d
+        got = page.evaluate(CLIPPED_JS, "body")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"legible-fleet-{w}.png"), full_page=True)
+        assert got["sideways"] <= 0, got
+        assert got["wide"] == [], got
+        assert got["cut"] == [], got["cut"]
+        assert errors == []
+    finally:
+        ctx.close()
