@@ -338,7 +338,9 @@ export class Controls {
   setAuth(required) {
     this.authRequired = required;
     const tok = $("token");
-    tok.placeholder = required ? "token (writes need it)" : "token (not needed)";
+    // short enough for the compact top bar; the whole sentence on hover
+    tok.placeholder = required ? "token for writes" : "token (not needed)";
+    tok.title = required ? "this server needs its bearer token for every change" : "this server takes changes without a token";
     tok.classList.toggle("need", required && !getToken());
     setText($("auth-note"), required ? (getToken() ? "writes: token set" : "writes need a token") : "writes: open");
   }

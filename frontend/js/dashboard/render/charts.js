@@ -127,6 +127,12 @@ export class Charts {
       [[], []],
       el,
     );
+    // no samples: said in words over the whole bucket axis (not a bare pair of edge labels)
+    const note = document.createElement("div");
+    note.className = "hist-empty";
+    note.textContent = "no samples yet";
+    note.hidden = true;
+    el.append(note);
     this.plots.push([plot, el]);
     return plot;
   }
@@ -232,13 +238,16 @@ export class Charts {
       const hg = hs[name];
       if (!hg || !hg.counts) continue;
       this.buckets = hg.buckets;
-      // trim empty buckets at both ends (keep one of context)
+      // trim empty buckets at both ends (keep one of context); with no
+      // samples at all, every bucket (the axis reads its whole range)
       let a = 0;
       let b = hg.counts.length - 1;
-      while (a < b && hg.counts[a] === 0) a++;
-      while (b > a && hg.counts[b] === 0) b--;
-      a = Math.max(0, a - 1);
-      b = Math.min(hg.counts.length - 1, b + 1);
+      if (hg.count > 0) {
+        while (a < b && hg.counts[a] === 0) a++;
+        while (b > a && hg.counts[b] === 0) b--;
+        a = Math.max(0, a - 1);
+        b = Math.min(hg.counts.length - 1, b + 1);
+      }
       const xs = [];
       const ys = [];
       for (let i = a; i <= b; i++) {
@@ -246,7 +255,8 @@ export class Charts {
         ys.push(hg.counts[i]);
       }
       plot.setData([xs, ys]);
-      plot.root.classList.toggle("nodata", hg.count === 0);
+      const note = plot.root.parentElement && plot.root.parentElement.querySelector(".hist-empty");
+      if (note instanceof HTMLElement) note.hidden = hg.count > 0;
       const title = document.querySelector(`[data-hist-title="${name}"]`);
       if (title) {
         title.textContent = `${title.dataset.label} · n=${hg.count}${hg.count ? ` · mean ${dur(hg.sum / hg.count)}` : ""}`;
