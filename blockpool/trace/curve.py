@@ -37,12 +37,13 @@ No hashing is needed: blocks are named by :class:`~blockpool.trace.keys.BlockKey
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from blockpool.trace.keys import BlockKeys
+from blockpool.trace.keys import BlockKeys, trace_chains
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult, capacity_blocks
 
@@ -57,7 +58,7 @@ class _Stack:
     """One LRU stack ``G`` shared by a group of capacities (numpy columns:
     the per-request work is a few array operations, not a loop per block)."""
 
-    __slots__ = ("caps", "extra", "live", "multi", "pos", "top")
+    __slots__ = ("caps", "extra", "live", "multi", "parts", "pos", "top")
 
     def __init__(self, caps: list[int], num_keys: int, length: int) -> None:
         self.caps = caps
@@ -65,6 +66,7 @@ class _Stack:
         self.pos: IntArray = np.full(num_keys, -1, dtype=np.int64)  # key -> top live copy
         self.multi: ByteArray = np.zeros(num_keys, dtype=np.uint8)  # key -> 1: in ``extra``
         self.extra: dict[int, list[int]] = {}  # key -> copies' positions, first stored first
+        self.parts: list[int] = []  # positions of the unhashed entries, rising (never killed)
         self.top = 0
 
     def split(self, caps: list[int]) -> _Stack:
@@ -74,30 +76,28 @@ class _Stack:
         other.pos = self.pos.copy()
         other.multi = self.multi.copy()
         other.extra = {k: list(v) for k, v in self.extra.items()}
+        other.parts = list(self.parts)
         other.top = self.top
         gone = set(caps)
         self.caps = [c for c in self.caps if c not in gone]
         return other
 
 
-def _advance(live: ByteArray, top: int, b: int, x: int) -> tuple[int, int]:
-    """Skip ``x`` live entries from ``b`` upward: (new boundary, hashed ones skipped)."""
-    start, want = b, x
-    w = max(64, 2 * x)
-    while x > 0:
-        end = min(b + w, top)
+def _advance(live: ByteArray, top: int, b: int, x: int) -> int:
+    """Skip ``x`` live entries from ``b`` upward: the new boundary."""
+    w = 2 * x if x > 32 else 64
+    while True:
+        end = b + w
+        if end > top:
+            end = top
         idx = live[b:end].nonzero()[0]
-        if len(idx) < x:
-            x -= len(idx)
-            b = end
-            w *= 2
-            if b >= top and x:
-                raise AssertionError("boundary ran past the stack's top")
-            continue
-        b += int(idx[x - 1]) + 1
-        x = 0
-    # live entries are 1 (unhashed) or 2 (hashed): their sum less their count
-    return b, int(live[start:b].sum(dtype=np.int64)) - want
+        if len(idx) >= x:
+            return b + int(idx[x - 1]) + 1
+        if end >= top:
+            raise AssertionError("boundary ran past the stack's top")
+        x -= len(idx)
+        b = end
+        w *= 2
 
 
 class OnePassCurve:
@@ -132,8 +132,7 @@ class OnePassCurve:
         reqs = self.trace.requests
         total = len(reqs)
         bs = self.block_size
-        chain_of = self.keys.chain
-        chains = [chain_of(req) for req in reqs]
+        chains = trace_chains(self.trace, bs)
         if self.results:
             num_keys = max((int(c.max()) for c in chains if len(c)), default=-1) + 1
             length = sum(-(-r.input_length // bs) for r in reqs) + 1
@@ -186,17 +185,14 @@ class OnePassCurve:
         missing = (olds < 0).nonzero()[0]
         seen = int(missing[0]) if len(missing) else num_full
         lim = min(seen, max_hit)
-        hits = []
         if lim:  # positions fall along the chain: a binary search per capacity
+            # (an unbounded capacity's boundary stays 0, below every position)
             rising = olds[lim - 1 :: -1]
-            for c in caps:
-                if usable[c] is None:
-                    hits.append(lim)
-                else:
-                    hits.append(lim - int(np.searchsorted(rising, bound[c], "left")))
+            hits = (lim - rising.searchsorted([bound[c] for c in caps])).tolist()
+            k_top = max(hits)
         else:
             hits = [0] * len(caps)
-        k_top = max(hits)
+            k_top = 0
         chosen: dict[int, tuple[int, list[int]]] = {}
         if extra and k_top and multi[chain[:k_top]].any():
             for j in range(k_top):
@@ -236,6 +232,7 @@ class OnePassCurve:
         partial = 1 if num_blocks > num_full else 0
         if partial:
             live[t] = _PART
+            stack.parts.append(t)
         live[t + partial : t + num_blocks] = _FULL
         if num_full:
             pos[chain] = np.arange(hi, hi - num_full, -1, dtype=np.int64)
@@ -266,6 +263,7 @@ class OnePassCurve:
         # --- per capacity: pops from the head, counts
         bs = self.block_size
         top = stack.top
+        parts = stack.parts
         for c, k in zip(caps, hits, strict=True):
             res = self.results[c]
             res.admitted += 1
@@ -292,9 +290,10 @@ class OnePassCurve:
                 use = e if e < x else x
                 self.empties[c] = e - use
                 x -= use
-            if x:
-                bound[c], ev = _advance(live, top, bound[c], x)
-                res.evictions += ev
+            if x:  # the hashed entries skipped are evictions; unhashed ones never die
+                b0 = bound[c]
+                bound[c] = b = _advance(live, top, b0, x)
+                res.evictions += x - (bisect_left(parts, b) - bisect_left(parts, b0))
 
 
 def one_pass_curve(
