@@ -58,7 +58,7 @@ class _Stack:
     """One LRU stack ``G`` shared by a group of capacities (numpy columns:
     the per-request work is a few array operations, not a loop per block)."""
 
-    __slots__ = ("caps", "extra", "live", "multi", "parts", "pos", "top")
+    __slots__ = ("acc", "caps", "extra", "least", "live", "multi", "parts", "pos", "top")
 
     def __init__(self, caps: list[int], num_keys: int, length: int) -> None:
         self.caps = caps
@@ -68,6 +68,10 @@ class _Stack:
         self.extra: dict[int, list[int]] = {}  # key -> copies' positions, first stored first
         self.parts: list[int] = []  # positions of the unhashed entries, rising (never killed)
         self.top = 0
+        # admitted, partial tail blocks, cold blocks, stored blocks seen: the same
+        # for every capacity of the stack (added to their results at the end)
+        self.acc = [0, 0, 0, 0]
+        self.least = -1  # the smallest bounded capacity's usable blocks (-1: none)
 
     def split(self, caps: list[int]) -> _Stack:
         other = _Stack.__new__(_Stack)
@@ -78,6 +82,7 @@ class _Stack:
         other.extra = {k: list(v) for k, v in self.extra.items()}
         other.parts = list(self.parts)
         other.top = self.top
+        other.acc = list(self.acc)
         gone = set(caps)
         self.caps = [c for c in self.caps if c not in gone]
         return other
@@ -121,6 +126,8 @@ class OnePassCurve:
         self.bound = [0] * n
         self.empties = [0 if u is None else u for u in self.usable]
         self._stacks: list[_Stack] = []
+        self.hit_blocks = [0] * n
+        self.last_token = [0] * n
         self.splits = 0  # stacks copied (refusals and copies)
         self.copy_splits = 0  # of which: capacities touching different copies
 
@@ -137,16 +144,43 @@ class OnePassCurve:
             num_keys = max((int(c.max()) for c in chains if len(c)), default=-1) + 1
             length = sum(-(-r.input_length // bs) for r in reqs) + 1
             self._stacks = [_Stack(list(range(len(self.results))), num_keys, length)]
+            self._least(self._stacks[0])
         for i, req in enumerate(reqs):
             self.step(req.input_length, chains[i])
             if progress is not None and (i & 63 == 63 or i + 1 == total):
                 progress(i + 1, total)
+        self._count()
         return self.results
+
+    def _least(self, stack: _Stack) -> None:
+        bounded = [u for c in stack.caps if (u := self.usable[c]) is not None]
+        stack.least = min(bounded) if bounded else -1
+
+    def _count(self) -> None:
+        """Each capacity's counts from its stack's and its own sums."""
+        bs = self.block_size
+        for stack in self._stacks:
+            admitted, partial, cold, seen = stack.acc
+            for c in stack.caps:
+                res = self.results[c]
+                k, last = self.hit_blocks[c], self.last_token[c]
+                res.admitted = admitted
+                res.hit_tokens = k * bs
+                evicted = seen - k - last
+                reasons = res.miss_reasons
+                reasons["last_token"] = last
+                reasons["block_size_floor"] = partial
+                reasons["evicted"] = evicted
+                reasons["cold"] = cold
+                res.regret_blocks = evicted
 
     # ----------------------------------------------------------- one request
 
     def step(self, num_tokens: int, chain: IntArray) -> None:
-        """One request: ``chain``, its full blocks' keys (``BlockKeys.keys``)."""
+        """One request: ``chain``, its full blocks' keys (``BlockKeys.keys``).
+
+        Refusals and evictions are counted at once, the other counts when
+        :meth:`run` ends."""
         bs = self.block_size
         num_blocks = -(-num_tokens // bs)
         num_full = len(chain)
@@ -172,12 +206,15 @@ class OnePassCurve:
         chain: IntArray,
     ) -> None:
         usable, bound = self.usable, self.bound
-        refused = [c for c in stack.caps if (u := usable[c]) is not None and u < num_blocks]
-        if refused:
+        if num_blocks > stack.least >= 0:
+            refused = [c for c in stack.caps if (u := usable[c]) is not None and u < num_blocks]
             self._refuse(refused, num_tokens)
             if len(refused) == len(stack.caps):
                 return
-            self._stacks.append(stack.split(refused))
+            part = stack.split(refused)
+            self._least(part)
+            self._least(stack)
+            self._stacks.append(part)
             self.splits += 1
         caps = stack.caps
         pos, extra, multi = stack.pos, stack.extra, stack.multi
@@ -208,6 +245,8 @@ class OnePassCurve:
                 if len(groups) > 1:  # capacities touch different copies: part them
                     for group in list(groups.values())[1:]:
                         part = stack.split(group)
+                        self._least(part)
+                        self._least(stack)
                         self._stacks.append(part)
                         self.splits += 1
                         self.copy_splits += 1
@@ -261,39 +300,35 @@ class OnePassCurve:
                 copies.append(hi - last)
 
         # --- per capacity: pops from the head, counts
-        bs = self.block_size
+        acc = stack.acc
+        acc[0] += 1
+        acc[1] += partial
+        acc[2] += num_full - seen
+        acc[3] += seen
+        hit_blocks, empties = self.hit_blocks, self.empties
+        if max_hit < num_full and seen == num_full:  # the last block was stored
+            # (an unbounded capacity's boundary stays 0: the block is cached there)
+            last_token = self.last_token
+            for c in caps:
+                if old_last >= bound[c]:
+                    last_token[c] += 1
         top = stack.top
         parts = stack.parts
+        results = self.results
         for c, k in zip(caps, hits, strict=True):
-            res = self.results[c]
-            res.admitted += 1
-            res.hit_tokens += k * bs
-            last_token = (
-                1
-                if max_hit < num_full
-                and seen == num_full
-                and (usable[c] is None or old_last >= bound[c])
-                else 0
-            )
-            evicted = seen - k - last_token
-            reasons = res.miss_reasons
-            reasons["last_token"] += last_token
-            reasons["block_size_floor"] += partial
-            reasons["evicted"] += evicted
-            reasons["cold"] += num_full - seen
-            res.regret_blocks += evicted
+            hit_blocks[c] += k
             if usable[c] is None:
                 continue
             x = num_blocks - k
-            e = self.empties[c]
+            e = empties[c]
             if e:
                 use = e if e < x else x
-                self.empties[c] = e - use
+                empties[c] = e - use
                 x -= use
             if x:  # the hashed entries skipped are evictions; unhashed ones never die
                 b0 = bound[c]
                 bound[c] = b = _advance(live, top, b0, x)
-                res.evictions += x - (bisect_left(parts, b) - bisect_left(parts, b0))
+                results[c].evictions += x - (bisect_left(parts, b) - bisect_left(parts, b0))
 
 
 def one_pass_curve(
