@@ -46,15 +46,18 @@ def hashed_requests(trace: Trace) -> list[tuple[int, _Req]]:
     return out
 
 
-def timed_replay(pool: Any, reqs: list[tuple[int, _Req]], cap: int | None) -> tuple[float, int]:
-    """One sequence replay on ``pool`` (events off); (seconds, hit tokens)."""
+def timed_replay(
+    pool: Any, reqs: list[tuple[int, _Req]], cap: int | None
+) -> tuple[float, float, int]:
+    """One sequence replay on ``pool`` (events off); (seconds, CPU seconds, hit tokens)."""
     d = SequenceDriver(pool, BLOCK_SIZE, CapacityResult(cap, None), reasons=False)
     step = d.step
-    gc.collect()
+    gc.collect()  # not timed: a collection over the pool's blocks takes seconds
+    c0 = time.process_time()
     t0 = time.perf_counter()
     for n, r in reqs:
         step(n, r, r.block_hashes)
-    return time.perf_counter() - t0, d.result.hit_tokens
+    return time.perf_counter() - t0, time.process_time() - c0, d.result.hit_tokens
 
 
 def lockstep(pools: list[Any], reqs: list[tuple[int, _Req]], caps: list[int | None]) -> Any:
@@ -124,23 +127,27 @@ def bench_curve(args: argparse.Namespace) -> dict[str, Any]:
     for i in range(args.rounds):
         order = ["curve", "vllm", "ours"] if i % 2 == 0 else ["ours", "vllm", "curve"]
         for what in order:
-            c0 = time.process_time()  # CPU seconds too: a shared machine's wall time is noise
+            # CPU seconds too (a shared machine's wall time is noise), both sides
+            # counted after their gc.collect()
             if what == "curve":
                 gc.collect()
+                c0 = time.process_time()
                 t0 = time.perf_counter()
                 res = one_pass_curve(trace, BLOCK_SIZE, caps)
                 t_curve.append(time.perf_counter() - t0)
+                cpu[what].append(time.process_time() - c0)
                 stacks = int(res[0].extra["stacks"])
                 assert [r.hit_tokens for r in res] == [r.hit_tokens for r in curve[:-1]]
             elif what == "vllm":
-                t, h = timed_replay(vpool(n_inf, True, BLOCK_SIZE, False), reqs, None)
+                t, ct, h = timed_replay(vpool(n_inf, True, BLOCK_SIZE, False), reqs, None)
                 t_vinf.append(t)
+                cpu[what].append(ct)
                 assert h == inf.hit_tokens, (h, inf.hit_tokens)
             else:
-                t, h = timed_replay(BlockPool(n_inf, True, BLOCK_SIZE, False), reqs, None)
+                t, ct, h = timed_replay(BlockPool(n_inf, True, BLOCK_SIZE, False), reqs, None)
                 t_oinf.append(t)
+                cpu[what].append(ct)
                 assert h == inf.hit_tokens
-            cpu[what].append(time.process_time() - c0)
         print(f"round {i + 1}: curve {t_curve[-1]:.2f}s, vLLM unbounded {t_vinf[-1]:.2f}s, "
               f"ours unbounded {t_oinf[-1]:.2f}s", flush=True)  # fmt: skip
     # the offline optimum at the same five capacities (beside the curve in the CLI)

@@ -37,12 +37,13 @@ No hashing is needed: blocks are named by :class:`~blockpool.trace.keys.BlockKey
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from blockpool.trace.keys import BlockKeys
+from blockpool.trace.keys import BlockKeys, trace_chains
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult, capacity_blocks
 
@@ -57,7 +58,7 @@ class _Stack:
     """One LRU stack ``G`` shared by a group of capacities (numpy columns:
     the per-request work is a few array operations, not a loop per block)."""
 
-    __slots__ = ("caps", "extra", "live", "multi", "pos", "top")
+    __slots__ = ("acc", "caps", "extra", "least", "live", "multi", "parts", "pos", "top")
 
     def __init__(self, caps: list[int], num_keys: int, length: int) -> None:
         self.caps = caps
@@ -65,7 +66,12 @@ class _Stack:
         self.pos: IntArray = np.full(num_keys, -1, dtype=np.int64)  # key -> top live copy
         self.multi: ByteArray = np.zeros(num_keys, dtype=np.uint8)  # key -> 1: in ``extra``
         self.extra: dict[int, list[int]] = {}  # key -> copies' positions, first stored first
+        self.parts: list[int] = []  # positions of the unhashed entries, rising (never killed)
         self.top = 0
+        # admitted, partial tail blocks, cold blocks, stored blocks seen: the same
+        # for every capacity of the stack (added to their results at the end)
+        self.acc = [0, 0, 0, 0]
+        self.least = -1  # the smallest bounded capacity's usable blocks (-1: none)
 
     def split(self, caps: list[int]) -> _Stack:
         other = _Stack.__new__(_Stack)
@@ -74,30 +80,29 @@ class _Stack:
         other.pos = self.pos.copy()
         other.multi = self.multi.copy()
         other.extra = {k: list(v) for k, v in self.extra.items()}
+        other.parts = list(self.parts)
         other.top = self.top
+        other.acc = list(self.acc)
         gone = set(caps)
         self.caps = [c for c in self.caps if c not in gone]
         return other
 
 
-def _advance(live: ByteArray, top: int, b: int, x: int) -> tuple[int, int]:
-    """Skip ``x`` live entries from ``b`` upward: (new boundary, hashed ones skipped)."""
-    start, want = b, x
-    w = max(64, 2 * x)
-    while x > 0:
-        end = min(b + w, top)
+def _advance(live: ByteArray, top: int, b: int, x: int) -> int:
+    """Skip ``x`` live entries from ``b`` upward: the new boundary."""
+    w = 2 * x if x > 32 else 64
+    while True:
+        end = b + w
+        if end > top:
+            end = top
         idx = live[b:end].nonzero()[0]
-        if len(idx) < x:
-            x -= len(idx)
-            b = end
-            w *= 2
-            if b >= top and x:
-                raise AssertionError("boundary ran past the stack's top")
-            continue
-        b += int(idx[x - 1]) + 1
-        x = 0
-    # live entries are 1 (unhashed) or 2 (hashed): their sum less their count
-    return b, int(live[start:b].sum(dtype=np.int64)) - want
+        if len(idx) >= x:
+            return b + int(idx[x - 1]) + 1
+        if end >= top:
+            raise AssertionError("boundary ran past the stack's top")
+        x -= len(idx)
+        b = end
+        w *= 2
 
 
 class OnePassCurve:
@@ -121,6 +126,8 @@ class OnePassCurve:
         self.bound = [0] * n
         self.empties = [0 if u is None else u for u in self.usable]
         self._stacks: list[_Stack] = []
+        self.hit_blocks = [0] * n
+        self.last_token = [0] * n
         self.splits = 0  # stacks copied (refusals and copies)
         self.copy_splits = 0  # of which: capacities touching different copies
 
@@ -132,22 +139,48 @@ class OnePassCurve:
         reqs = self.trace.requests
         total = len(reqs)
         bs = self.block_size
-        chain_of = self.keys.chain
-        chains = [chain_of(req) for req in reqs]
+        chains = trace_chains(self.trace, bs)
         if self.results:
             num_keys = max((int(c.max()) for c in chains if len(c)), default=-1) + 1
             length = sum(-(-r.input_length // bs) for r in reqs) + 1
             self._stacks = [_Stack(list(range(len(self.results))), num_keys, length)]
+            self._least(self._stacks[0])
         for i, req in enumerate(reqs):
             self.step(req.input_length, chains[i])
             if progress is not None and (i & 63 == 63 or i + 1 == total):
                 progress(i + 1, total)
+        self._count()
         return self.results
+
+    def _least(self, stack: _Stack) -> None:
+        bounded = [u for c in stack.caps if (u := self.usable[c]) is not None]
+        stack.least = min(bounded) if bounded else -1
+
+    def _count(self) -> None:
+        """Each capacity's counts from its stack's and its own sums."""
+        bs = self.block_size
+        for stack in self._stacks:
+            admitted, partial, cold, seen = stack.acc
+            for c in stack.caps:
+                res = self.results[c]
+                k, last = self.hit_blocks[c], self.last_token[c]
+                res.admitted = admitted
+                res.hit_tokens = k * bs
+                evicted = seen - k - last
+                reasons = res.miss_reasons
+                reasons["last_token"] = last
+                reasons["block_size_floor"] = partial
+                reasons["evicted"] = evicted
+                reasons["cold"] = cold
+                res.regret_blocks = evicted
 
     # ----------------------------------------------------------- one request
 
     def step(self, num_tokens: int, chain: IntArray) -> None:
-        """One request: ``chain``, its full blocks' keys (``BlockKeys.keys``)."""
+        """One request: ``chain``, its full blocks' keys (``BlockKeys.keys``).
+
+        Refusals and evictions are counted at once, the other counts when
+        :meth:`run` ends."""
         bs = self.block_size
         num_blocks = -(-num_tokens // bs)
         num_full = len(chain)
@@ -173,12 +206,15 @@ class OnePassCurve:
         chain: IntArray,
     ) -> None:
         usable, bound = self.usable, self.bound
-        refused = [c for c in stack.caps if (u := usable[c]) is not None and u < num_blocks]
-        if refused:
+        if num_blocks > stack.least >= 0:
+            refused = [c for c in stack.caps if (u := usable[c]) is not None and u < num_blocks]
             self._refuse(refused, num_tokens)
             if len(refused) == len(stack.caps):
                 return
-            self._stacks.append(stack.split(refused))
+            part = stack.split(refused)
+            self._least(part)
+            self._least(stack)
+            self._stacks.append(part)
             self.splits += 1
         caps = stack.caps
         pos, extra, multi = stack.pos, stack.extra, stack.multi
@@ -186,17 +222,14 @@ class OnePassCurve:
         missing = (olds < 0).nonzero()[0]
         seen = int(missing[0]) if len(missing) else num_full
         lim = min(seen, max_hit)
-        hits = []
         if lim:  # positions fall along the chain: a binary search per capacity
+            # (an unbounded capacity's boundary stays 0, below every position)
             rising = olds[lim - 1 :: -1]
-            for c in caps:
-                if usable[c] is None:
-                    hits.append(lim)
-                else:
-                    hits.append(lim - int(np.searchsorted(rising, bound[c], "left")))
+            hits = (lim - rising.searchsorted([bound[c] for c in caps])).tolist()
+            k_top = max(hits)
         else:
             hits = [0] * len(caps)
-        k_top = max(hits)
+            k_top = 0
         chosen: dict[int, tuple[int, list[int]]] = {}
         if extra and k_top and multi[chain[:k_top]].any():
             for j in range(k_top):
@@ -212,6 +245,8 @@ class OnePassCurve:
                 if len(groups) > 1:  # capacities touch different copies: part them
                     for group in list(groups.values())[1:]:
                         part = stack.split(group)
+                        self._least(part)
+                        self._least(stack)
                         self._stacks.append(part)
                         self.splits += 1
                         self.copy_splits += 1
@@ -236,6 +271,7 @@ class OnePassCurve:
         partial = 1 if num_blocks > num_full else 0
         if partial:
             live[t] = _PART
+            stack.parts.append(t)
         live[t + partial : t + num_blocks] = _FULL
         if num_full:
             pos[chain] = np.arange(hi, hi - num_full, -1, dtype=np.int64)
@@ -264,37 +300,35 @@ class OnePassCurve:
                 copies.append(hi - last)
 
         # --- per capacity: pops from the head, counts
-        bs = self.block_size
+        acc = stack.acc
+        acc[0] += 1
+        acc[1] += partial
+        acc[2] += num_full - seen
+        acc[3] += seen
+        hit_blocks, empties = self.hit_blocks, self.empties
+        if max_hit < num_full and seen == num_full:  # the last block was stored
+            # (an unbounded capacity's boundary stays 0: the block is cached there)
+            last_token = self.last_token
+            for c in caps:
+                if old_last >= bound[c]:
+                    last_token[c] += 1
         top = stack.top
+        parts = stack.parts
+        results = self.results
         for c, k in zip(caps, hits, strict=True):
-            res = self.results[c]
-            res.admitted += 1
-            res.hit_tokens += k * bs
-            last_token = (
-                1
-                if max_hit < num_full
-                and seen == num_full
-                and (usable[c] is None or old_last >= bound[c])
-                else 0
-            )
-            evicted = seen - k - last_token
-            reasons = res.miss_reasons
-            reasons["last_token"] += last_token
-            reasons["block_size_floor"] += partial
-            reasons["evicted"] += evicted
-            reasons["cold"] += num_full - seen
-            res.regret_blocks += evicted
+            hit_blocks[c] += k
             if usable[c] is None:
                 continue
             x = num_blocks - k
-            e = self.empties[c]
+            e = empties[c]
             if e:
                 use = e if e < x else x
-                self.empties[c] = e - use
+                empties[c] = e - use
                 x -= use
-            if x:
-                bound[c], ev = _advance(live, top, bound[c], x)
-                res.evictions += ev
+            if x:  # the hashed entries skipped are evictions; unhashed ones never die
+                b0 = bound[c]
+                bound[c] = b = _advance(live, top, b0, x)
+                results[c].evictions += x - (bisect_left(parts, b) - bisect_left(parts, b0))
 
 
 def one_pass_curve(

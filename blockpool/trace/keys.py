@@ -140,6 +140,67 @@ class BlockKeys:
         return out
 
 
+def trace_chains(trace: Trace, block_size: int) -> list[npt.NDArray[np.int64]]:
+    """Every request's block keys, as :meth:`BlockKeys.chain` gives them, in bulk.
+
+    Equal ints stand for equal prefixes here too, but the ints are numbered
+    apart from any :class:`BlockKeys` (do not mix the two).  For a Mooncake
+    trace whose ``tokens_per_id`` is a multiple of the block size the trie is
+    built level by level with numpy: at depth ``d`` every request's node is
+    the pair (its node at ``d - 1``, its ``d``-th hash id), and the distinct
+    pairs of one level are numbered by one ``np.unique``.  Otherwise, request
+    by request through :class:`BlockKeys`.
+    """
+    if block_size < 1:
+        raise ValueError(f"block size must be positive, got {block_size}")
+    reqs = trace.requests
+    tpi = trace.tokens_per_id
+    if tpi % block_size or any(r.token_ids is not None for r in reqs):
+        keys = BlockKeys(trace, block_size)
+        return [keys.chain(r) for r in reqs]
+    n = len(reqs)
+    if n == 0:
+        return []
+    per = tpi // block_size
+    tags: dict[tuple[str | None, str | None], int] = {}
+    roots = np.fromiter(
+        (tags.setdefault((r.lora_name, r.cache_salt), len(tags)) for r in reqs), np.int64, n
+    )
+    lens = np.fromiter((len(r.hash_ids) for r in reqs), np.int64, n)
+    total = int(lens.sum())
+    flat = np.fromiter(chain.from_iterable(r.hash_ids for r in reqs), np.int64, total)
+    ids, dense = np.unique(flat, return_inverse=True)
+    width = len(ids)
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=starts[1:])
+    depth = np.arange(total, dtype=np.int64) - np.repeat(starts[:-1], lens)
+    order = np.argsort(depth, kind="stable")  # level by level, requests in order
+    level_ends = np.cumsum(np.bincount(depth, minlength=int(lens.max())))
+    owner = np.repeat(np.arange(n, dtype=np.int64), lens)[order]
+    h = dense.reshape(-1)[order]
+    cur = roots  # each request's node so far: its root first (numbered below 0 .. len(tags))
+    base = len(tags)
+    nodes_sorted = np.empty(total, dtype=np.int64)
+    lo = 0
+    for hi in level_ends.tolist():
+        who = owner[lo:hi]
+        pair = cur[who] * width + h[lo:hi]
+        uniq, inv = np.unique(pair, return_inverse=True)
+        got = base + inv.reshape(-1)
+        nodes_sorted[lo:hi] = got
+        cur[who] = got
+        base += len(uniq)
+        lo = hi
+    nodes = np.empty(total, dtype=np.int64)
+    nodes[order] = nodes_sorted
+    blocks = (nodes[:, None] * per + np.arange(per, dtype=np.int64)).ravel()
+    out = []
+    for i, r in enumerate(reqs):
+        a = int(starts[i]) * per
+        out.append(blocks[a : a + r.input_length // block_size])
+    return out
+
+
 def make_request(trace: Trace, req: TraceRequest, request_id: str, hasher: object) -> Request:
     """A blockpool Request for ``req``'s prompt, hashed by ``hasher``."""
     lora = LoRARequest(req.lora_name) if req.lora_name else None

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from blockpool import BlockPool, NotEnoughBlocksError, RequestManager, check_invariants, sha256
 from blockpool.trace import OnePassCurve, Trace, one_pass_curve, parse_mooncake, read_trace
-from blockpool.trace.keys import BlockKeys
+from blockpool.trace.keys import BlockKeys, trace_chains
 from blockpool.trace.sequence import SequencePools
 from tests.trace.helpers import HEAD50, row, rows_to_lines, traces
 
@@ -118,3 +118,28 @@ def test_block_key_chains_are_the_keys(trace: Trace, bs: int) -> None:
     a, b = BlockKeys(trace, bs), BlockKeys(trace, bs)
     for req in trace.requests:
         assert a.chain(req).tolist() == b.keys(req)
+
+
+@given(trace=traces(), bs=st.sampled_from([1, 2, 3, 4, 8]))
+def test_bulk_chains_name_blocks_as_the_keys_do(trace: Trace, bs: int) -> None:
+    # numbered apart, but one int for one prefix both ways: a bijection
+    keys = BlockKeys(trace, bs)
+    there: dict[int, int] = {}
+    back: dict[int, int] = {}
+    bulk = trace_chains(trace, bs)
+    assert len(bulk) == len(trace.requests)
+    for req, got in zip(trace.requests, bulk, strict=True):
+        want = keys.keys(req)
+        assert len(got) == len(want)
+        for g, w in zip(got.tolist(), want, strict=True):
+            assert there.setdefault(w, g) == g and back.setdefault(g, w) == w
+
+
+def test_bulk_chains_of_the_shared_trace_head() -> None:
+    trace = read_trace(HEAD50)
+    keys = BlockKeys(trace, 16)
+    seen: dict[int, int] = {}
+    for req, got in zip(trace.requests, trace_chains(trace, 16), strict=True):
+        want = keys.keys(req)
+        assert [seen.setdefault(g, w) for g, w in zip(got.tolist(), want, strict=True)] == want
+    assert len(set(seen.values())) == len(seen)
