@@ -23,6 +23,7 @@ from app.mirror.requests import RequestBook
 from app.mirror.status import MirrorStatus
 from blockpool.mirror.apply import Divergence, Gap, MirrorApplier
 from blockpool.mirror.protocol import (
+    REQ_ARRIVE,
     TOPIC,
     Batch,
     Beat,
@@ -159,6 +160,10 @@ class MirrorClient:
         st = self.status
         st.engine_drops = batch.drops
         self.book.apply(batch.requests)
+        for rec in batch.requests:  # a request's hashes chain: parents for the tree
+            ok = isinstance(rec, list) and len(rec) >= 5 and rec[0] == REQ_ARRIVE
+            if ok and isinstance(rec[4], list):
+                self.applier.learn_chain(rec[4][:4096])
         if not self.applier.synced:
             return  # the snapshot asked for covers it (or a later batch does)
         # a batch that never came: its operations are a Gap (below); one with
