@@ -278,3 +278,26 @@ async def test_an_engine_requests_story_is_the_request_story(rig: Rig) -> None:
         assert pool_digest(mine.pool) == before
     mine.check()
     engine.rt.check()
+
+
+async def test_the_metrics_carry_the_engines_model_name(rig: Rig) -> None:
+    rig.engine.model = "tiny-llama"
+    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
+    assert hello.model == "tiny-llama"
+    assert mirror_setup.settings_for(hello, make_settings()).model_name == "tiny-llama"
+    # an engine that names no model: "vllm-mirror"; a --model-name given stays
+    hello.model = None
+    assert mirror_setup.settings_for(hello, make_settings()).model_name == "vllm-mirror"
+    assert mirror_setup.settings_for(hello, make_settings(model_name="m")).model_name == "m"
+    hello.model = "tiny-llama"
+    app = create_app(mirror_setup.settings_for(hello, make_settings()))
+    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    async with running(app) as api:
+        rig.engine.drive(5)
+        await until(lambda: client.applier.synced)
+        text = (await api.get("/metrics")).text
+        samples = [x for x in text.splitlines() if x.startswith("vllm:prefix_cache_queries_total{")]
+        assert samples and all('model_name="tiny-llama"' in x for x in samples)
+        cfg = await api.ok("GET", "/api/config")
+        assert cfg["model_name"] == "tiny-llama"
+    app.state.engine.check()
