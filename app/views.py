@@ -237,7 +237,15 @@ def prefix_tree(engine: Engine, limit: int) -> dict[str, Any]:
         )
     known = {n["hash"] for n in nodes}
     roots = sum(1 for n in nodes if n["parent"] is None or n["parent"] not in known)
-    return {"total": len(engine.tree.parents), "limit": limit, "roots": roots, "nodes": nodes}
+    orphans = len(engine.tree.orphans)
+    return {
+        "total": len(engine.tree.parents),
+        "limit": limit,
+        "roots": roots,
+        "nodes": nodes,
+        "partial": orphans > 0,
+        "unknown_parents": orphans,
+    }
 
 
 def event_json(seq: int, ts: float, ev: KVCacheEvent) -> dict[str, Any]:

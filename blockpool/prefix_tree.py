@@ -16,17 +16,22 @@ Key = int | bytes  # a hash as events carry it (vLLM: ExternalBlockHash)
 
 
 class PrefixTree:
-    __slots__ = ("copies", "parents")
+    __slots__ = ("copies", "orphans", "parents")
 
     def __init__(self) -> None:
         self.parents: dict[Key, Key | None] = {}
         self.copies: dict[Key, int] = {}
+        # hashes put in without knowing their parent (``restored``): roots
+        # here, maybe not in the engine's tree; empty when the tree is whole
+        self.orphans: set[Key] = set()
 
     def stored(self, hashes: Iterable[Key], parent: Key | None) -> None:
-        parents, copies = self.parents, self.copies
+        parents, copies, orphans = self.parents, self.copies, self.orphans
         for h in hashes:
             parents[h] = parent
             copies[h] = copies.get(h, 0) + 1
+            if orphans:
+                orphans.discard(h)
             parent = h
 
     def removed(self, hashes: Iterable[Key]) -> None:
@@ -38,10 +43,21 @@ class PrefixTree:
             else:
                 copies.pop(h, None)
                 parents.pop(h, None)
+                self.orphans.discard(h)
+
+    def restored(self, key: Key, parent: Key | None, known: bool) -> None:
+        """One more copy of ``key`` (a resync), its parent known or not."""
+        self.parents[key] = parent
+        self.copies[key] = self.copies.get(key, 0) + 1
+        if known:
+            self.orphans.discard(key)
+        else:
+            self.orphans.add(key)
 
     def clear(self) -> None:
         self.parents.clear()
         self.copies.clear()
+        self.orphans.clear()
 
     def apply(self, ev: object) -> None:
         """Follow one KV event (other objects are ignored)."""

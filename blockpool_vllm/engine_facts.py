@@ -66,3 +66,15 @@ def problems_of(
     if hash_fn not in ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"):
         out.append(f"hash function {hash_fn!r}: the mirror's lookups cannot hash like it")
     return out
+
+
+def served_model(vllm_config: object) -> str | None:
+    """The model name the engine serves (its ``--served-model-name``, else
+    ``--model``), for the mirror's ``model_name`` label; None if it says none."""
+    mc = getattr(vllm_config, "model_config", None)
+    for name in (getattr(mc, "served_model_name", None), getattr(mc, "model", None)):
+        if isinstance(name, (list, tuple)):
+            name = name[0] if name else None
+        if isinstance(name, str) and name:
+            return name[:200]
+    return None

@@ -40,7 +40,7 @@ from blockpool.mirror.protocol import (
     Group,
     Hello,
 )
-from blockpool_vllm.engine_facts import free_order_for, problems_of
+from blockpool_vllm.engine_facts import free_order_for, problems_of, served_model
 from blockpool_vllm.follower import PoolFollower
 from blockpool_vllm.sender import Sender, next_port
 
@@ -124,6 +124,7 @@ class _Mirrored:
         )
         problems.extend(follower.problems)
         started = time.time()
+        model = served_model(self.vllm_config)
         name = os.environ.get("BLOCKPOOL_MIRROR_NAME") or f"{socket.gethostname()}:{os.getpid()}"
 
         def hello() -> Hello:
@@ -143,6 +144,7 @@ class _Mirrored:
                 control_port=sender.control_port,
                 started_at=started,
                 seq=follower.seq,
+                model=model,
             )
 
         sender = Sender(

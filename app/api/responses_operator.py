@@ -84,6 +84,7 @@ class StoryBlock(Out):
     reason: str | None = Field(description="why a prompt block missed (null: a hit, decode)")
     detail: dict[str, Any] | None
     added_at: float | None
+    hash: str | None = Field(None, description="on a mirror: the block's hash, 64-bit form")
 
 
 class RequestStory(Out):
@@ -100,6 +101,7 @@ class RequestStory(Out):
     misses: dict[str, int]
     times: StoryTimes
     admissions_refused: int
+    preemptions: int | None = Field(None, description="on a mirror: the engine's preemptions")
     decode: StoryDecode
     blocks: list[StoryBlock]
     timeline: list[dict[str, Any]] = Field(description="the recorded operations, oldest first")

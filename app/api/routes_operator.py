@@ -71,11 +71,17 @@ async def analysis_recent(
 )
 async def story(
     engine: EngineDep,
+    request: Request,
     request_id: Rid,
     limit: Annotated[int, Query(ge=2, le=10_000)] = 200,
 ) -> dict[str, Any]:
     """Its blocks (ids per group), hits, misses with reasons, and when it was
     first tried, admitted, decoded and finished -- from the running request,
     the analysis (the last finished requests) and the recording, each bounded;
-    ``sources`` says which answered.  404 when none knows the id."""
+    ``sources`` says which answered.  404 when none knows the id.  On a
+    mirror: the engine's request as its plugin told it (``sources.engine``)."""
+    mirror = getattr(request.app.state, "mirror", None)
+    if mirror is not None:
+        told: dict[str, Any] = mirror.story(request_id)
+        return told
     return await request_story.story(engine, request_id, limit)

@@ -19,10 +19,13 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from app.errors import NotFound
 from app.mirror.requests import RequestBook
 from app.mirror.status import MirrorStatus
+from app.mirror.story import engine_story
 from blockpool.mirror.apply import Divergence, Gap, MirrorApplier
 from blockpool.mirror.protocol import (
+    REQ_ARRIVE,
     TOPIC,
     Batch,
     Beat,
@@ -51,6 +54,17 @@ class MirrorClient:
         self._task: asyncio.Task[None] | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._unsupported = False
+
+    def story(self, rid: str) -> dict[str, Any]:
+        """The engine's request ``rid`` as a request story (NotFound: never heard of)."""
+        r = self.book.requests.get(rid)
+        if r is None:
+            raise NotFound(
+                f"the engine's plugin told of no request {rid!r} (the mirror keeps the last "
+                f"{self.book.capacity} requests it heard of)",
+                request_id=rid,
+            )
+        return engine_story(self.engine, self.book, r)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -158,7 +172,11 @@ class MirrorClient:
     async def _batch(self, batch: Batch) -> None:
         st = self.status
         st.engine_drops = batch.drops
-        self.book.apply(batch.requests)
+        self.book.apply(batch.requests, batch.seq)
+        for rec in batch.requests:  # a request's hashes chain: parents for the tree
+            ok = isinstance(rec, list) and len(rec) >= 5 and rec[0] == REQ_ARRIVE
+            if ok and isinstance(rec[4], list):
+                self.applier.learn_chain(rec[4][:4096])
         if not self.applier.synced:
             return  # the snapshot asked for covers it (or a later batch does)
         # a batch that never came: its operations are a Gap (below); one with

@@ -3,7 +3,8 @@
 Hashes and lengths only: the engine sends no token ids.  The book keeps the
 last ``capacity`` requests; each record says when it arrived, its prompt
 length and block count, its prefix hit when first scheduled, its
-preemptions and when it finished.
+preemptions and when it finished, and those moments in order (``steps``,
+each with the engine's batch number: a request's story on a mirror).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections import OrderedDict
 from typing import Any
 
 from blockpool.mirror.protocol import REQ_ARRIVE, REQ_FINISHED, REQ_PREEMPTED, REQ_SCHEDULED
+
+MAX_STEPS = 64  # per request: arrival, scheduling, preemptions, finish
 
 
 class RequestBook:
@@ -34,13 +37,14 @@ class RequestBook:
                 "preemptions": 0,
                 "finished": None,
                 "num_tokens": None,
+                "steps": [],
             }
             self.requests[rid] = r
             while len(self.requests) > self.capacity:
                 self.requests.popitem(last=False)
         return r
 
-    def apply(self, records: list[Any]) -> None:
+    def apply(self, records: list[Any], seq: int | None = None) -> None:
         for rec in records:
             if (
                 not isinstance(rec, list)
@@ -69,7 +73,18 @@ class RequestBook:
                     r["num_tokens"] = rec[3]
             else:
                 self.bad += 1
+                continue
+            steps = r["steps"]
+            if len(steps) < MAX_STEPS:
+                steps.append({"seq": seq, "ts": ts, "op": kind, "value": _value(kind, rec)})
 
     def recent(self, limit: int) -> list[dict[str, Any]]:
         out = list(self.requests.values())[-limit:]
-        return [{k: v for k, v in r.items() if k != "block_hashes"} for r in reversed(out)]
+        skip = ("block_hashes", "steps")
+        return [{k: v for k, v in r.items() if k not in skip} for r in reversed(out)]
+
+
+def _value(kind: str, rec: list[Any]) -> Any:
+    """What a record says besides its kind and time: tokens (prompt, hit, total)."""
+    v = rec[3] if len(rec) >= 4 and kind != REQ_PREEMPTED else None
+    return v if isinstance(v, int) else None

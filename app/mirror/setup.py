@@ -23,6 +23,7 @@ from app.settings import Settings
 from blockpool.mirror.protocol import TOPIC, Hello, ProtocolError, decode
 
 HASH_NAMES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+DEFAULT_MODEL_NAME = Settings.model_fields["model_name"].default
 
 
 class MirrorStartError(RuntimeError):
@@ -88,6 +89,8 @@ def settings_for(hello: Hello, settings: Settings) -> Settings:
         "enable_caching": True,
         "enable_events": True,
     }
+    if settings.model_name == DEFAULT_MODEL_NAME:  # --model-name, where given, stays
+        update["model_name"] = hello.model or "vllm-mirror"
     if hello.hash_fn in HASH_NAMES:
         update["hash_fn"] = hello.hash_fn
     if hello.free_order in ("append_all", "uncached_first"):

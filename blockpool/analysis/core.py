@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from blockpool.analysis.misses import MissTracker
 from blockpool.analysis.reasons import REUSE, evicted_count
 
@@ -187,6 +189,19 @@ class Analysis:
             real = (st.queries, st.hits)
             self.feeder.flush(real)
             self.feeder.restart(real)
+
+    def on_resync(self) -> None:
+        """After the pool was put into another pool's state (a mirror's
+        snapshot), with the columns already re-read: the free queue is one
+        new batch, and an eviction remembered of a hash cached again now is
+        forgotten (it came back unseen: a later store or miss of it is no
+        regret of that eviction)."""
+        self.rebase()
+        ring = self.misses.ring
+        cols = self.rt.columns
+        cached = set(cols.hash64[np.flatnonzero(cols.hashed)].tolist())
+        if cached and ring.evicted:
+            ring.evicted = {h: s for h, s in ring.evicted.items() if h not in cached}
 
     # ---------------------------------------------------------- tick time
 

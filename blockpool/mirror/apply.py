@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
+from blockpool.hashing import int_block_hashes
 from blockpool.manager import PrefixCacheStats
 from blockpool.mirror.poolview import pool_digest
 from blockpool.mirror.protocol import (
@@ -72,6 +74,26 @@ class MirrorApplier:
         self.rt = rt
         self.next_op = 0  # the index of the next operation to apply
         self.synced = False  # a snapshot (or the start) fixed next_op
+        # hash -> its parent's hash (None: a first block), from the cache
+        # operations applied and the requests' hash chains heard of; a
+        # snapshot has no parent links, so a resync rebuilds the prefix
+        # tree from these (bounded: the oldest go first)
+        self.parents: dict[bytes, bytes | None] = {}
+        self.parents_max = max(65_536, 4 * rt.pool.num_gpu_blocks)
+
+    def learn_chain(self, hashes: list[bytes], parent: bytes | None = None) -> None:
+        """``hashes`` follow each other (a request's blocks, a cache operation's)."""
+        known = self.parents
+        for h in hashes:
+            if not isinstance(h, bytes):
+                return
+            known.pop(h, None)  # re-inserted: the newest last
+            known[h] = parent
+            parent = h
+        excess = len(known) - self.parents_max
+        if excess > 0:
+            for h in list(islice(known, excess)):
+                del known[h]
 
     # ------------------------------------------------------------- batches
 
@@ -134,6 +156,7 @@ class MirrorApplier:
                 raise Divergence(f"operation {index}: cache needs one hash per block")
             if ids:
                 parent = None if raw[2] is None else _hex(raw[2], "cache")
+                self.learn_chain(hashes, raw[2])
                 self._run(
                     CacheOp(
                         block_ids=ids,
@@ -186,10 +209,35 @@ class MirrorApplier:
         for bid, ref in enumerate(snap.refs):
             if bid and ref:
                 rt.raw_refs[bid] = ref
-        rt.tree.clear()
+        self._rebuild_tree(snap)
         rt.mark_all_dirty()
+        resynced = getattr(rt.hooks, "on_resync", None)
+        if resynced is not None:  # the analysis: its per-block state follows
+            resynced()
         rec = rt.recorder
         if rec is not None:  # time travel starts a segment here (the jump is no operation)
             rec.keyframe()
         self.next_op = snap.ops
         self.synced = True
+
+    def _rebuild_tree(self, snap: Snapshot) -> None:
+        """The prefix tree of the restored pool: one copy per cached block,
+        each hash under its parent where the stream told it (``learn_chain``);
+        the others are the tree's ``orphans`` (it says it is partial)."""
+        tree = self.rt.tree
+        tree.clear()
+        as_int = int_block_hashes()
+
+        def ext(h: bytes) -> int | bytes:
+            return int.from_bytes(h[-8:], "big") if as_int else h
+
+        known = self.parents
+        for key, blocks in snap.entries:
+            h = key[:-4]  # the key without its group id
+            if h in known:
+                p = known[h]
+                for _ in blocks:
+                    tree.restored(ext(h), None if p is None else ext(p), True)
+            else:
+                for _ in blocks:
+                    tree.restored(ext(h), None, False)

@@ -68,6 +68,7 @@ class Hello(msgspec.Struct, tag="hello"):
     control_port: int | None
     started_at: float
     seq: int  # the last batch sent
+    model: str | None = None  # the engine's (served) model name, where it says
 
 
 class Digest(msgspec.Struct, frozen=True):

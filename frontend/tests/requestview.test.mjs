@@ -19,3 +19,7 @@ test("each operation of a story in words", () => {
   );
   assert.equal(stepText({ op: "admit", ok: true, tokens: 8, num_hit_blocks: 0, num_new_blocks: 2, block_ids: [[1, 2], [3, 4]] }), "8 tokens, 0 blocks hit, 2 new: 1 2 | 3 4");
 });
+
+test("a mirrored engine's record says it in words", () => {
+  assert.equal(stepText({ op: "preempt", ok: true, text: "preempted: its blocks freed, it waits again" }), "preempted: its blocks freed, it waits again");
+});

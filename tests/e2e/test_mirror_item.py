@@ -36,8 +36,30 @@ def test_the_mirror_item_shows_an_exact_mirror(browser: Any) -> None:
         client = mirror_setup.install(app, endpoint, mirror_setup.control_for(endpoint, hello))
         server = LiveServer(app, free_port())
         server.start()
-        engine.drive(30)
         p = Page(browser, server.url, "mirror")
+        # an idle mirror: the engine has done nothing yet, the analysis waits for it
+        wait_for(
+            lambda: (
+                p.js("() => document.getElementById('h-analysis').textContent")
+                == "on, waiting for operations"
+            ),
+            what="the analysis item waits for operations",
+        )
+        # read only: no "writes: open", the controls that would change the pool are gone
+        wait_for(
+            lambda: (
+                p.js("() => document.getElementById('auth-note').textContent") == "read-only mirror"
+            ),
+            what="the top bar says read-only mirror",
+        )
+        shown = p.js(
+            """() => ["demo-start", "trace-start", "admit-form", "reset-btn"].map(
+                (id) => document.getElementById(id).closest(".ctl-group").offsetParent !== null)"""
+        )
+        assert shown == [False, False, False, False]
+        assert p.js("() => document.getElementById('reset-btn').disabled")
+        assert "read-only mirror" in p.js("() => document.getElementById('ctl-result').textContent")
+        engine.drive(30)
         text = wait_for(
             lambda: (
                 "exact" in (t := p.js("() => document.getElementById('h-mirror').textContent"))
@@ -50,6 +72,8 @@ def test_the_mirror_item_shows_an_exact_mirror(browser: Any) -> None:
         title = p.js("() => document.querySelector('[data-h=mirror]').title")
         assert endpoint in title and "divergences 0" in title
         assert client.status.exact
+        # the stream arrives in the browser too: the auth note stays read only
+        assert p.js("() => document.getElementById('auth-note').textContent") == "read-only mirror"
         assert p.errors == [] and p.network == [], (p.errors, p.network)
         server.call(server.engine.check)
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from blockpool.analysis.core import Analysis
 from blockpool.mirror import (
     Divergence,
     Gap,
@@ -15,7 +16,8 @@ from blockpool.mirror import (
 )
 from blockpool.mirror.protocol import OP_ALLOCATE, OP_UNSUPPORTED, Batch, Snapshot
 from blockpool.runtime import PoolRuntime
-from tests.mirror.workload import FollowedEngine, config
+from blockpool.runtime.ops import AllocateOp, CacheOp, EvictOp, FreeOp
+from tests.mirror.workload import BLOCK, FollowedEngine, config
 
 
 def mirror_of(engine: FollowedEngine) -> tuple[PoolRuntime, MirrorApplier]:
@@ -188,3 +190,117 @@ def test_garbage_is_refused_by_the_decoder() -> None:
     with pytest.raises(Divergence):
         applier.apply_batch(bogus)
     rt.check()
+
+
+def _tree(rt: PoolRuntime) -> tuple[dict[object, object], dict[object, int]]:
+    return dict(rt.tree.parents), dict(rt.tree.copies)
+
+
+def test_a_resync_rebuilds_the_prefix_tree_from_the_restored_pool() -> None:
+    engine = FollowedEngine()
+    rt, applier = mirror_of(engine)
+    applier.synced = True
+    engine.drive(30)
+    for b in engine.batches:
+        rt.run(lambda b=b: applier.apply_batch(wire(b)))
+    engine.batches.clear()
+    engine.accept = False  # a gap: what the engine cached now is not heard of
+    engine.drive(6)
+    engine.accept = True
+    snap = engine.follower.capture()
+    assert snap is not None
+    rt.run(lambda: applier.restore(decode(encode(snap))))  # type: ignore[arg-type]
+    assert_same(engine, rt)
+    # every cached hash is in the tree with its copies; those whose parent the
+    # stream told are under it, as in the engine's own tree (from its events)
+    want_parents, want_copies = _tree(engine.rt)
+    got_parents, got_copies = _tree(rt)
+    assert got_copies == want_copies and len(got_copies) > 5
+    orphans = rt.tree.orphans
+    assert orphans <= set(got_parents)
+    for h, p in got_parents.items():
+        if h in orphans:
+            assert p is None
+        else:
+            assert p == want_parents[h], h
+    assert len(orphans) < len(got_parents)  # most parents were heard of before the gap
+    # the stream goes on: new stores give their hashes a parent, removals take them out
+    engine.drive(40)
+    for b in engine.batches:
+        rt.run(lambda b=b: applier.apply_batch(wire(b)))
+    assert_same(engine, rt)
+    got_parents, got_copies = _tree(rt)
+    want_parents, want_copies = _tree(engine.rt)
+    assert got_copies == want_copies
+    assert rt.tree.orphans <= set(got_parents)
+    assert {h: p for h, p in got_parents.items() if h not in rt.tree.orphans} == {
+        h: p for h, p in want_parents.items() if h not in rt.tree.orphans
+    }
+
+
+def test_a_mirror_started_mid_run_says_its_tree_is_partial() -> None:
+    engine = FollowedEngine()
+    engine.drive(25)
+    snap = engine.follower.capture()
+    assert snap is not None
+    rt, applier = mirror_of(engine)
+    rt.run(lambda: applier.restore(snap))
+    cached = {k for k, _ in snap.entries}
+    assert cached and len(rt.tree.orphans) == len(rt.tree.parents) == len(cached)
+    assert all(p is None for p in rt.tree.parents.values())
+    rt.check()
+
+
+def test_a_resync_resets_the_analysis_per_block_state() -> None:
+    engine = FollowedEngine()
+    rt, applier = mirror_of(engine)
+    an = Analysis(rt, miss_index_size=4096, miss_finished_kept=16)
+    rt.hooks = an
+    applier.synced = True
+    engine.drive(30)
+    for b in engine.batches:
+        rt.run(lambda b=b: applier.apply_batch(wire(b)))
+    engine.batches.clear()
+    ring = an.misses.ring
+
+    def cache_tokens(tokens: list[int]) -> int:
+        got = engine.rt.apply(AllocateOp(num_blocks=1))["block_ids"]
+        engine.rt.apply(CacheOp(block_ids=got, token_ids=tokens))
+        return int(got[0])
+
+    tokens = list(range(5000, 5000 + BLOCK))
+    bid = cache_tokens(tokens)
+    engine.rt.apply(FreeOp(block_ids=[bid]))
+    engine.rt.apply(EvictOp(block_ids=[bid]))
+    engine.follower.flush()
+    for b in engine.batches:
+        rt.run(lambda b=b: applier.apply_batch(wire(b)))
+    engine.batches.clear()
+    (h,) = [h for h in ring.evicted if ring.eviction(h) == ring.ev_serial - 1]
+    # during a gap the engine caches that hash again (the mirror does not hear it)
+    engine.accept = False
+    held = cache_tokens(tokens)
+    engine.follower.flush()
+    engine.drive(3)
+    back = {h}
+    engine.accept = True
+    snap = engine.follower.capture()
+    assert snap is not None
+    batches_before = an.misses.batches.fb_len
+    rt.run(lambda: applier.restore(snap))
+    assert_same(engine, rt)
+    # an eviction of a hash cached again (unseen) is forgotten: no regret of it later
+    assert all(ring.eviction(h) == -1 for h in back)
+    # the restored queue is one free batch: its stamps are the columns' now
+    fb = an.misses.batches
+    assert fb.fb_len == batches_before + 1
+    order = rt.columns.queue_order().tolist()
+    assert fb.fb_count[fb.fb_len - 1] == len(order) == rt.pool.get_num_free_blocks()
+    assert fb.fb_first[fb.fb_len - 1] == int(rt.columns.stamp[order[0]])
+    engine.batches.clear()
+    engine.rt.apply(FreeOp(block_ids=[held]))
+    engine.drive(10)
+    for b in engine.batches:
+        rt.run(lambda b=b: applier.apply_batch(wire(b)))
+    an.on_tick()
+    assert_same(engine, rt)

@@ -16,7 +16,7 @@ from blockpool.mirror import (
     snapshot_digest,
 )
 from blockpool.mirror.protocol import Group
-from blockpool_vllm.engine_facts import free_order_for, problems_of
+from blockpool_vllm.engine_facts import free_order_for, problems_of, served_model
 from blockpool_vllm.sender import Sender, next_port
 from tests.app.conftest import free_port
 from tests.mirror.workload import FollowedEngine
@@ -105,3 +105,13 @@ def test_the_control_socket_answers_strangers_and_serves_snapshots() -> None:
         sender.close()
         ctx.destroy(0)
     engine.rt.check()
+
+
+def test_the_served_model_name_is_the_handshakes() -> None:
+    from types import SimpleNamespace as NS
+
+    assert served_model(NS(model_config=NS(served_model_name="llama", model="/m/x"))) == "llama"
+    assert served_model(NS(model_config=NS(served_model_name=["a", "b"], model="/m"))) == "a"
+    assert served_model(NS(model_config=NS(served_model_name=None, model="/m/x"))) == "/m/x"
+    assert served_model(NS(model_config=None)) is None
+    assert served_model(object()) is None

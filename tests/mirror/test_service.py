@@ -18,9 +18,10 @@ from app.main import create_app
 from app.mirror import setup as mirror_setup
 from app.mirror import status as mirror_status
 from blockpool.mirror import pool_digest
+from blockpool.mirror.protocol import REQ_PREEMPTED
 from blockpool_vllm.sender import Sender
 from tests.app.conftest import assert_error, free_port, make_settings, running
-from tests.mirror.workload import FollowedEngine
+from tests.mirror.workload import BLOCK, FollowedEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -191,4 +192,112 @@ async def test_an_engine_the_mirror_cannot_follow_is_never_called_exact(rig: Rig
         st = await api.ok("GET", "/api/mirror")
         assert st["connected"] and st["synced"] and not st["exact"]
         assert st["engine"]["problems"] == rig.engine.problems
+    app.state.engine.check()
+
+
+async def test_an_engine_requests_story_is_the_request_story(rig: Rig) -> None:
+    engine = rig.engine
+    engine.tell_requests = True
+    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
+    app = create_app(mirror_setup.settings_for(hello, make_settings()))
+    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    mine = app.state.engine
+
+    def caught_up() -> bool:
+        f = engine.follower
+        return client.applier.synced and client.applier.next_op == f.op_count == f.first_op
+
+    async with running(app) as api:
+        await until(caught_up)
+        known_before = set(engine.rt.manager.requests)
+        for _ in range(30):
+            engine.drive(2)
+            await anyio.sleep(0)
+        # one running request is preempted (the plugin says so as it frees it)
+        running_now = [r for r in engine.rt.manager.requests if r not in known_before]
+        assert running_now
+        rid = running_now[0]
+        managed = engine.rt.manager.requests[rid]
+        engine.follower.request([REQ_PREEMPTED, rid, time.time(), managed.num_tokens])
+        engine.follower.flush()
+        await until(caught_up)
+        await until(lambda: client.book.requests.get(rid, {}).get("preemptions") == 1)
+        assert pool_digest(mine.pool) == pool_digest(engine.rt.pool)
+
+        s = await api.ok("GET", f"/api/requests/{rid}/story")
+        assert s["request_id"] == rid and s["state"] == "running"
+        assert s["num_prompt_tokens"] == managed.request.num_prompt_tokens
+        assert s["num_hit_blocks"] == managed.num_hit_blocks
+        assert s["hit_tokens"] == s["num_hit_blocks"] * BLOCK
+        assert s["preemptions"] == 1 and s["sources"]["engine"]
+        assert not s["sources"]["miss_reasons"] and s["misses"] == {}
+        hashes = [f"{int.from_bytes(bytes(h)[-8:], 'big'):016x}" for h in managed.block_hashes]
+        prompt_blocks = -(-managed.request.num_prompt_tokens // BLOCK)
+        assert len(s["blocks"]) == prompt_blocks
+        full = managed.request.num_prompt_tokens // BLOCK  # the hashed prompt blocks
+        assert [b["hash"] for b in s["blocks"]] == hashes[:full] + [None] * (prompt_blocks - full)
+        assert [b["hit"] for b in s["blocks"]].count(True) == s["num_hit_blocks"]
+        # each hashed block: a block of the mirror's pool holding that hash now,
+        # as the engine's does (the request's own block where it alone holds it)
+        table = managed.block_tables[0]
+        checked = 0
+        for b, own in zip(s["blocks"], table, strict=False):
+            if b["hash"] is None:
+                continue
+            checked += 1
+            (bid,) = b["block_ids"]
+            held = mine.pool.blocks[bid].block_hash
+            assert (
+                held is not None
+                and f"{int.from_bytes(bytes(held)[-12:-4], 'big'):016x}" == (b["hash"])
+            )
+            assert engine.rt.pool.blocks[bid].block_hash == held
+            if own.block_hash == held:
+                holders = engine.rt.pool.cached_block_hash_to_block._cache[held]
+                assert bid == own.block_id or isinstance(holders, dict)
+        assert checked >= 3  # every prompt starts with a 3-block shared prefix
+        assert [x["op"] for x in s["timeline"]] == ["arrive", "schedule", "preempt"]
+        assert s["times"]["first_attempt_at"] == s["timeline"][0]["ts"]
+
+        # a finished request: its state, total tokens and the finish in its timeline
+        done = next(
+            r
+            for r, rec in client.book.requests.items()
+            if rec["finished"] is not None and rec["prompt_tokens"] is not None
+        )
+        s = await api.ok("GET", f"/api/requests/{done}/story")
+        assert s["state"] == "finished" and s["timeline"][-1]["op"] == "finish"
+        assert s["num_tokens"] == client.book.requests[done]["num_tokens"]
+        assert s["times"]["finished_at"] == s["timeline"][-1]["ts"]
+
+        # an id the engine never told of: the one error shape, nothing changed
+        before = pool_digest(mine.pool)
+        r = await api.get("/api/requests/no-such-request/story")
+        assert_error(r, 404, "not_found")
+        assert "told of no request" in r.json()["error"]["message"]
+        assert pool_digest(mine.pool) == before
+    mine.check()
+    engine.rt.check()
+
+
+async def test_the_metrics_carry_the_engines_model_name(rig: Rig) -> None:
+    rig.engine.model = "tiny-llama"
+    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
+    assert hello.model == "tiny-llama"
+    assert mirror_setup.settings_for(hello, make_settings()).model_name == "tiny-llama"
+    # an engine that names no model: "vllm-mirror"; a --model-name given stays
+    hello.model = None
+    assert mirror_setup.settings_for(hello, make_settings()).model_name == "vllm-mirror"
+    assert mirror_setup.settings_for(hello, make_settings(model_name="m")).model_name == "m"
+    hello.model = "tiny-llama"
+    app = create_app(mirror_setup.settings_for(hello, make_settings()))
+    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    async with running(app) as api:
+        rig.engine.drive(5)
+        await until(lambda: client.applier.synced)
+        text = (await api.get("/metrics")).text
+        samples = [x for x in text.splitlines() if x.startswith("vllm:prefix_cache_queries_total{")]
+        assert samples and all('model_name="tiny-llama"' in x for x in samples)
+        cfg = await api.ok("GET", "/api/config")
+        assert cfg["model_name"] == "tiny-llama"
     app.state.engine.check()

@@ -9,10 +9,18 @@ calls, evictions, resets) and flushes one batch per step.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
-from blockpool.mirror.protocol import Batch, Group, Hello
+from blockpool.mirror.protocol import (
+    REQ_ARRIVE,
+    REQ_FINISHED,
+    REQ_SCHEDULED,
+    Batch,
+    Group,
+    Hello,
+)
 from blockpool.runtime import PoolRuntime, RuntimeConfig
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.ops import (
@@ -69,6 +77,8 @@ class FollowedEngine:
         self.raw: list[int] = []  # block ids held through the raw API
         self.free_order = free_order
         self.problems: list[str] = []  # what the handshake says it cannot follow
+        self.tell_requests = False  # True: records of each request, as the plugin's
+        self.model: str | None = None  # the handshake's model name
 
     def stats(self) -> tuple[int, int, int]:
         s = self.rt.manager.stats
@@ -91,6 +101,7 @@ class FollowedEngine:
             control_port=control_port,
             started_at=1.0,
             seq=self.follower.seq,
+            model=self.model,
         )
 
     def _try(self, op: Any) -> Any:
@@ -109,12 +120,17 @@ class FollowedEngine:
                 prompt = rng.choice(self.prefixes) + [
                     rng.randrange(1000) for _ in range(rng.randrange(1, 3 * BLOCK))
                 ]
-                self._try(AdmitOp(token_ids=prompt))
+                got = self._try(AdmitOp(token_ids=prompt))
+                if got and self.tell_requests:
+                    self._told_admit(got["request_id"], len(prompt), got["num_hit_blocks"])
             elif r < 0.55:
                 rid = rng.choice(running)
                 self._try(AppendOp(request_id=rid, token_ids=[rng.randrange(1000)] * BLOCK))
             elif r < 0.8:
-                self._try(FinishOp(request_id=rng.choice(running)))
+                rid = rng.choice(running)
+                n = rt.manager.requests[rid].num_tokens
+                if self._try(FinishOp(request_id=rid)) and self.tell_requests:
+                    self.follower.request([REQ_FINISHED, rid, time.time(), n])
             elif r < 0.86:
                 got = self._try(AllocateOp(num_blocks=rng.randrange(1, 3)))
                 if got:
@@ -135,6 +151,14 @@ class FollowedEngine:
             elif not running and not self.raw:
                 self._try(ResetOp())
         self.follower.flush()
+
+    def _told_admit(self, rid: str, prompt_tokens: int, hit_blocks: int) -> None:
+        """What the plugin publishes of a new request: its arrival (hashes and
+        lengths), then its first scheduling (the prefix hit in tokens)."""
+        hashes = [bytes(h) for h in self.rt.manager.requests[rid].block_hashes]
+        now = time.time()
+        self.follower.request([REQ_ARRIVE, rid, now, prompt_tokens, hashes])
+        self.follower.request([REQ_SCHEDULED, rid, now, hit_blocks * BLOCK])
 
     def drive(self, steps: int) -> None:
         for _ in range(steps):

@@ -77,6 +77,10 @@ class PrefixTree(Out):
     limit: int
     roots: int
     nodes: list[TreeNode]
+    partial: bool = Field(
+        False, description="some hashes' parents are not known (a mirror after a resync)"
+    )
+    unknown_parents: int = Field(0, description="hashes shown as roots, their parent unknown")
 
 
 class Event(Out):

@@ -41,6 +41,7 @@ export class Controls {
     this.result = $("ctl-result");
     this.dialog = $("reset-dialog");
     this.authRequired = false;
+    this.readOnly = false; // a mirror (setReadOnly)
     this.wire();
   }
 
@@ -342,6 +343,19 @@ export class Controls {
     tok.placeholder = required ? "token for writes" : "token (not needed)";
     tok.title = required ? "this server needs its bearer token for every change" : "this server takes changes without a token";
     tok.classList.toggle("need", required && !getToken());
-    setText($("auth-note"), required ? (getToken() ? "writes: token set" : "writes need a token") : "writes: open");
+    if (this.readOnly) setText($("auth-note"), "read-only mirror");
+    else setText($("auth-note"), required ? (getToken() ? "writes: token set" : "writes need a token") : "writes: open");
+  }
+
+  /** A mirror of a vLLM engine: no writes at all; the controls that would change the pool go. */
+  setReadOnly() {
+    this.readOnly = true;
+    setText($("auth-note"), "read-only mirror");
+    for (const id of ["demo-start", "trace-start", "admit-form", "reset-btn"]) {
+      const group = $(id).closest(".ctl-group");
+      if (group) group.style.display = "none"; // inline: renderTrace's `hidden` cannot show it again
+    }
+    for (const id of ["demo-start", "demo-stop", "trace-start", "trace-stop", "admit-btn", "reset-btn", "reset-confirm", "reset-stop"]) $(id).disabled = true;
+    this.show("muted", "read-only mirror: this pool follows a vLLM engine's; demo, trace, admit and reset are off");
   }
 }

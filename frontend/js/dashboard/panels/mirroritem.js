@@ -9,7 +9,9 @@ import { int } from "../../common/format.js";
 const POLL_MS = 1000;
 
 export class MirrorItem {
-  constructor() {
+  /** `onMirror()`: called once, when the service turns out to be a mirror. */
+  constructor(onMirror) {
+    this.onMirror = onMirror;
     this.value = h("b", { id: "h-mirror" }, "—");
     this.item = h("span", { class: "hitem", "data-h": "mirror", hidden: "" }, h("i", null, "mirror"), this.value);
     $("health").append(this.item);
@@ -33,6 +35,7 @@ export class MirrorItem {
       this.item.remove(); // not a mirror: nothing to show, ever
       return;
     }
+    if (this.onMirror) this.onMirror();
     this.timer = setInterval(() => this.poll(), POLL_MS);
     this.poll();
   }

@@ -17,6 +17,7 @@ const ids = (tables) => (tables || []).map((t) => t.join(" ")).join(" | ");
 
 /** What one timeline step did, in words. */
 export function stepText(s) {
+  if (s.text) return s.text; // a mirrored engine's record says it in words
   if (!s.ok) return `refused: ${(s.error && s.error.code) || "error"}${s.error && s.error.message ? ` (${s.error.message})` : ""}`;
   if (s.op === "admit") return `${int(s.tokens)} tokens, ${int(s.num_hit_blocks)} blocks hit, ${int(s.num_new_blocks)} new: ${ids(s.block_ids)}`;
   if (s.op === "append") return `+${int(s.tokens)} tokens → ${int(s.num_tokens)}${s.new_block_ids && s.new_block_ids[0].length ? `, new block ${ids(s.new_block_ids)}` : ""}`;
@@ -119,7 +120,7 @@ export class RequestView {
       { class: "kv rv-times", id: "rv-times", style: "width:auto" },
       ...[
         ["first tried", t.first_attempt_at, s.admissions_refused ? `${s.admissions_refused} refusal(s) while it waited` : ""],
-        ["admitted", t.admitted_at, ""],
+        ["admitted", t.admitted_at, s.preemptions ? `${int(s.preemptions)} preemption(s)` : ""],
         ["first decode", t.first_decode_at, ""],
         ["last decode", t.last_decode_at, s.decode ? `${int(s.decode.steps)} steps, ${int(s.decode.tokens)} tokens, ${int(s.decode.new_blocks)} new blocks` : ""],
         ["finished", t.finished_at, ""],
@@ -158,7 +159,7 @@ export class RequestView {
     const foot = h(
       "div",
       { class: "an-foot muted", id: "rv-sources" },
-      `from: ${[src.running ? "the running request" : null, src.miss_reasons ? "the miss analysis" : null, rec && rec.operations_found ? `the recording (op seq ${rec.first_seq}..${rec.last_seq})` : null].filter(Boolean).join(", ") || "—"}` +
+      `from: ${[src.running ? "the running request" : null, src.miss_reasons ? "the miss analysis" : null, src.engine ? "the engine's plugin (a mirror: no block tables, no decode steps, no miss reasons)" : null, rec && rec.operations_found ? `the recording (op seq ${rec.first_seq}..${rec.last_seq})` : null].filter(Boolean).join(", ") || "—"}` +
         `${s.earlier_lives ? ` · ${s.earlier_lives} earlier use(s) of this id left out` : ""}` +
         ` · kept: ${int(s.limits.finished_requests_kept)} finished requests, ${int(s.limits.recording_max_ops)} recorded operations`,
     );
