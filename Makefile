@@ -107,8 +107,9 @@ clean:
 
 ## docs/trace-curve.png: LRU, the offline optimum and the unbounded ceiling on the
 ## Mooncake trace, against pool size in tokens and in GiB (Llama-3.1-8B's KV layout).
-TRACE        ?= ../shared/traces/mooncake_synthetic_trace.jsonl
+## Give the trace file: make plot-curve TRACE=path/to/mooncake_trace.jsonl
 CURVE_MODEL  ?= docs/examples/llama-3.1-8b-config.json
 plot-curve: $(STAMP)
+	@test -n "$(TRACE)" || { echo "give the trace: make plot-curve TRACE=FILE.jsonl"; exit 2; }
 	$(VENV)/bin/blockpool trace $(TRACE) --model-config $(CURVE_MODEL) --sweep \
 	  --sweep-points 28 --policies optimal --plot docs/trace-curve.png
