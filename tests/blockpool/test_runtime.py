@@ -1,6 +1,7 @@
 """PoolRuntime on its own: every operation through ``execute``, what each
 reports to the observer (its declared change kind, in the documented order),
-the columns kept in step, and a refusal that changes nothing."""
+the columns kept in step, a refusal that changes nothing, and the steps
+around the handler: stamps, observer, columns, recorder, storage, wake-up."""
 
 from __future__ import annotations
 
@@ -155,4 +156,149 @@ def test_a_refusal_changes_nothing(op: Op, error: type[Exception]) -> None:
     assert rt.columns.next_stamp == stamp and rt.columns.take_dirty().tolist() == []
     assert dirty  # (the setup's changes were taken)
     assert rt.counters.ops_failed == 1
+    rt.check()
+
+
+class Watching(Told):
+    """Told, and what the pool, the columns and the counters showed when it was."""
+
+    def __init__(self, rt: PoolRuntime) -> None:
+        super().__init__(rt)
+        self.seen: list[dict[str, Any]] = []
+
+    def on_freed(self, first_stamp: int, now: float | None = None) -> None:
+        super().on_freed(first_stamp, now)
+        cols, blocks = self.rt.columns, self.rt.pool.blocks
+        self.seen.append(
+            {
+                "pool_ref": [blocks[i].ref_cnt for i in (1, 2, 3)],
+                "col_ref": cols.ref_cnt[1:4].tolist(),
+                "stamps": cols.stamp[1:4].tolist(),
+                "next_stamp": cols.next_stamp,
+            }
+        )
+
+    def on_allocate(self, ids: list[int]) -> None:
+        super().on_allocate(ids)
+        self.seen.append({"allocated": self.rt.counters.blocks_allocated})
+
+
+def test_the_observer_is_told_after_the_stamps_before_the_columns_are_reread() -> None:
+    rt = PoolRuntime(RuntimeConfig(num_blocks=10, block_size=4))
+    rt.paranoid = True
+    w = Watching(rt)
+    rt.hooks = w
+    rt.apply(AllocateOp(num_blocks=3))
+    assert w.seen[-1] == {"allocated": 0}  # step 3 before step 5
+    assert rt.counters.blocks_allocated == 3
+    first = rt.columns.next_stamp
+    rt.apply(FreeOp(block_ids=[3, 1, 2]))
+    # step 1 done (the pool freed them), step 2 done (stamped in the order
+    # freed), step 4 not yet (the columns still show the references)
+    assert w.seen[-1] == {
+        "pool_ref": [0, 0, 0],
+        "col_ref": [1, 1, 1],
+        "stamps": [first + 1, first + 2, first],
+        "next_stamp": first + 3,
+    }
+    assert w.calls[-1] == ("on_freed", first)
+    assert rt.columns.ref_cnt[1:4].tolist() == [0, 0, 0]  # step 4, after the observer
+    assert rt.columns.queue_order().tolist()[-3:] == [3, 1, 2]
+    rt.check()
+
+
+class KeptRecord:
+    """A recorder that keeps what ``execute`` hands it."""
+
+    def __init__(self) -> None:
+        self.due = False
+        self.records: list[tuple[str, bool, Any, int, int]] = []
+        self.keyframes = 0
+
+    def record(self, op: Any, ok: bool, payload: Any, first_event: int, n_events: int) -> None:
+        self.records.append((op.op, ok, payload, first_event, n_events))
+
+    def keyframe(self) -> None:
+        self.due = False
+        self.keyframes += 1
+
+
+def test_the_recorder_keeps_each_operation_with_its_own_events() -> None:
+    rt = PoolRuntime(RuntimeConfig(num_blocks=6, block_size=4))
+    rec = KeptRecord()
+    rt.recorder = rec
+    rt.apply(AllocateOp(num_blocks=2))
+    rt.apply(CacheOp(block_ids=[1, 2], token_ids=list(range(8))))
+    with pytest.raises(Conflict):
+        rt.apply(FreeOp(block_ids=[1, 1, 1]))
+    rt.apply(FreeOp(block_ids=[2, 1]))
+    rt.apply(AllocateOp(num_blocks=5))  # takes both cached blocks: two evictions
+    assert [(name, ok) for name, ok, _, _, _ in rec.records] == [
+        ("allocate", True),
+        ("cache", True),
+        ("free", False),
+        ("free", True),
+        ("allocate", True),
+    ]
+    assert rec.records[2][2]["code"] == "conflict"
+    assert rec.records[4][2]["block_ids"] == [3, 4, 5, 2, 1]  # the cached ones last
+    logged, _ = rt.events.since(0, 100)
+    by_seq = {seq: type(ev).__name__ for seq, _, ev in logged}
+    assert [[by_seq[s] for s in range(first, first + n)] for *_, first, n in rec.records] == [
+        [],
+        ["BlockStored"],
+        [],
+        [],
+        ["BlockRemoved", "BlockRemoved"],  # each op's own events, found by seq
+    ]
+    assert rt.counters.events == {"BlockStored": 1, "BlockRemoved": 2, "AllBlocksCleared": 0}
+    assert rt.counters.evictions == 2 and rt.counters.blocks_cached == 2
+    assert rt.counters.ops == 5 and rt.counters.ops_failed == 1
+    assert len(rt.tree) == 0  # both stored hashes were removed again
+    rt.check()
+
+
+def test_run_wakes_after_every_operation_and_keyframes_when_due() -> None:
+    rt = PoolRuntime(RuntimeConfig(num_blocks=6, block_size=4))
+    rec = KeptRecord()
+    rt.recorder = rec
+    woken: list[int] = []
+    rt.after_op = lambda: woken.append(rt.counters.ops)
+    rt.apply(AllocateOp(num_blocks=1))
+    rec.due = True
+    with pytest.raises(NotFound):
+        rt.apply(FinishOp(request_id="nobody"))  # refused: still woken, still keyframed
+    assert woken == [1, 2] and rec.keyframes == 1 and not rec.due
+    rt.apply(LookupOp(block_hash="00" * 32))
+    assert woken == [1, 2, 3] and rec.keyframes == 1
+    rt.check()
+
+
+def test_new_request_ids_skip_the_ones_running() -> None:
+    rt = PoolRuntime(RuntimeConfig(num_blocks=12, block_size=4))
+    rt.apply(AdmitOp(request_id="req-1", token_ids=[1, 2]))
+    r = rt.apply(AdmitOp(token_ids=[3, 4]))
+    assert r["request_id"] == "req-2"
+    assert sorted(rt.manager.requests) == ["req-1", "req-2"]
+    rt.check()
+
+
+class KeptWrites:
+    """K/V storage that keeps what it was asked to write."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, int, int]] = []
+
+    def write_request(self, managed: Any, start: int) -> None:
+        self.writes.append((managed.request_id, start, managed.num_tokens))
+
+
+def test_storage_writes_what_each_operation_computed() -> None:
+    storage = KeptWrites()
+    rt = PoolRuntime(RuntimeConfig(num_blocks=12, block_size=4), storage=storage)
+    rt.apply(AdmitOp(request_id="a", token_ids=list(range(9))))
+    rt.apply(AdmitOp(request_id="b", token_ids=list(range(10))))  # two blocks hit
+    rt.apply(AppendOp(request_id="a", token_ids=[5, 6]))
+    rt.apply(FinishOp(request_id="a"))  # nothing computed: nothing written
+    assert storage.writes == [("a", 0, 9), ("b", 8, 10), ("a", 9, 11)]
     rt.check()
