@@ -302,3 +302,27 @@ def test_storage_writes_what_each_operation_computed() -> None:
     rt.apply(FinishOp(request_id="a"))  # nothing computed: nothing written
     assert storage.writes == [("a", 0, 9), ("b", 8, 10), ("a", 9, 11)]
     rt.check()
+
+
+def test_each_refusal_has_its_stable_code() -> None:
+    from blockpool.mirror.apply import Divergence
+    from blockpool.runtime import errors
+
+    kinds = [c for c in vars(errors).values() if isinstance(c, type)]
+    codes = {c.__name__: c.code for c in kinds if issubclass(c, errors.OperationError)}
+    assert codes == {
+        "OperationError": "bad_request",
+        "InvalidInput": "invalid_input",
+        "NotFound": "not_found",
+        "Conflict": "conflict",
+        "NotEnoughBlocks": "not_enough_blocks",
+        "ResetRefused": "reset_refused",
+        "TooLarge": "too_large",
+        "Unavailable": "unavailable",
+    }
+    assert Divergence.code == "mirror_divergence"  # a code of its own stays
+    assert TooLarge("x", limit=3).as_dict() == {
+        "code": "too_large",
+        "message": "x",
+        "details": {"limit": 3},
+    }
