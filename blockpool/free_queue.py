@@ -111,23 +111,23 @@ class FreeKVCacheBlockQueue:
     def prepend_n(self, blocks: list[KVCacheBlock]) -> None:
         """Add ``blocks`` at the head, in the given order (the first listed
         becomes the new head).  Used by the ``"uncached_first"`` free order."""
-        if not blocks:
-            return
         head = self.fake_free_list_head
         first = head.next_free_block
         assert first is not None, "next_free_block of fake_free_list_head should always exist"
-        _chain(head, blocks, first)
-        self.num_free_blocks += len(blocks)
+        self._insert_n(head, blocks, first)
 
     def append_n(self, blocks: list[KVCacheBlock]) -> None:
         """Add ``blocks`` at the tail, in the given order."""
-        if not blocks:
-            return
         tail = self.fake_free_list_tail
         last = tail.prev_free_block
         assert last is not None, "prev_free_block of fake_free_list_tail should always exist"
-        _chain(last, blocks, tail)
-        self.num_free_blocks += len(blocks)
+        self._insert_n(last, blocks, tail)
+
+    def _insert_n(self, prev: KVCacheBlock, blocks: list[KVCacheBlock], end: KVCacheBlock) -> None:
+        """Link ``blocks`` in order between the neighbours ``prev`` and ``end``."""
+        if blocks:
+            _chain(prev, blocks, end)
+            self.num_free_blocks += len(blocks)
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
         """The free blocks from head (next to go) to tail."""
