@@ -36,7 +36,23 @@ def shadow_specs(policies: list[str], factors: list[float], grid: bool) -> list[
     return list(dict.fromkeys(specs))
 
 
-class ShadowFeeder:
+class FeedProgress:
+    """What a shadow feeder reports of its progress, inline or through a
+    worker: the resync id, accesses outstanding and applied, drops, resyncs,
+    the last error, since when it runs and when it last heard."""
+
+    def start_progress(self) -> None:
+        self.cid = 0
+        self.outstanding = 0
+        self.applied = 0
+        self.dropped = 0
+        self.resyncs = 0
+        self.error: str | None = None
+        self.since = time.time()
+        self.updated = 0.0
+
+
+class ShadowFeeder(FeedProgress):
     """Inline: the shadows live here and every flush applies at once."""
 
     mode = "inline"
@@ -61,14 +77,7 @@ class ShadowFeeder:
         self.real_base = (0, 0)
         self.sent = 0
         if inline:  # (a worker-backed subclass keeps these figures itself)
-            self.cid = 0
-            self.outstanding = 0
-            self.applied = 0
-            self.dropped = 0
-            self.resyncs = 0
-            self.error: str | None = None
-            self.since = time.time()
-            self.updated = 0.0
+            self.start_progress()
 
     # ------------------------------------------------------------ lifecycle
 

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,21 +57,7 @@ class ReplayReport:
             self.problems.append(problem)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "ok": self.ok,
-            "ops": self.ops,
-            "refused": self.refused,
-            "keyframes": self.keyframes,
-            "result_mismatches": self.result_mismatches,
-            "event_mismatches": self.event_mismatches,
-            "keyframe_mismatches": self.keyframe_mismatches,
-            "events_unknown": self.events_unknown,
-            "final_matches": self.final_matches,
-            "first_problem": self.first_problem,
-            "problems": self.problems,
-            "seconds": self.seconds,
-        }
+        return {**asdict(self), "ok": self.ok}
 
 
 def read_lines(path: str | Path) -> Iterator[dict[str, Any]]:

@@ -146,7 +146,9 @@ def _lines(header: Any, segments: Any, final: Any, view: Any) -> list[str]:
     return list(export_lines(header, segments, final, view))
 
 
-def test_a_tampered_recording_is_reported(engine_factory: Factory, tmp_path: Path) -> None:
+def test_a_tampered_recording_is_reported(
+    engine_factory: Factory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     e = engine_factory(num_blocks=24)
     random_run(e, 3, 80)
     rec = e.analysis.recorder  # type: ignore[union-attr]
@@ -163,7 +165,11 @@ def test_a_tampered_recording_is_reported(engine_factory: Factory, tmp_path: Pat
     report = replay.replay_file(path)
     assert not report.ok and report.result_mismatches == 1
     assert "admit" in (report.first_problem or "")
+    capsys.readouterr()
     assert replay.main([str(path), "--json"]) == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["ok"] is False and printed["result_mismatches"] == 1
+    assert printed["first_problem"] == report.first_problem and printed["path"] == str(path)
     (tmp_path / "nothing.jsonl").write_text('{"type": "op"}\n')
     assert replay.main([str(tmp_path / "nothing.jsonl")]) == 2
 
