@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from app import views
 from app.errors import ApiError, NotFound
-from blockpool.analysis.recording import unpack
+from blockpool.analysis.segment import unpack
 
 if TYPE_CHECKING:
     from app.engine import Engine

@@ -10,7 +10,7 @@ from pydantic_settings import SettingsConfigDict
 from app.serving import ServingSettings
 from blockpool.free_order import FreeOrder
 from blockpool.kvevents.config import KVEventsConfig, SourceSpec, plan_sources
-from blockpool.shadow import POLICY_NAMES
+from blockpool.shadow import POLICY_NAMES, policy_name
 
 HashName = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 SHADOW_POLICIES: tuple[str, ...] = POLICY_NAMES  # the library's list, the one list
@@ -218,12 +218,7 @@ class Settings(ServingSettings):
     @field_validator("shadow_policies")
     @classmethod
     def _known_policies(cls, v: list[str]) -> list[str]:
-        unknown = [p for p in v if p not in SHADOW_POLICIES]
-        if unknown:
-            raise ValueError(
-                f"unknown shadow policy {unknown[0]!r} (one of {', '.join(SHADOW_POLICIES)})"
-            )
-        return v
+        return [policy_name(p) for p in v]  # an old spelling ("vllm016") is accepted
 
     @model_validator(mode="after")
     def _kv_events(self) -> Settings:

@@ -48,6 +48,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,24 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
+def catch_up(
+    shadows: Any, timeout_s: float, hit_rates: Callable[[], dict[str, float]]
+) -> dict[str, Any]:
+    """The shadows' lag when the load stops, how long they take to catch up
+    (``wait_idle``), their drops and resyncs, and then their hit rates."""
+    lag_at_end = shadows.outstanding
+    t1 = time.perf_counter()
+    caught_up = shadows.wait_idle(timeout_s)
+    return {
+        "lag_at_end": lag_at_end,
+        "catch_up_s": time.perf_counter() - t1,
+        "caught_up": caught_up,
+        "dropped": shadows.dropped,
+        "resyncs": shadows.resyncs,
+        "hit_rates": hit_rates(),
+    }
+
+
 def run(variant: str, ops: list[Any], blocks: int) -> dict[str, Any]:
     settings = Settings(
         num_blocks=blocks,
@@ -195,31 +214,19 @@ def run(variant: str, ops: list[Any], blocks: int) -> dict[str, Any]:
             )
         f = an.feeder
         if f is not None:
-            lag_at_end = f.outstanding
-            t1 = clock()
-            caught_up = f.wait_idle(120)
-            out["shadow"] = {
-                "lag_at_end": lag_at_end,
-                "catch_up_s": clock() - t1,
-                "caught_up": caught_up,
-                "dropped": f.dropped,
-                "resyncs": f.resyncs,
-                "hit_rates": {s["name"]: round(s["hit_rate"], 4) for s in (f.latest or [])},
-            }
+            out["shadow"] = catch_up(
+                f, 120, lambda: {s["name"]: round(s["hit_rate"], 4) for s in (f.latest or [])}
+            )
         r = an.remote
         if r is not None:
-            lag_at_end = r.outstanding
-            t1 = clock()
-            caught_up = r.wait_idle(300)
-            rows = (r.prom or {}).get("shadows") or []
-            out["shadow"] = {
-                "lag_at_end": lag_at_end,
-                "catch_up_s": clock() - t1,
-                "caught_up": caught_up,
-                "dropped": r.dropped,
-                "resyncs": r.resyncs,
-                "hit_rates": {f"{p}@{x:g}x": round(h, 4) for p, x, h, *_ in rows},
-            }
+            out["shadow"] = catch_up(
+                r,
+                300,
+                lambda: {
+                    f"{p}@{x:g}x": round(h, 4)
+                    for p, x, h, *_ in (r.prom or {}).get("shadows") or []
+                },
+            )
         an.stop()
     return out
 

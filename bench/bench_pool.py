@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import random
 import statistics
@@ -41,6 +40,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from output import write_json  # noqa: E402
 
 import blockpool as bp  # noqa: E402
 
@@ -388,9 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": round(elapsed, 1),
         "results": results,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"\nwrote {args.json} ({elapsed:.0f}s)")
+    print()
+    write_json(args.json, doc, f" ({elapsed:.0f}s)")
     return 0
 
 

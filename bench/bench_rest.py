@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from output import write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKS_PER_OP = 64
 
@@ -386,9 +388,7 @@ def main() -> int:
             "met": {"ratio": ratio >= 0.7, "batch": batch_ops >= 100_000},
         },
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    write_json(args.json, out)
     return 0
 
 

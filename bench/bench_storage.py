@@ -15,7 +15,6 @@ in the operation's time.  Target: ratio >= 0.8.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import platform
 import statistics
@@ -26,6 +25,8 @@ from collections.abc import Callable
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from output import write_json
 
 from blockpool.storage import KVCacheShape, KVCacheStorage, resolve_device, resolve_dtype
 
@@ -172,9 +173,7 @@ def main() -> int:
         "target_ratio": TARGET,
         "results": rows,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    write_json(args.json, result)
     return 0
 
 

@@ -86,10 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bp.set_int_block_hashes(True)
     print()
     print(totals.exercised())
+    sums = totals.sums
     print(
-        f"{totals.runs - totals.failures}/{totals.runs} runs identical: {totals.ops} ops, "
-        f"{totals.events} events, {totals.samples} metric samples, {totals.hits} hit blocks, "
-        f"{totals.errors_matched} errors raised alike, in {since(totals.started)}"
+        f"{totals.runs - totals.failures}/{totals.runs} runs identical: {sums.ops} ops, "
+        f"{sums.events} events, {sums.samples} metric samples, {sums.hits} hit blocks, "
+        f"{sums.errors_matched} errors raised alike, in {since(totals.started)}"
     )
     return totals.verdict(
         "blockpool matches vLLM 0.16.0 call for call", diverged="diverged from vLLM 0.16.0"

@@ -53,9 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             totals.play(Driver, cfg, seed, args.ops)
         print(f"  {cfg.name:<24} {args.seeds} seeds done", flush=True)
     print(totals.exercised())
+    sums = totals.sums
     print(
         f"{totals.runs - totals.failures}/{totals.runs} runs identical to vLLM {version}'s "
-        f"BlockPool: {totals.ops} ops, {totals.events} events, {totals.hits} hit blocks, "
+        f"BlockPool: {sums.ops} ops, {sums.events} events, {sums.hits} hit blocks, "
         f"in {since(totals.started)}"
     )
     return totals.verdict(f"free_order='uncached_first' matches vLLM {version} call for call")

@@ -18,6 +18,16 @@ from blockpool.block import KVCacheBlock
 from blockpool.errors import PoolAssertionError
 
 
+def _chain(prev: KVCacheBlock, blocks: list[KVCacheBlock], end: KVCacheBlock) -> None:
+    """Link ``prev``, then ``blocks`` in order, then ``end``, both ways."""
+    for block in blocks:
+        prev.next_free_block = block
+        block.prev_free_block = prev
+        prev = block
+    prev.next_free_block = end
+    end.prev_free_block = prev
+
+
 class FreeKVCacheBlockQueue:
     __slots__ = ("fake_free_list_head", "fake_free_list_tail", "num_free_blocks")
 
@@ -27,13 +37,7 @@ class FreeKVCacheBlockQueue:
         self.fake_free_list_head = head
         self.fake_free_list_tail = tail
         self.num_free_blocks = len(blocks)
-        prev = head
-        for block in blocks:
-            prev.next_free_block = block
-            block.prev_free_block = prev
-            prev = block
-        prev.next_free_block = tail
-        tail.prev_free_block = prev
+        _chain(head, blocks, tail)
 
     def popleft(self) -> KVCacheBlock:
         """Remove and return the head.  ValueError when the queue is empty."""
@@ -107,34 +111,23 @@ class FreeKVCacheBlockQueue:
     def prepend_n(self, blocks: list[KVCacheBlock]) -> None:
         """Add ``blocks`` at the head, in the given order (the first listed
         becomes the new head).  Used by the ``"uncached_first"`` free order."""
-        if not blocks:
-            return
         head = self.fake_free_list_head
         first = head.next_free_block
         assert first is not None, "next_free_block of fake_free_list_head should always exist"
-        prev = head
-        for block in blocks:
-            block.prev_free_block = prev
-            prev.next_free_block = block
-            prev = block
-        prev.next_free_block = first
-        first.prev_free_block = prev
-        self.num_free_blocks += len(blocks)
+        self._insert_n(head, blocks, first)
 
     def append_n(self, blocks: list[KVCacheBlock]) -> None:
         """Add ``blocks`` at the tail, in the given order."""
-        if not blocks:
-            return
         tail = self.fake_free_list_tail
         last = tail.prev_free_block
         assert last is not None, "prev_free_block of fake_free_list_tail should always exist"
-        for block in blocks:
-            block.prev_free_block = last
-            last.next_free_block = block
-            last = block
-        last.next_free_block = tail
-        tail.prev_free_block = last
-        self.num_free_blocks += len(blocks)
+        self._insert_n(last, blocks, tail)
+
+    def _insert_n(self, prev: KVCacheBlock, blocks: list[KVCacheBlock], end: KVCacheBlock) -> None:
+        """Link ``blocks`` in order between the neighbours ``prev`` and ``end``."""
+        if blocks:
+            _chain(prev, blocks, end)
+            self.num_free_blocks += len(blocks)
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
         """The free blocks from head (next to go) to tail."""

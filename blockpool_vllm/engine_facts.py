@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from blockpool.free_order import APPEND_ALL, UNCACHED_FIRST, FreeOrder
 from blockpool.mirror.protocol import Group
 
 # What the follower has been tested against: 0.16.x frees every block to the
@@ -23,15 +24,15 @@ def version_tuple(version: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def free_order_for(version: str) -> str | None:
+def free_order_for(version: str) -> FreeOrder | None:
     """blockpool's free order for this vLLM version (None: not known)."""
     vt = version_tuple(version)
     if vt is None:
         return None
     if vt in KNOWN_APPEND:
-        return "append_all"
+        return APPEND_ALL
     if vt >= UNCACHED_FIRST_SINCE:
-        return "uncached_first"
+        return UNCACHED_FIRST
     return None
 
 

@@ -68,7 +68,7 @@ class Replica:
     def apply(self, parts: list[tuple[Any, list[bytes]]]) -> dict[str, Any]:
         from app.analysis import prom
         from blockpool.analysis import views
-        from blockpool.analysis.recording import decode_op
+        from blockpool.analysis.segment import decode_op
         from blockpool.runtime.errors import OperationError
 
         rt = self.rt

@@ -21,8 +21,10 @@ from app.api.responses import returns
 from app.engine import Engine
 from app.errors import Conflict, InvalidInput, NotFound
 from app.moment_tiles import moment_tiles
-from blockpool.analysis import replay
-from blockpool.analysis.recording import EventsView, Recorder, export_lines
+from blockpool.analysis import moments
+from blockpool.analysis.export import export_lines
+from blockpool.analysis.recording import Recorder
+from blockpool.analysis.segment import EventsView
 
 router = APIRouter(prefix="/api", tags=["analysis"], responses=ERROR_RESPONSES)
 
@@ -122,7 +124,7 @@ def _lock(request: Request) -> asyncio.Lock:
 
 def _seq(rec: Recorder, at: str, what: str) -> int:
     try:
-        seq = replay.parse_moment(rec, at)
+        seq = moments.parse_moment(rec, at)
     except ValueError as exc:
         raise InvalidInput(f"{what}: {exc}", given=at) from None
     if rec.segment_for(seq) is None:
@@ -135,13 +137,13 @@ def _seq(rec: Recorder, at: str, what: str) -> int:
     return seq
 
 
-async def _moment(request: Request, engine: Engine, seq: int) -> replay.Moment:
+async def _moment(request: Request, engine: Engine, seq: int) -> moments.Moment:
     rec = _recorder(engine)
     seg = rec.segment_for(seq)
     assert seg is not None
     entries = seg.entries(0, seq - seg.keyframe.seq)  # taken between operations
     async with _lock(request):
-        return await asyncio.to_thread(replay.rebuild, seg.keyframe, entries, engine.config)
+        return await asyncio.to_thread(moments.rebuild, seg.keyframe, entries, engine.config)
 
 
 @router.get(
@@ -162,7 +164,7 @@ async def history_state(
     requests; every block's state, ref count and hash with ``include_blocks``."""
     seq = _seq(_recorder(engine), at, "at")
     m = await _moment(request, engine, seq)
-    out = replay.state_json(m, limit, include_blocks)
+    out = moments.state_json(m, limit, include_blocks)
     ts = out["at"]["ts"]
     usage = out["summary"]["usage"]
     out["tiles"] = moment_tiles(list(engine.series), ts, usage)
@@ -194,7 +196,7 @@ async def history_diff(
     view = EventsView(engine.events)
     ma = await _moment(request, engine, a)
     mb = await _moment(request, engine, b)
-    return await asyncio.to_thread(replay.diff_json, ma, mb, between, view, limit)
+    return await asyncio.to_thread(moments.diff_json, ma, mb, between, view, limit)
 
 
 @router.get(

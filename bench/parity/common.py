@@ -9,7 +9,7 @@ import argparse
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NoReturn
 
 
@@ -64,6 +64,15 @@ class RunStats:
 
     def bump(self, what: str, n: int = 1) -> None:
         self.counts[what] = self.counts.get(what, 0) + n
+
+    def add(self, other: RunStats, *, counts: bool = True) -> None:
+        """Add ``other``'s sums in (and its operation counts, with ``counts``)."""
+        for f in fields(self):
+            if f.name != "counts":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        if counts:
+            for k, v in other.counts.items():
+                self.bump(k, v)
 
 
 # (bound, name, action): the first entry whose bound the draw is under runs;
@@ -130,16 +139,11 @@ def seed_range(args: argparse.Namespace) -> range:
 
 @dataclass
 class Totals:
-    """The sums over every run of a script."""
+    """The sums over every run of a script (``sums``: the runs' stats added)."""
 
     runs: int = 0
     failures: int = 0
-    ops: int = 0
-    events: int = 0
-    samples: int = 0
-    hits: int = 0
-    errors_matched: int = 0
-    counts: dict[str, int] = field(default_factory=dict)
+    sums: RunStats = field(default_factory=RunStats)
     started: float = field(default_factory=time.perf_counter)
 
     def play(
@@ -155,19 +159,12 @@ class Totals:
             self.failures += 1
             print(f"DIVERGENCE {e}", flush=True)
             return None
-        self.ops += st.ops
-        self.events += st.events
-        self.samples += st.samples
-        self.hits += st.hits
-        self.errors_matched += st.errors_matched
-        if counts:
-            for k, v in st.counts.items():
-                self.counts[k] = self.counts.get(k, 0) + v
+        self.sums.add(st, counts=counts)
         return st
 
     def exercised(self) -> str:
         return "operations exercised: " + ", ".join(
-            f"{k} {v}" for k, v in sorted(self.counts.items())
+            f"{k} {v}" for k, v in sorted(self.sums.counts.items())
         )
 
     def verdict(self, ok: str, *, diverged: str = "diverged") -> int:

@@ -16,27 +16,43 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from blockpool.shadow import POLICY_NAMES, ShadowSet, ShadowSpec
+from blockpool.free_order import APPEND_ALL
+from blockpool.shadow import ShadowSet, ShadowSpec, policy_name
 
 
 def shadow_specs(policies: list[str], factors: list[float], grid: bool) -> list[ShadowSpec]:
-    """vLLM 0.16 at every factor, every policy at 1x (or every pair: grid)."""
-    for p in policies:
-        if p not in POLICY_NAMES:
-            raise ValueError(f"unknown shadow policy {p!r} (one of {', '.join(POLICY_NAMES)})")
+    """vLLM 0.16 (``append_all``) at every factor, every policy at 1x (or
+    every pair: grid).  Policies by name; an old spelling is accepted."""
+    policies = [policy_name(p) for p in policies]
     specs: list[ShadowSpec] = []
     if grid:
-        for p in policies or ["vllm016"]:
+        for p in policies or [APPEND_ALL]:
             for f in sorted({1.0, *factors}):
                 specs.append(ShadowSpec(p, f))
     else:
-        for f in sorted({*factors, *([1.0] if "vllm016" in policies else [])}):
-            specs.append(ShadowSpec("vllm016", f))
-        specs.extend(ShadowSpec(p, 1.0) for p in policies if p != "vllm016")
+        for f in sorted({*factors, *([1.0] if APPEND_ALL in policies else [])}):
+            specs.append(ShadowSpec(APPEND_ALL, f))
+        specs.extend(ShadowSpec(p, 1.0) for p in policies if p != APPEND_ALL)
     return list(dict.fromkeys(specs))
 
 
-class ShadowFeeder:
+class FeedProgress:
+    """What a shadow feeder reports of its progress, inline or through a
+    worker: the resync id, accesses outstanding and applied, drops, resyncs,
+    the last error, since when it runs and when it last heard."""
+
+    def start_progress(self) -> None:
+        self.cid = 0
+        self.outstanding = 0
+        self.applied = 0
+        self.dropped = 0
+        self.resyncs = 0
+        self.error: str | None = None
+        self.since = time.time()
+        self.updated = 0.0
+
+
+class ShadowFeeder(FeedProgress):
     """Inline: the shadows live here and every flush applies at once."""
 
     mode = "inline"
@@ -61,14 +77,7 @@ class ShadowFeeder:
         self.real_base = (0, 0)
         self.sent = 0
         if inline:  # (a worker-backed subclass keeps these figures itself)
-            self.cid = 0
-            self.outstanding = 0
-            self.applied = 0
-            self.dropped = 0
-            self.resyncs = 0
-            self.error: str | None = None
-            self.since = time.time()
-            self.updated = 0.0
+            self.start_progress()
 
     # ------------------------------------------------------------ lifecycle
 

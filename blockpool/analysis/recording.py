@@ -18,10 +18,9 @@ recording is bounded by operations and by encoded bytes: when over either
 bound the oldest segment goes, so the recording always starts at a keyframe.
 
 The state at any recorded moment is its segment's keyframe plus the
-operations up to that moment, replayed into a fresh engine (``replay.py``).
-Export writes JSON lines: a header (the pool's settings), then every
-keyframe and operation in order, then a ``final`` keyframe of the state at
-export time; ``replay.replay_file`` replays such a file and checks it.
+operations up to that moment, replayed into a fresh engine (``moments.py``).
+The entries and segments are in ``segment.py``; the export (JSON lines)
+in ``export.py``.
 """
 
 from __future__ import annotations
@@ -31,36 +30,15 @@ import json
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from blockpool.runtime.ops import op_from_fields
-from blockpool.runtime.seqlog import SeqLog
+from blockpool.analysis.export import entry_json, header_json
+from blockpool.analysis.segment import Entry, EventsView, Segment, encode
 from blockpool.runtime.state import Keyframe, keyframe_json, snapshot
 
 if TYPE_CHECKING:
     from blockpool.runtime.runtime import PoolRuntime
-
-FORMAT = "blockpool-recording"
-VERSION = 1
-# Settings that shape the pool (the header keeps them; never the token).
-POOL_SETTINGS = (
-    "num_blocks",
-    "block_size",
-    "num_groups",
-    "hash_fn",
-    "hash_seed",
-    "enable_caching",
-    "enable_events",
-    "metrics_sample_rate",
-    "metrics_seed",
-    "max_ids_per_call",
-    "max_tokens_per_request",
-    "max_requests",
-)
 
 KEYFRAME_BUDGET = 0.01  # at tick time, keyframes take at most this share of the time
 # The export's size, estimated (never by writing it): operations sampled at
@@ -70,81 +48,6 @@ SAMPLES_PER_TICK = 4
 SAMPLE_BUDGET = 0.005  # writing sampled operations: at most this share of the time
 SAMPLE_KEEP_BYTES = 1 << 22  # the sampled sums halve past this: the ratio follows the load
 MEASURE_BUDGET = 0.01  # writing keyframes to measure them: at most this share of the time
-# seq, ts, msgpack of (op class name, op fields, ok, result or error body),
-# the engine event-log seq of its first event, how many events it emitted
-Entry = tuple[int, float, bytes, int, int]
-_encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(tuple[str, dict[str, Any], bool, Any]).decode
-
-
-def unpack(entry: Entry) -> tuple[int, float, Any, bool, Any]:
-    """(seq, ts, op model, ok, result or error body) of one entry."""
-    seq, ts, blob, _, _ = entry
-    name, fields, ok, payload = _decode(blob)
-    return seq, ts, op_from_fields(name, fields), ok, payload
-
-
-def decode_op(blob: bytes) -> tuple[Any, bool]:
-    """(op model, whether it succeeded) of an encoded operation."""
-    name, fields, ok, _ = _decode(blob)
-    return op_from_fields(name, fields), ok
-
-
-class EventsView:
-    """A copy of the engine's event log (taken between operations) to find
-    recorded operations' events by seq."""
-
-    def __init__(self, log: SeqLog[KVCacheEvent]) -> None:
-        items = list(log._items)
-        self.first = items[0][0] if items else log.last_seq + 1
-        self.events = [ev for _, _, ev in items]
-
-    def of(self, entry: Entry) -> list[KVCacheEvent] | None:
-        """The entry's events, or None when the log no longer holds them all."""
-        first, n = entry[3], entry[4]
-        if not n:
-            return []
-        i = first - self.first
-        if i < 0 or i + n > len(self.events):
-            return None
-        return self.events[i : i + n]
-
-
-class Segment:
-    """A keyframe and the operations after it, as columns: one bytes object
-    per operation, the rest in arrays (nothing per operation for the
-    garbage collector to track)."""
-
-    __slots__ = ("blobs", "ev_first", "ev_n", "json_bytes", "keyframe", "nbytes", "ts")
-
-    def __init__(self, keyframe: Keyframe) -> None:
-        self.keyframe = keyframe
-        self.blobs: list[bytes] = []
-        self.ts = array("d")
-        self.ev_first = array("q")
-        self.ev_n = array("q")
-        self.nbytes = 0
-        self.json_bytes = 0  # its keyframe's export line, once measured
-
-    def __len__(self) -> int:
-        return len(self.blobs)
-
-    def entries(self, lo: int = 0, hi: int | None = None) -> list[Entry]:
-        """Operations ``lo .. hi - 1`` of the segment (seq = keyframe seq + 1 + i)."""
-        hi = len(self.blobs) if hi is None else min(hi, len(self.blobs))
-        base = self.keyframe.seq + 1
-        b, t, f, n = self.blobs, self.ts, self.ev_first, self.ev_n
-        return [(base + i, t[i], b[i], f[i], n[i]) for i in range(max(0, lo), hi)]
-
-    def copy(self) -> Segment:
-        other = Segment(self.keyframe)
-        other.blobs = list(self.blobs)
-        other.ts = array("d", self.ts)
-        other.ev_first = array("q", self.ev_first)
-        other.ev_n = array("q", self.ev_n)
-        other.nbytes = self.nbytes
-        other.json_bytes = self.json_bytes
-        return other
 
 
 class Recorder:
@@ -196,7 +99,7 @@ class Recorder:
         engine absorbs them right after)."""
         self.seq += 1
         seg = self.segments[-1]
-        blob = _encode((op.__class__.__name__, op, ok, payload))
+        blob = encode((op.__class__.__name__, op, ok, payload))
         seg.blobs.append(blob)
         seg.ts.append(self.clock())
         seg.ev_first.append(first_event)
@@ -397,98 +300,4 @@ class Recorder:
         return header, segs, final, EventsView(self.engine.events)
 
     def _header(self) -> dict[str, Any]:
-        s = self.engine.config
-        return {
-            "type": "header",
-            "format": FORMAT,
-            "version": VERSION,
-            "created": time.time(),
-            "settings": {
-                **{k: getattr(s, k) for k in POOL_SETTINGS},
-                "num_blocks": self.engine.pool.num_gpu_blocks,
-            },
-            "first_seq": self.first_seq,
-            "last_seq": self.seq,
-        }
-
-
-def entry_json(entry: Entry, view: EventsView) -> dict[str, Any]:
-    seq, ts, op, ok, payload = unpack(entry)
-    events = view.of(entry)
-    return {
-        "type": "op",
-        "seq": seq,
-        "ts": ts,
-        "op": msgspec.to_builtins(op),
-        "ok": ok,
-        "result" if ok else "error": payload,
-        "events": None if events is None else [event_to_json(ev) for ev in events],
-    }
-
-
-def export_lines(
-    header: dict[str, Any], segments: list[Segment], final: Keyframe, view: EventsView
-) -> Iterator[str]:
-    """JSON lines (each ends with a newline)."""
-    dumps = json.dumps
-    yield dumps(header) + "\n"
-    for seg in segments:
-        yield dumps({"type": "keyframe", **keyframe_json(seg.keyframe)}) + "\n"
-        for entry in seg.entries():
-            yield dumps(entry_json(entry, view)) + "\n"
-    yield dumps({"type": "final", **keyframe_json(final)}) + "\n"
-
-
-# ----------------------------------------------------------------- events
-
-
-def _hash_json(h: int | bytes) -> int | str:
-    return h if isinstance(h, int) else h.hex()
-
-
-def _hash_from(v: int | str) -> int | bytes:
-    return v if isinstance(v, int) else bytes.fromhex(v)
-
-
-def event_to_json(ev: KVCacheEvent) -> dict[str, Any]:
-    """Lossless (hashes stay ints, or hex for raw digests)."""
-    if isinstance(ev, BlockStored):
-        return {
-            "type": "BlockStored",
-            "block_hashes": [_hash_json(h) for h in ev.block_hashes],
-            "parent_block_hash": None
-            if ev.parent_block_hash is None
-            else _hash_json(ev.parent_block_hash),
-            "token_ids": ev.token_ids,
-            "block_size": ev.block_size,
-            "lora_id": ev.lora_id,
-            "medium": ev.medium,
-            "lora_name": ev.lora_name,
-        }
-    if isinstance(ev, BlockRemoved):
-        return {
-            "type": "BlockRemoved",
-            "block_hashes": [_hash_json(h) for h in ev.block_hashes],
-            "medium": ev.medium,
-        }
-    return {"type": type(ev).__name__}
-
-
-def event_from_json(d: dict[str, Any]) -> KVCacheEvent:
-    kind = d["type"]
-    if kind == "BlockStored":
-        parent = d["parent_block_hash"]
-        return BlockStored(
-            [_hash_from(h) for h in d["block_hashes"]],
-            None if parent is None else _hash_from(parent),
-            list(d["token_ids"]),
-            d["block_size"],
-            d["lora_id"],
-            d["medium"],
-            d["lora_name"],
-        )
-    if kind == "BlockRemoved":
-        return BlockRemoved([_hash_from(h) for h in d["block_hashes"]], d["medium"])
-    if kind == "AllBlocksCleared":
-        return AllBlocksCleared()
-    raise ValueError(f"unknown event type {kind!r}")
+        return header_json(self.engine, self.first_seq, self.seq)

@@ -1,17 +1,9 @@
-"""Time travel: the pool at any recorded moment, the difference between two
-moments, and replaying a recording file.
-
-A moment is an operation seq (the state after it) -- or a time, turned into
-the last seq applied by then.  ``state_at`` restores the keyframe at or
-before it into a fresh runtime (metadata only) and re-applies the operations
-after it; the recording's ops were validated already, so replay is the
-runtime's own code path (same block ids, same events).
+"""Replaying a recording file: from its first keyframe, every operation's
+result and events, every keyframe and the final state checked against the
+file (the moments of a live recording are in ``moments.py``).
 
     python -m blockpool.analysis.replay RECORDING.jsonl [--json]
     blockpool replay RECORDING.jsonl [--json]
-
-replays an exported recording from its first keyframe and checks every
-operation's result and events, and the final state, against the file.
 """
 
 from __future__ import annotations
@@ -19,249 +11,19 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blockpool.analysis.recording import (
-    FORMAT,
-    Entry,
-    EventsView,
-    Recorder,
-    event_from_json,
-    unpack,
-)
-from blockpool.events import BlockRemoved, BlockStored
-from blockpool.keys import key64, key_group
-from blockpool.runtime.columns import STATE_NAMES
-from blockpool.runtime.config import RuntimeConfig
+from blockpool.analysis.export import FORMAT, event_from_json
+from blockpool.analysis.moments import apply_entry, jsonish, make_runtime
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.ops import op_from_json
 from blockpool.runtime.runtime import PoolRuntime
 from blockpool.runtime.state import Keyframe, digest, keyframe_from_json, restore, snapshot
-from blockpool.snapshot import block_keys, map_entries
-
-
-def make_runtime(config: RuntimeConfig | dict[str, Any] | Any) -> PoolRuntime:
-    """A fresh metadata-only runtime of this configuration (a RuntimeConfig,
-    or a recording header's settings)."""
-    if not isinstance(config, RuntimeConfig):
-        config = RuntimeConfig.from_mapping(config)
-    return PoolRuntime(config)
-
-
-def apply_entry(rt: PoolRuntime, op: Any) -> tuple[bool, Any]:
-    """Apply a recorded op: (ok, result or error)."""
-    try:
-        return True, rt.apply(op)
-    except OperationError as exc:
-        return False, exc.as_dict()
-
-
-def parse_moment(recorder: Recorder, at: str) -> int:
-    """An op seq, a Unix time (>= 1e9) or an ISO 8601 time -> an op seq."""
-    text = at.strip()
-    try:
-        value = float(text)
-    except ValueError:
-        try:
-            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            raise ValueError(f"{at!r} is not an op seq, a Unix time or an ISO 8601 time") from None
-        return recorder.seq_at(when.timestamp())
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{at!r} is not a moment")
-    if value >= 1e9:
-        return recorder.seq_at(value)
-    if value != int(value):
-        raise ValueError(f"{at!r}: an op seq is a whole number")
-    return int(value)
-
-
-@dataclass
-class Moment:
-    engine: PoolRuntime
-    seq: int
-    ts: float
-    keyframe_seq: int
-    replayed: int
-    mismatches: int
-    seconds: float
-
-
-def state_at(recorder: Recorder, seq: int, config: RuntimeConfig) -> Moment:
-    """The state after op ``seq`` (held by the recording), rebuilt."""
-    seg = recorder.segment_for(seq)
-    if seg is None:
-        raise LookupError(
-            f"op seq {seq} is not held by the recording (held: "
-            f"{recorder.first_seq}..{recorder.seq})"
-        )
-    return rebuild(seg.keyframe, seg.entries(0, seq - seg.keyframe.seq), config)
-
-
-def rebuild(kf: Keyframe, entries: list[Entry], config: RuntimeConfig | dict[str, Any]) -> Moment:
-    t0 = time.perf_counter()
-    engine = make_runtime(config)
-    restore(engine, kf)
-    bad = 0
-    for entry in entries:
-        _, _, op, rec_ok, rec_payload = unpack(entry)
-        ok, payload = apply_entry(engine, op)
-        if ok != rec_ok or (ok and _jsonish(payload) != rec_payload):
-            bad += 1
-    last = entries[-1] if entries else None
-    return Moment(
-        engine,
-        last[0] if last else kf.seq,
-        last[1] if last else kf.ts,
-        kf.seq,
-        len(entries),
-        bad,
-        time.perf_counter() - t0,
-    )
-
-
-# ------------------------------------------------------------------ views
-
-
-def _h(key: bytes | None) -> str | None:
-    return None if key is None else f"{key64(key):016x}"
-
-
-def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
-    e = m.engine
-    pool = e.pool
-    queue = [b.block_id for b in pool.free_block_queue]
-    entries: list[dict[str, Any]] = []
-    for key, entry in map_entries(pool).items():
-        if len(entries) >= limit:
-            break
-        ids = list(entry) if entry.__class__ is dict else [entry.block_id]
-        entries.append({"hash64": _h(key), "group_id": key_group(key), "block_ids": ids})
-    reqs = [
-        {
-            "request_id": rid,
-            "num_tokens": r.num_tokens,
-            "block_ids": r.block_ids(),
-            "num_hit_blocks": r.num_hit_blocks,
-        }
-        for rid, r in list(e.manager.requests.items())[:limit]
-    ]
-    st = e.manager.stats
-    out: dict[str, Any] = {
-        "at": {"seq": m.seq, "ts": m.ts},
-        "keyframe_seq": m.keyframe_seq,
-        "replayed_ops": m.replayed,
-        "replay_mismatches": m.mismatches,
-        "replay_seconds": m.seconds,
-        "summary": {
-            "num_blocks": pool.num_gpu_blocks,
-            "blocks": e.columns.summary(),
-            "num_free_blocks": pool.get_num_free_blocks(),
-            "usage": pool.get_usage(),
-            "hash_map_keys": len(pool.cached_block_hash_to_block),
-            "running_requests": len(e.manager.requests),
-            "prefix_cache": {
-                "requests": st.requests,
-                "queries_tokens": st.queries,
-                "hits_tokens": st.hits,
-            },
-        },
-        "queue": {"total": len(queue), "block_ids": queue[:limit]},
-        "hash_map": {"total_keys": len(pool.cached_block_hash_to_block), "items": entries},
-        "requests": {"total": len(e.manager.requests), "items": reqs},
-    }
-    if include_blocks:
-        cols = e.columns
-        out["blocks"] = {
-            "state": [STATE_NAMES[int(s)] for s in cols.state.tolist()],
-            "ref_cnt": cols.ref_cnt.tolist(),
-            "hash64": [_h(k) for k in block_keys(pool)],
-        }
-    return out
-
-
-def diff_json(
-    a: Moment, b: Moment, between: list[Entry], view: EventsView, limit: int
-) -> dict[str, Any]:
-    """What changed from moment ``a`` to moment ``b``."""
-    ka = block_keys(a.engine.pool)
-    kb = block_keys(b.engine.pool)
-    ra = [blk.ref_cnt for blk in a.engine.pool.blocks]
-    rb = [blk.ref_cnt for blk in b.engine.pool.blocks]
-    where_a: dict[bytes, int] = {}
-    for i, k in enumerate(ka):
-        if k is not None:
-            where_a.setdefault(k, i)
-    where_b: dict[bytes, int] = {}
-    for i, k in enumerate(kb):
-        if k is not None:
-            where_b.setdefault(k, i)
-    evicted = [{"hash64": _h(k), "block_id": i} for k, i in where_a.items() if k not in where_b]
-    entered = [{"hash64": _h(k), "block_id": i} for k, i in where_b.items() if k not in where_a]
-    changed = [
-        {
-            "block_id": i,
-            "from": {"ref_cnt": ra[i], "hash64": _h(ka[i])},
-            "to": {"ref_cnt": rb[i], "hash64": _h(kb[i])},
-        }
-        for i in range(1, len(ka))
-        if ka[i] != kb[i] or ra[i] != rb[i]
-    ]
-    ops: Counter[str] = Counter()
-    failed = 0
-    stored = removed = cleared = 0
-    unknown = 0
-    for entry in between:
-        _, _, op, ok, _ = unpack(entry)
-        ops[type(op).__name__.removesuffix("Op").lower()] += 1
-        failed += not ok
-        events = view.of(entry)
-        if events is None:
-            unknown += 1
-            continue
-        for ev in events:
-            if isinstance(ev, BlockStored):
-                stored += len(ev.block_hashes)
-            elif isinstance(ev, BlockRemoved):
-                removed += len(ev.block_hashes)
-            else:
-                cleared += 1
-    reqs_a, reqs_b = set(a.engine.manager.requests), set(b.engine.manager.requests)
-    return {
-        "from": {"seq": a.seq, "ts": a.ts},
-        "to": {"seq": b.seq, "ts": b.ts},
-        "evicted_total": len(evicted),
-        "evicted": evicted[:limit],
-        "entered_total": len(entered),
-        "entered": entered[:limit],
-        "blocks_changed_total": len(changed),
-        "blocks_changed": changed[:limit],
-        "requests": {
-            "started": sorted(reqs_b - reqs_a)[:limit],
-            "ended": sorted(reqs_a - reqs_b)[:limit],
-            "running_from": len(reqs_a),
-            "running_to": len(reqs_b),
-        },
-        "ops": {"total": len(between), "refused": failed, "by_type": dict(ops)},
-        "events": {
-            "stored_hashes": stored,
-            "removed_hashes": removed,
-            "cleared": cleared,
-            "ops_with_events_dropped": unknown,  # from the bounded event log
-        },
-        "replayed_ops": a.replayed + b.replayed,
-    }
-
-
-# ----------------------------------------------------------- replay a file
 
 
 @dataclass
@@ -295,21 +57,7 @@ class ReplayReport:
             self.problems.append(problem)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "ok": self.ok,
-            "ops": self.ops,
-            "refused": self.refused,
-            "keyframes": self.keyframes,
-            "result_mismatches": self.result_mismatches,
-            "event_mismatches": self.event_mismatches,
-            "keyframe_mismatches": self.keyframe_mismatches,
-            "events_unknown": self.events_unknown,
-            "final_matches": self.final_matches,
-            "first_problem": self.first_problem,
-            "problems": self.problems,
-            "seconds": self.seconds,
-        }
+        return {**asdict(self), "ok": self.ok}
 
 
 def read_lines(path: str | Path) -> Iterator[dict[str, Any]]:
@@ -405,7 +153,7 @@ def _replay_record(engine: PoolRuntime, report: ReplayReport, rec: Any, started:
         report.ops += 1
         report.refused += not ok
         want = rec.get("result") if rec["ok"] else _error(rec.get("error"))
-        if ok != rec["ok"] or _jsonish(payload) != want:
+        if ok != rec["ok"] or jsonish(payload) != want:
             report.result_mismatches += 1
             report.note(
                 f"op {rec['seq']} ({rec['op'].get('op')}): got {payload!r}, recorded {want!r}"
@@ -430,10 +178,6 @@ def replay_file(path: str | Path) -> ReplayReport:
     """Replay an exported recording file and check it (see ReplayReport.ok)."""
     report, _ = replay_records(read_lines(path), str(path))
     return report
-
-
-def _jsonish(value: Any) -> Any:
-    return json.loads(json.dumps(value))
 
 
 def _error(recorded: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from blockpool.free_order import FreeOrder
+from blockpool.free_order import APPEND_ALL, FreeOrder
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class RuntimeConfig:
     hash_seed: str = "0"
     enable_caching: bool = True
     enable_events: bool = True
-    free_order: FreeOrder = "append_all"  # or "uncached_first" (vLLM >= 0.24)
+    free_order: FreeOrder = APPEND_ALL  # or UNCACHED_FIRST (vLLM >= 0.24)
     metrics_sample_rate: float = 0.01
     metrics_seed: int | None = 0
     # limits: every operation over one is refused before it changes anything

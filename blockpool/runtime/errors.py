@@ -7,13 +7,23 @@ changed nothing.  The service maps each class to an HTTP status once
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
 class OperationError(Exception):
-    """A refused operation (or query); nothing was changed."""
+    """A refused operation (or query); nothing was changed.
+
+    Each subclass's ``code`` (the stable code the service reports) is its
+    name in snake case (``NotEnoughBlocks``: ``not_enough_blocks``) unless
+    it sets its own."""
 
     code = "bad_request"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" not in cls.__dict__:
+            cls.code = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -26,30 +36,28 @@ class OperationError(Exception):
 
 
 class InvalidInput(OperationError):
-    code = "invalid_input"
+    """Malformed: a field out of range, a wrong length, ids outside the pool."""
 
 
 class NotFound(OperationError):
-    code = "not_found"
+    """No such request (or other named thing)."""
 
 
 class Conflict(OperationError):
     """Well formed, but the pool's state refuses it."""
 
-    code = "conflict"
-
 
 class NotEnoughBlocks(Conflict):
-    code = "not_enough_blocks"
+    """Too few free blocks for the allocation."""
 
 
 class ResetRefused(Conflict):
-    code = "reset_refused"
+    """A reset while blocks are still held."""
 
 
 class TooLarge(OperationError):
-    code = "too_large"
+    """Over one of the runtime's size limits (ids per call, tokens, requests)."""
 
 
 class Unavailable(OperationError):
-    code = "unavailable"
+    """The runtime cannot answer now (a feature that is off)."""

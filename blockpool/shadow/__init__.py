@@ -10,17 +10,20 @@ Python: no I/O, no threads; the service decides where they run.
 from __future__ import annotations
 
 from blockpool.shadow.policies import (
+    OLD_POLICY_NAMES,
     POLICY_NAMES,
     S3FIFO,
     AppendAll,
     FreePolicy,
     UncachedFirst,
     make_policy,
+    policy_name,
 )
 from blockpool.shadow.pool import ShadowPool, ShadowStats, make_shadow
 from blockpool.shadow.set import Access, ShadowSet, ShadowSpec
 
 __all__ = [
+    "OLD_POLICY_NAMES",
     "POLICY_NAMES",
     "S3FIFO",
     "Access",
@@ -33,4 +36,5 @@ __all__ = [
     "UncachedFirst",
     "make_policy",
     "make_shadow",
+    "policy_name",
 ]

@@ -9,6 +9,9 @@ with it.
 
 Policies:
 
+Their names are the free orders' (``blockpool.free_order``) plus ``"s3fifo"``;
+``"vllm016"`` is an old spelling of ``"append_all"``, still accepted as input.
+
 * ``AppendAll`` -- vLLM 0.16.0 (ours): every block reaching ref count 0 is
   appended to the tail in the order given; reuse pops the head.  Uncached
   (hashless) blocks sit between cached ones and push them out as they age.
@@ -37,8 +40,23 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import Final
 
-POLICY_NAMES = ("vllm016", "uncached_first", "s3fifo")
+from blockpool.free_order import APPEND_ALL, UNCACHED_FIRST
+
+S3FIFO_NAME: Final = "s3fifo"
+POLICY_NAMES: Final[tuple[str, ...]] = (APPEND_ALL, UNCACHED_FIRST, S3FIFO_NAME)
+# Old spellings accepted as input (settings, recordings): name -> its name now.
+OLD_POLICY_NAMES: Final = {"vllm016": APPEND_ALL}
+
+
+def policy_name(name: str) -> str:
+    """The policy's name in ``POLICY_NAMES`` (an old spelling is mapped);
+    ValueError naming the known ones otherwise."""
+    name = OLD_POLICY_NAMES.get(name, name)
+    if name not in POLICY_NAMES:
+        raise ValueError(f"unknown shadow policy {name!r} (one of {', '.join(POLICY_NAMES)})")
+    return name
 
 
 class _Lists:
@@ -204,7 +222,7 @@ class FreePolicy:
 class AppendAll(FreePolicy):
     """vLLM 0.16.0: append every freed block to the tail; reuse the head."""
 
-    name = "vllm016"
+    name = APPEND_ALL
 
     def bind(self, capacity: int, keys: list[bytes | None]) -> None:
         super().bind(capacity, keys)
@@ -234,7 +252,7 @@ class AppendAll(FreePolicy):
 class UncachedFirst(AppendAll):
     """Later vLLM: hashless blocks to the front (given order), cached ones to the tail."""
 
-    name = "uncached_first"
+    name = UNCACHED_FIRST
 
     def release(self, slots: Sequence[int]) -> None:
         keys = self.keys
@@ -252,7 +270,7 @@ _NONE, _EMPTY, _SMALL, _MAIN = -1, 0, 1, 2
 class S3FIFO(FreePolicy):
     """S3-FIFO over the free blocks (see the module docstring)."""
 
-    name = "s3fifo"
+    name = S3FIFO_NAME
 
     def __init__(self, small_ratio: float = 0.1, promote_after: int = 1) -> None:
         super().__init__()
@@ -398,11 +416,12 @@ class S3FIFO(FreePolicy):
 
 
 def make_policy(name: str) -> FreePolicy:
-    """A fresh policy by name (``POLICY_NAMES``)."""
-    if name == "vllm016":
-        return AppendAll()
-    if name == "uncached_first":
-        return UncachedFirst()
-    if name == "s3fifo":
-        return S3FIFO()
-    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+    """A fresh policy by name (``POLICY_NAMES``, or an old spelling)."""
+    return _POLICIES[policy_name(name)]()
+
+
+_POLICIES: dict[str, type[FreePolicy]] = {
+    APPEND_ALL: AppendAll,
+    UNCACHED_FIRST: UncachedFirst,
+    S3FIFO_NAME: S3FIFO,
+}

@@ -7,7 +7,7 @@ with decode tokens, free in reverse -- over plain int slots, with a
 pluggable free-order policy (``policies.py``) and its own hit accounting.  No
 events, no metrics collector, no tensors.
 
-With the ``vllm016`` policy and ``capacity == num_gpu_blocks - 1`` it makes
+With the ``append_all`` policy and ``capacity == num_gpu_blocks - 1`` it makes
 the same decisions as the real pool for the same request stream: the same
 hits, the same evictions, even the same block ids (slot ``i`` is block
 ``i``).  At other capacities or under other policies it answers "what if".
@@ -28,7 +28,7 @@ from typing import Any
 
 from blockpool.admission import cdiv as _cdiv
 from blockpool.admission import fits, hit_limit, new_blocks
-from blockpool.shadow.policies import FreePolicy, make_policy
+from blockpool.shadow.policies import FreePolicy, make_policy, policy_name
 
 
 @dataclass
@@ -287,7 +287,8 @@ class ShadowPool:
 def make_shadow(
     policy: str, capacity: int, block_size: int, num_groups: int = 1, factor: float = 1.0
 ) -> ShadowPool:
-    """A shadow pool by policy name (``vllm016``, ``uncached_first``, ``s3fifo``)."""
+    """A shadow pool by policy name (``POLICY_NAMES``, or an old spelling)."""
+    policy = policy_name(policy)
     return ShadowPool(
         capacity,
         make_policy(policy),

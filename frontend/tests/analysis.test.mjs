@@ -117,7 +117,7 @@ test("miss-ratio curve: the REST curve and the stream's shadow rows agree", () =
     c.policies.map((p) => p.policy).sort(),
     Object.keys(want).sort(),
   );
-  assert.equal(c.policies[0].policy, "vllm016", "vLLM's own order first");
+  assert.equal(c.policies[0].policy, "append_all", "vLLM's own order first");
   for (const p of c.policies) {
     assert.deepEqual(
       p.points.map((q) => [q.factor, q.capacity, q.hit_rate]),
@@ -148,7 +148,7 @@ test("what-if in words: against vLLM's order at 1x", () => {
   const pol = lines.filter((l) => l.kind === "policy").map((l) => l.policy);
   assert.deepEqual(pol.sort(), ["s3fifo", "uncached_first"]);
   // a made-up curve: the sign and the points
-  const made = whatIf({ policies: [{ policy: "vllm016", points: [{ factor: 1, capacity: 10, hit_rate: 0.5 }, { factor: 2, capacity: 20, hit_rate: 0.6 }] }], factors: [1, 2], real: null });
+  const made = whatIf({ policies: [{ policy: "append_all", points: [{ factor: 1, capacity: 10, hit_rate: 0.5 }, { factor: 2, capacity: 20, hit_rate: 0.6 }] }], factors: [1, 2], real: null });
   assert.match(made[1].text, /60\.0%, \+10\.0 pt/);
 });
 

@@ -44,9 +44,9 @@ from app.stream import protocol as p  # noqa: E402
 from app.stream.hub import StreamHub  # noqa: E402
 from app.stream.mirror import PoolMirror  # noqa: E402
 from app.views import request as request_view  # noqa: E402
-from blockpool.analysis import replay  # noqa: E402
+from blockpool.analysis import moments  # noqa: E402
 from blockpool.analysis import views as analysis_views  # noqa: E402
-from blockpool.analysis.recording import EventsView  # noqa: E402
+from blockpool.analysis.segment import EventsView  # noqa: E402
 
 
 def expectation(m: PoolMirror, full: bool) -> dict[str, Any]:
@@ -258,10 +258,11 @@ def analysis(out: Path) -> None:
     first, last = rec.first_seq, rec.seq
     mid = (first + last) // 2
 
-    def moment(seq: int) -> replay.Moment:
+    def moment(seq: int) -> moments.Moment:
         seg = rec.segment_for(seq)
         assert seg is not None
-        return replay.rebuild(seg.keyframe, seg.entries(0, seq - seg.keyframe.seq), r.engine.config)
+        entries = seg.entries(0, seq - seg.keyframe.seq)
+        return moments.rebuild(seg.keyframe, entries, r.engine.config)
 
     ma, mb = moment(mid), moment(last)
     rest = {
@@ -270,8 +271,8 @@ def analysis(out: Path) -> None:
         "shadows": analysis_views.shadows(an),
         "request": request_view(r.engine, "A3"),
         "request_misses": analysis_views.request_misses(an, rid="B"),
-        "history_state": {"seq": mid, **replay.state_json(ma, 1000, True)},
-        "history_diff": replay.diff_json(
+        "history_state": {"seq": mid, **moments.state_json(ma, 1000, True)},
+        "history_diff": moments.diff_json(
             ma, mb, rec.entries_between(mid, last), EventsView(r.engine.events), 1000
         ),
     }

@@ -59,13 +59,13 @@ async def test_regret_and_shadows(aapi: Api) -> None:
     s = await aapi.ok("GET", "/api/shadows")
     names = [x["name"] for x in s["shadows"]]
     assert names == [
-        "vllm016@0.5x", "vllm016@1x", "vllm016@2x", "vllm016@4x",
+        "append_all@0.5x", "append_all@1x", "append_all@2x", "append_all@4x",
         "uncached_first@1x", "s3fifo@1x",
     ]  # fmt: skip
     one = s["shadows"][1]
     assert one["hits"] == s["real"]["hits_tokens"] == 8
     assert s["real"]["span"]["hit_rate"] == one["hit_rate"]
-    assert [p["factor"] for p in s["curve"]["vllm016"]] == [0.5, 1.0, 2.0, 4.0]
+    assert [p["factor"] for p in s["curve"]["append_all"]] == [0.5, 1.0, 2.0, 4.0]
     assert s["mode"] == "inline" and s["error"] is None
 
 
@@ -189,8 +189,8 @@ async def test_metrics(aapi: Api) -> None:
         "blockpool_prefix_hit_blocks_total 2.0",
         "blockpool_eviction_regrets_total 0.0",
         'blockpool_eviction_regret_gap_seconds_bucket{le="+Inf"} 0.0',
-        'blockpool_shadow_hit_ratio{capacity_factor="1",policy="vllm016"}',
-        'blockpool_shadow_capacity_blocks{capacity_factor="0.5",policy="vllm016"} 32.0',
+        'blockpool_shadow_hit_ratio{capacity_factor="1",policy="append_all"}',
+        'blockpool_shadow_capacity_blocks{capacity_factor="0.5",policy="append_all"} 32.0',
         "blockpool_token_usage_ratio",
         "blockpool_tokens_held 19.0",
         "blockpool_token_slots_reserved 24.0",

@@ -29,8 +29,9 @@ from app.schemas import (
     TouchOp,
 )
 from blockpool import check_invariants
-from blockpool.analysis import replay
-from blockpool.analysis.recording import EventsView, Recorder
+from blockpool.analysis import moments, replay
+from blockpool.analysis.recording import Recorder
+from blockpool.analysis.segment import EventsView
 from blockpool.runtime.state import digest, restore, snapshot
 
 Factory = Callable[..., Engine]
@@ -109,7 +110,7 @@ def test_every_recorded_moment_is_rebuilt_exactly(engine_factory: Factory, seed:
     rec = e.analysis.recorder  # type: ignore[union-attr]
     assert rec is not None and len(rec.segments) > 5
     for seq in [*sorted(states)[::7], rec.seq]:
-        m = replay.state_at(rec, seq, e.config)
+        m = moments.state_at(rec, seq, e.config)
         assert m.seq == seq
         assert m.mismatches == 0, f"op results differ replaying up to {seq}"
         assert digest(m.engine) == states[seq], f"state after op {seq}"
@@ -140,12 +141,14 @@ def test_export_replays_with_the_same_results_and_events(
 
 
 def _lines(header: Any, segments: Any, final: Any, view: Any) -> list[str]:
-    from blockpool.analysis.recording import export_lines
+    from blockpool.analysis.export import export_lines
 
     return list(export_lines(header, segments, final, view))
 
 
-def test_a_tampered_recording_is_reported(engine_factory: Factory, tmp_path: Path) -> None:
+def test_a_tampered_recording_is_reported(
+    engine_factory: Factory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     e = engine_factory(num_blocks=24)
     random_run(e, 3, 80)
     rec = e.analysis.recorder  # type: ignore[union-attr]
@@ -162,7 +165,11 @@ def test_a_tampered_recording_is_reported(engine_factory: Factory, tmp_path: Pat
     report = replay.replay_file(path)
     assert not report.ok and report.result_mismatches == 1
     assert "admit" in (report.first_problem or "")
+    capsys.readouterr()
     assert replay.main([str(path), "--json"]) == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["ok"] is False and printed["result_mismatches"] == 1
+    assert printed["first_problem"] == report.first_problem and printed["path"] == str(path)
     (tmp_path / "nothing.jsonl").write_text('{"type": "op"}\n')
     assert replay.main([str(tmp_path / "nothing.jsonl")]) == 2
 
@@ -174,8 +181,8 @@ def test_the_recording_is_bounded_and_starts_at_a_keyframe(engine_factory: Facto
     assert rec is not None
     assert rec.dropped_ops > 0 and rec.first_seq > 0 and rec.ops <= 100 + 2 * 20
     with pytest.raises(LookupError):
-        replay.state_at(rec, rec.first_seq - 1, e.config)
-    m = replay.state_at(rec, rec.first_seq, e.config)
+        moments.state_at(rec, rec.first_seq - 1, e.config)
+    m = moments.state_at(rec, rec.first_seq, e.config)
     assert digest(m.engine) == states[rec.first_seq]
     lines = _lines(*rec.export_parts())
     report, end = replay.replay_records(json.loads(x) for x in lines)
@@ -189,14 +196,14 @@ def test_moments_by_time_and_seq(engine_factory: Factory, clock: Any) -> None:
     for i in range(5):
         clock.advance(60)
         e.apply(AdmitOp(request_id=f"m{i}", token_ids=[i] * 6))
-    assert replay.parse_moment(rec, "3") == 3
-    assert replay.parse_moment(rec, str(t0 + 130)) == 2  # the op at t0+120 is the last by then
-    assert replay.parse_moment(rec, str(t0 + 10)) == 0  # before any op: the first keyframe
+    assert moments.parse_moment(rec, "3") == 3
+    assert moments.parse_moment(rec, str(t0 + 130)) == 2  # the op at t0+120 is the last by then
+    assert moments.parse_moment(rec, str(t0 + 10)) == 0  # before any op: the first keyframe
     iso = __import__("datetime").datetime.fromtimestamp(t0 + 300.0).isoformat()
-    assert replay.parse_moment(rec, iso) == 5
+    assert moments.parse_moment(rec, iso) == 5
     for bad in ("yesterday", "-3", "2.5", "nan"):
         with pytest.raises(ValueError):
-            replay.parse_moment(rec, bad)
+            moments.parse_moment(rec, bad)
     assert rec.ts_of(2) == t0 + 120
 
 
@@ -207,9 +214,9 @@ def test_diff_between_two_moments(engine_factory: Factory) -> None:
     e.apply(AllocateOp(num_blocks=6))  # seq 3: evicts block 2's hash
     rec = e.analysis.recorder  # type: ignore[union-attr]
     assert rec is not None
-    a = replay.state_at(rec, 2, e.config)
-    b = replay.state_at(rec, 3, e.config)
-    d = replay.diff_json(a, b, rec.entries_between(2, 3), EventsView(e.events), 100)
+    a = moments.state_at(rec, 2, e.config)
+    b = moments.state_at(rec, 3, e.config)
+    d = moments.diff_json(a, b, rec.entries_between(2, 3), EventsView(e.events), 100)
     assert d["evicted_total"] == 1 and d["evicted"][0]["block_id"] == 2
     assert d["entered_total"] == 0
     assert d["ops"] == {"total": 1, "refused": 0, "by_type": {"allocate": 1}}
@@ -230,7 +237,7 @@ def test_keyframe_json_round_trip(engine_factory: Factory) -> None:
     random_run(e, 4, 120)
     kf = snapshot(e.runtime, 7, 1.0)
     back = keyframe_from_json(json.loads(json.dumps(keyframe_json(kf))))
-    fresh = replay.make_runtime(e.config)
+    fresh = moments.make_runtime(e.config)
     restore(fresh, back)
     assert digest(fresh) == digest(e.runtime)
 

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from blockpool.shadow import S3FIFO, AppendAll, ShadowPool, UncachedFirst, make_policy, make_shadow
+from blockpool.analysis.feeder import shadow_specs
+from blockpool.free_order import FREE_ORDERS
+from blockpool.shadow import (
+    POLICY_NAMES,
+    S3FIFO,
+    AppendAll,
+    ShadowPool,
+    ShadowSpec,
+    UncachedFirst,
+    make_policy,
+    make_shadow,
+    policy_name,
+)
 
 BS = 4
 
@@ -13,8 +25,8 @@ def h(i: int) -> bytes:
     return i.to_bytes(4, "big") * 8  # a 32-byte stand-in hash
 
 
-def bound(policy_name: str, capacity: int) -> tuple[ShadowPool, list[bytes | None]]:
-    pool = ShadowPool(capacity, make_policy(policy_name), BS)
+def bound(policy: str, capacity: int) -> tuple[ShadowPool, list[bytes | None]]:
+    pool = ShadowPool(capacity, make_policy(policy), BS)
     return pool, pool.keys
 
 
@@ -48,7 +60,7 @@ def test_uncached_first_prepends_hashless_blocks_in_order() -> None:
     p.check()
 
 
-def test_vllm016_puts_hashless_blocks_behind_older_cached_ones() -> None:
+def test_append_all_puts_hashless_blocks_behind_older_cached_ones() -> None:
     p = AppendAll()
     keys: list[bytes | None] = [None] * 5
     p.bind(4, keys)
@@ -67,7 +79,7 @@ def _request(pool: ShadowPool, rid: str, key: int) -> int:
     return hit
 
 
-@pytest.mark.parametrize("policy", ["vllm016", "uncached_first", "s3fifo"])
+@pytest.mark.parametrize("policy", ["append_all", "uncached_first", "s3fifo"])
 def test_scan(policy: str) -> None:
     """A working set used again and again, then a one-time scan larger than
     the pool, then the working set again: S3-FIFO keeps it, LRU orders lose it."""
@@ -99,7 +111,7 @@ def test_s3fifo_ghost_hit_goes_to_main() -> None:
 
 
 def test_shadow_refuses_and_preempts_what_does_not_fit() -> None:
-    pool = make_shadow("vllm016", 3, BS)
+    pool = make_shadow("append_all", 3, BS)
     assert pool.admit("big", [h(1), h(2), h(3), h(4)], 4 * BS) == -1
     assert pool.stats.refused == 1 and pool.stats.refused_tokens == 16
     assert pool.admit("a", [h(1)], BS) == 0  # one block
@@ -125,5 +137,35 @@ def test_reset_drops_every_hash() -> None:
 
 
 def test_unknown_policy() -> None:
-    with pytest.raises(ValueError, match="unknown policy"):
+    with pytest.raises(ValueError, match=r"unknown shadow policy 'lru-k' \(one of append_all, "):
         make_policy("lru-k")
+
+
+def test_policy_names_are_the_free_orders_plus_s3fifo() -> None:
+    assert (*FREE_ORDERS, "s3fifo") == POLICY_NAMES
+    assert [make_policy(n).name for n in POLICY_NAMES] == list(POLICY_NAMES)
+
+
+def test_old_spelling_vllm016_is_append_all() -> None:
+    assert policy_name("vllm016") == "append_all"
+    assert type(make_policy("vllm016")) is AppendAll
+    shadow = make_shadow("vllm016", 3, BS)
+    assert shadow.name == "append_all@1x"
+    assert shadow_specs(["vllm016", "s3fifo"], [2.0], grid=False) == [
+        ShadowSpec("append_all", 1.0),
+        ShadowSpec("append_all", 2.0),
+        ShadowSpec("s3fifo", 1.0),
+    ]
+
+
+def test_settings_take_the_old_spelling_and_refuse_unknown_policies() -> None:
+    from pydantic import ValidationError
+
+    from app.settings import Settings
+
+    assert Settings(shadow_policies=["vllm016", "s3fifo"]).shadow_policies == [
+        "append_all",
+        "s3fifo",
+    ]
+    with pytest.raises(ValidationError, match="unknown shadow policy 'lru'"):
+        Settings(shadow_policies=["lru"])

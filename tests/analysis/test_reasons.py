@@ -203,10 +203,10 @@ def test_reset_drops_are_not_evictions(engine_factory: Factory, clock: Clock) ->
     assert views.regret(an, 5)["evictions_total"] == 0
     sec = views.stream_section(an)
     assert sec["evictions"] == 0 and sec["misses"]["reset"] == 3
-    # the shadows were emptied with the pool: vllm016 at 1x saw what the real
+    # the shadows were emptied with the pool: append_all at 1x saw what the real
     # pool saw since the reset (b's 12 tokens, no hit)
     sh = views.shadows(an)
-    one = next(r for r in sh["shadows"] if r["policy"] == "vllm016" and r["factor"] == 1.0)
+    one = next(r for r in sh["shadows"] if r["policy"] == "append_all" and r["factor"] == 1.0)
     assert (one["queries"], one["hits"]) == (12, 0)
     assert sh["real"]["span"] == {"queries_tokens": 12, "hits_tokens": 0, "hit_rate": 0.0}
     finish(e, "b")

@@ -30,7 +30,7 @@ def test_library_shadow_matches_the_pool(seed: int, groups: int) -> None:
     n, bs = rng.randint(8, 60), rng.choice([2, 4])
     pool = BlockPool(n, True, bs, enable_kv_cache_events=True)
     mgr = RequestManager(pool, bs, group_ids=range(groups))
-    shadow = make_shadow("vllm016", n - 1, bs, groups)
+    shadow = make_shadow("append_all", n - 1, bs, groups)
     prefixes = [[rng.randrange(40) for _ in range(rng.randint(0, 20))] for _ in range(5)]
     running: list[str] = []
     evictions = 0
@@ -75,11 +75,11 @@ def test_library_shadow_matches_the_pool(seed: int, groups: int) -> None:
 
 
 def test_engine_shadows_match_the_real_pool(engine_factory: Factory) -> None:
-    """Inline shadows fed by the engine (request traffic only): vllm016@1x
+    """Inline shadows fed by the engine (request traffic only): append_all@1x
     reports the real pool's hits, queries and evictions; bigger shadows hit
     at least as often on this stream."""
     e = engine_factory(
-        num_blocks=48, shadow_factors=[0.5, 2.0, 4.0], shadow_policies=["vllm016", "s3fifo"]
+        num_blocks=48, shadow_factors=[0.5, 2.0, 4.0], shadow_policies=["append_all", "s3fifo"]
     )
     rng = random.Random(7)
     docs = [[rng.randrange(100) for _ in range(rng.randint(4, 40))] for _ in range(6)]
@@ -103,12 +103,12 @@ def test_engine_shadows_match_the_real_pool(engine_factory: Factory) -> None:
     assert e.analysis is not None and e.analysis.feeder is not None
     rows = {r["name"]: r for r in e.analysis.feeder.latest or []}
     assert set(rows) == {
-        "vllm016@0.5x", "vllm016@1x", "vllm016@2x", "vllm016@4x", "s3fifo@1x",
+        "append_all@0.5x", "append_all@1x", "append_all@2x", "append_all@4x", "s3fifo@1x",
     }  # fmt: skip
-    one = rows["vllm016@1x"]
+    one = rows["append_all@1x"]
     st = e.manager.stats
     assert (one["queries"], one["hits"], one["requests"]) == (st.queries, st.hits, st.requests)
     assert one["evictions"] == e.counters.evictions
     assert one["refused"] == 0
-    assert rows["vllm016@4x"]["hits"] >= rows["vllm016@2x"]["hits"] >= one["hits"]
-    assert rows["vllm016@0.5x"]["capacity"] == 24 and rows["vllm016@4x"]["capacity"] == 188
+    assert rows["append_all@4x"]["hits"] >= rows["append_all@2x"]["hits"] >= one["hits"]
+    assert rows["append_all@0.5x"]["capacity"] == 24 and rows["append_all@4x"]["capacity"] == 188

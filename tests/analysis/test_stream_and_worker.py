@@ -27,7 +27,7 @@ def test_analysis_rides_in_snapshots_and_about_once_a_second(engine_factory: Fac
         "last_token": 0, "block_size_floor": 1, "cold": 1, "evicted": 0,
         "extra_keys": 0, "chain_broken": 0, "reset": 0,
     }  # fmt: skip
-    assert [row[0] for row in an["shadows"]][:2] == ["vllm016@0.5x", "vllm016@1x"]
+    assert [row[0] for row in an["shadows"]][:2] == ["append_all@0.5x", "append_all@1x"]
     assert snap.header["tokens"]["held"] == 6 and snap.header["tokens"]["slots_reserved"] == 8
     finish(e, "a")
     e.tick()
@@ -57,7 +57,8 @@ def test_shadows_in_the_worker_process(engine_factory: Factory) -> None:
     assert an.feeder.wait_idle(30), an.feeder.snapshot()
     rows = {r["name"]: r for r in an.feeder.latest or []}
     st = e.manager.stats
-    assert (rows["vllm016@1x"]["hits"], rows["vllm016@1x"]["queries"]) == (st.hits, st.queries)
+    one = rows["append_all@1x"]
+    assert (one["hits"], one["queries"]) == (st.hits, st.queries)
     assert an.feeder.snapshot()["error"] is None
     an.feeder.check()  # the worker audits every shadow
 
@@ -80,7 +81,7 @@ def test_a_lagging_worker_is_resynced_not_waited_for(engine_factory: Factory) ->
     assert f.wait_idle(30)
     assert f.resyncs == 1
     rows = {r["name"]: r for r in f.latest or []}
-    assert rows["vllm016@1x"]["requests"] == 1  # counted since the restart
+    assert rows["append_all@1x"]["requests"] == 1  # counted since the restart
 
 
 def test_engine_start_stop_with_the_worker(engine_factory: Factory) -> None:

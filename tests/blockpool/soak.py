@@ -23,7 +23,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from blockpool import (
     AllBlocksCleared,
@@ -41,37 +40,24 @@ from blockpool import (
 VOCAB = 32_000
 
 
-@dataclass
-class SoakStats:
-    ops: int = 0
-    admitted: int = 0
-    refused: int = 0
-    appended: int = 0
-    preempted: int = 0
-    finished: int = 0
-    evict_calls: int = 0
-    resets: int = 0
-    resets_refused: int = 0
-    checks: int = 0
-    hit_tokens: int = 0
-    query_tokens: int = 0
-    stored_events: int = 0
-    removed_events: int = 0
-    peak_running: int = 0
-    metric_samples: int = 0
-    kinds: Counter[str] = field(default_factory=Counter)
+class SoakStats(Counter[str]):
+    """The soak's tallies by name: ops, admitted, refused, appended,
+    preempted, finished, evict_calls, resets, resets_refused, checks,
+    hit_tokens, query_tokens, stored_events, removed_events, metric_samples,
+    and peak_running (a maximum, not a sum)."""
 
     def summary(self) -> str:
-        rate = self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
-        return (
-            f"{self.ops} ops: {self.admitted} admitted ({self.refused} refused), "
-            f"{self.appended} appends, {self.finished} finished, {self.preempted} preempted, "
-            f"{self.evict_calls} evict_blocks, {self.resets} resets "
-            f"({self.resets_refused} refused); hit rate {rate:.1%}; "
-            f"{self.stored_events} BlockStored, {self.removed_events} BlockRemoved; "
-            f"{self.metric_samples} metric samples; peak running {self.peak_running}; "
-            f"{self.checks} full checks"
+        rate = self["hit_tokens"] / self["query_tokens"] if self["query_tokens"] else 0.0
+        ops = (
+            "{ops} ops: {admitted} admitted ({refused} refused), {appended} appends, "
+            "{finished} finished, {preempted} preempted, {evict_calls} evict_blocks, "
+            "{resets} resets ({resets_refused} refused)"
         )
+        seen = (
+            "{stored_events} BlockStored, {removed_events} BlockRemoved; "
+            "{metric_samples} metric samples; peak running {peak_running}; {checks} full checks"
+        )
+        return f"{ops.format_map(self)}; hit rate {rate:.1%}; {seen.format_map(self)}"
 
 
 class SoakFailure(AssertionError):
@@ -159,20 +145,19 @@ class Soak:
             try:
                 adm = mgr.admit(rid, tokens, lora_name=lora, cache_salt=salt)
             except NotEnoughBlocksError:
-                st.refused += 1
-                st.kinds["refused"] += 1
+                st["refused"] += 1
                 if running:  # make room, as a scheduler would
                     mgr.finish(rng.choice(running))
-                    st.preempted += 1
+                    st["preempted"] += 1
             else:
                 if expected >= 0 and adm.num_hit_blocks != expected:
                     raise SoakFailure(
                         f"{rid}: {adm.num_hit_blocks} hit blocks, events say {expected}"
                     )
-                st.admitted += 1
-                st.query_tokens += len(tokens)
-                st.hit_tokens += adm.num_computed_tokens
-                st.peak_running = max(st.peak_running, len(mgr.requests))
+                st["admitted"] += 1
+                st["query_tokens"] += len(tokens)
+                st["hit_tokens"] += adm.num_computed_tokens
+                st["peak_running"] = max(st["peak_running"], len(mgr.requests))
         elif r < 0.80:
             rid = rng.choice(running)
             new = [rng.randrange(VOCAB) for _ in range(rng.choice((1, 1, 1, 2, 5, 9)))]
@@ -180,41 +165,41 @@ class Soak:
                 mgr.append_tokens(rid, new)
             except NotEnoughBlocksError:
                 mgr.finish(rid)  # preempted
-                st.preempted += 1
+                st["preempted"] += 1
             else:
-                st.appended += 1
+                st["appended"] += 1
         elif r < 0.985:
             mgr.finish(rng.choice(running))
-            st.finished += 1
+            st["finished"] += 1
         elif r < 0.995:
             n = self.pool.num_gpu_blocks
             self.pool.evict_blocks({rng.randrange(n) for _ in range(rng.randint(1, 8))})
-            st.evict_calls += 1
+            st["evict_calls"] += 1
         else:
             if rng.random() < 0.5:  # drain: everything finishes, then reset
                 for rid in running:
                     mgr.finish(rid)
-                st.finished += len(running)
+                st["finished"] += len(running)
             ok = self.pool.reset_prefix_cache()
             if ok != (not mgr.requests):
                 raise SoakFailure(f"reset returned {ok} with {len(mgr.requests)} running")
             if ok:
-                st.resets += 1
+                st["resets"] += 1
             else:
-                st.resets_refused += 1
+                st["resets_refused"] += 1
         self._consume_events()
-        st.metric_samples += len(self.mc.drain_events())
-        st.ops += 1
+        st["metric_samples"] += len(self.mc.drain_events())
+        st["ops"] += 1
 
     def _consume_events(self) -> None:
         mirror = self.mirror
         for ev in self.pool.take_events():
             if isinstance(ev, BlockStored):
-                self.stats.stored_events += 1
+                self.stats["stored_events"] += 1
                 for h in ev.block_hashes:
                     mirror[h] += 1  # type: ignore[index]
             elif isinstance(ev, BlockRemoved):
-                self.stats.removed_events += 1
+                self.stats["removed_events"] += 1
                 for h in ev.block_hashes:
                     if mirror[h] <= 0:  # type: ignore[index]
                         raise SoakFailure(f"BlockRemoved for {h} which was never stored")
@@ -253,7 +238,7 @@ class Soak:
             )
         if in_map != self.mirror:
             raise SoakFailure("the event consumer's mirror differs from the hash map")
-        self.stats.checks += 1
+        self.stats["checks"] += 1
 
     def run(self, ops: int, check_every: int = 200, progress: bool = False) -> SoakStats:
         start = time.perf_counter()

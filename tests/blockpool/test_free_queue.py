@@ -18,20 +18,21 @@ def ids(q: FreeKVCacheBlockQueue) -> list[int]:
     return [b.block_id for b in q.get_all_free_blocks()]
 
 
+def _walk(start: KVCacheBlock, end: KVCacheBlock, link: str) -> list[KVCacheBlock]:
+    """The blocks from ``start`` to ``end`` (both left out) along ``link``."""
+    out = []
+    cur = getattr(start, link)
+    while cur is not end:
+        assert cur is not None, f"the {link} chain breaks before its end"
+        out.append(cur)
+        cur = getattr(cur, link)
+    return out
+
+
 def check_links(q: FreeKVCacheBlockQueue) -> None:
     """Forward and backward walks agree and match num_free_blocks."""
-    fwd = []
-    cur = q.fake_free_list_head.next_free_block
-    while cur is not q.fake_free_list_tail:
-        assert cur is not None
-        fwd.append(cur)
-        cur = cur.next_free_block
-    back = []
-    cur = q.fake_free_list_tail.prev_free_block
-    while cur is not q.fake_free_list_head:
-        assert cur is not None
-        back.append(cur)
-        cur = cur.prev_free_block
+    fwd = _walk(q.fake_free_list_head, q.fake_free_list_tail, "next_free_block")
+    back = _walk(q.fake_free_list_tail, q.fake_free_list_head, "prev_free_block")
     assert fwd == back[::-1]
     assert [id(b) for b in fwd] == [id(b) for b in reversed(back)]
     assert len(fwd) == q.num_free_blocks

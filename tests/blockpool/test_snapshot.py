@@ -15,6 +15,7 @@ from blockpool import (
     check_invariants,
 )
 from blockpool.snapshot import (
+    PoolSnapshot,
     SnapshotMismatch,
     capture_pool,
     pool_digest,
@@ -60,12 +61,19 @@ def workload(mgr: RequestManager, rng: random.Random, steps: int, tag: str) -> l
     return log
 
 
+def worked(
+    seed: int, steps: int, rng: random.Random | None = None
+) -> tuple[BlockPool, RequestManager, PoolSnapshot]:
+    """A pool after ``steps`` seeded operations, its events taken, and its snapshot."""
+    pool, mgr = make(rng=rng)
+    workload(mgr, random.Random(seed), steps, "a")
+    pool.take_events()
+    return pool, mgr, capture_pool(pool, mgr)
+
+
 def test_restore_reproduces_every_later_operation() -> None:
     sampling = random.Random(3)
-    pool, mgr = make(rng=sampling)
-    workload(mgr, random.Random(1), 60, "a")
-    pool.take_events()
-    snap = capture_pool(pool, mgr)
+    pool, mgr, snap = worked(1, 60, sampling)
     sampling_state = sampling.getstate()  # (the sampler's state is its owner's to keep)
     before = pool_digest(pool, mgr)
     # the original goes on ...
@@ -84,10 +92,7 @@ def test_restore_reproduces_every_later_operation() -> None:
 
 
 def test_restore_into_the_same_pool_rolls_back() -> None:
-    pool, mgr = make()
-    workload(mgr, random.Random(5), 50, "a")
-    pool.take_events()
-    snap = capture_pool(pool, mgr)
+    pool, mgr, snap = worked(5, 50)
     before = pool_digest(pool, mgr)
     workload(mgr, random.Random(6), 50, "b")
     assert pool_digest(pool, mgr) != before
@@ -98,10 +103,7 @@ def test_restore_into_the_same_pool_rolls_back() -> None:
 
 
 def test_json_round_trip_is_exact() -> None:
-    pool, mgr = make()
-    workload(mgr, random.Random(9), 70, "a")
-    pool.take_events()
-    snap = capture_pool(pool, mgr)
+    pool, mgr, snap = worked(9, 70)
     back = snapshot_from_json(json.loads(json.dumps(snapshot_to_json(snap))))
     pool2, mgr2 = make()
     restore_pool(back, pool2, mgr2)

@@ -323,7 +323,7 @@ def test_what_if_curve_shows_the_shadow_policies_and_capacities(
     show_analysis_row(p)
     rest = wait_for(agree, timeout=20, what="the what-if table to equal GET /api/shadows")
     policies = set(rest["curve"])
-    assert {"vllm016", "uncached_first", "s3fifo"} <= policies
+    assert {"append_all", "uncached_first", "s3fifo"} <= policies
     chart = p.js(
         """() => { const c = window.__bp.panels.whatif.chart;
                    return {labels: c.o.series.map(s => s.label), x: c.x, marks: c.marks}; }"""
@@ -349,11 +349,12 @@ def test_what_if_curve_shows_the_shadow_policies_and_capacities(
              li => [li.dataset.kind, li.dataset.policy, Number(li.dataset.factor),
                     li.textContent])"""
     )
-    factors = sorted(pt["factor"] for pt in rest["curve"]["vllm016"] if pt["factor"] != 1)
+    factors = sorted(pt["factor"] for pt in rest["curve"]["append_all"] if pt["factor"] != 1)
     assert sorted(f for k, _, f, _ in lines if k == "capacity") == factors
-    assert sorted(pol for k, pol, _, _ in lines if k == "policy") == sorted(policies - {"vllm016"})
+    others = sorted(policies - {"append_all"})
+    assert sorted(pol for k, pol, _, _ in lines if k == "policy") == others
     two = next(t for k, _, f, t in lines if k == "capacity" and f == 2)
-    hr2 = next(pt["hit_rate"] for pt in rest["curve"]["vllm016"] if pt["factor"] == 2)
+    hr2 = next(pt["hit_rate"] for pt in rest["curve"]["append_all"] if pt["factor"] == 2)
     assert two.startswith("2\N{MULTIPLICATION SIGN} the blocks") and f"{hr2 * 100:.1f}%" in two
     region_shot(p, ".whatif-panel", "whatif")
     assert p.errors == [], p.errors

@@ -36,21 +36,16 @@ from blockpool.runtime.ops.admit import AdmitOp
 from blockpool.runtime.ops.allocate import AllocateOp
 from blockpool.runtime.ops.append import AppendOp
 from blockpool.runtime.ops.base import (
-    BlockId,
-    ExtraKey,
-    GroupId,
-    HexHash,
     OpRecord,
     OpSpec,
     Outcome,
-    RequestId,
     RuntimeState,
-    TokenId,
     check_ids,
     check_tokens,
 )
 from blockpool.runtime.ops.cache import CacheOp
 from blockpool.runtime.ops.evict import EvictOp
+from blockpool.runtime.ops.fields import BlockId, ExtraKey, GroupId, HexHash, RequestId, TokenId
 from blockpool.runtime.ops.finish import FinishOp
 from blockpool.runtime.ops.free import FreeOp
 from blockpool.runtime.ops.lookup import LookupOp

@@ -9,16 +9,8 @@ import msgspec
 from blockpool.errors import NotEnoughBlocksError
 from blockpool.runtime.errors import Conflict, NotEnoughBlocks
 from blockpool.runtime.observer import Change, ChangeKind
-from blockpool.runtime.ops.base import (
-    ExtraKey,
-    OpRecord,
-    OpSpec,
-    Outcome,
-    RequestId,
-    RuntimeState,
-    TokenId,
-    check_tokens,
-)
+from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState, check_tokens
+from blockpool.runtime.ops.fields import ExtraKey, RequestId, TokenId
 
 
 class AdmitOp(OpRecord, kw_only=True):

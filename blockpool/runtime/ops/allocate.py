@@ -8,7 +8,8 @@ import msgspec
 
 from blockpool.runtime.errors import NotEnoughBlocks, TooLarge
 from blockpool.runtime.observer import Change, ChangeKind
-from blockpool.runtime.ops.base import Count, OpRecord, OpSpec, Outcome, RuntimeState
+from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState
+from blockpool.runtime.ops.fields import Count
 
 
 class AllocateOp(OpRecord, kw_only=True):

@@ -13,12 +13,11 @@ from blockpool.runtime.ops.base import (
     OpRecord,
     OpSpec,
     Outcome,
-    RequestId,
     RuntimeState,
-    TokenId,
     check_tokens,
     managed_of,
 )
+from blockpool.runtime.ops.fields import RequestId, TokenId
 
 
 class AppendOp(OpRecord, kw_only=True):

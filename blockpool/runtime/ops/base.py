@@ -1,5 +1,6 @@
-"""What every operation module uses: the field bounds, the record base class,
-what a handler may change (``RuntimeState``) and the declaration (``OpSpec``).
+"""What every operation module uses: the record base class, what a handler
+may change (``RuntimeState``), the declaration (``OpSpec``) and the checks
+handlers share.  The field bounds are in ``fields.py``.
 
 An operation is declared once, in a module of this package: its record (the
 fields with their bounds, in the recording's wire order, ``op`` first), its
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -30,22 +31,6 @@ if TYPE_CHECKING:
     from blockpool.runtime.config import RuntimeConfig
     from blockpool.runtime.counters import Counters
     from blockpool.runtime.observer import Change, ChangeKind
-
-MAX_INT = 2**31 - 1
-BlockId = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
-TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
-GroupId = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
-Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
-HexHash = Annotated[
-    str,
-    msgspec.Meta(
-        pattern=r"^(?:[0-9a-fA-F]{2}){1,64}$",
-        description="a block hash as hex (the raw digest, e.g. 64 hex digits for sha256)",
-        examples=["9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"],
-    ),
-]
-RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
-ExtraKey = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 
 
 class OpRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

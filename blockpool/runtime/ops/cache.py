@@ -12,19 +12,15 @@ from blockpool.request import LoRARequest
 from blockpool.runtime.errors import Conflict, InvalidInput
 from blockpool.runtime.observer import Change, ChangeKind
 from blockpool.runtime.ops.base import (
-    BlockId,
-    ExtraKey,
-    GroupId,
-    HexHash,
     OpRecord,
     OpSpec,
     Outcome,
     RuntimeState,
-    TokenId,
     blocks_of,
     check_ids,
     check_tokens,
 )
+from blockpool.runtime.ops.fields import BlockId, ExtraKey, GroupId, HexHash, TokenId
 
 
 class CacheOp(OpRecord, kw_only=True):

@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 import msgspec
 
 from blockpool.runtime.observer import Change, ChangeKind
-from blockpool.runtime.ops.base import BlockId, OpRecord, OpSpec, Outcome, RuntimeState, check_ids
+from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState, check_ids
+from blockpool.runtime.ops.fields import BlockId
 
 
 class EvictOp(OpRecord, kw_only=True):

@@ -5,14 +5,8 @@ from __future__ import annotations
 from typing import Literal
 
 from blockpool.runtime.observer import Change, ChangeKind
-from blockpool.runtime.ops.base import (
-    OpRecord,
-    OpSpec,
-    Outcome,
-    RequestId,
-    RuntimeState,
-    managed_of,
-)
+from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState, managed_of
+from blockpool.runtime.ops.fields import RequestId
 
 
 class FinishOp(OpRecord, kw_only=True):

@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 import msgspec
 
 from blockpool.hashing import BlockHash
-from blockpool.runtime.ops.base import GroupId, HexHash, OpRecord, OpSpec, Outcome, RuntimeState
+from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState
+from blockpool.runtime.ops.fields import GroupId, HexHash
 
 
 class LookupOp(OpRecord, kw_only=True):

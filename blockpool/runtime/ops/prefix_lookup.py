@@ -6,15 +6,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from blockpool.runtime.ops.base import (
-    ExtraKey,
-    OpRecord,
-    OpSpec,
-    Outcome,
-    RuntimeState,
-    TokenId,
-    check_tokens,
-)
+from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState, check_tokens
+from blockpool.runtime.ops.fields import ExtraKey, TokenId
 
 
 class PrefixLookupOp(OpRecord, kw_only=True):

@@ -8,15 +8,8 @@ import msgspec
 
 from blockpool.runtime.errors import Conflict
 from blockpool.runtime.observer import Change, ChangeKind
-from blockpool.runtime.ops.base import (
-    BlockId,
-    OpRecord,
-    OpSpec,
-    Outcome,
-    RuntimeState,
-    blocks_of,
-    check_ids,
-)
+from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState, blocks_of, check_ids
+from blockpool.runtime.ops.fields import BlockId
 
 
 class TouchOp(OpRecord, kw_only=True):

@@ -95,13 +95,13 @@ export const TERMS = {
   "first tokens": { help: "the first tokens of the prefix these blocks belong to" },
   "owner → victim": { help: "owner: the request whose prefix was evicted; victim: the request that had to compute it again" },
   // what-if
-  policy: { help: "the free order a shadow pool simulates: vllm016 (vLLM's LRU), s3fifo, uncached_first" },
+  policy: { help: "the free order a shadow pool simulates: append_all (vLLM 0.16, LRU), s3fifo, uncached_first" },
   size: { help: "the shadow pool's capacity relative to the real pool (1× = the same number of blocks)" },
   "hit rate": { help: "prompt tokens hit / looked up, over the same requests, in that shadow pool" },
   "δ pt": { help: "hit-rate difference to the real pool, in percentage points" },
   evictions: { help: "blocks whose hash was dropped to make room" },
   "shadow pools": { help: "simulated pools fed the same requests, with another size or free order" },
-  vllm016: { help: "vLLM 0.16's free order: freed blocks join the queue's tail, the head is evicted first (LRU)", vllm: "FreeKVCacheBlockQueue (0.16)" },
+  append_all: { help: "vLLM 0.16's free order (old name vllm016): freed blocks join the queue's tail, the head is evicted first (LRU)", vllm: "FreeKVCacheBlockQueue (0.16)" },
   uncached_first: { help: "vLLM >= 0.24's free order: freed blocks without a hash go to the queue's head (reused first), hashed ones to the tail", vllm: "FreeKVCacheBlockQueue (>= 0.24)" },
   s3fifo: { help: "S3-FIFO: a small probation queue in front of the main one; blocks seen once leave first" },
   // time travel

@@ -42,7 +42,7 @@ export const REASON_RGB = {
 };
 
 export const POLICY_RGB = {
-  vllm016: [88, 166, 255],
+  append_all: [88, 166, 255],
   uncached_first: [63, 185, 80],
   s3fifo: [227, 179, 65],
 };
@@ -238,7 +238,7 @@ export function buildCurve(src) {
     policies.push({ policy, points: pts });
   }
   // vLLM's own order first (the real pool's policy), then the others
-  policies.sort((a, b) => (a.policy === "vllm016" ? -1 : b.policy === "vllm016" ? 1 : a.policy < b.policy ? -1 : 1));
+  policies.sort((a, b) => (a.policy === "append_all" ? -1 : b.policy === "append_all" ? 1 : a.policy < b.policy ? -1 : 1));
   return { policies, factors: [...factors].sort((a, b) => a - b), real };
 }
 
@@ -256,7 +256,7 @@ const pctStr = (x) => (x === null || x === undefined || !Number.isFinite(x) ? "â
  */
 export function whatIf(curve) {
   const out = [];
-  const own = curve.policies.find((p) => p.policy === "vllm016");
+  const own = curve.policies.find((p) => p.policy === "append_all");
   const at1 = own && own.points.find((p) => p.factor === 1);
   const base = at1 ? at1.hit_rate : curve.real ? curve.real.hit_rate : null;
   if (base === null || base === undefined) return out;
@@ -282,7 +282,7 @@ export function whatIf(curve) {
     }
   }
   for (const pol of curve.policies) {
-    if (pol.policy === "vllm016") continue;
+    if (pol.policy === "append_all") continue;
     const p = pol.points.find((q) => q.factor === 1);
     if (!p) continue;
     out.push({

@@ -87,7 +87,7 @@ export class WhatIfPanel {
       ),
     );
     await this._bound();
-    const base = (curve.policies.find((p) => p.policy === "vllm016")?.points || []).find((p) => p.factor === 1);
+    const base = (curve.policies.find((p) => p.policy === "append_all")?.points || []).find((p) => p.factor === 1);
     const rows = [];
     curve.policies.forEach((p, i) => {
       for (const q of p.points) {

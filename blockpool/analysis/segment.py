@@ -1,0 +1,98 @@
+"""A recording's storage: one entry per operation (its encoded fields and
+result, its events found again by seq), kept per segment in columns.
+
+An entry is ``(seq, time, blob, first event seq, event count)``; the blob is
+the msgpack of (op class name, op fields, ok, result or error body).  A
+``Segment`` is a keyframe and the entries after it, as columns: one bytes
+object per operation, the rest in arrays (nothing per operation for the
+garbage collector to track).  ``EventsView`` finds an entry's events in a
+copy of the engine's event log.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import msgspec
+
+from blockpool import KVCacheEvent
+from blockpool.runtime.ops import op_from_fields
+from blockpool.runtime.seqlog import SeqLog
+from blockpool.runtime.state import Keyframe
+
+# seq, ts, msgpack of (op class name, op fields, ok, result or error body),
+# the engine event-log seq of its first event, how many events it emitted
+Entry = tuple[int, float, bytes, int, int]
+encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(tuple[str, dict[str, Any], bool, Any]).decode
+
+
+def unpack(entry: Entry) -> tuple[int, float, Any, bool, Any]:
+    """(seq, ts, op model, ok, result or error body) of one entry."""
+    seq, ts, blob, _, _ = entry
+    name, fields, ok, payload = _decode(blob)
+    return seq, ts, op_from_fields(name, fields), ok, payload
+
+
+def decode_op(blob: bytes) -> tuple[Any, bool]:
+    """(op model, whether it succeeded) of an encoded operation."""
+    name, fields, ok, _ = _decode(blob)
+    return op_from_fields(name, fields), ok
+
+
+class EventsView:
+    """A copy of the engine's event log (taken between operations) to find
+    recorded operations' events by seq."""
+
+    def __init__(self, log: SeqLog[KVCacheEvent]) -> None:
+        items = list(log._items)
+        self.first = items[0][0] if items else log.last_seq + 1
+        self.events = [ev for _, _, ev in items]
+
+    def of(self, entry: Entry) -> list[KVCacheEvent] | None:
+        """The entry's events, or None when the log no longer holds them all."""
+        first, n = entry[3], entry[4]
+        if not n:
+            return []
+        i = first - self.first
+        if i < 0 or i + n > len(self.events):
+            return None
+        return self.events[i : i + n]
+
+
+class Segment:
+    """A keyframe and the operations after it, as columns: one bytes object
+    per operation, the rest in arrays (nothing per operation for the
+    garbage collector to track)."""
+
+    __slots__ = ("blobs", "ev_first", "ev_n", "json_bytes", "keyframe", "nbytes", "ts")
+
+    def __init__(self, keyframe: Keyframe) -> None:
+        self.keyframe = keyframe
+        self.blobs: list[bytes] = []
+        self.ts = array("d")
+        self.ev_first = array("q")
+        self.ev_n = array("q")
+        self.nbytes = 0
+        self.json_bytes = 0  # its keyframe's export line, once measured
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def entries(self, lo: int = 0, hi: int | None = None) -> list[Entry]:
+        """Operations ``lo .. hi - 1`` of the segment (seq = keyframe seq + 1 + i)."""
+        hi = len(self.blobs) if hi is None else min(hi, len(self.blobs))
+        base = self.keyframe.seq + 1
+        b, t, f, n = self.blobs, self.ts, self.ev_first, self.ev_n
+        return [(base + i, t[i], b[i], f[i], n[i]) for i in range(max(0, lo), hi)]
+
+    def copy(self) -> Segment:
+        other = Segment(self.keyframe)
+        other.blobs = list(self.blobs)
+        other.ts = array("d", self.ts)
+        other.ev_first = array("q", self.ev_first)
+        other.ev_n = array("q", self.ev_n)
+        other.nbytes = self.nbytes
+        other.json_bytes = self.json_bytes
+        return other
