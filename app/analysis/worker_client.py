@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Any
 
+from blockpool.analysis.feeder import FeedProgress
+
 
 class _Hub:
     """The one worker process of this server process, and its sender thread."""
@@ -108,24 +110,17 @@ _hub = _Hub()
 atexit.register(_hub.shutdown)
 
 
-class WorkerClient:
+class WorkerClient(FeedProgress):
     """One client of the worker: its channel (``cid``), the messages sent and
     replies read (each message gets one reply), how far behind the worker is
     (``outstanding``, at most ``max_lag``), and since when its figures count."""
 
     def __init__(self, max_lag: int) -> None:
         self.max_lag = max_lag
-        self.cid = 0
         self.lock = threading.Lock()
-        self.outstanding = 0
         self.messages = 0  # sent to the worker (each gets one reply)
         self.replies = 0
-        self.applied = 0
-        self.dropped = 0
-        self.resyncs = 0
-        self.error: str | None = None
-        self.since = time.time()
-        self.updated = 0.0
+        self.start_progress()
 
     @property
     def running(self) -> bool:
