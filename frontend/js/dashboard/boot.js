@@ -1,3 +1,4 @@
+// @ts-check
 // The page's start against a server: its facts line, the fleet link (only
 // to an observer that answers) and the token prompt when reads are protected.
 
@@ -19,7 +20,7 @@ export function showFacts(cfg, controls) {
 
 /** The "fleet" link: only to an observer that answers (--fleet-url), never a dead end. */
 async function fleetLink() {
-  const link = $("fleet-link");
+  const link = $("fleet-link", HTMLAnchorElement);
   link.hidden = true;
   try {
     const kv = await api("GET", "/api/kv-events", undefined, { quiet: true });

@@ -1,3 +1,4 @@
+// @ts-check
 // The cadences of the one requestAnimationFrame loop (each part on its own),
 // which analysis panels are on screen, and the slower REST views polled
 // only for those.

@@ -1,3 +1,4 @@
+// @ts-check
 // The dashboard: wires the model, the stream, the map and the panels, and
 // runs one requestAnimationFrame loop (one map draw per frame; panels on
 // their own slower cadences).  It exports its parts (`parts`) and sets no
@@ -48,7 +49,7 @@ function hoverLine(id) {
 
 legend();
 buildStats();
-const map = new BlockMap($("map"), $("map-overlay"), model);
+const map = new BlockMap($("map", HTMLCanvasElement), $("map-overlay", HTMLCanvasElement), model);
 perf.map = map.perf;
 let lru = null;
 const detail = new DetailPanel(model, map, (pos) => (lru ? lru.eta(pos) : null));

@@ -1,3 +1,4 @@
+// @ts-check
 // The stat tiles over the map and the colour legend beside it: the live
 // pool's figures, or every one at a recorded moment (time travel) with the
 // reason a figure is missing then.
@@ -61,7 +62,7 @@ function setStat(key, text, value, share) {
 /** A tile with no figure at the moment shown: "—", and why on hover (data-reason). */
 function setReason(key, reason) {
   const el = document.getElementById(`stat-${key}`);
-  const tile = el.closest(".stat");
+  const tile = /** @type {HTMLElement} */ (el.closest(".stat"));
   if (reason) {
     tile.dataset.reason = reason;
     tile.title = `${tile.dataset.help}\n\nat this moment: ${reason}`;
