@@ -16,6 +16,8 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import ARTIFACTS, REPO, Page, Server, free_port, wait_for
+from tests.e2e.workload import quiesce_idle, start_demo
+from tests.support.wait import CLIENT_TIMEOUT
 
 pytestmark = pytest.mark.browser
 
@@ -30,7 +32,7 @@ def test_reset_offers_to_stop_the_workload_and_shows_the_outcome(
     dashboard: Page, server: Server
 ) -> None:
     p = dashboard
-    assert server.post("/api/demo/start").status_code == 200
+    start_demo(server)
     wait_for(lambda: p.js("() => window.__bp.model.header.counts.in_use") > 0, what="held blocks")
     p.page.click("#reset-btn")
     facts = p.page.inner_text("#reset-facts")
@@ -54,10 +56,9 @@ def test_reset_offers_to_stop_the_workload_and_shows_the_outcome(
 
 def test_export_says_how_big_the_file_is(dashboard: Page, server: Server) -> None:
     p = dashboard
-    assert server.post("/api/demo/start").status_code == 200
+    start_demo(server)
     wait_for(lambda: server.get("/api/history")["last_seq"] > 500, timeout=30, what="a recording")
-    assert server.post("/api/demo/stop").status_code == 200
-    wait_for(lambda: server.get("/api/summary")["running_requests"] == 0, what="requests to end")
+    quiesce_idle(server)
     p.page.locator("#tt-panel").scroll_into_view_if_needed()
     p.page.hover("#tt-export")
     wait_for(
@@ -135,7 +136,7 @@ def test_fleet_link_opens_a_real_observer_or_is_not_shown(
 
         def answers() -> bool:
             try:
-                return httpx.get(fleet + "api/health", timeout=2).status_code == 200
+                return httpx.get(fleet + "api/health", timeout=CLIENT_TIMEOUT).status_code == 200
             except httpx.HTTPError:
                 assert observer.poll() is None, f"the observer exited: see {log.name}"
                 return False

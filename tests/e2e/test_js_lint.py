@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.support.cli import run_tool
 
 REPO = Path(__file__).resolve().parents[2]
 FRONTEND = REPO / "frontend"
@@ -21,24 +22,17 @@ ESLINT = "eslint@9.39.1"
 TYPESCRIPT = "typescript@5.9.3"
 
 
-def _npx(*args: str) -> subprocess.CompletedProcess[str]:
+def _npx(*args: str) -> str:
+    """``npx PACKAGE ...`` in frontend/: its output; fails when it finds anything."""
     npx = shutil.which("npx")
     if npx is None:
         pytest.fail("npx is missing: the JS lint needs Node.js >= 18 with npm")
     env = {**os.environ, "npm_config_cache": str(REPO / ".cache" / "npm")}
-    return subprocess.run(
-        [npx, "--yes", "--prefer-offline", *args],
-        cwd=FRONTEND,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_tool([npx, "--yes", "--prefer-offline", *args], cwd=FRONTEND, env=env, timeout=600)
 
 
 def test_eslint_finds_nothing() -> None:
-    proc = _npx(ESLINT, "--config", "eslint.config.mjs", "--max-warnings", "0", ".")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _npx(ESLINT, "--config", "eslint.config.mjs", "--max-warnings", "0", ".")
 
 
 def _modules() -> list[Path]:
@@ -67,5 +61,4 @@ def test_every_module_is_type_checked_without_escapes() -> None:
 
 
 def test_the_modules_type_check() -> None:
-    proc = _npx("-p", TYPESCRIPT, "tsc", "-p", "jsconfig.json")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _npx("-p", TYPESCRIPT, "tsc", "-p", "jsconfig.json")

@@ -25,6 +25,7 @@ import pytest
 
 from tests.e2e import layout
 from tests.e2e.conftest import ARTIFACTS, REPO, Page, Server, free_port, wait_for
+from tests.support.wait import CLIENT_TIMEOUT
 
 pytestmark = pytest.mark.browser
 
@@ -229,10 +230,11 @@ def fleet() -> Iterator[str]:
             if proc.poll() is not None:
                 pytest.fail(f"blockpool observe exited: see {log.name}")
             with contextlib.suppress(httpx.HTTPError):
-                return int(httpx.get(url + "/api/fleet", timeout=2).json()["instances"][0]["keys"])
+                fleet = httpx.get(url + "/api/fleet", timeout=CLIENT_TIMEOUT).json()
+                return int(fleet["instances"][0]["keys"])
             return 0
 
-        wait_for(keys, timeout=40, what="the observer to hold hashes")
+        wait_for(keys, what="the observer to hold hashes")
         yield url
     finally:
         proc.terminate()

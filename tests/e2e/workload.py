@@ -13,6 +13,22 @@ def start_demo(server: Server, rate: float = 20.0) -> None:
     assert server.post("/api/demo/start").status_code == 200
 
 
+def demo_finished(server: Server) -> int:
+    """How many requests the demo has finished so far."""
+    return int(server.get("/api/demo")["stats"]["finished"])
+
+
+def run_demo(server: Server, finished: int = 8, rate: float = 20.0) -> None:
+    """The demo on until it has finished ``finished`` more requests (their
+    blocks cached, later ones' in use); it keeps running."""
+    before = demo_finished(server)
+    start_demo(server, rate)
+    wait_for(
+        lambda: demo_finished(server) >= before + finished,
+        what=f"the demo to finish {finished} requests",
+    )
+
+
 def quiesce(server: Server) -> None:
     """Stop the demo (its running requests finish): the pool stops changing."""
     r = server.post("/api/demo/stop")
