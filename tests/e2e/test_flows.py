@@ -32,7 +32,7 @@ def test_reset_offers_to_stop_the_workload_and_shows_the_outcome(
     dashboard: Page, server: Server
 ) -> None:
     p = dashboard
-    start_demo(server)
+    assert server.post("/api/demo/start").status_code == 200
     wait_for(lambda: p.js("() => window.__bp.model.header.counts.in_use") > 0, what="held blocks")
     p.page.click("#reset-btn")
     facts = p.page.inner_text("#reset-facts")
@@ -57,7 +57,7 @@ def test_reset_offers_to_stop_the_workload_and_shows_the_outcome(
 def test_export_says_how_big_the_file_is(dashboard: Page, server: Server) -> None:
     p = dashboard
     start_demo(server)
-    wait_for(lambda: server.get("/api/history")["last_seq"] > 500, timeout=30, what="a recording")
+    wait_for(lambda: server.get("/api/history")["last_seq"] > 500, what="a recording")
     quiesce_idle(server)
     p.page.locator("#tt-panel").scroll_into_view_if_needed()
     p.page.hover("#tt-export")

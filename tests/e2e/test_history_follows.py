@@ -13,7 +13,7 @@ import pytest
 
 from tests.e2e.conftest import Page, Server, wait_for
 from tests.e2e.page_checks import scrub
-from tests.e2e.workload import quiesce_idle
+from tests.e2e.workload import quiet_moment
 
 pytestmark = pytest.mark.browser
 
@@ -38,8 +38,7 @@ def test_a_recorded_moment_moves_tiles_queue_detail_and_charts(
     dashboard: Page, server: Server
 ) -> None:
     p = dashboard
-    quiesce_idle(server)
-    before = server.get("/api/history")["last_seq"]
+    before = quiet_moment(server)
     # something big changes after `before`: a long request holds many blocks
     r = server.post(
         "/api/requests",

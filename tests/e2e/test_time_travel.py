@@ -13,7 +13,7 @@ import pytest
 
 from tests.e2e.conftest import Page, Server, wait_for
 from tests.e2e.page_checks import region_shot, scrub
-from tests.e2e.workload import admit, evict_everything, finish
+from tests.e2e.workload import admit, evict_everything, finish, quiet_moment
 from tests.e2e.workload import quiesce_idle as quiesce
 
 pytestmark = pytest.mark.browser
@@ -45,8 +45,7 @@ def test_scrubbing_shows_recorded_block_states_and_back_to_live(
     dashboard: Page, server: Server
 ) -> None:
     p = dashboard
-    quiesce(server)
-    before = server.get("/api/history")["last_seq"]
+    before = quiet_moment(server)
     # change many blocks: a big request in use now, not at `before`
     admit(server, random.Random(31).choices(range(32000), k=16 * 60), "an-scrub")
     wait_for(

@@ -41,6 +41,13 @@ def quiesce_idle(server: Server) -> None:
     wait_for(lambda: server.get("/api/summary")["running_requests"] == 0, what="requests to end")
 
 
+def quiet_moment(server: Server) -> int:
+    """``quiesce_idle``, then the last op the recording holds: a moment of
+    the quiet pool to come back to (time travel)."""
+    quiesce_idle(server)
+    return int(server.get("/api/history")["last_seq"])
+
+
 def admit(server: Server, tokens: list[int], rid: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"token_ids": tokens}
     if rid:
