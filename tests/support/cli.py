@@ -79,9 +79,25 @@ def start_cli_server(
         sys.executable, "-c", "from app.cli import main; main()", "serve", "--port", str(port),
         "--num-blocks", "64", "--no-storage", "--no-analysis", "--log-level", "info", *args,
     ]  # fmt: skip
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return _start_child(cmd, port, log, {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def start_cli_observer(
+    port: int, log: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``blockpool observe ARGS`` (its sources: ``name=endpoint``, options)
+    of this checkout in a child process, no BLOCKPOOL_* settings but ``env``'s,
+    its whole log into ``log``; ready once ``/api/health`` answers (its
+    sources may still be connecting)."""
+    cmd = [sys.executable, "-m", "app.cli", "observe", "--port", str(port), *args]
+    return _start_child(cmd, port, log, cli_env(env))
+
+
+def _start_child(
+    cmd: list[str], port: int, log: Path, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     wait_healthy(proc, f"http://127.0.0.1:{port}", log)
     return proc
 
