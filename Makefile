@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install run test test-fast lint fmt bench bench-vllm vllm-envs soak browser clean plot-curve
+.PHONY: install run test test-fast lint lint-js fmt bench bench-vllm vllm-envs soak browser clean plot-curve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(MAKE) lint-js
+
+## The JS gates: eslint and TypeScript's checker (checkJs) through npx, no build step.
+lint-js: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_js_lint.py
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

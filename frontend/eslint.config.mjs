@@ -13,6 +13,8 @@ const browser = Object.fromEntries(
     "ResizeObserver", "IntersectionObserver", "MutationObserver", "matchMedia",
     "getComputedStyle", "devicePixelRatio", "Event", "CustomEvent", "KeyboardEvent",
     "MouseEvent", "HTMLElement", "HTMLCanvasElement", "Element", "Node", "DOMParser",
+    "HTMLInputElement", "HTMLSelectElement", "HTMLButtonElement", "HTMLAnchorElement",
+    "HTMLDialogElement",
     "Path2D", "ImageData", "OffscreenCanvas", "DOMException", "Response", "Headers",
     "addEventListener", "removeEventListener", "innerWidth", "innerHeight", "alert",
     "btoa", "atob",

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 
 import pytest
 
+from tests.support.cli import run_tool
 from tests.support.ports import free_port
 from tests.support.wait import eventually, eventually_async
 
@@ -41,3 +43,13 @@ def test_eventually_async_takes_plain_and_async_predicates() -> None:
 
 def test_free_port_is_a_local_port() -> None:
     assert 0 < free_port() < 65536
+
+
+def test_run_tool_gives_the_output_or_fails_with_its_tail() -> None:
+    out = run_tool(
+        [sys.executable, "-c", "import sys; print('to out'); print('to err', file=sys.stderr)"],
+        timeout=60,
+    )
+    assert out == "to out\nto err\n"
+    with pytest.raises(AssertionError, match=r"exited 3:\n.*the reason"):
+        run_tool([sys.executable, "-c", "import sys; print('the reason'); sys.exit(3)"], timeout=60)

@@ -5,10 +5,10 @@ vLLM 0.16.0's own, side by side, operation for operation, for a few seeds
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 
+from tests.support.cli import run_tool
 from tests.vllm_envs import REPO, vllm016_python
 
 
@@ -16,16 +16,8 @@ from tests.vllm_envs import REPO, vllm016_python
 def test_a_few_seeds_match_vllm016_call_for_call() -> None:
     python = vllm016_python()
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "0"}
-    proc = subprocess.run(
-        [python, str(REPO / "bench" / "compare_vllm.py"), "--seeds", "2", "--ops", "300"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    cmd = [python, str(REPO / "bench" / "compare_vllm.py"), "--seeds", "2", "--ops", "300"]
+    out = run_tool(cmd, env=env, timeout=900)
     assert "DIVERGENCE" not in out
     assert "OK: blockpool matches vLLM 0.16.0 call for call" in out
     runs = [line for line in out.splitlines() if line.lstrip().startswith("ok ")]

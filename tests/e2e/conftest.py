@@ -13,7 +13,6 @@ import functools
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import pytest
 
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
 from tests.e2e import hooks
+from tests.support.cli import wait_healthy
 from tests.support.ports import free_port
 from tests.support.wait import CLIENT_TIMEOUT, eventually
 
@@ -58,18 +58,12 @@ class Server:
         cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), *self.args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=self._log)
-        # a generous bound: on a busy machine a start can take a minute
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.stop()
-                pytest.fail(f"the server exited with {self.proc.returncode}: see {self._log.name}")
-            with contextlib.suppress(httpx.HTTPError):
-                if self.http.get("/api/health", timeout=1).status_code == 200:
-                    return self
-            time.sleep(0.1)
-        self.stop()
-        pytest.fail(f"the server did not answer on port {self.port} within 120 s")
+        try:
+            wait_healthy(self.proc, self.url, Path(self._log.name))
+        except AssertionError:
+            self.stop()
+            raise
+        return self
 
     def stop(self, kill: bool = False) -> None:
         if self.proc is not None:
@@ -117,12 +111,21 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
+@contextlib.contextmanager
+def running(name: str, *args: str) -> Iterator[Server]:
+    """``blockpool serve ARGS`` on a free port for a block of tests; closed after."""
+    srv = Server(free_port(), *args, name=name)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    srv = Server(free_port(), "--num-blocks", "4096", "--demo", "--log-level", "warning")
-    srv.start()
-    yield srv
-    srv.close()
+    with running("server", "--num-blocks", "4096", "--demo", "--log-level", "warning") as srv:
+        yield srv
 
 
 class Page:

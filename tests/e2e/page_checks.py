@@ -1,5 +1,5 @@
 """What the dashboard shows, read from the page, and its agreement with
-the server's REST summary."""
+the server's REST summary; the time-travel slider moved to a moment."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def rest_stats(server: Server) -> dict[str, int]:
     }
 
 
-def wait_page_agrees(page: Page, server: Server, timeout: float = 15.0) -> dict[str, int]:
+def wait_page_agrees(page: Page, server: Server, timeout: float = 60.0) -> dict[str, int]:
     """The numbers the page shows equal GET /api/summary (pool quiet)."""
 
     def agree() -> Any:
@@ -46,3 +46,18 @@ def wait_page_agrees(page: Page, server: Server, timeout: float = 15.0) -> dict[
 def region_shot(p: Page, selector: str, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     p.page.locator(selector).screenshot(path=str(ARTIFACTS / f"{p.name}-{name}.png"))
+
+
+SCRUB_JS = """(seq) => { const el = document.getElementById('tl-slider');
+  el.value = String(seq); el.dispatchEvent(new Event('input')); }"""
+
+
+def scrub(p: Page, seq: int) -> None:
+    """The time-travel slider moved to op ``seq``, as a drag does; returns
+    once the page shows that recorded moment."""
+    p.js(SCRUB_JS, seq)
+    p.page.wait_for_function(
+        "(seq) => document.getElementById('history-banner').dataset.seq === String(seq)"
+        " && document.body.dataset.mode === 'history'",
+        arg=seq,
+    )

@@ -9,14 +9,13 @@ test-artifacts/e2e/<test>.png.
 from __future__ import annotations
 
 import random
-import time
 from typing import Any
 
 import pytest
 
 from tests.e2e.conftest import Page, Server, wait_for
 from tests.e2e.page_checks import PAGE_STATS_JS, rest_stats, wait_page_agrees
-from tests.e2e.workload import admit, quiesce, start_demo
+from tests.e2e.workload import admit, quiesce, run_demo, start_demo
 
 pytestmark = pytest.mark.browser
 
@@ -71,8 +70,7 @@ def test_page_loads_live_without_console_errors(dashboard: Page, server: Server)
 
 def test_canvas_pixels_show_each_blocks_state(dashboard: Page, server: Server) -> None:
     p = dashboard
-    start_demo(server, rate=20)
-    time.sleep(1.5)
+    run_demo(server)
     admit(server, random.Random(1).choices(range(32000), k=200), rid="e2e-canvas")
     quiesce(server)
     # the hand-admitted request stays: blocks in use, cached and empty all exist
@@ -191,8 +189,7 @@ def test_click_block_shows_rest_details_and_highlights(dashboard: Page, server: 
 
 def test_lru_queue_order_matches_the_server(dashboard: Page, server: Server) -> None:
     p = dashboard
-    start_demo(server, rate=20)
-    time.sleep(2)
+    run_demo(server)
     quiesce(server)
     wait_page_agrees(p, server)
     rest = [it["block_id"] for it in server.get("/api/queue?limit=10000")["items"]]
@@ -341,7 +338,19 @@ def test_events_filter_and_pause(dashboard: Page, server: Server) -> None:
     # the first paused render says so and draws the table as it stands
     wait_for(lambda: "paused" in p.js("() => document.getElementById('ev-status').textContent"))
     frozen = p.js("() => document.getElementById('ev-body').textContent")
-    time.sleep(1.0)
+    # events keep arriving (the log's status counts them) and the table stays as it was
+    wait_for(
+        lambda: (
+            int(
+                p.js("() => document.getElementById('ev-status').textContent")
+                .split("·")[-1]
+                .split()[0]
+                .replace(",", "")
+            )
+            >= 10
+        ),
+        what="new events counted while paused",
+    )
     assert p.js("() => document.getElementById('ev-body').textContent") == frozen
     assert "paused" in p.js("() => document.getElementById('ev-status').textContent")
     p.page.click("#ev-pause")

@@ -6,16 +6,15 @@ Export says how big the file is (the server's own count of it)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import ARTIFACTS, REPO, Page, Server, free_port, wait_for
+from tests.e2e.conftest import ARTIFACTS, Page, Server, free_port, wait_for
+from tests.e2e.workload import quiesce_idle, start_demo
+from tests.support.cli import start_cli_observer
 
 pytestmark = pytest.mark.browser
 
@@ -54,10 +53,9 @@ def test_reset_offers_to_stop_the_workload_and_shows_the_outcome(
 
 def test_export_says_how_big_the_file_is(dashboard: Page, server: Server) -> None:
     p = dashboard
-    assert server.post("/api/demo/start").status_code == 200
-    wait_for(lambda: server.get("/api/history")["last_seq"] > 500, timeout=30, what="a recording")
-    assert server.post("/api/demo/stop").status_code == 200
-    wait_for(lambda: server.get("/api/summary")["running_requests"] == 0, what="requests to end")
+    start_demo(server)
+    wait_for(lambda: server.get("/api/history")["last_seq"] > 500, what="a recording")
+    quiesce_idle(server)
     p.page.locator("#tt-panel").scroll_into_view_if_needed()
     p.page.hover("#tt-export")
     wait_for(
@@ -120,27 +118,13 @@ def test_fleet_link_opens_a_real_observer_or_is_not_shown(
     port = free_port()
     fleet = f"http://127.0.0.1:{port}/"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = open(ARTIFACTS / "flows-observer.log", "wb")  # noqa: SIM115
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
-    observer = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "observe", f"pool={endpoint}", "--port", str(port),
-         "--log-level", "warning"],
-        cwd=REPO, env=env, stdout=log, stderr=log,
-    )  # fmt: skip
+    log = ARTIFACTS / "flows-observer.log"
+    observer = start_cli_observer(port, log, f"pool={endpoint}", "--log-level", "warning")
     linked = Server(
         free_port(), "--num-blocks", "256", "--log-level", "warning", "--fleet-url", fleet,
         name="linked",
     )  # fmt: skip
     try:
-
-        def answers() -> bool:
-            try:
-                return httpx.get(fleet + "api/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                assert observer.poll() is None, f"the observer exited: see {log.name}"
-                return False
-
-        wait_for(answers, what="the observer to answer")
         linked.start()
         assert linked.get("/api/kv-events")["fleet_url"] == fleet
         p = Page(browser, linked.url, "flows-fleet-link")
@@ -167,5 +151,4 @@ def test_fleet_link_opens_a_real_observer_or_is_not_shown(
         if observer.poll() is None:
             observer.kill()
             observer.wait()
-        log.close()
         linked.close()

@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import Page, Server, wait_for
+from tests.e2e.page_checks import scrub
+from tests.e2e.workload import quiet_moment
 
 pytestmark = pytest.mark.browser
-
-SCRUB_JS = """(seq) => { const el = document.getElementById('tl-slider');
-  el.value = String(seq); el.dispatchEvent(new Event('input')); }"""
 
 SHOWN_JS = """() => {
   const v = (k) => Number(document.getElementById('stat-' + k).dataset.value);
@@ -39,9 +38,7 @@ def test_a_recorded_moment_moves_tiles_queue_detail_and_charts(
     dashboard: Page, server: Server
 ) -> None:
     p = dashboard
-    assert server.post("/api/demo/stop").status_code == 200
-    wait_for(lambda: server.get("/api/summary")["running_requests"] == 0, what="a quiet pool")
-    before = server.get("/api/history")["last_seq"]
+    before = quiet_moment(server)
     # something big changes after `before`: a long request holds many blocks
     r = server.post(
         "/api/requests",
@@ -51,11 +48,7 @@ def test_a_recorded_moment_moves_tiles_queue_detail_and_charts(
     wait_for(lambda: p.js("() => window.__bp.model.header.running_requests") == 1)
     wait_for(lambda: p.js("() => window.__bp.history.info?.last_seq ?? -1") > before)
     width0 = p.js(SHOWN_JS)["slider"]
-    p.js(SCRUB_JS, before)
-    p.page.wait_for_function(
-        "(seq) => document.getElementById('history-banner').dataset.seq === String(seq)",
-        arg=before,
-    )
+    scrub(p, before)
     st = server.get(f"/api/history/state?at={before}&include_blocks=true&limit=120")
     wait_for(lambda: p.js(SHOWN_JS)["tiles"]["in_use"] == st["summary"]["blocks"]["in_use"])
     got: dict[str, Any] = p.js(SHOWN_JS)

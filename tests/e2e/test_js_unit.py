@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.cli import run_tool
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,23 +27,10 @@ def test_node_unit_tests(tmp_path: Path) -> None:
     if node is None:
         pytest.fail("node is missing: the dashboard's JS unit tests need Node.js >= 18")
     fixtures = tmp_path / "frames"
-    subprocess.run(
-        [sys.executable, str(REPO / "frontend" / "tests" / "make_fixtures.py"), str(fixtures)],
-        cwd=REPO,
-        check=True,
-        timeout=120,
-    )
+    make = REPO / "frontend" / "tests" / "make_fixtures.py"
+    run_tool([sys.executable, str(make), str(fixtures)], timeout=300)
     env = {**os.environ, "BP_FIXTURES": str(fixtures)}
-    proc = subprocess.run(
-        [node, "--test", "frontend/tests/"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    out = run_tool([node, "--test", "frontend/tests/"], env=env, timeout=300)
     passed = re.search(r"^# pass (\d+)", out, re.M)
     failed = re.search(r"^# fail (\d+)", out, re.M)
     assert passed and failed, out[-3000:]

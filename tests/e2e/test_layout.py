@@ -11,11 +11,7 @@ checked through the chart's own label positions).  Screenshots at 1600,
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,7 +20,9 @@ import httpx
 import pytest
 
 from tests.e2e import layout
-from tests.e2e.conftest import ARTIFACTS, REPO, Page, Server, free_port, wait_for
+from tests.e2e.conftest import ARTIFACTS, Page, Server, free_port, wait_for
+from tests.support.cli import start_cli_observer, stop_cli_server
+from tests.support.wait import CLIENT_TIMEOUT
 
 pytestmark = pytest.mark.browser
 
@@ -216,32 +214,25 @@ def fleet() -> Iterator[str]:
     )  # fmt: skip
     pub.start()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = open(ARTIFACTS / "fleet-observer.log", "wb")  # noqa: SIM115
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
-    cmd = [sys.executable, "-m", "app.cli", "observe", "--port", str(port), "--log-level",
-           "warning", f"pool={endpoint}"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
+    log = ARTIFACTS / "fleet-observer.log"
+    try:
+        proc = start_cli_observer(port, log, "--log-level", "warning", f"pool={endpoint}")
+    except BaseException:
+        pub.close()
+        raise
     url = f"http://127.0.0.1:{port}"
     try:
         assert pub.post("/api/demo/start").status_code == 200
 
         def keys() -> int:
-            if proc.poll() is not None:
-                pytest.fail(f"blockpool observe exited: see {log.name}")
-            with contextlib.suppress(httpx.HTTPError):
-                return int(httpx.get(url + "/api/fleet", timeout=2).json()["instances"][0]["keys"])
-            return 0
+            assert proc.poll() is None, f"blockpool observe exited: see {log}"
+            fleet = httpx.get(url + "/api/fleet", timeout=CLIENT_TIMEOUT).json()
+            return int(fleet["instances"][0]["keys"])
 
-        wait_for(keys, timeout=40, what="the observer to hold hashes")
+        wait_for(keys, what="the observer to hold hashes")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        stop_cli_server(proc)
         pub.close()
 
 

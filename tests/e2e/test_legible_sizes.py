@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import ARTIFACTS, Page, Server, free_port, wait_for
+from tests.e2e.conftest import ARTIFACTS, Page, Server, running, wait_for
 from tests.e2e.test_layout import fleet  # noqa: F401  (the fleet page with data)
 from tests.e2e.workload import start_demo
 
@@ -116,10 +116,8 @@ def _dashboard(browser: Any, url: str, name: str, size: tuple[int, int]) -> Page
 @pytest.fixture(scope="module")
 def quiet() -> Iterator[Server]:
     """A server nothing has evicted on (its histograms hold no samples)."""
-    srv = Server(free_port(), "--num-blocks", "1024", "--log-level", "warning", name="quiet")
-    srv.start()
-    yield srv
-    srv.close()
+    with running("quiet", "--num-blocks", "1024", "--log-level", "warning") as srv:
+        yield srv
 
 
 @pytest.mark.parametrize("size", SIZES, ids=IDS)

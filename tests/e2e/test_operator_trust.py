@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import ARTIFACTS, Page, Server, free_port, wait_for
+from tests.e2e.conftest import ARTIFACTS, Page, Server, free_port, running, wait_for
+from tests.e2e.page_checks import scrub
 from tests.e2e.workload import quiesce_idle, start_demo
 
 pytestmark = pytest.mark.browser
@@ -26,19 +27,6 @@ TILE_JS = """(keys) => Object.fromEntries(keys.map((k) => {
   return [k, {text: el.textContent, value: el.dataset.value, reason: tile.dataset.reason ?? null,
               label: tile.querySelector('.label').textContent}];
 }))"""
-
-
-def _scrub(p: Page, seq: int) -> None:
-    p.js(
-        """(seq) => { const el = document.getElementById('tl-slider');
-                      el.value = String(seq); el.dispatchEvent(new Event('input')); }""",
-        seq,
-    )
-    p.page.wait_for_function(
-        "(seq) => document.getElementById('history-banner').dataset.seq === String(seq)"
-        " && document.body.dataset.mode === 'history'",
-        arg=seq,
-    )
 
 
 def _num(v: str | None) -> float | None:
@@ -60,7 +48,7 @@ def test_every_tile_at_a_moment_and_the_jump_box(
         )
         info = server.get("/api/history")
         seq = (info["first_seq"] + info["last_seq"]) // 2
-        _scrub(p, seq)
+        scrub(p, seq)
         st = server.get(f"/api/history/state?at={seq}&limit=1")
         t = st["tiles"]
         wait_for(
@@ -113,10 +101,8 @@ def test_every_tile_at_a_moment_and_the_jump_box(
 
 @pytest.fixture(scope="module")
 def idle() -> Iterator[Server]:
-    srv = Server(free_port(), "--num-blocks", "1024", "--log-level", "warning", name="idle")
-    srv.start()
-    yield srv
-    srv.close()
+    with running("idle", "--num-blocks", "1024", "--log-level", "warning") as srv:
+        yield srv
 
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])

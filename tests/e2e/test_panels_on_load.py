@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import hooks
-from tests.e2e.conftest import ARTIFACTS, VIEWPORT, Server, free_port, wait_for
+from tests.e2e.conftest import ARTIFACTS, VIEWPORT, Server, running, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -55,11 +55,10 @@ TILES_JS = """() => Object.fromEntries(['hit1m', 'hit5m', 'hit', 'requests', 'wa
 @pytest.fixture(scope="module")
 def busy() -> Iterator[Server]:
     """A small pool under the demo: it evicts, misses evicted prefixes and regrets soon."""
-    srv = Server(free_port(), "--num-blocks", "768", "--demo", "--log-level", "warning",
-                 name="panels-on-load")  # fmt: skip
-    srv.start()
-    yield srv
-    srv.close()
+    with running(
+        "panels-on-load", "--num-blocks", "768", "--demo", "--log-level", "warning"
+    ) as srv:
+        yield srv
 
 
 def ran_a_while(srv: Server) -> bool:

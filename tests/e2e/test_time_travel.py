@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import Page, Server, wait_for
-from tests.e2e.page_checks import region_shot
-from tests.e2e.workload import admit, evict_everything, finish
+from tests.e2e.page_checks import region_shot, scrub
+from tests.e2e.workload import admit, evict_everything, finish, quiet_moment
 from tests.e2e.workload import quiesce_idle as quiesce
 
 pytestmark = pytest.mark.browser
@@ -45,8 +45,7 @@ def test_scrubbing_shows_recorded_block_states_and_back_to_live(
     dashboard: Page, server: Server
 ) -> None:
     p = dashboard
-    quiesce(server)
-    before = server.get("/api/history")["last_seq"]
+    before = quiet_moment(server)
     # change many blocks: a big request in use now, not at `before`
     admit(server, random.Random(31).choices(range(32000), k=16 * 60), "an-scrub")
     wait_for(
@@ -57,16 +56,7 @@ def test_scrubbing_shows_recorded_block_states_and_back_to_live(
         lambda: p.js("() => window.__bp.history.info?.last_seq ?? -1") > before,
         what="the timeline to reach past the admission",
     )
-    p.js(
-        """(seq) => { const el = document.getElementById('tl-slider');
-                      el.value = String(seq); el.dispatchEvent(new Event('input')); }""",
-        before,
-    )
-    p.page.wait_for_function(
-        "(seq) => document.getElementById('history-banner').dataset.seq === String(seq)"
-        " && document.body.dataset.mode === 'history'",
-        arg=before,
-    )
+    scrub(p, before)
     p.frames()  # the canvas is repainted in a frame
     st = server.get(f"/api/history/state?at={before}&include_blocks=true&limit=1")
     assert st["at"]["seq"] == before

@@ -13,6 +13,22 @@ def start_demo(server: Server, rate: float = 20.0) -> None:
     assert server.post("/api/demo/start").status_code == 200
 
 
+def demo_finished(server: Server) -> int:
+    """How many requests the demo has finished so far."""
+    return int(server.get("/api/demo")["stats"]["finished"])
+
+
+def run_demo(server: Server, finished: int = 8, rate: float = 20.0) -> None:
+    """The demo on until it has finished ``finished`` more requests (their
+    blocks cached, later ones' in use); it keeps running."""
+    before = demo_finished(server)
+    start_demo(server, rate)
+    wait_for(
+        lambda: demo_finished(server) >= before + finished,
+        what=f"the demo to finish {finished} requests",
+    )
+
+
 def quiesce(server: Server) -> None:
     """Stop the demo (its running requests finish): the pool stops changing."""
     r = server.post("/api/demo/stop")
@@ -23,6 +39,13 @@ def quiesce_idle(server: Server) -> None:
     """``quiesce``, then no request is running at all."""
     quiesce(server)
     wait_for(lambda: server.get("/api/summary")["running_requests"] == 0, what="requests to end")
+
+
+def quiet_moment(server: Server) -> int:
+    """``quiesce_idle``, then the last op the recording holds: a moment of
+    the quiet pool to come back to (time travel)."""
+    quiesce_idle(server)
+    return int(server.get("/api/history")["last_seq"])
 
 
 def admit(server: Server, tokens: list[int], rid: str | None = None) -> dict[str, Any]:

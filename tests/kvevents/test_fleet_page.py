@@ -4,10 +4,6 @@ observer cannot run."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +16,9 @@ from blockpool.kvevents.config import KVEventsConfig
 from blockpool.kvevents.publisher import KVEventPublisher
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
 from tests.kvevents.helpers import FakePublisher, Workload, positional, vllm_current, wait_for
+from tests.support.cli import start_cli_observer, stop_cli_server
 from tests.support.ports import free_port
+from tests.support.wait import CLIENT_TIMEOUT
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "kvevents"
@@ -61,9 +59,8 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
     a.steps(40)  # published before the observer starts: it joins via replay
     port = free_port()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = open(ARTIFACTS / "observer.log", "wb")  # noqa: SIM115
-    cmd = [sys.executable, "-m", "app.cli", "observe", "--port", str(port),
-           "--log-level", "warning"]  # fmt: skip
+    log = ARTIFACTS / "observer.log"
+    cmd = ["--log-level", "warning"]
     for name, fed in feds.items():
         cmd += [f"{name}={fed.pub.bound_endpoint}"]
     cmd += [f"ghost=tcp://127.0.0.1:{free_port()}"]  # nothing binds there
@@ -74,28 +71,25 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
     for fed in feds.values():
         cmd += ["--replay", fed.pub.bound_replay_endpoint or "none"]
     cmd += ["--replay", "none", "--replay", "none", "--replay", "none"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_")}
-    env["BLOCKPOOL_OBSERVER_SILENCE_S"] = "1"
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
+    proc = None
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"blockpool observe exited with {proc.returncode}: see {log.name}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/api/health", timeout=1).json()["connected"] == 4:
-                    break
-            if time.monotonic() > deadline:
-                pytest.fail(f"blockpool observe did not connect within 30 s: see {log.name}")
-            time.sleep(0.1)
+        proc = start_cli_observer(port, log, *cmd, env={"BLOCKPOOL_OBSERVER_SILENCE_S": "1"})
+
+        def connected() -> bool:
+            assert proc.poll() is None, f"blockpool observe exited: see {log}"
+            return bool(
+                httpx.get(url + "/api/health", timeout=CLIENT_TIMEOUT).json()["connected"] == 4
+            )
+
+        wait_for(connected, what="the observer to connect to its four live sources")
         # a SUB misses what its PUB sent before the subscription reached it (the
         # slow joiner): publish one batch at a time until each source has heard
         # one (its replay then fills the rest), then the rest
         deadline = time.monotonic() + 30
         while unheard := [n for n, last in last_seqs(url).items() if n in feds and last is None]:
             if time.monotonic() > deadline:
-                pytest.fail(f"the observer heard nothing from {unheard}: see {log.name}")
+                pytest.fail(f"the observer heard nothing from {unheard}: see {log}")
             for name in unheard:
                 feds[name].steps(1)
             time.sleep(0.05)
@@ -118,13 +112,8 @@ def observed() -> Iterator[tuple[str, dict[str, Fed]]]:
         gone.close()
         yield url, feds
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        if proc is not None:
+            stop_cli_server(proc)
         hybrid.close()
         gone.close()
         for fed in feds.values():

@@ -2,11 +2,20 @@
 // DOM helpers shared by the dashboard and the fleet page: lookup, element
 // building, cheap text updates, and the timing helpers of a rAF loop.
 
-/** document.getElementById that fails loudly. */
-export function $(id) {
+/**
+ * document.getElementById that fails loudly; with `kind` (HTMLInputElement,
+ * HTMLCanvasElement, ...) also when the element is of another kind, and typed
+ * as that kind.
+ * @template {HTMLElement} [T=HTMLElement]
+ * @param {string} id
+ * @param {new () => T} [kind]
+ * @returns {T}
+ */
+export function $(id, kind) {
   const el = document.getElementById(id);
   if (!el) throw new Error(`#${id} is missing from the page`);
-  return el;
+  if (kind && !(el instanceof kind)) throw new Error(`#${id} is a <${el.tagName.toLowerCase()}>, not a ${kind.name}`);
+  return /** @type {T} */ (el);
 }
 
 /**

@@ -1,7 +1,13 @@
+// @ts-check
 // Block colours: one place for the map, its legend and the tests.
 // null | in use (shade by ref count 1, 2, 3, 4+) | cached (evictable) |
 // cached and about to be evicted | empty.
 
+/** @typedef {readonly number[]} RGB one colour: [r, g, b], each 0..255 */
+
+/**
+ * @type {{background: RGB, null: RGB, empty: RGB, cached: RGB, risk: RGB, in_use: RGB[]}}
+ */
 export const COLORS = {
   background: [13, 17, 23],
   null: [139, 148, 158],
@@ -16,9 +22,11 @@ export const COLORS = {
   ],
 };
 
+/** @param {RGB} rgb */
 export const rgbCss = ([r, g, b]) => `rgb(${r}, ${g}, ${b})`;
 
 /** ImageData's little-endian RGBA as one u32. */
+/** @param {RGB} rgb */
 export const abgr = ([r, g, b]) => ((255 << 24) | (b << 16) | (g << 8) | r) >>> 0;
 
 export const PACKED = {

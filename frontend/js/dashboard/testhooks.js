@@ -1,3 +1,4 @@
+// @ts-check
 // Test hooks: the dashboard's parts on window.__bp for the browser tests and
 // the benchmark (tests/e2e/hooks.py injects this module; the page itself
 // never loads it).  Importing main.js gives the page's own instance of it:

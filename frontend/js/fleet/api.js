@@ -1,3 +1,4 @@
+// @ts-check
 // The observer's REST API and live stream (same origin), on the shared REST
 // client (common/api.js: the error shape, the bearer token).  The token comes
 // from ?token= or the token box, and is kept in sessionStorage under its own
@@ -9,7 +10,12 @@ useTokenKey("blockpool.observer.token", { fromUrl: true });
 
 export { ApiError, getToken, setToken };
 
-/** GET (or `method`) path?params as JSON; an ApiError when the answer is not 2xx. */
+/**
+ * GET (or `method`) path?params as JSON; an ApiError when the answer is not 2xx.
+ * @param {string} path
+ * @param {Object<string, string | number | boolean | null | undefined>} [params]
+ * @param {{method?: string, body?: unknown}} [opts]
+ */
 export function getJSON(path, params = {}, { method = "GET", body } = {}) {
   return api(method, withParams(path, params), body, { quiet: true });
 }

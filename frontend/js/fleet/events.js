@@ -1,3 +1,4 @@
+// @ts-check
 // The live event log: the newest events first, from the stream's ticks.
 
 import { $, clear, el, shortHash } from "./dom.js";
@@ -31,7 +32,7 @@ export class EventLog {
 
   render() {
     const box = $("events");
-    const onlySelected = $("ev-selected").checked;
+    const onlySelected = $("ev-selected", HTMLInputElement).checked;
     const shown = [];
     for (let i = this.items.length - 1; i >= 0 && shown.length < KEEP; i--) {
       const e = this.items[i];

@@ -1,3 +1,4 @@
+// @ts-check
 // One instance's hash map: paged, searchable, sortable.
 
 import { getJSON } from "./api.js";
@@ -49,9 +50,9 @@ export class HashMapView {
       const page = await getJSON(`/api/fleet/${encodeURIComponent(this.instance)}/hashmap`, {
         offset: this.offset,
         limit: PAGE,
-        q: $("hm-search").value.trim(),
-        multi_only: $("hm-multi").checked ? "true" : "",
-        sort: $("hm-sort").value,
+        q: $("hm-search", HTMLInputElement).value.trim(),
+        multi_only: $("hm-multi", HTMLInputElement).checked ? "true" : "",
+        sort: $("hm-sort", HTMLSelectElement).value,
       });
       this.render(page);
     } catch (err) {
@@ -96,7 +97,7 @@ export class HashMapView {
     }
     const end = Math.min(page.offset + page.items.length, page.matched);
     $("hm-page").textContent = `${page.matched ? num(page.offset + 1) : 0}–${num(end)} of ${num(page.matched)} (${num(page.total_keys)} keys, ${num(page.blocks)} blocks)`;
-    $("hm-prev").disabled = page.offset === 0;
-    $("hm-next").disabled = end >= page.matched;
+    $("hm-prev", HTMLButtonElement).disabled = page.offset === 0;
+    $("hm-next", HTMLButtonElement).disabled = end >= page.matched;
   }
 }

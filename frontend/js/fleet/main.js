@@ -1,3 +1,4 @@
+// @ts-check
 // The fleet observer page: instances with their stream health, the selected
 // instance's hash map and prefix tree, the fleet prefix view and the live
 // event log -- all from `blockpool observe`'s REST API and websocket.
@@ -121,9 +122,9 @@ async function boot() {
   }
 }
 
-$("token").value = getToken();
+$("token", HTMLInputElement).value = getToken();
 $("token").addEventListener("change", () => {
-  setToken($("token").value.trim());
+  setToken($("token", HTMLInputElement).value.trim());
   const url = new URL(location.href);
   if (url.searchParams.has("token")) {
     url.searchParams.delete("token"); // the box wins over the address from now on

@@ -1,3 +1,4 @@
+// @ts-check
 // The fleet view a KV-aware router builds: which instances hold which
 // prefixes, and for a request (its block hashes or tokens) how many leading
 // blocks each instance has cached.
@@ -14,15 +15,15 @@ export class PrefixView {
 
   /** Ask who holds the prefix a block hash stands for. */
   pick(hash) {
-    $("fp-kind").value = "hash";
-    $("fp-query").value = hash;
+    $("fp-kind", HTMLSelectElement).value = "hash";
+    $("fp-query", HTMLInputElement).value = hash;
     this.query();
   }
 
   async query() {
-    const text = $("fp-query").value.trim();
+    const text = $("fp-query", HTMLInputElement).value.trim();
     if (!text) return;
-    const kind = $("fp-kind").value;
+    const kind = $("fp-kind", HTMLSelectElement).value;
     const params = kind === "hash" ? { hash: text.replace(/\s+/g, ",") } : { tokens: text.replace(/\s+/g, ",") };
     try {
       this.renderLookup(await getJSON("/api/fleet/prefixes", params));

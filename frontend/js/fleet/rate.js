@@ -1,3 +1,4 @@
+// @ts-check
 // Events per second per instance (uPlot, vendored), from the stream's ticks.
 
 const POINTS = 150;

@@ -1,3 +1,4 @@
+// @ts-check
 // Controls: the demo workload (start / stop / tune), admitting and finishing
 // requests by hand, resetting the prefix cache, and the bearer token.  The
 // reset dialog says beforehand when the pool will refuse (blocks held) and
@@ -39,7 +40,9 @@ export class Controls {
     this.demoStatus = $("demo-status");
     this.reqBody = $("req-body");
     this.result = $("ctl-result");
-    this.dialog = $("reset-dialog");
+    this.dialog = $("reset-dialog", HTMLDialogElement);
+    /** @type {((rid: string) => void) | null} the page's request story (set by main.js) */
+    this.onStory = null;
     this.authRequired = false;
     this.readOnly = false; // a mirror (setReadOnly)
     this.wire();
@@ -61,7 +64,7 @@ export class Controls {
   }
 
   wire() {
-    const tok = $("token");
+    const tok = $("token", HTMLInputElement);
     tok.value = getToken();
     tok.addEventListener("change", () => {
       setToken(tok.value.trim());
@@ -158,7 +161,7 @@ export class Controls {
 
   async tune() {
     const num = (id) => {
-      const v = $(id).value.trim();
+      const v = $(id, HTMLInputElement).value.trim();
       return v === "" ? undefined : Number(v);
     };
     const body = {};
@@ -186,15 +189,15 @@ export class Controls {
   async admit() {
     let tokens;
     try {
-      tokens = parseTokens($("admit-tokens").value);
+      tokens = parseTokens($("admit-tokens", HTMLInputElement).value);
       if (!tokens.length) throw new Error("give some token ids");
     } catch (err) {
       this.show("err", `admit: ${err.message}`);
       return;
     }
     const body = { token_ids: tokens };
-    const lora = $("admit-lora").value.trim();
-    const salt = $("admit-salt").value.trim();
+    const lora = $("admit-lora", HTMLInputElement).value.trim();
+    const salt = $("admit-salt", HTMLInputElement).value.trim();
     if (lora) body.lora_name = lora;
     if (salt) body.cache_salt = salt;
     try {
@@ -264,10 +267,10 @@ export class Controls {
     }
     this.demoStatus.classList.toggle("dropping", dropped > 0);
     this.demoStatus.classList.toggle("on", st.running);
-    $("demo-start").disabled = st.running;
-    $("demo-stop").disabled = !st.running;
+    $("demo-start", HTMLButtonElement).disabled = st.running;
+    $("demo-stop", HTMLButtonElement).disabled = !st.running;
     const fill = (id, v) => {
-      const el = $(id);
+      const el = $(id, HTMLInputElement);
       if (force || (document.activeElement !== el && el.dataset.touched !== "1")) el.value = v;
     };
     fill("demo-rate", st.rate);
@@ -287,8 +290,8 @@ export class Controls {
       `${st.running ? "running" : "stopped"} · ${st.name || "trace"} · ${Math.round((st.progress || 0) * 100)}% · ${int(st.requests_running)} running · ${int(st.requests_waiting)} waiting`,
     );
     $("trace-status").classList.toggle("on", st.running);
-    $("trace-start").disabled = st.running;
-    $("trace-stop").disabled = !st.running;
+    $("trace-start", HTMLButtonElement).disabled = st.running;
+    $("trace-stop", HTMLButtonElement).disabled = !st.running;
   }
 
   async trace(action) {
@@ -338,7 +341,7 @@ export class Controls {
 
   setAuth(required) {
     this.authRequired = required;
-    const tok = $("token");
+    const tok = $("token", HTMLInputElement);
     // short enough for the compact top bar; the whole sentence on hover
     tok.placeholder = required ? "token for writes" : "token (not needed)";
     tok.title = required ? "this server needs its bearer token for every change" : "this server takes changes without a token";
@@ -352,10 +355,10 @@ export class Controls {
     this.readOnly = true;
     setText($("auth-note"), "read-only mirror");
     for (const id of ["demo-start", "trace-start", "admit-form", "reset-btn"]) {
-      const group = $(id).closest(".ctl-group");
+      const group = /** @type {HTMLElement | null} */ ($(id).closest(".ctl-group"));
       if (group) group.style.display = "none"; // inline: renderTrace's `hidden` cannot show it again
     }
-    for (const id of ["demo-start", "demo-stop", "trace-start", "trace-stop", "admit-btn", "reset-btn", "reset-confirm", "reset-stop"]) $(id).disabled = true;
+    for (const id of ["demo-start", "demo-stop", "trace-start", "trace-stop", "admit-btn", "reset-btn", "reset-confirm", "reset-stop"]) $(id, HTMLButtonElement).disabled = true;
     this.show("muted", "read-only mirror: this pool follows a vLLM engine's; demo, trace, admit and reset are off");
   }
 }

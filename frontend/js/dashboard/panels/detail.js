@@ -1,3 +1,4 @@
+// @ts-check
 // The block detail panel: what the model knows at once, then the REST view
 // (GET /api/blocks/{id}: holders, digest, queue position, sampled metrics).
 // Highlights on the map: every block of the same request (holders +
@@ -34,6 +35,8 @@ export class DetailPanel {
     this.root = $("detail-body");
     this.title = $("detail-title");
     this.pinned = -1;
+    /** @type {((rid: string) => void) | null} the page's request story (set by main.js) */
+    this.onStory = null;
     this.shown = -1;
     this.rest = null;
     this.restFor = -1;

@@ -1,3 +1,4 @@
+// @ts-check
 // The KV event log: compact arrays from the stream, newest first, with their
 // sequence numbers; filter by type and hash, pause, and see gaps (events a
 // frame left out or a resync skipped), which can be loaded from
@@ -35,14 +36,16 @@ export class EventLog {
     this.body = $("ev-body");
     this.status = $("ev-status");
     this.pauseBtn = $("ev-pause");
-    this.hashInput = $("ev-hash");
+    this.hashInput = $("ev-hash", HTMLInputElement);
+    /** @type {((hex: string) => void) | null} the page's request story (set by main.js) */
+    this.onStory = null;
     this.paused = false;
     this.pausedAtSeq = 0;
     this.extra = []; // events loaded from REST to fill gaps
     this.renderedTop = -1;
     this.dirty = true;
     this.pauseBtn.addEventListener("click", () => this.setPaused(!this.paused));
-    for (const box of document.querySelectorAll("[data-evtype]")) {
+    for (const box of /** @type {NodeListOf<HTMLInputElement>} */ (document.querySelectorAll("[data-evtype]"))) {
       box.addEventListener("change", () => (this.dirty = true));
     }
     this.hashInput.addEventListener("input", () => (this.dirty = true));
@@ -63,7 +66,7 @@ export class EventLog {
 
   types() {
     const t = new Set();
-    for (const box of document.querySelectorAll("[data-evtype]")) if (box.checked) t.add(Number(box.dataset.evtype));
+    for (const box of /** @type {NodeListOf<HTMLInputElement>} */ (document.querySelectorAll("[data-evtype]"))) if (box.checked) t.add(Number(box.dataset.evtype));
     return t;
   }
 

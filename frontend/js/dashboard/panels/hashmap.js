@@ -1,3 +1,4 @@
+// @ts-check
 // The hash map panel: keys (hash64, group) with their block(s), keys that
 // hold several physical copies first and highlighted, search by hash prefix
 // (the local index, numerically) or by block id.  Longer (digest) prefixes
@@ -15,7 +16,7 @@ export class HashMapPanel {
     this.model = model;
     this.onBlocks = onBlocks; // highlight ids
     this.onSelect = onSelect; // select a block
-    this.input = $("hm-search");
+    this.input = $("hm-search", HTMLInputElement);
     this.body = $("hm-body");
     this.stats = $("hm-stats");
     this.note = $("hm-note");

@@ -1,3 +1,4 @@
+// @ts-check
 // The LRU free queue, computed from the model (free blocks sorted by stamp:
 // head = next to be reused).  A strip shows the whole queue (cached vs
 // empty); the list shows its head with an estimated time to eviction from
@@ -35,12 +36,12 @@ export class LruPanel {
     this.map = map;
     this.tree = tree;
     this.onSelect = onSelect;
-    this.strip = $("lru-strip");
+    this.strip = $("lru-strip", HTMLCanvasElement);
     this.sctx = this.strip.getContext("2d");
     this.summary = $("lru-summary");
     this.body = $("lru-body");
     this.prefixes = $("lru-prefixes");
-    this.horizonSel = $("lru-horizon");
+    this.horizonSel = $("lru-horizon", HTMLSelectElement);
     this.rate = 0;
     this.profile = null;
     this.profileAt = -Infinity;

@@ -1,3 +1,4 @@
+// @ts-check
 // The mirror in the top bar, on a service that follows a real vLLM engine
 // (blockpool serve --mirror): the engine, whether the pool shown is exactly
 // the engine's, the lag, resyncs and divergences.  Absent on any other service.

@@ -1,3 +1,4 @@
+// @ts-check
 // BlockMap: every block as a cell of a <canvas>, redrawn from dirty ids only.
 //
 // An ImageData holds the whole map at k x k pixels per block (k = 1 for big
@@ -30,6 +31,11 @@ function css(packed) {
 }
 
 export class BlockMap {
+  /**
+   * @param {HTMLCanvasElement} canvas
+   * @param {HTMLCanvasElement} overlay
+   * @param {import("../state/model.js").PoolModel} model
+   */
   constructor(canvas, overlay, model) {
     this.canvas = canvas;
     this.overlay = overlay;
@@ -40,6 +46,11 @@ export class BlockMap {
     this.off = document.createElement("canvas");
     this.offCtx = this.off.getContext("2d", { alpha: false });
     this.n = -1;
+    // the layout (_layout): cell side k, cols x rows cells, scaled down when they outnumber the pixels
+    this.k = 0;
+    this.cols = 0;
+    this.rows = 0;
+    this.scale = 1;
     this.W = 0;
     this.H = 0;
     this.dpr = 1;

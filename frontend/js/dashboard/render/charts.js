@@ -1,3 +1,4 @@
+// @ts-check
 // Charts (uPlot, vendored): pool usage split into in use / cached / empty
 // (stacked), prefix hit rate, allocations and evictions per second, and the
 // eviction-sample histograms (lifetime, idle before eviction, reuse gaps).
@@ -25,6 +26,7 @@ function axes(yFmt) {
   ];
 }
 
+/** @param {import("../../common/palette.js").RGB} rgb @param {number} a */
 function rgba([r, g, b], a) {
   return `rgba(${r}, ${g}, ${b}, ${a})`;
 }
@@ -40,7 +42,7 @@ function sizeOf(el) {
 export class Charts {
   constructor(model) {
     this.model = model;
-    this.windowSel = $("chart-window");
+    this.windowSel = $("chart-window", HTMLSelectElement);
     this.plots = [];
     this.raw = { in_use: [], cached: [], empty: [] };
     const raw = this.raw;
@@ -257,7 +259,7 @@ export class Charts {
       plot.setData([xs, ys]);
       const note = plot.root.parentElement && plot.root.parentElement.querySelector(".hist-empty");
       if (note instanceof HTMLElement) note.hidden = hg.count > 0;
-      const title = document.querySelector(`[data-hist-title="${name}"]`);
+      const title = /** @type {HTMLElement | null} */ (document.querySelector(`[data-hist-title="${name}"]`));
       if (title) {
         title.textContent = `${title.dataset.label} · n=${hg.count}${hg.count ? ` · mean ${dur(hg.sum / hg.count)}` : ""}`;
       }

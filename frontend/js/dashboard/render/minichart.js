@@ -1,3 +1,4 @@
+// @ts-check
 // MiniChart: the analysis row's small charts, drawn by uPlot (vendored, the
 // library of the charts above them) in the same style: axis colour, grid,
 // 11 px font. A thin adapter: time series (stacked areas or lines, on one or
@@ -67,6 +68,7 @@ export function apartFilter(label, font = FONT) {
   };
 }
 
+/** @param {import("../../common/palette.js").RGB} rgb @param {number} [a] */
 export const rgba = ([r, g, b], a = 1) => `rgba(${r}, ${g}, ${b}, ${a})`;
 
 export const hms = (t) => {
@@ -141,6 +143,7 @@ export function stackBands(series) {
 /**
  * A y scale's range: data and marks on that axis, then the axis's own
  * `range`, or 0 to a round top (niceTop on a plot dim px tall).
+ * @returns {[number, number]}
  */
 export function yRange(spec, lo, hi, { marks = [], axis = 1, dim = 80, incrs = Y_INCRS } = {}) {
   for (const m of marks) {
@@ -157,7 +160,10 @@ export function yRange(spec, lo, hi, { marks = [], axis = 1, dim = 80, incrs = Y
   return [Math.min(0, lo), niceTop(hi, dim, incrs)];
 }
 
-/** The x scale's range: the data's span (log2 curves padded a little on each side). */
+/**
+ * The x scale's range: the data's span (log2 curves padded a little on each side).
+ * @returns {[number, number]}
+ */
 export function xRange(o, x) {
   if (o.x === "cat") return [-0.5, Math.max(0.5, x.length - 0.5)];
   if (!x.length) return o.xLog2 ? [0.5, 2] : [0, 1];
@@ -241,6 +247,7 @@ export class MiniChart {
 
   // ------------------------------------------------------ uPlot options
 
+  /** @returns {import("../../../vendor/uplot/uPlot").Options} */
   _opts() {
     const o = this.o;
     const uPlot = uPlotLib();
@@ -282,10 +289,12 @@ export class MiniChart {
         values: (u, vals) => vals.map((v) => (v === null ? "" : xFmt(v))),
       };
     }
+    /** @type {import("../../../vendor/uplot/uPlot").Axis[]} */
     const axes = [
       { ...axis, ...xAxis, size: 18, gap: 3 },
       { ...axis, scale: "y", size: o.yWidth || 38, gap: 4, space: (u, i, min, max, dim) => ySpace(dim), incrs: yIncrs, values: (u, vals) => vals.map((v) => ((o.y && o.y.fmt) || compact)(v)) },
     ];
+    /** @type {import("../../../vendor/uplot/uPlot").Scales} */
     const scales = {
       x: o.x === "time" ? { time: true } : { time: false, ...(o.xLog2 ? { distr: 3, log: 2 } : {}) },
       y: { range: (u, lo, hi) => yRange(o.y, lo, hi, { marks: this.marks, axis: 1, dim: this._plotHeight(u), incrs: yIncrs }) },

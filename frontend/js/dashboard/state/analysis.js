@@ -124,12 +124,7 @@ export class AnalysisSeries {
 
   /** Points within `span` seconds of the newest. */
   window(span) {
-    const pts = this.points;
-    if (!pts.length) return [];
-    const last = pts[pts.length - 1].ts;
-    let i = pts.length - 1;
-    while (i > 0 && last - pts[i - 1].ts <= span) i--;
-    return pts.slice(i);
+    return lastSpan(this.points, span);
   }
 
   /** Cumulative totals of the latest section: {reason: {blocks, tokens, share}}, missed, hit. */
@@ -144,6 +139,15 @@ export class AnalysisSeries {
     }
     return out;
   }
+}
+
+/** The points (oldest first, each with its `ts`) within `span` seconds of the newest. */
+function lastSpan(points, span) {
+  if (!points.length) return [];
+  const last = points[points.length - 1].ts;
+  let i = points.length - 1;
+  while (i > 0 && last - points[i - 1].ts <= span) i--;
+  return points.slice(i);
 }
 
 function nullRates() {
@@ -192,12 +196,7 @@ export class TokenSeries {
   }
 
   window(span) {
-    const pts = this.points;
-    if (!pts.length) return [];
-    const last = pts[pts.length - 1].ts;
-    let i = pts.length - 1;
-    while (i > 0 && last - pts[i - 1].ts <= span) i--;
-    return pts.slice(i);
+    return lastSpan(this.points, span);
   }
 }
 

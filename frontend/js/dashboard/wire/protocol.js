@@ -1,3 +1,4 @@
+// @ts-check
 // The stream's wire format (docs/protocol.md): one binary envelope per frame.
 //
 //   0  magic "BPS1" | 4 kind | 5 reserved | 8 seq u64 | 16 H u32 | 20 B u32
@@ -77,6 +78,7 @@ export function decodeFrame(data) {
   }
   const header = JSON.parse(textDecoder.decode(new Uint8Array(buf, base + HEAD, hlen)));
   const bodyStart = base + HEAD + hlen;
+  /** @type {Object<string, ArrayBufferView>} */
   const columns = {};
   for (const [name, dtype, count, offset] of header.columns || []) {
     const spec = DTYPES[dtype];

@@ -12,6 +12,14 @@ import { bearerProtocols } from "../../common/api.js";
 import { decodeFrame } from "./protocol.js";
 
 export class StreamConnection {
+  /**
+   * @param {import("../state/model.js").PoolModel} model
+   * @param {object} [opts]
+   * @param {string} [opts.path] the websocket's path
+   * @param {string[] | null} [opts.channels] the channels asked for (null: the server's default)
+   * @param {() => string} [opts.token] the bearer token now ("" for none)
+   * @param {number[]} [opts.backoff] the first and the longest wait before a reconnect, ms
+   */
   constructor(model, { path = "/api/stream", channels = null, token = () => "", backoff = [250, 5000] } = {}) {
     this.model = model;
     this.path = path;

@@ -1,3 +1,4 @@
+// @ts-check
 // Why prompts missed: miss rates by reason over the window (stream), the
 // totals table, and from REST every few seconds the evicted misses' age and
 // queue-position histograms and the recent requests.
@@ -13,8 +14,9 @@ export class MissPanel {
     this.hub = hub;
     this.windowSel = windowSel;
     this.showRequest = showRequest;
-    this.unitSel = $("miss-unit");
+    this.unitSel = $("miss-unit", HTMLSelectElement);
     this.version = -1;
+    this.loading = false; // the first REST answer is pending (AnalysisLoader): no "waiting for…" yet
     this.hoverIdx = null;
     this.chart = new MiniChart($("chart-misses"), {
       height: 112,

@@ -1,3 +1,4 @@
+// @ts-check
 // What eviction cost: evictions and regrets over the window (stream), and
 // from REST every few seconds the eviction-to-re-store gap histogram and the
 // most regretted prefixes.
@@ -13,6 +14,8 @@ export class RegretPanel {
     this.hub = hub;
     this.windowSel = windowSel;
     this.version = -1;
+    /** @type {((rid: string) => void) | null} the page's request story (set by main.js) */
+    this.onStory = null;
     this.chart = new MiniChart($("chart-regret"), {
       height: 100,
       x: "time",

@@ -1,3 +1,4 @@
+// @ts-check
 // Time travel: a slider over the recording (GET /api/history: span and
 // keyframes) under the block map.  Scrubbing renders GET
 // /api/history/state?at=<seq>&include_blocks=true into the same canvas (the
@@ -22,7 +23,23 @@ export function horizonText(hz) {
   return `holds ~${dur(hz.seconds)} at this rate`;
 }
 
+/**
+ * What the page does around time travel (every one optional).
+ * @typedef {object} TimeTravelHooks
+ * @property {() => void} [onEnter] a recorded moment is shown (from live)
+ * @property {() => void} [onLeave] back to live
+ * @property {(state: object, src: HistorySource) => void} [onMoment] the panels that follow the moment shown
+ * @property {(rid: string) => void} [showRequest] a request's detail
+ * @property {(ids: number[]) => void} [highlight] blocks to outline on the map
+ * @property {() => boolean} [visible] is the time-travel panel on screen?
+ */
+
 export class TimeTravel {
+  /**
+   * @param {import("../../state/model.js").PoolModel} model
+   * @param {import("../../render/blockmap.js").BlockMap} map
+   * @param {TimeTravelHooks} [hooks]
+   */
   constructor(model, map, { onEnter, onLeave, onMoment, showRequest, highlight, visible } = {}) {
     this.model = model;
     this.map = map;
@@ -44,21 +61,21 @@ export class TimeTravel {
     this.fetches = 0;
     this.marks = { a: null, b: null };
     this.pollEvery = 3000;
-    this.slider = $("tl-slider");
+    this.slider = $("tl-slider", HTMLInputElement);
     this.modeEl = $("tl-mode");
     this.atEl = $("tl-at");
-    this.jump = $("tl-jump");
+    this.jump = $("tl-jump", HTMLInputElement);
     this.banner = $("history-banner");
     this.marksEl = $("tl-marks");
     this.span = $("tt-span");
-    this.fromIn = $("diff-from");
-    this.toIn = $("diff-to");
+    this.fromIn = $("diff-from", HTMLInputElement);
+    this.toIn = $("diff-to", HTMLInputElement);
     this.diffSummary = $("diff-summary");
     this.evictedBody = $("diff-evicted");
     this.enteredBody = $("diff-entered");
     this.reqsEl = $("diff-requests");
-    this.exportLink = $("tt-export");
-    this.exportGz = $("tt-export-gz");
+    this.exportLink = $("tt-export", HTMLAnchorElement);
+    this.exportGz = $("tt-export-gz", HTMLAnchorElement);
     this.exportSize = null; // {bytes, lines, last_seq, at}: GET /api/history/export/size
     this.sizing = false;
     this._wire();
@@ -86,7 +103,7 @@ export class TimeTravel {
     this.jump.addEventListener("input", () => {
       if (!this.jump.value.trim()) this._jumpOk();
     });
-    for (const btn of document.querySelectorAll("[data-last]")) {
+    for (const btn of /** @type {NodeListOf<HTMLElement>} */ (document.querySelectorAll("[data-last]"))) {
       btn.addEventListener("click", () => this.diffLast(Number(btn.dataset.last)));
     }
     $("diff-form").addEventListener("submit", (ev) => {
@@ -131,7 +148,8 @@ export class TimeTravel {
     const s = this.slider;
     const ok = Boolean(info && info.enabled && info.last_seq >= info.first_seq);
     s.disabled = !ok;
-    for (const id of ["tl-a", "tl-b", "tl-jump"]) $(id).disabled = !ok;
+    for (const id of ["tl-a", "tl-b"]) $(id, HTMLButtonElement).disabled = !ok;
+    this.jump.disabled = !ok;
     document.getElementById("timeline").dataset.enabled = ok ? "1" : "0";
     if (!ok) {
       setText(this.atEl, this.error || "no recording");
