@@ -23,6 +23,7 @@ _MODULE_IMPORTS = (
     re.compile(r"""\bimport\s*["']([^"']+)["']"""),
     re.compile(r"""\bimport\(\s*["']([^"']+)["']\s*\)"""),
 )
+_BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.S)  # JSDoc types name files the browser never loads
 _CSS_REFS = (
     re.compile(r"""@import\s+["']([^"']+)["']"""),
     re.compile(r"""url\(\s*["']?([^"')]+?)["']?\s*\)"""),
@@ -74,8 +75,9 @@ def _refs(kind: str, text: str) -> Iterable[tuple[str, str]]:
             elif "icon" in rel:
                 yield ("png" if a["href"].endswith(".png") else "icon"), a["href"]
     elif kind == "module":
+        code = _BLOCK_COMMENT.sub("", text)
         for pattern in _MODULE_IMPORTS:
-            for ref in pattern.findall(text):
+            for ref in pattern.findall(code):
                 yield "module", ref
     elif kind == "style":
         for pattern in _CSS_REFS:
