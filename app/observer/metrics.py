@@ -10,8 +10,9 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.figures import totals
 from app.observer.fleet import Fleet
-from app.observer.hub import FleetHub
+from app.observer.hub import HUB_HELP, FleetHub
 
 
 class ObserverCollector(Collector):
@@ -113,8 +114,12 @@ class ObserverCollector(Collector):
                   lambda s: s.tracker.live_duplicates)  # fmt: skip
         yield fam("c", "replay_out_of_range", "Replayed seqs past the live stream (given up).",
                   lambda s: s.tracker.replay_out_of_range)  # fmt: skip
-        yield GaugeMetricFamily(p + "ws_clients", "Websocket clients.", value=len(self.hub.clients))
+        hub = self.hub
+        yield GaugeMetricFamily(p + "ws_clients", "Websocket clients.", value=len(hub.fan))
         yield CounterMetricFamily(
-            p + "ws_clients_dropped", "Slow websocket clients resynced.",
-            value=self.hub.clients_dropped,
-        )  # fmt: skip
+            p + "ws_clients_dropped", "Slow websocket clients resynced.", value=hub.counts.drops
+        )
+        for name, value in totals(hub.counts).items():
+            if name != "drops_total":  # ws_clients_dropped_total
+                short = name.removesuffix("_total")
+                yield CounterMetricFamily(p + "ws_" + short, HUB_HELP[name], value=value)

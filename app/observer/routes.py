@@ -106,6 +106,7 @@ async def fleet_view(request: Request, fleet: FleetDep) -> dict[str, Any]:
         "topic": request.app.state.settings.topic,
         "cannot_know": list(CANNOT_KNOW),
         "instances": [s.health() for s in fleet.sources.values()],
+        "stream": hub.stats(),
     }
 
 
