@@ -32,8 +32,10 @@ class ObserverCollector(Collector):
             return m
 
         yield fam("g", "connected", "1 when the SUB socket is connected.", lambda s: s.connected)
-        yield fam("g", "exact", "1 when every batch since seq 0 (or a clear) was applied.",
-                  lambda s: s.tracker.exact)  # fmt: skip
+        now = time.time()
+        yield fam("g", "exact", "1 when every batch since seq 0 (or a clear) was applied "
+                  "and the publisher has not gone away (0 when stale).",
+                  lambda s: s.exact(now))  # fmt: skip
         yield fam("g", "last_seq", "The last publisher seq applied (-1: none).",
                   lambda s: -1 if s.tracker.applied is None else s.tracker.applied)  # fmt: skip
         yield fam("g", "hash_map_keys", "Hashes held.", lambda s: len(s.state.entries))
@@ -87,7 +89,6 @@ class ObserverCollector(Collector):
             for kind, n in sorted(s.poison.counts.items()):
                 poison.add_metric([s.name, kind], float(n))
         yield poison
-        now = time.time()
         age = GaugeMetricFamily(
             p + "last_batch_age_seconds",
             "Seconds since the instance's last batch was applied (since the observer "

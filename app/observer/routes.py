@@ -89,7 +89,7 @@ async def health(request: Request) -> dict[str, Any]:
         "role": "observer",
         "instances": len(sources),
         "connected": sum(1 for s in sources if s.connected),
-        "exact": sum(1 for s in sources if s.tracker.exact),
+        "exact": sum(1 for s in sources if s.exact(now)),
         "down": down,
         "stale": stale,
         "poison_messages": sum(s.poison.total for s in sources),
@@ -186,7 +186,7 @@ async def hashmap(
         matched += 1
     return {
         "instance": s.name,
-        "exact": s.tracker.exact,
+        "exact": s.exact(time.time()),
         "total_keys": len(state.entries),
         "blocks": state.blocks,
         "matched": matched,
@@ -234,7 +234,7 @@ async def prefix_tree(
         level = nxt
     return {
         "instance": s.name,
-        "exact": s.tracker.exact,
+        "exact": s.exact(time.time()),
         "total": len(state.entries),
         "roots": roots,
         "limit": limit,

@@ -445,6 +445,11 @@ class Source:
         silent = self.silent_for(now)
         return silent is not None and silent >= self.silence_s and not self.connected
 
+    def exact(self, now: float) -> bool:
+        """The map is the engine's: every batch applied (``tracker.exact``)
+        and the publisher has not gone away (not ``stale``)."""
+        return self.tracker.exact and not self.stale(now)
+
     def idle(self, now: float) -> bool:
         """Data came, the publisher is still connected, and nothing for
         ``silence_s``: an engine without traffic (the map stands)."""
