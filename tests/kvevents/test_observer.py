@@ -194,10 +194,10 @@ async def drained(srcs: list[Source], pubs: list[KVEventPublisher]) -> None:
     comparing then is what made this test fail on a loaded machine.)"""
     for s, p in zip(srcs, pubs, strict=True):
         await await_for(
-            lambda p=p: p.batches_published + p.batches_dropped == p._next_seq,
+            lambda p=p: p.counts.batches_published + p.counts.batches_dropped == p._next_seq,
             what="every queued batch to be sent",
         )
-        assert p.batches_dropped == 0, "a batch was dropped: a real loss"
+        assert p.counts.batches_dropped == 0, "a batch was dropped: a real loss"
         await settled(s, p.last_published_seq)
 
 
