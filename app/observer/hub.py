@@ -12,7 +12,6 @@ carry consecutive ``seq`` numbers per hub.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -23,6 +22,7 @@ from app.broadcast import BroadcastCounts, Broadcaster, Subscriber
 from app.figures import counter, helps, totals
 from app.observer.fleet import Fleet
 from app.observer.source import Source
+from app.tasks import cancel_and_wait
 from blockpool.kvevents.event_json import event_json
 
 logger = logging.getLogger("blockpool.observer")
@@ -63,10 +63,7 @@ class FleetHub:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         last_sent = 0.0

@@ -10,7 +10,6 @@ so the rebuilt state is only ever touched from one thread and needs no lock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ import zmq.asyncio
 
 from app.observer.source_health import source_health
 from app.observer.source_sockets import SourceSockets
+from app.tasks import cancel_and_wait
 from blockpool.kvevents.config import SourceSpec
 from blockpool.kvevents.decode import MAX_BATCH_BYTES, ClearedEvent, DecodeError, decode_batch
 from blockpool.kvevents.event_json import EventItem
@@ -167,10 +167,7 @@ class Source:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self.task_state = "stopped"
 
     @property
