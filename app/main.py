@@ -146,7 +146,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def _add_kv_event_publisher(app: FastAPI, engine: Engine, settings: Settings) -> None:
     """Publish the engine's KV events over ZMQ as vLLM does (started and
     stopped with the app; its counters under ``blockpool_kvevents_*``)."""
-    from blockpool.kvevents.publisher import KVEventPublisher
+    from app.figures import Figures
+    from blockpool.kvevents.publisher import PUBLISHER_HELP, KVEventPublisher
 
     publisher = KVEventPublisher(settings.kv_events_config())
     app.state.kv_publisher = publisher
@@ -161,4 +162,4 @@ def _add_kv_event_publisher(app: FastAPI, engine: Engine, settings: Settings) ->
 
     app.state.startup_hooks.append(start)
     app.state.shutdown_hooks.append(stop)
-    app.state.metrics_sources["kvevents"] = publisher.metrics
+    app.state.metrics_sources["kvevents"] = Figures(publisher.metrics, PUBLISHER_HELP)

@@ -8,7 +8,7 @@ AllBlocksCleared empties it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from blockpool.events import AllBlocksCleared, BlockRemoved, BlockStored
 
@@ -70,3 +70,56 @@ class PrefixTree:
 
     def __len__(self) -> int:
         return len(self.copies)
+
+    def children(self) -> dict[Key | None, list[Key]]:
+        return children(self.parents)
+
+    def depths(self) -> dict[Key, tuple[Key, int]]:
+        return depths(self.parents)
+
+
+# The walks over a tree given as hash -> parent: PrefixTree's own and the
+# observer's (whose hash map keeps each hash's parent with its entry).
+Parents = Mapping[Key, Key | None]
+
+
+def children(parents: Parents) -> dict[Key | None, list[Key]]:
+    """parent -> children; a hash whose parent is not in the tree (a first
+    block, or one whose parent left first) is a root, under None."""
+    out: dict[Key | None, list[Key]] = {}
+    for h, p in parents.items():
+        out.setdefault(p if p is not None and p in parents else None, []).append(h)
+    return out
+
+
+def depths(parents: Parents) -> dict[Key, tuple[Key, int]]:
+    """hash -> (its root in the tree, depth from 1)."""
+    memo: dict[Key, tuple[Key, int]] = {}
+    for h in parents:
+        if h in memo:
+            continue
+        path: list[Key] = []
+        cur: Key | None = h
+        while cur is not None and cur in parents and cur not in memo:
+            path.append(cur)
+            if len(path) > len(parents):  # a cycle: not from an engine
+                break
+            cur = parents[cur]
+        if cur is not None and cur in memo:
+            root, depth = memo[cur]
+        else:
+            root, depth = path[-1], 0
+        for node in reversed(path):
+            depth += 1
+            memo[node] = (root, depth)
+    return memo
+
+
+def breadth_first(kids: dict[Key | None, list[Key]], limit: int) -> list[tuple[Key, int]]:
+    """(hash, depth) of at most ``limit`` hashes: the roots, then each level."""
+    out: list[tuple[Key, int]] = []
+    level = [(h, 1) for h in kids.get(None, [])]
+    while level and len(out) < limit:
+        out.extend(level[: limit - len(out)])
+        level = [(c, d + 1) for h, d in level for c in kids.get(h, ())]
+    return out

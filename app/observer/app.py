@@ -27,21 +27,17 @@ the token check ``observer_auth.py``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
-from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, WebSocket
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from app import ws_endpoint
 from app.api import assembly
-from app.auth import accept_subprotocol, websocket_credentials, websocket_token_ok
 from app.frontend_files import BESIDE, frontend_dir
 from app.observer.auth import Auth, TokenGate
 from app.observer.fleet import Fleet
@@ -107,43 +103,13 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
 
     @app.websocket("/api/fleet/stream")
     async def stream(ws: WebSocket) -> None:
-        token = settings.token
-        offered = list(ws.scope.get("subprotocols") or [])
-        subprotocol = accept_subprotocol(offered)  # never echoes a credential
-        if token is not None:
-            # the token as the stream takes it: the Authorization header, the
-            # Sec-WebSocket-Protocol header (bearer.* / base64url.bearer.*, what
-            # the fleet page sends: no secret in the URL) or ?token= (discouraged)
-            creds = websocket_credentials(ws.headers, offered, ws.query_params)
-            if not websocket_token_ok(creds, token, None):
-                await ws.accept(subprotocol=subprotocol)  # so that a browser sees the code
-                await ws.close(code=4401, reason="unauthorized")
-                return
-        await ws.accept(subprotocol=subprotocol)
-        client = hub.add()
-        try:
-            await ws.send_text(_dumps(hub.hello()))
-            receiver = asyncio.create_task(_drain_incoming(ws))
-            try:
-                while True:
-                    getter = asyncio.create_task(client.queue.get())
-                    done, _ = await asyncio.wait(
-                        {getter, receiver}, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    if receiver in done:
-                        getter.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await getter
-                        return
-                    await ws.send_text(getter.result())
-            finally:
-                receiver.cancel()
-                with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect):
-                    await receiver
-        except (WebSocketDisconnect, RuntimeError):
-            return
-        finally:
-            hub.remove(client)
+        # the token as the stream takes it: the Authorization header, the
+        # Sec-WebSocket-Protocol header (bearer.* / base64url.bearer.*, what
+        # the fleet page sends: no secret in the URL) or ?token= (discouraged)
+        allowed = ws_endpoint.authorized(ws, settings.token)
+        if await ws_endpoint.accept(ws, allowed, "unauthorized"):
+            # what the page sends is read (bounded) and ignored
+            await ws_endpoint.serve(ws, hub.fan, hub.add())
 
     assembly.serve_page(app, FRONTEND, "fleet.html")
     # outermost first: the same-origin guard, then the token, then the body's
@@ -152,15 +118,3 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
     app.add_middleware(TokenGate, token=settings.token)
     assembly.guard(app, settings.host, settings.allowed_hosts, settings.allowed_origins)
     return app
-
-
-async def _drain_incoming(ws: WebSocket) -> None:
-    """Read (and ignore) what the client sends, until it goes away."""
-    while True:
-        message = await ws.receive()
-        if message["type"] == "websocket.disconnect":
-            return
-
-
-def _dumps(message: dict[str, Any]) -> str:
-    return json.dumps(message, separators=(",", ":"), allow_nan=False)

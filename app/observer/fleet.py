@@ -170,6 +170,6 @@ def _row(s: Source, lead: int, held: int, tokens: int) -> dict[str, Any]:
         "leading_blocks": lead,
         "leading_tokens": tokens,
         "held_blocks": held,
-        "exact": s.tracker.exact,
+        "exact": s.exact(time.time()),
         "connected": s.connected,
     }

@@ -5,20 +5,24 @@ heartbeat), the hub builds ONE message -- the health of every pool and the
 events applied since the last tick -- encodes it once and puts the same text
 on every client's bounded queue without awaiting.  A client whose queue is
 full loses its queue and is sent ``{"type": "resync"}``: it should re-read
-the REST views.  Messages carry consecutive ``seq`` numbers per hub.
+the REST views (``app/broadcast.py``, counted in ``counts``).  Messages
+carry consecutive ``seq`` numbers per hub.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from app.broadcast import BroadcastCounts, Broadcaster, Subscriber
+from app.figures import counter, helps, totals
 from app.observer.fleet import Fleet
 from app.observer.source import Source
+from app.tasks import cancel_and_wait
 from blockpool.kvevents.event_json import event_json
 
 logger = logging.getLogger("blockpool.observer")
@@ -27,10 +31,13 @@ MAX_EVENTS_PER_TICK = 500
 HEARTBEAT_S = 1.0
 
 
-class Client:
-    def __init__(self, maxsize: int) -> None:
-        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize)
-        self.dropped = 0
+@dataclass
+class HubCounts(BroadcastCounts):
+    messages: int = counter("Tick messages encoded (once each, for every client).")
+    tick_errors: int = counter("Ticks that failed to build (the hub goes on).")
+
+
+HUB_HELP = helps(HubCounts)
 
 
 class FleetHub:
@@ -38,11 +45,9 @@ class FleetHub:
         self.fleet = fleet
         self.period = 1.0 / tick_hz
         self.queue_size = queue_size
-        self.clients: set[Client] = set()
+        self.counts = HubCounts()
+        self.fan: Broadcaster[str] = Broadcaster(self.counts)
         self.seq = 0
-        self.messages = 0
-        self.clients_dropped = 0
-        self.tick_errors = 0
         self._error_logged_at = -1e9
         self._dirty = True
         self._sent_log_seq = {name: 0 for name in fleet.sources}
@@ -58,10 +63,7 @@ class FleetHub:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         last_sent = 0.0
@@ -73,10 +75,12 @@ class FleetHub:
             try:
                 self.broadcast(self.tick_message())
             except Exception:  # a bug must not stop the hub: counted, logged once a minute
-                self.tick_errors += 1
+                self.counts.tick_errors += 1
                 if now - self._error_logged_at > 60.0:
                     self._error_logged_at = now
-                    logger.exception("observer hub tick failed (%d so far)", self.tick_errors)
+                    logger.exception(
+                        "observer hub tick failed (%d so far)", self.counts.tick_errors
+                    )
             last_sent = now
 
     def tick_message(self) -> dict[str, Any]:
@@ -118,24 +122,28 @@ class FleetHub:
         }
 
     def broadcast(self, message: dict[str, Any]) -> None:
-        text = json.dumps(message, separators=(",", ":"), allow_nan=False)
-        self.messages += 1
-        for client in list(self.clients):
-            try:
-                client.queue.put_nowait(text)
-            except asyncio.QueueFull:
-                client.dropped += 1
-                self.clients_dropped += 1
-                while not client.queue.empty():
-                    client.queue.get_nowait()
-                client.queue.put_nowait(
-                    json.dumps({"type": "resync", "seq": message.get("seq", self.seq)})
-                )
+        """Encode ``message`` once and queue it for every client; one too slow
+        for it gets ``{"type": "resync"}`` instead."""
+        text = dumps(message)
+        self.counts.messages += 1
+        seq = message.get("seq", self.seq)
+        self.fan.publish(text, lambda: dumps({"type": "resync", "seq": seq}))
 
-    def add(self) -> Client:
-        client = Client(self.queue_size)
-        self.clients.add(client)
-        return client
+    def add(self) -> Subscriber[str]:
+        """A new client, its queue holding the hello."""
+        client: Subscriber[str] = Subscriber(queue_size=self.queue_size, needs_resync=False)
+        client.queue.put_nowait(dumps(self.hello()))
+        return self.fan.add(client)
 
-    def remove(self, client: Client) -> None:
-        self.clients.discard(client)
+    def stats(self) -> dict[str, Any]:
+        """What ``/api/fleet`` shows of the websocket clients."""
+        return {
+            "seq": self.seq,
+            "clients": len(self.fan),
+            **totals(self.counts),
+            "max_queued": max((c.queue.qsize() for c in self.fan), default=0),
+        }
+
+
+def dumps(message: dict[str, Any]) -> str:
+    return json.dumps(message, separators=(",", ":"), allow_nan=False)

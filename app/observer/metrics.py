@@ -5,13 +5,110 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.figures import totals
 from app.observer.fleet import Fleet
-from app.observer.hub import FleetHub
+from app.observer.hub import HUB_HELP, FleetHub
+from app.observer.source import Source
+
+AGE_HELP = (
+    "Seconds since the instance's last batch was applied (since the observer started "
+    "when none yet): alert on a stalled publisher."
+)
+STALE_HELP = (
+    "1 when the pool's publisher went away: data came, then no connection and no "
+    "message for silence_s (the map is the last one heard)."
+)
+EXACT_HELP = (
+    "1 when every batch since seq 0 (or a clear) was applied and the publisher has "
+    "not gone away (0 when stale)."
+)
+
+M = TypeVar("M", GaugeMetricFamily, CounterMetricFamily)
+
+# name -> (kind, HELP): "c" a counter (exported as NAME_total), "g" a gauge;
+# one family each, label ``pool``, read by ``readings``
+PER_POOL: dict[str, tuple[str, str]] = {
+    "connected": ("g", "1 when the SUB socket is connected."),
+    "exact": ("g", EXACT_HELP),
+    "last_seq": ("g", "The last publisher seq applied (-1: none)."),
+    "hash_map_keys": ("g", "Hashes held."),
+    "blocks": ("g", "Cached blocks (copies of held hashes)."),
+    "replay_pending_batches": ("g", "Live batches held during a replay."),
+    "batches": ("c", "Batches applied."),
+    "events": ("c", "Events applied."),
+    "messages_received": ("c", "Live messages received."),
+    "gaps": ("c", "Sequence gaps detected."),
+    "missed_batches": ("c", "Batches lost (not recovered by replay)."),
+    "duplicate_batches": ("c", "Batches received twice (replay and live)."),
+    "replays": ("c", "Replay requests sent."),
+    "replay_batches": ("c", "Batches received by replay."),
+    "replay_failures": ("c", "Replays that failed or fell short."),
+    "restarts": ("c", "Publisher restarts seen (seq went back)."),
+    "decode_errors": ("c", "Batches that could not be decoded."),
+    "unknown_events": ("c", "Events of unknown types (skipped)."),
+    "unknown_removals": ("c", "BlockRemoved of hashes not held."),
+    "disconnects": ("c", "Stream disconnections."),
+    "task_running": ("g", "1 while the source's task runs (0: restarting, dead)."),
+    "task_restarts": ("c", "Restarts of the source's task after a failure."),
+    "unknown_fields": ("c", "Event fields no known vLLM release sends (kept)."),
+    "apply_errors": ("c", "Batches whose apply failed (state then inexact)."),
+    "hash_map_max_keys": ("g", "The cap on hashes held (--max-hashes)."),
+    "hash_overflow_blocks": ("c", "Stored blocks not kept: over the held-hash cap."),
+    "live_duplicates": ("c", "Live messages received twice (skipped)."),
+    "replay_out_of_range": ("c", "Replayed seqs past the live stream (given up)."),
+    "last_batch_age_seconds": ("g", AGE_HELP),
+    "stale": ("g", STALE_HELP),
+}
+
+
+def readings(s: Source, now: float) -> dict[str, float]:
+    """One source's figure for each family of ``PER_POOL``."""
+    t, st = s.tracker, s.state
+    return {
+        "connected": s.connected,
+        "exact": s.exact(now),
+        "last_seq": -1 if t.applied is None else t.applied,
+        "hash_map_keys": len(st.entries),
+        "blocks": st.blocks,
+        "replay_pending_batches": len(t.pending),
+        "batches": t.batches,
+        "events": s.events_total,
+        "messages_received": t.received,
+        "gaps": t.gaps,
+        "missed_batches": t.missed,
+        "duplicate_batches": t.duplicates,
+        "replays": t.replays,
+        "replay_batches": t.replay_batches,
+        "replay_failures": t.replay_failures,
+        "restarts": t.restarts,
+        "decode_errors": t.decode_errors + s.bad_messages,
+        "unknown_events": s.unknown_events + s.malformed_events,
+        "unknown_removals": st.unknown_removals,
+        "disconnects": s.disconnects,
+        "task_running": s.task_alive,
+        "task_restarts": s.task_restarts,
+        "unknown_fields": s.unknown_fields_total,
+        "apply_errors": t.apply_errors,
+        "hash_map_max_keys": st.max_keys or 0,
+        "hash_overflow_blocks": st.overflow,
+        "live_duplicates": t.live_duplicates,
+        "replay_out_of_range": t.replay_out_of_range,
+        "last_batch_age_seconds": s.last_batch_age(now),
+        "stale": s.stale(now),
+    }
+
+
+def labelled(family: M, by_pool: dict[str, dict[str, int]]) -> M:
+    """``family`` with a sample per pool and second label, in label order."""
+    for pool, values in by_pool.items():
+        for label, n in sorted(values.items()):
+            family.add_metric([pool, label], float(n))
+    return family
 
 
 class ObserverCollector(Collector):
@@ -23,98 +120,37 @@ class ObserverCollector(Collector):
         sources = list(self.fleet.sources.values())
         p = "blockpool_observer_"
 
-        def fam(kind: str, name: str, doc: str, value: Any) -> Metric:
+        now = time.time()
+        read = {s.name: readings(s, now) for s in sources}
+        for name, (kind, doc) in PER_POOL.items():
             cls = CounterMetricFamily if kind == "c" else GaugeMetricFamily
             m = cls(p + name, doc, labels=["pool"])
             for s in sources:
-                m.add_metric([s.name], float(value(s)))
-            return m
-
-        yield fam("g", "connected", "1 when the SUB socket is connected.", lambda s: s.connected)
-        yield fam("g", "exact", "1 when every batch since seq 0 (or a clear) was applied.",
-                  lambda s: s.tracker.exact)  # fmt: skip
-        yield fam("g", "last_seq", "The last publisher seq applied (-1: none).",
-                  lambda s: -1 if s.tracker.applied is None else s.tracker.applied)  # fmt: skip
-        yield fam("g", "hash_map_keys", "Hashes held.", lambda s: len(s.state.entries))
-        yield fam("g", "blocks", "Cached blocks (copies of held hashes).", lambda s: s.state.blocks)
-        yield fam("g", "replay_pending_batches", "Live batches held during a replay.",
-                  lambda s: len(s.tracker.pending))  # fmt: skip
-        yield fam("c", "batches", "Batches applied.", lambda s: s.tracker.batches)
-        yield fam("c", "events", "Events applied.", lambda s: s.events_total)
-        yield fam("c", "messages_received", "Live messages received.",
-                  lambda s: s.tracker.received)  # fmt: skip
-        yield fam("c", "gaps", "Sequence gaps detected.", lambda s: s.tracker.gaps)
-        yield fam("c", "missed_batches", "Batches lost (not recovered by replay).",
-                  lambda s: s.tracker.missed)  # fmt: skip
-        yield fam("c", "duplicate_batches", "Batches received twice (replay and live).",
-                  lambda s: s.tracker.duplicates)  # fmt: skip
-        yield fam("c", "replays", "Replay requests sent.", lambda s: s.tracker.replays)
-        yield fam("c", "replay_batches", "Batches received by replay.",
-                  lambda s: s.tracker.replay_batches)  # fmt: skip
-        yield fam("c", "replay_failures", "Replays that failed or fell short.",
-                  lambda s: s.tracker.replay_failures)  # fmt: skip
-        yield fam("c", "restarts", "Publisher restarts seen (seq went back).",
-                  lambda s: s.tracker.restarts)  # fmt: skip
-        yield fam("c", "decode_errors", "Batches that could not be decoded.",
-                  lambda s: s.tracker.decode_errors + s.bad_messages)  # fmt: skip
-        yield fam("c", "unknown_events", "Events of unknown types (skipped).",
-                  lambda s: s.unknown_events + s.malformed_events)  # fmt: skip
-        yield fam("c", "unknown_removals", "BlockRemoved of hashes not held.",
-                  lambda s: s.state.unknown_removals)  # fmt: skip
-        yield fam("c", "disconnects", "Stream disconnections.", lambda s: s.disconnects)
-        yield fam("g", "task_running", "1 while the source's task runs (0: restarting, dead).",
-                  lambda s: s.task_alive)  # fmt: skip
-        yield fam("c", "task_restarts", "Restarts of the source's task after a failure.",
-                  lambda s: s.task_restarts)  # fmt: skip
-        yield fam("c", "unknown_fields", "Event fields no known vLLM release sends (kept).",
-                  lambda s: s.unknown_fields_total)  # fmt: skip
-        groups = GaugeMetricFamily(
-            p + "group_blocks", "Cached blocks per KV-cache group (group_idx; '-': none given).",
-            labels=["pool", "group"],
+                m.add_metric([s.name], float(read[s.name][name]))
+            yield m
+        yield labelled(
+            GaugeMetricFamily(
+                p + "group_blocks",
+                "Cached blocks per KV-cache group (group_idx; '-': none given).",
+                labels=["pool", "group"],
+            ),
+            {s.name: {("-" if g is None else str(g)): n for g, n in s.state.group_blocks.items()}
+             for s in sources},
         )  # fmt: skip
-        for s in sources:
-            for g, n in sorted(s.state.group_blocks.items(), key=lambda kv: str(kv[0])):
-                groups.add_metric([s.name, "-" if g is None else str(g)], float(n))
-        yield groups
-        yield fam("c", "apply_errors", "Batches whose apply failed (state then inexact).",
-                  lambda s: s.tracker.apply_errors)  # fmt: skip
-        poison = CounterMetricFamily(
-            p + "poison_messages", "Poison messages (or parts of them) refused, by kind.",
-            labels=["pool", "kind"],
-        )  # fmt: skip
-        for s in sources:
-            for kind, n in sorted(s.poison.counts.items()):
-                poison.add_metric([s.name, kind], float(n))
-        yield poison
-        now = time.time()
-        age = GaugeMetricFamily(
-            p + "last_batch_age_seconds",
-            "Seconds since the instance's last batch was applied (since the observer "
-            "started when none yet): alert on a stalled publisher.",
-            labels=["pool"],
+        yield labelled(
+            CounterMetricFamily(
+                p + "poison_messages",
+                "Poison messages (or parts of them) refused, by kind.",
+                labels=["pool", "kind"],
+            ),
+            {s.name: dict(s.poison.counts) for s in sources},
         )
-        for s in sources:
-            age.add_metric([s.name], s.last_batch_age(now))
-        yield age
-        stale = GaugeMetricFamily(
-            p + "stale",
-            "1 when the pool's publisher went away: data came, then no connection and no "
-            "message for silence_s (the map is the last one heard).",
-            labels=["pool"],
-        )
-        for s in sources:
-            stale.add_metric([s.name], float(s.stale(now)))
-        yield stale
-        yield fam("g", "hash_map_max_keys", "The cap on hashes held (--max-hashes).",
-                  lambda s: s.state.max_keys or 0)  # fmt: skip
-        yield fam("c", "hash_overflow_blocks", "Stored blocks not kept: over the held-hash cap.",
-                  lambda s: s.state.overflow)  # fmt: skip
-        yield fam("c", "live_duplicates", "Live messages received twice (skipped).",
-                  lambda s: s.tracker.live_duplicates)  # fmt: skip
-        yield fam("c", "replay_out_of_range", "Replayed seqs past the live stream (given up).",
-                  lambda s: s.tracker.replay_out_of_range)  # fmt: skip
-        yield GaugeMetricFamily(p + "ws_clients", "Websocket clients.", value=len(self.hub.clients))
+        hub = self.hub
+        yield GaugeMetricFamily(p + "ws_clients", "Websocket clients.", value=len(hub.fan))
         yield CounterMetricFamily(
-            p + "ws_clients_dropped", "Slow websocket clients resynced.",
-            value=self.hub.clients_dropped,
-        )  # fmt: skip
+            p + "ws_clients_dropped", "Slow websocket clients resynced.", value=hub.counts.drops
+        )
+        for name, value in totals(hub.counts).items():
+            if name != "drops_total":  # ws_clients_dropped_total
+                short = name.removesuffix("_total")
+                yield CounterMetricFamily(p + "ws_" + short, HUB_HELP[name], value=value)

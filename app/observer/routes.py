@@ -18,6 +18,7 @@ from app.observer.source import Source
 from blockpool.kvevents.decode import Hash, hash_hex, parse_hash
 from blockpool.kvevents.event_json import event_json
 from blockpool.kvevents.state import entry_json
+from blockpool.prefix_tree import breadth_first
 
 MAX_QUERY_ITEMS = 1_000_000
 
@@ -89,7 +90,7 @@ async def health(request: Request) -> dict[str, Any]:
         "role": "observer",
         "instances": len(sources),
         "connected": sum(1 for s in sources if s.connected),
-        "exact": sum(1 for s in sources if s.tracker.exact),
+        "exact": sum(1 for s in sources if s.exact(now)),
         "down": down,
         "stale": stale,
         "poison_messages": sum(s.poison.total for s in sources),
@@ -106,6 +107,7 @@ async def fleet_view(request: Request, fleet: FleetDep) -> dict[str, Any]:
         "topic": request.app.state.settings.topic,
         "cannot_know": list(CANNOT_KNOW),
         "instances": [s.health() for s in fleet.sources.values()],
+        "stream": hub.stats(),
     }
 
 
@@ -185,7 +187,7 @@ async def hashmap(
         matched += 1
     return {
         "instance": s.name,
-        "exact": s.tracker.exact,
+        "exact": s.exact(time.time()),
         "total_keys": len(state.entries),
         "blocks": state.blocks,
         "matched": matched,
@@ -208,32 +210,25 @@ async def prefix_tree(
     state = s.state
     children = state.children()
     nodes: list[dict[str, Any]] = []
-    level: list[tuple[Hash, int]] = [(h, 1) for h in children.get(None, [])]
-    roots = len(level)
-    while level and len(nodes) < limit:
-        nxt: list[tuple[Hash, int]] = []
-        for h, depth in level:
-            if len(nodes) >= limit:
-                break
-            e = state.entries[h]
-            nodes.append(
-                {
-                    "hash": hash_hex(h),
-                    "parent": None if e.parent is None else hash_hex(e.parent),
-                    "orphan": e.parent is not None and e.parent not in state.entries,
-                    "depth": depth,
-                    "copies": e.copies,
-                    "num_tokens": len(e.tokens),
-                    "tokens": list(e.tokens[:16]),
-                    "children": len(children.get(h, ())),
-                    "lora_name": e.lora_name,
-                }
-            )
-            nxt.extend((c, depth + 1) for c in children.get(h, ()))
-        level = nxt
+    for h, depth in breadth_first(children, limit):
+        e = state.entries[h]
+        nodes.append(
+            {
+                "hash": hash_hex(h),
+                "parent": None if e.parent is None else hash_hex(e.parent),
+                "orphan": e.parent is not None and e.parent not in state.entries,
+                "depth": depth,
+                "copies": e.copies,
+                "num_tokens": len(e.tokens),
+                "tokens": list(e.tokens[:16]),
+                "children": len(children.get(h, ())),
+                "lora_name": e.lora_name,
+            }
+        )
+    roots = len(children.get(None, ()))
     return {
         "instance": s.name,
-        "exact": s.tracker.exact,
+        "exact": s.exact(time.time()),
         "total": len(state.entries),
         "roots": roots,
         "limit": limit,

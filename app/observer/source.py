@@ -1,22 +1,15 @@
 """One observed KV-event stream (``Source``): an instance, or one data-parallel
-rank of it, with its sockets, its seq tracker and its rebuilt state.
+rank of it, with its seq tracker and its rebuilt state; its sockets and their
+supervised loop are ``source_sockets.py``, its health view
+``source_health.py``.
 
-Each source runs one asyncio task over ``zmq.asyncio`` sockets (a SUB for the
-live stream, a DEALER for replays, the SUB's monitor for connection state),
-all in the event loop that serves the REST and websocket views -- so the
-rebuilt state is only ever touched from one thread and needs no lock.
-
-No message can end that task: each is handled under its own guard (poison is
-counted by kind, ``poison.py``), and the task is supervised -- should its
-socket loop fail anyway it is restarted with a doubling backoff (counted in
-``task_restarts``; ``task`` says ``restarting`` meanwhile and health is then
-not ``ok``).
+The loop runs in the event loop that serves the REST and websocket views --
+so the rebuilt state is only ever touched from one thread and needs no lock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -24,10 +17,11 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from app.observer.source_health import source_health
-from blockpool.kvevents.config import END_SEQ, SourceSpec
+from app.observer.source_sockets import SourceSockets
+from app.tasks import cancel_and_wait
+from blockpool.kvevents.config import SourceSpec
 from blockpool.kvevents.decode import MAX_BATCH_BYTES, ClearedEvent, DecodeError, decode_batch
 from blockpool.kvevents.event_json import EventItem
 from blockpool.kvevents.poison import PoisonCounter
@@ -77,7 +71,6 @@ class Source:
         self.task_restarts = 0
         self.last_task_error: str | None = None
         self.started_at: float | None = None
-        self._wake = asyncio.Event()
         self.state = InstanceState(max_hashes)
         self.log: SeqLog[EventItem] = SeqLog(event_log_capacity)
         self.tracker = SeqTracker(
@@ -87,7 +80,6 @@ class Source:
             max_pending=max_pending,
         )
         self.connected = False
-        self._peers: set[int] = set()  # the fds of the connections the monitor reported
         self.connects = 0
         self.disconnects = 0
         self.ranks_seen: set[int] = set()
@@ -104,9 +96,7 @@ class Source:
         self.resets = 0
         self.on_batch: Callable[[Source], None] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._replay_outstanding: int | None = None  # tracker.replay_gen of our request
-        self._replay_deadline = 0.0
-        self._replay_paused_until = 0.0
+        self.sockets = SourceSockets(self)
 
     # ------------------------------------------------------------- applying
 
@@ -173,14 +163,11 @@ class Source:
 
     def start(self, ctx: zmq.asyncio.Context) -> None:
         self.started_at = time.time()
-        self._task = asyncio.create_task(self._supervise(ctx), name=f"observe {self.name}")
+        self._task = asyncio.create_task(self.sockets.supervise(ctx), name=f"observe {self.name}")
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self.task_state = "stopped"
 
     @property
@@ -191,240 +178,9 @@ class Source:
             self.task_state = "dead"  # pragma: no cover - the supervisor never returns
         return self.task_state == "running"
 
-    async def _supervise(self, ctx: zmq.asyncio.Context) -> None:
-        """Run the socket loop; when it fails, restart it after a backoff
-        that doubles (reset after a minute without failure)."""
-        first, most = self.restart_backoff
-        delay = first
-        while True:
-            self.task_state = "running"
-            began = time.monotonic()
-            try:
-                await self._run(ctx)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.last_task_error = repr(exc)[:300]
-                logger.exception("%s: the source's socket loop failed; restarting", self.name)
-            else:  # pragma: no cover - _run only returns when cancelled
-                self.last_task_error = "the socket loop returned"
-            self.task_restarts += 1
-            self.task_state = "restarting"
-            if self.tracker.replaying:
-                self.tracker.on_replay_failed("the source's task restarted")
-            self._replay_outstanding = None
-            if time.monotonic() - began > 60.0:
-                delay = first
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
-            delay = min(delay * 2, most)
-
     def wake(self) -> None:
         """Restart a failed task now rather than at the end of its backoff."""
-        self._wake.set()
-
-    def _guarded(
-        self, handle: Callable[[list[bytes]], int | None], frames: list[bytes]
-    ) -> int | None:
-        """One message, whatever it holds: an exception costs that message
-        (counted, logged once per kind), never the task."""
-        try:
-            return handle(frames)
-        except Exception as exc:
-            self.poison.add("internal_error", repr(exc))
-            self.tracker.exact = False
-            self.tracker.reason = f"a message could not be handled: {exc!r}"[:300]
-            return None
-
-    def _new_dealer(self, ctx: zmq.asyncio.Context) -> zmq.asyncio.Socket:
-        dealer = ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.RCVHWM, 0)  # a replay may be long: never drop it
-        assert self.spec.replay_endpoint is not None
-        dealer.connect(self.spec.replay_endpoint)
-        return dealer
-
-    async def _run(self, ctx: zmq.asyncio.Context) -> None:
-        sub = ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
-        sub.setsockopt(zmq.SUBSCRIBE, self.topic)
-        monitor = sub.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-        )
-        # a peer that hangs without closing its connection is found out by
-        # heartbeats (ZMTP PING) and reported as a disconnect
-        sub.setsockopt(zmq.HEARTBEAT_IVL, 2000)
-        sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
-        if self.spec.bind:
-            sub.bind(self.spec.endpoint)  # the publisher connects to us
-        else:
-            sub.connect(self.spec.endpoint)
-        dealer = self._new_dealer(ctx) if self.spec.replay_endpoint else None
-        poller = zmq.asyncio.Poller()
-        poller.register(sub, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
-        if dealer is not None:
-            poller.register(dealer, zmq.POLLIN)
-        try:
-            while True:
-                ready = dict(await poller.poll(100))
-                if monitor in ready:
-                    await self._monitor(monitor)
-                if sub in ready:
-                    for _ in range(2000):
-                        try:
-                            frames = await sub.recv_multipart(flags=zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        start = self._guarded(self._live, frames)
-                        if start is not None and dealer is not None:
-                            dealer = await self._request(ctx, poller, dealer, start)
-                if dealer is not None and dealer in ready:
-                    for _ in range(5000):
-                        try:
-                            frames = await dealer.recv_multipart(flags=zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        start = self._guarded(self._replayed, frames)
-                        if start is not None:
-                            dealer = await self._request(ctx, poller, dealer, start)
-                if dealer is not None:
-                    dealer = await self._check_replay(ctx, poller, dealer)
-        finally:
-            with contextlib.suppress(zmq.ZMQError):
-                sub.disable_monitor()
-            monitor.close(linger=0)
-            sub.close(linger=0)
-            if dealer is not None:
-                dealer.close(linger=0)
-            self.connected = False
-            self._peers.clear()
-
-    async def _monitor(self, monitor: zmq.asyncio.Socket) -> None:
-        for _ in range(100):
-            try:
-                frames = await monitor.recv_multipart(flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            message = parse_monitor_message(frames)
-            event, fd = message["event"], message["value"]
-            # a connecting SUB has one peer at a time, a bound one any number
-            if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
-                if fd not in self._peers:
-                    self.connects += 1
-                self._peers.add(fd)
-            elif event == zmq.EVENT_DISCONNECTED and fd in self._peers:
-                self._peers.discard(fd)
-                self.disconnects += 1
-            self.connected = bool(self._peers)
-
-    def _bad_frames(self, frames: list[bytes]) -> bool:
-        if len(frames) == 3 and len(frames[1]) == 8:
-            return False
-        self.bad_messages += 1
-        self.poison.add("bad_frames", f"{len(frames)} frame(s), not topic / 8-byte seq / payload")
-        return True
-
-    def _live(self, frames: list[bytes]) -> int | None:
-        if self._bad_frames(frames):
-            return None
-        seq = int.from_bytes(frames[1], "big")
-        self.last_message_at = time.time()
-        tracker = self.tracker
-        tracker.has_replay = (
-            self.spec.replay_endpoint is not None and time.monotonic() >= self._replay_paused_until
-        )
-        if (
-            not self.bootstrap_replay
-            and tracker.applied is None
-            and not tracker.replaying
-            and seq != 0
-        ):
-            tracker.has_replay = False  # join without asking for the history
-        return tracker.on_live(seq, frames[2])
-
-    def _replayed(self, frames: list[bytes]) -> int | None:
-        tracker = self.tracker
-        if self._replay_outstanding != tracker.replay_gen or not tracker.replaying:
-            tracker.stale_replies += 1
-            return None
-        if self._bad_frames(frames):
-            return None
-        self._replay_deadline = time.monotonic() + self.replay_timeout
-        if frames[1] == END_SEQ:
-            self._replay_outstanding = None
-            return tracker.on_replay_end()
-        out_of_range = tracker.replay_out_of_range
-        start = tracker.on_replay(int.from_bytes(frames[1], "big"), frames[2])
-        if tracker.replay_out_of_range != out_of_range:
-            self.poison.add("replay_out_of_range", tracker.last_failure or "")
-        return start
-
-    async def _request(
-        self,
-        ctx: zmq.asyncio.Context,
-        poller: zmq.asyncio.Poller,
-        dealer: zmq.asyncio.Socket,
-        start: int,
-    ) -> zmq.asyncio.Socket:
-        """Send a replay request from ``start`` (a fresh socket if an older
-        request may still be answering)."""
-        tracker = self.tracker
-        if self._replay_outstanding is not None:
-            dealer = self._swap(ctx, poller, dealer)
-        self._replay_outstanding = tracker.replay_gen
-        self._replay_deadline = time.monotonic() + self.replay_timeout
-        try:
-            await asyncio.wait_for(
-                dealer.send_multipart((b"", start.to_bytes(8, "big"))), self.replay_timeout
-            )
-        except (TimeoutError, zmq.ZMQError) as exc:
-            return await self._fail(ctx, poller, dealer, f"replay request not sent: {exc!r}")
-        return dealer
-
-    async def _check_replay(
-        self, ctx: zmq.asyncio.Context, poller: zmq.asyncio.Poller, dealer: zmq.asyncio.Socket
-    ) -> zmq.asyncio.Socket:
-        tracker = self.tracker
-        if self._replay_outstanding is None:
-            return dealer
-        if not tracker.replaying or self._replay_outstanding != tracker.replay_gen:
-            # the tracker gave the replay up (restart, overflow): drop its replies
-            self._replay_outstanding = None
-            return self._swap(ctx, poller, dealer)
-        if time.monotonic() > self._replay_deadline:
-            return await self._fail(
-                ctx, poller, dealer, f"no replay answer within {self.replay_timeout:g} s"
-            )
-        return dealer
-
-    async def _fail(
-        self,
-        ctx: zmq.asyncio.Context,
-        poller: zmq.asyncio.Poller,
-        dealer: zmq.asyncio.Socket,
-        reason: str,
-    ) -> zmq.asyncio.Socket:
-        self._replay_outstanding = None
-        dealer = self._swap(ctx, poller, dealer)
-        self._replay_paused_until = time.monotonic() + self.replay_backoff
-        self.tracker.has_replay = False
-        logger.warning("%s: %s", self.name, reason)
-        start = self.tracker.on_replay_failed(reason)
-        if start is not None:  # pragma: no cover - has_replay is off during the backoff
-            return await self._request(ctx, poller, dealer, start)
-        return dealer
-
-    def _swap(
-        self, ctx: zmq.asyncio.Context, poller: zmq.asyncio.Poller, dealer: zmq.asyncio.Socket
-    ) -> zmq.asyncio.Socket:
-        poller.unregister(dealer)
-        dealer.close(linger=0)
-        fresh = self._new_dealer(ctx)
-        poller.register(fresh, zmq.POLLIN)
-        return fresh
+        self.sockets.wake()
 
     # ---------------------------------------------------------------- views
 
@@ -444,6 +200,11 @@ class Source:
         longer be the engine's.  (Connected but silent is an idle engine.)"""
         silent = self.silent_for(now)
         return silent is not None and silent >= self.silence_s and not self.connected
+
+    def exact(self, now: float) -> bool:
+        """The map is the engine's: every batch applied (``tracker.exact``)
+        and the publisher has not gone away (not ``stale``)."""
+        return self.tracker.exact and not self.stale(now)
 
     def idle(self, now: float) -> bool:
         """Data came, the publisher is still connected, and nothing for

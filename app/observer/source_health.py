@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+STALE_REASON = "stale: the publisher went away; the map is the last one heard"
+
 
 def silence_hint(
     endpoint: str, topic: str, connected: bool, received: int, waited_s: float, silence_s: float,
@@ -91,8 +93,10 @@ def source_health(s: Any) -> dict[str, Any]:
         "connected": s.connected,
         "connects": s.connects,
         "disconnects": s.disconnects,
-        "exact": t.exact,
-        "inexact_reason": t.reason,
+        # a stale map is the last one heard: complete, but maybe no longer exact
+        "exact": t.exact and not stale,
+        "complete": t.exact,
+        "inexact_reason": t.reason if not t.exact else STALE_REASON if stale else None,
         "first_seq": t.first_seq,
         "last_seq": t.applied,
         "live_seq": t.live_last,

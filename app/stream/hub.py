@@ -12,7 +12,6 @@ replayed frame, whatever the number of clients or requests.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.auth import TicketBook
+from app.broadcast import BroadcastCounts, Broadcaster, Subscriber
 from app.figures import Figures, counter, helps, totals
 from app.stream import protocol as p
 from app.stream.ring import ALL, Ring, Variant, select_header
@@ -61,37 +61,29 @@ def compact_event(seq: int, ev: KVCacheEvent) -> list[Any]:
     return [seq, -1]
 
 
+def _frame_seq(frame: bytes) -> int:
+    return int.from_bytes(frame[8:16], "little")
+
+
 def _finite(d: dict[str, float]) -> dict[str, float | None]:
     return {k: (v if np.isfinite(v) else None) for k, v in d.items()}
 
 
-@dataclass(eq=False)
-class Client:
+@dataclass(eq=False, kw_only=True)
+class Client(Subscriber[bytes]):
+    """A stream client: its channels, compression and request budget."""
+
+    queue_size: int = QUEUE_FRAMES
     channels: frozenset[str]
     compress: bool = False
-    queue: asyncio.Queue[bytes] = field(default_factory=lambda: asyncio.Queue(QUEUE_FRAMES))
-    needs_snapshot: bool = True
-    connected_at: float = field(default_factory=time.time)
-    last_sent_seq: int = 0
-    frames: int = 0
-    bytes: int = 0
-    drops: int = 0
-    resyncs: int = 0
-    sending: bool = False  # its sender is inside a send (a stalled peer stays here)
     bucket: TokenBucket | None = None  # resumes and snapshots it may still ask for
     refused: deque[float] = field(default_factory=deque)  # when its last messages were refused
 
 
 @dataclass
-class StreamCounters:
-    frames: int = counter("Frames queued to stream clients.")
-    bytes: int = counter("Bytes of frames queued to stream clients.")
-    drops: int = counter("Frames dropped for a client whose queue was full (it resyncs).")
-    resyncs: int = counter("Snapshots a client asked for or was given after a gap.")
+class StreamCounters(BroadcastCounts):
     snapshots: int = counter("Snapshot frames encoded.")
-    disconnects: int = counter("Stream clients that went away.")
     resumes: int = counter("Resumes answered from the ring of recent frames.")
-    refused: int = counter("Client messages refused (rate limit, malformed).")
 
 
 STREAM_HELP = {
@@ -106,9 +98,9 @@ class StreamHub:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.seq = 0
-        self.clients: set[Client] = set()
         self.ring = Ring()
         self.counts = StreamCounters()
+        self.fan: Broadcaster[bytes] = Broadcaster(self.counts, _frame_seq)
         self.figures = Figures(self.metrics, STREAM_HELP)
         self.tickets = TicketBook()
         self.recent_events: deque[list[Any]] = deque(maxlen=RECENT_EVENTS)
@@ -118,20 +110,22 @@ class StreamHub:
 
     # ------------------------------------------------------------- clients
 
+    @property
+    def clients(self) -> set[Subscriber[bytes]]:
+        return self.fan.subscribers
+
     def connect(
         self, channels: frozenset[str], resume_from: int | None, compress: bool = False
     ) -> Client:
-        client = Client(channels, compress)
+        client = Client(channels=channels, compress=compress)
         client.queue.put_nowait(self._for(client, self.config_frame()))
         if resume_from is not None and self.resume(client, resume_from):
-            client.needs_snapshot = False
-        self.clients.add(client)
+            client.needs_resync = False
+        self.fan.add(client)
         return client
 
     def disconnect(self, client: Client) -> None:
-        if client in self.clients:
-            self.clients.discard(client)
-            self.counts.disconnects += 1
+        self.fan.remove(client)
 
     def resume(self, client: Client, from_seq: int) -> bool:
         """Queue frames ``from_seq``.. from the ring; False (snapshot needed)
@@ -145,18 +139,12 @@ class StreamHub:
         return True
 
     def request_snapshot(self, client: Client) -> None:
-        self._drop_queue(client)
-        client.needs_snapshot = True
-        client.resyncs += 1
-        self.counts.resyncs += 1
+        """A snapshot at the next tick instead of what it has queued."""
+        self.fan.resync(client)
 
     @staticmethod
     def _for(client: Client, frame: bytes) -> bytes:
         return p.compress_frame(frame) if client.compress else frame
-
-    def _drop_queue(self, client: Client) -> None:
-        while not client.queue.empty():
-            client.queue.get_nowait()
 
     # -------------------------------------------------------------- frames
 
@@ -294,17 +282,19 @@ class StreamHub:
         header = self._delta_header(data, parts)
         full = self._delta(header, ALL, parts)
         entry = self.ring.append(self.seq, full)
-        if not self.clients:
+        if not self.fan:
             return
         if data.full:
-            for client in self.clients:
-                self._drop_queue(client)
-                client.needs_snapshot = True
+            for sub in self.fan:
+                sub.clear()
+                sub.needs_resync = True
         # Each variant (channel set, compressed or not) is encoded once.
         encoded: dict[Variant, bytes] = {(ALL, False): full}
         snapshots: dict[bool, bytes] = {}
-        for client in list(self.clients):
-            if client.needs_snapshot:
+        for sub in self.fan:
+            assert isinstance(sub, Client)
+            client = sub
+            if client.needs_resync:
                 if client.sending:
                     continue  # stalled in a send: no snapshot until it is free
                 if False not in snapshots:
@@ -323,33 +313,18 @@ class StreamHub:
                         )
                     cached = encoded[key] = p.compress_frame(plain) if client.compress else plain
                 frame = cached
-            try:
-                client.queue.put_nowait(frame)
-            except asyncio.QueueFull:
-                # Too slow: drop its queue; it gets a snapshot next tick.
-                self._drop_queue(client)
-                client.needs_snapshot = True
-                client.drops += 1
-                self.counts.drops += 1
-                continue
-            client.needs_snapshot = False
+            # too slow (its queue full): dropped, it gets a snapshot next tick
+            if self.fan.offer(client, frame):
+                client.needs_resync = False
         self.ring.keep_live(entry, encoded)  # a resume needing one of them is free
 
     # --------------------------------------------------------------- stats
 
-    def record_sent(self, client: Client, frame: bytes) -> None:
-        client.frames += 1
-        client.bytes += len(frame)
-        client.last_sent_seq = int.from_bytes(frame[8:16], "little")
-        counts = self.counts
-        counts.frames += 1
-        counts.bytes += len(frame)
-
     def stats(self) -> dict[str, Any]:
-        lag = max((self.seq - c.last_sent_seq for c in self.clients), default=0)
+        lag = self.fan.max_lag(self.seq)
         return {
             "seq": self.seq,
-            "clients": len(self.clients),
+            "clients": len(self.fan),
             **totals(self.counts),
             "max_lag_frames": lag,
             "ring_frames": len(self.ring),

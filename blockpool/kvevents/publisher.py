@@ -42,11 +42,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import zmq
 
 from blockpool.events import KVCacheEvent, KVEventBatch, encode_event_batch
+from blockpool.figures import counter, helps, rest_view, totals
 from blockpool.kvevents.config import END_SEQ, KVEventsConfig
 from blockpool.kvevents.wire_format import encode_map_batch
 
@@ -76,6 +78,36 @@ class _ReplayJob:
         self.pos = 0
 
 
+@dataclass
+class PublisherCounts:
+    batches_queued: int = counter("Batches queued for the publisher thread.")
+    batches_published: int = counter("Batches sent on the PUB socket.")
+    events_published: int = counter("Events sent on the PUB socket.")
+    bytes_published: int = counter("Bytes of batch payloads sent on the PUB socket.")
+    batches_dropped: int = counter(
+        "Batches not sent (queue or socket full, events lost): a seq gap subscribers see."
+    )
+    events_dropped: int = counter("Events of the dropped batches.")
+    send_errors: int = counter("Batches whose encoding or send failed.")
+    replay_requests: int = counter("Replay requests received on the ROUTER socket.")
+    replay_batches_sent: int = counter("Batches sent in answer to replay requests.")
+    replay_invalid: int = counter("Replay requests that were not [identity, '', 8-byte seq].")
+    replay_aborted: int = counter("Replays abandoned: the requester went away.")
+    replay_refused: int = counter("Replay requests answered at once with END: too many at once.")
+    buffer_evicted: int = counter("Batches pushed out of the replay buffer by newer ones.")
+
+
+PUBLISHER_HELP = {
+    **helps(PublisherCounts),
+    "queue_batches": "Batches queued for the publisher thread now.",
+    "queue_capacity_batches": "Batches the publisher's queue holds at most.",
+    "buffer_batches": "Batches in the replay buffer now.",
+    "buffer_capacity_batches": "Batches the replay buffer holds at most.",
+    "last_seq": "The last seq published (-1: none yet).",
+    "running": "1 while the publisher thread runs.",
+}
+
+
 class KVEventPublisher:
     def __init__(self, config: KVEventsConfig, shutdown_timeout: float = 1.0) -> None:
         self.config = config
@@ -94,21 +126,8 @@ class KVEventPublisher:
         self._group_idx: int | None = None
         self.bound_endpoint: str | None = None
         self.bound_replay_endpoint: str | None = None
-        # counters (engine side: queued/dropped; thread side: the rest)
-        self.batches_queued = 0
-        self.batches_dropped = 0
-        self.events_dropped = 0
-        self.batches_published = 0
-        self.events_published = 0
-        self.bytes_published = 0
-        self.send_errors = 0
+        self.counts = PublisherCounts()  # engine side: queued/dropped; thread: the rest
         self.last_published_seq = -1
-        self.replay_requests = 0
-        self.replay_batches_sent = 0
-        self.replay_invalid = 0
-        self.replay_aborted = 0
-        self.replay_refused = 0
-        self.buffer_evicted = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -188,8 +207,8 @@ class KVEventPublisher:
         that cannot be sent; counted as a dropped batch.  Returns the seq."""
         seq = self._next_seq
         self._next_seq += 1
-        self.batches_dropped += 1
-        self.events_dropped += num_events
+        self.counts.batches_dropped += 1
+        self.counts.events_dropped += num_events
         return seq
 
     def publish_events(self, ts: float, events: Sequence[KVCacheEvent]) -> int | None:
@@ -202,10 +221,10 @@ class KVEventPublisher:
         try:
             self._queue.put_nowait((seq, ts, list(events)))
         except queue.Full:
-            self.batches_dropped += 1
-            self.events_dropped += len(events)
+            self.counts.batches_dropped += 1
+            self.counts.events_dropped += len(events)
             return None
-        self.batches_queued += 1
+        self.counts.batches_queued += 1
         return seq
 
     # --------------------------------------------------------------- thread
@@ -307,19 +326,19 @@ class KVEventPublisher:
                 )
             pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK)
         except zmq.Again:
-            self.batches_dropped += 1
-            self.events_dropped += len(events)
+            self.counts.batches_dropped += 1
+            self.counts.events_dropped += len(events)
             return
         except Exception:
-            self.send_errors += 1
+            self.counts.send_errors += 1
             logger.exception("KV-event publisher: sending seq %d failed", seq)
             return
         if len(self._buffer) == self._buffer.maxlen:
-            self.buffer_evicted += 1
+            self.counts.buffer_evicted += 1
         self._buffer.append((seq, payload))
-        self.batches_published += 1
-        self.events_published += len(events)
-        self.bytes_published += len(payload)
+        self.counts.batches_published += 1
+        self.counts.events_published += len(events)
+        self.counts.bytes_published += len(payload)
         self.last_published_seq = seq
 
     def _take_requests(self, router: zmq.Socket[Any], jobs: deque[_ReplayJob]) -> None:
@@ -328,15 +347,15 @@ class KVEventPublisher:
                 frames = router.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self.replay_requests += 1
+            self.counts.replay_requests += 1
             if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
-                self.replay_invalid += 1
+                self.counts.replay_invalid += 1
                 logger.warning("KV-event publisher: bad replay request (%d frames)", len(frames))
                 continue
             client, _, start_bytes = frames
             start = int.from_bytes(start_bytes, "big")
             if len(jobs) >= MAX_REPLAY_JOBS:
-                self.replay_refused += 1
+                self.counts.replay_refused += 1
                 items: list[tuple[int, bytes]] = []
             else:
                 items = [entry for entry in self._buffer if entry[0] >= start]
@@ -354,7 +373,7 @@ class KVEventPublisher:
                     )
                     job.pos += 1
                     sent += 1
-                    self.replay_batches_sent += 1
+                    self.counts.replay_batches_sent += 1
                 if job.pos >= len(job.items):
                     router.send_multipart((job.client, b"", END_SEQ, b""), flags=zmq.NOBLOCK)
                     continue  # done
@@ -362,7 +381,7 @@ class KVEventPublisher:
                 pass  # the peer's queue is full: go on next turn
             except zmq.ZMQError as exc:
                 if exc.errno == zmq.EHOSTUNREACH:  # the requester went away
-                    self.replay_aborted += 1
+                    self.counts.replay_aborted += 1
                     continue
                 raise
             jobs.append(job)
@@ -370,24 +389,13 @@ class KVEventPublisher:
     # -------------------------------------------------------------- reading
 
     def metrics(self) -> dict[str, float]:
-        """Counters and gauges for /metrics (``_total`` = counter)."""
-        buf = self._buffer
+        """Counters and gauges for /metrics (``_total`` = counter; HELP in
+        ``PUBLISHER_HELP``)."""
         return {
-            "batches_published_total": float(self.batches_published),
-            "events_published_total": float(self.events_published),
-            "bytes_published_total": float(self.bytes_published),
-            "batches_dropped_total": float(self.batches_dropped),
-            "events_dropped_total": float(self.events_dropped),
-            "send_errors_total": float(self.send_errors),
-            "replay_requests_total": float(self.replay_requests),
-            "replay_batches_sent_total": float(self.replay_batches_sent),
-            "replay_invalid_total": float(self.replay_invalid),
-            "replay_aborted_total": float(self.replay_aborted),
-            "replay_refused_total": float(self.replay_refused),
-            "buffer_evicted_total": float(self.buffer_evicted),
+            **{k: float(v) for k, v in totals(self.counts).items()},
             "queue_batches": float(self._queue.qsize()),
             "queue_capacity_batches": float(self.config.max_queue_size),
-            "buffer_batches": float(len(buf)),
+            "buffer_batches": float(len(self._buffer)),
             "buffer_capacity_batches": float(self.config.buffer_steps),
             "last_seq": float(self.last_published_seq),
             "running": 1.0 if self.running else 0.0,
@@ -418,18 +426,7 @@ class KVEventPublisher:
             "buffer_first_seq": first,
             "buffer_batches": len(self._buffer),
             "queue_batches": self._queue.qsize(),
-            "batches_queued": self.batches_queued,
-            "batches_published": self.batches_published,
-            "events_published": self.events_published,
-            "bytes_published": self.bytes_published,
-            "batches_dropped": self.batches_dropped,
-            "events_dropped": self.events_dropped,
-            "send_errors": self.send_errors,
-            "replay_requests": self.replay_requests,
-            "replay_batches_sent": self.replay_batches_sent,
-            "replay_invalid": self.replay_invalid,
-            "replay_aborted": self.replay_aborted,
-            "replay_refused": self.replay_refused,
+            **rest_view(self.counts),
         }
 
 

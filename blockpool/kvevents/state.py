@@ -20,6 +20,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from blockpool import prefix_tree
 from blockpool.kvevents.decode import (
     ClearedEvent,
     Hash,
@@ -248,38 +249,19 @@ class InstanceState:
             best = nxt[0][1]
         return best
 
+    def parents(self) -> dict[Hash, Hash | None]:
+        """hash -> its parent (from the first BlockStored): the prefix tree,
+        walked with ``blockpool.prefix_tree``."""
+        return {h: e.parent for h, e in self.entries.items()}
+
     def children(self) -> dict[Hash | None, list[Hash]]:
         """parent -> children; a block whose parent is not held (a first
         block, or one whose parent was evicted first) is a root, under None."""
-        out: dict[Hash | None, list[Hash]] = {}
-        entries = self.entries
-        for h, e in entries.items():
-            p = e.parent if e.parent in entries else None
-            out.setdefault(p, []).append(h)
-        return out
+        return prefix_tree.children(self.parents())
 
     def depths(self) -> dict[Hash, tuple[Hash, int]]:
         """hash -> (its root among held blocks, depth from 1)."""
-        entries = self.entries
-        memo: dict[Hash, tuple[Hash, int]] = {}
-        for h in entries:
-            if h in memo:
-                continue
-            path: list[Hash] = []
-            cur: Hash | None = h
-            while cur is not None and cur in entries and cur not in memo:
-                path.append(cur)
-                if len(path) > len(entries):  # a cycle: not from vLLM
-                    break
-                cur = entries[cur].parent
-            if cur is not None and cur in memo:
-                root, depth = memo[cur]
-            else:
-                root, depth = path[-1], 0
-            for node in reversed(path):
-                depth += 1
-                memo[node] = (root, depth)
-        return memo
+        return prefix_tree.depths(self.parents())
 
     def iter_sorted(self) -> Iterator[tuple[Hash, Entry]]:
         """Entries in the order they were first stored."""

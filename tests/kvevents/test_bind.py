@@ -75,7 +75,10 @@ def test_publishers_that_connect_feed_a_bound_observer() -> None:
                         if evs:
                             pub.publish_events(ts, evs)
                     await await_for(
-                        lambda: pub.batches_published + pub.batches_dropped == pub._next_seq,
+                        lambda: (
+                            pub.counts.batches_published + pub.counts.batches_dropped
+                            == pub._next_seq
+                        ),
                         30,
                         "every batch sent",
                     )

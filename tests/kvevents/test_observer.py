@@ -6,9 +6,10 @@ our own service joining an observer's fleet through its publisher."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -43,6 +44,20 @@ def spec_for(fp: FakePublisher, name: str = "fake", replay: bool = True) -> Sour
     return SourceSpec(name, fp.endpoint, fp.replay_endpoint if replay else None, 0)
 
 
+@contextlib.asynccontextmanager
+async def observing(fp: FakePublisher, **kw: Any) -> AsyncIterator[Source]:
+    """A one-source fleet following ``fp``, its SUB connected and subscribed."""
+    fleet = Fleet([Source(spec_for(fp), **kw)])
+    await fleet.start()
+    s = fleet.sources["fake"]
+    try:
+        await await_for(lambda: s.connected, what="the SUB to connect")
+        await asyncio.to_thread(fp.wait_subscribed)
+        yield s
+    finally:
+        await fleet.stop()
+
+
 async def settled(s: Source, last: int, timeout: float = 15.0) -> None:
     t = s.tracker
     await await_for(
@@ -62,12 +77,7 @@ def test_gaps_are_filled_by_replays_racing_live_batches(enc: str) -> None:
 
     async def main() -> None:
         with fake_publisher() as fp:
-            fleet = Fleet([Source(spec_for(fp))])
-            await fleet.start()
-            s = fleet.sources["fake"]
-            try:
-                await await_for(lambda: s.connected, what="the SUB to connect")
-                await asyncio.to_thread(fp.wait_subscribed)
+            async with observing(fp) as s:
                 # one publisher: seqs go out in order, whichever thread sends
                 # (a seq sent twice or out of order would read as a restart)
                 lock = threading.Lock()
@@ -111,8 +121,6 @@ def test_gaps_are_filled_by_replays_racing_live_batches(enc: str) -> None:
                 assert t.gaps >= 1 and len(fp.requests) == t.replays
                 assert sent_during  # replays really raced live batches
                 assert s.encodings == {"positional" if enc == "positional" else "map": t.batches}
-            finally:
-                await fleet.stop()
         w.check()
 
     asyncio.run(main())
@@ -124,12 +132,7 @@ def test_restart_and_replay_timeout_over_sockets() -> None:
 
     async def main() -> None:
         with fake_publisher() as fp:
-            src = Source(spec_for(fp), replay_timeout=0.3, replay_backoff=0.0)
-            fleet = Fleet([src])
-            await fleet.start()
-            try:
-                await await_for(lambda: src.connected, what="the SUB to connect")
-                await asyncio.to_thread(fp.wait_subscribed)
+            async with observing(fp, replay_timeout=0.3, replay_backoff=0.0) as src:
                 for i, evs in enumerate(old):
                     fp.send(i, positional(evs))
                 await settled(src, len(old) - 1)
@@ -152,8 +155,6 @@ def test_restart_and_replay_timeout_over_sockets() -> None:
                 assert t.replay_failures == 1 and t.missed == 1 and not t.exact
                 assert "no replay answer" in (t.last_failure or "")
                 assert src.state.copies() == truth(new + more[1:])
-            finally:
-                await fleet.stop()
         w1.check()
         w2.check()
 
@@ -168,20 +169,13 @@ def test_joining_late_bootstraps_from_the_replay_buffer() -> None:
         with fake_publisher() as fp:
             for i in range(40):  # published before the observer existed
                 fp.record(i, positional(batches[i]))
-            fleet = Fleet([Source(spec_for(fp))])
-            await fleet.start()
-            s = fleet.sources["fake"]
-            try:
-                await await_for(lambda: s.connected, what="the SUB to connect")
-                await asyncio.to_thread(fp.wait_subscribed)
+            async with observing(fp) as s:
                 for i in range(40, 50):
                     fp.send(i, positional(batches[i]))
                 await settled(s, 49)
                 assert fp.requests[0] == 0  # asked for the whole history
                 assert s.tracker.exact and s.tracker.first_seq == 0
                 assert s.state.copies() == truth(batches) == w.pool_copies()
-            finally:
-                await fleet.stop()
         w.check()
 
     asyncio.run(main())
@@ -194,10 +188,10 @@ async def drained(srcs: list[Source], pubs: list[KVEventPublisher]) -> None:
     comparing then is what made this test fail on a loaded machine.)"""
     for s, p in zip(srcs, pubs, strict=True):
         await await_for(
-            lambda p=p: p.batches_published + p.batches_dropped == p._next_seq,
+            lambda p=p: p.counts.batches_published + p.counts.batches_dropped == p._next_seq,
             what="every queued batch to be sent",
         )
-        assert p.batches_dropped == 0, "a batch was dropped: a real loss"
+        assert p.counts.batches_dropped == 0, "a batch was dropped: a real loss"
         await settled(s, p.last_published_seq)
 
 

@@ -107,7 +107,7 @@ def test_a_failing_socket_loop_is_restarted_and_health_says_so_meanwhile() -> No
             app = create_observer_app(settings)
             s: Source = app.state.fleet.sources["p"]
             s.restart_backoff = (3600.0, 3600.0)  # restarted by wake() below, not by time
-            real_monitor = s._monitor
+            real_monitor = s.sockets._monitor
             failures = [RuntimeError("the monitor socket broke")]
 
             async def monitor(sock: Any) -> None:
@@ -115,7 +115,7 @@ def test_a_failing_socket_loop_is_restarted_and_health_says_so_meanwhile() -> No
                     raise failures.pop()
                 await real_monitor(sock)
 
-            s._monitor = monitor  # type: ignore[method-assign]
+            s.sockets._monitor = monitor  # type: ignore[method-assign]
             async with serving(app, settings.port), client(app) as h:
                 await await_for(lambda: s.task_state == "restarting", what="the task to fail")
                 health = (await h.get("/api/health")).json()

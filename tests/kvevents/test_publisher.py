@@ -17,7 +17,7 @@ from app.engine import Engine, TickData
 from app.settings import Settings
 from blockpool import BlockStored, KVEventBatch
 from blockpool.kvevents.config import KVEventsConfig
-from blockpool.kvevents.publisher import KVEventPublisher
+from blockpool.kvevents.publisher import PUBLISHER_HELP, KVEventPublisher
 from tests.kvevents.helpers import (
     END_SEQ,
     VllmSubscriber,
@@ -140,7 +140,7 @@ def test_bad_replay_requests_are_counted_and_answered_by_nothing() -> None:
         dealer.connect(pub.bound_replay_endpoint)
         dealer.send_multipart([b"", b"\x00\x01"])  # not 8 bytes
         dealer.send_multipart([b"x", (0).to_bytes(8, "big")])  # no empty delimiter
-        wait_for(lambda: pub.replay_invalid == 2)
+        wait_for(lambda: pub.counts.replay_invalid == 2)
         assert not dealer.poll(100)
         dealer.send_multipart([b"", (0).to_bytes(8, "big")])
         assert dealer.poll(5000)
@@ -188,7 +188,11 @@ def test_a_full_queue_drops_batches_counts_them_and_leaves_a_seq_gap() -> None:
             pub.on_tick(TickData(i, float(i), None, [(i, 0.0, STORED)], [], {}, False))  # type: ignore[arg-type]
         # the engine never waited: a blocking put would wait for the release (10 s)
         assert time.monotonic() - t0 < 5
-        assert (pub.batches_dropped, pub.events_dropped, pub._queue.qsize()) == (7, 7, 3)
+        assert (pub.counts.batches_dropped, pub.counts.events_dropped, pub._queue.qsize()) == (
+            7,
+            7,
+            3,
+        )
         pub.release.set()
         wait_for(lambda: pub.last_published_seq == first + 3)
         pub.publish_events(11.0, [STORED])  # first + 11
@@ -201,6 +205,11 @@ def test_a_full_queue_drops_batches_counts_them_and_leaves_a_seq_gap() -> None:
         m = pub.metrics()
         assert (m["batches_dropped_total"], m["events_dropped_total"]) == (7, 7)
         assert m["queue_capacity_batches"] == 3
+        # one set of counters: REST, /metrics (each with its HELP) and the attributes
+        st = pub.status()
+        assert (st["batches_dropped"], st["events_dropped"]) == (7, 7)
+        assert st["batches_queued"] == m["batches_queued_total"] == pub.counts.batches_queued
+        assert set(m) == set(PUBLISHER_HELP)
         pub.detach()
         assert pub.on_tick not in engine.listeners
     finally:

@@ -176,7 +176,13 @@ def test_a_publisher_that_goes_away_after_data_makes_its_pool_stale() -> None:
                         assert health["status"] == "degraded" and health["stale"] == ["dying"]
                         card = (await h.get("/api/fleet/dying")).json()
                         assert card["stale"] is True and card["connected"] is False
-                        assert card["silent_s"] >= 0.5 and card["exact"] is True
+                        assert card["silent_s"] >= 0.5 and card["complete"] is True
+                        # complete, but the last one heard: not exact, everywhere it shows
+                        assert card["exact"] is False and card["inexact_reason"].startswith("stale")
+                        assert health["exact"] == 1  # the idle one only
+                        hashmap = (await h.get("/api/fleet/dying/hashmap")).json()
+                        tree = (await h.get("/api/fleet/dying/prefix-tree")).json()
+                        assert hashmap["exact"] is False and tree["exact"] is False
                         assert (
                             "stale" in card["stale_hint"] and dying.endpoint in card["stale_hint"]
                         )
@@ -190,6 +196,7 @@ def test_a_publisher_that_goes_away_after_data_makes_its_pool_stale() -> None:
                         assert other["stale_hint"] is None
                         metrics = (await h.get("/metrics")).text
                         assert gauge(metrics, "stale") == {"dying": 1.0, "idle": 0.0}
+                        assert gauge(metrics, "exact") == {"dying": 0.0, "idle": 1.0}
                         assert set(ages(metrics)) == {"dying", "idle"}
                         fleet = (await h.get("/api/fleet")).json()
                         by_name = {i["name"]: i for i in fleet["instances"]}

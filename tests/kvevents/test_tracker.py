@@ -46,6 +46,17 @@ def expected(batches: list[list[KVCacheEvent]], enc: str) -> dict[Any, int]:
     return as_bytes_truth(t) if enc == "map-bytes" else t
 
 
+def simulated(
+    seed: int, w: Workload, n: int, encode: Encoder, **how: Any
+) -> tuple[Workload, list[list[KVCacheEvent]], Source]:
+    """``n`` batches of ``w`` through ``simulate`` (random by ``seed``) into a
+    fresh source: the workload, the batches and the source."""
+    batches = w.batches(n)
+    s = source()
+    simulate(s, [encode(evs) for evs in batches], random.Random(seed), **how)
+    return w, batches, s
+
+
 def simulate(
     s: Source,
     payloads: list[bytes],
@@ -103,13 +114,8 @@ def test_in_order_stream_rebuilds_the_map_exactly(enc: str) -> None:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_gaps_filled_by_racing_replays_give_the_truth(seed: int) -> None:
-    rng = random.Random(seed)
-    w = Workload(seed=100 + seed)
-    batches = w.batches(300)
     enc = sorted(ENCODERS)[seed % 3]
-    payloads = [ENCODERS[enc](evs) for evs in batches]
-    s = source()
-    simulate(s, payloads, rng, drop=0.15)
+    w, batches, s = simulated(seed, Workload(seed=100 + seed), 300, ENCODERS[enc], drop=0.15)
     t = s.tracker
     assert s.applied_seqs == list(range(300))  # type: ignore[attr-defined]
     assert s.state.copies() == expected(batches, enc)
@@ -121,12 +127,9 @@ def test_gaps_filled_by_racing_replays_give_the_truth(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(8))
 def test_a_short_replay_buffer_loses_batches_visibly(seed: int) -> None:
-    rng = random.Random(seed)
-    w = Workload(seed=200 + seed)
-    batches = w.batches(250)
-    payloads = [positional(evs) for evs in batches]
-    s = source()
-    simulate(s, payloads, rng, drop=0.3, window=2, max_delay=8)
+    w, batches, s = simulated(
+        seed, Workload(seed=200 + seed), 250, positional, drop=0.3, window=2, max_delay=8
+    )
     applied: list[int] = s.applied_seqs  # type: ignore[attr-defined]
     assert applied == sorted(set(applied))  # strictly in order, each once
     t = s.tracker

@@ -63,7 +63,7 @@ export function renderInstances(container, instances, selected, onSelect) {
         ? el("div", { class: "note idle", title: "connected; nothing changed, the map stands" },
             `idle: connected, last message ${age(inst.silent_s)}`)
         : null,
-      inst.exact ? null : el("div", { class: "reason" }, inst.inexact_reason || ""),
+      inst.exact || inst.stale ? null : el("div", { class: "reason" }, inst.inexact_reason || ""),
       inst.overflow_blocks
         ? el("div", { class: "reason overflow", title: "--max-hashes" },
             `${num(inst.overflow_blocks)} stored block(s) not kept: over the cap of ${num(inst.max_keys)} held hashes`)

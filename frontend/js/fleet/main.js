@@ -100,15 +100,24 @@ async function boot() {
   if (first) select(first.name);
   prefixes.families();
   if (!state.stream) {
+    // what this page lost of the stream (too slow, or a gap) is counted and shown
+    let resyncs = 0;
+    const showStream = () => {
+      const box = $("stream-state");
+      const s = box.dataset.state;
+      box.textContent = `stream: ${s}${resyncs ? ` · ${resyncs} resync${resyncs > 1 ? "s" : ""}` : ""}`;
+      box.title = resyncs ? "messages were dropped (this page fell behind, or a gap): the views were re-read" : "";
+    };
     state.stream = openStream({
       onState: (s) => {
-        const box = $("stream-state");
-        box.dataset.state = s;
-        box.textContent = `stream: ${s}`;
+        $("stream-state").dataset.state = s;
+        showStream();
         if (s === "auth") $("token").classList.add("need");
       },
       onResync: () => {
         dirty = true;
+        resyncs += 1;
+        showStream();
       },
       onMessage: (msg) => {
         if (msg.instances) setInstances(msg.instances);
