@@ -49,9 +49,12 @@ class SlotRequest(Protocol):
 
 class SlotBackend(Protocol):
     """What the scheduler asks of the KV cache (``KVSlots`` on a BlockPool;
-    a live driver could put the same calls on a service's engine)."""
+    ``RuntimeSlots`` on a PoolRuntime's operations).  ``counts_misses``:
+    whether ``misses``/``add_misses`` classify first admissions (the
+    service's analysis does that for the runtime's)."""
 
     stats: LookupStats
+    counts_misses: bool
 
     def lookup(self, req: SlotRequest) -> tuple[list[KVCacheBlock], int]: ...
 
@@ -104,6 +107,8 @@ class LookupStats:
 
 class KVSlots:
     """Block tables of the requests that hold blocks, on one ``BlockPool``."""
+
+    counts_misses = True
 
     def __init__(self, pool: BlockPool, block_size: int, max_model_len: int) -> None:
         self.pool = pool
