@@ -38,7 +38,7 @@ from blockpool.runtime.errors import NotEnoughBlocks, OperationError
 from blockpool.runtime.ops import AdmitOp, AppendOp, FinishOp, Op
 from blockpool.trace.reader import Trace, TraceRequest
 from blockpool.trace.scheduler import SchedRequest
-from blockpool.trace.slots import LookupStats, SlotRequest
+from blockpool.trace.slots import LookupStats, MissArgs, SlotRequest
 
 
 class LiveTokens:
@@ -130,15 +130,7 @@ class RuntimeSlots:
             if m >= target or hit < (m - 1) // bs * bs:
                 break
             m = min(target, 2 * m)
-        st = self.stats
-        if req.num_preemptions:
-            st.preempted_requests += 1
-            st.preempted_queries += target
-            st.preempted_hits += hit
-        else:
-            st.requests += 1
-            st.queries += target
-            st.hits += hit
+        self.stats.count(req, hit)
         return [], hit
 
     def allocate(
@@ -186,10 +178,10 @@ class RuntimeSlots:
     def cache_blocks(self, req: SlotRequest, num_tokens: int) -> None:
         raise NotImplementedError("runtime slots serve synchronous scheduling only")
 
-    def misses(self, req: SlotRequest, num_hit: int) -> tuple[int, int, int, int]:
+    def misses(self, req: SlotRequest, num_hit: int) -> MissArgs:
         raise NotImplementedError("the service's analysis classifies the runtime's misses")
 
-    def add_misses(self, m: tuple[int, int, int, int]) -> None:
+    def add_misses(self, m: MissArgs) -> None:
         raise NotImplementedError("the service's analysis classifies the runtime's misses")
 
     def free(self, req: SlotRequest) -> None:

@@ -262,7 +262,6 @@ class Scheduler:
         self.running: list[SchedRequest] = []
         self.finished_since_schedule = 0
         self.preemptions = 0
-        self.regret_blocks = 0
         self._budget = config.budget
         self._model_len = config.model_len
         self._threshold = config.long_prefill_token_threshold
@@ -395,7 +394,6 @@ class Scheduler:
                     r.num_cached_tokens = num_hit
                     if counts:
                         slots.add_misses(misses)
-                        self.regret_blocks += misses[2]
                 if r.first_sched_ms < 0:
                     r.first_sched_ms = now_ms
 

@@ -17,22 +17,13 @@ from typing import Any
 
 import pytest
 
+from blockpool.miss_reasons import REASONS
 from tests.e2e.conftest import Page, Server, wait_for
 from tests.e2e.page_checks import region_shot
 from tests.e2e.workload import admit, evict_everything, finish, start_demo
 from tests.e2e.workload import quiesce_idle as quiesce
 
 pytestmark = pytest.mark.browser
-
-REASONS = [
-    "last_token",
-    "block_size_floor",
-    "cold",
-    "evicted",
-    "extra_keys",
-    "chain_broken",
-    "reset",
-]
 
 
 PAGE_MISSES_JS = """() => Object.fromEntries(Array.from(
