@@ -59,19 +59,22 @@ class MissTally:
         return f"MissTally({self.counts()}, regret_blocks={self.regret_blocks})"
 
     def add(self, hit: int, seen: int, full: int, last_token: int, partial: int) -> None:
-        """A prompt of ``full`` full blocks (or the sums over prompts) whose
-        first ``hit`` hit and whose first ``seen`` were stored before:
-        ``last_token`` (0/1) of the block at ``hit`` was still cached but
-        holds the last prompt token; the other blocks before ``seen`` were
-        evicted since (regrets), those from ``seen`` never stored (cold);
-        ``partial`` (0/1): the prompt ends in a partial block."""
-        evicted = seen - hit - last_token
+        """A prompt of ``full`` full blocks whose first ``hit`` hit and whose
+        first ``seen`` were stored before: ``last_token`` (0/1) of the block
+        at ``hit`` was still cached but holds the last prompt token; the
+        other blocks before ``seen`` were evicted since, those from ``seen``
+        never stored; ``partial`` (0/1): it ends in a partial block."""
+        self.blocks[HIT] += hit
+        self.add_counts(last_token, partial, seen - hit - last_token, full - seen)
+
+    def add_counts(self, last_token: int, floor: int, evicted: int, cold: int) -> None:
+        """Blocks of the four reasons a replay finds (one prompt's, or the
+        sums over prompts); each evicted one is a regret."""
         b = self.blocks
-        b[HIT] += hit
         b[LAST_TOKEN] += last_token
-        b[FLOOR] += partial
+        b[FLOOR] += floor
         b[EVICTED] += evicted
-        b[COLD] += full - seen
+        b[COLD] += cold
         self.regret_blocks += evicted
 
     def add_codes(self, codes: bytes) -> list[int]:

@@ -32,6 +32,11 @@ class Recorder:
         self.ops: list[Op] = []
         self.stats = LookupStats()
         self.held: set[str] = set()
+        self.frees = 0
+        # (request, frees then) of the last refused admission: until blocks
+        # are freed, free blocks only shrink and the need only grows, so a
+        # retry would fail the same way (not replayed, as before)
+        self.blocked: tuple[str, int] | None = None
         self._exc = __import__("blockpool").NotEnoughBlocksError
 
     def lookup(self, req: Any) -> tuple[list[Any], int]:
@@ -44,6 +49,8 @@ class Recorder:
                  cache: bool = True) -> bool:  # fmt: skip
         r, rid = req.hashable, req.rid
         if rid not in self.held:
+            if self.blocked == (rid, self.frees):
+                return False
             tokens = r.all_token_ids
             try:
                 got: int | None = self.m.admit(rid, tokens).num_computed_tokens
@@ -51,6 +58,7 @@ class Recorder:
                 got = None
             self.ops.append(("a", rid, req.index, len(tokens) - r.num_prompt_tokens, got))
             if got is None:
+                self.blocked = (rid, self.frees)
                 return False
             self.held.add(rid)
             return True
@@ -74,6 +82,7 @@ class Recorder:
 
     def free(self, req: Any) -> None:
         if req.rid in self.held:
+            self.frees += 1
             self.held.discard(req.rid)
             self.m.finish(req.rid)
             self.ops.append(("f", req.rid))

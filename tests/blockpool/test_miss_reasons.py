@@ -29,6 +29,10 @@ def test_a_prompts_blocks_each_get_one_reason() -> None:
         "last_token": 1, "block_size_floor": 1, "cold": 3, "evicted": 3}  # fmt: skip
     assert t.blocks[HIT] == 3 and t.regret_blocks == 3
     assert sum(t.blocks) == 10 + 1  # every block once, the partial one included
+    sums = MissTally()  # the one-pass curve's sums over prompts
+    sums.add_counts(last_token=1, floor=1, evicted=3, cold=3)
+    assert sums.counts(REPLAY_REASONS) == t.counts(REPLAY_REASONS)
+    assert sums.regret_blocks == 3
 
 
 def test_codes_and_names_agree() -> None:
