@@ -137,11 +137,9 @@ def main(args: argparse.Namespace) -> int:
             from app.trace_plot import plot_curve
 
             plot_curve(report, plan, args.plot, title=Path(args.path).name)
-    except TraceError as exc:
-        print(f"blockpool trace: {args.path}: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"blockpool trace: {exc}", file=sys.stderr)
+    except ValueError as exc:  # a TraceError names the file
+        where = f"{args.path}: " if isinstance(exc, TraceError) else ""
+        print(f"blockpool trace: {where}{exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps({"file": args.path, **report.to_json(), **plan.info(args.block_size)}))

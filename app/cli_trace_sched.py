@@ -3,7 +3,7 @@
 By default timed mode runs vLLM 0.16's v1 scheduler with vLLM's defaults
 (chunked prefill, asynchronous scheduling, a budget of 8192 tokens a step,
 FCFS); each feature has a flag that turns it off, and ``--scheduler simple``
-runs the earlier scheduler (synchronous, whole prompts, no budget).
+turns them all off (synchronous, whole prompts, no budget).
 """
 
 from __future__ import annotations
@@ -21,47 +21,42 @@ SCHEDULERS = ("vllm", "simple")
 MAX_STEP_MODEL_BYTES = 4 * 1024 * 1024
 
 
+# timed mode's scheduler flags: (flag, add_argument's keywords)
+FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--scheduler", {"choices": SCHEDULERS, "default": "vllm",
+                     "help": "vllm: vLLM 0.16's v1 scheduler (default); simple: it with every "
+                     "feature off (synchronous, whole prompts, no token budget)"}),
+    ("--max-num-batched-tokens", {"type": int, "default": 8192, "metavar": "N",
+                                  "help": "tokens a step may schedule (8192; 0: no budget)"}),
+    ("--no-chunked-prefill", {"dest": "chunked_prefill", "action": "store_false",
+                              "help": "a prompt runs whole or waits (vLLM's "
+                              "enable_chunked_prefill=False)"}),
+    ("--long-prefill-token-threshold", {"type": int, "default": 0, "metavar": "N",
+                                        "help": "at most N prompt tokens of one request a "
+                                        "step (0: off)"}),
+    ("--max-model-len", {"type": int, "default": None, "metavar": "N",
+                         "help": "prompts of N tokens or more are rejected (counted), outputs "
+                         "stop at N"}),
+    ("--policy", {"choices": POLICIES, "default": "fcfs", "help": "(default fcfs)"}),
+    ("--sync-scheduling", {"dest": "async_scheduling", "action": "store_false",
+                           "help": "synchronous scheduling (default: asynchronous, frees a "
+                           "step late)"}),
+    ("--step-model", {"metavar": "FILE",
+                      "help": 'JSON step times: {"base_ms", "per_prefill_token_ms", '
+                      '"per_decode_seq_ms"} or {"samples": [[prefill_tokens, decode_seqs, '
+                      'ms], ...]} to fit'}),
+    ("--step-prefill-token-ms", {"type": float, "default": 0.0, "metavar": "MS",
+                                 "help": "ms a step adds per prefill token (0; --step-ms is "
+                                 "the base)"}),
+    ("--step-decode-seq-ms", {"type": float, "default": 0.0, "metavar": "MS",
+                              "help": "ms a step adds per decoding request (0)"}),
+)  # fmt: skip
+
+
 def add_scheduler_arguments(t: argparse.ArgumentParser) -> None:
     g = t.add_argument_group("timed mode: vLLM's scheduler")
-    g.add_argument(
-        "--scheduler", choices=SCHEDULERS, default="vllm",
-        help="vllm: vLLM 0.16's v1 scheduler (default); simple: synchronous, "
-        "whole prompts, no token budget",
-    )  # fmt: skip
-    g.add_argument(
-        "--max-num-batched-tokens", type=int, default=8192, metavar="N",
-        help="tokens a step may schedule (8192; 0: no budget)",
-    )  # fmt: skip
-    g.add_argument(
-        "--no-chunked-prefill", dest="chunked_prefill", action="store_false",
-        help="a prompt runs whole or waits (vLLM's enable_chunked_prefill=False)",
-    )  # fmt: skip
-    g.add_argument(
-        "--long-prefill-token-threshold", type=int, default=0, metavar="N",
-        help="at most N prompt tokens of one request a step (0: off)",
-    )  # fmt: skip
-    g.add_argument(
-        "--max-model-len", type=int, default=None, metavar="N",
-        help="prompts of N tokens or more are rejected (counted), outputs stop at N",
-    )  # fmt: skip
-    g.add_argument("--policy", choices=POLICIES, default="fcfs", help="(default fcfs)")
-    g.add_argument(
-        "--sync-scheduling", dest="async_scheduling", action="store_false",
-        help="synchronous scheduling (default: asynchronous, frees a step late)",
-    )  # fmt: skip
-    g.add_argument(
-        "--step-model", metavar="FILE",
-        help='JSON step times: {"base_ms", "per_prefill_token_ms", "per_decode_seq_ms"} '
-        'or {"samples": [[prefill_tokens, decode_seqs, ms], ...]} to fit',
-    )  # fmt: skip
-    g.add_argument(
-        "--step-prefill-token-ms", type=float, default=0.0, metavar="MS",
-        help="ms a step adds per prefill token (0; --step-ms is the base)",
-    )  # fmt: skip
-    g.add_argument(
-        "--step-decode-seq-ms", type=float, default=0.0, metavar="MS",
-        help="ms a step adds per decoding request (0)",
-    )  # fmt: skip
+    for flag, kwargs in FLAGS:
+        g.add_argument(flag, **kwargs)
 
 
 def _read_step_model(path: str) -> StepModel:

@@ -77,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     recent = RecentAnalysis(engine)
     engine.listeners.append(recent.on_tick)
     extra: dict[str, StatsSource] = {"demo": demo.figures, "stream": hub.figures}
+    extra["trace"] = trace_driver.figures
     if storage is not None:
         extra["storage"] = storage.metrics
 

@@ -93,6 +93,18 @@ class WorkloadTask(Generic[R]):
                 running=other._name,
             )
 
+    async def stop(self, finish_running: bool = True) -> None:
+        raise NotImplementedError
+
+    def status(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def stop_now(self) -> dict[str, Any]:
+        """A stop under the workload lock (the stop routes); the status after."""
+        async with self.transition():
+            await self.stop()
+        return self.status()
+
     def _spawn(self, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if self.running_task:
             return  # already running: a start is idempotent

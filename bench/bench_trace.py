@@ -19,8 +19,9 @@ counted on the pools' side).
 real ``AsyncScheduler`` (``--sync``: ``Scheduler``) on the same trace
 (bench/trace_bench/scheduler.py).
 
-``requests`` --  A timed replay of the trace (the scheduler of
-``blockpool.trace.timed``) is run once on our RequestManager and its calls
+``requests`` --  A timed replay of the trace (vLLM's scheduler with every
+feature off, ``blockpool.trace.timed.simple_scheduler``) is run once on our
+RequestManager and its calls
 recorded (admit with the prompt, one append per decode token, finish); the
 same calls are then replayed, alternating A/B, on our RequestManager and on
 vLLM 0.16.0's KVCacheManager driven as its own tests drive it

@@ -48,10 +48,7 @@ async def start(request: Request) -> dict[str, Any]:
     summary="Stop it (running requests finish)",
 )
 async def stop(request: Request) -> dict[str, Any]:
-    demo = _demo(request)
-    async with demo.transition():
-        await demo.stop()
-    return demo.status()
+    return await _demo(request).stop_now()
 
 
 @router.post(

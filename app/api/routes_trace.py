@@ -2,7 +2,7 @@
 
 Uploads (the raw JSON lines as the body) are bounded by the server's body
 limit and by what the trace implies (requests, tokens a request and in all,
-the pool, tokens per id, arrival times: ``trace_driver.check_trace``), and
+the pool, tokens per id, arrival times: ``trace_limits.check_trace``), and
 validated whole before anything changes; a bad one is a 422 naming the
 line, the field and the limit.  Starts and stops are serialized with the
 demo's (one workload at a time: a 409 names the one running).
@@ -11,7 +11,8 @@ demo's (one workload at a time: a 409 names the one running).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Query, Request
 from starlette.requests import ClientDisconnect
@@ -21,7 +22,8 @@ from app.api.errors import ERROR_RESPONSES
 from app.api.responses import returns
 from app.api.responses.trace import TraceStatus
 from app.errors import InvalidInput, TooLarge
-from app.trace_driver import MAX_TOKENS_PER_ID, TraceDriver, service_limits
+from app.trace_driver import TraceDriver
+from app.trace_limits import MAX_TOKENS_PER_ID, service_limits
 from blockpool.trace import TraceError, parse_trace
 
 logger = logging.getLogger("blockpool.trace")
@@ -32,6 +34,14 @@ SETTING_OF_LIMIT = {
     "max_total_tokens": "trace_max_tokens",
 }
 router = APIRouter(prefix="/api/trace", tags=["trace"], responses=ERROR_RESPONSES)
+Route = TypeVar("Route", bound=Callable[..., Any])
+
+
+def _write(path: str, summary: str) -> Callable[[Route], Route]:
+    """A route that changes the replay and returns its status."""
+    return router.post(
+        path, responses=returns(TraceStatus), dependencies=[WriteAuth], summary=summary
+    )
 
 
 def _driver(request: Request) -> TraceDriver:
@@ -65,12 +75,7 @@ async def status(request: Request) -> dict[str, Any]:
     return _driver(request).status()
 
 
-@router.post(
-    "/upload",
-    responses=returns(TraceStatus),
-    dependencies=[WriteAuth],
-    summary="Load a trace (Mooncake JSON lines or a recording as the body)",
-)
+@_write("/upload", "Load a trace (Mooncake JSON lines or a recording as the body)")
 async def upload(
     request: Request,
     name: str = Query("upload", max_length=200),
@@ -91,12 +96,7 @@ async def upload(
     return driver.status()
 
 
-@router.post(
-    "/start",
-    responses=returns(TraceStatus),
-    dependencies=[WriteAuth],
-    summary="Start (or resume) the replay",
-)
+@_write("/start", "Start (or resume) the replay")
 async def start(
     request: Request,
     speed: float | None = Query(None, gt=0, le=10_000),
@@ -110,14 +110,6 @@ async def start(
     return driver.status()
 
 
-@router.post(
-    "/stop",
-    responses=returns(TraceStatus),
-    dependencies=[WriteAuth],
-    summary="Stop it (running requests finish)",
-)
+@_write("/stop", "Stop it (running requests finish)")
 async def stop(request: Request) -> dict[str, Any]:
-    driver = _driver(request)
-    async with driver.transition():
-        await driver.stop()
-    return driver.status()
+    return await _driver(request).stop_now()

@@ -20,22 +20,49 @@ Op = tuple[Any, ...]
 
 
 class Recorder:
-    """A timed-replay backend on our RequestManager that records every call."""
+    """The scheduler's slots (every feature off: whole prompts, a token a
+    step) on our RequestManager, recording every call."""
+
+    counts_misses = False
 
     def __init__(self, manager: Any) -> None:
+        from blockpool.trace.slots import LookupStats
+
         self.m = manager
         self.ops: list[Op] = []
+        self.stats = LookupStats()
+        self.held: set[str] = set()
+        self.frees = 0
+        # (request, frees then) of the last refused admission: until blocks
+        # are freed, free blocks only shrink and the need only grows, so a
+        # retry would fail the same way (not replayed, as before)
+        self.blocked: tuple[str, int] | None = None
         self._exc = __import__("blockpool").NotEnoughBlocksError
 
-    def admit(self, rid: str, tokens: list[int], req: Any, first: bool) -> int | None:
-        try:
-            hit = self.m.admit(rid, tokens).num_computed_tokens
-        except self._exc:
-            hit = None
-        self.ops.append(("a", rid, req.index, len(tokens) - req.input_length, hit))
-        return hit
+    def lookup(self, req: Any) -> tuple[list[Any], int]:
+        r = req.hashable
+        hit = len(self.m.find_longest_cache_hit(r.block_hashes, r.num_tokens)[0]) * BLOCK_SIZE
+        self.stats.count(req, hit)
+        return [], hit
 
-    def append(self, rid: str, token: int) -> bool:
+    def allocate(self, req: Any, num_new: int, num_hit: int = 0, hit: Any = (), *,
+                 cache: bool = True) -> bool:  # fmt: skip
+        r, rid = req.hashable, req.rid
+        if rid not in self.held:
+            if self.blocked == (rid, self.frees):
+                return False
+            tokens = r.all_token_ids
+            try:
+                got: int | None = self.m.admit(rid, tokens).num_computed_tokens
+            except self._exc:
+                got = None
+            self.ops.append(("a", rid, req.index, len(tokens) - r.num_prompt_tokens, got))
+            if got is None:
+                self.blocked = (rid, self.frees)
+                return False
+            self.held.add(rid)
+            return True
+        token = r.all_token_ids[req.num_computed]
         try:
             self.m.append_tokens(rid, [token])
             ok = True
@@ -44,9 +71,21 @@ class Recorder:
         self.ops.append(("p", rid, token, ok))
         return ok
 
-    def finish(self, rid: str) -> None:
-        self.m.finish(rid)
-        self.ops.append(("f", rid))
+    def cache_blocks(self, req: Any, num_tokens: int) -> None:
+        raise NotImplementedError("synchronous scheduling only")
+
+    def misses(self, req: Any, num_hit: int) -> Any:
+        raise NotImplementedError
+
+    def add_misses(self, m: Any) -> None:
+        raise NotImplementedError
+
+    def free(self, req: Any) -> None:
+        if req.rid in self.held:
+            self.frees += 1
+            self.held.discard(req.rid)
+            self.m.finish(req.rid)
+            self.ops.append(("f", req.rid))
 
 
 class Ours:
@@ -166,17 +205,21 @@ def _windows(ops: list[Op], admits: int) -> list[list[Op]]:
 
 def bench_requests(args: argparse.Namespace) -> dict[str, Any]:
     from blockpool import RequestManager
-    from blockpool.trace.timed import TimedConfig, run_timed
+    from blockpool.trace.engine import StepModel
+    from blockpool.trace.scheduled import run_scheduled
+    from blockpool.trace.timed import simple_scheduler
 
     init_none_hash(sha256)
     trace = read_trace(args.trace)
     if args.requests:
         trace = Trace(trace.requests[: args.requests], trace.tokens_per_id)
     blocks = args.capacity_tokens // BLOCK_SIZE
-    rec = Recorder(RequestManager(BlockPool(blocks, True, BLOCK_SIZE), hash_fn=sha256))
+    pool = BlockPool(blocks, True, BLOCK_SIZE)
+    rec = Recorder(RequestManager(pool, hash_fn=sha256))
     res = CapacityResult(args.capacity_tokens, blocks)
     t0 = time.perf_counter()
-    run_timed(trace, rec, res, blocks - 1, BLOCK_SIZE, TimedConfig(speed=args.speed))
+    run_scheduled(trace, pool, BLOCK_SIZE, sha256, res, simple_scheduler(256), StepModel(20.0),
+                  args.speed, slots=rec)  # fmt: skip
     ops = rec.ops
     n_adm = sum(1 for o in ops if o[0] == "a")
     n_app = sum(1 for o in ops if o[0] == "p")

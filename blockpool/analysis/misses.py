@@ -64,7 +64,10 @@ from blockpool.analysis.common import COUNT_BUCKETS, SECONDS_BUCKETS, Hist, h64,
 from blockpool.analysis.evictions import EvictionRing
 from blockpool.analysis.floor import FloorIndex
 from blockpool.analysis.free_batches import FreeBatches
-from blockpool.analysis.reasons import (
+from blockpool.analysis.reasons import REUSE, RequestMisses, Tag
+from blockpool.analysis.regret import RegretTracker
+from blockpool.keys import digest64
+from blockpool.miss_reasons import (
     CHAIN_BROKEN,
     CODE_NAMES,
     COLD,
@@ -75,12 +78,8 @@ from blockpool.analysis.reasons import (
     NUM_CODES,
     REASONS,
     RESET_DROP,
-    REUSE,
-    RequestMisses,
-    Tag,
+    MissTally,
 )
-from blockpool.analysis.regret import RegretTracker
-from blockpool.keys import digest64
 
 if TYPE_CHECKING:
     from blockpool import BlockPool, HashFn
@@ -114,7 +113,8 @@ class MissTracker:
         self.floor = FloorIndex(pool.num_gpu_blocks, block_size)
         self.regret = RegretTracker(self.ring)
         # aggregates
-        self.blocks = [0] * NUM_CODES  # per code (0 = hit)
+        self.tally = MissTally()
+        self.blocks = self.tally.blocks  # per code (0 = hit)
         self.tokens = [0] * NUM_CODES
         self.admissions = 0
         # evicted misses: how long ago, how far they had travelled (at tick time)
@@ -242,13 +242,10 @@ class MissTracker:
                 details = {}
             details[full] = {"partial": True, "tokens": tail}
         # aggregates
-        blocks, toks = self.blocks, self.tokens
+        toks = self.tokens
         cb = bytes(codes)
-        for code in range(NUM_CODES):
-            c = cb.count(code)
-            if c:
-                blocks[code] += c
-                toks[code] += c * bs
+        for code, c in enumerate(self.tally.add_codes(cb)):
+            toks[code] += c * bs
         if tail:
             toks[FLOOR] -= bs - tail
         self.admissions += 1

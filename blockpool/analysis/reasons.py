@@ -1,5 +1,5 @@
-"""The codes of the miss reasons and of the eviction causes, and one
-request's reasons (``RequestMisses``).
+"""The eviction causes, and one request's miss reasons (``RequestMisses``);
+the reasons' names and codes are in ``blockpool.miss_reasons``.
 
 What each reason means, and how a block gets one: ``misses.py``.  An
 eviction's cause: ``reuse`` (an allocation took the block), ``evict_op``
@@ -11,19 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from blockpool.miss_reasons import REASONS
+
 Tag = tuple[str | None, str | None]  # (lora name, cache salt)
-REASONS = (
-    "last_token",
-    "block_size_floor",
-    "cold",
-    "evicted",
-    "extra_keys",
-    "chain_broken",
-    "reset",
-)
-HIT, LAST_TOKEN, FLOOR, COLD, EVICTED, EXTRA_KEYS, CHAIN_BROKEN, RESET_DROP = range(8)
-NUM_CODES = len(REASONS) + 1
-CODE_NAMES = (None, *REASONS)
 CAUSES = ("reuse", "evict_op", "reset")
 REUSE, EVICT_OP, RESET = range(3)
 

@@ -12,7 +12,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from blockpool.analysis.common import hex64
-from blockpool.analysis.reasons import CAUSES, CODE_NAMES, REASONS, RequestMisses, evicted_count
+from blockpool.analysis.reasons import CAUSES, RequestMisses, evicted_count
+from blockpool.miss_reasons import CODE_NAMES, REASONS
 from blockpool.runtime.errors import NotFound
 
 if TYPE_CHECKING:

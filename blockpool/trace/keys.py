@@ -40,12 +40,8 @@ class BlockKeys:
             root = self._roots[tag] = -1 - len(self._roots)
         return root
 
-    def keys(self, req: TraceRequest) -> list[int]:
-        """One int per full prompt block, in order."""
-        bs = self.block_size
-        num_full = req.input_length // bs
-        if req.token_ids is not None:
-            return self._token_keys(req, num_full)
+    def _id_nodes(self, req: TraceRequest) -> list[int]:
+        """The trie nodes of a Mooncake request's hash ids, one per id."""
         nodes_map = self._nodes
         parent = self._root(req)
         nodes: list[int] = []
@@ -55,6 +51,15 @@ class BlockKeys:
                 node = nodes_map[(parent, h)] = len(nodes_map)
             nodes.append(node)
             parent = node
+        return nodes
+
+    def keys(self, req: TraceRequest) -> list[int]:
+        """One int per full prompt block, in order."""
+        bs = self.block_size
+        num_full = req.input_length // bs
+        if req.token_ids is not None:
+            return self._token_keys(req, num_full)
+        nodes = self._id_nodes(req)
         tpi = self.trace.tokens_per_id
         if tpi % bs == 0:
             runs = self._node_runs(nodes, num_full)
@@ -70,15 +75,7 @@ class BlockKeys:
         bs = self.block_size
         tpi = self.trace.tokens_per_id
         if req.token_ids is None and tpi % bs == 0:
-            parent = self._root(req)
-            nodes_map = self._nodes
-            nodes: list[int] = []
-            for h in req.hash_ids:
-                node = nodes_map.get((parent, h))
-                if node is None:
-                    node = nodes_map[(parent, h)] = len(nodes_map)
-                nodes.append(node)
-                parent = node
+            nodes = self._id_nodes(req)
             return self._node_runs(nodes, req.input_length // bs)
         out: list[tuple[int, int]] = []
         for k in self.keys(req):
@@ -93,15 +90,7 @@ class BlockKeys:
         bs = self.block_size
         tpi = self.trace.tokens_per_id
         if req.token_ids is None and tpi % bs == 0:
-            parent = self._root(req)
-            nodes_map = self._nodes
-            nodes: list[int] = []
-            for h in req.hash_ids:
-                node = nodes_map.get((parent, h))
-                if node is None:
-                    node = nodes_map[(parent, h)] = len(nodes_map)
-                nodes.append(node)
-                parent = node
+            nodes = self._id_nodes(req)
             per = tpi // bs
             grid = np.asarray(nodes, dtype=np.int64)[:, None] * per + np.arange(per)
             return grid.ravel()[: req.input_length // bs]

@@ -4,7 +4,7 @@ A capacity is a pool of ``capacity_tokens // block_size`` blocks, the null
 block included (vLLM's ``num_gpu_blocks``), so ``blocks - 1`` hold requests;
 ``None`` stands for ``inf``: a pool that never evicts.
 
-Miss reasons (the service's names): ``cold`` (never stored at this
+Miss reasons (``blockpool.miss_reasons``; a replay finds four): ``cold`` (never stored at this
 capacity), ``evicted`` (stored before, evicted since), ``last_token`` (cached,
 but it holds the prompt's last token, which is always computed),
 ``block_size_floor`` (the partial tail block: never hashed).
@@ -17,11 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from blockpool.analysis.reasons import REASONS
-
-# The service's reason codes; a trace replay has no extra keys and (one
-# request at a time) no broken chain and no reset, so it uses these four.
-REASON_NAMES = tuple(r for r in REASONS if r not in ("extra_keys", "chain_broken", "reset"))
+from blockpool.miss_reasons import REPLAY_REASONS, MissTally, ReasonCounts
 
 
 def capacity_blocks(capacity_tokens: int | None, block_size: int) -> int | None:
@@ -65,10 +61,22 @@ class CapacityResult:
     refused: int = 0
     refused_tokens: int = 0
     admitted: int = 0
-    miss_reasons: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASON_NAMES, 0))
-    regret_blocks: int = 0
+    misses: MissTally = field(default_factory=MissTally)
     preemptions: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def miss_reasons(self) -> ReasonCounts:
+        """Prompt blocks per miss reason (``REPLAY_REASONS``), a view of ``misses``."""
+        return ReasonCounts(self.misses, REPLAY_REASONS)
+
+    @property
+    def regret_blocks(self) -> int:
+        return self.misses.regret_blocks
+
+    @regret_blocks.setter
+    def regret_blocks(self, n: int) -> None:
+        self.misses.regret_blocks = n
 
     @property
     def hit_rate(self) -> float:

@@ -31,7 +31,7 @@ from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult, capacity_blocks
 from blockpool.trace.scheduler import SchedRequest, Scheduler, SchedulerConfig
 from blockpool.trace.sequence import make_pool, unbounded_blocks
-from blockpool.trace.slots import KVSlots
+from blockpool.trace.slots import KVSlots, SlotBackend
 
 PERCENTILES = (50, 90, 99)
 
@@ -87,12 +87,16 @@ def run_scheduled(
     speed: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
     records: bool = False,
+    slots: SlotBackend | None = None,
 ) -> ScheduledRun:
-    """Replay ``trace`` through the scheduler model on ``pool``."""
+    """Replay ``trace`` through the scheduler model on ``pool`` (through
+    ``slots`` on it when given; else ``KVSlots``, which also counts the
+    miss reasons and evictions)."""
     if not speed > 0:
         raise ValueError("speed must be > 0")
     model = step_model or StepModel()
-    slots = KVSlots(pool, block_size, config.model_len)
+    if slots is None:
+        slots = KVSlots(pool, block_size, config.model_len, result.misses)
     sched = Scheduler(slots, config)
     engine = Engine(sched, model)
     hasher = _request_block_hasher(pool.hash_block_size, hash_fn)
@@ -166,10 +170,9 @@ def run_scheduled(
     result.hit_tokens = hit
     result.admitted = admitted
     result.preemptions = sched.preemptions
-    result.regret_blocks = sched.regret_blocks
-    result.miss_reasons.update(slots.reasons)
-    cached_now = sum(1 for b in pool.blocks if b.block_hash is not None)
-    result.evictions = slots.stored - cached_now
+    if isinstance(slots, KVSlots):
+        cached_now = sum(1 for b in pool.blocks if b.block_hash is not None)
+        result.evictions = slots.stored - cached_now
     x = result.extra
     x["scheduler"] = {**asdict(config), "step_model": model.to_json()}
     x["request_hit_rate"] = result.hit_rate

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from blockpool.hashing import BlockHash
-from blockpool.request import Request
 from blockpool.trace.slots import SlotBackend
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
@@ -90,6 +90,25 @@ class SchedulerConfig:
         return UNBOUNDED if self.max_model_len is None else self.max_model_len
 
 
+class SchedTokens(Protocol):
+    """What the scheduler reads of a request's tokens (a ``Request``, or a
+    live replay's counts whose tokens are built a chunk at a time)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def block_hashes(self) -> list[BlockHash]: ...
+
+    def append_output_token_ids(self, token_ids: int) -> None: ...
+
+
 class SchedRequest:
     """A request in the scheduler: its tokens, progress and times (ms)."""
 
@@ -114,8 +133,8 @@ class SchedRequest:
 
     def __init__(
         self,
-        req: Request,
-        outputs: list[int],
+        req: SchedTokens,
+        outputs: Sequence[int],
         max_tokens: int,
         arrival_ms: float,
         priority: int = 0,
@@ -243,7 +262,6 @@ class Scheduler:
         self.running: list[SchedRequest] = []
         self.finished_since_schedule = 0
         self.preemptions = 0
-        self.regret_blocks = 0
         self._budget = config.budget
         self._model_len = config.model_len
         self._threshold = config.long_prefill_token_threshold
@@ -270,6 +288,23 @@ class Scheduler:
         r.num_preemptions += 1
         self.preemptions += 1
         self.waiting.prepend(r)
+
+    def requeue(self, r: SchedRequest) -> None:
+        """Give a request's blocks back and put it at the head of the queue,
+        recomputed when scheduled again (a paused live replay, a request its
+        runtime lost): not a preemption."""
+        if r.status != RUNNING:
+            return
+        self.running.remove(r)
+        self.slots.free(r)
+        r.status = PREEMPTED
+        r.num_computed = 0
+        self.waiting.prepend(r)
+
+    def drop(self, r: SchedRequest) -> None:
+        """Forget a waiting request (its runtime refused it for good)."""
+        self.waiting.remove([r])
+        self.requests.pop(r.rid, None)
 
     def schedule(self, now_ms: float = 0.0) -> StepPlan:
         slots = self.slots
@@ -331,6 +366,7 @@ class Scheduler:
             waiting = self.waiting
             max_seqs = self.config.max_num_seqs
             chunked = self.config.enable_chunked_prefill
+            counts = slots.counts_misses
             while waiting and budget > 0:
                 if len(running) == max_seqs:
                     break
@@ -344,7 +380,7 @@ class Scheduler:
                 if n > budget:
                     n = budget
                 first = r.num_cached_tokens < 0
-                if first:
+                if first and counts:
                     misses = slots.misses(r, num_hit)
                 if not allocate(r, n, num_hit, hit):
                     break
@@ -356,8 +392,8 @@ class Scheduler:
                 r.num_computed = num_hit
                 if first:
                     r.num_cached_tokens = num_hit
-                    slots.add_misses(misses)
-                    self.regret_blocks += misses[2]
+                    if counts:
+                        slots.add_misses(misses)
                 if r.first_sched_ms < 0:
                     r.first_sched_ms = now_ms
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from blockpool.block_hasher import get_request_block_hasher
 from blockpool.hashing import BlockHash, HashFn
+from blockpool.miss_reasons import first_unstored
 from blockpool.pool import BlockPool
 from blockpool.trace.keys import make_request
 from blockpool.trace.reader import Trace
@@ -114,23 +115,12 @@ class SequenceDriver:
     ) -> None:
         stored = self.stored
         assert stored is not None
-        lo, hi = k, num_full  # stored hashes are a prefix of the chain
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if hashes[mid] in stored:
-                lo = mid + 1
-            else:
-                hi = mid
-        seen = lo
+        seen = first_unstored(hashes, k, num_full, stored)
         last_token = 0
         if max_hit < num_full and k == max_hit:
             last_token = 1 if self.pool.get_cached_block(hashes[max_hit], self.gids) else 0
-        reasons = self.result.miss_reasons
-        reasons["last_token"] += last_token
-        reasons["block_size_floor"] += 1 if num_blocks > num_full else 0
-        reasons["evicted"] += seen - k - last_token
-        reasons["cold"] += num_full - seen
-        self.result.regret_blocks += seen - k - last_token
+        partial = 1 if num_blocks > num_full else 0
+        self.result.misses.add(k, seen, num_full, last_token, partial)
         stored.update(hashes[seen:num_full])
 
 

@@ -24,9 +24,12 @@ from typing import Protocol
 
 from blockpool.block import KVCacheBlock
 from blockpool.hashing import BlockHash, group_id_suffix
+from blockpool.miss_reasons import MissTally, first_unstored
 from blockpool.pool import BlockPool
 
 _GID0 = group_id_suffix(0)
+# MissTally.add's arguments: (hit, seen, full, last_token, partial) blocks
+MissArgs = tuple[int, int, int, int, int]
 
 
 class SlotRequest(Protocol):
@@ -49,9 +52,12 @@ class SlotRequest(Protocol):
 
 class SlotBackend(Protocol):
     """What the scheduler asks of the KV cache (``KVSlots`` on a BlockPool;
-    a live driver could put the same calls on a service's engine)."""
+    ``RuntimeSlots`` on a PoolRuntime's operations).  ``counts_misses``:
+    whether ``misses``/``add_misses`` classify first admissions (the
+    service's analysis does that for the runtime's)."""
 
     stats: LookupStats
+    counts_misses: bool
 
     def lookup(self, req: SlotRequest) -> tuple[list[KVCacheBlock], int]: ...
 
@@ -69,9 +75,9 @@ class SlotBackend(Protocol):
 
     def free(self, req: SlotRequest) -> None: ...
 
-    def misses(self, req: SlotRequest, num_hit: int) -> tuple[int, int, int, int]: ...
+    def misses(self, req: SlotRequest, num_hit: int) -> MissArgs: ...
 
-    def add_misses(self, m: tuple[int, int, int, int]) -> None: ...
+    def add_misses(self, m: MissArgs) -> None: ...
 
 
 class LookupStats:
@@ -90,6 +96,17 @@ class LookupStats:
         self.requests = self.queries = self.hits = 0
         self.preempted_requests = self.preempted_queries = self.preempted_hits = 0
 
+    def count(self, req: SlotRequest, hit_tokens: int) -> None:
+        """One lookup of ``req``'s tokens that found ``hit_tokens``."""
+        if req.num_preemptions:
+            self.preempted_requests += 1
+            self.preempted_queries += req.num_tokens
+            self.preempted_hits += hit_tokens
+        else:
+            self.requests += 1
+            self.queries += req.num_tokens
+            self.hits += hit_tokens
+
     def to_json(self) -> dict[str, int | float]:
         return {
             "prefix_cache_queries": self.queries,
@@ -105,7 +122,11 @@ class LookupStats:
 class KVSlots:
     """Block tables of the requests that hold blocks, on one ``BlockPool``."""
 
-    def __init__(self, pool: BlockPool, block_size: int, max_model_len: int) -> None:
+    counts_misses = True
+
+    def __init__(
+        self, pool: BlockPool, block_size: int, max_model_len: int, tally: MissTally | None = None
+    ) -> None:
         self.pool = pool
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -114,7 +135,7 @@ class KVSlots:
         self.stats = LookupStats()
         self.stored = 0  # blocks made reachable by hash (evictions: stored - cached at the end)
         self.ever: set[BlockHash] = set()  # every hash stored so far (the miss reasons)
-        self.reasons = {"last_token": 0, "block_size_floor": 0, "evicted": 0, "cold": 0}
+        self.tally = MissTally() if tally is None else tally
         self.caching = pool.enable_caching
         # lookups to resume: rid -> (eviction log position, blocks limit, hit, keys)
         self._memo: dict[str, tuple[int, int, list[KVCacheBlock], set[bytes]]] = {}
@@ -162,15 +183,7 @@ class KVSlots:
         self._memo[req.rid] = (self._log_base + len(self._evicted), n, hit, keys)
         hit = list(hit)
         tokens = len(hit) * bs
-        st = self.stats
-        if req.num_preemptions:
-            st.preempted_requests += 1
-            st.preempted_queries += req.num_tokens
-            st.preempted_hits += tokens
-        else:
-            st.requests += 1
-            st.queries += req.num_tokens
-            st.hits += tokens
+        self.stats.count(req, tokens)
         return hit, tokens
 
     def allocate(
@@ -267,37 +280,25 @@ class KVSlots:
         self.ever.update(req.block_hashes[done:full])
         self.num_cached[rid] = full
 
-    def misses(self, req: SlotRequest, num_hit: int) -> tuple[int, int, int, int]:
+    def misses(self, req: SlotRequest, num_hit: int) -> MissArgs:
         """The miss reasons of a request about to be first scheduled with
-        ``num_hit`` cached tokens, before its own blocks are stored:
-        ``(last_token, block_size_floor, evicted, cold)`` in blocks (the
-        names of ``blockpool.trace.results``); ``add_misses`` counts them."""
+        ``num_hit`` cached tokens, before its own blocks are stored: the
+        arguments of ``MissTally.add``, which ``add_misses`` calls."""
         bs = self.block_size
         hashes = req.block_hashes
         n = req.num_tokens
         k = num_hit // bs
         num_full = min(n // bs, len(hashes))
         max_hit = min((n - 1) // bs, num_full)
-        ever = self.ever
-        lo, hi = k, num_full  # the hashes stored so far are a prefix of the chain
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if hashes[mid] in ever:
-                lo = mid + 1
-            else:
-                hi = mid
+        seen = first_unstored(hashes, k, num_full, self.ever)
         last = 0
         if max_hit < num_full and k == max_hit:
             cache = self.pool.cached_block_hash_to_block._cache
             last = 1 if hashes[max_hit] + _GID0 in cache else 0
-        return last, 1 if n % bs else 0, lo - k - last, num_full - lo
+        return k, seen, num_full, last, 1 if n % bs else 0
 
-    def add_misses(self, m: tuple[int, int, int, int]) -> None:
-        r = self.reasons
-        r["last_token"] += m[0]
-        r["block_size_floor"] += m[1]
-        r["evicted"] += m[2]
-        r["cold"] += m[3]
+    def add_misses(self, m: MissArgs) -> None:
+        self.tally.add(*m)
 
     def free(self, req: SlotRequest) -> None:
         """Give the request's blocks back, last block first."""

@@ -52,6 +52,12 @@ async def test_upload_start_run_to_the_end(api: Api) -> None:
     assert stats["hit_rate"] == pytest.approx(88 / 168)
     assert done["progress"] == 1.0 and done["requests_running"] == 0
     assert api.engine.manager.requests == {}
+    # /metrics reads the same figures
+    text = (await api.get("/metrics")).text
+    figures = {"requests_arrived": 12, "requests_finished": 12, "hit_tokens": 88,
+               "prompt_tokens": 168, "preemptions": 0}  # fmt: skip
+    for name, value in figures.items():
+        assert f"blockpool_trace_{name}_total {float(value)}" in text, name
 
 
 async def test_the_bound_for_the_what_if_panel(api: Api) -> None:

@@ -37,8 +37,6 @@ APP_RANK = {
 ASSEMBLY = {"app.main", "app.cli", "app.cli_trace", "app.api.assembly"}
 
 KNOWN = {
-    # the miss-reason names: a shared vocabulary, to move down to core
-    ("blockpool.trace.results", "blockpool.analysis.reasons"),
     # the engine creates its analysis host; the collector reads the analysis' families
     ("app.engine", "app.analysis.host"),
     ("app.metrics", "app.analysis.prom"),

@@ -41,6 +41,11 @@ DEEPSEEK_V3 = {
 }
 
 
+def _cli(trace_file: Path) -> list[str]:
+    """``blockpool trace`` on the test trace (64 tokens per id)."""
+    return ["trace", str(trace_file), "--tokens-per-id", "64"]
+
+
 def test_sizes_and_units() -> None:
     assert parse_bytes("8GiB") == 8 << 30
     assert parse_bytes("1.5 GB") == 1_500_000_000
@@ -139,10 +144,7 @@ def test_log_grid_and_target_search() -> None:
 
 def test_cli_bytes_policies_json(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
-        "trace",
-        str(trace_file),
-        "--tokens-per-id",
-        "64",
+        *_cli(trace_file),
         "--capacity",
         "64KiB,256KiB,inf",
         "--bytes-per-token",
@@ -168,10 +170,7 @@ def test_cli_bytes_policies_json(trace_file: Path, capsys: pytest.CaptureFixture
 
 def test_cli_sweep_csv_and_target(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
-        "trace",
-        str(trace_file),
-        "--tokens-per-id",
-        "64",
+        *_cli(trace_file),
         "--capacity-blocks",
         "4,64",
         "--sweep",
@@ -242,10 +241,7 @@ def test_plot_draws_a_png(trace_file: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "curve.png"
     argv = [
-        "trace",
-        str(trace_file),
-        "--tokens-per-id",
-        "64",
+        *_cli(trace_file),
         "--capacity",
         "16KiB,64KiB,256KiB",
         "--bytes-per-token",

@@ -1,45 +1,51 @@
-"""Timed mode: arrivals, decode, preemption of the newest, on a RequestManager."""
+"""Timed mode with the scheduler's features off: arrivals, decode, preemption
+of the newest, whole prompts."""
 
 from __future__ import annotations
 
-from blockpool import RequestManager, check_invariants, sha256
+from blockpool import BlockPool, check_invariants, init_none_hash, sha256
 from blockpool.trace import Trace, one_pass_curve, parse_mooncake, read_trace
+from blockpool.trace.engine import StepModel
 from blockpool.trace.results import CapacityResult
-from blockpool.trace.sequence import make_pool
-from blockpool.trace.timed import ManagerBackend, TimedConfig, replay_timed, run_timed
+from blockpool.trace.scheduled import ScheduledRun, run_scheduled
+from blockpool.trace.timed import TimedConfig, replay_timed, simple_scheduler
 from tests.trace.helpers import HEAD50, row, rows_to_lines
 
 
-def _run(
-    trace: Trace, blocks: int, bs: int, cfg: TimedConfig
-) -> tuple[CapacityResult, ManagerBackend]:
-    pool = make_pool(blocks, bs)
+def _run(trace: Trace, blocks: int, bs: int, cfg: TimedConfig) -> ScheduledRun:
+    init_none_hash(sha256)
+    pool = BlockPool(blocks, True, bs, False)
     res = CapacityResult(blocks * bs, blocks)
-    backend = ManagerBackend(RequestManager(pool, hash_fn=sha256), res)
-    run_timed(trace, backend, res, blocks - 1, bs, cfg)
+    sched = simple_scheduler(cfg.max_running)
+    run = run_scheduled(
+        trace, pool, bs, sha256, res, sched, StepModel(cfg.step_ms), cfg.speed, records=True
+    )
     check_invariants(pool)
     assert pool.get_num_free_blocks() == blocks - 1
-    assert not backend.manager.requests
-    return res, backend
+    return run
 
 
 def test_the_newest_request_is_preempted_and_recomputed() -> None:
     # block size 1, 5 usable blocks.  A (2 + 4 tokens) and B (2 + 3) arrive together.
     trace = parse_mooncake(rows_to_lines([row(0, [1, 2], 2, 4), row(0, [3, 4], 2, 3)]), 1)
-    res, _ = _run(trace, 6, 1, TimedConfig(step_ms=1))
+    run = _run(trace, 6, 1, TimedConfig(step_ms=1))
+    res, x = run.result, run.result.extra
     # step 1 admits both (4 blocks); step 2: A takes the last free block, B finds
     # none and is preempted (it is the newest); A then evicts B's two blocks and
     # finishes at step 4; B is readmitted with its prompt and its one output
-    # token (3 tokens, nothing left to hit), evicting A's blocks as it goes.
+    # token (3 tokens a lookup), evicting A's blocks as it goes.
     assert res.preemptions == 1
-    assert res.extra["recompute_tokens"] == 3 and res.extra["recompute_hit_tokens"] == 0
-    assert (res.hit_tokens, res.evictions, res.admitted, res.extra["steps"]) == (0, 6, 2, 6)
+    a, b = run.records
+    assert (a.preemptions, b.preemptions) == (0, 1)
+    assert (a.finish_order, b.finish_order) == (0, 1) and (a.e2e_ms, b.e2e_ms) == (4.0, 6.0)
+    assert x["preempted_prefix_cache_queries"] == 3 * x["preempted_prefix_cache_lookups"] > 0
+    assert (res.hit_tokens, res.evictions, res.admitted) == (0, 6, 2)
     assert res.miss_reasons["cold"] == 4
 
 
 def test_a_request_that_can_never_fit_is_refused_at_arrival() -> None:
     trace = parse_mooncake(rows_to_lines([row(0, [1, 2], 2, 5), row(1, [1], 1, 1)]), 1)
-    res, _ = _run(trace, 6, 1, TimedConfig())
+    res = _run(trace, 6, 1, TimedConfig()).result
     # the first needs 2 + 5 - 1 = 6 blocks of the 5 usable
     assert (res.refused, res.refused_tokens, res.admitted, res.hit_tokens) == (1, 2, 1, 0)
 
@@ -55,11 +61,14 @@ def test_spaced_arrivals_unbounded_hit_like_sequence_mode() -> None:
     (seq,) = one_pass_curve(trace, 16, [None])
     assert timed.hit_tokens == seq.hit_tokens > 0
     assert timed.evictions == 0 and timed.preemptions == 0
+    # the scheduler's slots classify misses as sequence mode does
+    assert timed.miss_reasons == seq.miss_reasons and seq.miss_reasons["cold"] > 0
+    assert timed.regret_blocks == seq.regret_blocks == 0
 
 
 def test_a_small_pool_under_load_preempts_and_stays_consistent() -> None:
     trace = read_trace(HEAD50)
-    res, backend = _run(trace, 3000, 16, TimedConfig(speed=1000.0))
+    res = _run(trace, 3000, 16, TimedConfig(speed=1000.0)).result
     assert res.preemptions > 0 and res.evictions > 0 and res.refused > 0
     assert res.admitted + res.refused == len(trace)
-    assert backend.manager.stats.hits >= res.hit_tokens
+    assert res.extra["prefix_cache_hits"] >= res.hit_tokens

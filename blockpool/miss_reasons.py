@@ -1,0 +1,123 @@
+"""The miss reasons: their names (the one list), their codes, and the tally
+every classifier counts them in (the service's analysis, the trace replays).
+
+What each reason means: ``blockpool/analysis/misses.py``.  A trace replay
+(no extra keys across its requests' first blocks, one request admitted at a
+time, no reset) finds the first four, ``REPLAY_REASONS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterator, MutableMapping, Sequence
+from typing import Any
+
+REASONS = (
+    "last_token",
+    "block_size_floor",
+    "cold",
+    "evicted",
+    "extra_keys",
+    "chain_broken",
+    "reset",
+)
+HIT, LAST_TOKEN, FLOOR, COLD, EVICTED, EXTRA_KEYS, CHAIN_BROKEN, RESET_DROP = range(8)
+NUM_CODES = len(REASONS) + 1
+CODE_NAMES = (None, *REASONS)
+REPLAY_REASONS = REASONS[:4]
+
+
+def first_unstored(hashes: Sequence[Any], lo: int, hi: int, stored: Container[Any]) -> int:
+    """The first of ``hashes[lo:hi]`` never stored (``hi`` when all were):
+    the hashes stored so far are a prefix of a chain, so a bisection finds it."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if hashes[mid] in stored:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+class MissTally:
+    """Prompt blocks per miss reason (``blocks[code]``, 0: hits) and the
+    regrets: blocks stored again after their eviction."""
+
+    __slots__ = ("blocks", "regret_blocks")
+
+    def __init__(self) -> None:
+        self.blocks = [0] * NUM_CODES
+        self.regret_blocks = 0
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MissTally):
+            return NotImplemented
+        return (self.blocks, self.regret_blocks) == (other.blocks, other.regret_blocks)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"MissTally({self.counts()}, regret_blocks={self.regret_blocks})"
+
+    def add(self, hit: int, seen: int, full: int, last_token: int, partial: int) -> None:
+        """A prompt of ``full`` full blocks whose first ``hit`` hit and whose
+        first ``seen`` were stored before: ``last_token`` (0/1) of the block
+        at ``hit`` was still cached but holds the last prompt token; the
+        other blocks before ``seen`` were evicted since, those from ``seen``
+        never stored; ``partial`` (0/1): it ends in a partial block."""
+        self.blocks[HIT] += hit
+        self.add_counts(last_token, partial, seen - hit - last_token, full - seen)
+
+    def add_counts(self, last_token: int, floor: int, evicted: int, cold: int) -> None:
+        """Blocks of the four reasons a replay finds (one prompt's, or the
+        sums over prompts); each evicted one is a regret."""
+        b = self.blocks
+        b[LAST_TOKEN] += last_token
+        b[FLOOR] += floor
+        b[EVICTED] += evicted
+        b[COLD] += cold
+        self.regret_blocks += evicted
+
+    def add_codes(self, codes: bytes) -> list[int]:
+        """A prompt's per-block codes; their count per code."""
+        counts = [codes.count(code) for code in range(NUM_CODES)]
+        b = self.blocks
+        for code, n in enumerate(counts):
+            b[code] += n
+        return counts
+
+    def counts(self, names: Sequence[str] = REASONS) -> dict[str, int]:
+        """``{reason: blocks}`` of ``names``."""
+        b = self.blocks
+        return {name: b[REASONS.index(name) + 1] for name in names}
+
+
+class ReasonCounts(MutableMapping[str, int]):
+    """A tally's blocks by reason name, for ``names`` (a live view: what is
+    written goes to the tally)."""
+
+    def __init__(self, tally: MissTally, names: Sequence[str] = REASONS) -> None:
+        self.tally = tally
+        self.names = tuple(names)
+
+    def _code(self, name: str) -> int:
+        if name not in self.names:
+            raise KeyError(name)
+        return REASONS.index(name) + 1
+
+    def __getitem__(self, name: str) -> int:
+        return self.tally.blocks[self._code(name)]
+
+    def __setitem__(self, name: str, value: int) -> None:
+        self.tally.blocks[self._code(name)] = value
+
+    def __delitem__(self, name: str) -> None:
+        raise TypeError("a reason's count can be changed, not removed")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
