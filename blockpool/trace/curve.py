@@ -30,7 +30,13 @@ stored* copy still cached, which can differ by capacity.  In both cases the
 capacities involved no longer share ``G``: the stack is copied and each
 group goes on alone (:meth:`OnePassCurve.stacks` counts them).  Each copy
 splits a set of capacities in two, so there are at most ``len(capacities)``
-stacks, and the result stays exact for every capacity asked for.
+stacks, and the result stays exact for every capacity asked for.  A copy
+shares the first stack's key -> position map (positions are the same in
+every stack; a refused request leaves its own empty) and corrects it only
+where the first stack last stored a key in a request the copy refused.
+
+Evictions are counted at the end: every hashed entry a capacity stored was
+hit once, was evicted, or is still in its queue.
 
 No hashing is needed: blocks are named by :class:`~blockpool.trace.keys.BlockKeys`.
 """
@@ -38,7 +44,7 @@ No hashing is needed: blocks are named by :class:`~blockpool.trace.keys.BlockKey
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -59,7 +65,14 @@ class _Stack:
     the per-request work is a few array operations, not a loop per block).
 
     The per-capacity columns (``caps``, ``usable``, ``bound``, ``empties``,
-    ``hits``, ``last``) are lists in the same order."""
+    ``hits``, ``last``) are lists in the same order.  Positions in ``G`` are
+    the same in every stack (a request refused by a stack leaves its
+    positions empty there), and only the first stack -- the one holding the
+    largest capacity -- keeps the key -> position map.  Another stack sees a
+    key where the first one does, except where the first one last stored it
+    in a request this stack refused: ``regions`` holds those requests'
+    positions and where this stack had their keys; ``stored`` says which
+    keys it ever stored."""
 
     __slots__ = (
         "acc",
@@ -73,8 +86,8 @@ class _Stack:
         "live",
         "multi",
         "parts",
-        "pos",
-        "top",
+        "regions",
+        "stored",
         "usable",
     )
 
@@ -87,18 +100,20 @@ class _Stack:
         self.last = [0] * len(caps)  # cached blocks holding the last token, per capacity
         self.live: BoolArray = np.zeros(length, dtype=np.bool_)  # entries not moved up
         self.parts: list[int] = []  # positions of the unhashed entries, rising (never moved)
-        self.pos: IntArray = np.full(num_keys, -1, dtype=np.int64)  # key -> top live copy
         self.multi: ByteArray = np.zeros(num_keys, dtype=np.uint8)  # key -> 1: in ``extra``
         self.extra: dict[int, list[int]] = {}  # key -> copies' positions, first stored first
-        self.top = 0
+        # (start, end, highest full block's position, this stack's positions of its keys)
+        # of the refused requests whose positions are still above a boundary
+        self.regions: list[tuple[int, int, int, IntArray]] = []
+        self.stored: BoolArray | None = None  # None: the first stack (its map says)
         # admitted, partial tail blocks, cold blocks, stored blocks seen: the same
         # for every capacity of the stack (added to their results at the end)
         self.acc = [0, 0, 0, 0]
         self.least = min(usable, default=_BIG)  # refusals start below this many blocks
 
-    def split(self, take: set[int]) -> _Stack:
+    def split(self, take: set[int], pos: IntArray) -> _Stack:
         """A copy of the stack for the capacities (result indices) in ``take``,
-        which leave this one."""
+        which leave this one (``pos``: the first stack's map)."""
         other = _Stack.__new__(_Stack)
         idx = [i for i, c in enumerate(self.caps) if c in take]
         rest = [i for i, c in enumerate(self.caps) if c not in take]
@@ -107,15 +122,42 @@ class _Stack:
             setattr(other, name, [col[i] for i in idx])
             setattr(self, name, [col[i] for i in rest])
         other.live = self.live.copy()
-        other.pos = self.pos.copy()
-        other.multi = self.multi.copy()
         other.parts = list(self.parts)
+        other.multi = self.multi.copy()
         other.extra = {k: list(v) for k, v in self.extra.items()}
-        other.top = self.top
+        other.regions = list(self.regions)
+        other.stored = pos >= 0 if self.stored is None else self.stored.copy()
         other.acc = list(self.acc)
         other.least = min(other.usable, default=_BIG)
         self.least = min(self.usable, default=_BIG)
         return other
+
+    def true_olds(self, olds: IntArray) -> IntArray:
+        """This stack's positions of a chain's keys, from the first stack's
+        (exact at and above every boundary here; below, only below)."""
+        regions = self.regions
+        if not regions or not len(olds) or int(olds[0]) < regions[0][0]:
+            return olds
+        olds = olds.copy()
+        for start, end, hi, theirs in reversed(regions):  # newest first: they point older
+            inside = (olds >= start) & (olds < end)
+            if inside.any():
+                olds[inside] = theirs[hi - olds[inside]]
+        return olds
+
+    def prune(self) -> None:
+        """Forget what no boundary can see any more: refused requests' positions
+        below every boundary, keys with at most one copy above every boundary."""
+        low = min(self.bound, default=0)
+        regions = self.regions
+        while regions and regions[0][1] <= low:
+            regions.pop(0)
+        if low and self.extra:
+            multi = self.multi
+            for key, copies in list(self.extra.items()):
+                if sum(p >= low for p in copies) <= 1:
+                    del self.extra[key]
+                    multi[key] = 0
 
 
 def _advance(live: BoolArray, b: int, x: int) -> int:
@@ -170,6 +212,10 @@ class OnePassCurve:
             self.results.append(CapacityResult(cap, blocks))
             self.usable.append(None if blocks is None else blocks - 1)
         self._stacks: list[_Stack] = []
+        self.pos: IntArray = np.zeros(0, dtype=np.int64)  # key -> top copy (first stack's)
+        self.top = 0  # G's length
+        self._seen = 0  # the chain's keys the first stack stored before (this request)
+        self._since_prune = 0
         self.splits = 0  # stacks copied (refusals and copies)
         self.copy_splits = 0  # of which: capacities touching different copies
 
@@ -186,18 +232,11 @@ class OnePassCurve:
             num_keys = max((int(c.max()) for c in chains if len(c)), default=-1) + 1
             length = sum(-(-r.input_length // bs) for r in reqs) + 1
             usable = [_BIG if u is None else u for u in self.usable]
+            self.pos = np.full(num_keys, -1, dtype=np.int64)
+            # the first stack holds the largest capacity: it refuses only what all refuse
             self._stacks = [_Stack(list(range(len(self.results))), usable, num_keys, length)]
-        step = self._step
         for i, req in enumerate(reqs):
-            n = req.input_length
-            chain = chains[i]
-            num_full = len(chain)
-            max_hit = (n - 1) // bs
-            if max_hit > num_full:
-                max_hit = num_full
-            num_blocks = -(-n // bs)
-            for stack in list(self._stacks):
-                step(stack, n, num_blocks, num_full, max_hit, chain)
+            self.step(req.input_length, chains[i])
             if progress is not None and (i & 63 == 63 or i + 1 == total):
                 progress(i + 1, total)
         self._count(sum(r.input_length for r in reqs))
@@ -212,7 +251,7 @@ class OnePassCurve:
         bs = self.block_size
         for stack in self._stacks:
             admitted, partial, cold, seen = stack.acc
-            live, top = stack.live, stack.top
+            live, top = stack.live, self.top
             for i, c in enumerate(stack.caps):
                 res = self.results[c]
                 k, last = stack.hits[i], stack.last[i]
@@ -236,12 +275,40 @@ class OnePassCurve:
         Refusals are counted at once, the other counts when :meth:`run` ends."""
         bs = self.block_size
         num_full = len(chain)
-        max_hit = min((num_tokens - 1) // bs, num_full)
-        for stack in list(self._stacks):
-            self._step(stack, num_tokens, -(-num_tokens // bs), num_full, max_hit, chain)
+        max_hit = (num_tokens - 1) // bs
+        if max_hit > num_full:
+            max_hit = num_full
+        num_blocks = -(-num_tokens // bs)
+        stacks = self._stacks
+        if not stacks:
+            return
+        if num_blocks > max(stacks[0].usable):  # refused everywhere: nothing moves
+            for stack in stacks:
+                self._refuse(stack.caps, num_tokens)
+            return
+        pos = self.pos
+        olds = pos[chain]  # -1: never stored; falling along the chain
+        for stack in list(stacks):
+            self._step(stack, num_tokens, num_blocks, num_full, max_hit, chain, olds)
+        top = self.top
+        hi = top + num_blocks - 1  # block j lands at hi - j
+        if num_full:
+            pos[chain] = np.arange(hi, hi - num_full, -1, dtype=np.int64)
+        self.top = top + num_blocks
+        self._since_prune += 1
+        if self._since_prune == 16:  # now and then
+            self._since_prune = 0
+            for stack in stacks:
+                stack.prune()
+
+    def _refuse(self, caps: Iterable[int], num_tokens: int) -> None:
+        for c in caps:
+            r = self.results[c]
+            r.refused += 1
+            r.refused_tokens += num_tokens
 
     def _part(self, stack: _Stack, take: set[int]) -> _Stack:
-        part = stack.split(take)
+        part = stack.split(take, self.pos)
         self._stacks.append(part)
         self.splits += 1
         return part
@@ -254,29 +321,49 @@ class OnePassCurve:
         num_full: int,
         max_hit: int,
         chain: IntArray,
+        olds: IntArray,
     ) -> None:
+        """One request on one stack; ``olds``: the first stack's positions of
+        the chain's keys before it (the first stack goes first)."""
+        top = self.top
         if num_blocks > stack.least:
             refused = {c for c, u in zip(stack.caps, stack.usable, strict=True) if u < num_blocks}
-            for c in refused:
-                r = self.results[c]
-                r.refused += 1
-                r.refused_tokens += num_tokens
-            if len(refused) == len(stack.caps):
+            self._refuse(refused, num_tokens)
+            # the refusing stack (never the first: it refuses only what all do)
+            # keeps where it had the request's keys
+            out = stack if len(refused) == len(stack.caps) else self._part(stack, refused)
+            out.regions.append((top, top + num_blocks, top + num_blocks - 1, out.true_olds(olds)))
+            if out is stack:
                 return
-            self._part(stack, refused)
+        first = stack.stored is None
         bound = stack.bound
-        pos = stack.pos
-        olds = pos[chain]  # -1: never stored in this stack; falling along the chain
-        if num_full:
+        if first:
             # entries at or above each boundary: a prefix of the chain
-            q = olds[::-1].searchsorted([0, *bound]).tolist()
-            seen = num_full - q[0]
-            top_hits = num_full - min(q[1:])
-            hits = [(h if (h := num_full - x) < max_hit else max_hit) for x in q[1:]]
-            k_top = top_hits if top_hits < max_hit else max_hit
+            q = (
+                olds[::-1].searchsorted([0, *bound]).tolist()
+                if num_full
+                else [0] * (len(bound) + 1)
+            )
+            seen = self._seen = num_full - q[0]
+            q = q[1:]
+            mine = olds
         else:
-            seen = k_top = 0
-            hits = [0] * len(bound)
+            mine = stack.true_olds(olds)
+            q = mine[::-1].searchsorted(bound).tolist() if num_full else [0] * len(bound)
+            seen = self._seen  # what this stack stored is a prefix of that
+            stored = stack.stored
+            assert stored is not None
+            if seen and not stored[chain[seen - 1]]:
+                lo, hi = 0, seen - 1
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if stored[chain[mid]]:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                seen = lo
+        hits = [(h if (h := num_full - x) < max_hit else max_hit) for x in q]
+        k_top = max(hits, default=0)
         extra, multi = stack.extra, stack.multi
         chosen: dict[int, tuple[int, list[int]]] = {}
         flagged = bool(extra) and num_full > 0 and np.count_nonzero(multi[chain]) > 0
@@ -291,39 +378,41 @@ class OnePassCurve:
                         idx = next(i for i, p in enumerate(copies) if p >= b)
                         groups.setdefault(idx, set()).add(c)
                 if len(groups) > 1:  # capacities touch different copies: part them
-                    for group in list(groups.values())[1:]:
+                    parts = list(groups.values())
+                    if first:  # the largest capacity's group stays in the first stack
+                        big = stack.caps[stack.usable.index(max(stack.usable))]
+                        parts.sort(key=lambda g: big in g)
+                    for group in parts[:-1]:
                         part = self._part(stack, group)
                         self.copy_splits += 1
-                        self._step(part, num_tokens, num_blocks, num_full, max_hit, chain)
-                    self._step(stack, num_tokens, num_blocks, num_full, max_hit, chain)
+                        self._step(part, num_tokens, num_blocks, num_full, max_hit, chain, olds)
+                    self._step(stack, num_tokens, num_blocks, num_full, max_hit, chain, olds)
                     return
                 (idx,) = groups
                 chosen[j] = (idx, copies)
 
         # --- update G: hits move to the top, the rest are new entries
+        if stack.stored is not None and seen < num_full:
+            stack.stored[chain[seen:]] = True
         live = stack.live
         if k_top:
             if chosen:
-                kills = olds[:k_top].copy()
+                kills = mine[:k_top].copy()
                 for j, (idx, copies) in chosen.items():
                     kills[j] = copies[idx]
-                live[kills] = 0
+                live[kills] = False
             else:
-                live[olds[:k_top]] = 0
-        t = stack.top
-        hi = t + num_blocks - 1  # block j lands at hi - j
+                live[mine[:k_top]] = False
+        hi = top + num_blocks - 1  # block j lands at hi - j
         partial = 1 if num_blocks > num_full else 0
         if partial:
-            stack.parts.append(t)
-        live[t : t + num_blocks] = True
-        if num_full:
-            pos[chain] = np.arange(hi, hi - num_full, -1, dtype=np.int64)
-        stack.top = t + num_blocks
+            stack.parts.append(top)
+        live[top : top + num_blocks] = True
         for j, (idx, copies) in chosen.items():
             copies[idx] = hi - j
         last = num_full - 1
         stored_last = max_hit < num_full and seen == num_full  # the last block was stored
-        old_last = int(olds[last]) if stored_last else -1
+        old_last = int(mine[last]) if stored_last else -1
         # (an unbounded capacity's boundary stays 0: the block is cached there)
         dup = stored_last and old_last >= min(bound)
         if flagged and k_top < num_full:
