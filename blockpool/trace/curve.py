@@ -216,6 +216,7 @@ class OnePassCurve:
         self.top = 0  # G's length
         self._seen = 0  # the chain's keys the first stack stored before (this request)
         self._since_prune = 0
+        self._most = 0  # the largest capacity's usable blocks
         self.splits = 0  # stacks copied (refusals and copies)
         self.copy_splits = 0  # of which: capacities touching different copies
 
@@ -228,18 +229,22 @@ class OnePassCurve:
         total = len(reqs)
         bs = self.block_size
         chains = trace_chains(self.trace, bs)
+        lens = np.fromiter((r.input_length for r in reqs), np.int64, total)
         if self.results:
-            num_keys = max((int(c.max()) for c in chains if len(c)), default=-1) + 1
-            length = sum(-(-r.input_length // bs) for r in reqs) + 1
+            # a key is numbered after its parent's: a chain's last key is its largest
+            num_keys = max((int(c[-1]) for c in chains if len(c)), default=-1) + 1
+            length = int((-(-lens // bs)).sum()) + 1
             usable = [_BIG if u is None else u for u in self.usable]
             self.pos = np.full(num_keys, -1, dtype=np.int64)
             # the first stack holds the largest capacity: it refuses only what all refuse
+            self._most = max(usable)
             self._stacks = [_Stack(list(range(len(self.results))), usable, num_keys, length)]
-        for i, req in enumerate(reqs):
-            self.step(req.input_length, chains[i])
+        step = self.step
+        for i, (n, chain) in enumerate(zip(lens.tolist(), chains, strict=True)):
+            step(n, chain)
             if progress is not None and (i & 63 == 63 or i + 1 == total):
                 progress(i + 1, total)
-        self._count(sum(r.input_length for r in reqs))
+        self._count(int(lens.sum()))
         return self.results
 
     def _count(self, prompt_tokens: int) -> None:
@@ -282,7 +287,7 @@ class OnePassCurve:
         stacks = self._stacks
         if not stacks:
             return
-        if num_blocks > max(stacks[0].usable):  # refused everywhere: nothing moves
+        if num_blocks > self._most:  # refused everywhere: nothing moves
             for stack in stacks:
                 self._refuse(stack.caps, num_tokens)
             return
