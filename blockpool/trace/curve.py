@@ -30,7 +30,13 @@ stored* copy still cached, which can differ by capacity.  In both cases the
 capacities involved no longer share ``G``: the stack is copied and each
 group goes on alone (:meth:`OnePassCurve.stacks` counts them).  Each copy
 splits a set of capacities in two, so there are at most ``len(capacities)``
-stacks, and the result stays exact for every capacity asked for.
+stacks, and the result stays exact for every capacity asked for.  A copy
+shares the first stack's key -> position map (positions are the same in
+every stack; a refused request leaves its own empty) and corrects it only
+where the first stack last stored a key in a request the copy refused.
+
+Evictions are counted at the end: every hashed entry a capacity stored was
+hit once, was evicted, or is still in its queue.
 
 No hashing is needed: blocks are named by :class:`~blockpool.trace.keys.BlockKeys`.
 """
@@ -38,7 +44,7 @@ No hashing is needed: blocks are named by :class:`~blockpool.trace.keys.BlockKey
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -47,62 +53,145 @@ from blockpool.trace.keys import BlockKeys, trace_chains
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult, capacity_blocks
 
-_FULL = 2  # live, hashed
-_PART = 1  # live, no hash (partial tail block)
+_BIG = 1 << 62  # an unbounded capacity's usable blocks: its never-used blocks never run out
 
 IntArray = npt.NDArray[np.int64]
 ByteArray = npt.NDArray[np.uint8]
+BoolArray = npt.NDArray[np.bool_]
 
 
 class _Stack:
     """One LRU stack ``G`` shared by a group of capacities (numpy columns:
-    the per-request work is a few array operations, not a loop per block)."""
+    the per-request work is a few array operations, not a loop per block).
 
-    __slots__ = ("acc", "caps", "extra", "least", "live", "multi", "parts", "pos", "top")
+    The per-capacity columns (``caps``, ``usable``, ``bound``, ``empties``,
+    ``hits``, ``last``) are lists in the same order.  Positions in ``G`` are
+    the same in every stack (a request refused by a stack leaves its
+    positions empty there), and only the first stack -- the one holding the
+    largest capacity -- keeps the key -> position map.  Another stack sees a
+    key where the first one does, except where the first one last stored it
+    in a request this stack refused: ``regions`` holds those requests'
+    positions and where this stack had their keys; ``stored`` says which
+    keys it ever stored."""
 
-    def __init__(self, caps: list[int], num_keys: int, length: int) -> None:
-        self.caps = caps
-        self.live: ByteArray = np.zeros(length, dtype=np.uint8)  # 0 dead, 1 unhashed, 2 hashed
-        self.pos: IntArray = np.full(num_keys, -1, dtype=np.int64)  # key -> top live copy
+    __slots__ = (
+        "acc",
+        "bound",
+        "caps",
+        "empties",
+        "extra",
+        "hits",
+        "last",
+        "least",
+        "live",
+        "multi",
+        "parts",
+        "regions",
+        "stored",
+        "usable",
+    )
+
+    def __init__(self, caps: list[int], usable: list[int], num_keys: int, length: int) -> None:
+        self.caps = caps  # result indices
+        self.usable = usable  # usable blocks (_BIG: unbounded)
+        self.bound = [0] * len(caps)  # the queue's head in G, per capacity
+        self.empties = list(usable)  # never-used blocks left, per capacity
+        self.hits = [0] * len(caps)  # hit blocks, per capacity
+        self.last = [0] * len(caps)  # cached blocks holding the last token, per capacity
+        self.live: BoolArray = np.zeros(length, dtype=np.bool_)  # entries not moved up
+        self.parts: list[int] = []  # positions of the unhashed entries, rising (never moved)
         self.multi: ByteArray = np.zeros(num_keys, dtype=np.uint8)  # key -> 1: in ``extra``
         self.extra: dict[int, list[int]] = {}  # key -> copies' positions, first stored first
-        self.parts: list[int] = []  # positions of the unhashed entries, rising (never killed)
-        self.top = 0
+        # (start, end, highest full block's position, this stack's positions of its keys)
+        # of the refused requests whose positions are still above a boundary
+        self.regions: list[tuple[int, int, int, IntArray]] = []
+        self.stored: BoolArray | None = None  # None: the first stack (its map says)
         # admitted, partial tail blocks, cold blocks, stored blocks seen: the same
         # for every capacity of the stack (added to their results at the end)
         self.acc = [0, 0, 0, 0]
-        self.least = -1  # the smallest bounded capacity's usable blocks (-1: none)
+        self.least = min(usable, default=_BIG)  # refusals start below this many blocks
 
-    def split(self, caps: list[int]) -> _Stack:
+    def split(self, take: set[int], pos: IntArray) -> _Stack:
+        """A copy of the stack for the capacities (result indices) in ``take``,
+        which leave this one (``pos``: the first stack's map)."""
         other = _Stack.__new__(_Stack)
-        other.caps = caps
+        idx = [i for i, c in enumerate(self.caps) if c in take]
+        rest = [i for i, c in enumerate(self.caps) if c not in take]
+        for name in ("caps", "usable", "bound", "empties", "hits", "last"):
+            col = getattr(self, name)
+            setattr(other, name, [col[i] for i in idx])
+            setattr(self, name, [col[i] for i in rest])
         other.live = self.live.copy()
-        other.pos = self.pos.copy()
+        other.parts = list(self.parts)
         other.multi = self.multi.copy()
         other.extra = {k: list(v) for k, v in self.extra.items()}
-        other.parts = list(self.parts)
-        other.top = self.top
+        other.regions = list(self.regions)
+        other.stored = pos >= 0 if self.stored is None else self.stored.copy()
         other.acc = list(self.acc)
-        gone = set(caps)
-        self.caps = [c for c in self.caps if c not in gone]
+        other.least = min(other.usable, default=_BIG)
+        self.least = min(self.usable, default=_BIG)
         return other
 
+    def true_olds(self, olds: IntArray) -> IntArray:
+        """This stack's positions of a chain's keys, from the first stack's
+        (exact at and above every boundary here; below, only below)."""
+        regions = self.regions
+        if not regions or not len(olds) or int(olds[0]) < regions[0][0]:
+            return olds
+        olds = olds.copy()
+        for start, end, hi, theirs in reversed(regions):  # newest first: they point older
+            inside = (olds >= start) & (olds < end)
+            if inside.any():
+                olds[inside] = theirs[hi - olds[inside]]
+        return olds
 
-def _advance(live: ByteArray, top: int, b: int, x: int) -> int:
-    """Skip ``x`` live entries from ``b`` upward: the new boundary."""
+    def prune(self) -> None:
+        """Forget what no boundary can see any more: refused requests' positions
+        below every boundary, keys with at most one copy above every boundary."""
+        low = min(self.bound, default=0)
+        regions = self.regions
+        while regions and regions[0][1] <= low:
+            regions.pop(0)
+        if low and self.extra:
+            multi = self.multi
+            for key, copies in list(self.extra.items()):
+                if sum(p >= low for p in copies) <= 1:
+                    del self.extra[key]
+                    multi[key] = 0
+
+
+def _advance(live: BoolArray, b: int, x: int) -> int:
+    """Skip ``x`` live entries from ``b`` upward: the new boundary (the
+    entries at and above the stack's top are all dead).  A boundary anywhere
+    after the ``x``-th live entry and up to the next one is the same queue."""
+    for _ in range(3):  # counting is cheaper than finding, while the gaps are few
+        c = int(np.count_nonzero(live[b : b + x]))
+        b += x
+        x -= c
+        if not x:
+            return b
     w = 2 * x if x > 32 else 64
     while True:
-        end = b + w
-        if end > top:
-            end = top
-        idx = live[b:end].nonzero()[0]
+        idx = live[b : b + w].nonzero()[0]
         if len(idx) >= x:
             return b + int(idx[x - 1]) + 1
-        if end >= top:
+        if b + w >= len(live):
             raise AssertionError("boundary ran past the stack's top")
         x -= len(idx)
-        b = end
+        b += w
         w *= 2
+
+
+def tally_reasons(
+    res: CapacityResult, last_token: int, partial: int, evicted: int, cold: int
+) -> None:
+    """One capacity's miss reasons from the curve's sums."""
+    reasons = res.miss_reasons
+    reasons["last_token"] = last_token
+    reasons["block_size_floor"] = partial
+    reasons["evicted"] = evicted
+    reasons["cold"] = cold
+    res.regret_blocks = evicted
 
 
 class OnePassCurve:
@@ -122,12 +211,12 @@ class OnePassCurve:
                 raise ValueError(f"{cap} tokens hold no block of {block_size} tokens")
             self.results.append(CapacityResult(cap, blocks))
             self.usable.append(None if blocks is None else blocks - 1)
-        n = len(self.results)
-        self.bound = [0] * n
-        self.empties = [0 if u is None else u for u in self.usable]
         self._stacks: list[_Stack] = []
-        self.hit_blocks = [0] * n
-        self.last_token = [0] * n
+        self.pos: IntArray = np.zeros(0, dtype=np.int64)  # key -> top copy (first stack's)
+        self.top = 0  # G's length
+        self._seen = 0  # the chain's keys the first stack stored before (this request)
+        self._since_prune = 0
+        self._most = 0  # the largest capacity's usable blocks
         self.splits = 0  # stacks copied (refusals and copies)
         self.copy_splits = 0  # of which: capacities touching different copies
 
@@ -140,61 +229,94 @@ class OnePassCurve:
         total = len(reqs)
         bs = self.block_size
         chains = trace_chains(self.trace, bs)
+        lens = np.fromiter((r.input_length for r in reqs), np.int64, total)
         if self.results:
-            num_keys = max((int(c.max()) for c in chains if len(c)), default=-1) + 1
-            length = sum(-(-r.input_length // bs) for r in reqs) + 1
-            self._stacks = [_Stack(list(range(len(self.results))), num_keys, length)]
-            self._least(self._stacks[0])
-        for i, req in enumerate(reqs):
-            self.step(req.input_length, chains[i])
+            # a key is numbered after its parent's: a chain's last key is its largest
+            num_keys = max((int(c[-1]) for c in chains if len(c)), default=-1) + 1
+            length = int((-(-lens // bs)).sum()) + 1
+            usable = [_BIG if u is None else u for u in self.usable]
+            self.pos = np.full(num_keys, -1, dtype=np.int64)
+            # the first stack holds the largest capacity: it refuses only what all refuse
+            self._most = max(usable)
+            self._stacks = [_Stack(list(range(len(self.results))), usable, num_keys, length)]
+        step = self.step
+        for i, (n, chain) in enumerate(zip(lens.tolist(), chains, strict=True)):
+            step(n, chain)
             if progress is not None and (i & 63 == 63 or i + 1 == total):
                 progress(i + 1, total)
-        self._count()
+        self._count(int(lens.sum()))
         return self.results
 
-    def _least(self, stack: _Stack) -> None:
-        bounded = [u for c in stack.caps if (u := self.usable[c]) is not None]
-        stack.least = min(bounded) if bounded else -1
+    def _count(self, prompt_tokens: int) -> None:
+        """Each capacity's counts from its stack's and its own sums.
 
-    def _count(self) -> None:
-        """Each capacity's counts from its stack's and its own sums."""
+        Every hashed entry a capacity stored was hit once (one hit block),
+        evicted, or is still in its queue at the end: the evictions are what
+        is left of the stored blocks."""
         bs = self.block_size
         for stack in self._stacks:
             admitted, partial, cold, seen = stack.acc
-            for c in stack.caps:
+            live, top = stack.live, self.top
+            for i, c in enumerate(stack.caps):
                 res = self.results[c]
-                k, last = self.hit_blocks[c], self.last_token[c]
+                k, last = stack.hits[i], stack.last[i]
+                res.prompt_tokens = prompt_tokens
                 res.admitted = admitted
                 res.hit_tokens = k * bs
-                evicted = seen - k - last
-                reasons = res.miss_reasons
-                reasons["last_token"] = last
-                reasons["block_size_floor"] = partial
-                reasons["evicted"] = evicted
-                reasons["cold"] = cold
-                res.regret_blocks = evicted
+                if stack.empties[i]:  # a never-used block left: nothing was evicted
+                    res.evictions = 0
+                else:
+                    b = stack.bound[i]
+                    cached = int(np.count_nonzero(live[b:top]))  # unhashed ones too
+                    cached -= len(stack.parts) - bisect_left(stack.parts, b)
+                    res.evictions = cold + seen - k - cached
+                tally_reasons(res, last, partial, seen - k - last, cold)
 
     # ----------------------------------------------------------- one request
 
     def step(self, num_tokens: int, chain: IntArray) -> None:
         """One request: ``chain``, its full blocks' keys (``BlockKeys.keys``).
 
-        Refusals and evictions are counted at once, the other counts when
-        :meth:`run` ends."""
+        Refusals are counted at once, the other counts when :meth:`run` ends."""
         bs = self.block_size
-        num_blocks = -(-num_tokens // bs)
         num_full = len(chain)
-        max_hit = min((num_tokens - 1) // bs, num_full)
-        for res in self.results:
-            res.prompt_tokens += num_tokens
-        for stack in list(self._stacks):
-            self._step(stack, num_tokens, num_blocks, num_full, max_hit, chain)
+        max_hit = (num_tokens - 1) // bs
+        if max_hit > num_full:
+            max_hit = num_full
+        num_blocks = -(-num_tokens // bs)
+        stacks = self._stacks
+        if not stacks:
+            return
+        if num_blocks > self._most:  # refused everywhere: nothing moves
+            for stack in stacks:
+                self._refuse(stack.caps, num_tokens)
+            return
+        pos = self.pos
+        olds = pos[chain]  # -1: never stored; falling along the chain
+        for stack in list(stacks):
+            self._step(stack, num_tokens, num_blocks, num_full, max_hit, chain, olds)
+        top = self.top
+        hi = top + num_blocks - 1  # block j lands at hi - j
+        if num_full:
+            pos[chain] = np.arange(hi, hi - num_full, -1, dtype=np.int64)
+        self.top = top + num_blocks
+        self._since_prune += 1
+        if self._since_prune == 16:  # now and then
+            self._since_prune = 0
+            for stack in stacks:
+                stack.prune()
 
-    def _refuse(self, caps: list[int], num_tokens: int) -> None:
+    def _refuse(self, caps: Iterable[int], num_tokens: int) -> None:
         for c in caps:
             r = self.results[c]
             r.refused += 1
             r.refused_tokens += num_tokens
+
+    def _part(self, stack: _Stack, take: set[int]) -> _Stack:
+        part = stack.split(take, self.pos)
+        self._stacks.append(part)
+        self.splits += 1
+        return part
 
     def _step(
         self,
@@ -204,88 +326,101 @@ class OnePassCurve:
         num_full: int,
         max_hit: int,
         chain: IntArray,
+        olds: IntArray,
     ) -> None:
-        usable, bound = self.usable, self.bound
-        if num_blocks > stack.least >= 0:
-            refused = [c for c in stack.caps if (u := usable[c]) is not None and u < num_blocks]
+        """One request on one stack; ``olds``: the first stack's positions of
+        the chain's keys before it (the first stack goes first)."""
+        top = self.top
+        if num_blocks > stack.least:
+            refused = {c for c, u in zip(stack.caps, stack.usable, strict=True) if u < num_blocks}
             self._refuse(refused, num_tokens)
-            if len(refused) == len(stack.caps):
+            # the refusing stack (never the first: it refuses only what all do)
+            # keeps where it had the request's keys
+            out = stack if len(refused) == len(stack.caps) else self._part(stack, refused)
+            out.regions.append((top, top + num_blocks, top + num_blocks - 1, out.true_olds(olds)))
+            if out is stack:
                 return
-            part = stack.split(refused)
-            self._least(part)
-            self._least(stack)
-            self._stacks.append(part)
-            self.splits += 1
-        caps = stack.caps
-        pos, extra, multi = stack.pos, stack.extra, stack.multi
-        olds = pos[chain]  # -1: never stored in this stack
-        missing = (olds < 0).nonzero()[0]
-        seen = int(missing[0]) if len(missing) else num_full
-        lim = min(seen, max_hit)
-        if lim:  # positions fall along the chain: a binary search per capacity
-            # (an unbounded capacity's boundary stays 0, below every position)
-            rising = olds[lim - 1 :: -1]
-            hits = (lim - rising.searchsorted([bound[c] for c in caps])).tolist()
-            k_top = max(hits)
+        first = stack.stored is None
+        bound = stack.bound
+        if first:
+            # entries at or above each boundary: a prefix of the chain
+            q = (
+                olds[::-1].searchsorted([0, *bound]).tolist()
+                if num_full
+                else [0] * (len(bound) + 1)
+            )
+            seen = self._seen = num_full - q[0]
+            q = q[1:]
+            mine = olds
         else:
-            hits = [0] * len(caps)
-            k_top = 0
+            mine = stack.true_olds(olds)
+            q = mine[::-1].searchsorted(bound).tolist() if num_full else [0] * len(bound)
+            seen = self._seen  # what this stack stored is a prefix of that
+            stored = stack.stored
+            assert stored is not None
+            if seen and not stored[chain[seen - 1]]:
+                lo, hi = 0, seen - 1
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if stored[chain[mid]]:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                seen = lo
+        hits = [(h if (h := num_full - x) < max_hit else max_hit) for x in q]
+        k_top = max(hits, default=0)
+        extra, multi = stack.extra, stack.multi
         chosen: dict[int, tuple[int, list[int]]] = {}
-        if extra and k_top and multi[chain[:k_top]].any():
+        flagged = bool(extra) and num_full > 0 and np.count_nonzero(multi[chain]) > 0
+        if flagged and k_top:
             for j in range(k_top):
                 copies = extra.get(int(chain[j]))
                 if copies is None:
                     continue
-                groups: dict[int, list[int]] = {}
-                for c, k in zip(caps, hits, strict=True):
+                groups: dict[int, set[int]] = {}
+                for c, k, b in zip(stack.caps, hits, bound, strict=True):
                     if k > j:
-                        b = -1 if usable[c] is None else bound[c]
                         idx = next(i for i, p in enumerate(copies) if p >= b)
-                        groups.setdefault(idx, []).append(c)
+                        groups.setdefault(idx, set()).add(c)
                 if len(groups) > 1:  # capacities touch different copies: part them
-                    for group in list(groups.values())[1:]:
-                        part = stack.split(group)
-                        self._least(part)
-                        self._least(stack)
-                        self._stacks.append(part)
-                        self.splits += 1
+                    parts = list(groups.values())
+                    if first:  # the largest capacity's group stays in the first stack
+                        big = stack.caps[stack.usable.index(max(stack.usable))]
+                        parts.sort(key=lambda g: big in g)
+                    for group in parts[:-1]:
+                        part = self._part(stack, group)
                         self.copy_splits += 1
-                        self._step(part, num_tokens, num_blocks, num_full, max_hit, chain)
-                    self._step(stack, num_tokens, num_blocks, num_full, max_hit, chain)
+                        self._step(part, num_tokens, num_blocks, num_full, max_hit, chain, olds)
+                    self._step(stack, num_tokens, num_blocks, num_full, max_hit, chain, olds)
                     return
                 (idx,) = groups
                 chosen[j] = (idx, copies)
 
         # --- update G: hits move to the top, the rest are new entries
+        if stack.stored is not None and seen < num_full:
+            stack.stored[chain[seen:]] = True
         live = stack.live
         if k_top:
             if chosen:
-                kills = olds[:k_top].copy()
+                kills = mine[:k_top].copy()
                 for j, (idx, copies) in chosen.items():
                     kills[j] = copies[idx]
-                live[kills] = 0
+                live[kills] = False
             else:
-                live[olds[:k_top]] = 0
-        t = stack.top
-        hi = t + num_blocks - 1  # block j lands at hi - j
+                live[mine[:k_top]] = False
+        hi = top + num_blocks - 1  # block j lands at hi - j
         partial = 1 if num_blocks > num_full else 0
         if partial:
-            live[t] = _PART
-            stack.parts.append(t)
-        live[t + partial : t + num_blocks] = _FULL
-        if num_full:
-            pos[chain] = np.arange(hi, hi - num_full, -1, dtype=np.int64)
-        stack.top = t + num_blocks
+            stack.parts.append(top)
+        live[top : top + num_blocks] = True
         for j, (idx, copies) in chosen.items():
             copies[idx] = hi - j
         last = num_full - 1
-        old_last = int(olds[last]) if num_full else -1
-        dup = (
-            max_hit < num_full
-            and seen == num_full
-            and any(usable[c] is None or old_last >= bound[c] for c in caps)
-        )
-        if extra and k_top < num_full and multi[chain[k_top:num_full]].any():
+        stored_last = max_hit < num_full and seen == num_full  # the last block was stored
+        old_last = int(mine[last]) if stored_last else -1
+        # (an unbounded capacity's boundary stays 0: the block is cached there)
+        dup = stored_last and old_last >= min(bound)
+        if flagged and k_top < num_full:
             for j in range(k_top, num_full - 1 if dup else num_full):
                 key = int(chain[j])
                 if extra.pop(key, None) is not None:
@@ -298,37 +433,32 @@ class OnePassCurve:
                 multi[key] = 1
             else:
                 copies.append(hi - last)
+            lt = stack.last
+            for i, b in enumerate(bound):
+                if old_last >= b:
+                    lt[i] += 1
 
-        # --- per capacity: pops from the head, counts
+        # --- per capacity: pops from the head (never-used blocks first)
         acc = stack.acc
         acc[0] += 1
         acc[1] += partial
         acc[2] += num_full - seen
         acc[3] += seen
-        hit_blocks, empties = self.hit_blocks, self.empties
-        if max_hit < num_full and seen == num_full:  # the last block was stored
-            # (an unbounded capacity's boundary stays 0: the block is cached there)
-            last_token = self.last_token
-            for c in caps:
-                if old_last >= bound[c]:
-                    last_token[c] += 1
-        top = stack.top
-        parts = stack.parts
-        results = self.results
-        for c, k in zip(caps, hits, strict=True):
-            hit_blocks[c] += k
-            if usable[c] is None:
-                continue
+        hk, empties = stack.hits, stack.empties
+        count_nonzero = np.count_nonzero
+        for i, k in enumerate(hits):
+            hk[i] += k
             x = num_blocks - k
-            e = empties[c]
+            e = empties[i]
             if e:
-                use = e if e < x else x
-                empties[c] = e - use
-                x -= use
-            if x:  # the hashed entries skipped are evictions; unhashed ones never die
-                b0 = bound[c]
-                bound[c] = b = _advance(live, top, b0, x)
-                results[c].evictions += x - (bisect_left(parts, b) - bisect_left(parts, b0))
+                if e >= x:
+                    empties[i] = e - x
+                    continue
+                empties[i] = 0
+                x -= e
+            b = bound[i]
+            c = int(count_nonzero(live[b : b + x]))
+            bound[i] = b + x if c == x else _advance(live, b + x, x - c)
 
 
 def one_pass_curve(

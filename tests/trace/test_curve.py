@@ -57,6 +57,20 @@ def test_a_worked_example() -> None:
     _assert_same(trace, 2, [6, None])
 
 
+def test_a_refused_request_stores_nothing_where_it_was_refused() -> None:
+    # block size 2, 2 tokens per id; 8 tokens = 4 blocks = 3 usable
+    rows = [row(0, [1], 2), row(1, [1, 2, 3, 4], 8), row(2, [1, 2], 4), row(3, [1, 2, 3], 5)]
+    trace = parse_mooncake(rows_to_lines(rows), 2)
+    curve = _assert_same(trace, 2, [8, None])
+    small, inf = curve.results
+    assert curve.stacks == 2  # the small pool left at the refusal
+    # B's second block was stored only by the refused request: cold at 3 usable,
+    # cached (but holding B's last token) where that request was taken
+    assert (small.refused, inf.refused) == (1, 0)
+    assert small.miss_reasons["cold"] == 2 and small.miss_reasons["last_token"] == 0  # A, B
+    assert inf.miss_reasons["cold"] == 4 and inf.miss_reasons["last_token"] == 1
+
+
 def test_the_shared_trace_head_at_five_capacities_and_inf() -> None:
     trace = read_trace(HEAD50)
     caps: list[int | None] = [1 << 14, 1 << 16, 1 << 17, 1 << 18, 1 << 19, None]
