@@ -182,18 +182,6 @@ def _advance(live: BoolArray, b: int, x: int) -> int:
         w *= 2
 
 
-def tally_reasons(
-    res: CapacityResult, last_token: int, partial: int, evicted: int, cold: int
-) -> None:
-    """One capacity's miss reasons from the curve's sums."""
-    reasons = res.miss_reasons
-    reasons["last_token"] = last_token
-    reasons["block_size_floor"] = partial
-    reasons["evicted"] = evicted
-    reasons["cold"] = cold
-    res.regret_blocks = evicted
-
-
 class OnePassCurve:
     """Exact sequence-mode counts for many capacities, one pass over the trace."""
 
@@ -270,7 +258,7 @@ class OnePassCurve:
                     cached = int(np.count_nonzero(live[b:top]))  # unhashed ones too
                     cached -= len(stack.parts) - bisect_left(stack.parts, b)
                     res.evictions = cold + seen - k - cached
-                tally_reasons(res, last, partial, seen - k - last, cold)
+                res.misses.add_counts(last, partial, seen - k - last, cold)
 
     # ----------------------------------------------------------- one request
 
