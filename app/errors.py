@@ -12,19 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockpool.runtime.errors import (
-    Conflict,
-    InvalidInput,
-    NotEnoughBlocks,
-    NotFound,
-    OperationError,
-    ResetRefused,
-    TooLarge,
-    Unavailable,
-)
-
-# What the service's handlers catch: every refusal, the library's and its own.
-ApiError = OperationError
+# The library's refusals (every one an OperationError, what the service's
+# handlers catch), re-exported beside the service's own.
+from blockpool.runtime import errors as library_errors
+from blockpool.runtime.errors import *  # noqa: F403
+from blockpool.runtime.errors import OperationError
 
 
 class Unauthorized(OperationError):
@@ -37,15 +29,4 @@ def error_body(
     return {"error": {"status": status, "code": code, "message": message, "details": details or {}}}
 
 
-__all__ = [
-    "ApiError",
-    "Conflict",
-    "InvalidInput",
-    "NotEnoughBlocks",
-    "NotFound",
-    "ResetRefused",
-    "TooLarge",
-    "Unauthorized",
-    "Unavailable",
-    "error_body",
-]
+__all__ = [*library_errors.__all__, "Unauthorized", "error_body"]

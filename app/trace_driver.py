@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from app.errors import ApiError, Conflict, InvalidInput
+from app.errors import Conflict, InvalidInput, OperationError
 from app.schemas import AdmitOp, AppendOp, FinishOp
 from app.workload_task import WorkloadTask
 from blockpool.trace import Trace, TraceLimits, TraceRequest
@@ -323,7 +323,7 @@ class TraceDriver(WorkloadTask[_Live]):
         """One engine command; None when the engine refused it."""
         try:
             result: T = await self.engine.submit(fn)
-        except ApiError:
+        except OperationError:
             logger.exception("trace step refused")
             return None
         return result
@@ -423,7 +423,7 @@ class TraceDriver(WorkloadTask[_Live]):
             )
             try:
                 res = engine.apply(op)
-            except ApiError as exc:
+            except OperationError as exc:
                 if exc.code == "not_enough_blocks" and self.running:
                     self._blocked = (live.rid, int(exc.details.get("requested", 0)))
                     return 0  # no room now; try again once blocks are freed
@@ -465,7 +465,7 @@ class TraceDriver(WorkloadTask[_Live]):
             try:
                 self.engine.apply(AppendOp(request_id=rid, token_ids=toks))
                 return True
-            except ApiError as exc:
+            except OperationError as exc:
                 victim = next(reversed(self.running)) if exc.code == "not_enough_blocks" else rid
                 self._preempt(victim, self.running[victim])
                 if victim == rid:
@@ -473,7 +473,7 @@ class TraceDriver(WorkloadTask[_Live]):
 
     def _preempt(self, rid: str, live: _Live) -> None:
         self.running.pop(rid, None)
-        with contextlib.suppress(ApiError):
+        with contextlib.suppress(OperationError):
             self.engine.apply(FinishOp(request_id=rid))
         self.stats.preemptions += 1
         live.filled = 0
@@ -483,6 +483,6 @@ class TraceDriver(WorkloadTask[_Live]):
         self.running.pop(rid, None)
         try:
             self.engine.apply(FinishOp(request_id=rid))
-        except ApiError:
+        except OperationError:
             logger.warning("trace request %s could not be finished", rid)
         self.stats.finished += 1

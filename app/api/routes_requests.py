@@ -12,7 +12,7 @@ from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
 from app.api.errors import ERROR_RESPONSES, body_of
 from app.api.responses import requests as r
 from app.api.responses import returns
-from app.errors import ApiError, TooLarge
+from app.errors import OperationError, TooLarge
 from app.schemas import AdmitBody, AppendBody, AppendOp, BatchRequest, FinishOp
 from blockpool.runtime.trial import BatchRefused, apply_all
 
@@ -126,13 +126,13 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
     for i, op in enumerate(rops):
         try:
             engine.precheck(op)
-        except ApiError as exc:
+        except OperationError as exc:
             exc.details["op_index"] = i
             exc.message = f"ops[{i}]: {exc.message}"
             raise
     atomic = body.on_error == "rollback"
 
-    def refusal(i: int, exc: ApiError) -> ApiError:
+    def refusal(i: int, exc: OperationError) -> OperationError:
         details = {**exc.details, "op_index": i, "op": rops[i].op}
         return type(exc)(
             f"ops[{i}]: {exc.message} (the batch was not applied: nothing changed)", **details
@@ -154,7 +154,7 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
                 continue
             try:
                 results.append({"ok": True, "result": engine.apply(op)})
-            except ApiError as exc:
+            except OperationError as exc:
                 failed += 1
                 results.append({"ok": False, "error": body_of(exc)["error"]})
         applied = sum(1 for r in results if r["ok"])

@@ -9,6 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = [
+    "Conflict",
+    "InvalidInput",
+    "NotEnoughBlocks",
+    "NotFound",
+    "OperationError",
+    "ResetRefused",
+    "TooLarge",
+    "Unavailable",
+]
+
 
 class OperationError(Exception):
     """A refused operation (or query); nothing was changed."""
