@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect
 
 from app.api.deps import ReadAuth, WriteAuth
 from app.api.errors import ERROR_RESPONSES
-from app.api.responses import returns
+from app.api.responses import route
 from app.api.responses.trace import TraceStatus
 from app.errors import InvalidInput, TooLarge
 from app.trace_driver import MAX_TOKENS_PER_ID, TraceDriver, service_limits
@@ -55,21 +55,17 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-@router.get(
-    "",
-    responses=returns(TraceStatus),
-    dependencies=[ReadAuth],
-    summary="Trace replay status, progress, hit rate",
-)
+@route(router.get, "", TraceStatus, "Trace replay status, progress, hit rate", ReadAuth)
 async def status(request: Request) -> dict[str, Any]:
     return _driver(request).status()
 
 
-@router.post(
+@route(
+    router.post,
     "/upload",
-    responses=returns(TraceStatus),
-    dependencies=[WriteAuth],
-    summary="Load a trace (Mooncake JSON lines or a recording as the body)",
+    TraceStatus,
+    "Load a trace (Mooncake JSON lines or a recording as the body)",
+    WriteAuth,
 )
 async def upload(
     request: Request,
@@ -91,12 +87,7 @@ async def upload(
     return driver.status()
 
 
-@router.post(
-    "/start",
-    responses=returns(TraceStatus),
-    dependencies=[WriteAuth],
-    summary="Start (or resume) the replay",
-)
+@route(router.post, "/start", TraceStatus, "Start (or resume) the replay", WriteAuth)
 async def start(
     request: Request,
     speed: float | None = Query(None, gt=0, le=10_000),
@@ -110,12 +101,7 @@ async def start(
     return driver.status()
 
 
-@router.post(
-    "/stop",
-    responses=returns(TraceStatus),
-    dependencies=[WriteAuth],
-    summary="Stop it (running requests finish)",
-)
+@route(router.post, "/stop", TraceStatus, "Stop it (running requests finish)", WriteAuth)
 async def stop(request: Request) -> dict[str, Any]:
     driver = _driver(request)
     async with driver.transition():
