@@ -275,14 +275,19 @@ class LiveServer:
         self.thread.join(timeout=20)
         assert not self.thread.is_alive(), "uvicorn did not stop"
 
+    @contextlib.contextmanager
+    def running(self) -> Iterator[LiveServer]:
+        """Started for the block; its engine's invariants checked at the end."""
+        self.start()
+        try:
+            yield self
+            self.call(self.engine.check)
+        finally:
+            self.stop()
+
 
 @pytest.fixture
 def live_server(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     app = make_app(**_marked(request))
-    server = LiveServer(app, free_port())
-    server.start()
-    try:
+    with LiveServer(app, free_port()).running() as server:
         yield server
-        server.call(server.engine.check)
-    finally:
-        server.stop()
