@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -284,6 +285,20 @@ class LiveServer:
             self.call(self.engine.check)
         finally:
             self.stop()
+
+
+def raw_answer(port: int, request: bytes, until: bytes = b"\r\n\r\n") -> bytes:
+    """Send raw bytes to a loopback server; its answer up to ``until`` (or
+    to the close)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while until not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    return answer
 
 
 @pytest.fixture
