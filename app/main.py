@@ -107,17 +107,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "blockpool",
         "vLLM's paged KV-cache block pool, observable and driveable over REST",
         lifespan,
-        settings=settings,
-        storage_off=storage_off,
-        engine=engine,
-        demo=demo,
-        trace_driver=trace_driver,
-        stream=hub,
-        analysis_recent=recent,
-        metrics_sources=extra,
-        startup_hooks=[],
-        shutdown_hooks=[],
     )
+    app.state.settings = settings
+    app.state.storage_off = storage_off
+    app.state.engine = engine
+    app.state.demo = demo
+    app.state.trace_driver = trace_driver
+    app.state.stream = hub
+    app.state.analysis_recent = recent
+    app.state.metrics_sources = extra
+    app.state.startup_hooks = []
+    app.state.shutdown_hooks = []
     if settings.kv_events_publisher:
         _add_kv_event_publisher(app, engine, settings)
     registry = make_registry(engine, extra)
