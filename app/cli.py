@@ -10,8 +10,8 @@ import argparse
 import contextlib
 import logging
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
@@ -19,6 +19,8 @@ from pydantic_settings import BaseSettings
 from app import cli_trace
 from app.settings import ObserverSettings, Settings
 from blockpool.free_order import FREE_ORDERS
+
+S = TypeVar("S", bound=BaseSettings)
 
 logger = logging.getLogger("blockpool")
 
@@ -344,19 +346,31 @@ def _run_server(
     return 0 if server.started else 3  # uvicorn.run's code for a failed start
 
 
+def _settings_or_none(
+    build: Callable[[argparse.Namespace], S], args: argparse.Namespace, prog: str
+) -> S | None:
+    """The settings from the flags, or None once it said why they are not."""
+    try:
+        return build(args)
+    except ValidationError as exc:
+        print(f"{prog}: invalid settings:\n{exc}", file=sys.stderr)
+    except TokenFileError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+    return None
+
+
+def _start_logging(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    warn_token_flag(args)
+
+
 def serve(args: argparse.Namespace) -> int:
     from app.main import create_app
 
-    try:
-        settings = settings_from(args)
-    except ValidationError as exc:
-        print(f"blockpool: invalid settings:\n{exc}", file=sys.stderr)
+    settings = _settings_or_none(settings_from, args, "blockpool")
+    if settings is None:
         return 2
-    except TokenFileError as exc:
-        print(f"blockpool: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    warn_token_flag(args)
+    _start_logging(args)
     mirror = getattr(args, "mirror", None)
     if mirror:
         from app.mirror import setup as mirror_setup
@@ -397,19 +411,13 @@ def serve(args: argparse.Namespace) -> int:
 def observe(args: argparse.Namespace) -> int:
     from app.observer.app import create_observer_app
 
-    try:
-        settings = observer_settings_from(args)
-    except ValidationError as exc:
-        print(f"blockpool observe: invalid settings:\n{exc}", file=sys.stderr)
-        return 2
-    except TokenFileError as exc:
-        print(f"blockpool observe: {exc}", file=sys.stderr)
+    settings = _settings_or_none(observer_settings_from, args, "blockpool observe")
+    if settings is None:
         return 2
     if not settings.endpoints and not settings.bind_endpoints:
         print("blockpool observe: give at least one ENDPOINT or --bind ENDPOINT", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    warn_token_flag(args)
+    _start_logging(args)
     app = create_observer_app(settings)
     for spec in settings.sources():
         logger.info(

@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from app.errors import ApiError
+from app.errors import OperationError
 from app.figures import Figures, counter, helps, rest_view, totals
 from app.schemas import AdmitOp, AppendOp, FinishOp
 from app.workload_task import WorkloadTask
@@ -204,7 +204,7 @@ class DemoWorkload(WorkloadTask["DemoRequest"]):
             per = self.step_tokens(dt)
             try:
                 await self.engine.submit(functools.partial(self._step, per))
-            except ApiError:
+            except OperationError:
                 logger.exception("demo step refused")
 
     def arrive(self, dt: float) -> None:
@@ -248,7 +248,7 @@ class DemoWorkload(WorkloadTask["DemoRequest"]):
             toks = self._tokens(n)
             try:
                 engine.apply(AppendOp(request_id=rid, token_ids=toks))
-            except ApiError:
+            except OperationError:
                 # No room to grow: preempt (finish) it; it will not come back.
                 self._finish(rid, req)
                 continue
@@ -260,7 +260,7 @@ class DemoWorkload(WorkloadTask["DemoRequest"]):
             req = self.waiting[0]
             try:
                 engine.apply(AdmitOp(request_id=req.request_id, token_ids=req.prompt))
-            except ApiError:
+            except OperationError:
                 self.stats.refused += 1
                 break  # no room now; try again next step
             self.waiting.popleft()
@@ -271,7 +271,7 @@ class DemoWorkload(WorkloadTask["DemoRequest"]):
         self.running.pop(rid, None)
         try:
             self.engine.apply(FinishOp(request_id=rid))
-        except ApiError:
+        except OperationError:
             logger.warning("demo request %s could not be finished", rid)
         if req.conversation is not None:
             self.conversations[req.conversation].extend(req.output)

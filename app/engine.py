@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.analysis.host import AnalysisHost
-from app.errors import ApiError, Unavailable
+from app.errors import OperationError, Unavailable
 from app.settings import Settings
 from app.windowed import HitWindow
 from blockpool import KVCacheEvent, KVCacheEvictionEvent
@@ -217,7 +217,7 @@ class Engine:
                 if not fut.cancelled():
                     try:
                         fut.set_result(self.runtime.run(fn))
-                    except ApiError as exc:
+                    except OperationError as exc:
                         fut.set_exception(exc)
                     except Exception as exc:  # a bug: report it, keep serving
                         logger.exception("operation failed unexpectedly")

@@ -10,21 +10,17 @@ status, once):
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import TYPE_CHECKING, Any
 
-from blockpool.runtime.errors import (
-    Conflict,
-    InvalidInput,
-    NotEnoughBlocks,
-    NotFound,
-    OperationError,
-    ResetRefused,
-    TooLarge,
-    Unavailable,
-)
+# The library's refusals (every one an OperationError, what the service's
+# handlers catch), re-exported beside the service's own.
+from blockpool.runtime import errors as library_errors
+from blockpool.runtime.errors import *  # noqa: F403
+from blockpool.runtime.errors import OperationError
 
-# What the service's handlers catch: every refusal, the library's and its own.
-ApiError = OperationError
+if TYPE_CHECKING:
+    from starlette.types import Send
 
 
 class Unauthorized(OperationError):
@@ -37,15 +33,22 @@ def error_body(
     return {"error": {"status": status, "code": code, "message": message, "details": details or {}}}
 
 
-__all__ = [
-    "ApiError",
-    "Conflict",
-    "InvalidInput",
-    "NotEnoughBlocks",
-    "NotFound",
-    "ResetRefused",
-    "TooLarge",
-    "Unauthorized",
-    "Unavailable",
-    "error_body",
-]
+async def send_error(
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    details: dict[str, Any] | None = None,
+    close: bool = False,
+) -> None:
+    """Answer in the one error shape straight from ASGI middleware; ``close``
+    asks the client to drop the connection."""
+    body = json.dumps(error_body(status, code, message, details)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+__all__ = [*library_errors.__all__, "Unauthorized", "error_body", "send_error"]

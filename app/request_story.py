@@ -25,7 +25,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from app import views
-from app.errors import ApiError, NotFound
+from app.errors import NotFound, OperationError
 from blockpool.analysis.segment import unpack
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ async def story(engine: Engine, rid: str, limit: int = 200) -> dict[str, Any]:
             misses = await an.query("request_misses", rid=rid)
         except NotFound:
             misses = None
-        except ApiError:  # the worker is down or slow: the rest still answers
+        except OperationError:  # the worker is down or slow: the rest still answers
             misses = None
     parts = _recording_parts(engine)
     steps: list[dict[str, Any]] = []

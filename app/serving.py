@@ -34,7 +34,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import error_body
+from app.errors import error_body, send_error
 
 DEFAULT_BODY_TIMEOUT_S = 30.0
 
@@ -239,23 +239,11 @@ class BodyDeadline:
         except _BodyTimedOut:
             if started:
                 raise
-            body = json.dumps(
-                error_body(
-                    408,
-                    "body_timeout",
-                    f"the request body did not arrive within {self.timeout_s:g} s",
-                    {"timeout_s": self.timeout_s},
-                )
-            ).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 408,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                        (b"connection", b"close"),
-                    ],
-                }
+            await send_error(
+                send,
+                408,
+                "body_timeout",
+                f"the request body did not arrive within {self.timeout_s:g} s",
+                {"timeout_s": self.timeout_s},
+                close=True,
             )
-            await send({"type": "http.response.body", "body": body})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -254,6 +254,16 @@ class Settings(ServingSettings):
         return self.num_blocks if self.num_blocks is not None else 8192
 
 
+def _per_batch(default: int, what: str) -> Any:
+    """A bound on one batch from a publisher: 1 .. 2^31 of ``what``."""
+    return Field(
+        default=default,
+        ge=1,
+        le=1 << 31,
+        description=f"{what} per batch at most; a larger batch is refused",
+    )
+
+
 class ObserverSettings(ServingSettings):
     """``blockpool observe``: the streams to follow and the server showing them
     (env prefix ``BLOCKPOOL_OBSERVER_``; lists as JSON)."""
@@ -283,18 +293,9 @@ class ObserverSettings(ServingSettings):
     max_batch_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="a larger message is refused unread"
     )
-    max_batch_hashes: int = Field(
-        default=32_768, ge=1, le=1 << 31,
-        description="block hashes per batch at most; a larger batch is refused",
-    )  # fmt: skip
-    max_batch_events: int = Field(
-        default=8_192, ge=1, le=1 << 31,
-        description="events per batch at most; a larger batch is refused",
-    )  # fmt: skip
-    max_batch_tokens: int = Field(
-        default=524_288, ge=1, le=1 << 31,
-        description="token ids (of BlockStored) per batch at most; a larger batch is refused",
-    )  # fmt: skip
+    max_batch_hashes: int = _per_batch(32_768, "block hashes")
+    max_batch_events: int = _per_batch(8_192, "events")
+    max_batch_tokens: int = _per_batch(524_288, "token ids (of BlockStored)")
     silence_s: float = Field(
         default=10.0, gt=0, le=86_400,
         description="seconds without any message before the fleet card says what to check",

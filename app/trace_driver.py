@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.errors import ApiError, Conflict, InvalidInput
+from app.errors import Conflict, InvalidInput, OperationError
 from app.figures import Figures, counter, helps, rest_view, totals
 from app.trace_limits import TraceRefused, check_trace
 from app.workload_task import WorkloadTask
@@ -248,7 +248,7 @@ class TraceDriver(WorkloadTask[int]):
             for _ in range(MAX_STEPS_PER_TICK):
                 try:
                     more = await self.engine.submit(self._step)
-                except ApiError:
+                except OperationError:
                     logger.exception("trace step refused")
                     break
                 if not more:

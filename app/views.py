@@ -17,6 +17,7 @@ from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.analysis import views as analysis_views
 from blockpool.keys import key64, key_group
 from blockpool.runtime.columns import STATE_NAMES
+from blockpool.runtime.summary import pool_summary
 
 if TYPE_CHECKING:
     from app.engine import Engine
@@ -57,23 +58,10 @@ def config(engine: Engine) -> dict[str, Any]:
 
 
 def summary(engine: Engine) -> dict[str, Any]:
-    pool = engine.pool
-    stats = engine.manager.stats
     c = engine.counters
     return {
-        "num_blocks": pool.num_gpu_blocks,
-        "blocks": engine.columns.summary(),
-        "num_free_blocks": pool.get_num_free_blocks(),
-        "usage": pool.get_usage(),
-        "hash_map_keys": len(pool.cached_block_hash_to_block),
+        **pool_summary(engine.runtime),
         "groups": list(engine.manager.group_ids),
-        "prefix_cache": {
-            "requests": stats.requests,
-            "queries_tokens": stats.queries,
-            "hits_tokens": stats.hits,
-            "hit_rate": stats.hit_rate,
-        },
-        "running_requests": len(engine.manager.requests),
         "tokens": analysis_views.tokens(engine.runtime),
         "counters": {
             "operations": c.ops,

@@ -19,7 +19,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from app.errors import ApiError, Conflict
+from app.errors import Conflict, OperationError
 from app.schemas import FinishOp
 
 if TYPE_CHECKING:
@@ -141,5 +141,5 @@ class WorkloadTask(Generic[R]):
 
     def _finish_all(self, ids: list[str]) -> None:
         for rid in ids:
-            with contextlib.suppress(ApiError):
+            with contextlib.suppress(OperationError):
                 self.engine.apply(FinishOp(request_id=rid))

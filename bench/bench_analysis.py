@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.engine import Engine  # noqa: E402
-from app.errors import ApiError  # noqa: E402
+from app.errors import OperationError  # noqa: E402
 from app.schemas import AdmitOp, AppendOp, FinishOp  # noqa: E402
 from app.settings import Settings  # noqa: E402
 
@@ -185,7 +185,7 @@ def run(variant: str, ops: list[Any], blocks: int) -> dict[str, Any]:
     for op in ops:
         try:
             apply(op)
-        except ApiError:
+        except OperationError:
             refused += 1
         if clock() >= next_tick:
             engine.tick()

@@ -161,7 +161,7 @@ async def vllm_to_observer(python: str, steps: int, seed: int) -> None:
 
 
 def ours_to_vllm(python: str, ticks: int, seed: int) -> None:
-    from app.errors import ApiError
+    from app.errors import OperationError
     from app.schemas import AdmitOp, AppendOp, FinishOp, ResetOp
 
     pub = KVEventPublisher(
@@ -197,7 +197,7 @@ def ours_to_vllm(python: str, ticks: int, seed: int) -> None:
                             engine.apply(FinishOp(request_id=rid))
                         else:
                             engine.apply(ResetOp())
-                    except ApiError:
+                    except OperationError:
                         pass
                 engine.tick()
             deadline = time.monotonic() + 10

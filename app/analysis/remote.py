@@ -31,7 +31,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from app.analysis.worker_client import WorkerClient, _hub
-from app.errors import ApiError, NotFound, Unavailable
+from app.errors import NotFound, OperationError, Unavailable
 from blockpool.runtime.state import snapshot
 
 if TYPE_CHECKING:
@@ -189,6 +189,6 @@ def _settle(fut: asyncio.Future[Any], reply: dict[str, Any]) -> None:
         fut.set_result(reply)
 
 
-def _fail(fut: asyncio.Future[Any], exc: ApiError) -> None:
+def _fail(fut: asyncio.Future[Any], exc: OperationError) -> None:
     if not fut.done():
         fut.set_exception(exc)

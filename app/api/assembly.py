@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
@@ -31,7 +32,9 @@ from app.serving import DEFAULT_BODY_TIMEOUT_S, BodyDeadline
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
-def new_app(title: str, summary: str, lifespan: Lifespan) -> FastAPI:
+def new_app(title: str, summary: str, lifespan: Lifespan, **state: Any) -> FastAPI:
+    """The app with the project's error shape and offline docs; ``state``
+    goes on ``app.state`` (its settings and services)."""
     app = FastAPI(
         title=title,
         version=blockpool.__version__,
@@ -42,6 +45,8 @@ def new_app(title: str, summary: str, lifespan: Lifespan) -> FastAPI:
     )
     api_errors.install(app)
     api_docs.install(app)
+    for name, value in state.items():
+        setattr(app.state, name, value)
     return app
 
 

@@ -21,7 +21,7 @@ from fastapi import HTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import ApiError
+from app.errors import OperationError
 
 Check = Callable[[Request], None]
 CHECKS: dict[Callable[..., object], Check] = {}
@@ -29,16 +29,16 @@ CHECKS: dict[Callable[..., object], Check] = {}
 
 def register(dependency: Callable[..., object], check: Check | None = None) -> None:
     """Run ``check`` (by default the dependency itself, which takes the
-    request and raises an ApiError to refuse) before the body is read."""
+    request and raises an OperationError to refuse) before the body is read."""
     CHECKS[dependency] = check or dependency  # type: ignore[assignment]
 
 
 class RefusedBeforeBody(HTTPException):
     """The check's refusal, raised from the first read of the body: FastAPI
     lets an HTTPException through its body parsing, and the app's handler of
-    refusals answers it (``refusal`` is the ApiError)."""
+    refusals answers it (``refusal`` is the OperationError)."""
 
-    def __init__(self, refusal: ApiError) -> None:
+    def __init__(self, refusal: OperationError) -> None:
         super().__init__(401, refusal.message)
         self.refusal = refusal
 
@@ -72,7 +72,7 @@ class AuthBeforeBody:
                 for check in _checks_of(scope.get("route")):
                     try:
                         check(request)
-                    except ApiError as exc:
+                    except OperationError as exc:
                         raise RefusedBeforeBody(exc) from None
             return await receive()
 

@@ -40,12 +40,12 @@ from fastapi import Depends, Request
 
 from app.api import auth_first
 from app.api.deps import require_read, token_given
-from app.errors import ApiError
+from app.errors import OperationError
 
 MAX_CLIENTS = 10_000  # buckets kept (least recently used dropped first)
 
 
-class TooManyRequests(ApiError):
+class TooManyRequests(OperationError):
     status = 429
     code = "too_many_requests"
 

@@ -14,10 +14,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import (
-    ApiError,
     Conflict,
     InvalidInput,
     NotFound,
+    OperationError,
     TooLarge,
     Unauthorized,
     Unavailable,
@@ -42,7 +42,7 @@ _CODES = {
 
 # The one mapping from a refusal's class to its HTTP status (most specific first
 # through the class's MRO; a class may also carry its own ``status``).
-STATUS: dict[type[ApiError], int] = {
+STATUS: dict[type[OperationError], int] = {
     InvalidInput: 422,
     NotFound: 404,
     Conflict: 409,
@@ -52,7 +52,7 @@ STATUS: dict[type[ApiError], int] = {
 }
 
 
-def status_of(exc: ApiError) -> int:
+def status_of(exc: OperationError) -> int:
     for cls in type(exc).__mro__:
         own = cls.__dict__.get("status")
         if isinstance(own, int):
@@ -63,7 +63,7 @@ def status_of(exc: ApiError) -> int:
     return 400
 
 
-def body_of(exc: ApiError) -> dict[str, Any]:
+def body_of(exc: OperationError) -> dict[str, Any]:
     """The error shape of a refusal."""
     return error_body(status_of(exc), exc.code, exc.message, exc.details)
 
@@ -114,7 +114,7 @@ def _clean(errors: Any) -> list[dict[str, Any]]:
     return out
 
 
-def refusal_response(exc: ApiError) -> JSONResponse:
+def refusal_response(exc: OperationError) -> JSONResponse:
     """A refusal as its response: its status, the one error shape, and
     ``WWW-Authenticate`` for a 401, ``Retry-After`` for a 429."""
     status = status_of(exc)
@@ -125,8 +125,8 @@ def refusal_response(exc: ApiError) -> JSONResponse:
 
 
 def install(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    @app.exception_handler(OperationError)
+    async def _api_error(_: Request, exc: OperationError) -> JSONResponse:
         return refusal_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -168,7 +168,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         refusal = getattr(exc, "refusal", None)  # app.api.auth_first: before the body
-        if isinstance(refusal, ApiError):
+        if isinstance(refusal, OperationError):
             return refusal_response(refusal)
         if exc.status_code == 400 and exc.detail == _FASTAPI_BODY_ERROR:
             # FastAPI's answer to a JSON body that is not even text (bad UTF-8):
@@ -231,7 +231,7 @@ def _auth_denied(request: Request) -> JSONResponse | None:
         if check is not None:
             try:
                 check(request)
-            except ApiError as exc:
+            except OperationError as exc:
                 return JSONResponse(
                     body_of(exc), status_of(exc), headers={"WWW-Authenticate": "Bearer"}
                 )

@@ -17,7 +17,7 @@ from app.api.costly import CostlyExport, CostlyRead, charged_lines
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import analysis as r
-from app.api.responses import returns
+from app.api.responses import route
 from app.engine import Engine
 from app.errors import Conflict, InvalidInput, NotFound
 from app.moment_tiles import moment_tiles
@@ -54,12 +54,7 @@ def _recorder(engine: Engine) -> Recorder:
     return an.recorder
 
 
-@router.get(
-    "/misses",
-    responses=returns(r.Misses),
-    dependencies=[ReadAuth],
-    summary="Why prefixes missed, in aggregate",
-)
+@route(router.get, "/misses", r.Misses, "Why prefixes missed, in aggregate", ReadAuth)
 async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
     """Missed prompt blocks (and tokens) by reason -- last_token,
     block_size_floor, cold, evicted, extra_keys, chain_broken, reset -- with how long
@@ -68,11 +63,8 @@ async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
     return await _analysis(engine).query("misses", limit=limit)
 
 
-@router.get(
-    "/misses/requests/{request_id}",
-    responses=returns(r.RequestMisses),
-    dependencies=[ReadAuth],
-    summary="One request's misses",
+@route(
+    router.get, "/misses/requests/{request_id}", r.RequestMisses, "One request's misses", ReadAuth
 )
 async def request_misses(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Each prompt block: hit, or the reason it missed with its detail.
@@ -80,21 +72,14 @@ async def request_misses(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     return await _analysis(engine).query("request_misses", rid=request_id)
 
 
-@router.get(
-    "/regret", responses=returns(r.Regret), dependencies=[ReadAuth], summary="Eviction regret"
-)
+@route(router.get, "/regret", r.Regret, "Eviction regret", ReadAuth)
 async def regret(engine: EngineDep, limit: Limit = 20) -> dict[str, Any]:
     """Hashes stored again after their eviction: count, rate, gap histogram,
     the most regretted prefixes (by root block) and the latest regrets."""
     return await _analysis(engine).query("regret", limit=limit)
 
 
-@router.get(
-    "/shadows",
-    responses=returns(r.Shadows),
-    dependencies=[ReadAuth],
-    summary="What-if: other sizes and policies",
-)
+@route(router.get, "/shadows", r.Shadows, "What-if: other sizes and policies", ReadAuth)
 async def shadows(engine: EngineDep) -> dict[str, Any]:
     """The same request stream on shadow pools (metadata only) of other
     capacities and free orders: their hit rates, a miss-ratio curve per
@@ -105,12 +90,7 @@ async def shadows(engine: EngineDep) -> dict[str, Any]:
 # ------------------------------------------------------------------ history
 
 
-@router.get(
-    "/history",
-    responses=returns(r.History),
-    dependencies=[ReadAuth],
-    summary="The recording: span and keyframes",
-)
+@route(router.get, "/history", r.History, "The recording: span and keyframes", ReadAuth)
 async def history(engine: EngineDep) -> dict[str, Any]:
     return _recorder(engine).info()
 
@@ -146,12 +126,7 @@ async def _moment(request: Request, engine: Engine, seq: int) -> moments.Moment:
         return await asyncio.to_thread(moments.rebuild, seg.keyframe, entries, engine.config)
 
 
-@router.get(
-    "/history/state",
-    responses=returns(r.HistoryState),
-    dependencies=[CostlyRead],
-    summary="The pool at a recorded moment",
-)
+@route(router.get, "/history/state", r.HistoryState, "The pool at a recorded moment", CostlyRead)
 async def history_state(
     request: Request,
     engine: EngineDep,
@@ -171,12 +146,7 @@ async def history_state(
     return out
 
 
-@router.get(
-    "/history/diff",
-    responses=returns(r.HistoryDiff),
-    dependencies=[CostlyRead],
-    summary="What changed between two moments",
-)
+@route(router.get, "/history/diff", r.HistoryDiff, "What changed between two moments", CostlyRead)
 async def history_diff(
     request: Request,
     engine: EngineDep,
@@ -199,12 +169,7 @@ async def history_diff(
     return await asyncio.to_thread(moments.diff_json, ma, mb, between, view, limit)
 
 
-@router.get(
-    "/history/export/size",
-    responses=returns(r.ExportSize),
-    dependencies=[ReadAuth],
-    summary="What the export would send now",
-)
+@route(router.get, "/history/export/size", r.ExportSize, "What the export would send now", ReadAuth)
 async def history_export_size(engine: EngineDep) -> dict[str, Any]:
     """The lines ``GET /history/export`` would send now, and its bytes
     estimated from the recording's counters (JSON bytes per recorded byte,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from app.api.deps import ReadAuth, WriteAuth
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import requests as r
-from app.api.responses import returns
+from app.api.responses import route
 from app.demo import DemoWorkload
 from app.schemas import DemoConfig
 
@@ -21,19 +21,12 @@ def _demo(request: Request) -> DemoWorkload:
     return demo
 
 
-@router.get(
-    "", responses=returns(r.DemoStatus), dependencies=[ReadAuth], summary="Demo workload status"
-)
+@route(router.get, "", r.DemoStatus, "Demo workload status", ReadAuth)
 async def status(request: Request) -> dict[str, Any]:
     return _demo(request).status()
 
 
-@router.post(
-    "/start",
-    responses=returns(r.DemoStatus),
-    dependencies=[WriteAuth],
-    summary="Start the demo workload",
-)
+@route(router.post, "/start", r.DemoStatus, "Start the demo workload", WriteAuth)
 async def start(request: Request) -> dict[str, Any]:
     demo = _demo(request)
     async with demo.transition():  # one workload at a time: 409 while a trace runs
@@ -41,22 +34,12 @@ async def start(request: Request) -> dict[str, Any]:
     return demo.status()
 
 
-@router.post(
-    "/stop",
-    responses=returns(r.DemoStatus),
-    dependencies=[WriteAuth],
-    summary="Stop it (running requests finish)",
-)
+@route(router.post, "/stop", r.DemoStatus, "Stop it (running requests finish)", WriteAuth)
 async def stop(request: Request) -> dict[str, Any]:
     return await _demo(request).stop_now()
 
 
-@router.post(
-    "/config",
-    responses=returns(r.DemoStatus),
-    dependencies=[WriteAuth],
-    summary="Tune rate, mix, decode length",
-)
+@route(router.post, "/config", r.DemoStatus, "Tune rate, mix, decode length", WriteAuth)
 async def configure(request: Request, body: DemoConfig) -> dict[str, Any]:
     demo = _demo(request)
     demo.configure(**body.model_dump(exclude_none=True))

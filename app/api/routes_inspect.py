@@ -11,7 +11,7 @@ from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import inspect as r
-from app.api.responses import returns
+from app.api.responses import returns, route
 
 router = APIRouter(prefix="/api", tags=["inspect"], responses=ERROR_RESPONSES)
 
@@ -21,12 +21,7 @@ Since = Annotated[int, Query(ge=0, le=2**53)]  # a sequence number (bounded: isl
 Limit = Annotated[int, Query(ge=1, le=10_000)]
 
 
-@router.get(
-    "/blocks/{block_id}",
-    responses=returns(r.Block),
-    dependencies=[ReadAuth],
-    summary="One block's details",
-)
+@route(router.get, "/blocks/{block_id}", r.Block, "One block's details", ReadAuth)
 async def block(
     engine: EngineDep, block_id: Annotated[int, Path(ge=0, le=2**31 - 1)]
 ) -> dict[str, Any]:
@@ -34,23 +29,13 @@ async def block(
     return views.block(engine, block_id)
 
 
-@router.get(
-    "/queue",
-    responses=returns(r.Queue),
-    dependencies=[CostlyRead],
-    summary="The LRU free queue, paged",
-)
+@route(router.get, "/queue", r.Queue, "The LRU free queue, paged", CostlyRead)
 async def queue(engine: EngineDep, offset: Offset = 0, limit: Limit = 100) -> dict[str, Any]:
     """In eviction order: position 0 is the next block to be reused."""
     return views.queue(engine, offset, limit)
 
 
-@router.get(
-    "/hashmap",
-    responses=returns(r.HashMap),
-    dependencies=[CostlyRead],
-    summary="The hash -> block map, paged",
-)
+@route(router.get, "/hashmap", r.HashMap, "The hash -> block map, paged", CostlyRead)
 async def hash_map(
     engine: EngineDep,
     offset: Offset = 0,
@@ -64,12 +49,7 @@ async def hash_map(
     return views.hash_map(engine, offset, limit, hash, block_id, multi_only)
 
 
-@router.get(
-    "/prefix-tree",
-    responses=returns(r.PrefixTree),
-    dependencies=[CostlyRead],
-    summary="Cached prefixes as a tree",
-)
+@route(router.get, "/prefix-tree", r.PrefixTree, "Cached prefixes as a tree", CostlyRead)
 async def prefix_tree(
     engine: EngineDep, limit: Annotated[int, Query(ge=1, le=200_000)] = 20_000
 ) -> dict[str, Any]:
@@ -78,12 +58,7 @@ async def prefix_tree(
     return views.prefix_tree(engine, limit)
 
 
-@router.get(
-    "/events",
-    responses=returns(r.Events),
-    dependencies=[ReadAuth],
-    summary="KV events since a sequence number",
-)
+@route(router.get, "/events", r.Events, "KV events since a sequence number", ReadAuth)
 async def events(
     engine: EngineDep,
     since: Since = 0,
@@ -96,12 +71,7 @@ async def events(
     return views.events(engine, since, limit, set(type) if type else None)
 
 
-@router.get(
-    "/samples",
-    responses=returns(r.Samples),
-    dependencies=[ReadAuth],
-    summary="Eviction samples (residency)",
-)
+@route(router.get, "/samples", r.Samples, "Eviction samples (residency)", ReadAuth)
 async def samples(
     engine: EngineDep,
     since: Since = 0,
@@ -110,24 +80,14 @@ async def samples(
     return views.samples(engine, since, limit)
 
 
-@router.get(
-    "/series",
-    responses=returns(r.Series),
-    dependencies=[ReadAuth],
-    summary="Recent time-series points",
-)
+@route(router.get, "/series", r.Series, "Recent time-series points", ReadAuth)
 async def series(
     engine: EngineDep, limit: Annotated[int, Query(ge=1, le=6000)] = 600
 ) -> dict[str, Any]:
     return views.series(engine, limit)
 
 
-@router.get(
-    "/storage",
-    responses=returns(r.Storage),
-    dependencies=[ReadAuth],
-    summary="K/V storage memory facts",
-)
+@route(router.get, "/storage", r.Storage, "K/V storage memory facts", ReadAuth)
 async def storage(engine: EngineDep, request: Request) -> dict[str, Any]:
     """Device, dtype, bytes per block, bytes allocated, and the bytes holding
     live / cached / empty blocks now (``enabled: false`` without storage, with

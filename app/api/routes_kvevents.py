@@ -9,17 +9,12 @@ from fastapi import APIRouter, Request
 from app.api.deps import ReadAuth
 from app.api.errors import ERROR_RESPONSES
 from app.api.responses import inspect as r
-from app.api.responses import returns
+from app.api.responses import route
 
 router = APIRouter(prefix="/api", tags=["kv-events"], responses=ERROR_RESPONSES)
 
 
-@router.get(
-    "/kv-events",
-    responses=returns(r.KvEvents),
-    dependencies=[ReadAuth],
-    summary="The ZMQ KV-event publisher",
-)
+@route(router.get, "/kv-events", r.KvEvents, "The ZMQ KV-event publisher", ReadAuth)
 async def kv_events(request: Request) -> dict[str, Any]:
     """Endpoints, sequence numbers, the replay buffer and every counter --
     ``batches_dropped`` / ``events_dropped`` count batches the engine could

@@ -13,7 +13,7 @@ from app.api import responses_operator as r
 from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth
 from app.api.errors import ERROR_RESPONSES
-from app.api.responses import returns
+from app.api.responses import route
 from app.errors import Conflict
 
 router = APIRouter(prefix="/api", tags=["operator"], responses=ERROR_RESPONSES)
@@ -21,12 +21,7 @@ router = APIRouter(prefix="/api", tags=["operator"], responses=ERROR_RESPONSES)
 Rid = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
 
 
-@router.get(
-    "/pool/rates",
-    responses=returns(r.PoolRates),
-    dependencies=[ReadAuth],
-    summary="Hit rate 1m / 5m, usage, requests",
-)
+@route(router.get, "/pool/rates", r.PoolRates, "Hit rate 1m / 5m, usage, requests", ReadAuth)
 async def rates(engine: EngineDep) -> dict[str, Any]:
     """The figures an operator compares with Grafana: the prefix hit rate over
     the last 1 and 5 minutes exactly as ``rate(vllm:prefix_cache_hits_total[1m])
@@ -43,12 +38,7 @@ async def rates(engine: EngineDep) -> dict[str, Any]:
     return out
 
 
-@router.get(
-    "/analysis/recent",
-    responses=returns(r.AnalysisRecent),
-    dependencies=[ReadAuth],
-    summary="The analysis' recent history",
-)
+@route(router.get, "/analysis/recent", r.AnalysisRecent, "The analysis' recent history", ReadAuth)
 async def analysis_recent(
     request: Request,
     engine: EngineDep,
@@ -63,11 +53,8 @@ async def analysis_recent(
     return recent.view(seconds)
 
 
-@router.get(
-    "/requests/{request_id}/story",
-    responses=returns(r.RequestStory),
-    dependencies=[CostlyRead],  # it scans the recording
-    summary="One request's story",
+@route(
+    router.get, "/requests/{request_id}/story", r.RequestStory, "One request's story", CostlyRead
 )
 async def story(
     engine: EngineDep,

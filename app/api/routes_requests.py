@@ -11,8 +11,8 @@ from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
 from app.api.errors import ERROR_RESPONSES, body_of
 from app.api.responses import requests as r
-from app.api.responses import returns
-from app.errors import ApiError, TooLarge
+from app.api.responses import returns, route
+from app.errors import OperationError, TooLarge
 from app.schemas import AdmitBody, AppendBody, AppendOp, BatchRequest, FinishOp
 from blockpool.runtime.trial import BatchRefused, apply_all
 
@@ -35,9 +35,7 @@ async def admit(op: AdmitBody, engine: EngineDep) -> dict[str, Any]:
     return await run(engine, op)
 
 
-@router.get(
-    "/requests", responses=returns(r.Requests), dependencies=[ReadAuth], summary="Running requests"
-)
+@route(router.get, "/requests", r.Requests, "Running requests", ReadAuth)
 async def list_requests(
     engine: EngineDep,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
@@ -46,33 +44,18 @@ async def list_requests(
     return views.requests(engine, offset, limit)
 
 
-@router.get(
-    "/requests/{request_id}",
-    responses=returns(r.RequestInfo),
-    dependencies=[ReadAuth],
-    summary="One request",
-)
+@route(router.get, "/requests/{request_id}", r.RequestInfo, "One request", ReadAuth)
 async def get_request(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Its blocks per group, which were prefix hits, and their hashes."""
     return views.request(engine, request_id)
 
 
-@router.post(
-    "/requests/{request_id}/tokens",
-    responses=returns(r.Appended),
-    dependencies=[WriteAuth],
-    summary="Append decode tokens",
-)
+@route(router.post, "/requests/{request_id}/tokens", r.Appended, "Append decode tokens", WriteAuth)
 async def append(engine: EngineDep, request_id: Rid, body: AppendBody) -> dict[str, Any]:
     return await run(engine, AppendOp(request_id=request_id, token_ids=body.token_ids))
 
 
-@router.post(
-    "/requests/{request_id}/verify",
-    responses=returns(r.Verified),
-    dependencies=[CostlyRead],
-    summary="Verify its K/V",
-)
+@route(router.post, "/requests/{request_id}/verify", r.Verified, "Verify its K/V", CostlyRead)
 async def verify(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Check bit for bit that the request's blocks hold the K/V the stand-in
     model computes for its tokens (prefix hits included).  409 when the
@@ -81,12 +64,7 @@ async def verify(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     return verified
 
 
-@router.post(
-    "/requests/{request_id}/finish",
-    responses=returns(r.Finished),
-    dependencies=[WriteAuth],
-    summary="Finish",
-)
+@route(router.post, "/requests/{request_id}/finish", r.Finished, "Finish", WriteAuth)
 async def finish(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Frees the request's blocks in reverse (its shared prefix is evicted last)."""
     return await run(engine, FinishOp(request_id=request_id))
@@ -126,13 +104,13 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
     for i, op in enumerate(rops):
         try:
             engine.precheck(op)
-        except ApiError as exc:
+        except OperationError as exc:
             exc.details["op_index"] = i
             exc.message = f"ops[{i}]: {exc.message}"
             raise
     atomic = body.on_error == "rollback"
 
-    def refusal(i: int, exc: ApiError) -> ApiError:
+    def refusal(i: int, exc: OperationError) -> OperationError:
         details = {**exc.details, "op_index": i, "op": rops[i].op}
         return type(exc)(
             f"ops[{i}]: {exc.message} (the batch was not applied: nothing changed)", **details
@@ -154,7 +132,7 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
                 continue
             try:
                 results.append({"ok": True, "result": engine.apply(op)})
-            except ApiError as exc:
+            except OperationError as exc:
                 failed += 1
                 results.append({"ok": False, "error": body_of(exc)["error"]})
         applied = sum(1 for r in results if r["ok"])

@@ -11,15 +11,14 @@ demo's (one workload at a time: a 409 names the one running).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from starlette.requests import ClientDisconnect
 
 from app.api.deps import ReadAuth, WriteAuth
 from app.api.errors import ERROR_RESPONSES
-from app.api.responses import returns
+from app.api.responses import route
 from app.api.responses.trace import TraceStatus
 from app.errors import InvalidInput, TooLarge
 from app.trace_driver import TraceDriver
@@ -34,14 +33,6 @@ SETTING_OF_LIMIT = {
     "max_total_tokens": "trace_max_tokens",
 }
 router = APIRouter(prefix="/api/trace", tags=["trace"], responses=ERROR_RESPONSES)
-Route = TypeVar("Route", bound=Callable[..., Any])
-
-
-def _write(path: str, summary: str) -> Callable[[Route], Route]:
-    """A route that changes the replay and returns its status."""
-    return router.post(
-        path, responses=returns(TraceStatus), dependencies=[WriteAuth], summary=summary
-    )
 
 
 def _driver(request: Request) -> TraceDriver:
@@ -65,17 +56,18 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-@router.get(
-    "",
-    responses=returns(TraceStatus),
-    dependencies=[ReadAuth],
-    summary="Trace replay status, progress, hit rate",
-)
+@route(router.get, "", TraceStatus, "Trace replay status, progress, hit rate", ReadAuth)
 async def status(request: Request) -> dict[str, Any]:
     return _driver(request).status()
 
 
-@_write("/upload", "Load a trace (Mooncake JSON lines or a recording as the body)")
+@route(
+    router.post,
+    "/upload",
+    TraceStatus,
+    "Load a trace (Mooncake JSON lines or a recording as the body)",
+    WriteAuth,
+)
 async def upload(
     request: Request,
     name: str = Query("upload", max_length=200),
@@ -96,7 +88,7 @@ async def upload(
     return driver.status()
 
 
-@_write("/start", "Start (or resume) the replay")
+@route(router.post, "/start", TraceStatus, "Start (or resume) the replay", WriteAuth)
 async def start(
     request: Request,
     speed: float | None = Query(None, gt=0, le=10_000),
@@ -110,6 +102,6 @@ async def start(
     return driver.status()
 
 
-@_write("/stop", "Stop it (running requests finish)")
+@route(router.post, "/stop", TraceStatus, "Stop it (running requests finish)", WriteAuth)
 async def stop(request: Request) -> dict[str, Any]:
     return await _driver(request).stop_now()

@@ -29,14 +29,13 @@ or no token (defence in depth):
 from __future__ import annotations
 
 import ipaddress
-import json
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import error_body
+from app.errors import send_error
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 LOOPBACK_NAMES = frozenset({"localhost", "localhost."})
@@ -175,15 +174,4 @@ class SameOriginGuard:
             await receive()  # websocket.connect
             await send({"type": "websocket.close", "code": 1008, "reason": code})
             return
-        body = json.dumps(error_body(403, code, message, details)).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 403,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 403, code, message, details)

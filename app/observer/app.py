@@ -89,10 +89,10 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
         "blockpool observer",
         "A fleet of vLLM prefix caches, rebuilt from their ZMQ KV-event streams",
         lifespan,
+        settings=settings,
+        fleet=fleet,
+        hub=hub,
     )
-    app.state.settings = settings
-    app.state.fleet = fleet
-    app.state.hub = hub
     app.include_router(router)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ObserverCollector(fleet, hub))

@@ -26,6 +26,7 @@ from app.stream import protocol as p
 from app.stream.ring import ALL, Ring, Variant, select_header
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.analysis import views as analysis_views
+from blockpool.runtime.summary import pool_summary
 
 if TYPE_CHECKING:
     from app.engine import Engine, TickData
@@ -157,30 +158,19 @@ class StreamHub:
             "seq": self.seq,
             "config": views.config(self.engine),
             "channels": list(p.CHANNELS),
+            "block_columns": [list(c) for c in p.BLOCK_COLUMNS],
         }
         return p.encode(p.CONFIG, self.seq, header)
 
     def _counts(self) -> dict[str, Any]:
-        e = self.engine
-        return {
-            "counts": e.columns.summary(),
-            "num_free": e.pool.get_num_free_blocks(),
-            "usage": float(e.pool.get_usage()),
-            "hash_map_keys": len(e.pool.cached_block_hash_to_block),
-            "running_requests": len(e.manager.requests),
-            "prefix_cache": {
-                "queries": e.manager.stats.queries,
-                "hits": e.manager.stats.hits,
-            },
-            "tokens": analysis_views.tokens(e.runtime),
-        }
+        rt = self.engine.runtime
+        return {**pool_summary(rt), "tokens": analysis_views.tokens(rt)}
 
     def snapshot_frame(self) -> bytes:
         e = self.engine
         cols = e.columns
         header: dict[str, Any] = {
             "as_of": self.seq,
-            "num_blocks": cols.num_blocks,
             "next_stamp": cols.next_stamp,
             "events_last_seq": e.events.last_seq,
             "samples_last_seq": e.samples.last_seq,
@@ -196,14 +186,7 @@ class StreamHub:
         section = e.analysis.stream_section() if e.analysis is not None else None
         if section is not None:
             header["analysis"] = section
-        columns: dict[str, tuple[str, np.ndarray]] = {
-            "state": ("u8", cols.state),
-            "ref_cnt": ("i32", cols.ref_cnt),
-            "hashed": ("u8", cols.hashed),
-            "hash64": ("u64", cols.hash64),
-            "group": ("u32", cols.group),
-            "stamp": ("f64", cols.stamp.astype(np.float64)),
-        }
+        columns = p.block_rows(cols)
         self.counts.snapshots += 1
         return p.encode(p.SNAPSHOT, self.seq, header, columns)
 
@@ -265,15 +248,7 @@ class StreamHub:
                 "samples_last_seq": e.samples.last_seq,
                 "histograms": self._histograms() if data.samples else None,
             },
-            "columns": {
-                "ids": ("u32", ids),
-                "state": ("u8", cols.state[ids]),
-                "ref_cnt": ("i32", cols.ref_cnt[ids]),
-                "hashed": ("u8", cols.hashed[ids]),
-                "hash64": ("u64", cols.hash64[ids]),
-                "group": ("u32", cols.group[ids]),
-                "stamp": ("f64", cols.stamp[ids].astype(np.float64)),
-            },
+            "columns": {"ids": ("u32", ids), **p.block_rows(cols, ids)},
             "analysis": None,
         }
         if e.analysis is not None and data.ts - self._analysis_at >= ANALYSIS_EVERY_S:

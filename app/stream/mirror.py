@@ -28,6 +28,8 @@ class Gap(Exception):
 class PoolMirror:
     def __init__(self, keep_events: int = 10_000) -> None:
         self.config: dict[str, Any] | None = None
+        # the block columns the config frame names (until one came: the protocol's)
+        self.block_columns = [name for name, _ in p.BLOCK_COLUMNS]
         self.epoch: str | None = None
         self.seq: int | None = None  # last applied frame (None: no snapshot yet)
         self.state = np.zeros(0, dtype=np.uint8)
@@ -54,10 +56,13 @@ class PoolMirror:
                 self.seq = None  # another server: wait for its snapshot
             self.epoch = epoch
             self.config = frame.header.get("config")
+            self.block_columns = [name for name, _ in frame.header["block_columns"]]
         elif frame.kind == p.SNAPSHOT:
-            c = frame.columns
-            self.state, self.ref_cnt, self.hashed = c["state"], c["ref_cnt"], c["hashed"]
-            self.hash64, self.group, self.stamp = c["hash64"], c["group"], c["stamp"]
+            missing = [name for name in self.block_columns if name not in frame.columns]
+            if missing:
+                raise p.ProtocolError(f"the snapshot lacks the columns {missing}")
+            for name in self.block_columns:
+                setattr(self, name, frame.columns[name])
             self.header = frame.header
             self.seq = frame.seq
             self.events.clear()
@@ -75,12 +80,8 @@ class PoolMirror:
             c = frame.columns
             if "ids" in c:
                 ids = c["ids"].astype(np.int64)
-                self.state[ids] = c["state"]
-                self.ref_cnt[ids] = c["ref_cnt"]
-                self.hashed[ids] = c["hashed"]
-                self.hash64[ids] = c["hash64"]
-                self.group[ids] = c["group"]
-                self.stamp[ids] = c["stamp"]
+                for name in self.block_columns:
+                    getattr(self, name)[ids] = c[name]
             h = frame.header
             self.header = {**self.header, **{k: v for k, v in h.items() if k != "columns"}}
             self.events.extend(h.get("events", []))

@@ -25,9 +25,12 @@ import json
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from blockpool.runtime.columns import BlockColumns
 
 MAGIC = b"BPS1"
 VERSION = 1
@@ -45,8 +48,30 @@ DTYPES: dict[str, np.dtype[Any]] = {
 }
 CHANNELS = ("blocks", "events", "series", "samples", "analysis")
 
+# The block columns of snapshots and deltas, (name, wire dtype), in frame
+# order: each is the BlockColumns attribute of that name.  The config frame
+# sends this list as ``block_columns``; clients read the columns it names.
+BLOCK_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("state", "u8"),
+    ("ref_cnt", "i32"),
+    ("hashed", "u8"),
+    ("hash64", "u64"),
+    ("group", "u32"),
+    ("stamp", "f64"),
+)
+
 # Event type codes in frames' compact event arrays.
 EV_STORED, EV_REMOVED, EV_CLEARED = 0, 1, 2
+
+
+def block_rows(
+    cols: BlockColumns, ids: np.ndarray | None = None
+) -> dict[str, tuple[str, np.ndarray]]:
+    """The block columns for ``encode``: every block's rows, or those at ``ids``."""
+    return {
+        name: (dtype, getattr(cols, name) if ids is None else getattr(cols, name)[ids])
+        for name, dtype in BLOCK_COLUMNS
+    }
 
 
 def encode(

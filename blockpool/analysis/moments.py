@@ -27,6 +27,7 @@ from blockpool.runtime.config import RuntimeConfig
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.runtime import PoolRuntime
 from blockpool.runtime.state import Keyframe, restore
+from blockpool.runtime.summary import pool_summary
 from blockpool.snapshot import block_keys, map_entries
 
 
@@ -136,26 +137,13 @@ def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
         }
         for rid, r in list(e.manager.requests.items())[:limit]
     ]
-    st = e.manager.stats
     out: dict[str, Any] = {
         "at": {"seq": m.seq, "ts": m.ts},
         "keyframe_seq": m.keyframe_seq,
         "replayed_ops": m.replayed,
         "replay_mismatches": m.mismatches,
         "replay_seconds": m.seconds,
-        "summary": {
-            "num_blocks": pool.num_gpu_blocks,
-            "blocks": e.columns.summary(),
-            "num_free_blocks": pool.get_num_free_blocks(),
-            "usage": pool.get_usage(),
-            "hash_map_keys": len(pool.cached_block_hash_to_block),
-            "running_requests": len(e.manager.requests),
-            "prefix_cache": {
-                "requests": st.requests,
-                "queries_tokens": st.queries,
-                "hits_tokens": st.hits,
-            },
-        },
+        "summary": pool_summary(e),
         "queue": {"total": len(queue), "block_ids": queue[:limit]},
         "hash_map": {"total_keys": len(pool.cached_block_hash_to_block), "items": entries},
         "requests": {"total": len(e.manager.requests), "items": reqs},

@@ -10,6 +10,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
+__all__ = [
+    "Conflict",
+    "InvalidInput",
+    "NotEnoughBlocks",
+    "NotFound",
+    "OperationError",
+    "ResetRefused",
+    "TooLarge",
+    "Unavailable",
+]
+
 
 class OperationError(Exception):
     """A refused operation (or query); nothing was changed.

@@ -65,7 +65,7 @@ test("the operator tiles: windows, since start, running, waiting; a missing figu
   const int = (n) => String(n);
   const v = operatorValues(
     { hit_rate_1m: 0.25, hit_rate_5m: 0.5, hit_rate_since: 0.75, waiting: 3 },
-    { running_requests: 7, prefix_cache: { hits: 1, queries: 2 } },
+    { running_requests: 7, prefix_cache: { hits_tokens: 1, queries_tokens: 2 } },
     pct,
     int,
   );
@@ -73,7 +73,7 @@ test("the operator tiles: windows, since start, running, waiting; a missing figu
     Object.fromEntries(Object.entries(v).map(([k, x]) => [k, x.text])),
     { hit1m: "25.0%", hit5m: "50.0%", hit: "75.0%", requests: "7", waiting: "3" },
   );
-  const none = operatorValues({ hit_rate_1m: null }, { prefix_cache: { hits: 1, queries: 4 } }, pct, int);
+  const none = operatorValues({ hit_rate_1m: null }, { prefix_cache: { hits_tokens: 1, queries_tokens: 4 } }, pct, int);
   assert.equal(none.hit1m.text, "—");
   assert.equal(none.hit.text, "25.0%", "an older server: since start from the header's counters");
   assert.equal(usageText(0.7342), "0.734");

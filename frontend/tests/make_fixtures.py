@@ -54,7 +54,7 @@ def expectation(m: PoolMirror, full: bool) -> dict[str, Any]:
         "seq": m.seq,
         "epoch": m.epoch,
         "counts": m.counts() if m.seq is not None else None,
-        "header_counts": m.header.get("counts"),
+        "header_blocks": m.header.get("blocks"),
         "num_events": len(m.events),
         "num_points": len(m.points),
     }

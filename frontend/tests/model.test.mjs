@@ -28,7 +28,7 @@ function hashMapList(model) {
 function checkAgainst(model, exp, note) {
   assert.equal(model.seq, exp.seq, `${note}: seq`);
   assert.deepEqual(model.countStates(), exp.counts, `${note}: counts from columns`);
-  assert.deepEqual(model.header.counts, exp.header_counts, `${note}: counts from the header`);
+  assert.deepEqual(model.header.blocks, exp.header_blocks, `${note}: counts from the header`);
   assert.deepEqual(Array.from(model.state), exp.state, `${note}: state`);
   assert.deepEqual(Array.from(model.refCnt), exp.ref_cnt, `${note}: ref_cnt`);
   assert.deepEqual(Array.from(model.stamp), exp.stamp, `${note}: stamp`);

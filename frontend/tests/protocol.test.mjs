@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { CONFIG, DELTA, ProtocolError, SNAPSHOT, decodeFrame, eventHash64, hex64, parseHash64 } from "../js/dashboard/wire/protocol.js";
+import { PoolModel } from "../js/dashboard/state/model.js";
 import { loadScenario, toArrayBuffer } from "./fixtures.mjs";
 
 const small = loadScenario("small");
@@ -18,6 +19,31 @@ test("config frame: kind, seq, epoch, pool config, no columns", () => {
   assert.equal(f.header.config.block_size, 4);
   assert.equal(f.header.state_names, undefined); // the page never read it: not sent
   assert.deepEqual(Object.keys(f.columns), []);
+});
+
+test("the config frame's block columns are what snapshots and deltas carry, and what the model keeps", () => {
+  const declared = frame(0).header.block_columns;
+  assert.deepEqual(declared.map(([name]) => name), ["state", "ref_cnt", "hashed", "hash64", "group", "stamp"]);
+  const spec = (f) => f.header.columns.map(([name, dtype]) => [name, dtype]);
+  assert.deepEqual(spec(frame(1)), declared, "the snapshot's columns, in order");
+  const i = small.frames.findIndex((f) => f.note === "admit A");
+  assert.deepEqual(spec(frame(i)), [["ids", "u32"], ...declared], "a delta: ids, then the same columns");
+  const m = new PoolModel();
+  m.apply(frame(0));
+  m.apply(frame(1));
+  const snap = frame(1);
+  for (const [name] of declared) {
+    const field = name.replace(/_([a-z])/g, (_, ch) => ch.toUpperCase());
+    assert.deepEqual(Array.from(m[field]), Array.from(snap.columns[name]), `model.${field} holds ${name}`);
+  }
+});
+
+test("a snapshot missing a declared column is refused", () => {
+  const m = new PoolModel();
+  const config = frame(0);
+  m.apply({ ...config, header: { ...config.header, block_columns: [...config.header.block_columns, ["extra", "u8"]] } });
+  assert.throws(() => m.apply(frame(1)), ProtocolError);
+  assert.equal(m.seq, null, "nothing applied");
 });
 
 test("snapshot frame: every column as a typed view of the right length", () => {
@@ -54,7 +80,7 @@ test("delta frame: ids plus each changed block's final columns, events, point", 
   assert.equal(stored[2].length, 5, "5 full blocks");
   assert.match(stored[2][0], /^[0-9a-f]{16}$/);
   assert.equal(typeof f.header.point.usage, "number");
-  assert.equal(f.header.counts.in_use, 6);
+  assert.equal(f.header.blocks.in_use, 6);
 });
 
 test("u64 hash column agrees with the 16-digit event hashes", () => {

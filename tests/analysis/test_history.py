@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from app.engine import Engine
-from app.errors import ApiError
+from app.errors import OperationError
 from app.schemas import (
     AdmitOp,
     AllocateOp,
@@ -79,7 +79,7 @@ def random_run(e: Engine, seed: int, steps: int, tick_every: int = 0) -> dict[in
             op = FinishOp(request_id="nobody")  # refused: unknown request
         try:
             result = e.apply(op)
-        except ApiError:
+        except OperationError:
             pass
         else:
             if isinstance(op, AdmitOp):

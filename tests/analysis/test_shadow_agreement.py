@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from app.engine import Engine
-from app.errors import ApiError
+from app.errors import OperationError
 from blockpool import (
     BlockPool,
     BlockRemoved,
@@ -95,7 +95,7 @@ def test_engine_shadows_match_the_real_pool(engine_factory: Factory) -> None:
                 append(e, rng.choice(running), [rng.randrange(100)] * rng.randint(1, 5))
             elif running:
                 finish(e, running.pop(rng.randrange(len(running))))
-        except ApiError:
+        except OperationError:
             pass  # refused (not enough blocks): nothing changed, the shadows are not told
         if step % 25 == 0:
             e.tick()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from app.engine import Engine
-from app.errors import ApiError, NotFound
+from app.errors import NotFound, OperationError
 from tests.analysis.conftest import Clock, admit, allocate, append, evict, finish, free
 from tests.app.conftest import Api, assert_error
 
@@ -39,7 +39,7 @@ def drive(e: Engine, clock: Clock, seed: int) -> None:
                 free(e, allocate(e, rng.randint(1, 3)))
             else:
                 evict(e, rng.sample(range(1, e.pool.num_gpu_blocks), 2))
-        except ApiError:
+        except OperationError:
             pass
         if step % 20 == 0:
             e.tick()

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -275,14 +276,33 @@ class LiveServer:
         self.thread.join(timeout=20)
         assert not self.thread.is_alive(), "uvicorn did not stop"
 
+    @contextlib.contextmanager
+    def running(self) -> Iterator[LiveServer]:
+        """Started for the block; its engine's invariants checked at the end."""
+        self.start()
+        try:
+            yield self
+            self.call(self.engine.check)
+        finally:
+            self.stop()
+
+
+def raw_answer(port: int, request: bytes, until: bytes = b"\r\n\r\n") -> bytes:
+    """Send raw bytes to a loopback server; its answer up to ``until`` (or
+    to the close)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while until not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    return answer
+
 
 @pytest.fixture
 def live_server(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     app = make_app(**_marked(request))
-    server = LiveServer(app, free_port())
-    server.start()
-    try:
+    with LiveServer(app, free_port()).running() as server:
         yield server
-        server.call(server.engine.check)
-    finally:
-        server.stop()

@@ -13,7 +13,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
 
+import httpx
+
 Get = Callable[[str], tuple[int, str, str]]
+
+
+def client_get(client: httpx.Client) -> Get:
+    """``get`` for ``crawl`` through an httpx client."""
+
+    def get(url: str) -> tuple[int, str, str]:
+        r = client.get(url)
+        return r.status_code, r.headers.get("content-type", ""), r.text
+
+    return get
+
 
 _SCRIPT = re.compile(r"<script\b([^>]*)>", re.I)
 _LINK = re.compile(r"<link\b([^>]*)>", re.I)

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from typing import Any
 
 import pytest
 
-from tests.app.conftest import LiveServer, free_port, make_app
+from tests.app.conftest import LiveServer, free_port, make_app, raw_answer
 
 pytestmark = pytest.mark.anyio
 
@@ -76,21 +75,10 @@ async def test_no_body_is_read_before_the_401() -> None:
 
 
 def test_a_live_server_answers_401_without_waiting_for_the_body() -> None:
-    server = LiveServer(make_app(token=TOKEN), free_port())
-    server.start()
-    try:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-            sock.sendall(
-                b"POST /api/pool/allocate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                b"Content-Type: application/json\r\nContent-Length: 8000000\r\n\r\n"
-            )  # and no body at all: the old server waited for it
-            answer = b""
-            while b"\r\n\r\n" not in answer:
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                answer += chunk
+    with LiveServer(make_app(token=TOKEN), free_port()).running() as server:
+        answer = raw_answer(
+            server.port,
+            b"POST /api/pool/allocate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 8000000\r\n\r\n",
+        )  # and no body at all: the old server waited for it
         assert answer.startswith(b"HTTP/1.1 401 "), answer
-        server.call(server.engine.check)
-    finally:
-        server.stop()

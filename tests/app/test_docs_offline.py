@@ -21,29 +21,19 @@ import jsonschema_rs
 import pytest
 
 from tests.app.conftest import LiveServer, free_port, make_app
-from tests.app.page_assets import crawl
+from tests.app.page_assets import client_get, crawl
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[httpx.Client]:
     """A real server (inline analysis: answers are there when asked)."""
-    server = LiveServer(make_app(analysis_mode="inline", shadow_mode="inline"), free_port())
-    server.start()
-    try:
-        with httpx.Client(base_url=server.url, timeout=30) as c:
-            yield c
-        server.call(server.engine.check)
-    finally:
-        server.stop()
-
-
-def _get(client: httpx.Client) -> Any:
-    def get(url: str) -> tuple[int, str, str]:
-        r = client.get(url)
-        return r.status_code, r.headers.get("content-type", ""), r.text
-
-    return get
+    app = make_app(analysis_mode="inline", shadow_mode="inline")
+    with (
+        LiveServer(app, free_port()).running() as server,
+        httpx.Client(base_url=server.url, timeout=30) as c,
+    ):
+        yield c
 
 
 def test_docs_reference_only_this_servers_assets_and_they_are_served(
@@ -53,7 +43,7 @@ def test_docs_reference_only_this_servers_assets_and_they_are_served(
     assert html.status_code == 200 and html.headers["content-type"].startswith("text/html")
     assert "://" not in html.text  # no absolute URL: no CDN, no online validator
     assert "validatorUrl" in html.text and '"validatorUrl": null' in html.text
-    result = crawl(_get(client), str(client.base_url), ["/docs"])
+    result = crawl(client_get(client), str(client.base_url), ["/docs"])
     assert result.problems() == []
     kinds = sorted(kind for kind, _, _ in result.fetched.values())
     assert kinds == ["html", "png", "script", "style"]

@@ -7,14 +7,12 @@ the observer's, reads included — unless ``--allowed-host`` names it."""
 
 from __future__ import annotations
 
-import socket
-
 import httpx
 import pytest
 
 from app.observer.app import create_observer_app
 from app.settings import ObserverSettings
-from tests.app.conftest import LiveServer, assert_error, free_port, make_app
+from tests.app.conftest import LiveServer, assert_error, free_port, make_app, raw_answer
 
 pytestmark = pytest.mark.anyio
 
@@ -76,23 +74,11 @@ def handshake(port: int, host: str) -> str:
         "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
         "Sec-WebSocket-Version: 13\r\n\r\n"
     )
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(request.encode())
-        answer = b""
-        while b"\r\n" not in answer:
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            answer += chunk
+    answer = raw_answer(port, request.encode(), until=b"\r\n")
     return answer.split(b"\r\n", 1)[0].decode()
 
 
 def test_a_websocket_under_a_foreign_host_is_refused() -> None:
-    server = LiveServer(make_app(), free_port())
-    server.start()
-    try:
+    with LiveServer(make_app(), free_port()).running() as server:
         assert " 403 " in handshake(server.port, REBOUND)
         assert " 101 " in handshake(server.port, f"127.0.0.1:{server.port}")
-        server.call(server.engine.check)
-    finally:
-        server.stop()

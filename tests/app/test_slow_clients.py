@@ -30,12 +30,8 @@ def served(**settings: Any) -> Iterator[LiveServer]:
     server = LiveServer(app, free_port())
     config = uvicorn_config(app, "127.0.0.1", server.port, "warning", app.state.settings)
     server.server = uvicorn.Server(config)
-    server.start()
-    try:
+    with server.running():
         yield server
-        server.call(server.engine.check)
-    finally:
-        server.stop()
 
 
 async def read_until_closed(reader: asyncio.StreamReader, until: float) -> bytes:

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from tests.app.conftest import free_port
-from tests.app.page_assets import crawl
+from tests.app.page_assets import client_get, crawl
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,20 +132,12 @@ def served(installed: Path) -> Iterator[tuple[str, Path]]:
         proc.wait(timeout=30)
 
 
-def _get(client: httpx.Client) -> object:
-    def get(url: str) -> tuple[int, str, str]:
-        r = client.get(url)
-        return r.status_code, r.headers.get("content-type", ""), r.text
-
-    return get
-
-
 def test_the_dashboard_and_fleet_page_load_every_script_and_style(
     served: tuple[str, Path],
 ) -> None:
     base, _ = served
     with httpx.Client(timeout=30) as client:
-        result = crawl(_get(client), base, ["/", "/static/fleet.html"])  # type: ignore[arg-type]
+        result = crawl(client_get(client), base, ["/", "/static/fleet.html"])
     assert result.problems() == []
     kinds = [kind for kind, _, _ in result.fetched.values()]
     assert kinds.count("html") == 2
@@ -165,7 +157,7 @@ def test_docs_load_nothing_from_outside_the_server(served: tuple[str, Path]) -> 
     with httpx.Client(timeout=30) as client:
         html = client.get(f"{base}/docs").text
         assert "://" not in html, html  # no absolute URL at all: only this server
-        result = crawl(_get(client), base, ["/docs"])  # type: ignore[arg-type]
+        result = crawl(client_get(client), base, ["/docs"])
         spec = client.get(f"{base}/openapi.json")
     assert result.problems() == []
     assert {kind for kind, _, _ in result.fetched.values()} == {"html", "script", "style", "png"}

@@ -16,7 +16,7 @@ PAGE_STATS_JS = """() => {
 MODEL_JS = """() => {
   const m = window.__bp.model;
   return {seq: m.seq, epoch: m.epoch, n: m.n, counts: m.countStates(),
-          header: m.header.counts, keys: m.header.hash_map_keys};
+          header: m.header.blocks, keys: m.header.hash_map_keys};
 }"""
 
 

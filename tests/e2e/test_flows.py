@@ -30,7 +30,7 @@ def test_reset_offers_to_stop_the_workload_and_shows_the_outcome(
 ) -> None:
     p = dashboard
     assert server.post("/api/demo/start").status_code == 200
-    wait_for(lambda: p.js("() => window.__bp.model.header.counts.in_use") > 0, what="held blocks")
+    wait_for(lambda: p.js("() => window.__bp.model.header.blocks.in_use") > 0, what="held blocks")
     p.page.click("#reset-btn")
     facts = p.page.inner_text("#reset-facts")
     assert "refuses" in facts and "running request" in facts

@@ -60,7 +60,7 @@ def test_a_recorded_moment_moves_tiles_queue_detail_and_charts(
         "keys": st["summary"]["hash_map_keys"],
         "requests": st["summary"]["running_requests"],
     }
-    live_in_use = p.js("() => window.__bp.model.header.counts.in_use")
+    live_in_use = p.js("() => window.__bp.model.header.blocks.in_use")
     assert live_in_use != b["in_use"], "the tiles show the moment, not the pool now"
     # the queue is the recorded one
     assert got["rows"] == st["queue"]["block_ids"][: len(got["rows"])] and len(got["rows"]) > 10
@@ -89,7 +89,7 @@ def test_a_recorded_moment_moves_tiles_queue_detail_and_charts(
     # back to live: the tiles and the queue follow the pool again
     p.page.click("#tl-live")
     wait_for(lambda: p.js(SHOWN_JS)["tiles"]["in_use"] == p.js(
-        "() => window.__bp.model.header.counts.in_use"))  # fmt: skip
+        "() => window.__bp.model.header.blocks.in_use"))  # fmt: skip
     wait_for(lambda: not p.js(SHOWN_JS)["count"].startswith("recorded"), what="the live queue")
     assert p.js(SHOWN_JS)["line"]["hidden"] is True
     assert server.post("/api/requests/hf-1/finish").status_code == 200

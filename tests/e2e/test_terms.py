@@ -67,7 +67,7 @@ def test_every_tile_and_term_explains_itself(dashboard: Page, server: Server) ->
     assert server.post("/api/demo/start").status_code == 200
     wait_for(lambda: p.js("() => document.querySelectorAll('#lru-summary > span').length") > 0)
     # pin a block: the detail panel's rows have their explanations too
-    wait_for(lambda: p.js("() => window.__bp.model.header.counts.in_use") > 0)
+    wait_for(lambda: p.js("() => window.__bp.model.header.blocks.in_use") > 0)
     bid = p.js("() => window.__bp.model.state.findIndex((s) => s === 1)")
     xy = p.js("(id) => window.__bp.map.cellCenterPage(id)", bid)
     p.page.mouse.click(xy["x"], xy["y"])

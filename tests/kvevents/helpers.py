@@ -395,7 +395,7 @@ await_for = eventually_async
 def engine_step(engine: Any, rng: random.Random, prefixes: list[list[int]]) -> None:
     """A few operations on an app Engine (admit / append / finish / evict /
     reset), refusals ignored -- what a tick of real traffic looks like."""
-    from app.errors import ApiError
+    from app.errors import OperationError
     from app.schemas import AdmitOp, AppendOp, EvictOp, FinishOp, ResetOp
 
     running = list(engine.manager.requests)
@@ -417,7 +417,7 @@ def engine_step(engine: Any, rng: random.Random, prefixes: list[list[int]]) -> N
                 engine.apply(EvictOp(block_ids=[rng.randrange(1, engine.pool.num_gpu_blocks)]))
             else:
                 engine.apply(ResetOp())
-        except ApiError:
+        except OperationError:
             pass
 
 

@@ -197,7 +197,7 @@ def test_channel_subsets_and_resume_query() -> None:
                 d = p.decode(await ws.recv())
                 assert d.kind == p.DELTA and "point" in d.header
                 assert "events" not in d.header and d.columns == {}
-                assert d.header["counts"]["in_use"] in (0, 2)
+                assert d.header["blocks"]["in_use"] in (0, 2)
             # resume: frames after seq S come from the ring, without a snapshot
             epoch = app.state.stream.epoch
             start = app.state.stream.seq + 1

@@ -49,7 +49,12 @@ def delta(
 
 
 def config(epoch: str) -> p.Frame:
-    return p.decode(p.encode(p.CONFIG, 0, {"epoch": epoch, "config": {"num_blocks": N}}))
+    header = {
+        "epoch": epoch,
+        "config": {"num_blocks": N},
+        "block_columns": [list(c) for c in p.BLOCK_COLUMNS],
+    }
+    return p.decode(p.encode(p.CONFIG, 0, header))
 
 
 def test_snapshot_then_deltas_give_state_queue_order_and_map() -> None:
@@ -103,3 +108,48 @@ def test_events_accumulate_in_order() -> None:
     m.apply(delta(2, [], [], [], [], [], [], [[10, 0, ["aa"], None, 4, 4, None]]))
     m.apply(delta(3, [], [], [], [], [], [], [[11, 1, ["aa"]], [12, 2]]))
     assert [e[0] for e in m.events] == [10, 11, 12]
+
+
+def test_the_config_frame_declares_the_block_columns_frames_carry() -> None:
+    """What the config frame's ``block_columns`` names is what a snapshot and
+    a delta carry (names, dtypes, order), and what the mirror keeps."""
+    from app.engine import Engine
+    from app.schemas import AdmitOp
+    from app.settings import Settings
+    from app.stream.hub import StreamHub
+
+    engine = Engine(Settings(num_blocks=32, block_size=4, hash_fn="sha256", hash_seed="0"))
+    hub = StreamHub(engine)
+    cfg = p.decode(hub.config_frame())
+    declared = cfg.header["block_columns"]
+    assert [name for name, _ in declared] == [
+        "state", "ref_cnt", "hashed", "hash64", "group", "stamp",
+    ]  # fmt: skip
+    engine.tick()
+    snap = p.decode(hub.snapshot_frame())
+    assert [[n, d] for n, d, _, _ in snap.header["columns"]] == declared
+    engine.apply(AdmitOp(request_id="A", token_ids=list(range(10))))
+    engine.tick()
+    dl = p.decode(hub.ring.frames[-1].full)
+    assert [[n, d] for n, d, _, _ in dl.header["columns"]] == [["ids", "u32"], *declared]
+    m = PoolMirror()
+    for frame in (cfg, snap, dl):
+        m.apply(frame)
+    cols = engine.columns
+    for name, _ in declared:
+        assert np.array_equal(getattr(m, name), getattr(cols, name)), name
+    assert m.counts() == cols.summary() == dl.header["blocks"]
+    assert m.counts()["in_use"] == 3  # 10 tokens in blocks of 4
+    assert dl.header["num_free_blocks"] == engine.pool.get_num_free_blocks() == 28
+    assert dl.header["prefix_cache"]["queries_tokens"] == engine.manager.stats.queries
+    engine.runtime.check()
+
+
+def test_a_config_frame_without_a_declared_column_is_refused_by_the_mirror() -> None:
+    m = PoolMirror()
+    cfg = config("e1")
+    cfg.header["block_columns"] = [*cfg.header["block_columns"], ["extra", "u8"]]
+    m.apply(cfg)
+    with pytest.raises(p.ProtocolError, match="extra"):
+        m.apply(snapshot(10))
+    assert m.seq is None and len(m.state) == 0  # nothing applied

@@ -14,9 +14,12 @@ promising that nothing will ever be added.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Out(BaseModel):
@@ -27,6 +30,18 @@ def returns(model: type[BaseModel], status: int = 200) -> dict[int | str, dict[s
     """``responses=`` for a route: its success status documented by ``model``."""
     doc = (model.__doc__ or model.__name__).strip().splitlines()[0]
     return {status: {"model": model, "description": doc}}
+
+
+def route(
+    method: Callable[..., Callable[[F], F]],
+    path: str,
+    model: type[BaseModel],
+    summary: str,
+    auth: Any,
+) -> Callable[[F], F]:
+    """A route as most are declared: ``router.get`` or ``router.post`` with
+    its documented response, one auth dependency and the summary."""
+    return method(path, responses=returns(model), dependencies=[auth], summary=summary)
 
 
 Hashes = list[str]

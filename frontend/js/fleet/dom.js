@@ -1,15 +1,13 @@
 // @ts-check
-// The fleet page's view helpers: the shared DOM and format helpers under the
-// names the fleet modules use, and the table cells only this page draws.
+// The fleet page's view helpers: the shared DOM and format helpers the fleet
+// modules use, and the table cells only this page draws.
 // Text from the streams (instance names, LoRA names, media) is untrusted: it
 // only ever goes in as text (common/dom.js's h).
 
 import { $, clear, debounce, h } from "../common/dom.js";
 import { age, int, shortHash as cut, tokensText } from "../common/format.js";
 
-export { $, age, clear, debounce, tokensText };
-export const el = h;
-export const num = int;
+export { $, age, clear, debounce, h, int, tokensText };
 
 /** A hash as shown here: the first 12 hex digits (the title holds all of it). */
 export const shortHash = (hash) => cut(hash, 12);

@@ -1,7 +1,7 @@
 // @ts-check
 // The live event log: the newest events first, from the stream's ticks.
 
-import { $, clear, el, shortHash } from "./dom.js";
+import { $, clear, h, shortHash } from "./dom.js";
 
 const KEEP = 300;
 
@@ -49,13 +49,13 @@ export class EventLog {
             ? `${hashes}${e.medium ? ` · ${e.medium}` : ""}`
             : "";
       box.append(
-        el(
+        h(
           "div",
           { class: `ev t-${e.type}`, title: `batch seq ${e.batch_seq} · ${new Date(e.ts * 1000).toISOString()}` },
           `${e.instance} #${e.batch_seq} ${e.type} ${detail}${e.group_idx !== undefined ? ` · g${e.group_idx}` : ""}`,
         ),
       );
     }
-    if (!shown.length) box.append(el("div", { class: "muted" }, "waiting for events…"));
+    if (!shown.length) box.append(h("div", { class: "muted" }, "waiting for events…"));
   }
 }

@@ -2,7 +2,7 @@
 // One instance's hash map: paged, searchable, sortable.
 
 import { getJSON } from "./api.js";
-import { $, clear, debounce, el, hashCell, num, tokensText } from "./dom.js";
+import { $, clear, debounce, h, hashCell, int, tokensText } from "./dom.js";
 
 const PAGE = 50;
 
@@ -79,24 +79,24 @@ export class HashMapView {
         .join(" ");
       const lora = it.lora_name ? `${it.lora_name}${it.lora_id !== null ? ` (${it.lora_id})` : ""}` : "";
       this.body.append(
-        el(
+        h(
           "tr",
           { "data-hash": it.hash, onclick: () => this.onPick(it.hash), title: it.hash_int ? `int ${it.hash_int}` : "" },
           hashCell(it.hash),
           hashCell(it.parent),
-          el("td", { class: "num" }, num(it.copies)),
-          el("td", {}, media),
-          el("td", { class: "toks", title: (it.tokens || []).join(" ") }, tokensText(it.tokens, it.num_tokens)),
-          el("td", {}, lora),
-          el("td", { class: "num" }, `#${num(it.stored_seq)}`),
+          h("td", { class: "num" }, int(it.copies)),
+          h("td", {}, media),
+          h("td", { class: "toks", title: (it.tokens || []).join(" ") }, tokensText(it.tokens, it.num_tokens)),
+          h("td", {}, lora),
+          h("td", { class: "num" }, `#${int(it.stored_seq)}`),
         ),
       );
     }
     if (!page.items.length) {
-      this.body.append(el("tr", {}, el("td", { colspan: "7", class: "muted" }, page.total_keys ? "no match" : "no cached blocks seen yet")));
+      this.body.append(h("tr", {}, h("td", { colspan: "7", class: "muted" }, page.total_keys ? "no match" : "no cached blocks seen yet")));
     }
     const end = Math.min(page.offset + page.items.length, page.matched);
-    $("hm-page").textContent = `${page.matched ? num(page.offset + 1) : 0}–${num(end)} of ${num(page.matched)} (${num(page.total_keys)} keys, ${num(page.blocks)} blocks)`;
+    $("hm-page").textContent = `${page.matched ? int(page.offset + 1) : 0}–${int(end)} of ${int(page.matched)} (${int(page.total_keys)} keys, ${int(page.blocks)} blocks)`;
     $("hm-prev", HTMLButtonElement).disabled = page.offset === 0;
     $("hm-next", HTMLButtonElement).disabled = end >= page.matched;
   }

@@ -1,19 +1,19 @@
 // @ts-check
 // The instance selector: one card per observed stream, with its health.
 
-import { age, clear, el, num } from "./dom.js";
+import { age, clear, h, int } from "./dom.js";
 
 export function renderInstances(container, instances, selected, onSelect) {
   clear(container);
   for (const inst of instances) {
     // a stale pool's map is the last one heard: "exact" would claim too much
     const exact = inst.stale
-      ? el("span", { class: "badge stale", title: inst.stale_hint || "" }, "stale")
+      ? h("span", { class: "badge stale", title: inst.stale_hint || "" }, "stale")
       : inst.exact
-        ? el("span", { class: "badge exact", title: "every batch since seq 0 (or a clear) applied" }, "exact")
-        : el("span", { class: "badge inexact", title: inst.inexact_reason || "" }, "inexact");
-    const stat = (label, value, title) => el("span", { title: title || "" }, el("i", {}, `${label} `), value);
-    const card = el(
+        ? h("span", { class: "badge exact", title: "every batch since seq 0 (or a clear) applied" }, "exact")
+        : h("span", { class: "badge inexact", title: inst.inexact_reason || "" }, "inexact");
+    const stat = (label, value, title) => h("span", { title: title || "" }, h("i", {}, `${label} `), value);
+    const card = h(
       "div",
       {
         class: "instance",
@@ -26,58 +26,58 @@ export function renderInstances(container, instances, selected, onSelect) {
           if (ev.key === "Enter" || ev.key === " ") onSelect(inst.name);
         },
       },
-      el(
+      h(
         "div",
         { class: "top" },
-        el("span", { class: inst.connected ? "dot on" : "dot", title: inst.connected ? "connected" : "disconnected" }),
-        el("span", { class: "name" }, inst.name),
-        el("span", { class: "spacer" }),
+        h("span", { class: inst.connected ? "dot on" : "dot", title: inst.connected ? "connected" : "disconnected" }),
+        h("span", { class: "name" }, inst.name),
+        h("span", { class: "spacer" }),
         exact,
       ),
-      el(
+      h(
         "div",
         { class: "endpoint" },
         inst.mode === "bind" ? `bound ${inst.endpoint}` : inst.endpoint,
         inst.replay_endpoint ? ` · replay ${inst.replay_endpoint}` : " · no replay",
         inst.ranks_seen && inst.ranks_seen.length ? ` · dp ${inst.ranks_seen.join(",")}` : "",
       ),
-      el(
+      h(
         "div",
         { class: "stats" },
-        stat("keys", num(inst.keys), "hashes held"),
-        stat("blocks", num(inst.blocks), "copies of held hashes"),
-        stat("seq", inst.last_seq === null ? "—" : num(inst.last_seq), "last publisher seq applied"),
-        stat("batches", num(inst.batches)),
-        stat("events", num(inst.events)),
-        stat("gaps", num(inst.gaps), "sequence gaps detected"),
-        stat("replays", num(inst.replays), "replay requests"),
-        stat("failed", num(inst.replay_failures), "replays that failed or fell short"),
-        stat("missed", num(inst.missed), "batches lost for good"),
-        stat("restarts", num(inst.restarts), "publisher restarts (seq went back)"),
-        stat("dups", num(inst.duplicates), "batches seen twice (replay and live)"),
+        stat("keys", int(inst.keys), "hashes held"),
+        stat("blocks", int(inst.blocks), "copies of held hashes"),
+        stat("seq", inst.last_seq === null ? "—" : int(inst.last_seq), "last publisher seq applied"),
+        stat("batches", int(inst.batches)),
+        stat("events", int(inst.events)),
+        stat("gaps", int(inst.gaps), "sequence gaps detected"),
+        stat("replays", int(inst.replays), "replay requests"),
+        stat("failed", int(inst.replay_failures), "replays that failed or fell short"),
+        stat("missed", int(inst.missed), "batches lost for good"),
+        stat("restarts", int(inst.restarts), "publisher restarts (seq went back)"),
+        stat("dups", int(inst.duplicates), "batches seen twice (replay and live)"),
         stat("last", age(inst.last_batch_age_s), "last batch applied"),
       ),
       groupsLine(inst),
-      inst.stale ? el("div", { class: "reason stale" }, inst.stale_hint || "stale") : null,
+      inst.stale ? h("div", { class: "reason stale" }, inst.stale_hint || "stale") : null,
       !inst.stale && inst.idle
-        ? el("div", { class: "note idle", title: "connected; nothing changed, the map stands" },
+        ? h("div", { class: "note idle", title: "connected; nothing changed, the map stands" },
             `idle: connected, last message ${age(inst.silent_s)}`)
         : null,
-      inst.exact || inst.stale ? null : el("div", { class: "reason" }, inst.inexact_reason || ""),
+      inst.exact || inst.stale ? null : h("div", { class: "reason" }, inst.inexact_reason || ""),
       inst.overflow_blocks
-        ? el("div", { class: "reason overflow", title: "--max-hashes" },
-            `${num(inst.overflow_blocks)} stored block(s) not kept: over the cap of ${num(inst.max_keys)} held hashes`)
+        ? h("div", { class: "reason overflow", title: "--max-hashes" },
+            `${int(inst.overflow_blocks)} stored block(s) not kept: over the cap of ${int(inst.max_keys)} held hashes`)
         : null,
       inst.task && inst.task !== "running"
-        ? el("div", { class: "reason task", title: inst.last_task_error || "" },
-            `source task ${inst.task} (restarts ${num(inst.task_restarts)})`)
+        ? h("div", { class: "reason task", title: inst.last_task_error || "" },
+            `source task ${inst.task} (restarts ${int(inst.task_restarts)})`)
         : null,
       inst.poison_total
-        ? el("div", { class: "reason poison", title: JSON.stringify(inst.poison || {}) },
-            `${num(inst.poison_total)} poison message(s) refused: ` +
-            Object.entries(inst.poison || {}).map(([k, n]) => `${k} ${num(n)}`).join(", "))
+        ? h("div", { class: "reason poison", title: JSON.stringify(inst.poison || {}) },
+            `${int(inst.poison_total)} poison message(s) refused: ` +
+            Object.entries(inst.poison || {}).map(([k, n]) => `${k} ${int(n)}`).join(", "))
         : null,
-      inst.silence_hint ? el("div", { class: "reason silence" }, inst.silence_hint) : null,
+      inst.silence_hint ? h("div", { class: "reason silence" }, inst.silence_hint) : null,
     );
     container.append(card);
   }
@@ -94,7 +94,7 @@ function groupsLine(inst) {
   const parts = groups.map(([g, n]) => {
     const spec = specs[g] || {};
     const kind = spec.kind ? ` ${spec.kind}${spec.sliding_window ? ` (window ${spec.sliding_window})` : ""}` : "";
-    return el("span", { class: "group", "data-group": g }, `g${g}${kind}: ${num(n)} blk`);
+    return h("span", { class: "group", "data-group": g }, `g${g}${kind}: ${int(n)} blk`);
   });
-  return el("div", { class: "endpoint groups", title: "blocks per KV-cache group (group_idx)" }, "groups ", ...parts.flatMap((p, i) => (i ? [" · ", p] : [p])));
+  return h("div", { class: "endpoint groups", title: "blocks per KV-cache group (group_idx)" }, "groups ", ...parts.flatMap((p, i) => (i ? [" · ", p] : [p])));
 }

@@ -5,7 +5,7 @@
 
 import { observeHint } from "../common/observe.js";
 import { getJSON, getToken, openStream, setToken } from "./api.js";
-import { $, clear, el, num } from "./dom.js";
+import { $, clear, h, int } from "./dom.js";
 import { EventLog } from "./events.js";
 import { HashMapView } from "./hashmap.js";
 import { renderInstances } from "./instances.js";
@@ -42,8 +42,8 @@ async function poolHint(box) {
 }
 
 const prefixes = new PrefixView({ onError: showError });
-const hashmap = new HashMapView({ onPick: (h) => prefixes.pick(h), onError: showError });
-const tree = new TreeView({ onPick: (h) => prefixes.pick(h), onError: showError });
+const hashmap = new HashMapView({ onPick: (hash) => prefixes.pick(hash), onError: showError });
+const tree = new TreeView({ onPick: (hash) => prefixes.pick(hash), onError: showError });
 const log = new EventLog();
 const rate = new RateChart($("rate-chart"));
 
@@ -66,7 +66,7 @@ function setInstances(instances) {
   const exact = instances.filter((i) => i.exact && !i.stale).length;
   const stale = instances.filter((i) => i.stale).length;
   const keys = instances.reduce((a, i) => a + i.keys, 0);
-  $("fleet-facts").textContent = `${instances.length} instance(s) · ${connected} connected · ${exact} exact · ${stale ? `${stale} stale · ` : ""}${num(keys)} hashes held`;
+  $("fleet-facts").textContent = `${instances.length} instance(s) · ${connected} connected · ${exact} exact · ${stale ? `${stale} stale · ` : ""}${int(keys)} hashes held`;
   renderInstances($("instances"), instances, state.selected, select);
 }
 
@@ -93,7 +93,7 @@ async function boot() {
   $("token").classList.remove("need");
   const list = $("cannot-know-list");
   clear(list);
-  for (const line of fleet.cannot_know) list.append(el("li", {}, line));
+  for (const line of fleet.cannot_know) list.append(h("li", {}, line));
   setInstances(fleet.instances);
   const wanted = new URLSearchParams(location.search).get("instance");
   const first = fleet.instances.find((i) => i.name === wanted) || fleet.instances[0];

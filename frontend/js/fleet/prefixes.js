@@ -4,7 +4,7 @@
 // blocks each instance has cached.
 
 import { getJSON } from "./api.js";
-import { $, clear, el, num, shortHash } from "./dom.js";
+import { $, clear, h, int, shortHash } from "./dom.js";
 
 export class PrefixView {
   constructor({ onError }) {
@@ -29,7 +29,7 @@ export class PrefixView {
       this.renderLookup(await getJSON("/api/fleet/prefixes", params));
     } catch (err) {
       clear($("fp-result"));
-      $("fp-result").append(el("div", { class: "err" }, err.message));
+      $("fp-result").append(h("div", { class: "err" }, err.message));
     }
   }
 
@@ -39,23 +39,23 @@ export class PrefixView {
     const q = res.query;
     const total = q.kind === "hashes" ? q.blocks : Math.max(1, ...res.instances.map((r) => r.leading_blocks));
     box.append(
-      el(
+      h(
         "div",
         { class: "muted" },
         q.kind === "hashes"
           ? `${q.blocks} block(s) in the prefix${q.chain_complete ? "" : " (its start is not held anywhere: known from there on)"}`
-          : `${num(q.num_tokens)} tokens`,
+          : `${int(q.num_tokens)} tokens`,
       ),
     );
     for (const r of res.instances) {
       const pct = total ? (100 * r.leading_blocks) / total : 0;
       box.append(
-        el(
+        h(
           "div",
           { class: res.best.includes(r.instance) ? "bar best" : "bar", "data-instance": r.instance },
-          el("span", { class: "mono", title: r.exact ? "" : "this pool is inexact: the answer may be wrong" }, `${r.instance}${r.exact ? "" : " ?"}`),
-          el("span", { class: "track" }, el("span", { class: "fill", style: `width:${pct.toFixed(1)}%` })),
-          el("span", { class: "mono" }, `${r.leading_blocks} blk · ${num(r.leading_tokens)} tok`),
+          h("span", { class: "mono", title: r.exact ? "" : "this pool is inexact: the answer may be wrong" }, `${r.instance}${r.exact ? "" : " ?"}`),
+          h("span", { class: "track" }, h("span", { class: "fill", style: `width:${pct.toFixed(1)}%` })),
+          h("span", { class: "mono" }, `${r.leading_blocks} blk · ${int(r.leading_tokens)} tok`),
         ),
       );
     }
@@ -68,24 +68,24 @@ export class PrefixView {
       clear(body);
       for (const f of res.items) {
         body.append(
-          el(
+          h(
             "tr",
             { onclick: () => this.pick(f.root), "data-root": f.root },
-            el("td", { class: "hash", title: f.root }, shortHash(f.root)),
-            el("td", { class: "toks", title: f.first_tokens.join(" ") }, f.first_tokens.join(" ")),
-            el(
+            h("td", { class: "hash", title: f.root }, shortHash(f.root)),
+            h("td", { class: "toks", title: f.first_tokens.join(" ") }, f.first_tokens.join(" ")),
+            h(
               "td",
               {},
-              el(
+              h(
                 "div",
                 { class: "chips" },
-                f.instances.map((i) => el("span", { class: "chip", title: `${i.blocks} block(s) under this first block` }, `${i.instance}: ${i.depth} (${i.blocks})`)),
+                f.instances.map((i) => h("span", { class: "chip", title: `${i.blocks} block(s) under this first block` }, `${i.instance}: ${i.depth} (${i.blocks})`)),
               ),
             ),
           ),
         );
       }
-      if (!res.items.length) body.append(el("tr", {}, el("td", { colspan: "3", class: "muted" }, "no cached blocks seen yet")));
+      if (!res.items.length) body.append(h("tr", {}, h("td", { colspan: "3", class: "muted" }, "no cached blocks seen yet")));
     } catch (err) {
       this.onError(err);
     }

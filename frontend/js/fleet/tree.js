@@ -2,7 +2,7 @@
 // One instance's prefix tree (parents from BlockStored), expanded on demand.
 
 import { getJSON } from "./api.js";
-import { $, clear, el, num, shortHash } from "./dom.js";
+import { $, clear, h, int, shortHash } from "./dom.js";
 
 const MAX_CHILDREN = 200;
 
@@ -42,25 +42,25 @@ export class TreeView {
         byParent.get(n.parent).push(n);
       }
     }
-    $("tree-info").textContent = `${num(tree.total)} nodes · ${num(tree.roots)} roots${tree.truncated ? ` · first ${num(tree.nodes.length)}` : ""}`;
+    $("tree-info").textContent = `${int(tree.total)} nodes · ${int(tree.roots)} roots${tree.truncated ? ` · first ${int(tree.nodes.length)}` : ""}`;
     const box = $("tree");
     clear(box);
     if (!roots.length) {
-      box.append(el("div", { class: "muted" }, "no cached blocks seen yet"));
+      box.append(h("div", { class: "muted" }, "no cached blocks seen yet"));
       return;
     }
     box.append(this.list(roots, byParent));
   }
 
   list(nodes, byParent) {
-    const ul = el("ul");
+    const ul = h("ul");
     for (const n of nodes.slice(0, MAX_CHILDREN)) {
       const kids = byParent.get(n.hash) || [];
       const isOpen = this.open.has(n.hash);
-      const li = el(
+      const li = h(
         "li",
         { "data-hash": n.hash },
-        el(
+        h(
           "span",
           {
             class: "tog",
@@ -73,9 +73,9 @@ export class TreeView {
           },
           kids.length ? (isOpen ? "▾" : "▸") : "·",
         ),
-        el("span", { class: "h", title: n.hash, onclick: () => this.onPick(n.hash) }, shortHash(n.hash)),
+        h("span", { class: "h", title: n.hash, onclick: () => this.onPick(n.hash) }, shortHash(n.hash)),
         " ",
-        el(
+        h(
           "span",
           { class: n.orphan ? "meta orphan" : "meta", title: n.orphan ? "its parent is not held (evicted first, or stored before the observer joined)" : "" },
           `×${n.copies} · [${(n.tokens || []).join(" ")}${n.num_tokens > (n.tokens || []).length ? " …" : ""}]`,
@@ -87,7 +87,7 @@ export class TreeView {
       if (isOpen && kids.length) li.append(this.list(kids, byParent));
       ul.append(li);
     }
-    if (nodes.length > MAX_CHILDREN) ul.append(el("li", { class: "muted" }, `… ${num(nodes.length - MAX_CHILDREN)} more`));
+    if (nodes.length > MAX_CHILDREN) ul.append(h("li", { class: "muted" }, `… ${int(nodes.length - MAX_CHILDREN)} more`));
     return ul;
   }
 }

@@ -94,7 +94,7 @@ export class Controls {
   /** The dialog, with what a reset would do now (or why it would be refused). */
   openReset() {
     const hd = this.model.header;
-    const c = hd.counts || {};
+    const c = hd.blocks || {};
     const held = c.in_use || 0;
     const drop = `${int(hd.hash_map_keys)} cached hashes will be dropped (every cached block becomes empty).`;
     setText(

@@ -125,8 +125,8 @@ export class LruPanel {
       this.profileCost = performance.now() - t0;
       this.profileAt = now;
     }
-    const free = m.header.num_free ?? head.length;
-    const cached = m.header.counts ? m.header.counts.cached : 0;
+    const free = m.header.num_free_blocks ?? head.length;
+    const cached = m.header.blocks ? m.header.blocks.cached : 0;
     if (firstCached < 0 && this.profile) firstCached = this.profile.indexOf(1);
     this.drawStrip(reach);
     this.summary.replaceChildren(
@@ -222,6 +222,6 @@ export class LruPanel {
       );
     });
     this.body.replaceChildren(...rows);
-    setText($("lru-count"), `head ${head.length} of ${int(m.header.num_free ?? 0)}`);
+    setText($("lru-count"), `head ${head.length} of ${int(m.header.num_free_blocks ?? 0)}`);
   }
 }

@@ -116,12 +116,12 @@ export function momentStats(st, model) {
 /** The tiles now: the live pool's, or the recorded moment's while time travel shows one. */
 export function updateStats(model, history, map) {
   const hd = model.header;
-  if (!hd.counts) return;
+  if (!hd.blocks) return;
   if (history && history.active && history.state) {
     momentStats(history.state, model);
     return;
   }
-  const c = hd.counts;
+  const c = hd.blocks;
   const total = Math.max(1, model.n - 1);
   for (const key of ["hit1m", "hit5m", "hit", "waiting", "alloc", "evict"]) setReason(key, "");
   setStat("in_use", int(c.in_use), c.in_use, pct(c.in_use / total, 0));

@@ -3,11 +3,13 @@
 // exactly as app/stream/mirror.py does (the reference).
 //
 // Columns are TypedArrays (a snapshot's views are kept as they are); a delta
-// writes its rows at `ids`.  Changed ids are queued for the renderer, and the
+// writes its rows at `ids`.  Which columns there are comes from the config
+// frame's `block_columns` ([name, dtype] pairs): each is kept in the field of
+// its name in camelCase (`ref_cnt` -> `refCnt`).  Changed ids are queued for the renderer, and the
 // hash index is kept up to date on the way.  Views: queue order from stamps,
 // the hash map grouped by (hash64, group), counts.
 
-import { CACHED, CONFIG, DELTA, EMPTY, SNAPSHOT } from "../wire/protocol.js";
+import { CACHED, CONFIG, DELTA, EMPTY, ProtocolError, SNAPSHOT } from "../wire/protocol.js";
 import { HashIndex } from "./hashindex.js";
 
 export class PoolModel {
@@ -18,6 +20,7 @@ export class PoolModel {
     this.epoch = null;
     this.seq = null; // last applied frame (null: no snapshot yet)
     this.n = 0;
+    this.blockColumns = []; // [wire name, dtype, field] from the config frame
     this.state = new Uint8Array(0);
     this.refCnt = new Int32Array(0);
     this.hashed = new Uint8Array(0);
@@ -67,6 +70,7 @@ export class PoolModel {
       if (this.epoch !== null && epoch !== this.epoch) this.seq = null; // another server
       this.epoch = epoch;
       this.config = frame.header.config;
+      this.blockColumns = (frame.header.block_columns || []).map(([name, dtype]) => [name, dtype, fieldOf(name)]);
       this._emit("config", frame);
       return { status: "config" };
     }
@@ -93,13 +97,12 @@ export class PoolModel {
 
   _applySnapshot(frame) {
     const c = frame.columns;
-    const n = c.state.length;
-    this.state = c.state;
-    this.refCnt = c.ref_cnt;
-    this.hashed = c.hashed;
-    this.hash64 = c.hash64;
-    this.group = c.group;
-    this.stamp = c.stamp;
+    if (!this.blockColumns.length) throw new ProtocolError("a snapshot before the config frame");
+    for (const [name] of this.blockColumns) {
+      if (!c[name]) throw new ProtocolError(`the snapshot has no ${name} column`);
+    }
+    for (const [name, , field] of this.blockColumns) this[field] = c[name];
+    const n = this.state.length;
     if (n !== this.n) {
       this.n = n;
       this._dirtyFlag = new Uint8Array(n);
@@ -123,22 +126,23 @@ export class PoolModel {
     const c = frame.columns;
     const ids = c.ids;
     if (ids && ids.length) {
-      const { state, refCnt, hashed, hash64, group, stamp, index } = this;
-      const st = c.state;
-      const rc = c.ref_cnt;
-      const hs = c.hashed;
-      const hh = c.hash64;
-      const gr = c.group;
-      const sp = c.stamp;
       const m = ids.length;
-      for (let i = 0; i < m; i++) {
-        const id = ids[i];
-        const lo = hh[2 * i];
-        const hi = hh[2 * i + 1];
-        const g = gr[i];
-        const newHashed = hs[i];
-        if (index) {
+      for (const [name] of this.blockColumns) {
+        if (!c[name]) throw new ProtocolError(`the delta has no ${name} column`);
+      }
+      const index = this.index;
+      if (index) {
+        const { hashed, hash64, group } = this;
+        const hs = c.hashed;
+        const hh = c.hash64;
+        const gr = c.group;
+        for (let i = 0; i < m; i++) {
+          const id = ids[i];
+          const lo = hh[2 * i];
+          const hi = hh[2 * i + 1];
+          const g = gr[i];
           const oldHashed = hashed[id];
+          const newHashed = hs[i];
           const same =
             oldHashed && newHashed && hash64[2 * id] === lo && hash64[2 * id + 1] === hi && group[id] === g;
           if (!same) {
@@ -146,15 +150,21 @@ export class PoolModel {
             if (newHashed) index.add(id, lo, hi, g);
           }
         }
-        state[id] = st[i];
-        refCnt[id] = rc[i];
-        hashed[id] = newHashed;
-        hash64[2 * id] = lo;
-        hash64[2 * id + 1] = hi;
-        group[id] = g;
-        stamp[id] = sp[i];
-        this._markDirty(id);
       }
+      for (const [name, , field] of this.blockColumns) {
+        const src = c[name];
+        const dst = this[field];
+        if (src.length === m) {
+          for (let i = 0; i < m; i++) dst[ids[i]] = src[i];
+        } else {
+          // u64: [lo, hi] pairs
+          for (let i = 0; i < m; i++) {
+            dst[2 * ids[i]] = src[2 * i];
+            dst[2 * ids[i] + 1] = src[2 * i + 1];
+          }
+        }
+      }
+      for (let i = 0; i < m; i++) this._markDirty(ids[i]);
       this.changedTotal += m;
     }
     const h = frame.header;
@@ -329,6 +339,11 @@ export class PoolModel {
     }
     return out;
   }
+}
+
+/** A wire column's field on the model: its name in camelCase. */
+function fieldOf(name) {
+  return name.replace(/_([a-z0-9])/g, (_, ch) => ch.toUpperCase());
 }
 
 const BULKY = new Set(["columns", "series", "recent_events"]);

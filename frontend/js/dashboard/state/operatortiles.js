@@ -29,7 +29,7 @@ export function operatorValues(point, header, pct, int) {
   const p = point || {};
   const hd = header || {};
   const pc = hd.prefix_cache || {};
-  const since = finite(p.hit_rate_since) ?? (pc.queries ? pc.hits / pc.queries : null);
+  const since = finite(p.hit_rate_since) ?? (pc.queries_tokens ? pc.hits_tokens / pc.queries_tokens : null);
   const rate = (v) => ({ value: finite(v), text: finite(v) === null ? "—" : pct(v) });
   return {
     hit1m: rate(p.hit_rate_1m),
