@@ -25,6 +25,8 @@ MAX_EXTRA_KEY = 200  # lora_name / cache_salt characters (the admit op's bound)
 class TraceRefused(InvalidInput, ValueError):
     """A trace the service will not replay (a 422; ``serve --trace``: invalid settings)."""
 
+    code = "invalid_input"  # an invalid input like any other, not a code of its own
+
 
 def service_limits(settings: Settings) -> TraceLimits:
     """The bounds an uploaded trace is read under."""
