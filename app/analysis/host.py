@@ -117,6 +117,13 @@ class AnalysisHost:
             self.remote.flush()
         self.tick_seconds += time.perf_counter() - t0
 
+    def on_resync(self) -> None:
+        """After the runtime's pool was put into another pool's state (a
+        mirror's snapshot).  The inline analysis hears it from the runtime's
+        hooks; the worker's replica is sent the new state."""
+        if self.remote is not None:
+            self.remote.pool_jumped()
+
     # ------------------------------------------------- answers, either mode
 
     async def query(self, kind: str, **args: Any) -> dict[str, Any]:

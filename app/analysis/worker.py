@@ -14,6 +14,10 @@ operations/accesses applied, ``error``):
                                            -> stream section, Prometheus
                                               figures, new requests' reasons
     ("rquery", cid, qid, kind, args)       a view of the replica's analysis
+    ("rresync", cid, keyframe)             the engine's pool was put into
+                                           another's state (a mirror's
+                                           snapshot): the replica follows,
+                                           its analysis kept and rebased
 
     ("close", cid)
     None                                   exit
@@ -64,6 +68,16 @@ class Replica:
 
     def now(self) -> float:
         return float(self.ts)
+
+    def resync(self, keyframe: Any) -> None:
+        """The engine's pool jumped to ``keyframe`` (no operation took it
+        there): the replica's pool follows, and its analysis is told as the
+        inline one is (``Analysis.on_resync``), so its counters go on."""
+        from blockpool.runtime.state import restore
+
+        self.ts = keyframe.ts
+        restore(self.rt, keyframe)
+        self.analysis.on_resync()
 
     def apply(self, parts: list[tuple[Any, list[bytes]]]) -> dict[str, Any]:
         from app.analysis import prom
@@ -118,6 +132,9 @@ def handle(state: dict[int, Any], msg: tuple[Any, ...]) -> dict[str, Any]:
             return reply
         if kind == "rops":
             reply.update(state[cid].apply(msg[2]))
+            return reply
+        if kind == "rresync":
+            state[cid].resync(msg[2])
             return reply
         if kind == "rquery":
             reply["qid"] = msg[2]

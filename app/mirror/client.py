@@ -205,6 +205,14 @@ class MirrorClient:
             st.exact = not self._unsupported
         st.lags_ms.append(max(0.0, (time.time() - batch.ts) * 1000.0))
 
+    def _restore(self, snap: Snapshot) -> None:
+        """The writer: the runtime into the snapshot's state, and the
+        analysis after it (a worker's replica is sent the new state)."""
+        self.applier.restore(snap)
+        analysis = getattr(self.engine, "analysis", None)
+        if analysis is not None:
+            analysis.on_resync()
+
     async def _resync(self) -> None:
         """Ask for a snapshot and put the runtime into its state."""
         st = self.status
@@ -221,7 +229,7 @@ class MirrorClient:
             msg = decode(data) if data else None
             if not isinstance(msg, Snapshot):
                 raise ProtocolError("the engine sent no snapshot")
-            await self.engine.submit(lambda: self.applier.restore(msg))
+            await self.engine.submit(lambda: self._restore(msg))
         except (TimeoutError, ProtocolError, Divergence) as exc:
             st.resync_failures += 1
             st.problem(f"resync failed: {exc}")

@@ -301,3 +301,57 @@ async def test_the_metrics_carry_the_engines_model_name(rig: Rig) -> None:
         cfg = await api.ok("GET", "/api/config")
         assert cfg["model_name"] == "tiny-llama"
     app.state.engine.check()
+
+
+async def test_a_resync_takes_the_worker_analysis_along(rig: Rig) -> None:
+    """analysis_mode=worker: the replica in the worker follows the mirror's
+    pool across a resync (the snapshot is no operation of the recording)."""
+    engine = rig.engine
+    engine.tell_requests = True
+    engine.drive(20)  # mid-run: the first resync already jumps the pool
+    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
+    app = create_app(mirror_setup.settings_for(hello, make_settings(analysis_mode="worker")))
+    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    mine = app.state.engine
+    host = mine.analysis
+    assert host is not None and host.remote is not None
+
+    def caught_up() -> bool:
+        f = engine.follower
+        return client.applier.synced and client.applier.next_op == f.op_count == f.first_op
+
+    async def replica() -> dict[str, Any]:
+        await until(lambda: host.remote.cid)
+        return await host.query("pool")
+
+    async with running(app) as api:
+        await until(caught_up)
+        for _ in range(10):
+            engine.drive(3)
+            await anyio.sleep(0)
+        await until(caught_up)
+        got = await replica()
+        assert got["digest"] == pool_digest(mine.pool) == pool_digest(engine.rt.pool)
+        evictions_before = (await host.query("regret", limit=10))["evictions_total"]
+        assert evictions_before > 0
+        reopened = host.remote.resyncs
+
+        # a gap: batches lost, the mirror resyncs from the engine's snapshot
+        engine.accept = False
+        engine.drive(4)
+        engine.accept = True
+        resyncs = client.status.resyncs
+        engine.drive(6)
+        await until(lambda: client.status.resyncs > resyncs)
+        await until(caught_up)
+        got = await replica()
+        assert got["digest"] == pool_digest(mine.pool) == pool_digest(engine.rt.pool)
+        assert got["free_blocks"] == mine.pool.get_num_free_blocks()
+        # the replica followed (not restarted): what it counted goes on
+        assert host.remote.resyncs == reopened
+        assert (await host.query("regret", limit=10))["evictions_total"] >= evictions_before
+        st = await api.ok("GET", "/api/mirror")
+        assert st["exact"] and st["gaps"] >= 1
+        assert host.remote.error is None
+    mine.check()
+    engine.rt.check()
