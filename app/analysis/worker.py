@@ -113,11 +113,22 @@ class Replica:
         from blockpool.analysis import views
         from blockpool.runtime.errors import NotFound
 
+        if kind == "pool":
+            return {"result": pool_view(self.rt)}
         try:
             result: dict[str, Any] = views.VIEWS[kind](self.analysis, **args)
         except NotFound as exc:
             return {"not_found": exc.message, "details": exc.details}
         return {"result": result}
+
+
+def pool_view(rt: Any) -> dict[str, Any]:
+    """The analysed pool itself, its invariants checked: the mirror's digest
+    of it (blockpool/mirror) proves a worker's replica is the engine's pool."""
+    from blockpool.mirror.poolview import pool_digest
+
+    rt.check()
+    return {"digest": pool_digest(rt.pool), "free_blocks": rt.pool.get_num_free_blocks()}
 
 
 def handle(state: dict[int, Any], msg: tuple[Any, ...]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from app.errors import NotFound
+from app.mirror.misses import EngineMisses
 from app.mirror.requests import RequestBook
 from app.mirror.status import MirrorStatus
 from app.mirror.story import engine_story
@@ -51,6 +52,12 @@ class MirrorClient:
         self.status = MirrorStatus(endpoint, control_endpoint)
         self.book = RequestBook()
         self.applier = MirrorApplier(engine.runtime)
+        self.misses = EngineMisses(engine.settings.block_size)
+        pool = engine.runtime.pool
+        self.applier.on_drop = lambda ids, cause: self.misses.dropped(pool, ids, cause, time.time())
+        analysis = getattr(engine, "analysis", None)
+        if analysis is not None:  # the dashboard's miss reasons are the engine's requests'
+            analysis.engine_misses = self.misses
         self._task: asyncio.Task[None] | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._unsupported = False
@@ -172,7 +179,7 @@ class MirrorClient:
     async def _batch(self, batch: Batch) -> None:
         st = self.status
         st.engine_drops = batch.drops
-        self.book.apply(batch.requests, batch.seq)
+        first = self.book.apply(batch.requests, batch.seq)
         for rec in batch.requests:  # a request's hashes chain: parents for the tree
             ok = isinstance(rec, list) and len(rec) >= 5 and rec[0] == REQ_ARRIVE
             if ok and isinstance(rec[4], list):
@@ -184,7 +191,7 @@ class MirrorClient:
         jumped = bool(st.last_seq) and batch.seq > st.last_seq + 1
         st.last_seq = max(st.last_seq, batch.seq)
         try:
-            applied = await self.engine.submit(lambda: self.applier.apply_batch(batch))
+            applied = await self.engine.submit(lambda: self._apply(batch, first))
             if jumped:
                 st.gaps += 1
         except Divergence as exc:
@@ -204,6 +211,26 @@ class MirrorClient:
             st.digests_checked += 1
             st.exact = not self._unsupported
         st.lags_ms.append(max(0.0, (time.time() - batch.ts) * 1000.0))
+
+    def _apply(self, batch: Batch, first: list[str]) -> Any:
+        """The writer: the requests first scheduled in this step are
+        classified against the pool as the step found it, then its
+        operations are applied."""
+        book = self.book
+        now = time.time()
+        for rid in first:
+            r = book.requests.get(rid)
+            raw = book.raw.pop(rid, None)
+            prompt, hit = (r["prompt_tokens"], r["hit_tokens"]) if r else (None, None)
+            if raw is None or not isinstance(prompt, int) or not isinstance(hit, int):
+                continue
+            if prompt <= 0:
+                continue
+            assert r is not None
+            r["reasons"], r["miss_details"] = self.misses.classify(
+                self.engine.pool, raw, prompt, hit, now
+            )
+        return self.applier.apply_batch(batch)
 
     def _restore(self, snap: Snapshot) -> None:
         """The writer: the runtime into the snapshot's state, and the

@@ -264,19 +264,6 @@ def stream_section(an: Analysis) -> dict[str, Any]:
     }
 
 
-def pool(an: Analysis) -> dict[str, Any]:
-    """The analysed pool itself: its digest (the mirror's, blockpool/mirror)
-    after its invariants are checked -- a worker's replica proves it is the
-    engine's pool."""
-    from blockpool.mirror.poolview import pool_digest
-
-    an.rt.check()
-    return {
-        "digest": pool_digest(an.rt.pool),
-        "free_blocks": an.rt.pool.get_num_free_blocks(),
-    }
-
-
 def _finite(v: float | None) -> float | None:
     if v is None or not math.isfinite(v):
         return None
@@ -289,5 +276,4 @@ VIEWS: dict[str, Any] = {
     "request_misses": request_misses,
     "regret": regret,
     "shadows": shadows,
-    "pool": pool,
 }

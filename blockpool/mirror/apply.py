@@ -13,6 +13,7 @@ Synchronous and single-threaded: the service calls it from its one writer.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -80,6 +81,9 @@ class MirrorApplier:
         # tree from these (bounded: the oldest go first)
         self.parents: dict[bytes, bytes | None] = {}
         self.parents_max = max(65_536, 4 * rt.pool.num_gpu_blocks)
+        # told before an operation takes hashes out of the pool: (block ids,
+        # None for every block; the cause: 0 an allocation, 1 evict, 2 reset)
+        self.on_drop: Callable[[list[int] | None, int], None] | None = None
 
     def learn_chain(self, hashes: list[bytes], parent: bytes | None = None) -> None:
         """``hashes`` follow each other (a request's blocks, a cache operation's)."""
@@ -134,6 +138,8 @@ class MirrorApplier:
         kind = raw[0]
         if kind == OP_ALLOCATE:
             ids = _ids(raw[1] if len(raw) > 1 else None, "allocate")
+            if self.on_drop is not None:
+                self.on_drop(ids, 0)
             got = self._run(AllocateOp(num_blocks=len(ids)), index)["block_ids"]
             if got != ids:
                 raise Divergence(
@@ -168,8 +174,12 @@ class MirrorApplier:
                 )
         elif kind == OP_EVICT:
             ids = _ids(raw[1] if len(raw) > 1 else None, "evict")
+            if self.on_drop is not None:
+                self.on_drop(ids, 1)
             self._run(EvictOp(block_ids=ids), index)
         elif kind == OP_RESET:
+            if self.on_drop is not None:
+                self.on_drop(None, 2)
             self._run(ResetOp(), index)
         elif kind == OP_UNSUPPORTED:
             raise Divergence(f"operation {index}: the engine did {raw[1:]!r}, not mirrored")

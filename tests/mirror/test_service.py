@@ -19,6 +19,7 @@ from app.main import create_app
 from app.mirror import setup as mirror_setup
 from app.mirror import status as mirror_status
 from app.mirror.client import MirrorClient
+from blockpool.analysis.core import Analysis
 from blockpool.mirror import pool_digest
 from blockpool.mirror.protocol import REQ_PREEMPTED, Hello
 from blockpool_vllm.sender import Sender
@@ -240,7 +241,8 @@ async def test_an_engine_requests_story_is_the_request_story(rig: Rig) -> None:
         assert s["num_hit_blocks"] == managed.num_hit_blocks
         assert s["hit_tokens"] == s["num_hit_blocks"] * BLOCK
         assert s["preemptions"] == 1 and s["sources"]["engine"]
-        assert not s["sources"]["miss_reasons"] and s["misses"] == {}
+        assert s["sources"]["miss_reasons"]
+        assert sum(s["misses"].values()) == len(s["blocks"]) - s["num_hit_blocks"]
         hashes = [f"{int.from_bytes(bytes(h)[-8:], 'big'):016x}" for h in managed.block_hashes]
         prompt_blocks = -(-managed.request.num_prompt_tokens // BLOCK)
         assert len(s["blocks"]) == prompt_blocks
@@ -354,5 +356,63 @@ async def test_a_resync_takes_the_worker_analysis_along(rig: Rig) -> None:
         st = await api.ok("GET", "/api/mirror")
         assert st["exact"] and st["gaps"] >= 1
         assert host.remote.error is None
+    mine.check()
+    engine.rt.check()
+
+
+async def test_the_engines_misses_get_the_simulated_pools_reasons(rig: Rig) -> None:
+    """Each request's blocks, classified from hashes and lengths on the
+    mirror, get the reasons blockpool's own analysis gives the same
+    admissions on the engine's pool (less what needs the tokens: a block
+    the prompts diverge in is ``cold`` without them)."""
+    engine = rig.engine
+    engine.tell_requests = True
+    engine.admit_alone = True
+    own = Analysis(engine.rt, miss_index_size=1 << 16, miss_finished_kept=1 << 12)
+    engine.rt.hooks = own
+    hello = await rig.hello()
+    app, client = rig.service(hello, analysis_mode="inline")
+    mine = app.state.engine
+    async with running(app) as api:
+        await rig.drive(client, 40, 5)
+        compared: dict[str, int] = {}
+        for rid, rec in client.book.requests.items():
+            rm = own.misses.lookup(rid)
+            if rec["reasons"] is None or rm is None:
+                continue
+            want = []
+            for name0, det in own.misses.block_reasons(rm):
+                name = name0
+                if name == "block_size_floor" and not (det or {}).get("partial"):
+                    name = "cold"  # the shared tokens: not told by hashes
+                want.append(name)
+            assert rec["reasons"] == want, rid
+            for name in want:
+                if name is not None:
+                    compared[name] = compared.get(name, 0) + 1
+        assert {"cold", "evicted", "block_size_floor"} <= set(compared), compared
+
+        # the tally the dashboard shows (the stream's section, GET /api/misses)
+        got = await api.ok("GET", "/api/misses")
+        assert got["engine_requests"] and got["admissions"] == client.misses.admissions
+        assert {k: v["blocks"] for k, v in got["reasons"].items() if v["blocks"]} == {
+            k: v for k, v in client.misses.section()["misses"].items() if v
+        }
+        total = sum(sum(1 for x in r["reasons"] or () if x) for r in client.book.requests.values())
+        assert got["missed"]["blocks"] == total > 0
+        section = mine.analysis.stream_section()
+        assert section["misses"] == client.misses.section()["misses"]
+
+        # a request's story names its blocks' reasons
+        rid = next(
+            r for r, rec in client.book.requests.items() if "evicted" in (rec["reasons"] or ())
+        )
+        s = await api.ok("GET", f"/api/requests/{rid}/story")
+        assert s["sources"]["miss_reasons"]
+        assert [b["reason"] for b in s["blocks"]] == client.book.requests[rid]["reasons"]
+        ev = next(b for b in s["blocks"] if b["reason"] == "evicted")
+        assert ev["detail"] and (ev["detail"].get("in_step") or ev["detail"]["block_id"] > 0)
+        rows = (await api.ok("GET", "/api/mirror/requests"))["requests"]
+        assert any(row["misses"] and row["misses"].get("evicted") for row in rows)
     mine.check()
     engine.rt.check()

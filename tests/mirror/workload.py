@@ -79,6 +79,7 @@ class FollowedEngine:
         self.problems: list[str] = []  # what the handshake says it cannot follow
         self.tell_requests = False  # True: records of each request, as the plugin's
         self.model: str | None = None  # the handshake's model name
+        self.admit_alone = False  # True: each admission is a step of its own
 
     def stats(self) -> tuple[int, int, int]:
         s = self.rt.manager.stats
@@ -120,9 +121,13 @@ class FollowedEngine:
                 prompt = rng.choice(self.prefixes) + [
                     rng.randrange(1000) for _ in range(rng.randrange(1, 3 * BLOCK))
                 ]
+                if self.admit_alone:
+                    self.follower.flush()
                 got = self._try(AdmitOp(token_ids=prompt))
                 if got and self.tell_requests:
                     self._told_admit(got["request_id"], len(prompt), got["num_hit_blocks"])
+                if self.admit_alone:
+                    self.follower.flush()
             elif r < 0.55:
                 rid = rng.choice(running)
                 self._try(AppendOp(request_id=rid, token_ids=[rng.randrange(1000)] * BLOCK))
