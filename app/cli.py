@@ -220,6 +220,11 @@ def _observe_parser(sub: Any) -> None:
         "--replay", dest="replay_endpoints", action="append", metavar="ENDPOINT",
         help="the replay (ROUTER) endpoint of each ENDPOINT, in order; 'none' for one without",
     )  # fmt: skip
+    o.add_argument(
+        "--dashboard", dest="dashboards", action="append", metavar="NAME=URL",
+        help="the dashboard of instance NAME (a blockpool serve --mirror of that engine; "
+        "repeatable): its card on the fleet page links it",
+    )  # fmt: skip
     o.add_argument("--dp-size", type=int, help="data-parallel ranks per endpoint: ports +0..N-1")
     o.add_argument("--topic", help="topic prefix to subscribe to ('' = all)")
     o.add_argument(
@@ -353,7 +358,12 @@ def _settings_or_none(
     try:
         return build(args)
     except ValidationError as exc:
-        print(f"{prog}: invalid settings:\n{exc}", file=sys.stderr)
+        # each field and what is wrong, not the input (a URL may hold a secret)
+        lines = [
+            f"  {'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}"
+            for e in exc.errors(include_input=False, include_url=False)
+        ]
+        print(f"{prog}: invalid settings:\n" + "\n".join(lines), file=sys.stderr)
     except TokenFileError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
     return None

@@ -280,6 +280,11 @@ class ObserverSettings(ServingSettings):
         default_factory=list,
         description="addresses to bind for publishers that connect: [name=]tcp://host:port",
     )
+    dashboards: list[str] = Field(
+        default_factory=list,
+        description="NAME=http(s)://host:port/ of each instance's own dashboard (a "
+        "blockpool serve --mirror of that engine): its card on the fleet page links it",
+    )
     dp_size: int = Field(default=1, ge=1, le=1024, description="DP ranks per endpoint")
     topic: str = Field(default="", description="topic prefix to subscribe to ('' = all)")
     bootstrap_replay: bool = Field(
@@ -330,7 +335,25 @@ class ObserverSettings(ServingSettings):
     def _plan(self) -> ObserverSettings:
         if self.endpoints or self.bind_endpoints:
             self.sources()  # raises ValueError on a bad plan
+        self.dashboard_urls()
         return self
+
+    def dashboard_urls(self) -> dict[str, str]:
+        """Instance name -> its dashboard's URL (ValueError: a bad ``dashboards`` item)."""
+        names = {s.name for s in self.sources()} if self.endpoints or self.bind_endpoints else set()
+        out: dict[str, str] = {}
+        for item in self.dashboards:
+            name, eq, url = item.partition("=")
+            if not eq or not url.startswith(("http://", "https://")) or "@" in url.split("/")[2]:
+                raise ValueError(
+                    f"dashboard of {name[:100]!r}: give NAME=http(s)://host:port/ "
+                    "without credentials"
+                )
+            if name not in names:
+                known = ", ".join(sorted(names)) or "none"
+                raise ValueError(f"dashboard {name[:100]!r} names no instance (they are: {known})")
+            out[name] = url
+        return out
 
     def sources(self) -> list[SourceSpec]:
         replays: list[str | None] = list(self.replay_endpoints)

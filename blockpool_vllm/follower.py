@@ -38,6 +38,15 @@ from blockpool.mirror.protocol import (
     Snapshot,
 )
 
+# The pool methods the follower wraps: each call becomes one operation.
+WRAPPED = (
+    "get_new_blocks",
+    "free_blocks",
+    "touch",
+    "cache_full_blocks",
+    "evict_blocks",
+    "reset_prefix_cache",
+)
 # Pool methods that change it in ways the mirror does not model (vLLM >= 0.2x).
 UNSUPPORTED_METHODS = ("cache_partial_block", "unpin_blocks", "move_block_hashes")
 
@@ -72,12 +81,10 @@ class PoolFollower:
     def _wrap(self) -> None:
         pool = self.pool
         ops = self.ops
-        get_new_blocks = pool.get_new_blocks
-        free_blocks = pool.free_blocks
-        touch = pool.touch
-        cache_full_blocks = pool.cache_full_blocks
-        evict_blocks = pool.evict_blocks
-        reset_prefix_cache = pool.reset_prefix_cache
+        # the originals, in the order of WRAPPED
+        get_new_blocks, free_blocks, touch, cache_full_blocks, evict_blocks, reset_prefix_cache = (
+            getattr(pool, name) for name in WRAPPED
+        )
         hash_block_size = pool.hash_block_size
 
         def _get_new_blocks(num_blocks: int) -> Any:
@@ -194,12 +201,16 @@ class PoolFollower:
             finally:
                 self.epoch += 1
 
-        pool.get_new_blocks = _get_new_blocks
-        pool.free_blocks = _free_blocks
-        pool.touch = _touch
-        pool.cache_full_blocks = _cache_full_blocks
-        pool.evict_blocks = _evict_blocks
-        pool.reset_prefix_cache = _reset_prefix_cache
+        wrappers = (
+            _get_new_blocks,
+            _free_blocks,
+            _touch,
+            _cache_full_blocks,
+            _evict_blocks,
+            _reset_prefix_cache,
+        )
+        for name, wrapper in zip(WRAPPED, wrappers, strict=True):
+            setattr(pool, name, wrapper)
         for name in UNSUPPORTED_METHODS:
             original = getattr(pool, name, None)
             if original is not None:

@@ -23,17 +23,7 @@ from typing import Any
 
 import zmq
 
-from blockpool.mirror.protocol import (
-    TOPIC,
-    Batch,
-    Beat,
-    Hello,
-    ProtocolError,
-    Snapshot,
-    SnapshotRequest,
-    decode,
-    encode,
-)
+from blockpool.mirror import protocol as wire
 
 logger = logging.getLogger("blockpool_vllm")
 
@@ -53,8 +43,8 @@ class Sender:
     def __init__(
         self,
         endpoint: str,
-        hello: Callable[[], Hello],
-        capture: Callable[[], Snapshot | None],
+        hello: Callable[[], wire.Hello],
+        capture: Callable[[], wire.Snapshot | None],
         stats: Callable[[], tuple[int, int, int]],
         cost: Callable[[], tuple[int, int]] = lambda: (0, 0),
         *,
@@ -72,7 +62,7 @@ class Sender:
         # beat claims no more than this (what is still queued comes after it)
         self.handled_seq = 0
         self.handled_ops = 0
-        self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[wire.Batch | None] = queue.Queue(maxsize=max_queue)
         self._hwm = hwm
         self.sent = 0
         self.dropped = 0
@@ -89,7 +79,7 @@ class Sender:
         if self._error is not None:
             raise self._error
 
-    def offer(self, batch: Batch) -> bool:
+    def offer(self, batch: wire.Batch) -> bool:
         """Queue a batch for sending; False (and counted) when the queue is full."""
         try:
             self._queue.put_nowait(batch)
@@ -99,19 +89,19 @@ class Sender:
             return False
         return True
 
-    def _handled(self, batch: Batch) -> None:
+    def _handled(self, batch: wire.Batch) -> None:
         if batch.seq > self.handled_seq:
             self.handled_seq = batch.seq
             self.handled_ops = batch.first_op + len(batch.ops)
 
-    def _send(self, pub: Any, batch: Batch) -> None:
-        pub.send_multipart([TOPIC, encode(batch)])
+    def _send(self, pub: Any, batch: wire.Batch) -> None:
+        pub.send_multipart([wire.TOPIC, wire.encode(batch)])
         self.sent += 1
         self._handled(batch)
 
-    def beat(self) -> Beat:
+    def beat(self) -> wire.Beat:
         steps, cost_ns = self._cost()
-        return Beat(
+        return wire.Beat(
             seq=self.handled_seq,
             ts=time.time(),
             ops=self.handled_ops,
@@ -152,7 +142,7 @@ class Sender:
             while True:
                 now = time.monotonic()
                 if now - last_hello >= HELLO_EVERY_S:
-                    pub.send_multipart([TOPIC, encode(self._hello())])
+                    pub.send_multipart([wire.TOPIC, wire.encode(self._hello())])
                     last_hello = now
                 try:
                     item = self._queue.get(timeout=0.02)
@@ -160,7 +150,7 @@ class Sender:
                     item = ...  # type: ignore[assignment]
                 if item is None:
                     return
-                if isinstance(item, Batch):
+                if isinstance(item, wire.Batch):
                     self._send(pub, item)
                     last_sent = now
                     while True:  # drain what queued meanwhile
@@ -172,7 +162,7 @@ class Sender:
                             return
                         self._send(pub, more)
                 elif now - last_sent >= BEAT_EVERY_S:
-                    pub.send_multipart([TOPIC, encode(self.beat())])
+                    pub.send_multipart([wire.TOPIC, wire.encode(self.beat())])
                     last_sent = now
                 self._serve_control(rep)
         finally:
@@ -186,10 +176,10 @@ class Sender:
             except zmq.ZMQError:
                 return
             try:
-                msg = decode(data)
-            except ProtocolError:
+                msg = wire.decode(data)
+            except wire.ProtocolError:
                 msg = None
-            if not isinstance(msg, SnapshotRequest):
+            if not isinstance(msg, wire.SnapshotRequest):
                 self.bad_requests += 1
                 rep.send(b"")  # a REP must answer; an empty reply says "not understood"
                 continue
@@ -198,4 +188,4 @@ class Sender:
                 rep.send(b"")
                 continue
             self.snapshots += 1
-            rep.send(encode(snap))
+            rep.send(wire.encode(snap))

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from app.analysis import prom
 from app.analysis.remote import RemoteAnalysis
 from app.analysis.shadows import make_feeder, shadow_specs
+from app.analysis.worker import pool_view
 from blockpool.analysis import views
 from blockpool.analysis.core import Analysis
 from blockpool.analysis.recording import Recorder
@@ -83,6 +84,9 @@ class AnalysisHost:
             }
             self.remote = RemoteAnalysis(engine, opening, self.recorder, s.shadow_max_lag)
         self.tick_seconds = 0.0
+        # a mirror of a real engine: its requests' miss reasons (app/mirror/misses.py)
+        # are the tally the stream and GET /api/misses show
+        self.engine_misses: Any = None
 
     # the inline analysis' parts (tests, views)
     @property
@@ -117,17 +121,30 @@ class AnalysisHost:
             self.remote.flush()
         self.tick_seconds += time.perf_counter() - t0
 
+    def on_resync(self) -> None:
+        """After the runtime's pool was put into another pool's state (a
+        mirror's snapshot).  The inline analysis hears it from the runtime's
+        hooks; the worker's replica is sent the new state."""
+        if self.remote is not None:
+            self.remote.pool_jumped()
+
     # ------------------------------------------------- answers, either mode
 
     async def query(self, kind: str, **args: Any) -> dict[str, Any]:
-        """A view: ``misses``, ``request_misses``, ``regret`` or ``shadows``."""
+        """A view: ``misses``, ``request_misses``, ``regret``, ``shadows`` or
+        ``pool`` (the analysed pool's digest)."""
         if self.remote is not None:
             result: dict[str, Any] = await self.remote.query(kind, **args)
             result["worker"] = self.remote.snapshot()  # how far behind the answer may be
-            return result
-        assert self.inline is not None
-        result = views.VIEWS[kind](self.inline, **args)
-        result["worker"] = None
+        else:
+            assert self.inline is not None
+            if kind == "pool":
+                result = pool_view(self.engine)
+            else:
+                result = views.VIEWS[kind](self.inline, **args)
+            result["worker"] = None
+        if kind == "misses" and self.engine_misses is not None:
+            result.update(self.engine_misses.view())
         return result
 
     def stream_section(self) -> dict[str, Any] | None:
@@ -136,9 +153,13 @@ class AnalysisHost:
                 return None
             r = self.remote.snapshot()
             worker = {"lag_ops": r["lag_ops"], "resyncs": r["resyncs"], "error": r["error"]}
-            return {**self.remote.stream, "worker": worker}
-        assert self.inline is not None
-        return {**views.stream_section(self.inline), "worker": None}
+            sec = {**self.remote.stream, "worker": worker}
+        else:
+            assert self.inline is not None
+            sec = {**views.stream_section(self.inline), "worker": None}
+        if self.engine_misses is not None:
+            sec.update(self.engine_misses.section())
+        return sec
 
     def prom_state(self) -> dict[str, Any] | None:
         if self.remote is not None:

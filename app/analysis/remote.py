@@ -92,7 +92,7 @@ class RemoteAnalysis(WorkerClient):
         if not self.cid:
             return
         rec = self.recorder
-        if rec.seq == self.sent_seq:
+        if rec.seq == self.sent_seq and not self.need_resync:
             return
         if self.need_resync or rec.first_seq > self.sent_seq:
             # fell too far behind (or the recording dropped unsent operations)
@@ -113,6 +113,18 @@ class RemoteAnalysis(WorkerClient):
             self.outstanding += n
         self.sent_seq = rec.seq
         self._send(("rops", self.cid, parts))
+
+    def pool_jumped(self) -> None:
+        """Between operations, right after the engine's pool was put into
+        another pool's state (a mirror's resync from the engine's snapshot):
+        the operations recorded before it go to the replica, then the new
+        state, so the replica's answers stay the pool's."""
+        if not self.cid:
+            return
+        self.flush()
+        if self.need_resync or not self.cid:
+            return  # the next flush reopens the replica from the state then
+        self._send(("rresync", self.cid, snapshot(self.engine, self.recorder.seq, time.time())))
 
     # -------------------------------------------------------------- replies
 

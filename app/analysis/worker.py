@@ -14,6 +14,10 @@ operations/accesses applied, ``error``):
                                            -> stream section, Prometheus
                                               figures, new requests' reasons
     ("rquery", cid, qid, kind, args)       a view of the replica's analysis
+    ("rresync", cid, keyframe)             the engine's pool was put into
+                                           another's state (a mirror's
+                                           snapshot): the replica follows,
+                                           its analysis kept and rebased
 
     ("close", cid)
     None                                   exit
@@ -65,6 +69,16 @@ class Replica:
     def now(self) -> float:
         return float(self.ts)
 
+    def resync(self, keyframe: Any) -> None:
+        """The engine's pool jumped to ``keyframe`` (no operation took it
+        there): the replica's pool follows, and its analysis is told as the
+        inline one is (``Analysis.on_resync``), so its counters go on."""
+        from blockpool.runtime.state import restore
+
+        self.ts = keyframe.ts
+        restore(self.rt, keyframe)
+        self.analysis.on_resync()
+
     def apply(self, parts: list[tuple[Any, list[bytes]]]) -> dict[str, Any]:
         from app.analysis import prom
         from blockpool.analysis import views
@@ -99,11 +113,22 @@ class Replica:
         from blockpool.analysis import views
         from blockpool.runtime.errors import NotFound
 
+        if kind == "pool":
+            return {"result": pool_view(self.rt)}
         try:
             result: dict[str, Any] = views.VIEWS[kind](self.analysis, **args)
         except NotFound as exc:
             return {"not_found": exc.message, "details": exc.details}
         return {"result": result}
+
+
+def pool_view(rt: Any) -> dict[str, Any]:
+    """The analysed pool itself, its invariants checked: the mirror's digest
+    of it (blockpool/mirror) proves a worker's replica is the engine's pool."""
+    from blockpool.mirror.poolview import pool_digest
+
+    rt.check()
+    return {"digest": pool_digest(rt.pool), "free_blocks": rt.pool.get_num_free_blocks()}
 
 
 def handle(state: dict[int, Any], msg: tuple[Any, ...]) -> dict[str, Any]:
@@ -118,6 +143,9 @@ def handle(state: dict[int, Any], msg: tuple[Any, ...]) -> dict[str, Any]:
             return reply
         if kind == "rops":
             reply.update(state[cid].apply(msg[2]))
+            return reply
+        if kind == "rresync":
+            state[cid].resync(msg[2])
             return reply
         if kind == "rquery":
             reply["qid"] = msg[2]

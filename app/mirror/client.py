@@ -20,22 +20,12 @@ import zmq
 import zmq.asyncio
 
 from app.errors import NotFound
+from app.mirror.misses import EngineMisses
 from app.mirror.requests import RequestBook
 from app.mirror.status import MirrorStatus
 from app.mirror.story import engine_story
+from blockpool.mirror import protocol as wire
 from blockpool.mirror.apply import Divergence, Gap, MirrorApplier
-from blockpool.mirror.protocol import (
-    REQ_ARRIVE,
-    TOPIC,
-    Batch,
-    Beat,
-    Hello,
-    ProtocolError,
-    Snapshot,
-    SnapshotRequest,
-    decode,
-    encode,
-)
 
 logger = logging.getLogger("blockpool.mirror")
 
@@ -51,6 +41,12 @@ class MirrorClient:
         self.status = MirrorStatus(endpoint, control_endpoint)
         self.book = RequestBook()
         self.applier = MirrorApplier(engine.runtime)
+        self.misses = EngineMisses(engine.settings.block_size)
+        pool = engine.runtime.pool
+        self.applier.on_drop = lambda ids, cause: self.misses.dropped(pool, ids, cause, time.time())
+        analysis = getattr(engine, "analysis", None)
+        if analysis is not None:  # the dashboard's miss reasons are the engine's requests'
+            analysis.engine_misses = self.misses
         self._task: asyncio.Task[None] | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._unsupported = False
@@ -90,7 +86,7 @@ class MirrorClient:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 0)  # batches wait in ZMQ while a snapshot comes
         sub.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
-        sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+        sub.setsockopt(zmq.SUBSCRIBE, wire.TOPIC)
         sub.connect(self.endpoint)
         try:
             while True:
@@ -111,26 +107,26 @@ class MirrorClient:
 
     async def _handle(self, frames: list[bytes]) -> None:
         st = self.status
-        if len(frames) != 2 or frames[0] != TOPIC:
+        if len(frames) != 2 or frames[0] != wire.TOPIC:
             st.bad_messages += 1
             return
         try:
-            msg = decode(frames[1])
-        except ProtocolError as exc:
+            msg = wire.decode(frames[1])
+        except wire.ProtocolError as exc:
             st.bad_messages += 1
             st.problem(str(exc))
             return
         st.seen()
-        if isinstance(msg, Hello):
+        if isinstance(msg, wire.Hello):
             self._hello(msg)
-        elif isinstance(msg, Batch):
+        elif isinstance(msg, wire.Batch):
             await self._batch(msg)
-        elif isinstance(msg, Beat):
+        elif isinstance(msg, wire.Beat):
             self._beat(msg)
         else:
             st.bad_messages += 1
 
-    def _hello(self, hello: Hello) -> None:
+    def _hello(self, hello: wire.Hello) -> None:
         st = self.status
         first = st.hello is None
         if not first and st.hello is not None and hello.started_at != st.hello.started_at:
@@ -154,7 +150,7 @@ class MirrorClient:
                 "" if hello.exact else " NOT exact: " + "; ".join(hello.problems),
             )
 
-    def _beat(self, beat: Beat) -> None:
+    def _beat(self, beat: wire.Beat) -> None:
         st = self.status
         st.engine_drops = beat.drops
         st.engine_steps, st.engine_cost_ns = beat.steps, beat.cost_ns
@@ -169,12 +165,12 @@ class MirrorClient:
         self.applier.synced = False
         st.synced = False
 
-    async def _batch(self, batch: Batch) -> None:
+    async def _batch(self, batch: wire.Batch) -> None:
         st = self.status
         st.engine_drops = batch.drops
-        self.book.apply(batch.requests, batch.seq)
+        first = self.book.apply(batch.requests, batch.seq)
         for rec in batch.requests:  # a request's hashes chain: parents for the tree
-            ok = isinstance(rec, list) and len(rec) >= 5 and rec[0] == REQ_ARRIVE
+            ok = isinstance(rec, list) and len(rec) >= 5 and rec[0] == wire.REQ_ARRIVE
             if ok and isinstance(rec[4], list):
                 self.applier.learn_chain(rec[4][:4096])
         if not self.applier.synced:
@@ -184,7 +180,7 @@ class MirrorClient:
         jumped = bool(st.last_seq) and batch.seq > st.last_seq + 1
         st.last_seq = max(st.last_seq, batch.seq)
         try:
-            applied = await self.engine.submit(lambda: self.applier.apply_batch(batch))
+            applied = await self.engine.submit(lambda: self._apply(batch, first))
             if jumped:
                 st.gaps += 1
         except Divergence as exc:
@@ -205,6 +201,34 @@ class MirrorClient:
             st.exact = not self._unsupported
         st.lags_ms.append(max(0.0, (time.time() - batch.ts) * 1000.0))
 
+    def _apply(self, batch: wire.Batch, first: list[str]) -> Any:
+        """The writer: the requests first scheduled in this step are
+        classified against the pool as the step found it, then its
+        operations are applied."""
+        book = self.book
+        now = time.time()
+        for rid in first:
+            r = book.requests.get(rid)
+            raw = book.raw.pop(rid, None)
+            prompt, hit = (r["prompt_tokens"], r["hit_tokens"]) if r else (None, None)
+            if raw is None or not isinstance(prompt, int) or not isinstance(hit, int):
+                continue
+            if prompt <= 0:
+                continue
+            assert r is not None
+            r["reasons"], r["miss_details"] = self.misses.classify(
+                self.engine.pool, raw, prompt, hit, now
+            )
+        return self.applier.apply_batch(batch)
+
+    def _restore(self, snap: wire.Snapshot) -> None:
+        """The writer: the runtime into the snapshot's state, and the
+        analysis after it (a worker's replica is sent the new state)."""
+        self.applier.restore(snap)
+        analysis = getattr(self.engine, "analysis", None)
+        if analysis is not None:
+            analysis.on_resync()
+
     async def _resync(self) -> None:
         """Ask for a snapshot and put the runtime into its state."""
         st = self.status
@@ -214,15 +238,15 @@ class MirrorClient:
         req.setsockopt(zmq.MAXMSGSIZE, 256 * 1024 * 1024)
         req.connect(self.control_endpoint)
         try:
-            await req.send(encode(SnapshotRequest(reason="resync")))
+            await req.send(wire.encode(wire.SnapshotRequest(reason="resync")))
             if not await req.poll(int(SNAPSHOT_TIMEOUT_S * 1000)):
                 raise TimeoutError(f"no snapshot from {self.control_endpoint}")
             data = await req.recv()
-            msg = decode(data) if data else None
-            if not isinstance(msg, Snapshot):
-                raise ProtocolError("the engine sent no snapshot")
-            await self.engine.submit(lambda: self.applier.restore(msg))
-        except (TimeoutError, ProtocolError, Divergence) as exc:
+            msg = wire.decode(data) if data else None
+            if not isinstance(msg, wire.Snapshot):
+                raise wire.ProtocolError("the engine sent no snapshot")
+            await self.engine.submit(lambda: self._restore(msg))
+        except (TimeoutError, wire.ProtocolError, Divergence) as exc:
             st.resync_failures += 1
             st.problem(f"resync failed: {exc}")
             logger.warning("mirror: resync failed: %s", exc)

@@ -22,6 +22,8 @@ class RequestBook:
         self.capacity = capacity
         self.requests: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.bad = 0
+        # the prompt's hashes whole until its first scheduling classifies it
+        self.raw: OrderedDict[str, list[bytes]] = OrderedDict()
 
     def _get(self, rid: str, ts: float) -> dict[str, Any]:
         r = self.requests.get(rid)
@@ -38,13 +40,17 @@ class RequestBook:
                 "finished": None,
                 "num_tokens": None,
                 "steps": [],
+                "reasons": None,
+                "miss_details": None,
             }
             self.requests[rid] = r
             while len(self.requests) > self.capacity:
                 self.requests.popitem(last=False)
         return r
 
-    def apply(self, records: list[Any], seq: int | None = None) -> None:
+    def apply(self, records: list[Any], seq: int | None = None) -> list[str]:
+        """Take a batch's records; the requests first scheduled in it."""
+        first: list[str] = []
         for rec in records:
             if (
                 not isinstance(rec, list)
@@ -60,11 +66,16 @@ class RequestBook:
                 r["arrived"] = ts
                 r["prompt_tokens"] = rec[3]
                 r["num_blocks"] = len(rec[4])
-                r["block_hashes"] = [h[-8:].hex() for h in rec[4][:4096] if isinstance(h, bytes)]
+                raw = [h for h in rec[4][:4096] if isinstance(h, bytes)]
+                r["block_hashes"] = [h[-8:].hex() for h in raw]
+                self.raw[rid] = raw
+                while len(self.raw) > self.capacity:
+                    self.raw.popitem(last=False)
             elif kind == REQ_SCHEDULED and len(rec) >= 4:
                 if r["scheduled"] is None:
                     r["scheduled"] = ts
                     r["hit_tokens"] = rec[3]
+                    first.append(rid)
             elif kind == REQ_PREEMPTED:
                 r["preemptions"] += 1
             elif kind == REQ_FINISHED:
@@ -77,11 +88,26 @@ class RequestBook:
             steps = r["steps"]
             if len(steps) < MAX_STEPS:
                 steps.append({"seq": seq, "ts": ts, "op": kind, "value": _value(kind, rec)})
+        return first
 
     def recent(self, limit: int) -> list[dict[str, Any]]:
         out = list(self.requests.values())[-limit:]
-        skip = ("block_hashes", "steps")
-        return [{k: v for k, v in r.items() if k not in skip} for r in reversed(out)]
+        skip = ("block_hashes", "steps", "reasons", "miss_details")
+        rows = []
+        for r in reversed(out):
+            row = {k: v for k, v in r.items() if k not in skip}
+            reasons = r["reasons"]
+            row["misses"] = None if reasons is None else _counts(reasons)
+            rows.append(row)
+        return rows
+
+
+def _counts(reasons: list[str | None]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in reasons:
+        if x is not None:
+            out[x] = out.get(x, 0) + 1
+    return out
 
 
 def _value(kind: str, rec: list[Any]) -> Any:

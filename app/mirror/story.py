@@ -5,8 +5,9 @@ The same shape as the story of a request on blockpool's own pool
 prompt length, the prompt's block hashes, the prefix hit when first
 scheduled, preemptions, finish.  The engine sends no block tables and no
 decode steps: a block's ``block_ids`` is the block holding its hash in the
-mirrored pool now (none once it is gone), and a missed block has no reason
-(``sources.miss_reasons`` is false).
+mirrored pool now (none once it is gone); a missed block's reason is the
+one its first scheduling was classified with (app/mirror/misses.py;
+``sources.miss_reasons`` says whether it was).
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ def engine_story(engine: Engine, book: RequestBook, r: dict[str, Any]) -> dict[s
     held = holders(engine) if not finished else {}
     hashes: list[str] = r["block_hashes"]
     n_blocks = -(-prompt // bs) if isinstance(prompt, int) else len(hashes)
+    reasons: list[str | None] | None = r["reasons"]
+    details: dict[int, Any] = r["miss_details"] or {}
+    misses: dict[str, int] = {}
+    for x in reasons or ():
+        if x is not None:
+            misses[x] = misses.get(x, 0) + 1
     blocks: list[dict[str, Any]] = []
     for i in range(n_blocks):
         hx = hashes[i] if i < len(hashes) else None  # the last block may be partial (no hash)
@@ -69,8 +76,8 @@ def engine_story(engine: Engine, book: RequestBook, r: dict[str, Any]) -> dict[s
                 "tokens": min(bs, prompt - i * bs) if isinstance(prompt, int) else None,
                 "block_ids": None if bid is None else [bid],
                 "hit": num_hit is not None and i < num_hit,
-                "reason": None,
-                "detail": None,
+                "reason": reasons[i] if reasons and i < len(reasons) else None,
+                "detail": details.get(i),
                 "added_at": r["scheduled"],
                 "hash": hx,
             }
@@ -97,7 +104,7 @@ def engine_story(engine: Engine, book: RequestBook, r: dict[str, Any]) -> dict[s
         "cache_salt": None,
         "num_hit_blocks": num_hit,
         "hit_tokens": hit_tokens,
-        "misses": {},
+        "misses": misses,
         "times": {
             "first_attempt_at": r["arrived"],
             "admitted_at": r["scheduled"],
@@ -114,7 +121,7 @@ def engine_story(engine: Engine, book: RequestBook, r: dict[str, Any]) -> dict[s
         "earlier_lives": 0,
         "sources": {
             "running": False,
-            "miss_reasons": False,
+            "miss_reasons": reasons is not None,
             "recording": None,
             "engine": True,
         },

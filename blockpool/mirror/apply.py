@@ -13,24 +13,15 @@ Synchronous and single-threaded: the service calls it from its one writer.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
 from blockpool.hashing import int_block_hashes
 from blockpool.manager import PrefixCacheStats
+from blockpool.mirror import protocol as wire
 from blockpool.mirror.poolview import pool_digest
-from blockpool.mirror.protocol import (
-    OP_ALLOCATE,
-    OP_CACHE,
-    OP_EVICT,
-    OP_FREE,
-    OP_RESET,
-    OP_TOUCH,
-    OP_UNSUPPORTED,
-    Batch,
-    Snapshot,
-)
 from blockpool.runtime.errors import Conflict, OperationError
 from blockpool.runtime.ops import AllocateOp, CacheOp, EvictOp, FreeOp, ResetOp, TouchOp
 from blockpool.runtime.runtime import PoolRuntime
@@ -80,6 +71,9 @@ class MirrorApplier:
         # tree from these (bounded: the oldest go first)
         self.parents: dict[bytes, bytes | None] = {}
         self.parents_max = max(65_536, 4 * rt.pool.num_gpu_blocks)
+        # told before an operation takes hashes out of the pool: (block ids,
+        # None for every block; the cause: 0 an allocation, 1 evict, 2 reset)
+        self.on_drop: Callable[[list[int] | None, int], None] | None = None
 
     def learn_chain(self, hashes: list[bytes], parent: bytes | None = None) -> None:
         """``hashes`` follow each other (a request's blocks, a cache operation's)."""
@@ -97,7 +91,7 @@ class MirrorApplier:
 
     # ------------------------------------------------------------- batches
 
-    def apply_batch(self, batch: Batch) -> Applied:
+    def apply_batch(self, batch: wire.Batch) -> Applied:
         """Apply the operations of ``batch`` not applied yet (Divergence when
         the stream skipped some, or the pools disagree)."""
         if batch.first_op > self.next_op:
@@ -132,22 +126,24 @@ class MirrorApplier:
         if not isinstance(raw, list) or not raw or not isinstance(raw[0], str):
             raise Divergence(f"operation {index}: not an operation")
         kind = raw[0]
-        if kind == OP_ALLOCATE:
+        if kind == wire.OP_ALLOCATE:
             ids = _ids(raw[1] if len(raw) > 1 else None, "allocate")
+            if self.on_drop is not None:
+                self.on_drop(ids, 0)
             got = self._run(AllocateOp(num_blocks=len(ids)), index)["block_ids"]
             if got != ids:
                 raise Divergence(
                     f"operation {index}: the engine allocated {ids[:8]}, the mirror {got[:8]}"
                 )
-        elif kind == OP_FREE:
+        elif kind == wire.OP_FREE:
             ids = [i for i in _ids(raw[1] if len(raw) > 1 else None, "free") if i != 0]
             if ids:
                 self._run(FreeOp(block_ids=ids), index)
-        elif kind == OP_TOUCH:
+        elif kind == wire.OP_TOUCH:
             ids = [i for i in _ids(raw[1] if len(raw) > 1 else None, "touch") if i != 0]
             if ids:
                 self._run(TouchOp(block_ids=ids), index)
-        elif kind == OP_CACHE:
+        elif kind == wire.OP_CACHE:
             if len(raw) != 5 or not isinstance(raw[1], int):
                 raise Divergence(f"operation {index}: cache needs group, parent, ids, hashes")
             ids = _ids(raw[3], "cache")
@@ -166,19 +162,23 @@ class MirrorApplier:
                     ),
                     index,
                 )
-        elif kind == OP_EVICT:
+        elif kind == wire.OP_EVICT:
             ids = _ids(raw[1] if len(raw) > 1 else None, "evict")
+            if self.on_drop is not None:
+                self.on_drop(ids, 1)
             self._run(EvictOp(block_ids=ids), index)
-        elif kind == OP_RESET:
+        elif kind == wire.OP_RESET:
+            if self.on_drop is not None:
+                self.on_drop(None, 2)
             self._run(ResetOp(), index)
-        elif kind == OP_UNSUPPORTED:
+        elif kind == wire.OP_UNSUPPORTED:
             raise Divergence(f"operation {index}: the engine did {raw[1:]!r}, not mirrored")
         else:
             raise Divergence(f"operation {index}: unknown operation {kind!r}")
 
     # ----------------------------------------------------------- snapshots
 
-    def restore(self, snap: Snapshot) -> None:
+    def restore(self, snap: wire.Snapshot) -> None:
         """Put the runtime into the snapshot's state (between operations)."""
         rt = self.rt
         n = rt.pool.num_gpu_blocks
@@ -220,7 +220,7 @@ class MirrorApplier:
         self.next_op = snap.ops
         self.synced = True
 
-    def _rebuild_tree(self, snap: Snapshot) -> None:
+    def _rebuild_tree(self, snap: wire.Snapshot) -> None:
         """The prefix tree of the restored pool: one copy per cached block,
         each hash under its parent where the stream told it (``learn_chain``);
         the others are the tree's ``orphans`` (it says it is partial)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 import pytest
 
@@ -82,43 +84,37 @@ def test_no_token_ids_travel() -> None:
     assert msgspec.msgpack.encode(tokens) not in blob
 
 
-def test_a_wrong_block_id_is_a_divergence() -> None:
+def first_batch(
+    steps: int, pick: Callable[[Batch], bool]
+) -> tuple[PoolRuntime, MirrorApplier, Batch]:
+    """A mirror following an engine from its start, every batch of ``steps``
+    steps applied up to the first one ``pick`` chooses (returned unapplied)."""
     engine = FollowedEngine()
     rt, applier = mirror_of(engine)
     applier.synced = True
-    engine.drive(5)
-    batches = [wire(b) for b in engine.batches]
-    for b in batches:
-        for op in b.ops:
-            if op[0] == OP_ALLOCATE:
-                op[1][0] = 63 if op[1][0] != 63 else 62
-                break
-        else:
-            applier.apply_batch(b)
-            continue
-        with pytest.raises(Divergence, match="allocated"):
-            applier.apply_batch(b)
-        break
-    else:
-        pytest.fail("no allocation in the stream")
+    engine.drive(steps)
+    for b in map(wire, engine.batches):
+        if pick(b):
+            return rt, applier, b
+        applier.apply_batch(b)
+    pytest.fail("no such batch in the stream")
+
+
+def test_a_wrong_block_id_is_a_divergence() -> None:
+    rt, applier, b = first_batch(5, lambda b: any(op[0] == OP_ALLOCATE for op in b.ops))
+    op = next(op for op in b.ops if op[0] == OP_ALLOCATE)
+    op[1][0] = 63 if op[1][0] != 63 else 62
+    with pytest.raises(Divergence, match="allocated"):
+        applier.apply_batch(b)
     rt.check()
 
 
 def test_a_digest_that_differs_is_a_divergence() -> None:
-    engine = FollowedEngine()
-    rt, applier = mirror_of(engine)
-    applier.synced = True
-    engine.drive(6)
-    for b in engine.batches:
-        b = wire(b)
-        if b.digest is not None:
-            b.digest = msgspec.structs.replace(b.digest, value="0" * 32)
-            with pytest.raises(Divergence, match="digest"):
-                applier.apply_batch(b)
-            break
+    rt, applier, b = first_batch(6, lambda b: b.digest is not None)
+    assert b.digest is not None
+    b.digest = msgspec.structs.replace(b.digest, value="0" * 32)
+    with pytest.raises(Divergence, match="digest"):
         applier.apply_batch(b)
-    else:
-        pytest.fail("no digest in the stream")
     rt.check()
 
 

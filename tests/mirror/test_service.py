@@ -13,12 +13,15 @@ from typing import Any
 
 import anyio
 import pytest
+from fastapi import FastAPI
 
 from app.main import create_app
 from app.mirror import setup as mirror_setup
 from app.mirror import status as mirror_status
+from app.mirror.client import MirrorClient
+from blockpool.analysis.core import Analysis
 from blockpool.mirror import pool_digest
-from blockpool.mirror.protocol import REQ_PREEMPTED
+from blockpool.mirror.protocol import REQ_PREEMPTED, Hello
 from blockpool_vllm.sender import Sender
 from tests.app.conftest import assert_error, free_port, make_settings, running
 from tests.mirror.workload import BLOCK, FollowedEngine
@@ -41,6 +44,28 @@ class Rig:
 
     def close(self) -> None:
         self.sender.close()
+
+    async def hello(self) -> Hello:
+        return await anyio.to_thread.run_sync(mirror_setup.wait_hello, self.endpoint, 30.0)
+
+    def service(self, hello: Hello, **overrides: Any) -> tuple[FastAPI, MirrorClient]:
+        """The real app, mirroring this engine (settings: the handshake's)."""
+        app = create_app(mirror_setup.settings_for(hello, make_settings(**overrides)))
+        control = mirror_setup.control_for(self.endpoint, hello)
+        return app, mirror_setup.install(app, self.endpoint, control)
+
+    async def drive(self, client: MirrorClient, rounds: int, steps: int) -> None:
+        """``rounds`` times ``steps`` engine steps, then until the mirror caught up."""
+        await until(lambda: self.caught_up(client))
+        for _ in range(rounds):
+            self.engine.drive(steps)
+            await anyio.sleep(0)
+        await until(lambda: self.caught_up(client))
+
+    def caught_up(self, client: MirrorClient) -> bool:
+        """The mirror applied every operation the engine did."""
+        f = self.engine.follower
+        return client.applier.synced and client.applier.next_op == f.op_count == f.first_op
 
 
 def metric(text: str, name: str) -> float:
@@ -74,7 +99,7 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
 async def test_the_service_mirrors_the_engine_exactly_and_read_only(rig: Rig) -> None:
     engine = rig.engine
     engine.drive(20)  # a start mid-run: the mirror begins from a snapshot
-    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
+    hello = await rig.hello()
     assert hello.num_gpu_blocks == 64 and hello.free_order == engine.free_order
     settings = mirror_setup.settings_for(hello, make_settings(demo=True))
     assert not settings.demo and settings.free_order == engine.free_order
@@ -82,16 +107,8 @@ async def test_the_service_mirrors_the_engine_exactly_and_read_only(rig: Rig) ->
     client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
     mine = app.state.engine
 
-    def caught_up() -> bool:
-        f = engine.follower
-        return client.applier.synced and client.applier.next_op == f.op_count == f.first_op
-
     async with running(app) as api:
-        await until(caught_up)
-        for _ in range(40):
-            engine.drive(5)
-            await anyio.sleep(0)
-        await until(caught_up)
+        await rig.drive(client, 40, 5)
         await until(lambda: client.status.digests_checked > 3)
         assert pool_digest(mine.pool) == pool_digest(engine.rt.pool)
         mine.check()
@@ -133,7 +150,7 @@ async def test_the_service_mirrors_the_engine_exactly_and_read_only(rig: Rig) ->
         engine.accept = True
         engine.drive(10)
         await until(lambda: client.status.gaps >= 1 and client.status.resyncs >= 2)
-        await until(caught_up)
+        await until(lambda: rig.caught_up(client))
         assert pool_digest(mine.pool) == pool_digest(engine.rt.pool)
         st = await api.ok("GET", "/api/mirror")
         assert st["engine_drops"] >= 1 and st["exact"]
@@ -148,9 +165,8 @@ async def test_the_service_mirrors_the_engine_exactly_and_read_only(rig: Rig) ->
 
 async def test_a_silent_engine_is_stale(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mirror_status, "STALE_AFTER_S", 2.0)
-    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
-    app = create_app(mirror_setup.settings_for(hello, make_settings()))
-    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    hello = await rig.hello()
+    app, client = rig.service(hello)
     async with running(app) as api:
         rig.engine.drive(5)
         await until(lambda: client.applier.synced and not client.status.stale)
@@ -179,7 +195,7 @@ async def test_a_service_without_mirror_says_so() -> None:
 
 async def test_an_engine_the_mirror_cannot_follow_is_never_called_exact(rig: Rig) -> None:
     rig.engine.problems = ["2 KV-cache groups (hybrid models): the mirror follows one"]
-    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
+    hello = await rig.hello()
     assert not hello.exact
     app = create_app(mirror_setup.settings_for(hello, make_settings()))
     client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
@@ -198,17 +214,12 @@ async def test_an_engine_the_mirror_cannot_follow_is_never_called_exact(rig: Rig
 async def test_an_engine_requests_story_is_the_request_story(rig: Rig) -> None:
     engine = rig.engine
     engine.tell_requests = True
-    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
-    app = create_app(mirror_setup.settings_for(hello, make_settings()))
-    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    hello = await rig.hello()
+    app, client = rig.service(hello)
     mine = app.state.engine
 
-    def caught_up() -> bool:
-        f = engine.follower
-        return client.applier.synced and client.applier.next_op == f.op_count == f.first_op
-
     async with running(app) as api:
-        await until(caught_up)
+        await until(lambda: rig.caught_up(client))
         known_before = set(engine.rt.manager.requests)
         for _ in range(30):
             engine.drive(2)
@@ -220,7 +231,7 @@ async def test_an_engine_requests_story_is_the_request_story(rig: Rig) -> None:
         managed = engine.rt.manager.requests[rid]
         engine.follower.request([REQ_PREEMPTED, rid, time.time(), managed.num_tokens])
         engine.follower.flush()
-        await until(caught_up)
+        await until(lambda: rig.caught_up(client))
         await until(lambda: client.book.requests.get(rid, {}).get("preemptions") == 1)
         assert pool_digest(mine.pool) == pool_digest(engine.rt.pool)
 
@@ -230,7 +241,8 @@ async def test_an_engine_requests_story_is_the_request_story(rig: Rig) -> None:
         assert s["num_hit_blocks"] == managed.num_hit_blocks
         assert s["hit_tokens"] == s["num_hit_blocks"] * BLOCK
         assert s["preemptions"] == 1 and s["sources"]["engine"]
-        assert not s["sources"]["miss_reasons"] and s["misses"] == {}
+        assert s["sources"]["miss_reasons"]
+        assert sum(s["misses"].values()) == len(s["blocks"]) - s["num_hit_blocks"]
         hashes = [f"{int.from_bytes(bytes(h)[-8:], 'big'):016x}" for h in managed.block_hashes]
         prompt_blocks = -(-managed.request.num_prompt_tokens // BLOCK)
         assert len(s["blocks"]) == prompt_blocks
@@ -282,7 +294,7 @@ async def test_an_engine_requests_story_is_the_request_story(rig: Rig) -> None:
 
 async def test_the_metrics_carry_the_engines_model_name(rig: Rig) -> None:
     rig.engine.model = "tiny-llama"
-    hello = await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 30.0)
+    hello = await rig.hello()
     assert hello.model == "tiny-llama"
     assert mirror_setup.settings_for(hello, make_settings()).model_name == "tiny-llama"
     # an engine that names no model: "vllm-mirror"; a --model-name given stays
@@ -301,3 +313,106 @@ async def test_the_metrics_carry_the_engines_model_name(rig: Rig) -> None:
         cfg = await api.ok("GET", "/api/config")
         assert cfg["model_name"] == "tiny-llama"
     app.state.engine.check()
+
+
+async def test_a_resync_takes_the_worker_analysis_along(rig: Rig) -> None:
+    """analysis_mode=worker: the replica in the worker follows the mirror's
+    pool across a resync (the snapshot is no operation of the recording)."""
+    engine = rig.engine
+    engine.tell_requests = True
+    engine.drive(20)  # mid-run: the first resync already jumps the pool
+    hello = await rig.hello()
+    app, client = rig.service(hello, analysis_mode="worker")
+    mine = app.state.engine
+    host = mine.analysis
+    assert host is not None and host.remote is not None
+
+    async def replica() -> dict[str, Any]:
+        await until(lambda: host.remote.cid)
+        return await host.query("pool")
+
+    async with running(app) as api:
+        await rig.drive(client, 10, 3)
+        got = await replica()
+        assert got["digest"] == pool_digest(mine.pool) == pool_digest(engine.rt.pool)
+        evictions_before = (await host.query("regret", limit=10))["evictions_total"]
+        assert evictions_before > 0
+        reopened = host.remote.resyncs
+
+        # a gap: batches lost, the mirror resyncs from the engine's snapshot
+        engine.accept = False
+        engine.drive(4)
+        engine.accept = True
+        resyncs = client.status.resyncs
+        engine.drive(6)
+        await until(lambda: client.status.resyncs > resyncs)
+        await until(lambda: rig.caught_up(client))
+        got = await replica()
+        assert got["digest"] == pool_digest(mine.pool) == pool_digest(engine.rt.pool)
+        assert got["free_blocks"] == mine.pool.get_num_free_blocks()
+        # the replica followed (not restarted): what it counted goes on
+        assert host.remote.resyncs == reopened
+        assert (await host.query("regret", limit=10))["evictions_total"] >= evictions_before
+        st = await api.ok("GET", "/api/mirror")
+        assert st["exact"] and st["gaps"] >= 1
+        assert host.remote.error is None
+    mine.check()
+    engine.rt.check()
+
+
+async def test_the_engines_misses_get_the_simulated_pools_reasons(rig: Rig) -> None:
+    """Each request's blocks, classified from hashes and lengths on the
+    mirror, get the reasons blockpool's own analysis gives the same
+    admissions on the engine's pool (less what needs the tokens: a block
+    the prompts diverge in is ``cold`` without them)."""
+    engine = rig.engine
+    engine.tell_requests = True
+    engine.admit_alone = True
+    own = Analysis(engine.rt, miss_index_size=1 << 16, miss_finished_kept=1 << 12)
+    engine.rt.hooks = own
+    hello = await rig.hello()
+    app, client = rig.service(hello, analysis_mode="inline")
+    mine = app.state.engine
+    async with running(app) as api:
+        await rig.drive(client, 40, 5)
+        compared: dict[str, int] = {}
+        for rid, rec in client.book.requests.items():
+            rm = own.misses.lookup(rid)
+            if rec["reasons"] is None or rm is None:
+                continue
+            want = []
+            for name0, det in own.misses.block_reasons(rm):
+                name = name0
+                if name == "block_size_floor" and not (det or {}).get("partial"):
+                    name = "cold"  # the shared tokens: not told by hashes
+                want.append(name)
+            assert rec["reasons"] == want, rid
+            for name in want:
+                if name is not None:
+                    compared[name] = compared.get(name, 0) + 1
+        assert {"cold", "evicted", "block_size_floor"} <= set(compared), compared
+
+        # the tally the dashboard shows (the stream's section, GET /api/misses)
+        got = await api.ok("GET", "/api/misses")
+        assert got["engine_requests"] and got["admissions"] == client.misses.admissions
+        assert {k: v["blocks"] for k, v in got["reasons"].items() if v["blocks"]} == {
+            k: v for k, v in client.misses.section()["misses"].items() if v
+        }
+        total = sum(sum(1 for x in r["reasons"] or () if x) for r in client.book.requests.values())
+        assert got["missed"]["blocks"] == total > 0
+        section = mine.analysis.stream_section()
+        assert section["misses"] == client.misses.section()["misses"]
+
+        # a request's story names its blocks' reasons
+        rid = next(
+            r for r, rec in client.book.requests.items() if "evicted" in (rec["reasons"] or ())
+        )
+        s = await api.ok("GET", f"/api/requests/{rid}/story")
+        assert s["sources"]["miss_reasons"]
+        assert [b["reason"] for b in s["blocks"]] == client.book.requests[rid]["reasons"]
+        ev = next(b for b in s["blocks"] if b["reason"] == "evicted")
+        assert ev["detail"] and (ev["detail"].get("in_step") or ev["detail"]["block_id"] > 0)
+        rows = (await api.ok("GET", "/api/mirror/requests"))["requests"]
+        assert any(row["misses"] and row["misses"].get("evicted") for row in rows)
+    mine.check()
+    engine.rt.check()

@@ -21,19 +21,8 @@ from blockpool.mirror.protocol import (
     Group,
     Hello,
 )
-from blockpool.runtime import PoolRuntime, RuntimeConfig
+from blockpool.runtime import PoolRuntime, RuntimeConfig, ops
 from blockpool.runtime.errors import OperationError
-from blockpool.runtime.ops import (
-    AdmitOp,
-    AllocateOp,
-    AppendOp,
-    CacheOp,
-    EvictOp,
-    FinishOp,
-    FreeOp,
-    ResetOp,
-    TouchOp,
-)
 from blockpool_vllm.follower import PoolFollower
 
 BLOCK = 4
@@ -79,6 +68,7 @@ class FollowedEngine:
         self.problems: list[str] = []  # what the handshake says it cannot follow
         self.tell_requests = False  # True: records of each request, as the plugin's
         self.model: str | None = None  # the handshake's model name
+        self.admit_alone = False  # True: each admission is a step of its own
 
     def stats(self) -> tuple[int, int, int]:
         s = self.rt.manager.stats
@@ -120,36 +110,40 @@ class FollowedEngine:
                 prompt = rng.choice(self.prefixes) + [
                     rng.randrange(1000) for _ in range(rng.randrange(1, 3 * BLOCK))
                 ]
-                got = self._try(AdmitOp(token_ids=prompt))
+                if self.admit_alone:
+                    self.follower.flush()
+                got = self._try(ops.AdmitOp(token_ids=prompt))
                 if got and self.tell_requests:
                     self._told_admit(got["request_id"], len(prompt), got["num_hit_blocks"])
+                if self.admit_alone:
+                    self.follower.flush()
             elif r < 0.55:
                 rid = rng.choice(running)
-                self._try(AppendOp(request_id=rid, token_ids=[rng.randrange(1000)] * BLOCK))
+                self._try(ops.AppendOp(request_id=rid, token_ids=[rng.randrange(1000)] * BLOCK))
             elif r < 0.8:
                 rid = rng.choice(running)
                 n = rt.manager.requests[rid].num_tokens
-                if self._try(FinishOp(request_id=rid)) and self.tell_requests:
+                if self._try(ops.FinishOp(request_id=rid)) and self.tell_requests:
                     self.follower.request([REQ_FINISHED, rid, time.time(), n])
             elif r < 0.86:
-                got = self._try(AllocateOp(num_blocks=rng.randrange(1, 3)))
+                got = self._try(ops.AllocateOp(num_blocks=rng.randrange(1, 3)))
                 if got:
                     self.raw.extend(got["block_ids"])
                     tokens = [rng.randrange(1000) for _ in range(BLOCK)]
-                    self._try(CacheOp(block_ids=got["block_ids"][:1], token_ids=tokens))
+                    self._try(ops.CacheOp(block_ids=got["block_ids"][:1], token_ids=tokens))
             elif r < 0.9 and self.raw:
                 bid = self.raw.pop(rng.randrange(len(self.raw)))
-                self._try(FreeOp(block_ids=[bid]))
+                self._try(ops.FreeOp(block_ids=[bid]))
             elif r < 0.93:
                 cached = [b.block_id for b in rt.pool.blocks if b.block_hash is not None]
                 if cached:
                     bid = rng.choice(cached)
-                    if self._try(TouchOp(block_ids=[bid])):
+                    if self._try(ops.TouchOp(block_ids=[bid])):
                         self.raw.append(bid)
             elif r < 0.97:
-                self._try(EvictOp(block_ids=[rng.randrange(1, rt.pool.num_gpu_blocks)]))
+                self._try(ops.EvictOp(block_ids=[rng.randrange(1, rt.pool.num_gpu_blocks)]))
             elif not running and not self.raw:
-                self._try(ResetOp())
+                self._try(ops.ResetOp())
         self.follower.flush()
 
     def _told_admit(self, rid: str, prompt_tokens: int, hit_blocks: int) -> None:

@@ -22,30 +22,14 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support.tiny_llama import write_tiny_llama
+
 BLOCK = 16
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "vocab_size": 32000,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "hidden_act": "silu",
-    "torch_dtype": "float32",
-}
 
 
 def main() -> int:
     work, num_blocks, num_requests = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    model = work / "tiny"
-    model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    model = write_tiny_llama(work / "tiny", 4096)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ["HF_HUB_OFFLINE"] = "1"
 

@@ -22,29 +22,11 @@ from typing import Any
 
 import httpx
 
+from tests.support.tiny_llama import write_tiny_llama
+
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 32  # CPU attention needs a multiple of 32
 START_TIMEOUT_S = 600.0  # ~60-90 s on a quiet machine; both cores may be busy
-
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "vocab_size": 32000,
-    "max_position_embeddings": 65536,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "hidden_act": "silu",
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
 
 
 def free_port() -> int:
@@ -77,10 +59,7 @@ class Engine:
         self.mirror = mirror
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "engine.log"
-        model = workdir / "tiny"
-        model.mkdir(parents=True, exist_ok=True)
-        (model / "config.json").write_text(json.dumps(TINY_LLAMA))
-        self.model = str(model)
+        self.model = str(write_tiny_llama(workdir / "tiny", 65536))
 
     @property
     def url(self) -> str:

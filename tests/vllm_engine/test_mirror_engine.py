@@ -132,6 +132,41 @@ def test_prefix_cache_counters_equal_the_engines_metrics(rig: dict[str, Any]) ->
     assert got[1] > 0 and got[3] > got[1]
 
 
+def test_the_engines_misses_have_reasons(rig: dict[str, Any]) -> None:
+    """Every prompt block of the trace's requests: a hit as far as vLLM's
+    prefix hit went, then a reason; each block the mirror calls evicted was
+    removed by the engine (vLLM's own KV events say so)."""
+    client, mirror, observer = rig["client"], rig["mirror"], rig["observer"]
+    until(lambda: caught_up(rig), what_for="idle")
+    rows = client.get(mirror.url + "/api/mirror/requests", params={"limit": 1000}).json()
+    records = [
+        client.get(f"{mirror.url}/api/mirror/requests/{r['request_id']}").json()
+        for r in rows["requests"]
+        if r["misses"] is not None
+    ]
+    assert len(records) >= 40, rows
+    name = client.get(observer.url + "/api/fleet").json()["instances"][0]["name"]
+    events = client.get(
+        f"{observer.url}/api/fleet/{name}/events", params={"since": 0, "limit": 10000}
+    ).json()["items"]
+    removed = {h for e in events if e["type"] == "BlockRemoved" for h in e["block_hashes"]}
+    tally: dict[str, int] = {}
+    for r in records:
+        reasons, prompt, hit = r["reasons"], r["prompt_tokens"], r["hit_tokens"]
+        assert len(reasons) == -(-prompt // BLOCK)
+        assert reasons[: hit // BLOCK] == [None] * (hit // BLOCK)
+        assert all(x is not None for x in reasons[hit // BLOCK :]), r
+        assert (reasons[-1] == "block_size_floor") == (prompt % BLOCK != 0)
+        for i, x in enumerate(reasons):
+            tally[x] = tally.get(x, 0) + 1
+            if x == "evicted" and not r["miss_details"][str(i)].get("in_step"):
+                assert r["block_hashes"][i] in removed, (r["request_id"], i)
+    assert tally.get("cold", 0) > 0 and tally.get("evicted", 0) > 0, tally
+    misses = client.get(mirror.url + "/api/misses").json()
+    assert misses["engine_requests"] and misses["admissions"] >= len(records)
+    assert misses["reasons"]["evicted"]["blocks"] >= tally["evicted"]
+
+
 def test_the_observers_prediction_is_vllms_cached_tokens(rig: dict[str, Any]) -> None:
     client, engine, observer = rig["client"], rig["engine"], rig["observer"]
     until(

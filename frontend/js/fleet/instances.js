@@ -32,6 +32,9 @@ export function renderInstances(container, instances, selected, onSelect) {
         h("span", { class: inst.connected ? "dot on" : "dot", title: inst.connected ? "connected" : "disconnected" }),
         h("span", { class: "name" }, inst.name),
         h("span", { class: "spacer" }),
+        inst.dashboard_url
+          ? h("a", { class: "dashboard-link", href: inst.dashboard_url, target: "_blank", rel: "noopener", title: "this engine's own dashboard (blockpool serve --mirror): block map, LRU queue, miss reasons, …", onclick: (ev) => ev.stopPropagation() }, "dashboard ↗")
+          : null,
         exact,
       ),
       h(

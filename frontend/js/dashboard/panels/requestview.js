@@ -159,7 +159,7 @@ export class RequestView {
     const foot = h(
       "div",
       { class: "an-foot muted", id: "rv-sources" },
-      `from: ${[src.running ? "the running request" : null, src.miss_reasons ? "the miss analysis" : null, src.engine ? "the engine's plugin (a mirror: no block tables, no decode steps, no miss reasons)" : null, rec && rec.operations_found ? `the recording (op seq ${rec.first_seq}..${rec.last_seq})` : null].filter(Boolean).join(", ") || "—"}` +
+      `from: ${[src.running ? "the running request" : null, src.miss_reasons ? "the miss analysis" : null, src.engine ? "the engine's plugin (a mirror: no block tables, no decode steps; miss reasons from hashes)" : null, rec && rec.operations_found ? `the recording (op seq ${rec.first_seq}..${rec.last_seq})` : null].filter(Boolean).join(", ") || "—"}` +
         `${s.earlier_lives ? ` · ${s.earlier_lives} earlier use(s) of this id left out` : ""}` +
         ` · kept: ${int(s.limits.finished_requests_kept)} finished requests, ${int(s.limits.recording_max_ops)} recorded operations`,
     );
