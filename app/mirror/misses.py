@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from blockpool.analysis.reasons import (
+from blockpool.miss_reasons import (
     CHAIN_BROKEN,
     COLD,
     EVICTED,
