@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from blockpool.analysis.reasons import CAUSES
 from blockpool.miss_reasons import (
     CHAIN_BROKEN,
     COLD,
@@ -43,7 +44,6 @@ from blockpool.miss_reasons import (
 )
 
 GID0 = b"\0\0\0\0"
-CAUSES = ("reuse", "evict_op", "reset")
 
 
 class EngineMisses:
