@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from app import cli_trace
-from app.settings import ObserverSettings, Settings
-from blockpool.free_order import FREE_ORDERS
+from app.core.settings import ObserverSettings, Settings
+from app.trace import cli as cli_trace
+from blockpool.core.free_order import FREE_ORDERS
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -34,7 +34,7 @@ TOKEN_FLAG_NOTE = "; every local user sees it in ps: prefer --token-file or BLOC
 
 
 def _serving_flags(p: argparse.ArgumentParser) -> None:
-    """The token file and the connection limits (app/serving.py), both apps."""
+    """The token file and the connection limits (app/core/serving.py), both apps."""
     p.add_argument(
         "--token-file", metavar="PATH",
         help="read the bearer token from this file (its first line); the way to pass it",
@@ -335,11 +335,11 @@ def _run_server(
     app: Any, host: str, port: int, log_level: str, limits: Any, ws_max_size: int = 4096
 ) -> int:
     """Serve ``app`` with uvicorn until a signal stops it (``limits``: the
-    settings' connection limits, app/serving.py)."""
+    settings' connection limits, app/core/serving.py)."""
     import uvicorn
 
-    from app.auth import install_log_redaction
-    from app.serving import uvicorn_config
+    from app.core.auth import install_log_redaction
+    from app.core.serving import uvicorn_config
 
     config = uvicorn_config(app, host, port, log_level, limits, ws_max_size)
     install_log_redaction(getattr(limits, "token", None))  # after Config (it configures logging)

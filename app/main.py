@@ -14,10 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app import storage_link
-from app.analysis_recent import RecentAnalysis
+from app.analysis.recent import RecentAnalysis
 from app.api import (
-    assembly,
     routes_analysis,
     routes_demo,
     routes_inspect,
@@ -28,15 +26,17 @@ from app.api import (
 )
 from app.api import routes_kvevents as kvevents_routes
 from app.api.deps import require_read
-from app.auth import install_log_redaction
-from app.demo import DemoWorkload
-from app.engine import Engine
-from app.frontend_files import BESIDE, frontend_dir
-from app.metrics import StatsSource, make_registry
-from app.settings import Settings
+from app.core.auth import install_log_redaction
+from app.core.frontend_files import BESIDE, frontend_dir
+from app.core.settings import Settings
+from app.pool import storage_link
+from app.pool.demo import DemoWorkload
+from app.pool.engine import Engine
+from app.pool.metrics import StatsSource, make_registry
 from app.stream import ws as stream_ws
 from app.stream.hub import StreamHub
-from app.trace_driver import TraceDriver
+from app.trace.driver import TraceDriver
+from app.web import assembly
 from blockpool.trace import read_trace
 
 logger = logging.getLogger("blockpool")
@@ -47,7 +47,7 @@ def build_storage(settings: Settings) -> Any:
     """Torch-backed K/V storage for the pool, or None when storage is off."""
     if not settings.storage:
         return None
-    from app.storage_link import make_storage
+    from app.pool.storage_link import make_storage
 
     return make_storage(settings)
 
@@ -147,7 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def _add_kv_event_publisher(app: FastAPI, engine: Engine, settings: Settings) -> None:
     """Publish the engine's KV events over ZMQ as vLLM does (started and
     stopped with the app; its counters under ``blockpool_kvevents_*``)."""
-    from app.figures import Figures
+    from app.core.figures import Figures
     from blockpool.kvevents.publisher import PUBLISHER_HELP, KVEventPublisher
 
     publisher = KVEventPublisher(settings.kv_events_config())

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockpool import hashing as _hashing
-from blockpool.block import KVCacheBlock
-from blockpool.block_hasher import (
+from blockpool.core import hashing as _hashing
+from blockpool.core.block import KVCacheBlock
+from blockpool.core.block_hasher import (
     generate_block_hash_extra_keys,
     get_request_block_hasher,
     need_extra_keys,
 )
-from blockpool.errors import (
+from blockpool.core.errors import (
     BlockPoolError,
     DoubleFreeError,
     DuplicateRequestError,
@@ -30,7 +30,7 @@ from blockpool.errors import (
     UnknownBlockError,
     UnknownRequestError,
 )
-from blockpool.events import (
+from blockpool.core.events import (
     MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
@@ -41,9 +41,9 @@ from blockpool.events import (
     decode_event_batch,
     encode_event_batch,
 )
-from blockpool.free_queue import FreeKVCacheBlockQueue
-from blockpool.hash_map import BlockHashToBlockMap
-from blockpool.hashing import (
+from blockpool.core.free_queue import FreeKVCacheBlockQueue
+from blockpool.core.hash_map import BlockHashToBlockMap
+from blockpool.core.hashing import (
     BlockHash,
     BlockHashList,
     BlockHashListWithBlockSize,
@@ -63,11 +63,11 @@ from blockpool.hashing import (
     xxhash,
     xxhash_cbor,
 )
-from blockpool.invariants import InvariantError, check_invariants
-from blockpool.manager import Admission, ManagedRequest, PrefixCacheStats, RequestManager
-from blockpool.metrics import BlockMetricsState, KVCacheEvictionEvent, KVCacheMetricsCollector
-from blockpool.pool import BlockPool
-from blockpool.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
+from blockpool.core.invariants import InvariantError, check_invariants
+from blockpool.core.manager import Admission, ManagedRequest, PrefixCacheStats, RequestManager
+from blockpool.core.metrics import BlockMetricsState, KVCacheEvictionEvent, KVCacheMetricsCollector
+from blockpool.core.pool import BlockPool
+from blockpool.core.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
 
 __version__ = "0.1.0"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from blockpool.free_order import APPEND_ALL, UNCACHED_FIRST, FreeOrder
+from blockpool.core.free_order import APPEND_ALL, UNCACHED_FIRST, FreeOrder
 from blockpool.mirror.protocol import Group
 
 # What the follower has been tested against: 0.16.x frees every block to the

@@ -25,7 +25,7 @@ from blockpool.analysis.core import Analysis
 from blockpool.analysis.recording import Recorder
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from app.core.settings import Settings
     from blockpool.runtime.runtime import PoolRuntime
 
 

@@ -20,9 +20,9 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from blockpool.analysis import views
-from blockpool.analysis.reasons import CAUSES
-from blockpool.histogram import Histogram as Hist
-from blockpool.miss_reasons import REASONS
+from blockpool.common.histogram import Histogram as Hist
+from blockpool.common.miss_reasons import REASONS
+from blockpool.common.reasons import CAUSES
 
 if TYPE_CHECKING:
     from blockpool.analysis.core import Analysis

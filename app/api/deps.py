@@ -6,10 +6,10 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from app.api import auth_first
-from app.auth import headers_token_ok
-from app.engine import Engine
-from app.errors import Unauthorized
+from app.core.auth import headers_token_ok
+from app.core.errors import Unauthorized
+from app.pool.engine import Engine
+from app.web import auth_first
 
 
 def get_engine(request: Request) -> Engine:
@@ -50,7 +50,7 @@ def require_read(request: Request) -> None:
 
 WriteAuth = Depends(require_write)
 ReadAuth = Depends(require_read)
-# checked on the headers, before the body is read (app/api/auth_first.py)
+# checked on the headers, before the body is read (app/web/auth_first.py)
 auth_first.register(require_write)
 auth_first.register(require_read)
 

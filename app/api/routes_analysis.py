@@ -15,12 +15,12 @@ from fastapi.responses import StreamingResponse
 from app.analysis.host import AnalysisHost
 from app.api.costly import CostlyExport, CostlyRead, charged_lines
 from app.api.deps import EngineDep, ReadAuth
-from app.api.errors import ERROR_RESPONSES
 from app.api.responses import analysis as r
 from app.api.responses import route
-from app.engine import Engine
-from app.errors import Conflict, InvalidInput, NotFound
-from app.moment_tiles import moment_tiles
+from app.core.errors import Conflict, InvalidInput, NotFound
+from app.pool.engine import Engine
+from app.pool.moment_tiles import moment_tiles
+from app.web.errors import ERROR_RESPONSES
 from blockpool.analysis import moments
 from blockpool.analysis.export import export_lines
 from blockpool.analysis.recording import Recorder

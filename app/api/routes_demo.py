@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from app.api.deps import ReadAuth, WriteAuth
-from app.api.errors import ERROR_RESPONSES
 from app.api.responses import requests as r
 from app.api.responses import route
-from app.demo import DemoWorkload
-from app.schemas import DemoConfig
+from app.pool.demo import DemoWorkload
+from app.pool.schemas import DemoConfig
+from app.web.errors import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api/demo", tags=["demo"], responses=ERROR_RESPONSES)
 

@@ -6,12 +6,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 
-from app import storage_link, views
 from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth
-from app.api.errors import ERROR_RESPONSES
 from app.api.responses import inspect as r
 from app.api.responses import returns, route
+from app.pool import storage_link, views
+from app.web.errors import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["inspect"], responses=ERROR_RESPONSES)
 

@@ -7,14 +7,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 
-from app import request_story
-from app.analysis_recent import RecentAnalysis
-from app.api import responses_operator as r
+from app.analysis.recent import RecentAnalysis
 from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth
-from app.api.errors import ERROR_RESPONSES
+from app.api.responses import operator as r
 from app.api.responses import route
-from app.errors import Conflict
+from app.core.errors import Conflict
+from app.pool import request_story
+from app.web.errors import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["operator"], responses=ERROR_RESPONSES)
 

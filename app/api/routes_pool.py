@@ -6,13 +6,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from app import views
 from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
-from app.api.errors import ERROR_RESPONSES
 from app.api.responses import pool as r
 from app.api.responses import route
-from app.schemas import (
+from app.pool import views
+from app.pool.schemas import (
     AllocateBody,
     CacheBody,
     EvictBody,
@@ -24,6 +23,7 @@ from app.schemas import (
     ResetOp,
     TouchBody,
 )
+from app.web.errors import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["pool"], responses=ERROR_RESPONSES)
 

@@ -6,14 +6,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
-from app import views
 from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
-from app.api.errors import ERROR_RESPONSES, body_of
 from app.api.responses import requests as r
 from app.api.responses import returns, route
-from app.errors import OperationError, TooLarge
-from app.schemas import AdmitBody, AppendBody, AppendOp, BatchRequest, FinishOp
+from app.core.errors import OperationError, TooLarge
+from app.pool import views
+from app.pool.schemas import AdmitBody, AppendBody, AppendOp, BatchRequest, FinishOp
+from app.web.errors import ERROR_RESPONSES, body_of
 from blockpool.runtime.trial import BatchRefused, apply_all
 
 router = APIRouter(prefix="/api", tags=["requests"], responses=ERROR_RESPONSES)

@@ -2,7 +2,7 @@
 
 Uploads (the raw JSON lines as the body) are bounded by the server's body
 limit and by what the trace implies (requests, tokens a request and in all,
-the pool, tokens per id, arrival times: ``trace_limits.check_trace``), and
+the pool, tokens per id, arrival times: ``app.trace.limits.check_trace``), and
 validated whole before anything changes; a bad one is a 422 naming the
 line, the field and the limit.  Starts and stops are serialized with the
 demo's (one workload at a time: a 409 names the one running).
@@ -17,12 +17,12 @@ from fastapi import APIRouter, Query, Request
 from starlette.requests import ClientDisconnect
 
 from app.api.deps import ReadAuth, WriteAuth
-from app.api.errors import ERROR_RESPONSES
 from app.api.responses import route
 from app.api.responses.trace import TraceStatus
-from app.errors import InvalidInput, TooLarge
-from app.trace_driver import TraceDriver
-from app.trace_limits import MAX_TOKENS_PER_ID, service_limits
+from app.core.errors import InvalidInput, TooLarge
+from app.trace.driver import TraceDriver
+from app.trace.limits import MAX_TOKENS_PER_ID, service_limits
+from app.web.errors import ERROR_RESPONSES
 from blockpool.trace import TraceError, parse_trace
 
 logger = logging.getLogger("blockpool.trace")

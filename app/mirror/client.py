@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from app.errors import NotFound
+from app.core.errors import NotFound
 from app.mirror.misses import EngineMisses
 from app.mirror.requests import RequestBook
 from app.mirror.status import MirrorStatus

@@ -31,8 +31,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from blockpool.analysis.reasons import CAUSES
-from blockpool.miss_reasons import (
+from blockpool.common.miss_reasons import (
     CHAIN_BROKEN,
     COLD,
     EVICTED,
@@ -42,6 +41,7 @@ from blockpool.miss_reasons import (
     REASONS,
     RESET_DROP,
 )
+from blockpool.common.reasons import CAUSES
 
 GID0 = b"\0\0\0\0"
 

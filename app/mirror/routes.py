@@ -8,8 +8,8 @@ from fastapi import APIRouter, Path, Query, Request
 
 from app.api.costly import CostlyRead
 from app.api.deps import ReadAuth
-from app.api.errors import ERROR_RESPONSES
-from app.errors import NotFound
+from app.core.errors import NotFound
+from app.web.errors import ERROR_RESPONSES
 from blockpool.mirror.poolview import pool_digest
 
 router = APIRouter(prefix="/api", tags=["mirror"], responses=ERROR_RESPONSES)

@@ -16,10 +16,10 @@ from typing import Any
 
 import zmq
 
+from app.core.settings import Settings
 from app.mirror.client import MirrorClient
 from app.mirror.guard import ReadOnlyMirror
 from app.mirror.routes import router
-from app.settings import Settings
 from blockpool.mirror.protocol import TOPIC, Hello, ProtocolError, decode
 
 HASH_NAMES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")

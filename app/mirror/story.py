@@ -1,7 +1,7 @@
 """A mirrored engine's request as a request story (``/api/requests/{id}/story``).
 
 The same shape as the story of a request on blockpool's own pool
-(app/request_story.py), from what the engine's plugin publishes: arrival,
+(app/pool/request_story.py), from what the engine's plugin publishes: arrival,
 prompt length, the prompt's block hashes, the prefix hit when first
 scheduled, preemptions, finish.  The engine sends no block tables and no
 decode steps: a block's ``block_ids`` is the block holding its hash in the
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from blockpool.keys import key64
+from blockpool.common.keys import key64
 from blockpool.mirror.protocol import REQ_ARRIVE, REQ_FINISHED, REQ_PREEMPTED, REQ_SCHEDULED
 
 if TYPE_CHECKING:
-    from app.engine import Engine
     from app.mirror.requests import RequestBook
+    from app.pool.engine import Engine
 
 OPS = {
     REQ_ARRIVE: "arrive",

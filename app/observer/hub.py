@@ -5,7 +5,7 @@ heartbeat), the hub builds ONE message -- the health of every pool and the
 events applied since the last tick -- encodes it once and puts the same text
 on every client's bounded queue without awaiting.  A client whose queue is
 full loses its queue and is sent ``{"type": "resync"}``: it should re-read
-the REST views (``app/broadcast.py``, counted in ``counts``).  Messages
+the REST views (``app/web/broadcast.py``, counted in ``counts``).  Messages
 carry consecutive ``seq`` numbers per hub.
 """
 
@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from app.broadcast import BroadcastCounts, Broadcaster, Subscriber
-from app.figures import counter, helps, totals
+from app.core.figures import counter, helps, totals
+from app.core.tasks import cancel_and_wait
 from app.observer.fleet import Fleet
 from app.observer.source import Source
-from app.tasks import cancel_and_wait
+from app.web.broadcast import BroadcastCounts, Broadcaster, Subscriber
 from blockpool.kvevents.event_json import event_json
 
 logger = logging.getLogger("blockpool.observer")

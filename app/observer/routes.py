@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
-from app.errors import InvalidInput, NotFound
+from app.core.errors import InvalidInput, NotFound
 from app.observer.auth import Auth
 from app.observer.fleet import CANNOT_KNOW, Fleet
 from app.observer.hub import FleetHub
@@ -18,7 +18,7 @@ from app.observer.source import Source
 from blockpool.kvevents.decode import Hash, hash_hex, parse_hash
 from blockpool.kvevents.event_json import event_json
 from blockpool.kvevents.state import entry_json
-from blockpool.prefix_tree import breadth_first
+from blockpool.runtime.prefix_tree import breadth_first
 
 MAX_QUERY_ITEMS = 1_000_000
 

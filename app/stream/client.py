@@ -31,7 +31,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
-from app.auth import BEARER_B64_PREFIX, SUBPROTOCOL
+from app.core.auth import BEARER_B64_PREFIX, SUBPROTOCOL
 from app.stream.mirror import Gap, PoolMirror
 from app.stream.protocol import DELTA, Frame, decode
 

@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.auth import TicketBook
-from app.broadcast import BroadcastCounts, Broadcaster, Subscriber
-from app.figures import Figures, counter, helps, totals
+from app.core.auth import TicketBook
+from app.core.figures import Figures, counter, helps, totals
 from app.stream import protocol as p
 from app.stream.ring import ALL, Ring, Variant, select_header
+from app.web.broadcast import BroadcastCounts, Broadcaster, Subscriber
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.analysis import views as analysis_views
 from blockpool.runtime.summary import pool_summary
 
 if TYPE_CHECKING:
-    from app.engine import Engine, TickData
+    from app.pool.engine import Engine, TickData
     from app.stream.limits import TokenBucket
 
 QUEUE_FRAMES = 32
@@ -150,7 +150,7 @@ class StreamHub:
     # -------------------------------------------------------------- frames
 
     def config_frame(self) -> bytes:
-        from app import views
+        from app.pool import views
 
         header = {
             "protocol": p.VERSION,

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from blockpool import BlockPool, init_none_hash, sha256
-from blockpool.block_hasher import get_request_block_hasher
+from blockpool.core.block_hasher import get_request_block_hasher
 from blockpool.trace import one_pass_curve, read_trace
 from blockpool.trace.keys import make_request
 from blockpool.trace.optimal import OptimalCurve

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockpool.histogram import COUNT_BUCKETS, SECONDS_BUCKETS
-from blockpool.histogram import Histogram as Hist
-from blockpool.keys import digest64 as h64
-from blockpool.keys import hex64
+from blockpool.common.histogram import COUNT_BUCKETS, SECONDS_BUCKETS
+from blockpool.common.histogram import Histogram as Hist
+from blockpool.common.keys import digest64 as h64
+from blockpool.common.keys import hex64
 
 __all__ = ["COUNT_BUCKETS", "SECONDS_BUCKETS", "Hist", "h64", "hex64", "trim_dict"]
 

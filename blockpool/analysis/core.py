@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from blockpool.analysis.misses import MissTracker
-from blockpool.analysis.reasons import REUSE, evicted_count
+from blockpool.common.reasons import REUSE, evicted_count
 
 if TYPE_CHECKING:
-    from blockpool.manager import Admission, ManagedRequest
+    from blockpool.core.manager import Admission, ManagedRequest
     from blockpool.runtime.runtime import PoolRuntime
 
 RATE_WINDOW_S = 60.0

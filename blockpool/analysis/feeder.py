@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from blockpool.free_order import APPEND_ALL
+from blockpool.core.free_order import APPEND_ALL
 from blockpool.shadow import ShadowSet, ShadowSpec, policy_name
 
 

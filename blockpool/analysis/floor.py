@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from blockpool.analysis.reasons import Tag
+from blockpool.common.reasons import Tag
 
 
 class FloorIndex:

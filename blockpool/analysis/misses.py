@@ -64,10 +64,9 @@ from blockpool.analysis.common import COUNT_BUCKETS, SECONDS_BUCKETS, Hist, h64,
 from blockpool.analysis.evictions import EvictionRing
 from blockpool.analysis.floor import FloorIndex
 from blockpool.analysis.free_batches import FreeBatches
-from blockpool.analysis.reasons import REUSE, RequestMisses, Tag
 from blockpool.analysis.regret import RegretTracker
-from blockpool.keys import digest64
-from blockpool.miss_reasons import (
+from blockpool.common.keys import digest64
+from blockpool.common.miss_reasons import (
     CHAIN_BROKEN,
     CODE_NAMES,
     COLD,
@@ -80,6 +79,7 @@ from blockpool.miss_reasons import (
     RESET_DROP,
     MissTally,
 )
+from blockpool.common.reasons import REUSE, RequestMisses, Tag
 
 if TYPE_CHECKING:
     from blockpool import BlockPool, HashFn

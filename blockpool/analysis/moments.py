@@ -20,15 +20,15 @@ from typing import Any
 
 from blockpool.analysis.recording import Recorder
 from blockpool.analysis.segment import Entry, EventsView, unpack
-from blockpool.events import BlockRemoved, BlockStored
-from blockpool.keys import key64, key_group
+from blockpool.common.keys import key64, key_group
+from blockpool.core.events import BlockRemoved, BlockStored
+from blockpool.core.snapshot import block_keys, map_entries
 from blockpool.runtime.columns import STATE_NAMES
 from blockpool.runtime.config import RuntimeConfig
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.runtime import PoolRuntime
 from blockpool.runtime.state import Keyframe, restore
 from blockpool.runtime.summary import pool_summary
-from blockpool.snapshot import block_keys, map_entries
 
 
 def make_runtime(config: RuntimeConfig | dict[str, Any] | Any) -> PoolRuntime:

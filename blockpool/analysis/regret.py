@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from blockpool.analysis.common import SECONDS_BUCKETS, Hist, hex64
-from blockpool.keys import digest64
+from blockpool.common.keys import digest64
 
 if TYPE_CHECKING:
     from blockpool.analysis.evictions import EvictionRing

@@ -47,8 +47,8 @@ from typing import Any, Protocol
 
 import zmq
 
-from blockpool.events import KVCacheEvent, KVEventBatch, encode_event_batch
-from blockpool.figures import counter, helps, rest_view, totals
+from blockpool.common.figures import counter, helps, rest_view, totals
+from blockpool.core.events import KVCacheEvent, KVEventBatch, encode_event_batch
 from blockpool.kvevents.config import END_SEQ, KVEventsConfig
 from blockpool.kvevents.wire_format import encode_map_batch
 

@@ -20,7 +20,6 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from blockpool import prefix_tree
 from blockpool.kvevents.decode import (
     ClearedEvent,
     Hash,
@@ -29,6 +28,7 @@ from blockpool.kvevents.decode import (
     StoredEvent,
     hash_hex,
 )
+from blockpool.runtime import prefix_tree
 
 
 class Entry:
@@ -251,7 +251,7 @@ class InstanceState:
 
     def parents(self) -> dict[Hash, Hash | None]:
         """hash -> its parent (from the first BlockStored): the prefix tree,
-        walked with ``blockpool.prefix_tree``."""
+        walked with ``blockpool.runtime.prefix_tree``."""
         return {h: e.parent for h, e in self.entries.items()}
 
     def children(self) -> dict[Hash | None, list[Hash]]:

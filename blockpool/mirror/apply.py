@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from blockpool.hashing import int_block_hashes
-from blockpool.manager import PrefixCacheStats
+from blockpool.core.hashing import int_block_hashes
+from blockpool.core.manager import PrefixCacheStats
+from blockpool.core.snapshot import PoolSnapshot, SnapshotMismatch, restore_pool
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.poolview import pool_digest
 from blockpool.runtime.errors import Conflict, OperationError
 from blockpool.runtime.ops import AllocateOp, CacheOp, EvictOp, FreeOp, ResetOp, TouchOp
 from blockpool.runtime.runtime import PoolRuntime
-from blockpool.snapshot import PoolSnapshot, SnapshotMismatch, restore_pool
 
 
 class Divergence(Conflict):

@@ -7,7 +7,7 @@ and its queue stamp.  Free blocks sorted by stamp are exactly the free queue
 from head to tail, so a client that mirrors these columns knows the LRU order
 without list diffs (docs/architecture.md, "The free order's stamping rule").
 The stamping rule is the pool's free order's
-(``blockpool.free_order.QueueStamps``): blocks entering at the tail get
+(``blockpool.core.free_order.QueueStamps``): blocks entering at the tail get
 stamps above every other, blocks entering at the head (``uncached_first``)
 stamps below every other, possibly negative.
 
@@ -20,10 +20,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from blockpool.block import KVCacheBlock
-from blockpool.free_order import QueueStamps
-from blockpool.keys import key64, key_group
-from blockpool.pool import BlockPool
+from blockpool.common.keys import key64, key_group
+from blockpool.core.block import KVCacheBlock
+from blockpool.core.free_order import QueueStamps
+from blockpool.core.pool import BlockPool
 
 NULL, IN_USE, CACHED, EMPTY = 0, 1, 2, 3
 STATE_NAMES = ("null", "in_use", "cached", "empty")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from blockpool.free_order import APPEND_ALL, FreeOrder
+from blockpool.core.free_order import APPEND_ALL, FreeOrder
 
 
 @dataclass(frozen=True)

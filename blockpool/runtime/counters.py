@@ -1,11 +1,11 @@
 """The runtime's counters: operation and event tallies (``/metrics``, the
-summary).  The residency histograms use blockpool.histogram."""
+summary).  The residency histograms use blockpool.common.histogram."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from blockpool.histogram import SECONDS_BUCKETS, Histogram
+from blockpool.common.histogram import SECONDS_BUCKETS, Histogram
 
 # vLLM's residency buckets (seconds) for the eviction-sample histograms.
 RESIDENCY_BUCKETS = SECONDS_BUCKETS

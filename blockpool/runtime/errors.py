@@ -2,7 +2,7 @@
 
 Every refusal is raised before the pool changes, so a refused operation
 changed nothing.  The service maps each class to an HTTP status once
-(app/api/errors.py); the library knows nothing of HTTP.
+(app/web/errors.py); the library knows nothing of HTTP.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from blockpool.block import KVCacheBlock
-    from blockpool.manager import Admission, ManagedRequest
+    from blockpool.core.block import KVCacheBlock
+    from blockpool.core.manager import Admission, ManagedRequest
 
 
 class AdmitFields(Protocol):

@@ -21,20 +21,20 @@ from typing import Any
 
 import numpy as np
 
-from blockpool.events import BlockRemoved, BlockStored, KVCacheEvent
-from blockpool.hashing import get_hash_fn_by_name, init_none_hash
-from blockpool.histogram import Histogram
-from blockpool.invariants import check_invariants
-from blockpool.manager import RequestManager
-from blockpool.metrics import KVCacheEvictionEvent, KVCacheMetricsCollector
-from blockpool.pool import BlockPool
-from blockpool.prefix_tree import PrefixTree
+from blockpool.common.histogram import Histogram
+from blockpool.core.events import BlockRemoved, BlockStored, KVCacheEvent
+from blockpool.core.hashing import get_hash_fn_by_name, init_none_hash
+from blockpool.core.invariants import check_invariants
+from blockpool.core.manager import RequestManager
+from blockpool.core.metrics import KVCacheEvictionEvent, KVCacheMetricsCollector
+from blockpool.core.pool import BlockPool
 from blockpool.runtime.columns import BlockColumns
 from blockpool.runtime.config import RuntimeConfig
 from blockpool.runtime.counters import RESIDENCY_BUCKETS, Counters
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.observer import Change, ChangeKind, OpObserver, notify
 from blockpool.runtime.ops import READ_ONLY, Op, handle, precheck
+from blockpool.runtime.prefix_tree import PrefixTree
 from blockpool.runtime.seqlog import SeqLog
 
 

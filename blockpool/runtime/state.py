@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blockpool.runtime.counters import Counters
-from blockpool.snapshot import (
+from blockpool.core.snapshot import (
     PoolSnapshot,
     capture_pool,
     pool_digest,
@@ -31,6 +30,7 @@ from blockpool.snapshot import (
     snapshot_from_json,
     snapshot_to_json,
 )
+from blockpool.runtime.counters import Counters
 
 if TYPE_CHECKING:
     from blockpool.runtime.runtime import PoolRuntime

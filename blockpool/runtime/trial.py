@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from blockpool.core.snapshot import pool_digest
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.ops import READ_ONLY, Op
 from blockpool.runtime.runtime import PoolRuntime
 from blockpool.runtime.state import restore, snapshot
-from blockpool.snapshot import pool_digest
 
 
 class BatchRefused(Exception):

@@ -9,7 +9,7 @@ with it.
 
 Policies:
 
-Their names are the free orders' (``blockpool.free_order``) plus ``"s3fifo"``;
+Their names are the free orders' (``blockpool.core.free_order``) plus ``"s3fifo"``;
 ``"vllm016"`` is an old spelling of ``"append_all"``, still accepted as input.
 
 * ``AppendAll`` -- vLLM 0.16.0 (ours): every block reaching ref count 0 is
@@ -42,7 +42,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from blockpool.free_order import APPEND_ALL, UNCACHED_FIRST
+from blockpool.core.free_order import APPEND_ALL, UNCACHED_FIRST
 
 S3FIFO_NAME: Final = "s3fifo"
 POLICY_NAMES: Final[tuple[str, ...]] = (APPEND_ALL, UNCACHED_FIRST, S3FIFO_NAME)

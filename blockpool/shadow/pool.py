@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from blockpool.admission import cdiv as _cdiv
-from blockpool.admission import fits, hit_limit, new_blocks
+from blockpool.core.admission import cdiv as _cdiv
+from blockpool.core.admission import fits, hit_limit, new_blocks
 from blockpool.shadow.policies import FreePolicy, make_policy, policy_name
 
 

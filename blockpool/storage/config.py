@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from blockpool.errors import BlockPoolError
+from blockpool.core.errors import BlockPoolError
 
 DeviceLike = str | torch.device | None
 DtypeLike = str | torch.dtype | None

@@ -15,9 +15,9 @@ from itertools import chain
 import numpy as np
 import numpy.typing as npt
 
-from blockpool.block_hasher import get_request_block_hasher
-from blockpool.hashing import BlockHash, HashFn
-from blockpool.request import LoRARequest, Request
+from blockpool.core.block_hasher import get_request_block_hasher
+from blockpool.core.hashing import BlockHash, HashFn
+from blockpool.core.request import LoRARequest, Request
 from blockpool.trace.reader import Trace, TraceRequest
 
 

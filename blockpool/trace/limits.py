@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from blockpool.errors import BlockPoolError
+from blockpool.core.errors import BlockPoolError
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_ID = 2**63 - 1  # hash ids and token ids of a trace, at most

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from blockpool.hashing import get_hash_fn_by_name
+from blockpool.core.hashing import get_hash_fn_by_name
 from blockpool.trace.curve import OnePassCurve
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult

@@ -4,7 +4,7 @@ A capacity is a pool of ``capacity_tokens // block_size`` blocks, the null
 block included (vLLM's ``num_gpu_blocks``), so ``blocks - 1`` hold requests;
 ``None`` stands for ``inf``: a pool that never evicts.
 
-Miss reasons (``blockpool.miss_reasons``; a replay finds four): ``cold`` (never stored at this
+Miss reasons (``blockpool.common.miss_reasons``; a replay finds four): ``cold`` (never stored at this
 capacity), ``evicted`` (stored before, evicted since), ``last_token`` (cached,
 but it holds the prompt's last token, which is always computed),
 ``block_size_floor`` (the partial tail block: never hashed).
@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from blockpool.miss_reasons import REPLAY_REASONS, MissTally, ReasonCounts
+from blockpool.common.miss_reasons import REPLAY_REASONS, MissTally, ReasonCounts
 
 
 def capacity_blocks(capacity_tokens: int | None, block_size: int) -> int | None:

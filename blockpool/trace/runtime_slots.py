@@ -31,9 +31,9 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from blockpool.block import KVCacheBlock
-from blockpool.hashing import BlockHash
-from blockpool.manager import RequestManager
+from blockpool.core.block import KVCacheBlock
+from blockpool.core.hashing import BlockHash
+from blockpool.core.manager import RequestManager
 from blockpool.runtime.errors import NotEnoughBlocks, OperationError
 from blockpool.runtime.ops import AdmitOp, AppendOp, FinishOp, Op
 from blockpool.trace.reader import Trace, TraceRequest

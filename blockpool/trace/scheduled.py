@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from blockpool.hashing import HashFn
-from blockpool.manager import _request_block_hasher
-from blockpool.pool import BlockPool
-from blockpool.request import LoRARequest, Request
+from blockpool.core.hashing import HashFn
+from blockpool.core.manager import _request_block_hasher
+from blockpool.core.pool import BlockPool
+from blockpool.core.request import LoRARequest, Request
 from blockpool.trace.engine import Engine, StepModel
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult, capacity_blocks

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from blockpool.hashing import BlockHash
+from blockpool.core.hashing import BlockHash
 from blockpool.trace.slots import SlotBackend
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3

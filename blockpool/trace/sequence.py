@@ -17,10 +17,10 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from blockpool.block_hasher import get_request_block_hasher
-from blockpool.hashing import BlockHash, HashFn
-from blockpool.miss_reasons import first_unstored
-from blockpool.pool import BlockPool
+from blockpool.common.miss_reasons import first_unstored
+from blockpool.core.block_hasher import get_request_block_hasher
+from blockpool.core.hashing import BlockHash, HashFn
+from blockpool.core.pool import BlockPool
 from blockpool.trace.keys import make_request
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult, capacity_blocks

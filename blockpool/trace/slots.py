@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from blockpool.block import KVCacheBlock
-from blockpool.hashing import BlockHash, group_id_suffix
-from blockpool.miss_reasons import MissTally, first_unstored
-from blockpool.pool import BlockPool
+from blockpool.common.miss_reasons import MissTally, first_unstored
+from blockpool.core.block import KVCacheBlock
+from blockpool.core.hashing import BlockHash, group_id_suffix
+from blockpool.core.pool import BlockPool
 
 _GID0 = group_id_suffix(0)
 # MissTally.add's arguments: (hit, seen, full, last_token, partial) blocks

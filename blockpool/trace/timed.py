@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from blockpool.hashing import HashFn
+from blockpool.core.hashing import HashFn
 from blockpool.trace.engine import StepModel
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult

@@ -37,13 +37,13 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import app.stream.hub as hub_module  # noqa: E402
-from app.engine import Engine  # noqa: E402
-from app.schemas import AdmitOp, AllocateOp, CacheOp, FinishOp, FreeOp, ResetOp  # noqa: E402
-from app.settings import Settings  # noqa: E402
+from app.core.settings import Settings  # noqa: E402
+from app.pool.engine import Engine  # noqa: E402
+from app.pool.schemas import AdmitOp, AllocateOp, CacheOp, FinishOp, FreeOp, ResetOp  # noqa: E402
+from app.pool.views import request as request_view  # noqa: E402
 from app.stream import protocol as p  # noqa: E402
 from app.stream.hub import StreamHub  # noqa: E402
 from app.stream.mirror import PoolMirror  # noqa: E402
-from app.views import request as request_view  # noqa: E402
 from blockpool.analysis import moments  # noqa: E402
 from blockpool.analysis import views as analysis_views  # noqa: E402
 from blockpool.analysis.segment import EventsView  # noqa: E402

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from app.engine import Engine
-from app.errors import OperationError
-from app.schemas import (
+from app.core.errors import OperationError
+from app.pool.engine import Engine
+from app.pool.schemas import (
     AdmitOp,
     AllocateOp,
     AppendOp,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from blockpool.analysis.feeder import shadow_specs
-from blockpool.free_order import FREE_ORDERS
+from blockpool.core.free_order import FREE_ORDERS
 from blockpool.shadow import (
     POLICY_NAMES,
     S3FIFO,
@@ -161,7 +161,7 @@ def test_old_spelling_vllm016_is_append_all() -> None:
 def test_settings_take_the_old_spelling_and_refuse_unknown_policies() -> None:
     from pydantic import ValidationError
 
-    from app.settings import Settings
+    from app.core.settings import Settings
 
     assert Settings(shadow_policies=["vllm016", "s3fifo"]).shadow_policies == [
         "append_all",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.engine import Engine
+from app.pool.engine import Engine
 from tests.analysis.conftest import (
     Clock,
     admit,
@@ -175,7 +175,7 @@ def test_totals_over_requests(engine_factory: Factory) -> None:
 def test_reset_drops_are_not_evictions(engine_factory: Factory, clock: Clock) -> None:
     """Blocks a prefix-cache reset dropped miss as ``reset``: no regret, no
     eviction in the rates, and the shadows start over with the pool."""
-    from app.schemas import ResetOp
+    from app.pool.schemas import ResetOp
     from blockpool.analysis import views
 
     e = engine_factory(num_blocks=12)

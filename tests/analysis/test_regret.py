@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.engine import Engine
-from app.schemas import CacheOp
+from app.pool.engine import Engine
+from app.pool.schemas import CacheOp
 from blockpool.analysis.common import h64
 from tests.analysis.conftest import Clock, admit, allocate, append, evict, finish, free
 

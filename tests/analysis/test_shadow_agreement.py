@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from app.engine import Engine
-from app.errors import OperationError
+from app.core.errors import OperationError
+from app.pool.engine import Engine
 from blockpool import (
     BlockPool,
     BlockRemoved,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from app.engine import Engine
+from app.pool.engine import Engine
 from app.stream import protocol as p
 from app.stream.hub import StreamHub
 from tests.analysis.conftest import admit, finish
@@ -89,7 +89,7 @@ def test_engine_start_stop_with_the_worker(engine_factory: Factory) -> None:
 
     async def go() -> None:
         await e.start()
-        await e.submit_op(__import__("app.schemas").schemas.AdmitOp(token_ids=[1] * 5))
+        await e.submit_op(__import__("app.pool.schemas").pool.schemas.AdmitOp(token_ids=[1] * 5))
         await e.stop()
 
     asyncio.run(go())

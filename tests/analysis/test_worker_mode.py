@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from app.engine import Engine
-from app.errors import NotFound, OperationError
+from app.core.errors import NotFound, OperationError
+from app.pool.engine import Engine
 from tests.analysis.conftest import Clock, admit, allocate, append, evict, finish, free
 from tests.app.conftest import Api, assert_error
 

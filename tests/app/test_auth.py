@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from app import auth
 from app.cli import parser, settings_from
+from app.core import auth
+from app.core.settings import Settings
 from app.observer.auth import token_ok
-from app.settings import Settings
 from tests.app.conftest import Api, assert_error, make_app, running
 
 pytestmark = pytest.mark.anyio
@@ -228,7 +228,7 @@ def test_default_bind_host_is_loopback() -> None:
     assert settings_from(args).token == TOKEN
 
 
-# ------------------------------------------------- the one token check (app/auth.py)
+# ------------------------------------------------- the one token check (app/core/auth.py)
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,11 @@
-"""The fan-out both websockets share (app/broadcast.py): one encoded item
+"""The fan-out both websockets share (app/web/broadcast.py): one encoded item
 for every subscriber, a full queue dropped and counted, the resync it needs."""
 
 from __future__ import annotations
 
 import asyncio
 
-from app.broadcast import BroadcastCounts, Broadcaster, Subscriber
+from app.web.broadcast import BroadcastCounts, Broadcaster, Subscriber
 
 
 def drain(sub: Subscriber[str]) -> list[str]:

@@ -183,8 +183,8 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_model_name_flag_labels_the_metrics() -> None:
     from prometheus_client import generate_latest
 
-    from app.engine import Engine
-    from app.metrics import make_registry
+    from app.pool.engine import Engine
+    from app.pool.metrics import make_registry
 
     default = settings_from(parser().parse_args(["serve", "--no-storage"]))
     assert default.model_name == "blockpool-demo"

@@ -21,8 +21,8 @@ import pytest
 import websockets
 from uvicorn.logging import AccessFormatter
 
-from app import auth
 from app.cli import main, parser
+from app.core import auth
 from tests.app.conftest import free_port
 from tests.app.test_cli import assert_clean_exit, serve, stop, wait_healthy
 

@@ -176,9 +176,9 @@ async def test_events_pushed_out_of_the_log_before_a_tick_are_counted(api: Api) 
 
 
 async def test_the_stream_and_demo_figures_carry_their_help(api: Api) -> None:
-    from app.demo import DEMO_HELP
+    from app.pool.demo import DEMO_HELP
     from app.stream.hub import STREAM_HELP
-    from app.trace_driver import TRACE_HELP
+    from app.trace.driver import TRACE_HELP
 
     r = await api.get("/metrics")
     text = r.text

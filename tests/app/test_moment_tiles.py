@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from app.moment_tiles import moment_tiles
-from app.windowed import HitWindow
+from app.pool.moment_tiles import moment_tiles
+from app.pool.windowed import HitWindow
 
 
 def _pt(ts: float, **kw: float) -> dict[str, float]:

@@ -1,5 +1,5 @@
 """The request bodies are derived from the operations' records: same names,
-fields, bounds, defaults and documentation (app/schemas.py), and a body
+fields, bounds, defaults and documentation (app/pool/schemas.py), and a body
 arrives at the route as its record."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from pydantic import ValidationError
 
-from app.schemas import BODIES, BatchRequest, to_op
+from app.pool.schemas import BODIES, BatchRequest, to_op
 from blockpool.runtime.ops import OP_BY_NAME, READ_ONLY, SPECS, Op, op_from_json
 
 

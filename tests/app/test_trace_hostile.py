@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.schemas import AdmitOp, AppendOp
-from app.trace_driver import TraceDriver
+from app.pool.schemas import AdmitOp, AppendOp
+from app.trace.driver import TraceDriver
 from tests.app.conftest import Api, LiveServer, assert_error, make_app
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""The windowed prefix hit rate (app/windowed.py) with an injected clock, and
+"""The windowed prefix hit rate (app/pool/windowed.py) with an injected clock, and
 the operator's figures in /metrics, /api/pool/rates and the series point."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.windowed import HitWindow, prom_rate
+from app.pool.windowed import HitWindow, prom_rate
 from tests.app.conftest import Api
 
 pytestmark = pytest.mark.anyio

@@ -111,8 +111,8 @@ def test_the_checker_sees_a_cycle_and_the_real_graph() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
     # the checker reads real imports: the engine is built on the library's runtime
-    assert "blockpool.runtime" in GRAPH["app.engine"]
-    assert "blockpool.pool" in GRAPH["blockpool.runtime.runtime"]
+    assert "blockpool.runtime" in GRAPH["app.pool.engine"]
+    assert "blockpool.core.pool" in GRAPH["blockpool.runtime.runtime"]
 
 
 def test_no_import_cycles() -> None:
@@ -145,7 +145,7 @@ def test_the_library_reads_no_environment_and_never_awaits() -> None:
                     problems.append(f"{mod}:{node.lineno}: imports asyncio")
     # the one exception, as vLLM: init_none_hash(hash_fn) without a seed takes
     # PYTHONHASHSEED (the service always passes its seed)
-    assert problems == ["blockpool.hashing: os.environ"]
+    assert problems == ["blockpool.core.hashing: os.environ"]
 
 
 def private_attributes_of_the_library() -> set[str]:

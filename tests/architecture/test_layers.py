@@ -34,18 +34,18 @@ APP_RANK = {
     "mirror": 3,
     "assembly": 4,
 }
-ASSEMBLY = {"app.main", "app.cli", "app.cli_trace", "app.api.assembly"}
+ASSEMBLY = {"app.main", "app.cli", "app.trace.cli", "app.web.assembly"}
 
 KNOWN = {
     # the engine creates its analysis host; the collector reads the analysis' families
-    ("app.engine", "app.analysis.host"),
-    ("app.metrics", "app.analysis.prom"),
+    ("app.pool.engine", "app.analysis.host"),
+    ("app.pool.metrics", "app.analysis.prom"),
     # the stream's websocket uses the REST dependencies and response models
     ("app.stream.ws", "app.api.deps"),
     ("app.stream.ws", "app.api.responses"),
     ("app.stream.ws", "app.api.responses.stream"),
     # the observer app is assembled with the pool service's middleware
-    ("app.observer.app", "app.api.assembly"),
+    ("app.observer.app", "app.web.assembly"),
 }
 
 

@@ -16,7 +16,7 @@ from blockpool import (
     RequestManager,
     check_invariants,
 )
-from blockpool.free_order import FREE_ORDERS, QueueStamps, check_free_order
+from blockpool.core.free_order import FREE_ORDERS, QueueStamps, check_free_order
 from blockpool.shadow import make_shadow
 from tests.blockpool.helpers import ids, req
 

@@ -10,7 +10,7 @@ import pytest
 import xxhash as _xxhash
 
 import blockpool
-from blockpool import hashing
+from blockpool.core import hashing
 
 OBJ = (b"parent", (1, 2, 3, 4), ("lora", "salt"))
 

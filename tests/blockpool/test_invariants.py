@@ -17,7 +17,7 @@ from blockpool import (
     make_block_hash_with_group_id,
     sha256,
 )
-from blockpool.invariants import in_map
+from blockpool.core.invariants import in_map
 
 
 def busy_pool() -> tuple[BlockPool, list[KVCacheBlock]]:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from blockpool.miss_reasons import (
+from blockpool.common.miss_reasons import (
     COLD,
     EVICTED,
     FLOOR,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import blockpool as bp
-from blockpool.block_hasher import embeds_bytes
+from blockpool.core.block_hasher import embeds_bytes
 
 
 def rows_bytes(t: torch.Tensor, start: int, end: int) -> bytes:

@@ -16,7 +16,7 @@ from blockpool import (
     sha256,
     xxhash,
 )
-from blockpool.block_hasher import need_extra_keys
+from blockpool.core.block_hasher import need_extra_keys
 
 
 def chain(tokens: list[int], bs: int, keys: list[tuple[object, ...] | None]) -> list[bytes]:

@@ -14,7 +14,7 @@ from blockpool import (
     RequestManager,
     check_invariants,
 )
-from blockpool.snapshot import (
+from blockpool.core.snapshot import (
     PoolSnapshot,
     SnapshotMismatch,
     capture_pool,

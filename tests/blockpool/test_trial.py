@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from blockpool.core.snapshot import pool_digest
 from blockpool.runtime import trial
 from blockpool.runtime.config import RuntimeConfig
 from blockpool.runtime.errors import OperationError
@@ -19,7 +20,6 @@ from blockpool.runtime.ops import AdmitOp, AllocateOp, AppendOp, FinishOp, FreeO
 from blockpool.runtime.runtime import PoolRuntime
 from blockpool.runtime.state import digest, restore, snapshot
 from blockpool.runtime.trial import BatchRefused, apply_all
-from blockpool.snapshot import pool_digest
 
 CONFIG = RuntimeConfig(num_blocks=48, block_size=4)
 

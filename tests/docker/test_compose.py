@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.settings import Settings
+from app.core.settings import Settings
 from tests.docker.helpers import (
     COMPOSE,
     DOCKER,

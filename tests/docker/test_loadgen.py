@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
+from app.core.settings import Settings
 from app.main import create_app
-from app.schemas import BODIES, AdmitOp, AppendBody, BatchRequest
-from app.settings import Settings
+from app.pool.schemas import BODIES, AdmitOp, AppendBody, BatchRequest
 from tests.docker.helpers import LOADGEN, ROOT
 
 

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.cli import observer_settings_from, parser, settings_from
-from app.settings import ObserverSettings, Settings
+from app.core.settings import ObserverSettings, Settings
 from blockpool.kvevents.config import (
     KVEventsConfig,
     SourceSpec,

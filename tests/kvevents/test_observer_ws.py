@@ -9,7 +9,7 @@ import json
 
 import websockets
 
-from app.ws_endpoint import MAX_MESSAGE_BYTES
+from app.web.ws_endpoint import MAX_MESSAGE_BYTES
 from tests.kvevents.helpers import await_for
 from tests.kvevents.observer_live import client, live_observer, ws_ticks
 

@@ -18,9 +18,9 @@ from typing import Any
 import msgpack
 import websockets
 
+from app.core.settings import ObserverSettings
 from app.observer.app import create_observer_app
 from app.observer.source import Source
-from app.settings import ObserverSettings
 from blockpool.kvevents.config import SourceSpec
 from tests.kvevents.helpers import Workload, await_for, fake_publisher, positional, truth
 from tests.kvevents.observer_live import client, serving, ws_ticks

@@ -13,8 +13,8 @@ import msgspec
 import pytest
 import zmq
 
-from app.engine import Engine, TickData
-from app.settings import Settings
+from app.core.settings import Settings
+from app.pool.engine import Engine, TickData
 from blockpool import BlockStored, KVEventBatch
 from blockpool.kvevents.config import KVEventsConfig
 from blockpool.kvevents.publisher import PUBLISHER_HELP, KVEventPublisher

@@ -1,12 +1,12 @@
 """The observer's prefix tree is walked by the same code as the runtime's
-(``blockpool.prefix_tree``): fed the same events, both give the same
+(``blockpool.runtime.prefix_tree``): fed the same events, both give the same
 children, depths and breadth-first order."""
 
 from __future__ import annotations
 
 from app.observer.source import Source
 from blockpool.kvevents.config import SourceSpec
-from blockpool.prefix_tree import PrefixTree, breadth_first
+from blockpool.runtime.prefix_tree import PrefixTree, breadth_first
 from tests.kvevents.helpers import Workload, positional
 
 

@@ -12,8 +12,8 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from app.core.settings import Settings
 from app.main import create_app
-from app.settings import Settings
 from app.stream.mirror import PoolMirror
 from tests.support.ports import free_port
 

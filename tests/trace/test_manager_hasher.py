@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from blockpool import BlockPool, RequestManager, check_invariants, get_request_block_hasher
-from blockpool.hashing import HASH_FUNCTIONS
-from blockpool.request import LoRARequest, Request
+from blockpool.core.hashing import HASH_FUNCTIONS
+from blockpool.core.request import LoRARequest, Request
 
 
 @given(

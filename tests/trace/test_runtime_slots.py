@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from blockpool import BlockPool, check_invariants, init_none_hash, sha256
-from blockpool.manager import _request_block_hasher
-from blockpool.request import Request
+from blockpool.core.manager import _request_block_hasher
+from blockpool.core.request import Request
 from blockpool.runtime import PoolRuntime, RuntimeConfig
 from blockpool.runtime.ops import FinishOp
 from blockpool.trace.reader import Trace

@@ -6,7 +6,7 @@ wire order), its handler (validates the whole operation, then changes the
 pool; a refusal raises an ``OperationError`` before any change) and its
 ``OpSpec`` (the handler, and the kind of change it reports, None for a
 read).  ``SPECS`` lists them; ``Op`` is their union.  The service's request
-bodies and OpenAPI schemas are derived from the records (app/schemas.py).
+bodies and OpenAPI schemas are derived from the records (app/pool/schemas.py).
 
 Adding an operation: a module here (record, handler, ``SPEC``), its entry in
 ``SPECS`` and ``Op``, and its test (docs/architecture.md).

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from blockpool.errors import NotEnoughBlocksError
+from blockpool.core.errors import NotEnoughBlocksError
 from blockpool.runtime.errors import Conflict, NotEnoughBlocks
 from blockpool.runtime.observer import Change, ChangeKind
 from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState, check_tokens

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from blockpool.errors import NotEnoughBlocksError
+from blockpool.core.errors import NotEnoughBlocksError
 from blockpool.runtime.errors import NotEnoughBlocks
 from blockpool.runtime.observer import Change, ChangeKind
 from blockpool.runtime.ops.base import (

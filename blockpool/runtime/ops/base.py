@@ -6,7 +6,7 @@ An operation is declared once, in a module of this package: its record (the
 fields with their bounds, in the recording's wire order, ``op`` first), its
 handler, whether it is read-only and which kind of change it reports.  The
 service derives its request bodies and OpenAPI schemas from the records
-(app/schemas.py).
+(app/pool/schemas.py).
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import msgspec
 
-from blockpool.errors import RequestFinishedError, UnknownRequestError
+from blockpool.core.errors import RequestFinishedError, UnknownRequestError
 from blockpool.runtime.errors import Conflict, InvalidInput, NotFound, TooLarge
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from blockpool.block import KVCacheBlock
-    from blockpool.hashing import HashFn
-    from blockpool.manager import ManagedRequest, RequestManager
-    from blockpool.pool import BlockPool
+    from blockpool.core.block import KVCacheBlock
+    from blockpool.core.hashing import HashFn
+    from blockpool.core.manager import ManagedRequest, RequestManager
+    from blockpool.core.pool import BlockPool
     from blockpool.runtime.columns import BlockColumns
     from blockpool.runtime.config import RuntimeConfig
     from blockpool.runtime.counters import Counters

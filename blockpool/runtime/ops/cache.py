@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from blockpool.hashing import BlockHash, hash_block_tokens
-from blockpool.request import LoRARequest
+from blockpool.core.hashing import BlockHash, hash_block_tokens
+from blockpool.core.request import LoRARequest
 from blockpool.runtime.errors import Conflict, InvalidInput
 from blockpool.runtime.observer import Change, ChangeKind
 from blockpool.runtime.ops.base import (

@@ -1,7 +1,7 @@
 """The bounds of the operations' fields: ids, counts, hashes, names.
 
 The service's request bodies and OpenAPI schemas carry the same bounds
-(app/schemas.py derives them from the records).
+(app/pool/schemas.py derives them from the records).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from blockpool.hashing import BlockHash
+from blockpool.core.hashing import BlockHash
 from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState
 from blockpool.runtime.ops.fields import GroupId, HexHash
 

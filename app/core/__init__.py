@@ -1,0 +1,3 @@
+"""What the pool service and the observer share: settings, errors, auth,
+serving, figures, the frontend's files.
+"""

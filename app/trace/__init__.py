@@ -1,0 +1,3 @@
+"""Production traces in the service: the live trace driver, the planner and the
+``blockpool trace`` command.
+"""

@@ -1,0 +1,154 @@
+"""``blockpool trace FILE``: replay a production trace offline (no server).
+
+Prints, per capacity, the prompt and hit tokens, the hit rate (LRU, the
+offline optimum, the unbounded ceiling), evictions, refused requests, miss
+reasons and regret; ``--json`` prints one JSON document, ``--csv`` a CSV.
+The capacity-planning flags are in ``app/trace/planner.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.trace import planner
+from app.trace.cli_sched import add_scheduler_arguments, scheduler_lines, timed_config
+from blockpool.core.hashing import HASH_FUNCTIONS
+from blockpool.trace import TraceError, parse_capacities, read_trace
+from blockpool.trace.optimal import OptimalCurve
+from blockpool.trace.replay import MODES, TraceReport, replay_trace
+from blockpool.trace.sequence import FREE_ORDERS
+
+
+def add_parser(sub: Any) -> None:
+    t = sub.add_parser(
+        "trace",
+        help="replay a Mooncake trace (or a recording) offline: hit rate per capacity",
+        description=__doc__.split("\n\n")[0],
+    )
+    t.add_argument("path", metavar="FILE", help="Mooncake JSON lines, or a recording export")
+    t.add_argument("--mode", choices=MODES, default="sequence", help="(default sequence)")
+    t.add_argument("--block-size", type=int, default=16, help="tokens per block (16)")
+    t.add_argument(
+        "--capacity-tokens", default=None,
+        help="comma list of pool sizes in tokens, 'inf' = never evicts (default inf)",
+    )  # fmt: skip
+    t.add_argument("--capacity-blocks", default=None, help="comma list of pool sizes in blocks")
+    t.add_argument("--hash", dest="hash_name", choices=sorted(HASH_FUNCTIONS), default="sha256",
+                   help="block hash function (default sha256)")  # fmt: skip
+    t.add_argument("--free-order", choices=FREE_ORDERS, default="append_all",
+                   help="where freed blocks enter the free queue "
+                   "(default append_all: vLLM 0.16)")  # fmt: skip
+    t.add_argument("--speed", type=float, default=1.0, help="timed: arrivals x speed (1)")
+    t.add_argument("--step-ms", type=float, default=20.0, help="timed: ms per step (20)")
+    t.add_argument("--max-running", type=int, default=256, help="timed: running limit (256)")
+    t.add_argument("--tokens-per-id", type=int, default=512, help="tokens per hash id (512)")
+    t.add_argument(
+        "--no-one-pass", dest="one_pass", action="store_false", default=None,
+        help="sequence: one real pool per capacity instead of the one-pass curve",
+    )  # fmt: skip
+    t.add_argument("--json", action="store_true", help="print one JSON document")
+    t.add_argument(
+        "--progress", dest="progress", action="store_true", default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )  # fmt: skip
+    t.add_argument("--no-progress", dest="progress", action="store_false")
+    add_scheduler_arguments(t)
+    planner.add_planner_args(t)
+
+
+def add_serve_flags(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--trace", help="drive the engine from this trace instead of the demo")
+    s.add_argument("--trace-speed", type=float, help="trace arrivals x speed")
+    _flag = s.add_argument
+    _flag("--trace-loop", dest="trace_loop", action="store_true", default=None,
+          help="start the trace over when it ends")  # fmt: skip
+
+
+def _capacities(args: argparse.Namespace) -> list[int | None]:
+    caps: list[int | None] = []
+    if args.capacity_tokens:
+        caps += parse_capacities(args.capacity_tokens)
+    if args.capacity_blocks:
+        caps += [None if b is None else b * args.block_size for b in parse_capacities(
+            args.capacity_blocks)]  # fmt: skip
+    return caps or [None]
+
+
+def _fmt_cap(v: int | None) -> str:
+    return "inf" if v is None else str(v)
+
+
+def render(report: TraceReport, path: str, plan: planner.Plan | None = None) -> str:
+    lines = [
+        f"trace: {path} ({report.info['requests']} requests, tokens per id "
+        f"{report.info['tokens_per_id']})",
+        f"mode: {report.mode}, block size {report.block_size}, hash {report.hash_fn}, "
+        f"free order {report.free_order}; {report.seconds:.2f}s",
+        report.note + (f" ({report.info['stacks']} stack(s))" if "stacks" in report.info else ""),
+        "",
+    ]
+    lines += planner.table_lines(report.results, plan)
+    if plan is not None:
+        lines += planner.target_lines(plan, report.block_size)
+    if report.mode == "timed":
+        pre = ", ".join(f"{_fmt_cap(r.capacity_tokens)}: {r.preemptions}" for r in report.results)
+        lines.append(f"preemptions: {pre}")
+    lines += scheduler_lines(report)
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        layout = planner.layout_of(args)
+        policies = planner.parse_policies(args.policies, args.mode)
+        caps = planner.capacities_of(args, layout, _capacities(args) if _legacy(args) else [])
+        trace = read_trace(args.path, args.tokens_per_id)
+        progress = planner.progress_for(args)
+        if args.sweep:
+            caps = planner.sweep_capacities(args, caps, OptimalCurve(trace, args.block_size), trace)
+        plan = planner.Plan(caps, layout, policies)
+        label = "one pass" if args.mode == "sequence" else args.mode
+        report = replay_trace(
+            trace,
+            mode=args.mode,
+            block_size=args.block_size,
+            capacities_tokens=[c.capacity_tokens for c in caps],
+            hash_name=args.hash_name,
+            free_order=args.free_order,
+            timed=timed_config(args),
+            one_pass=args.one_pass,
+            progress=progress.bar(f"{label} ({len(caps)} capacities)"),
+        )
+        planner.annotate(report.results, caps)
+        if args.mode == "sequence":
+            planner.run_policies(plan, trace, args.block_size, report.results, progress)
+        if args.target_hit_rate is not None:
+            if args.mode != "sequence" or args.free_order != "append_all":
+                raise ValueError(
+                    "--target-hit-rate searches sequence-mode replays with vLLM 0.16's "
+                    "free order (append_all) only"
+                )
+            planner.find_target(plan, trace, args.block_size, args.target_hit_rate, progress)
+        if args.plot:
+            from app.trace.plot import plot_curve
+
+            plot_curve(report, plan, args.plot, title=Path(args.path).name)
+    except ValueError as exc:  # a TraceError names the file
+        where = f"{args.path}: " if isinstance(exc, TraceError) else ""
+        print(f"blockpool trace: {where}{exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"file": args.path, **report.to_json(), **plan.info(args.block_size)}))
+    elif args.csv:
+        sys.stdout.write(planner.render_csv(report.results, plan, report.mode))
+    else:
+        print(render(report, args.path, plan))
+    return 0
+
+
+def _legacy(args: argparse.Namespace) -> bool:
+    return bool(args.capacity_tokens or args.capacity_blocks)

@@ -1,0 +1,435 @@
+"""``blockpool trace``'s capacity-planner flags: pool sizes in memory, the
+optimal bound and other policies beside LRU, a dense sweep, the smallest
+pool reaching a hit rate, and the table / CSV / plot they print.
+
+``app/trace/cli.py`` calls :func:`add_planner_args` and :func:`plan`; the rest
+of its flags (modes, hashing, timed mode) live there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from blockpool.trace.capacity import (
+    KV_CACHE_DTYPES,
+    Capacity,
+    KVLayout,
+    flat_bytes,
+    parse_capacity_list,
+    read_model_config,
+)
+from blockpool.trace.keys import BlockKeys
+from blockpool.trace.optimal import OptimalCurve
+from blockpool.trace.planner import (
+    POLICIES,
+    SHADOW_POLICIES,
+    TargetAnswer,
+    log_grid,
+    shadow_curve,
+    smallest_capacity,
+    sweep_range,
+)
+from blockpool.trace.reader import Trace
+from blockpool.trace.results import CapacityResult
+
+GIB = 1 << 30
+
+
+def add_planner_args(t: argparse.ArgumentParser) -> None:
+    g = t.add_argument_group("capacity planning")
+    g.add_argument(
+        "--capacity",
+        default=None,
+        metavar="LIST",
+        help="comma list of pool sizes: bytes per GPU with a unit (8GiB, 500MB, 1.5TB; "
+        "needs --model-config or --bytes-per-token), tokens as a bare number, or 'inf'",
+    )
+    g.add_argument(
+        "--model-config",
+        default=None,
+        metavar="CONFIG_JSON",
+        help="a Hugging Face config.json: layers, KV heads, head size, MLA",
+    )
+    g.add_argument(
+        "--bytes-per-token",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV bytes per token on one GPU, all layers (instead of a model)",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", *KV_CACHE_DTYPES],
+        help="KV cache element type, as vLLM's flag (default auto: the model's)",
+    )
+    g.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        metavar="TP",
+        help="GPUs sharing the KV heads (default 1)",
+    )
+    g.add_argument(
+        "--policies",
+        default="optimal",
+        metavar="LIST",
+        help=f"beside the replay's own LRU: {', '.join(POLICIES)} or none "
+        "(sequence mode; default optimal)",
+    )
+    g.add_argument(
+        "--sweep",
+        action="store_true",
+        help="a dense log-spaced curve (between the --capacity extremes, or "
+        "from the smallest pool refusing nothing to one that never evicts)",
+    )
+    g.add_argument(
+        "--sweep-points",
+        type=int,
+        default=32,
+        metavar="N",
+        help="capacities in a --sweep (default 32)",
+    )
+    g.add_argument(
+        "--target-hit-rate",
+        type=float,
+        default=None,
+        metavar="RATE",
+        help="also answer the smallest pool whose hit rate reaches RATE (0-1)",
+    )
+    g.add_argument("--csv", action="store_true", help="print the table as CSV")
+    g.add_argument(
+        "--plot",
+        default=None,
+        metavar="PNG",
+        help="draw LRU, the optimum and the unbounded ceiling (the plot extra)",
+    )
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+# ------------------------------------------------------------------ progress
+
+
+class Progress:
+    """One bar per phase on stderr: its label, rate and ETA (None: off)."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream = stream
+
+    def bar(self, label: str, unit: str = "req") -> Callable[[int, int], None] | None:
+        stream = self.stream
+        if stream is None:
+            return None
+        t0 = time.monotonic()
+        last = [0.0]
+
+        def show(done: int, total: int) -> None:
+            now = time.monotonic()
+            if done < total and now - last[0] < 0.1:
+                return
+            last[0] = now
+            el = now - t0
+            frac = done / total if total else 1.0
+            rate = done / el if el > 0 else 0.0
+            eta = (total - done) / rate if rate > 0 else 0.0
+            bar = "#" * int(frac * 24)
+            stream.write(
+                f"\r{label} [{bar:<24}] {done}/{total} {unit} {rate:,.0f}/s "
+                f"{el:5.1f}s ETA {eta:4.1f}s"
+            )
+            if done >= total:
+                stream.write("\n")
+            stream.flush()
+
+        return show
+
+
+def progress_for(args: argparse.Namespace, stream: TextIO | None = None) -> Progress:
+    stream = sys.stderr if stream is None else stream
+    if getattr(args, "quiet", False) or (getattr(args, "csv", False) and args.progress is None):
+        return Progress(None)
+    on = args.progress if args.progress is not None else stream.isatty()
+    return Progress(stream if on else None)
+
+
+# ---------------------------------------------------------------- capacities
+
+
+def layout_of(args: argparse.Namespace) -> KVLayout | None:
+    if args.model_config and args.bytes_per_token is not None:
+        raise ValueError("give --model-config or --bytes-per-token, not both")
+    if args.model_config:
+        return read_model_config(args.model_config, args.kv_cache_dtype, args.tensor_parallel_size)
+    if args.bytes_per_token is not None:
+        return flat_bytes(args.bytes_per_token)
+    return None
+
+
+def capacities_of(
+    args: argparse.Namespace, layout: KVLayout | None, legacy: list[int | None]
+) -> list[Capacity]:
+    """``--capacity`` and the older ``--capacity-tokens`` / ``--capacity-blocks``."""
+    bs = args.block_size
+    bb = None if layout is None else layout.block_bytes(bs)
+    caps = [] if args.capacity is None else parse_capacity_list(args.capacity, bs, layout)
+    for tokens in legacy:
+        if tokens is None:
+            caps.append(Capacity("inf", None, bs, bb))
+        else:
+            if tokens // bs < 1:
+                raise ValueError(f"{tokens} tokens hold no block of {bs} tokens")
+            caps.append(Capacity(str(tokens), tokens // bs, bs, bb))
+    return caps or [Capacity("inf", None, bs, bb)]
+
+
+def sweep_capacities(
+    args: argparse.Namespace, caps: list[Capacity], optimal: OptimalCurve, trace: Trace
+) -> list[Capacity]:
+    bs = args.block_size
+    finite = sorted(c.blocks for c in caps if c.blocks is not None)
+    if len(finite) >= 2:
+        lo, hi = max(2, finite[0]), finite[-1]
+    else:
+        lo, hi = sweep_range(trace, bs, optimal)
+    bb = caps[0].block_bytes
+    grid = log_grid(lo, hi, args.sweep_points)
+    have = {c.blocks for c in caps}
+    out = list(caps) + [Capacity(f"{b}b", b, bs, bb) for b in grid if b not in have]
+    out.sort(key=lambda c: float("inf") if c.blocks is None else c.blocks)
+    return out
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass
+class Plan:
+    """What the planner adds to a report."""
+
+    caps: list[Capacity]
+    layout: KVLayout | None
+    policies: list[str] = field(default_factory=list)
+    unbounded_hit_tokens: int | None = None
+    target: TargetAnswer | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def info(self, block_size: int) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "policies": ["lru", *self.policies],
+            "unbounded_hit_tokens": self.unbounded_hit_tokens,
+            "planner_seconds": self.seconds,
+        }
+        if self.layout is not None:
+            out["kv_layout"] = {
+                **self.layout.to_json(),
+                "block_bytes": self.layout.block_bytes(block_size),
+            }
+        if self.target is not None:
+            out["target"] = target_json(self.target, block_size, self.layout)
+        return out
+
+
+def parse_policies(text: str, mode: str) -> list[str]:
+    names = [p.strip().lower() for p in text.split(",") if p.strip()]
+    if names == ["none"]:
+        return []
+    for n in names:
+        if n not in POLICIES and n != "lru":
+            raise ValueError(f"unknown policy {n!r} in --policies (known: {', '.join(POLICIES)})")
+    names = [n for n in names if n != "lru"]
+    if names and mode != "sequence":
+        if text == "optimal":
+            return []  # the default: only where it is a bound
+        raise ValueError("--policies compare eviction policies in sequence mode only")
+    return list(dict.fromkeys(names))
+
+
+def target_json(t: TargetAnswer, bs: int, layout: KVLayout | None) -> dict[str, Any]:
+    def size(b: int | None) -> dict[str, Any] | None:
+        if b is None:
+            return None
+        bb = None if layout is None else layout.block_bytes(bs)
+        return {"blocks": b, "usable_tokens": (b - 1) * bs, "bytes": None if bb is None else b * bb}
+
+    return {
+        "hit_rate": t.target,
+        "lru": size(t.lru_blocks),
+        "optimal": size(t.optimal_blocks),
+        "unbounded_hit_rate": t.unbounded_hit_rate,
+    }
+
+
+def annotate(results: list[CapacityResult], caps: list[Capacity]) -> None:
+    """Each result's label, usable tokens and bytes (what the pool holds)."""
+    for r, c in zip(results, caps, strict=True):
+        r.extra["capacity"] = c.label
+        r.extra["usable_blocks"] = c.usable_blocks
+        r.extra["usable_tokens"] = c.usable_tokens
+        r.extra["bytes"] = c.bytes
+
+
+def run_policies(
+    plan: Plan, trace: Trace, block_size: int, results: list[CapacityResult], progress: Progress
+) -> None:
+    """The optimum (and the shadows' policies) at every capacity, into ``extra``."""
+    t0 = time.perf_counter()
+    keys = BlockKeys(trace, block_size)
+    opt = OptimalCurve(trace, block_size, keys)
+    plan.unbounded_hit_tokens = opt.hit_blocks(None) * block_size
+    usable = [c.usable_blocks for c in plan.caps]
+    if "optimal" in plan.policies:
+        hits = opt.hit_tokens(usable, progress.bar("optimal", "capacities"))
+        for r, h in zip(results, hits, strict=True):
+            r.extra["optimal_hit_tokens"] = h
+            r.extra["optimal_hit_rate"] = h / r.prompt_tokens if r.prompt_tokens else 0.0
+        plan.seconds["optimal"] = time.perf_counter() - t0
+    for pol in plan.policies:
+        if pol not in SHADOW_POLICIES:
+            continue
+        t1 = time.perf_counter()
+        got = shadow_curve(trace, block_size, keys, pol, usable, progress.bar(pol, "capacities"))
+        for r, g in zip(results, got, strict=True):
+            h = plan.unbounded_hit_tokens if g is None else g[0]
+            r.extra[f"{pol}_hit_tokens"] = h
+            r.extra[f"{pol}_hit_rate"] = h / r.prompt_tokens if r.prompt_tokens else 0.0
+            r.extra[f"{pol}_evictions"] = 0 if g is None else g[1]
+        plan.seconds[pol] = time.perf_counter() - t1
+    for r in results:
+        r.extra["unbounded_hit_rate"] = (
+            plan.unbounded_hit_tokens / r.prompt_tokens if r.prompt_tokens else 0.0
+        )
+
+
+# ------------------------------------------------------------------- output
+
+
+def _rate(v: Any) -> str:
+    return "" if v is None else f"{100 * v:.2f}"
+
+
+def _num(v: Any) -> str:
+    return "inf" if v is None else str(v)
+
+
+def columns(results: list[CapacityResult], plan: Plan | None) -> list[tuple[str, str, Any]]:
+    """(table header with its unit, CSV name, value of a result)."""
+    pols = [] if plan is None else plan.policies
+    cols: list[tuple[str, str, Any]] = [
+        ("usable (tokens)", "usable_tokens", lambda r: r.extra.get("usable_tokens")),
+        ("blocks (num_gpu_blocks)", "blocks", lambda r: r.blocks),
+    ]
+    if plan is not None and plan.layout is not None:
+        cols.append(("memory (GiB)", "memory_bytes", lambda r: r.extra.get("bytes")))
+    cols.append(("asked", "capacity", lambda r: r.extra.get("capacity", _num(r.capacity_tokens))))
+    cols += [
+        ("prompt (tokens)", "prompt_tokens", lambda r: r.prompt_tokens),
+        ("hits LRU (tokens)", "lru_hit_tokens", lambda r: r.hit_tokens),
+        ("LRU (%)", "lru_hit_rate", lambda r: r.hit_rate),
+    ]
+    if "optimal" in pols:
+        cols.append(("optimal (%)", "optimal_hit_rate", lambda r: r.extra.get("optimal_hit_rate")))
+    for p in pols:
+        if p != "optimal":
+            cols.append((f"{p} (%)", f"{p}_hit_rate", lambda r, p=p: r.extra.get(f"{p}_hit_rate")))
+    if plan is not None and plan.unbounded_hit_tokens is not None:
+        cols.append(
+            ("unbounded (%)", "unbounded_hit_rate", lambda r: r.extra.get("unbounded_hit_rate"))
+        )
+    if "optimal" in pols:
+        cols.append(
+            (
+                "gap opt-LRU (pt)",
+                "optimal_gap_rate",
+                lambda r: (
+                    None
+                    if "optimal_hit_rate" not in r.extra
+                    else r.extra["optimal_hit_rate"] - r.hit_rate
+                ),
+            )
+        )
+    cols += [
+        ("evictions (blocks)", "evictions_blocks", lambda r: r.evictions),
+        ("refused (requests)", "refused_requests", lambda r: r.refused),
+        ("cold (blocks)", "cold_blocks", lambda r: r.miss_reasons["cold"]),
+        ("evicted (blocks)", "evicted_blocks", lambda r: r.miss_reasons["evicted"]),
+        ("last token (blocks)", "last_token_blocks", lambda r: r.miss_reasons["last_token"]),
+        ("floor (blocks)", "block_size_floor_blocks", lambda r: r.miss_reasons["block_size_floor"]),
+        ("regret (blocks)", "regret_blocks", lambda r: r.regret_blocks),
+    ]
+    return cols
+
+
+def _cell(header: str, v: Any) -> str:
+    if header.endswith("(%)") or header.endswith("(pt)"):
+        return "—" if v is None else _rate(v)
+    if header == "memory (GiB)":
+        return "inf" if v is None else f"{v / GIB:.2f}"
+    if isinstance(v, str):
+        return v
+    return _num(v)
+
+
+def table_lines(results: list[CapacityResult], plan: Plan | None) -> list[str]:
+    cols = columns(results, plan)
+    rows = [[h for h, _, _ in cols]]
+    for r in results:
+        rows.append([_cell(h, f(r)) for h, _, f in cols])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    return ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+
+
+def render_csv(results: list[CapacityResult], plan: Plan | None, mode: str) -> str:
+    """One row per capacity; rates as fractions 0-1, sizes in tokens, blocks, bytes."""
+    cols = columns(results, plan)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([n for _, n, _ in cols] + ["preemptions", "mode"])
+    for r in results:
+        vals = []
+        for _, _, f in cols:
+            v = f(r)
+            vals.append("inf" if v is None else v)
+        w.writerow([*vals, r.preemptions, mode])
+    return buf.getvalue()
+
+
+def target_lines(plan: Plan, block_size: int) -> list[str]:
+    t = plan.target
+    if t is None:
+        return []
+    layout = plan.layout
+
+    def say(b: int | None) -> str:
+        if b is None:
+            return "not reached"
+        s = f"{b:,} blocks = {(b - 1) * block_size:,} usable tokens"
+        if layout is not None:
+            s += f" = {b * layout.block_bytes(block_size) / GIB:.2f} GiB per GPU"
+        return s
+
+    if t.lru_blocks is None and t.optimal_blocks is None:
+        return [
+            f"target hit rate {t.target:.1%}: not reachable at any size "
+            f"(unbounded: {t.unbounded_hit_rate:.1%})"
+        ]
+    return [
+        f"target hit rate {t.target:.1%}: LRU needs {say(t.lru_blocks)}; "
+        f"the optimal policy {say(t.optimal_blocks)}"
+    ]
+
+
+def find_target(
+    plan: Plan, trace: Trace, block_size: int, target: float, progress: Progress
+) -> None:
+    t0 = time.perf_counter()
+    plan.target = smallest_capacity(
+        trace, block_size, target, progress=progress.bar("target", "rounds")
+    )
+    plan.seconds["target"] = time.perf_counter() - t0

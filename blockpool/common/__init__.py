@@ -1,0 +1,3 @@
+"""Small helpers shared by the layers of the library: hash keys, histograms,
+counters, the miss-reason names and tally, the eviction-cause codes.
+"""
