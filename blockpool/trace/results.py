@@ -4,10 +4,11 @@ A capacity is a pool of ``capacity_tokens // block_size`` blocks, the null
 block included (vLLM's ``num_gpu_blocks``), so ``blocks - 1`` hold requests;
 ``None`` stands for ``inf``: a pool that never evicts.
 
-Miss reasons (``blockpool.common.miss_reasons``; a replay finds four): ``cold`` (never stored at this
-capacity), ``evicted`` (stored before, evicted since), ``last_token`` (cached,
-but it holds the prompt's last token, which is always computed),
-``block_size_floor`` (the partial tail block: never hashed).
+Miss reasons (``blockpool.common.miss_reasons``; a replay finds four):
+``cold`` (never stored at this capacity), ``evicted`` (stored before,
+evicted since), ``last_token`` (cached, but it holds the prompt's last
+token, which is always computed), ``block_size_floor`` (the partial tail
+block: never hashed).
 ``regret_blocks``: blocks stored again after an eviction at this capacity.
 """
 
