@@ -23,6 +23,7 @@ from app.core.errors import (
     Unavailable,
     error_body,
 )
+from app.web import auth_first
 
 logger = logging.getLogger("blockpool.api")
 
@@ -218,16 +219,12 @@ def _allow(request: Request) -> dict[str, str]:
 
 
 def _auth_denied(request: Request) -> JSONResponse | None:
-    """The 401 response when the matched route's auth dependency refuses."""
-    from app.api.costly import require_costly_export, require_costly_read
-    from app.api.deps import require_read, require_write
-
-    checks = {require_write: require_write, require_read: require_read,
-              require_costly_read: require_read,  # (the ration is not taken here)
-              require_costly_export: require_read}  # fmt: skip
+    """The 401 response when the matched route's auth dependency refuses
+    (the checks the apps registered with ``auth_first``: a costly read's
+    ration is not taken here)."""
     route = request.scope.get("route")
     for dep in getattr(route, "dependencies", ()):
-        check = checks.get(dep.dependency)
+        check = auth_first.CHECKS.get(dep.dependency)
         if check is not None:
             try:
                 check(request)
