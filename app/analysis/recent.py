@@ -12,12 +12,31 @@ second, bounded by ``capacity``.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from blockpool.analysis import views as analysis_views
 
 if TYPE_CHECKING:
-    from app.pool.engine import Engine, TickData
+    from app.analysis.host import AnalysisHost
+    from blockpool.runtime import PoolRuntime
+
+
+class Engine(Protocol):
+    """What the ring reads of the engine (app.pool.engine.Engine)."""
+
+    @property
+    def analysis(self) -> AnalysisHost | None: ...
+
+    @property
+    def runtime(self) -> PoolRuntime: ...
+
+
+class TickData(Protocol):
+    """A tick as the engine hands it to its listeners."""
+
+    @property
+    def ts(self) -> float: ...
+
 
 EVERY_S = 1.0
 CAPACITY = 900  # 15 minutes at one a second
