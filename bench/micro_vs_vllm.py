@@ -1,6 +1,6 @@
 """get_new_blocks(n) + free_blocks on vLLM 0.16.0's pool and ours, same process.
 
-The issue's reference points (vLLM on this machine class): n=100 about 50 us,
+Reference points (vLLM on this machine class): n=100 about 50 us,
 n=10 about 7.6 us.  Run with the vLLM venv ``make bench-vllm`` builds:
 
     /tmp/vllm016/bin/python bench/micro_vs_vllm.py

@@ -1,4 +1,6 @@
-"""Every setting of the service, in one place (env prefix ``BLOCKPOOL_``)."""
+"""The settings of the pool service (``Settings``, env prefix ``BLOCKPOOL_``) and
+of the observer (``ObserverSettings``, ``BLOCKPOOL_OBSERVER_``), both on the
+connection limits of ``ServingSettings`` (app/core/serving.py)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult
 from trace_bench.curve import BLOCK_SIZE
 
-# ------------------------------------------------------- request level (item 6)
+# ---------------------------------------------------------------- request level
 
 # ("a", rid, request index, outputs, hit | None) / ("p", rid, token, ok) / ("f", rid)
 Op = tuple[Any, ...]

@@ -10,9 +10,10 @@ same shape into that state: the same operations applied afterwards give the
 same block ids, queue order, map, events and samples.  ``check_invariants``
 holds after every restore.
 
-This is the one module outside the classes themselves that touches their
-internals; time travel, replicas, keyframes and replay use it and nothing
-else.  Token and hash lists of running requests are held by reference with
+It writes the classes' internals (the free queue's links, the map's
+entries) so that nothing else has to: keyframes (``runtime.state``), atomic
+batches (``runtime.trial``), the mirror's resync and the analysis' replay
+rebuild pools through it.  Token and hash lists of running requests are held by reference with
 their length (they only ever grow), not copied: a capture is O(blocks +
 running requests).  Not kept: the events still queued in the pool (drain
 them first) and the sampled blocks' timestamps (restored as fresh).

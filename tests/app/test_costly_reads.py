@@ -1,4 +1,4 @@
-"""Costly reads with a token set (issue 16, item 6): reads stay open, but
+"""Costly reads with a token set: reads stay open, but
 those that cost O(pool) or more per call are rationed for a client without
 the token — a burst, then a refill rate per client address; beyond it 429
 ``too_many_requests`` with Retry-After, nothing changed.  With the token, or

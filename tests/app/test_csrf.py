@@ -1,4 +1,4 @@
-"""Cross-site requests and DNS rebinding (issue 16, item 6).
+"""Cross-site requests and DNS rebinding.
 
 A web page the operator visits can make the browser send a body-less POST
 to the server; a page whose DNS name is rebound to 127.0.0.1 can even read

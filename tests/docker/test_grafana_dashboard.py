@@ -1,5 +1,5 @@
 """The Grafana dashboard (docker/grafana/dashboards/blockpool.json): valid
-panels and variables, the panels the issue asked for, every PromQL
+panels and variables, the panels it must have, every PromQL
 expression names only series that a live app exposes (scraped from a real
 in-process app after churn) with label matchers that select something, and
 vLLM's own KV-cache panel queries evaluate against us."""
