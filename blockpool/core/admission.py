@@ -1,6 +1,6 @@
 """The admission rules every pool model applies (vLLM 0.16.0's
-``KVCacheManager.get_computed_blocks`` / ``allocate_slots``), in one place
-for the request manager, the shadow pools and the trace replays:
+``KVCacheManager.get_computed_blocks`` / ``allocate_slots``), shared by the
+request manager and the shadow pools:
 
 * the hit walk looks at most at the full blocks before the one holding the
   prompt's last token (that token is always computed again), and stops at
@@ -11,7 +11,7 @@ for the request manager, the shadow pools and the trace replays:
   leave it when touched), are no more than the free blocks (``fits``).
 
 The walk itself stays with each model's storage (a pool's hash map, a
-shadow's dict, a replay's arrays); these functions are the arithmetic they
+shadow's dict); these functions are the arithmetic they
 share.  A model plugs in by calling them around its own lookup loop.
 """
 
