@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from blockpool.core.admission import cdiv, hit_limit
 from blockpool.trace.keys import BlockKeys, trace_chains
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult, capacity_blocks
@@ -268,10 +269,8 @@ class OnePassCurve:
         Refusals are counted at once, the other counts when :meth:`run` ends."""
         bs = self.block_size
         num_full = len(chain)
-        max_hit = (num_tokens - 1) // bs
-        if max_hit > num_full:
-            max_hit = num_full
-        num_blocks = -(-num_tokens // bs)
+        max_hit = hit_limit(num_tokens, bs, num_full)
+        num_blocks = cdiv(num_tokens, bs)
         stacks = self._stacks
         if not stacks:
             return

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from blockpool.common.miss_reasons import first_unstored
+from blockpool.core.admission import cdiv, hit_limit
 from blockpool.core.block_hasher import get_request_block_hasher
 from blockpool.core.hashing import BlockHash, HashFn
 from blockpool.core.pool import BlockPool
@@ -81,14 +82,14 @@ class SequenceDriver:
         bs = self.block_size
         res = self.result
         res.prompt_tokens += num_tokens
-        num_blocks = -(-num_tokens // bs)
+        num_blocks = cdiv(num_tokens, bs)
         if num_blocks > self.usable:
             res.refused += 1
             res.refused_tokens += num_tokens
             return -1
         pool = self.pool
         num_full = num_tokens // bs
-        max_hit = min((num_tokens - 1) // bs, num_full)
+        max_hit = hit_limit(num_tokens, bs, num_full)
         get, gids = pool.get_cached_block, self.gids
         hits = []
         for i in range(max_hit):

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from blockpool.common.miss_reasons import MissTally, first_unstored
+from blockpool.core.admission import cdiv, hit_limit
 from blockpool.core.block import KVCacheBlock
 from blockpool.core.hashing import BlockHash, group_id_suffix
 from blockpool.core.pool import BlockPool
@@ -148,7 +149,7 @@ class KVSlots:
             return [], 0
         bs = self.block_size
         hashes = req.block_hashes
-        n = min((req.num_tokens - 1) // bs, len(hashes))
+        n = hit_limit(req.num_tokens, bs, len(hashes))
         # BlockPool.get_cached_block for group 0, inlined: the hot loop of
         # a blocked head request's retries.  Those start from the prefix
         # found last time when none of its keys was evicted since (the map
@@ -204,7 +205,7 @@ class KVSlots:
             upto = computed + num_new
             if upto > self.max_model_len:
                 upto = self.max_model_len
-            grow = -(-upto // bs) - len(table)
+            grow = cdiv(upto, bs) - len(table)
             if grow > 0:
                 pool = self.pool
                 if grow > pool.free_block_queue.num_free_blocks:
@@ -223,7 +224,7 @@ class KVSlots:
         rid = req.rid
         table = self.tables.get(rid)
         have = 0 if table is None else len(table)
-        required = -(-need // bs)
+        required = cdiv(need, bs)
         take = required - have - len(hit)
         if take < 0:
             take = 0
@@ -289,7 +290,7 @@ class KVSlots:
         n = req.num_tokens
         k = num_hit // bs
         num_full = min(n // bs, len(hashes))
-        max_hit = min((n - 1) // bs, num_full)
+        max_hit = hit_limit(n, bs, num_full)
         seen = first_unstored(hashes, k, num_full, self.ever)
         last = 0
         if max_hit < num_full and k == max_hit:
