@@ -12,6 +12,7 @@ copy of the engine's event log.
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -61,12 +62,54 @@ class EventsView:
         return self.events[i : i + n]
 
 
+KINDS = 3  # events by kind: BlockStored, BlockRemoved, any other
+
+
+@dataclass(slots=True)
+class Sample:
+    """A segment's export lines, measured in part: its operations' lines
+    (without their events) sampled, each weighted by the operations it
+    stands for; its events counted exactly (by kind, token ids, hashes) as
+    the operations are covered, and some of them written."""
+
+    upto: int = 0  # operations 0 .. upto - 1 are covered
+    line_bytes: float = 0.0  # weighted: sampled lines with no events
+    pack_bytes: float = 0.0  # weighted: their recorded bytes
+    events: int = 0  # of the covered operations, held by the event log then
+    ops_with_events: int = 0
+    kinds: list[int] = field(default_factory=lambda: [0] * KINDS)
+    tokens: int = 0
+    hashes: int = 0
+    # weighted, of the events written: their bytes less the lists, by kind;
+    # the token and hash lists' bytes less brackets, and their lengths
+    rest_bytes: list[float] = field(default_factory=lambda: [0.0] * KINDS)
+    rest_n: list[float] = field(default_factory=lambda: [0.0] * KINDS)
+    token_bytes: float = 0.0
+    token_n: float = 0.0
+    hash_bytes: float = 0.0
+    hash_n: float = 0.0
+
+    def copy(self) -> Sample:
+        return replace(
+            self, kinds=list(self.kinds), rest_bytes=list(self.rest_bytes), rest_n=list(self.rest_n)
+        )
+
+
 class Segment:
     """A keyframe and the operations after it, as columns: one bytes object
     per operation, the rest in arrays (nothing per operation for the
     garbage collector to track)."""
 
-    __slots__ = ("blobs", "ev_first", "ev_n", "json_bytes", "keyframe", "nbytes", "ts")
+    __slots__ = (
+        "blobs",
+        "ev_first",
+        "ev_n",
+        "json_bytes",
+        "keyframe",
+        "nbytes",
+        "sample",
+        "ts",
+    )
 
     def __init__(self, keyframe: Keyframe) -> None:
         self.keyframe = keyframe
@@ -76,6 +119,7 @@ class Segment:
         self.ev_n = array("q")
         self.nbytes = 0
         self.json_bytes = 0  # its keyframe's export line, once measured
+        self.sample = Sample()  # some of its operations' export lines, measured
 
     def __len__(self) -> int:
         return len(self.blobs)
@@ -95,4 +139,5 @@ class Segment:
         other.ev_n = array("q", self.ev_n)
         other.nbytes = self.nbytes
         other.json_bytes = self.json_bytes
+        other.sample = self.sample.copy()
         return other

@@ -256,10 +256,11 @@ def test_export_size_is_estimated_from_counters_and_gzip_replays(
     random_run(e, 7, 400, tick_every=3)
     rec = e.analysis.recorder  # type: ignore[union-attr]
     assert rec is not None
-    sampled = rec._sample_json
     lines = _lines(*rec.export_parts())
     est = rec.export_size()
-    assert rec._sample_json == sampled  # asking wrote nothing more
+    sampled = [seg.sample.copy() for seg in rec.segments]
+    assert rec.export_size()["lines"] == est["lines"]
+    assert [seg.sample for seg in rec.segments] == sampled  # asking again wrote nothing more
     assert est["estimated"] is True and est["last_seq"] == rec.seq
     assert est["lines"] == len(lines)
     real = sum(len(x.encode()) for x in lines)
