@@ -8,9 +8,9 @@ import contextlib
 import random
 from collections.abc import Callable
 
-from app.engine import Engine
-from app.errors import ApiError
-from app.schemas import AdmitOp, AppendOp, FinishOp, PrefixLookupOp
+from app.core.errors import OperationError
+from app.pool.engine import Engine
+from app.pool.schemas import AdmitOp, AppendOp, FinishOp, PrefixLookupOp
 from blockpool import check_invariants
 from blockpool.analysis.export import export_lines
 from blockpool.analysis.recording import Recorder
@@ -19,7 +19,7 @@ Factory = Callable[..., Engine]
 
 
 def apply(e: Engine, op: AdmitOp | AppendOp | FinishOp | PrefixLookupOp) -> None:
-    with contextlib.suppress(ApiError):  # refused ops are recorded too
+    with contextlib.suppress(OperationError):  # refused ops are recorded too
         e.apply(op)
 
 
