@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from app.core.serving import ServingSettings
-from blockpool.core.free_order import FreeOrder
+from blockpool.core.free_order import APPEND_ALL, FreeOrder
 from blockpool.kvevents.config import KVEventsConfig, SourceSpec, plan_sources
 from blockpool.shadow import POLICY_NAMES, policy_name
 
@@ -34,7 +34,7 @@ class Settings(ServingSettings):
     hash_seed: str = Field(default="0", description="NONE_HASH seed (PYTHONHASHSEED role)")
     enable_caching: bool = True
     free_order: FreeOrder = Field(
-        default="append_all",
+        default=APPEND_ALL,
         description="append_all: vLLM 0.16 (every freed block to the queue's tail); "
         "uncached_first: vLLM >= 0.24 (freed blocks without a hash to the head)",
     )

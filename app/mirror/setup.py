@@ -20,6 +20,7 @@ from app.core.settings import Settings
 from app.mirror.client import MirrorClient
 from app.mirror.guard import ReadOnlyMirror
 from app.mirror.routes import router
+from blockpool.core.free_order import FREE_ORDERS
 from blockpool.mirror.protocol import TOPIC, Hello, ProtocolError, decode
 
 HASH_NAMES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
@@ -93,7 +94,7 @@ def settings_for(hello: Hello, settings: Settings) -> Settings:
         update["model_name"] = hello.model or "vllm-mirror"
     if hello.hash_fn in HASH_NAMES:
         update["hash_fn"] = hello.hash_fn
-    if hello.free_order in ("append_all", "uncached_first"):
+    if hello.free_order in FREE_ORDERS:
         update["free_order"] = hello.free_order
     return settings.model_copy(update=update)
 

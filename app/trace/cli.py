@@ -16,11 +16,11 @@ from typing import Any
 
 from app.trace import planner
 from app.trace.cli_sched import add_scheduler_arguments, scheduler_lines, timed_config
+from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS
 from blockpool.core.hashing import HASH_FUNCTIONS
 from blockpool.trace import TraceError, parse_capacities, read_trace
 from blockpool.trace.optimal import OptimalCurve
 from blockpool.trace.replay import MODES, TraceReport, replay_trace
-from blockpool.trace.sequence import FREE_ORDERS
 
 
 def add_parser(sub: Any) -> None:
@@ -39,7 +39,7 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--capacity-blocks", default=None, help="comma list of pool sizes in blocks")
     t.add_argument("--hash", dest="hash_name", choices=sorted(HASH_FUNCTIONS), default="sha256",
                    help="block hash function (default sha256)")  # fmt: skip
-    t.add_argument("--free-order", choices=FREE_ORDERS, default="append_all",
+    t.add_argument("--free-order", choices=FREE_ORDERS, default=APPEND_ALL,
                    help="where freed blocks enter the free queue "
                    "(default append_all: vLLM 0.16)")  # fmt: skip
     t.add_argument("--speed", type=float, default=1.0, help="timed: arrivals x speed (1)")
@@ -127,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
         if args.mode == "sequence":
             planner.run_policies(plan, trace, args.block_size, report.results, progress)
         if args.target_hit_rate is not None:
-            if args.mode != "sequence" or args.free_order != "append_all":
+            if args.mode != "sequence" or args.free_order != APPEND_ALL:
                 raise ValueError(
                     "--target-hit-rate searches sequence-mode replays with vLLM 0.16's "
                     "free order (append_all) only"

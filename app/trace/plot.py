@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from app.trace.planner import GIB, Plan
+from blockpool.core.free_order import UNCACHED_FIRST
 from blockpool.trace.replay import TraceReport
 
 _STYLE = {
     "lru": ("LRU (vLLM 0.16)", "#1f77b4", "o"),
     "optimal": ("optimal (offline MIN)", "#2ca02c", "s"),
     "s3fifo": ("S3-FIFO", "#ff7f0e", "^"),
-    "uncached_first": ("uncached first", "#9467bd", "v"),
+    UNCACHED_FIRST: ("uncached first", "#9467bd", "v"),
 }
 
 

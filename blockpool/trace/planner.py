@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from blockpool.core.free_order import UNCACHED_FIRST
 from blockpool.shadow.pool import make_shadow
 from blockpool.trace.curve import OnePassCurve
 from blockpool.trace.keys import BlockKeys
@@ -19,7 +20,7 @@ from blockpool.trace.optimal import OptimalCurve
 from blockpool.trace.reader import Trace
 
 # the shadows' policies a curve can also be drawn for (LRU is the replay itself)
-SHADOW_POLICIES = ("s3fifo", "uncached_first")
+SHADOW_POLICIES = ("s3fifo", UNCACHED_FIRST)
 POLICIES = ("optimal", *SHADOW_POLICIES)
 
 

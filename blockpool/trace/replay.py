@@ -12,11 +12,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS, FreeOrder
 from blockpool.core.hashing import get_hash_fn_by_name
 from blockpool.trace.curve import OnePassCurve
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult
-from blockpool.trace.sequence import FREE_ORDERS, SequencePools, make_pool
+from blockpool.trace.sequence import SequencePools, make_pool
 from blockpool.trace.timed import TimedConfig, replay_timed
 
 MODES = ("sequence", "timed")
@@ -66,7 +67,7 @@ def replay_trace(
     block_size: int = 16,
     capacities_tokens: Sequence[int | None] = (None,),
     hash_name: str = "sha256",
-    free_order: str = "append_all",
+    free_order: FreeOrder = APPEND_ALL,
     timed: TimedConfig | None = None,
     one_pass: bool | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -81,9 +82,9 @@ def replay_trace(
     if not capacities_tokens:
         raise ValueError("no capacity given")
     hash_fn = get_hash_fn_by_name(hash_name)
-    if free_order != "append_all":
+    if free_order != APPEND_ALL:
         make_pool(2, block_size, free_order)  # refuses a free order this pool lacks
-    applies = mode == "sequence" and free_order == "append_all"
+    applies = mode == "sequence" and free_order == APPEND_ALL
     if one_pass and not applies:
         why = "timed" if mode == "timed" else "free_order"
         raise ValueError(NO_ONE_PASS[why].format(free_order=free_order))

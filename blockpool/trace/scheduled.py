@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from blockpool.core.free_order import APPEND_ALL
 from blockpool.core.hashing import HashFn
 from blockpool.core.manager import _request_block_hasher
 from blockpool.core.pool import BlockPool
@@ -70,7 +71,7 @@ def percentiles(values: Sequence[float]) -> dict[str, float | None]:
 
 
 def _pool(num_blocks: int, block_size: int, free_order: str) -> BlockPool:
-    if free_order == "append_all":
+    if free_order == APPEND_ALL:
         return BlockPool(num_blocks, True, block_size, False)
     make_pool(2, block_size, free_order)  # refuses a free order this pool lacks
     return BlockPool(num_blocks, True, block_size, False, free_order=free_order)

@@ -20,13 +20,12 @@ from typing import Any
 from blockpool.common.miss_reasons import first_unstored
 from blockpool.core.admission import cdiv, hit_limit
 from blockpool.core.block_hasher import get_request_block_hasher
+from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS, FreeOrder
 from blockpool.core.hashing import BlockHash, HashFn
 from blockpool.core.pool import BlockPool
 from blockpool.trace.keys import make_request
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult, capacity_blocks
-
-FREE_ORDERS = ("append_all", "uncached_first")
 
 
 def pool_accepts_free_order() -> bool:
@@ -34,12 +33,12 @@ def pool_accepts_free_order() -> bool:
     return "free_order" in inspect.signature(BlockPool).parameters
 
 
-def make_pool(num_blocks: int, block_size: int, free_order: str = "append_all") -> BlockPool:
+def make_pool(num_blocks: int, block_size: int, free_order: str = APPEND_ALL) -> BlockPool:
     """A caching pool with events on (they count the evictions)."""
     if free_order not in FREE_ORDERS:
         raise ValueError(f"unknown free order {free_order!r} (known: {', '.join(FREE_ORDERS)})")
     kwargs: dict[str, Any] = {}
-    if free_order != "append_all":
+    if free_order != APPEND_ALL:
         if not pool_accepts_free_order():
             raise ValueError(
                 f"free order {free_order!r} needs a BlockPool with a free_order option; "
@@ -139,7 +138,7 @@ class SequencePools:
         block_size: int,
         capacities_tokens: Sequence[int | None],
         hash_fn: HashFn,
-        free_order: str = "append_all",
+        free_order: FreeOrder = APPEND_ALL,
         pool_factory: Callable[[int, int], Any] | None = None,
     ) -> None:
         self.trace = trace
@@ -177,7 +176,7 @@ def replay_pools(
     block_size: int,
     capacities_tokens: Sequence[int | None],
     hash_fn: HashFn,
-    free_order: str = "append_all",
+    free_order: FreeOrder = APPEND_ALL,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[CapacityResult]:
     """Sequence mode with one real pool per capacity, all in one loop."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from blockpool.core.free_order import APPEND_ALL, FreeOrder
 from blockpool.core.hashing import HashFn
 from blockpool.trace.engine import StepModel
 from blockpool.trace.reader import Trace
@@ -64,7 +65,7 @@ def replay_timed(
     block_size: int,
     capacities_tokens: Sequence[int | None],
     hash_fn: HashFn,
-    free_order: str = "append_all",
+    free_order: FreeOrder = APPEND_ALL,
     config: TimedConfig | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[CapacityResult]:
