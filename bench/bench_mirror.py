@@ -11,9 +11,13 @@ moves single rounds a lot (0.6..1.5 on 2 shared cores): the figure is the
 median of many interleaved rounds, with its quartiles and the load average
 beside it.  Then a ``blockpool serve --mirror`` joins the "on" engine (from
 a snapshot) and follows ``--mirror-rounds`` more interleaved rounds: the
-mirror's lag p50/p99 (engine step to the service), the plugin's µs per
-scheduler step, and the ratio with the mirror running on the same machine
-as the engine (on a small box it competes for the same cores).
+mirror's lag p50/p99 (engine step to the service), the lag to the page
+(engine step to a websocket client of the mirror's live stream, subscribed
+as the dashboard is: every frame's ``mirror.engine_ts``, the newest batch
+applied before it, against the time the frame was read; each batch counted
+at the first frame that carries it), the plugin's µs per scheduler step, and
+the ratio with the mirror running on the same machine as the engine (on a
+small box it competes for the same cores).
 
     python bench/bench_mirror.py [--rounds 15] [--mirror-rounds 4] [--requests 60]
 
@@ -24,11 +28,13 @@ BLOCKPOOL_VLLM_PYTHON).  Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +45,8 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from app.stream.client import StreamClient  # noqa: E402
+from app.stream.protocol import Frame  # noqa: E402
 from tests.vllm_engine.engine import Engine, Service, conversation_trace  # noqa: E402
 
 
@@ -79,6 +87,51 @@ def screenshot(url: str, path: str) -> None:
         browser.close()
 
 
+class PageWatcher:
+    """One websocket client of the mirror's live stream, as the dashboard
+    subscribes (all channels, no compression), in its own thread: the lag
+    from each engine batch's step to the first frame that shows it."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.replace("http://", "ws://") + "/api/stream"
+        self.lags_ms: list[float] = []
+        self.frames = 0
+        self.newest_batch = -1
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._run(),))
+
+    def _on_frame(self, frame: Frame) -> None:
+        now = time.time()
+        self.frames += 1
+        mirror = frame.header.get("mirror")
+        if not isinstance(mirror, dict) or mirror.get("batch", -1) <= self.newest_batch:
+            return  # no batch applied yet, or one this client already saw
+        self.newest_batch = mirror["batch"]
+        self.lags_ms.append(max(0.0, (now - mirror["engine_ts"]) * 1000.0))
+
+    async def _run(self) -> None:
+        self._stop = asyncio.Event()
+        async with StreamClient(self.url, on_frame=self._on_frame, compress=False):
+            await self._stop.wait()
+
+    def __enter__(self) -> PageWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        deadline = time.monotonic() + 30
+        while self._stop is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+    def quantile(self, q: float) -> float | None:
+        s = sorted(self.lags_ms)
+        return s[min(len(s) - 1, int(q * len(s)))] if s else None
+
+
 def spread(ratios: list[float]) -> dict[str, float | None]:
     """Median, quartiles and extremes of the rounds' on/off ratios."""
     if not ratios:
@@ -92,6 +145,17 @@ def spread(ratios: list[float]) -> dict[str, float | None]:
         "min": min(ratios),
         "max": max(ratios),
     }
+
+
+def wait_for_page(page: PageWatcher, url: str, timeout: float = 60.0) -> None:
+    """Until the page saw the newest batch the mirror applied (or timeout)."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=60) as client:
+        while time.monotonic() < deadline:
+            last = client.get(url + "/api/mirror").json().get("last_seq", 0)
+            if page.newest_batch >= last > 0:
+                return
+            time.sleep(0.2)
 
 
 def load() -> float:
@@ -154,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         mirror = Service(["serve", "--mirror", on.mirror_endpoint], work, "mirror")
         services.append(mirror)
         mirror.wait_up("/api/mirror")
-        mirrored = interleaved(off, on, slices[args.rounds :], args, "mirrored")
+        with PageWatcher(mirror.url) as page:
+            mirrored = interleaved(off, on, slices[args.rounds :], args, "mirrored")
+            wait_for_page(page, mirror.url)
         with httpx.Client(timeout=60) as client:
             deadline = time.monotonic() + 60
             st: dict[str, Any] = {}
@@ -174,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
             "plugin_us_per_step": st.get("plugin_us_per_step"),
             "mirror_lag_p50_ms": st.get("lag_p50_ms"),
             "mirror_lag_p99_ms": st.get("lag_p99_ms"),
+            "page_lag_p50_ms": page.quantile(0.5),
+            "page_lag_p99_ms": page.quantile(0.99),
+            "page_batches_seen": len(page.lags_ms),
+            "page_frames": page.frames,
             "mirror_exact": st.get("exact"),
             "mirror_divergences": st.get("divergences"),
             "engine_drops": st.get("engine_drops"),

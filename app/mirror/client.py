@@ -219,7 +219,10 @@ class MirrorClient:
             r["reasons"], r["miss_details"] = self.misses.classify(
                 self.engine.pool, raw, prompt, hit, now
             )
-        return self.applier.apply_batch(batch)
+        applied = self.applier.apply_batch(batch)
+        # the next tick's frames carry it (the stream's ``mirror`` header)
+        self.status.applied_batch, self.status.applied_ts = batch.seq, batch.ts
+        return applied
 
     def _restore(self, snap: wire.Snapshot) -> None:
         """The writer: the runtime into the snapshot's state, and the

@@ -44,6 +44,14 @@ class MirrorStatus:
     last_problem: str | None = None
     last_problem_at: float | None = None
     lags_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
+    applied_batch: int | None = None  # the newest batch applied, and its engine step time
+    applied_ts: float | None = None
+
+    def stream_header(self) -> dict[str, Any] | None:
+        """The live stream's ``mirror`` header: the newest applied batch."""
+        if self.applied_batch is None:
+            return None
+        return {"engine_ts": self.applied_ts, "batch": self.applied_batch}
 
     def seen(self) -> None:
         self.last_message = time.monotonic()

@@ -29,6 +29,8 @@ from blockpool.analysis import views as analysis_views
 from blockpool.runtime.summary import pool_summary
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from app.pool.engine import Engine, TickData
     from app.stream.limits import TokenBucket
 
@@ -107,6 +109,8 @@ class StreamHub:
         self.recent_events: deque[list[Any]] = deque(maxlen=RECENT_EVENTS)
         self.epoch = f"{time.time():.6f}"  # a new server = a new epoch
         self._analysis_at = 0.0
+        # a mirror service's source of the newest applied batch (the ``mirror`` header)
+        self.mirror_header: Callable[[], dict[str, Any] | None] | None = None
         engine.listeners.append(self.on_tick)
 
     # ------------------------------------------------------------- clients
@@ -164,7 +168,11 @@ class StreamHub:
 
     def _counts(self) -> dict[str, Any]:
         rt = self.engine.runtime
-        return {**pool_summary(rt), "tokens": analysis_views.tokens(rt)}
+        counts = {**pool_summary(rt), "tokens": analysis_views.tokens(rt)}
+        mirror = self.mirror_header() if self.mirror_header is not None else None
+        if mirror is not None:
+            counts["mirror"] = mirror
+        return counts
 
     def snapshot_frame(self) -> bytes:
         e = self.engine

@@ -27,6 +27,14 @@ async def live_server(
     opts.update(settings)
     app = create_app(Settings(port=port, **opts))
     app.state.engine.paranoid = paranoid  # check_invariants after every operation
+    async with serving(app, port):
+        yield app
+
+
+@asynccontextmanager
+async def serving(app: FastAPI, port: int | None = None) -> AsyncIterator[FastAPI]:
+    """``app`` served by uvicorn on a loopback port (``app.state.port``)."""
+    port = port or free_port()
     app.state.port = port
     config = uvicorn.Config(
         app,
