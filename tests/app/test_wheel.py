@@ -171,3 +171,29 @@ def test_storage_is_off_and_said_once(served: tuple[str, Path]) -> None:
     text = log.read_text()
     assert text.count("storage is off") == 1, text
     assert "Traceback" not in text, text
+
+
+def test_without_the_service_extra_the_command_names_it(tmp_path: Path) -> None:
+    """A plain ``pip install blockpool`` has the library; ``blockpool serve``
+    then says which extra to install (exit 2), not a traceback, and the
+    library itself works."""
+    wheel = build_wheel(tmp_path)
+    env_dir = tmp_path / "bare"
+    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+    python = str(env_dir / "bin" / "python")
+    _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
+         cwd=tmp_path)  # fmt: skip
+    env = _clean_env(env_dir)
+    out = subprocess.run([str(env_dir / "bin" / "blockpool"), "serve"], capture_output=True,
+                         text=True, cwd=tmp_path, env=env, check=False)  # fmt: skip
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "pip install 'blockpool[service]'" in out.stderr
+    assert "Traceback" not in out.stderr
+    lib = _run(
+        [python, "-c",
+         "from blockpool import BlockPool, check_invariants; p = BlockPool(8, True, 16, False); "
+         "b = p.get_new_blocks(3); p.free_blocks(b); check_invariants(p); "
+         "print([x.block_id for x in p.get_new_blocks(2)])"],
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert lib.stdout.split() == ["[4,", "5]"]  # freed blocks join the tail: 4 and 5 come first

@@ -45,7 +45,7 @@ APP_RANK = {
     "mirror": 6,
     "assembly": 7,
 }
-ENTRY_POINTS = {"app.main", "app.cli"}
+ENTRY_POINTS = {"app", "app.main", "app.cli"}  # app: the command, which only defers to app.cli
 
 KNOWN: set[tuple[str, str]] = set()
 
