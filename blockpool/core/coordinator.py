@@ -1,0 +1,261 @@
+"""A request's blocks in every KV-cache group of one pool (vLLM 0.16.0's
+``KVCacheCoordinator`` and ``KVCacheManager.allocate_slots``, for full
+attention and sliding-window groups).
+
+Every group holds its own block table per request, all drawn from one
+:class:`BlockPool`; a block hash is cached per group (the pool keys it by
+hash and group id).
+
+* **Hit** (``find_longest_cache_hit``): one group → that group's walk.  Several
+  attention types → vLLM's fixed point: full attention first (its walk from
+  the left bounds the rest), then each other type within the current length;
+  when one shortens it, every type is asked again, until none does (one round
+  when the model is one full-attention type plus one other).  Hit lengths are
+  multiples of the least common multiple of the block sizes.
+* **Allocate** (``allocate_slots``): first free the blocks that fell out of a
+  window (``remove_skipped_blocks``), then count what is needed per group --
+  new blocks for the tokens past the computed ones (those skipped by a window
+  need none) plus hit blocks that sit in the free queue -- refuse when the
+  pool has fewer free, else touch the hits (skipped ones become null
+  blocks), take the new blocks and cache the full ones.
+* **Free**: each group's table in reverse, the null blocks left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import lcm
+from typing import Any
+
+from blockpool.core.admission import cdiv
+from blockpool.core.attention import GroupSpec
+from blockpool.core.block import KVCacheBlock
+from blockpool.core.hashing import BlockHash, BlockHashList, BlockHashListWithBlockSize
+from blockpool.core.pool import BlockPool
+
+Blocks = tuple[list[KVCacheBlock], ...]
+
+
+class _GroupTables:
+    """One group's block tables (vLLM's ``SingleTypeKVCacheManager``)."""
+
+    __slots__ = ("gid", "num_cached", "pool", "spec", "tables")
+
+    def __init__(self, spec: GroupSpec, gid: int, pool: BlockPool) -> None:
+        self.spec = spec
+        self.gid = gid
+        self.pool = pool
+        self.tables: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached: dict[str, int] = {}
+
+    def num_to_allocate(
+        self, rid: str, num_tokens: int, hit: Sequence[KVCacheBlock], total_computed: int
+    ) -> int:
+        bs = self.spec.block_size
+        required = cdiv(num_tokens, bs)
+        held = len(self.tables.get(rid, ()))
+        if rid in self.num_cached:  # running: no new hits
+            return max(required - held, 0)
+        skipped = self.spec.skipped_tokens(total_computed) // bs
+        new = max(required - max(skipped, len(hit) + held), 0)
+        skip_hits = max(0, skipped - held)
+        evictable = sum(1 for b in hit[skip_hits:] if b.ref_cnt == 0 and not b.is_null)
+        return new + evictable
+
+    def add_hits(self, rid: str, hit: Sequence[KVCacheBlock], num_computed: int) -> None:
+        if rid in self.num_cached:
+            return
+        table = self.tables.setdefault(rid, [])
+        skipped = self.spec.skipped_tokens(num_computed) // self.spec.block_size
+        kept = list(hit[skipped:]) if skipped > 0 else list(hit)
+        self.pool.touch(kept)
+        table.extend([self.pool.null_block] * skipped)
+        table.extend(kept)
+        self.num_cached[rid] = len(table)
+
+    def add_new(self, rid: str, num_tokens: int) -> list[KVCacheBlock]:
+        table = self.tables.setdefault(rid, [])
+        n = cdiv(num_tokens, self.spec.block_size) - len(table)
+        if n <= 0:
+            return []
+        blocks = self.pool.get_new_blocks(n)
+        table.extend(blocks)
+        return blocks
+
+    def cache(self, request: Any, num_tokens: int) -> None:
+        rid = request.request_id
+        done = self.num_cached.get(rid, 0)
+        full = num_tokens // self.spec.block_size
+        if done >= full:
+            return
+        self.pool.cache_full_blocks(
+            request, self.tables[rid], done, full, self.spec.block_size, self.gid
+        )
+        self.num_cached[rid] = full
+
+    def remove_skipped(self, rid: str, total_computed: int) -> None:
+        skipped_tokens = self.spec.skipped_tokens(total_computed)
+        if skipped_tokens <= 0:
+            return
+        table = self.tables.get(rid)
+        if not table:
+            return
+        removed: list[KVCacheBlock] = []
+        for i in range(min(skipped_tokens // self.spec.block_size, len(table)) - 1, -1, -1):
+            if table[i].is_null:
+                break  # the ones before were nulled by an earlier call
+            removed.append(table[i])
+            table[i] = self.pool.null_block
+        self.pool.free_blocks(removed)
+
+    def free(self, rid: str) -> None:
+        table = self.tables.pop(rid, [])
+        self.pool.free_blocks(reversed(table))
+        self.num_cached.pop(rid, None)
+
+
+class KVCacheCoordinator:
+    """The groups of one pool; ``specs[i]`` is group ``i``."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        specs: Sequence[GroupSpec],
+        max_model_len: int,
+        hash_block_size: int | None = None,
+        use_eagle: bool = False,
+    ) -> None:
+        if not specs:
+            raise ValueError("a coordinator needs at least one KV-cache group")
+        self.pool = pool
+        self.specs = tuple(specs)
+        self.max_model_len = max_model_len
+        self.hash_block_size = hash_block_size or min(s.block_size for s in specs)
+        if any(s.block_size % self.hash_block_size for s in specs):
+            raise ValueError("every group's block size must be a multiple of the hash block size")
+        self.use_eagle = use_eagle
+        self.groups = tuple(_GroupTables(s, i, pool) for i, s in enumerate(specs))
+        # one entry per distinct spec, with its group ids; full attention first
+        types: list[tuple[GroupSpec, list[int]]] = []
+        for i, s in enumerate(specs):
+            for spec, ids in types:
+                if spec == s:
+                    ids.append(i)
+                    break
+            else:
+                types.append((s, [i]))
+        self.types = sorted(types, key=lambda t: not t[0].is_full)
+        self.alignment = lcm(*(s.block_size for s, _ in self.types))
+
+    # ------------------------------------------------------------------ hits
+
+    def _hashes(self, spec: GroupSpec, hashes: list[BlockHash]) -> BlockHashList:
+        if spec.block_size == self.hash_block_size:
+            return hashes
+        return BlockHashListWithBlockSize(hashes, self.hash_block_size, spec.block_size)
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[BlockHash], max_length: int
+    ) -> tuple[Blocks, int]:
+        """Per group the hit blocks (nulls where a window skips), and the hit
+        length in tokens."""
+        pool = self.pool
+        if len(self.types) == 1:
+            spec, ids = self.types[0]
+            hit = spec.find_longest_cache_hit(
+                self._hashes(spec, block_hashes), max_length, ids, pool, spec.block_size,
+                self.use_eagle,
+            )  # fmt: skip
+            return hit, len(hit[0]) * spec.block_size
+        per_group: list[list[KVCacheBlock] | None] = [None] * len(self.specs)
+        length = max_length
+        simple = len(self.types) == 2 and self.types[0][0].is_full
+        while True:
+            cur = length
+            for spec, ids in self.types:
+                known = per_group[ids[0]]
+                if spec.is_full and known is not None:
+                    cur = cur // spec.block_size * spec.block_size
+                    continue
+                hit = spec.find_longest_cache_hit(
+                    self._hashes(spec, block_hashes), cur, ids, pool, self.alignment,
+                    self.use_eagle,
+                )  # fmt: skip
+                cur = len(hit[0]) * spec.block_size
+                for gid, blocks in zip(ids, hit, strict=True):
+                    per_group[gid] = blocks
+            if cur >= length:
+                break
+            length = cur
+            if simple:
+                break
+        spec, ids = self.types[0]
+        if spec.is_full:
+            keep = length // spec.block_size
+            for gid in ids:
+                kept = per_group[gid]
+                if kept is not None:
+                    del kept[keep:]
+        return tuple(b if b is not None else [] for b in per_group), length
+
+    # ------------------------------------------------------------------ slots
+
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Blocks | None = None,
+        num_computed_tokens: int | None = None,
+        num_tokens: int | None = None,
+        cache: bool = True,
+    ) -> Blocks | None:
+        """vLLM's ``allocate_slots`` without lookahead or connectors: the new
+        blocks per group, or None (nothing allocated) when too few are free.
+
+        ``request`` needs ``request_id`` (and what ``cache_full_blocks``
+        reads); ``num_computed_tokens`` / ``num_tokens`` default to its
+        ``num_computed_tokens`` / ``num_tokens``."""
+        rid = request.request_id
+        computed = (
+            request.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
+        )
+        known = request.num_tokens if num_tokens is None else num_tokens
+        if new_computed_blocks is not None and not any(new_computed_blocks):
+            new_computed_blocks = None  # vLLM's empty KVCacheBlocks
+        hits: Blocks = new_computed_blocks or tuple([] for _ in self.groups)
+        local = computed + num_new_computed_tokens
+        total = min(local, self.max_model_len)
+        need_slot = min(total + num_new_tokens, self.max_model_len)
+        for g in self.groups:
+            g.remove_skipped(rid, total)
+        needed = sum(
+            g.num_to_allocate(rid, need_slot, hits[i], local) for i, g in enumerate(self.groups)
+        )
+        if needed > self.pool.get_num_free_blocks():
+            return None
+        if new_computed_blocks is not None:
+            for i, g in enumerate(self.groups):
+                g.add_hits(rid, hits[i], local)
+        new = tuple(g.add_new(rid, need_slot) for g in self.groups)
+        if cache:
+            self.cache_blocks(request, min(total + num_new_tokens, known))
+        return new
+
+    def cache_blocks(self, request: Any, num_tokens: int) -> None:
+        for g in self.groups:
+            g.cache(request, num_tokens)
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        for g in self.groups:
+            g.remove_skipped(request_id, total_computed_tokens)
+
+    def free(self, request_id: str) -> None:
+        for g in self.groups:
+            g.free(request_id)
+
+    def get_blocks(self, request_id: str) -> Blocks:
+        return tuple(list(g.tables.get(request_id, ())) for g in self.groups)
+
+    def block_ids(self, request_id: str) -> list[list[int]]:
+        return [[b.block_id for b in g.tables.get(request_id, ())] for g in self.groups]
