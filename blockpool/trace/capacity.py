@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blockpool.core.attention import FULL_ATTENTION, AttentionKind, GroupSpec
+
 # decimal and binary units (case-insensitive); a bare number is tokens
 _UNITS = {
     "b": 1,
@@ -111,6 +113,15 @@ class KVLayout:
     mla: bool = False
     source: str = ""
     vectors: int = 2  # per token and head: K and V (1 under MLA, or given flat)
+    # vLLM's KV-cache groups, (kind, sliding window) each; () is one
+    # full-attention group (a uniform model)
+    attention: tuple[tuple[AttentionKind, int | None], ...] = ()
+
+    def group_specs(self, block_size: int) -> list[GroupSpec]:
+        """The pool's KV-cache groups at ``block_size``."""
+        if not self.attention:
+            return [GroupSpec(FULL_ATTENTION, block_size)]
+        return [GroupSpec(kind, block_size, window) for kind, window in self.attention]
 
     @property
     def page_bytes(self) -> int:
