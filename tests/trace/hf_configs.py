@@ -1,0 +1,112 @@
+"""Hugging Face ``config.json`` contents of real models (the fields the KV
+layout reads, values as published), shared by the unit tests and the vLLM
+0.16.0 parity test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GEMMA3_27B: dict[str, Any] = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "torch_dtype": "bfloat16",
+    "text_config": {
+        "model_type": "gemma3_text",
+        "hidden_size": 5376,
+        "num_hidden_layers": 62,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "head_dim": 128,
+        "sliding_window": 1024,
+        "sliding_window_pattern": 6,
+        "max_position_embeddings": 131072,
+    },
+}
+GPT_OSS_20B: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+MISTRAL_7B_V01: dict[str, Any] = {
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "sliding_window": 4096,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+}
+GEMMA2_9B: dict[str, Any] = {
+    "architectures": ["Gemma2ForCausalLM"],
+    "model_type": "gemma2",
+    "hidden_size": 3584,
+    "num_hidden_layers": 42,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 256,
+    "sliding_window": 4096,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "float32",
+}
+QWEN2_7B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "sliding_window": 131072,
+    "max_window_layers": 28,
+    "use_sliding_window": False,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+QWEN2_7B_SLIDING: dict[str, Any] = {**QWEN2_7B, "use_sliding_window": True, "sliding_window": 4096}
+COMMAND_R7B: dict[str, Any] = {
+    "architectures": ["Cohere2ForCausalLM"],
+    "model_type": "cohere2",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "sliding_window": 4096,
+    "sliding_window_pattern": 4,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+}
+LLAMA4_SCOUT: dict[str, Any] = {
+    "architectures": ["Llama4ForConditionalGeneration"],
+    "model_type": "llama4",
+    "torch_dtype": "bfloat16",
+    "text_config": {
+        "model_type": "llama4_text",
+        "hidden_size": 5120,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "attention_chunk_size": 8192,
+        "max_position_embeddings": 10485760,
+    },
+}
+
+# name -> config, for the parity test (the ones vLLM groups without refusing)
+GROUPED = {
+    "gemma3-27b": GEMMA3_27B,
+    "gpt-oss-20b": GPT_OSS_20B,
+    "mistral-7b-v0.1": MISTRAL_7B_V01,
+    "gemma2-9b": GEMMA2_9B,
+    "qwen2-7b": QWEN2_7B,
+    "qwen2-7b-sliding": QWEN2_7B_SLIDING,
+    "command-r7b": COMMAND_R7B,
+}
