@@ -138,7 +138,7 @@ class KVLayout:
     attention: tuple[tuple[AttentionKind, int | None], ...] = ()
     layers_per_group: tuple[int, ...] = ()  # one count a group; () = all layers in one
     rule: str = ""  # how each layer's attention was derived
-    max_model_len: int | None = None  # the cap --disable-sliding-window puts on it
+    max_model_len: int | None = None  # vLLM's default for the config (None: no config)
     hybrid_manager: bool = True  # False: --disable-hybrid-kv-cache-manager
     sized: bool = True  # False: groups without bytes (token capacities only)
 
@@ -202,7 +202,7 @@ class KVLayout:
             "group_size": self.group_size,
             "layer_rule": self.rule,
             "hybrid_kv_cache_manager": self.hybrid_manager,
-            "max_model_len_cap": self.max_model_len,
+            "max_model_len": self.max_model_len,
         }
 
 

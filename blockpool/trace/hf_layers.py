@@ -56,7 +56,7 @@ Two steps, as in vLLM:
 ``hf_text_config.sliding_window = None`` before the model is built
 (``config/model.py``, ``__post_init__``), so every layer is full attention,
 and ``_get_and_verify_max_len`` caps ``max_model_len`` at the window when it
-is below the model's own length.
+is below the model's own length (:mod:`blockpool.trace.model_len`).
 
 Mamba, linear-attention and other non-attention layers, KV sharing across
 layers and per-type head shapes are refused with the field that shows them.
@@ -66,6 +66,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from blockpool.trace.model_len import derived_max_model_len
 
 LayerKind = Literal["full", "sliding", "chunked"]
 # one layer: ("full", None), ("sliding", window) or ("chunked", chunk size)
@@ -114,7 +116,7 @@ class LayerAttention:
 
     layers: tuple[LayerSpec, ...]
     rule: str  # which derivation gave ``layers``
-    max_model_len: int | None = None  # --disable-sliding-window's cap, if any
+    max_model_len: int  # vLLM's default max_model_len (--disable-sliding-window's cap in)
 
 
 def text_model_type(cfg: dict[str, Any], top: dict[str, Any]) -> str:
@@ -230,10 +232,7 @@ def layer_attention(
             )
     cap = None
     if disable_sliding_window and window is not None:
-        own = cfg.get("max_position_embeddings")
-        if not isinstance(own, int) or window < own:
-            cap = window
-        window = None
+        cap, window = window, None
     interleaved = types is not None and len(set(types)) > 1
     model_window = None if interleaved else window
     chunk = _positive(cfg, "attention_chunk_size", None)
@@ -263,4 +262,4 @@ def layer_attention(
         rule = f"{rule}; sliding_window {window} on every layer (not interleaved)"
     elif disable_sliding_window:
         rule = f"{rule}; --disable-sliding-window"
-    return LayerAttention(tuple(out), rule, cap)
+    return LayerAttention(tuple(out), rule, derived_max_model_len(cfg, mt, cap))

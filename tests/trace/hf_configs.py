@@ -20,6 +20,7 @@ GEMMA3_27B: dict[str, Any] = {
         "sliding_window": 1024,
         "sliding_window_pattern": 6,
         "max_position_embeddings": 131072,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
     },
 }
 GPT_OSS_20B: dict[str, Any] = {
@@ -33,6 +34,14 @@ GPT_OSS_20B: dict[str, Any] = {
     "sliding_window": 128,
     "layer_types": ["sliding_attention", "full_attention"] * 12,
     "max_position_embeddings": 131072,
+    "rope_scaling": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
+    },
     "torch_dtype": "bfloat16",
 }
 MISTRAL_7B_V01: dict[str, Any] = {
@@ -100,6 +109,32 @@ LLAMA4_SCOUT: dict[str, Any] = {
     },
 }
 
+LLAMA_3B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 3072,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+# layer patterns no published model has, for vLLM's group_size rule: 13 full
+# beside 12 sliding (below 1.25x: group_size 13), 30 full beside 20 sliding
+LLAMA_13_FULL_12_SLIDING: dict[str, Any] = {
+    **LLAMA_3B,
+    "num_hidden_layers": 25,
+    "sliding_window": 2048,
+    "layer_types": ["full_attention", "sliding_attention"] * 12 + ["full_attention"],
+}
+LLAMA_30_FULL_20_SLIDING: dict[str, Any] = {
+    **LLAMA_3B,
+    "num_hidden_layers": 50,
+    "sliding_window": 512,
+    "layer_types": ["full_attention", "sliding_attention", "sliding_attention"] * 10
+    + ["full_attention", "full_attention"] * 10,
+}
+
 # name -> config, for the parity test (the ones vLLM groups without refusing)
 GROUPED = {
     "gemma3-27b": GEMMA3_27B,
@@ -109,4 +144,6 @@ GROUPED = {
     "qwen2-7b": QWEN2_7B,
     "qwen2-7b-sliding": QWEN2_7B_SLIDING,
     "command-r7b": COMMAND_R7B,
+    "llama-13-12": LLAMA_13_FULL_12_SLIDING,
+    "llama-30-20": LLAMA_30_FULL_20_SLIDING,
 }

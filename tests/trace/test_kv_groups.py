@@ -26,6 +26,8 @@ from tests.trace.hf_configs import (
     GEMMA3_27B,
     GPT_OSS_20B,
     LLAMA4_SCOUT,
+    LLAMA_13_FULL_12_SLIDING,
+    LLAMA_30_FULL_20_SLIDING,
     MISTRAL_7B_V01,
     QWEN2_7B,
     QWEN2_7B_SLIDING,
@@ -61,6 +63,9 @@ def test_gpt_oss_20b_two_groups_of_twelve() -> None:
     assert lay.num_blocks(8 * GIB, 16) == 262144 // 12 == 21845
     assert lay.num_blocks(16 * GIB, 16) == 43690
     assert lay.kv_cache_tokens(21845, 16) == 10922 * 16
+    # yarn: 4096 positions x 32, even with the window's cap (vLLM scales after it)
+    assert lay.max_model_len == 131072
+    assert layout_from_config(GPT_OSS_20B, disable_sliding_window=True).max_model_len == 131072
     tp4 = layout_from_config(GPT_OSS_20B, tensor_parallel_size=4)
     assert tp4.num_kv_heads == 2 and tp4.num_blocks(8 * GIB, 16) == 1048576 // 12
     fp8 = layout_from_config(GPT_OSS_20B, kv_cache_dtype="fp8")
@@ -70,6 +75,7 @@ def test_gpt_oss_20b_two_groups_of_twelve() -> None:
 def test_mistral_v01_is_one_sliding_group_even_without_the_hybrid_manager() -> None:
     lay = layout_from_config(MISTRAL_7B_V01)
     assert lay.attention == ((SW, 4096),) and lay.layers_per_group == (32,)
+    assert lay.max_model_len == 32768
     assert lay.num_blocks(8 * GIB, 16) == (8 * GIB) // 65536 // 32 == 4096
     off = layout_from_config(MISTRAL_7B_V01, disable_hybrid_kv_cache_manager=True)
     assert off.attention == ((SW, 4096),)  # uniform: unify_hybrid leaves it
@@ -119,6 +125,17 @@ def test_command_r7b_three_sliding_groups_and_one_full() -> None:
     assert doc["num_groups"] == 4 and doc["group_size"] == 8
     assert doc["kv_cache_groups"][0] == {"attention": SW, "sliding_window": 4096, "layers": 8}
     assert "sliding_window_pattern 4" in doc["layer_rule"]
+
+
+def test_group_size_rule_pads_the_last_groups() -> None:
+    # 13 full and 12 sliding: 13 < 12 x 1.25, so one group of each, 13 layers
+    a = layout_from_config(LLAMA_13_FULL_12_SLIDING)
+    assert a.attention == ((FULL, None), (SW, 2048)) and a.layers_per_group == (13, 12)
+    assert a.num_blocks(8 * GIB, 16) == (8 * GIB) // 65536 // 13 == 10082
+    # 30 full and 20 sliding: group_size 20, the full layers in 2 groups of 15
+    b = layout_from_config(LLAMA_30_FULL_20_SLIDING)
+    assert b.attention == ((FULL, None), (FULL, None), (SW, 512))
+    assert b.layers_per_group == (15, 15, 20) and b.num_blocks(8 * GIB, 16) == 131072 // 20
 
 
 def test_llama4_chunked_attention_is_refused_unless_the_hybrid_manager_is_off() -> None:
