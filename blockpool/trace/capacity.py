@@ -1,46 +1,49 @@
 """Pool sizes in memory: bytes, a model's KV layout, and vLLM's block count.
 
 vLLM 0.16.0 sizes its pool from a byte budget per GPU in
-``vllm/v1/core/kv_cache_utils.py``: ``get_kv_cache_config_from_groups`` puts
-every full-attention layer of a uniform model in one KV cache group and
-calls ``get_num_blocks``, which computes::
-
-    num_blocks = int(available_memory // page_size // num_layers)
-
-with ``page_size`` the bytes of one block of one layer
-(``vllm/v1/kv_cache_interface.py``): ``AttentionSpec.real_page_size_bytes``
-``= 2 * block_size * num_kv_heads * head_size * dtype_size`` (K and V);
-``MLAAttentionSpec.real_page_size_bytes`` ``= block_size * 1 * (kv_lora_rank
-+ qk_rope_head_dim) * dtype_size`` (one latent vector per token, no separate
-V).  ``num_kv_heads`` is per GPU: ``ModelConfig.get_num_kv_heads`` gives
-``max(1, total_kv_heads // tensor_parallel_size)``, and 1 under MLA (the
-latent cache is replicated on every rank).  ``num_blocks`` counts the null
-block, so a pool holds ``(num_blocks - 1) * block_size`` usable tokens.
-
-A capacity given in bytes is that budget per GPU (vLLM's
-``--kv-cache-memory-bytes``).  With ``--bytes-per-token N`` instead of a
-model, a block is ``N * block_size`` bytes and ``num_blocks = bytes // (N *
-block_size)``.
-
-Sliding windows and other hybrid layouts: :mod:`blockpool.trace.hf_layers`
-derives each layer's attention from the config as vLLM 0.16.0 builds it
-(``layer_types``, the config class's pattern, ``CacheConfig.sliding_window``),
-and :mod:`blockpool.trace.kv_groups` groups the layers as
-``get_kv_cache_groups`` does.  With several groups,
-``get_kv_cache_config_from_groups`` (``kv_cache_utils.py``, its general case)
-takes ``group_size = max(len(group.layer_names))`` and calls
-``get_num_blocks(vllm_config, group_size, available_memory, page_size)``::
+``vllm/v1/core/kv_cache_utils.py`` (line numbers of the 0.16.0 wheel):
+``get_kv_cache_config_from_groups`` (l. 1069) takes ``group_size =
+max(len(group.layer_names) for group in kv_cache_groups)`` (l. 1122; a
+uniform model is one group of all its layers) and calls ``get_num_blocks``
+(l. 829), which computes (l. 841)::
 
     num_blocks = int(available_memory // page_size // group_size)
 
-so a block of the shared pool is ``group_size`` pages (one layer of each
-group per tensor; padding layers included), and every group draws its blocks
-from those ``num_blocks``.  vLLM logs the pool as "GPU KV cache size: N
-tokens" with ``N = num_blocks // len(kv_cache_groups) * min_block_size``
-(``_report_kv_cache_config``): :meth:`KVLayout.kv_cache_tokens`.  A token
-capacity given with several groups is read as that figure (``num_blocks =
-tokens // block_size * groups``).  ``bytes_per_token`` is what a token costs
-when every group holds it: ``page / block_size * group_size * groups``.
+with ``page_size`` the bytes of one block of one layer
+(``vllm/v1/kv_cache_interface.py``): ``AttentionSpec.real_page_size_bytes``
+(l. 80) ``= 2 * block_size * num_kv_heads * head_size * dtype_size`` (K and
+V; ``FullAttentionSpec``'s, l. 181, is the same with ``head_size_v =
+head_size``); ``MLAAttentionSpec.real_page_size_bytes`` (l. 196) ``=
+block_size * 1 * (kv_lora_rank + qk_rope_head_dim) * dtype_size`` (one
+latent vector per token, no separate V).  ``num_kv_heads`` is per GPU:
+``ModelConfig.get_num_kv_heads`` (``config/model.py`` l. 1146) gives
+``max(1, total_kv_heads // tensor_parallel_size)``, and 1 under MLA (the
+latent cache is replicated on every rank).  The dtype under ``auto`` is the
+model's, a float32 checkpoint downcast to 16 bits (``_resolve_auto_dtype``,
+l. 1805).  ``num_blocks`` counts the null block.
+
+Several groups (sliding windows): :mod:`blockpool.trace.hf_layers` derives
+each layer's attention from the config as vLLM 0.16.0 builds it, and
+:mod:`blockpool.trace.kv_groups` groups the layers as ``get_kv_cache_groups``
+(l. 1210) does, with ``_get_kv_cache_groups_uniform_page_size``'s
+``group_size`` rule (l. 1034-1042) and the hybrid manager off through
+``unify_hybrid_kv_cache_specs`` (l. 1148).  A block of the shared pool is
+then ``group_size`` pages (one layer of each group per tensor, padding layers
+included): :meth:`KVLayout.block_bytes`; every group draws its blocks from
+the same ``num_blocks``.  vLLM logs the pool as "GPU KV cache size: N tokens"
+with ``N = num_blocks // len(kv_cache_groups) * min_block_size``
+(``_report_kv_cache_config``, l. 1290-1294): :meth:`KVLayout.kv_cache_tokens`;
+``usable_tokens`` is the same of ``num_blocks - 1`` (the null block out).
+``bytes_per_token`` is what a token costs when every group holds it: ``page
+/ block_size * group_size * groups``.
+
+A capacity given in bytes is that budget per GPU (vLLM's
+``--kv-cache-memory-bytes``).  With ``--bytes-per-token N`` instead of a
+model, a block is ``N * block_size`` bytes (N: a token in one group,
+``--kv-cache-groups`` naming the groups) and ``num_blocks = bytes // (N *
+block_size)``.  A token capacity is ``num_blocks = tokens // block_size``,
+times the number of groups when there are several (the inverse of vLLM's
+logged figure).
 """
 
 from __future__ import annotations

@@ -31,10 +31,10 @@ Two steps, as in vLLM:
    file wins everywhere.
 
 2. **The model code and the cache config** (vLLM 0.16.0): ``Attention``
-   (``model_executor/layers/attention/attention.py``, ``__init__``) takes a
+   (``model_executor/layers/attention/attention.py`` l. 212-217) takes a
    layer's ``per_layer_sliding_window`` when the model passes one, else
    ``CacheConfig.sliding_window``, which ``EngineArgs.create_engine_config``
-   (``engine/arg_utils.py``) sets to ``ModelConfig.get_sliding_window()``
+   (``engine/arg_utils.py`` l. 1421-1426) sets to ``ModelConfig.get_sliding_window()``
    (``hf_text_config.sliding_window``) only when the model is not
    interleaved (``transformers_utils/config.py: is_interleaved``: more than
    one distinct ``layer_types`` entry).  So a non-interleaved model with a
@@ -54,9 +54,10 @@ Two steps, as in vLLM:
 
 ``--disable-sliding-window`` (``ModelConfig.disable_sliding_window``) sets
 ``hf_text_config.sliding_window = None`` before the model is built
-(``config/model.py``, ``__post_init__``), so every layer is full attention,
-and ``_get_and_verify_max_len`` caps ``max_model_len`` at the window when it
-is below the model's own length (:mod:`blockpool.trace.model_len`).
+(``config/model.py`` l. 608-611), so every layer is full attention, and
+``_get_and_verify_max_len`` (l. 1920-1926) caps ``max_model_len`` at the
+window when it is below the model's own length
+(:mod:`blockpool.trace.model_len`).
 
 Mamba, linear-attention and other non-attention layers, KV sharing across
 layers and per-type head shapes are refused with the field that shows them.

@@ -1,23 +1,24 @@
 """vLLM 0.16.0's KV-cache groups of a model's layers
-(``vllm/v1/core/kv_cache_utils.py``).
+(``vllm/v1/core/kv_cache_utils.py``; line numbers of the 0.16.0 wheel).
 
-``get_kv_cache_groups``:
+``get_kv_cache_groups`` (l. 1210):
 
-* with the hybrid manager disabled, ``unify_hybrid_kv_cache_specs`` first
-  turns every sliding-window and chunked-local layer into full attention
-  when the model also has full-attention layers (a model whose layers all
-  share one spec, such as all-sliding Mistral, keeps it); vLLM disables the
-  manager itself (``config/vllm.py``, ``VllmConfig.__post_init__``) on a
+* with the hybrid manager disabled, ``unify_hybrid_kv_cache_specs`` (l. 1148)
+  first turns every sliding-window and chunked-local layer into full
+  attention when the model also has full-attention layers (a model whose
+  layers all share one spec, such as all-sliding Mistral, keeps it); vLLM
+  disables the manager itself (``config/vllm.py`` l. 1038-1101) on a
   platform without hybrid support, with ``--kv-events-config``, with
   ``--kv-transfer-config`` unless told otherwise, and for chunked local
   attention with EAGLE;
 * layers of one spec (``is_kv_cache_spec_uniform``) are one group
   (``_get_kv_cache_groups_uniform_spec``);
-* otherwise ``_get_kv_cache_groups_uniform_page_size`` collects the layers of
-  each spec in the order the specs first appear, takes ``group_size`` = the
-  fewest layers of a spec, or the most when the most is below 1.25 times the
-  fewest, and splits each spec's layers into ``cdiv(n, group_size)`` groups,
-  the i-th taking ``layers[i::num_groups]`` (the last ones padded).
+* otherwise ``_get_kv_cache_groups_uniform_page_size`` (l. 949) collects the
+  layers of each spec in the order the specs first appear, takes
+  ``group_size`` = the fewest layers of a spec, or the most when the most is
+  below 1.25 times the fewest (l. 1033-1042), and splits each spec's layers
+  into ``cdiv(n, group_size)`` groups, the i-th taking
+  ``layers[i::num_groups]`` (l. 1064-1066; the last ones padded).
 
 Chunked local attention left after that is refused: the replay models full
 and sliding-window groups only.
