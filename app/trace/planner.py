@@ -217,7 +217,7 @@ def capacities_of(
         else:
             if tokens // bs < 1:
                 raise ValueError(f"{tokens} tokens hold no block of {bs} tokens")
-            caps.append(Capacity(str(tokens), tokens // bs, bs, bb, ng))
+            caps.append(Capacity(str(tokens), tokens // bs * ng, bs, bb, ng))
     return caps or [Capacity("inf", None, bs, bb, ng)]
 
 
@@ -364,6 +364,10 @@ def columns(results: list[CapacityResult], plan: Plan | None) -> list[tuple[str,
         ("usable (tokens)", "usable_tokens", lambda r: r.extra.get("usable_tokens")),
         ("blocks (num_gpu_blocks)", "blocks", lambda r: r.blocks),
     ]
+    if plan is not None and plan.layout is not None and plan.layout.num_groups > 1:
+        cols.append(
+            ("vLLM KV cache (tokens)", "kv_cache_tokens", lambda r: r.extra.get("kv_cache_tokens"))
+        )
     if plan is not None and block_bytes_of(plan.layout, 16) is not None:
         cols.append(("memory (GiB)", "memory_bytes", lambda r: r.extra.get("bytes")))
     cols.append(("asked", "capacity", lambda r: r.extra.get("capacity", _num(r.capacity_tokens))))

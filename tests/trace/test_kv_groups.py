@@ -206,6 +206,18 @@ def test_cli_hybrid_model_json_and_flag_errors(
     assert main([*argv, "--disable-hybrid-kv-cache-manager"]) == 0
     off = json.loads(capsys.readouterr().out)
     assert off["kv_layout"]["num_groups"] == 1 and off["results"][0]["blocks"] == 262144 // 24
+    # tokens as vLLM logs them, --capacity or --capacity-tokens: 3 groups x 1024 // 16
+    groups = ["--kv-cache-groups", "sliding:1024x2,full", "--json"]
+    for flag in ("--capacity", "--capacity-tokens"):
+        assert main([*base, *groups, flag, "1024"]) == 0
+        (tok,) = json.loads(capsys.readouterr().out)["results"]
+        assert (tok["blocks"], tok["kv_cache_tokens"], tok["usable_tokens"]) == (192, 1024, 1008)
+        assert tok["bytes"] is None
+    assert (
+        main([*base, "--kv-cache-groups", "sliding:1024,full", "--capacity", "1024", "--csv"]) == 0
+    )
+    head, first = capsys.readouterr().out.splitlines()[:2]
+    assert dict(zip(head.split(","), first.split(","), strict=True))["kv_cache_tokens"] == "1024"
     assert main([*base, "--kv-cache-groups", "sliding:0", "--capacity", "4096"]) == 2
     assert "--kv-cache-groups" in capsys.readouterr().err
     assert main([*base, "--kv-cache-groups", "full,sliding:64", "--capacity", "1GiB"]) == 2
