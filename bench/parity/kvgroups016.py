@@ -12,8 +12,10 @@ Run with the 0.16.0 venv; reads a JSON list of cases (``name``, ``config``,
   ``EngineArgs.create_engine_config`` sets to ``get_sliding_window()`` for a
   model that ``is_interleaved`` says is not interleaved; the per-layer
   window follows the architecture's file (``gemma2.py``, ``gemma3.py``,
-  ``commandr.py``, ``llama.py``: ``layer_types[i] == "sliding_attention"``;
-  ``gpt_oss.py``: even layers; ``qwen2.py``: none);
+  ``commandr.py``, ``llama.py`` (llama, mistral, phi3), ``exaone4.py``,
+  ``olmo2.py`` (olmo3): ``layer_types[i] == "sliding_attention"``;
+  ``gpt_oss.py``: even layers; ``qwen2.py``, ``qwen3_moe.py``,
+  ``mixtral.py``, ``starcoder2.py``: none);
 * ``get_kv_cache_groups`` of those ``FullAttentionSpec`` / ``SlidingWindowSpec``
   layers, ``get_kv_cache_config_from_groups`` at each budget, and the
   "GPU KV cache size: N tokens" that ``_report_kv_cache_config`` logs.
@@ -43,6 +45,9 @@ _LAYER_TYPES = {
     "Cohere2ForCausalLM",
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "Phi3ForCausalLM",
+    "Exaone4ForCausalLM",
+    "Olmo2ForCausalLM",  # olmo3 loads as olmo2.py's class
 }
 _EVEN_LAYERS = {"GptOssForCausalLM"}
 

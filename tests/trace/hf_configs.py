@@ -135,6 +135,94 @@ LLAMA_30_FULL_20_SLIDING: dict[str, Any] = {
     + ["full_attention", "full_attention"] * 10,
 }
 
+GEMMA3_1B: dict[str, Any] = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_size": 1152,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "sliding_window": 512,
+    "sliding_window_pattern": 6,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+}
+PHI3_MINI_4K: dict[str, Any] = {
+    "architectures": ["Phi3ForCausalLM"],
+    "model_type": "phi3",
+    "hidden_size": 3072,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "sliding_window": 2047,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+}
+MIXTRAL_8X7B: dict[str, Any] = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "sliding_window": None,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+}
+STARCODER2_7B: dict[str, Any] = {
+    "architectures": ["Starcoder2ForCausalLM"],
+    "model_type": "starcoder2",
+    "hidden_size": 4608,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 36,
+    "num_key_value_heads": 4,
+    "sliding_window": 4096,
+    "max_position_embeddings": 16384,
+    "torch_dtype": "bfloat16",
+}
+QWEN3_30B_A3B_SLIDING: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "use_sliding_window": True,
+    "sliding_window": 4096,
+    "max_window_layers": 48,
+    "max_position_embeddings": 40960,
+    "torch_dtype": "bfloat16",
+}
+# the config classes' own layer patterns (no layer_types in the file)
+OLMO3_7B: dict[str, Any] = {
+    "architectures": ["Olmo3ForCausalLM"],
+    "model_type": "olmo3",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "sliding_window": 4096,
+    "max_position_embeddings": 65536,
+    "torch_dtype": "bfloat16",
+}
+EXAONE4_32B: dict[str, Any] = {
+    "architectures": ["Exaone4ForCausalLM"],
+    "model_type": "exaone4",
+    "hidden_size": 5120,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "sliding_window": 4096,
+    "sliding_window_pattern": 4,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+
 # name -> config, for the parity test (the ones vLLM groups without refusing)
 GROUPED = {
     "gemma3-27b": GEMMA3_27B,
@@ -146,4 +234,11 @@ GROUPED = {
     "command-r7b": COMMAND_R7B,
     "llama-13-12": LLAMA_13_FULL_12_SLIDING,
     "llama-30-20": LLAMA_30_FULL_20_SLIDING,
+    "gemma3-1b": GEMMA3_1B,
+    "phi3-mini-4k": PHI3_MINI_4K,
+    "mixtral-8x7b": MIXTRAL_8X7B,
+    "starcoder2-7b": STARCODER2_7B,
+    "qwen3-30b-a3b-sliding": QWEN3_30B_A3B_SLIDING,
+    "olmo3-7b": OLMO3_7B,
+    "exaone4-32b": EXAONE4_32B,
 }

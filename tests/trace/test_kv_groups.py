@@ -22,15 +22,22 @@ from blockpool.trace.kv_groups import kv_cache_groups
 from tests.trace.helpers import row, rows_to_lines
 from tests.trace.hf_configs import (
     COMMAND_R7B,
+    EXAONE4_32B,
     GEMMA2_9B,
+    GEMMA3_1B,
     GEMMA3_27B,
     GPT_OSS_20B,
     LLAMA4_SCOUT,
     LLAMA_13_FULL_12_SLIDING,
     LLAMA_30_FULL_20_SLIDING,
     MISTRAL_7B_V01,
+    MIXTRAL_8X7B,
+    OLMO3_7B,
+    PHI3_MINI_4K,
     QWEN2_7B,
     QWEN2_7B_SLIDING,
+    QWEN3_30B_A3B_SLIDING,
+    STARCODER2_7B,
 )
 
 GIB = 1 << 30
@@ -125,6 +132,30 @@ def test_command_r7b_three_sliding_groups_and_one_full() -> None:
     assert doc["num_groups"] == 4 and doc["group_size"] == 8
     assert doc["kv_cache_groups"][0] == {"attention": SW, "sliding_window": 4096, "layers": 8}
     assert "sliding_window_pattern 4" in doc["layer_rule"]
+
+
+def test_more_config_classes_and_model_level_windows() -> None:
+    g1 = layout_from_config(GEMMA3_1B)  # 4 full (5, 11, 17, 23), 22 sliding
+    assert g1.attention == ((SW, 512),) * 6 + ((FULL, None),)
+    assert g1.layers_per_group == (4, 4, 4, 4, 3, 3, 4)
+    assert g1.num_blocks(8 * GIB, 16) == (8 * GIB) // 16384 // 4 == 131072
+    olmo = layout_from_config(OLMO3_7B)  # OLMo 3's default: every fourth layer full
+    assert olmo.attention == ((SW, 4096),) * 3 + ((FULL, None),)
+    assert olmo.num_blocks(8 * GIB, 16) == 32768 // 8
+    exa = layout_from_config(EXAONE4_32B)
+    assert exa.attention == ((SW, 4096),) * 3 + ((FULL, None),) and exa.group_size == 16
+    assert exa.num_blocks(8 * GIB, 16) == 131072 // 16
+    # not interleaved: CacheConfig.sliding_window on every layer
+    phi = layout_from_config(PHI3_MINI_4K)
+    assert phi.attention == ((SW, 2047),) and phi.num_blocks(8 * GIB, 16) == 43690 // 32
+    assert layout_from_config(STARCODER2_7B).attention == ((SW, 4096),)
+    moe = layout_from_config(QWEN3_30B_A3B_SLIDING)
+    assert moe.attention == ((SW, 4096),) and moe.num_blocks(8 * GIB, 16) == 262144 // 48
+    assert layout_from_config(MIXTRAL_8X7B).attention == ()
+    # qwen2_moe / mixtral code passes no per-layer window: interleaved -> all full
+    mixed = {**MIXTRAL_8X7B, "sliding_window": 4096}
+    mixed["layer_types"] = ["sliding_attention", "full_attention"] * 16
+    assert layout_from_config(mixed).attention == ()
 
 
 def test_group_size_rule_pads_the_last_groups() -> None:
