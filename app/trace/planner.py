@@ -197,6 +197,12 @@ def layout_of(args: argparse.Namespace) -> KVLayout | None:
             disable_sliding_window=getattr(args, "disable_sliding_window", False),
             disable_hybrid_kv_cache_manager=getattr(args, "disable_hybrid_kv_cache_manager", False),
         )
+    for flag in ("disable_sliding_window", "disable_hybrid_kv_cache_manager"):
+        if getattr(args, flag, False):
+            raise ValueError(
+                f"--{flag.replace('_', '-')} acts on a --model-config's layers "
+                "(without one, name the groups: --kv-cache-groups full)"
+            )
     attention = () if groups is None else parse_kv_cache_groups(groups)
     if args.bytes_per_token is not None:
         return flat_bytes(args.bytes_per_token, attention)

@@ -21,6 +21,8 @@ Two steps, as in vLLM:
      ``use_sliding_window`` (default false), and then sliding for layers
      ``i >= max_window_layers`` (28); ``qwen2_moe``, ``qwen3_moe``: the
      window only with ``use_sliding_window``, no ``layer_types``;
+   * any other config with ``use_sliding_window`` false (the Qwen2-VL,
+     Qwen2.5-VL and omni configs by default) has no window;
    * ``mistral``: ``sliding_window`` 4096 when the key is absent; ``mixtral``,
      ``phi3``, ``starcoder2``: none unless given;
    * ``llama4_text`` (the text half of ``llama4``): ``attention_chunk_size``
@@ -201,6 +203,10 @@ def _config_class(cfg: dict[str, Any], mt: str, n: int) -> tuple[list[str] | Non
         name = f"{field} {every}" if field else f"every {every}"
         return types, window, f"{mt}: sliding unless (i + 1) % {every} == 0 ({name})"
     window = _positive(cfg, "sliding_window", _DEFAULT_WINDOW.get(mt))
+    # the Qwen family's other configs (qwen2_vl, qwen2_5_vl, the omni ones)
+    # keep the window only with use_sliding_window, false by default
+    if not cfg.get("use_sliding_window", not mt.startswith(("qwen2", "qwen3"))):
+        window = None
     if given is None:
         for field in ("sliding_window_pattern", "max_window_layers"):
             if cfg.get(field) is not None and window is not None:

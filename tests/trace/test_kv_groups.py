@@ -118,6 +118,16 @@ def test_qwen2_window_only_with_use_sliding_window() -> None:
     # interleaved, and CacheConfig.sliding_window puts the window on every layer
     assert on.attention == ((SW, 4096),) and on.layers_per_group == (28,)
     assert on.num_blocks(8 * GIB, 16) == 9362
+    vl = {
+        **QWEN2_7B,
+        "model_type": "qwen2_5_vl",
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    }
+    assert layout_from_config(vl).attention == ()  # use_sliding_window false: no window
+    vl.pop("use_sliding_window")
+    assert layout_from_config(vl).attention == ()  # and false by default for the family
+    with pytest.raises(ValueError, match="max_window_layers for model_type 'qwen2_5_vl'"):
+        layout_from_config({**vl, "use_sliding_window": True})  # a pattern not known here
     with pytest.raises(ValueError, match="max_window_layers below num_hidden_layers"):
         layout_from_config({**QWEN2_7B_SLIDING, "max_window_layers": 14})
 
@@ -256,6 +266,8 @@ def test_cli_hybrid_model_json_and_flag_errors(
     both = [*base, "--model-config", str(cfg), "--kv-cache-groups", "full"]
     assert main(both) == 2
     assert "--kv-cache-groups is for runs without --model-config" in capsys.readouterr().err
+    assert main([*base, "--bytes-per-token", "64", "--disable-sliding-window"]) == 2
+    assert "--disable-sliding-window acts on a --model-config" in capsys.readouterr().err
     llama4 = tmp_path / "llama4.json"
     llama4.write_text(json.dumps(LLAMA4_SCOUT))
     assert main([*base, "--model-config", str(llama4), "--capacity", "8GiB"]) == 2
