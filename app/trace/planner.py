@@ -21,8 +21,11 @@ from blockpool.trace.capacity import (
     KV_CACHE_DTYPES,
     Capacity,
     KVLayout,
+    block_bytes_of,
     flat_bytes,
+    groups_only,
     parse_capacity_list,
+    parse_kv_cache_groups,
     read_model_config,
 )
 from blockpool.trace.keys import BlockKeys
@@ -76,6 +79,24 @@ def add_planner_args(t: argparse.ArgumentParser) -> None:
         default=1,
         metavar="TP",
         help="GPUs sharing the KV heads (default 1)",
+    )
+    g.add_argument(
+        "--disable-hybrid-kv-cache-manager",
+        action="store_true",
+        help="as vLLM's flag: sliding-window layers beside full ones become full attention",
+    )
+    g.add_argument(
+        "--disable-sliding-window",
+        action="store_true",
+        help="as vLLM's flag: every layer full attention (max_model_len capped at the window)",
+    )
+    g.add_argument(
+        "--kv-cache-groups",
+        default=None,
+        metavar="SPEC",
+        help="the KV-cache groups without a model config: comma list of full and "
+        "sliding:WINDOW, each with an optional xCOUNT (full,sliding:4096x3); with "
+        "--bytes-per-token N, N is a token's bytes in one group",
     )
     g.add_argument(
         "--policies",
@@ -165,11 +186,27 @@ def progress_for(args: argparse.Namespace, stream: TextIO | None = None) -> Prog
 def layout_of(args: argparse.Namespace) -> KVLayout | None:
     if args.model_config and args.bytes_per_token is not None:
         raise ValueError("give --model-config or --bytes-per-token, not both")
+    groups = getattr(args, "kv_cache_groups", None)
     if args.model_config:
-        return read_model_config(args.model_config, args.kv_cache_dtype, args.tensor_parallel_size)
+        if groups is not None:
+            raise ValueError("--kv-cache-groups is for runs without --model-config")
+        return read_model_config(
+            args.model_config,
+            args.kv_cache_dtype,
+            args.tensor_parallel_size,
+            disable_sliding_window=getattr(args, "disable_sliding_window", False),
+            disable_hybrid_kv_cache_manager=getattr(args, "disable_hybrid_kv_cache_manager", False),
+        )
+    for flag in ("disable_sliding_window", "disable_hybrid_kv_cache_manager"):
+        if getattr(args, flag, False):
+            raise ValueError(
+                f"--{flag.replace('_', '-')} acts on a --model-config's layers "
+                "(without one, name the groups: --kv-cache-groups full)"
+            )
+    attention = () if groups is None else parse_kv_cache_groups(groups)
     if args.bytes_per_token is not None:
-        return flat_bytes(args.bytes_per_token)
-    return None
+        return flat_bytes(args.bytes_per_token, attention)
+    return None if groups is None else groups_only(attention)
 
 
 def capacities_of(
@@ -177,16 +214,17 @@ def capacities_of(
 ) -> list[Capacity]:
     """``--capacity`` and the older ``--capacity-tokens`` / ``--capacity-blocks``."""
     bs = args.block_size
-    bb = None if layout is None else layout.block_bytes(bs)
+    bb = block_bytes_of(layout, bs)
+    ng = 1 if layout is None else layout.num_groups
     caps = [] if args.capacity is None else parse_capacity_list(args.capacity, bs, layout)
     for tokens in legacy:
         if tokens is None:
-            caps.append(Capacity("inf", None, bs, bb))
+            caps.append(Capacity("inf", None, bs, bb, ng))
         else:
             if tokens // bs < 1:
                 raise ValueError(f"{tokens} tokens hold no block of {bs} tokens")
-            caps.append(Capacity(str(tokens), tokens // bs, bs, bb))
-    return caps or [Capacity("inf", None, bs, bb)]
+            caps.append(Capacity(str(tokens), tokens // bs * ng, bs, bb, ng))
+    return caps or [Capacity("inf", None, bs, bb, ng)]
 
 
 def sweep_capacities(
@@ -198,10 +236,10 @@ def sweep_capacities(
         lo, hi = max(2, finite[0]), finite[-1]
     else:
         lo, hi = sweep_range(trace, bs, optimal)
-    bb = caps[0].block_bytes
+    bb, ng = caps[0].block_bytes, caps[0].groups
     grid = log_grid(lo, hi, args.sweep_points)
     have = {c.blocks for c in caps}
-    out = list(caps) + [Capacity(f"{b}b", b, bs, bb) for b in grid if b not in have]
+    out = list(caps) + [Capacity(f"{b}b", b, bs, bb, ng) for b in grid if b not in have]
     out.sort(key=lambda c: float("inf") if c.blocks is None else c.blocks)
     return out
 
@@ -229,7 +267,7 @@ class Plan:
         if self.layout is not None:
             out["kv_layout"] = {
                 **self.layout.to_json(),
-                "block_bytes": self.layout.block_bytes(block_size),
+                "block_bytes": block_bytes_of(self.layout, block_size),
             }
         if self.target is not None:
             out["target"] = target_json(self.target, block_size, self.layout)
@@ -251,12 +289,18 @@ def parse_policies(text: str, mode: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _usable(blocks: int, bs: int, layout: KVLayout | None) -> int:
+    """Tokens every KV-cache group can hold in ``blocks`` (the null block left out)."""
+    return (blocks - 1) // (1 if layout is None else layout.num_groups) * bs
+
+
 def target_json(t: TargetAnswer, bs: int, layout: KVLayout | None) -> dict[str, Any]:
     def size(b: int | None) -> dict[str, Any] | None:
         if b is None:
             return None
-        bb = None if layout is None else layout.block_bytes(bs)
-        return {"blocks": b, "usable_tokens": (b - 1) * bs, "bytes": None if bb is None else b * bb}
+        bb = block_bytes_of(layout, bs)
+        used = None if bb is None else b * bb
+        return {"blocks": b, "usable_tokens": _usable(b, bs, layout), "bytes": used}
 
     return {
         "hit_rate": t.target,
@@ -273,6 +317,7 @@ def annotate(results: list[CapacityResult], caps: list[Capacity]) -> None:
         r.extra["usable_blocks"] = c.usable_blocks
         r.extra["usable_tokens"] = c.usable_tokens
         r.extra["bytes"] = c.bytes
+        r.extra["kv_cache_tokens"] = c.kv_cache_tokens
 
 
 def run_policies(
@@ -325,7 +370,11 @@ def columns(results: list[CapacityResult], plan: Plan | None) -> list[tuple[str,
         ("usable (tokens)", "usable_tokens", lambda r: r.extra.get("usable_tokens")),
         ("blocks (num_gpu_blocks)", "blocks", lambda r: r.blocks),
     ]
-    if plan is not None and plan.layout is not None:
+    if plan is not None and plan.layout is not None and plan.layout.num_groups > 1:
+        cols.append(
+            ("vLLM KV cache (tokens)", "kv_cache_tokens", lambda r: r.extra.get("kv_cache_tokens"))
+        )
+    if plan is not None and block_bytes_of(plan.layout, 16) is not None:
         cols.append(("memory (GiB)", "memory_bytes", lambda r: r.extra.get("bytes")))
     cols.append(("asked", "capacity", lambda r: r.extra.get("capacity", _num(r.capacity_tokens))))
     cols += [
@@ -409,9 +458,10 @@ def target_lines(plan: Plan, block_size: int) -> list[str]:
     def say(b: int | None) -> str:
         if b is None:
             return "not reached"
-        s = f"{b:,} blocks = {(b - 1) * block_size:,} usable tokens"
-        if layout is not None:
-            s += f" = {b * layout.block_bytes(block_size) / GIB:.2f} GiB per GPU"
+        s = f"{b:,} blocks = {_usable(b, block_size, layout):,} usable tokens"
+        bb = block_bytes_of(layout, block_size)
+        if bb is not None:
+            s += f" = {b * bb / GIB:.2f} GiB per GPU"
         return s
 
     if t.lru_blocks is None and t.optimal_blocks is None:

@@ -49,15 +49,15 @@ QWEN3_06B = {
 }
 
 
-def write_hf_cache(home: Path) -> None:
-    """An offline hub cache with Qwen3-0.6B's config.json (no weights)."""
+def write_hf_cache(home: Path, repo: str = MODEL, config: dict[str, Any] = QWEN3_06B) -> None:
+    """An offline hub cache with Qwen3-0.6B's config.json (or ``repo``'s ``config``)."""
     rev = "0" * 40
-    base = home / "hub" / ("models--" + MODEL.replace("/", "--"))
+    base = home / "hub" / ("models--" + repo.replace("/", "--"))
     (base / "refs").mkdir(parents=True, exist_ok=True)
     (base / "refs" / "main").write_text(rev)
     snap = base / "snapshots" / rev
     snap.mkdir(parents=True, exist_ok=True)
-    (snap / "config.json").write_text(json.dumps(QWEN3_06B))
+    (snap / "config.json").write_text(json.dumps(config))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

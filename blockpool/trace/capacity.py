@@ -1,31 +1,49 @@
 """Pool sizes in memory: bytes, a model's KV layout, and vLLM's block count.
 
 vLLM 0.16.0 sizes its pool from a byte budget per GPU in
-``vllm/v1/core/kv_cache_utils.py``: ``get_kv_cache_config_from_groups`` puts
-every full-attention layer of a uniform model in one KV cache group and
-calls ``get_num_blocks``, which computes::
+``vllm/v1/core/kv_cache_utils.py`` (line numbers of the 0.16.0 wheel):
+``get_kv_cache_config_from_groups`` (l. 1069) takes ``group_size =
+max(len(group.layer_names) for group in kv_cache_groups)`` (l. 1122; a
+uniform model is one group of all its layers) and calls ``get_num_blocks``
+(l. 829), which computes (l. 841)::
 
-    num_blocks = int(available_memory // page_size // num_layers)
+    num_blocks = int(available_memory // page_size // group_size)
 
 with ``page_size`` the bytes of one block of one layer
 (``vllm/v1/kv_cache_interface.py``): ``AttentionSpec.real_page_size_bytes``
-``= 2 * block_size * num_kv_heads * head_size * dtype_size`` (K and V);
-``MLAAttentionSpec.real_page_size_bytes`` ``= block_size * 1 * (kv_lora_rank
-+ qk_rope_head_dim) * dtype_size`` (one latent vector per token, no separate
-V).  ``num_kv_heads`` is per GPU: ``ModelConfig.get_num_kv_heads`` gives
+(l. 80) ``= 2 * block_size * num_kv_heads * head_size * dtype_size`` (K and
+V; ``FullAttentionSpec``'s, l. 181, is the same with ``head_size_v =
+head_size``); ``MLAAttentionSpec.real_page_size_bytes`` (l. 196) ``=
+block_size * 1 * (kv_lora_rank + qk_rope_head_dim) * dtype_size`` (one
+latent vector per token, no separate V).  ``num_kv_heads`` is per GPU:
+``ModelConfig.get_num_kv_heads`` (``config/model.py`` l. 1146) gives
 ``max(1, total_kv_heads // tensor_parallel_size)``, and 1 under MLA (the
-latent cache is replicated on every rank).  ``num_blocks`` counts the null
-block, so a pool holds ``(num_blocks - 1) * block_size`` usable tokens.
+latent cache is replicated on every rank).  The dtype under ``auto`` is the
+model's, a float32 checkpoint downcast to 16 bits (``_resolve_auto_dtype``,
+l. 1805).  ``num_blocks`` counts the null block.
+
+Several groups (sliding windows): :mod:`blockpool.trace.hf_layers` derives
+each layer's attention from the config as vLLM 0.16.0 builds it, and
+:mod:`blockpool.trace.kv_groups` groups the layers as ``get_kv_cache_groups``
+(l. 1210) does, with ``_get_kv_cache_groups_uniform_page_size``'s
+``group_size`` rule (l. 1034-1042) and the hybrid manager off through
+``unify_hybrid_kv_cache_specs`` (l. 1148).  A block of the shared pool is
+then ``group_size`` pages (one layer of each group per tensor, padding layers
+included): :meth:`KVLayout.block_bytes`; every group draws its blocks from
+the same ``num_blocks``.  vLLM logs the pool as "GPU KV cache size: N tokens"
+with ``N = num_blocks // len(kv_cache_groups) * min_block_size``
+(``_report_kv_cache_config``, l. 1290-1294): :meth:`KVLayout.kv_cache_tokens`;
+``usable_tokens`` is the same of ``num_blocks - 1`` (the null block out).
+``bytes_per_token`` is what a token costs when every group holds it: ``page
+/ block_size * group_size * groups``.
 
 A capacity given in bytes is that budget per GPU (vLLM's
 ``--kv-cache-memory-bytes``).  With ``--bytes-per-token N`` instead of a
-model, a block is ``N * block_size`` bytes and ``num_blocks = bytes // (N *
-block_size)``.
-
-Sliding-window layers change the pool (vLLM's hybrid allocator splits the
-layers into groups that share the blocks, and a sliding-window group frees
-blocks outside its window): a config where a window applies to some layer
-is refused with the reason, since the replay models one full-attention group.
+model, a block is ``N * block_size`` bytes (N: a token in one group,
+``--kv-cache-groups`` naming the groups) and ``num_blocks = bytes // (N *
+block_size)``.  A token capacity is ``num_blocks = tokens // block_size``,
+times the number of groups when there are several (the inverse of vLLM's
+logged figure).
 """
 
 from __future__ import annotations
@@ -33,11 +51,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from blockpool.core.attention import FULL_ATTENTION, AttentionKind, GroupSpec
+from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, AttentionKind, GroupSpec
+from blockpool.trace.hf_layers import layer_attention
+from blockpool.trace.kv_groups import kv_cache_groups
 
 # decimal and binary units (case-insensitive); a bare number is tokens
 _UNITS = {
@@ -70,7 +90,10 @@ KV_CACHE_DTYPES = {
     "int8": 1,
     "fp8_inc": 1,
 }
-_MODEL_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float": 4, "half": 2}
+# the model's dtype under --dtype auto: vLLM runs a float32 checkpoint in the
+# GPU's preferred 16-bit type (config/model.py, _resolve_auto_dtype: "Downcast
+# for float32 models"), so its KV cache is 2 bytes an element too
+_MODEL_DTYPES = {"float32": 2, "float16": 2, "bfloat16": 2, "float": 2, "half": 2}
 _MLA_TYPES = {
     "deepseek_v2",
     "deepseek_v3",
@@ -116,6 +139,11 @@ class KVLayout:
     # vLLM's KV-cache groups, (kind, sliding window) each; () is one
     # full-attention group (a uniform model)
     attention: tuple[tuple[AttentionKind, int | None], ...] = ()
+    layers_per_group: tuple[int, ...] = ()  # one count a group; () = all layers in one
+    rule: str = ""  # how each layer's attention was derived
+    max_model_len: int | None = None  # vLLM's default for the config (None: no config)
+    hybrid_manager: bool = True  # False: --disable-hybrid-kv-cache-manager
+    sized: bool = True  # False: groups without bytes (token capacities only)
 
     def group_specs(self, block_size: int) -> list[GroupSpec]:
         """The pool's KV-cache groups at ``block_size``."""
@@ -124,38 +152,119 @@ class KVLayout:
         return [GroupSpec(kind, block_size, window) for kind, window in self.attention]
 
     @property
+    def num_groups(self) -> int:
+        return max(1, len(self.attention))
+
+    @property
+    def group_size(self) -> int:
+        """Layers in a group, padding included (vLLM's ``group_size``)."""
+        return max(self.layers_per_group) if self.layers_per_group else self.num_layers
+
+    @property
     def page_bytes(self) -> int:
         """Bytes of one block of one layer, per token (vLLM's page size / block size)."""
         return self.vectors * self.num_kv_heads * self.head_size * self.dtype_bytes
 
     @property
     def bytes_per_token(self) -> int:
-        return self.page_bytes * self.num_layers
+        """A token held by every group: one page share per layer of each group."""
+        return self.page_bytes * self.group_size * self.num_groups
 
     def num_blocks(self, budget_bytes: int, block_size: int) -> int:
-        """vLLM's ``get_num_blocks``: ``budget // page_size // num_layers``."""
-        return int(budget_bytes // (self.page_bytes * block_size) // self.num_layers)
+        """vLLM's ``get_num_blocks``: ``budget // page_size // group_size``."""
+        if not self.sized:
+            raise ValueError(
+                "a capacity in bytes needs --model-config config.json or --bytes-per-token N"
+            )
+        return int(budget_bytes // (self.page_bytes * block_size) // self.group_size)
 
     def block_bytes(self, block_size: int) -> int:
-        return self.page_bytes * block_size * self.num_layers
+        """One block of the shared pool: a page in each of ``group_size`` tensors."""
+        return self.page_bytes * block_size * self.group_size
+
+    def kv_cache_tokens(self, num_blocks: int, block_size: int) -> int:
+        """vLLM's "GPU KV cache size: N tokens" (``_report_kv_cache_config``)."""
+        return num_blocks // self.num_groups * block_size
 
     def to_json(self) -> dict[str, Any]:
+        counts = self.layers_per_group or (self.num_layers,)
+        groups = self.attention or ((FULL_ATTENTION, None),)
         return {
             "num_layers": self.num_layers,
             "num_kv_heads_per_gpu": self.num_kv_heads,
             "head_size": self.head_size,
             "dtype_bytes": self.dtype_bytes,
             "mla": self.mla,
-            "bytes_per_token": self.bytes_per_token,
+            "bytes_per_token": self.bytes_per_token if self.sized else None,
             "source": self.source,
+            "kv_cache_groups": [
+                {"attention": kind, "sliding_window": window, "layers": n}
+                for (kind, window), n in zip(groups, counts, strict=True)
+            ],
+            "num_groups": self.num_groups,
+            "group_size": self.group_size,
+            "layer_rule": self.rule,
+            "hybrid_kv_cache_manager": self.hybrid_manager,
+            "max_model_len": self.max_model_len,
         }
 
 
-def flat_bytes(bytes_per_token: int) -> KVLayout:
-    """``--bytes-per-token N``: one layer of ``N`` bytes a token."""
+def block_bytes_of(layout: KVLayout | None, block_size: int) -> int | None:
+    """Bytes of one block, None without a layout that has bytes."""
+    if layout is None or not layout.sized:
+        return None
+    return layout.block_bytes(block_size)
+
+
+_GROUP = re.compile(r"^(full|sliding:([0-9]+))(?:x([0-9]+))?$")
+
+
+def parse_kv_cache_groups(text: str) -> tuple[tuple[AttentionKind, int | None], ...]:
+    """``--kv-cache-groups full,sliding:4096x5``: each group's attention, in order.
+
+    ``full`` is a full-attention group, ``sliding:W`` one with a window of W
+    tokens; ``xN`` repeats it N times.  One full group alone is ``()``.
+    """
+    out: list[tuple[AttentionKind, int | None]] = []
+    for part in text.split(","):
+        p = part.strip().lower()
+        m = _GROUP.match(p)
+        if m is None:
+            raise ValueError(
+                f"--kv-cache-groups: {part.strip()!r} is not a group (full, sliding:WINDOW, "
+                "either with xCOUNT: full,sliding:4096x3)"
+            )
+        window = None if m.group(2) is None else int(m.group(2))
+        count = 1 if m.group(3) is None else int(m.group(3))
+        if window == 0 or count < 1 or count > 1024:
+            raise ValueError(f"--kv-cache-groups: {part.strip()!r}: a window and a count are 1+")
+        kind: AttentionKind = FULL_ATTENTION if window is None else SLIDING_WINDOW
+        out += [(kind, window)] * count
+    if len(out) > 1024:
+        raise ValueError("--kv-cache-groups: more than 1024 groups")
+    return () if out == [(FULL_ATTENTION, None)] else tuple(out)
+
+
+def flat_bytes(
+    bytes_per_token: int, attention: tuple[tuple[AttentionKind, int | None], ...] = ()
+) -> KVLayout:
+    """``--bytes-per-token N``: ``N`` bytes a token in each group (``--kv-cache-groups``)."""
     if bytes_per_token < 1:
         raise ValueError(f"--bytes-per-token must be positive, got {bytes_per_token}")
-    return KVLayout(1, 1, bytes_per_token, 1, source="--bytes-per-token", vectors=1)
+    counts = (1,) * len(attention) if attention else ()
+    return KVLayout(
+        1, 1, bytes_per_token, 1, source="--bytes-per-token", vectors=1, attention=attention,
+        layers_per_group=counts,
+    )  # fmt: skip
+
+
+def groups_only(attention: tuple[tuple[AttentionKind, int | None], ...]) -> KVLayout:
+    """``--kv-cache-groups`` alone: the groups, no bytes (token capacities only)."""
+    counts = (1,) * len(attention) if attention else ()
+    return KVLayout(
+        1, 1, 0, 1, source="--kv-cache-groups", vectors=1, attention=attention,
+        layers_per_group=counts, sized=False,
+    )  # fmt: skip
 
 
 def _int_field(cfg: dict[str, Any], names: tuple[str, ...]) -> int | None:
@@ -168,43 +277,41 @@ def _int_field(cfg: dict[str, Any], names: tuple[str, ...]) -> int | None:
     return None
 
 
-def _sliding_layers(cfg: dict[str, Any]) -> str | None:
-    """Why a sliding window changes this model's pool (None: it does not)."""
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and any("sliding" in str(t) for t in types):
-        n = sum(1 for t in types if "sliding" in str(t))
-        return f"{n} of {len(types)} layers use sliding-window attention (layer_types)"
-    window = cfg.get("sliding_window")
-    if window is None or cfg.get("use_sliding_window") is False:
-        return None
-    if cfg.get("sliding_window_pattern") or cfg.get("max_window_layers") is not None:
-        if cfg.get("use_sliding_window", True):
-            return f"sliding_window {window} on some layers (hybrid pattern)"
-        return None
-    return f"sliding_window {window} on every layer"
-
-
 def layout_from_config(
     cfg: dict[str, Any],
     kv_cache_dtype: str = "auto",
     tensor_parallel_size: int = 1,
     source: str = "",
+    *,
+    disable_sliding_window: bool = False,
+    disable_hybrid_kv_cache_manager: bool = False,
 ) -> KVLayout:
     """The KV layout vLLM 0.16 derives from a Hugging Face ``config.json``."""
     if tensor_parallel_size < 1:
         raise ValueError(f"--tensor-parallel-size must be positive, got {tensor_parallel_size}")
+    top = cfg
     text = cfg.get("text_config")
     if isinstance(text, dict):
         cfg = {**text, "torch_dtype": text.get("torch_dtype") or cfg.get("torch_dtype")}
-    why = _sliding_layers(cfg)
-    if why is not None:
-        raise ValueError(
-            f"model config: {why}; vLLM then splits the pool between attention groups, which "
-            "this replay does not model (give --bytes-per-token to size a full-attention pool)"
-        )
     layers = _int_field(cfg, ("num_hidden_layers", "n_layer", "num_layers", "n_layers"))
     if layers is None:
         raise ValueError("model config: no num_hidden_layers")
+    if layers > 4096:
+        raise ValueError(f"model config: num_hidden_layers {layers} is over 4096")
+    per_layer = layer_attention(cfg, top, layers, disable_sliding_window=disable_sliding_window)
+    grouped = kv_cache_groups(per_layer.layers, disable_hybrid=disable_hybrid_kv_cache_manager)
+    one = len(grouped.attention) == 1 and grouped.attention[0][0] == FULL_ATTENTION
+
+    def with_groups(base: KVLayout) -> KVLayout:
+        return replace(
+            base,
+            attention=() if one else grouped.attention,
+            layers_per_group=() if one else tuple(len(g) for g in grouped.layers),
+            rule=per_layer.rule,
+            max_model_len=per_layer.max_model_len,
+            hybrid_manager=not disable_hybrid_kv_cache_manager,
+        )
+
     heads = _int_field(cfg, ("num_attention_heads", "n_head", "num_heads"))
     mla = cfg.get("model_type") in _MLA_TYPES and cfg.get("kv_lora_rank") is not None
     if kv_cache_dtype == "auto":
@@ -218,11 +325,13 @@ def layout_from_config(
         known = ", ".join(["auto", *KV_CACHE_DTYPES])
         raise ValueError(f"unknown --kv-cache-dtype {kv_cache_dtype!r} (known: {known})")
     if mla:
+        if not one:
+            raise ValueError("model config: MLA with a sliding window (vLLM refuses it)")
         rank = _int_field(cfg, ("kv_lora_rank",))
         rope = cfg.get("qk_rope_head_dim") or 0
         assert rank is not None
-        return KVLayout(
-            layers, 1, rank + int(rope), dtype_bytes, mla=True, source=source, vectors=1
+        return with_groups(
+            KVLayout(layers, 1, rank + int(rope), dtype_bytes, mla=True, source=source, vectors=1)
         )
     head_size = _int_field(cfg, ("head_dim", "hidden_size_per_head"))
     if head_size is None:
@@ -236,13 +345,16 @@ def layout_from_config(
         if heads is None:
             raise ValueError("model config: no num_key_value_heads nor num_attention_heads")
         kv = heads
-    return KVLayout(
-        layers, max(1, kv // tensor_parallel_size), head_size, dtype_bytes, source=source
+    return with_groups(
+        KVLayout(layers, max(1, kv // tensor_parallel_size), head_size, dtype_bytes, source=source)
     )
 
 
 def read_model_config(
-    path: str | Path, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1
+    path: str | Path,
+    kv_cache_dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+    **flags: bool,
 ) -> KVLayout:
     """:func:`layout_from_config` of a ``config.json`` file (ValueError when bad)."""
     p = Path(path)
@@ -256,7 +368,7 @@ def read_model_config(
         raise ValueError(f"{p}: not JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{p}: a model config is a JSON object")
-    return layout_from_config(cfg, kv_cache_dtype, tensor_parallel_size, source=str(p))
+    return layout_from_config(cfg, kv_cache_dtype, tensor_parallel_size, str(p), **flags)
 
 
 @dataclass(frozen=True)
@@ -267,6 +379,7 @@ class Capacity:
     blocks: int | None  # vLLM's num_gpu_blocks (null block included); None = unbounded
     block_size: int
     block_bytes: int | None = None  # bytes of one block on one GPU (None: no layout)
+    groups: int = 1  # KV-cache groups sharing the blocks
 
     @property
     def usable_blocks(self) -> int | None:
@@ -274,7 +387,15 @@ class Capacity:
 
     @property
     def usable_tokens(self) -> int | None:
-        return None if self.blocks is None else (self.blocks - 1) * self.block_size
+        """Tokens every group can hold at once (the null block left out)."""
+        if self.blocks is None:
+            return None
+        return (self.blocks - 1) // self.groups * self.block_size
+
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        """vLLM's logged "GPU KV cache size" (``num_blocks // groups * block_size``)."""
+        return None if self.blocks is None else self.blocks // self.groups * self.block_size
 
     @property
     def capacity_tokens(self) -> int | None:
@@ -293,17 +414,18 @@ def parse_capacity_list(
 ) -> list[Capacity]:
     """``"8GiB,16GiB,inf"`` (bytes need ``layout``), or tokens / blocks by ``unit``."""
     out: list[Capacity] = []
-    bb = None if layout is None else layout.block_bytes(block_size)
+    bb = block_bytes_of(layout, block_size)
+    groups = 1 if layout is None else layout.num_groups
     for part in text.split(","):
         p = part.strip()
         if not p:
             continue
         if p.lower() in ("inf", "infinity", "unbounded"):
-            out.append(Capacity("inf", None, block_size, bb))
+            out.append(Capacity("inf", None, block_size, bb, groups))
             continue
         size = parse_bytes(p)
         if size is not None:
-            if layout is None:
+            if layout is None or not layout.sized:
                 raise ValueError(
                     f"capacity {p!r} is in bytes: give --model-config config.json or "
                     "--bytes-per-token N"
@@ -316,10 +438,10 @@ def parse_capacity_list(
                 raise ValueError(f"not a capacity: {p!r}") from None
             if not math.isfinite(v) or v != int(v) or v < 1:
                 raise ValueError(f"a capacity must be a positive integer or 'inf', got {p!r}")
-            blocks = int(v) if unit == "blocks" else int(v) // block_size
+            blocks = int(v) if unit == "blocks" else int(v) // block_size * groups
         if blocks < 1:
             raise ValueError(f"capacity {p!r} holds no block of {block_size} tokens")
-        out.append(Capacity(p, blocks, block_size, bb))
+        out.append(Capacity(p, blocks, block_size, bb, groups))
     if not out:
         raise ValueError("no capacity given")
     return out

@@ -79,16 +79,26 @@ def test_mla_is_one_latent_vector_a_token_on_every_rank() -> None:
     assert layout.bytes_per_token == 576 * 2 * 61
 
 
-def test_sliding_window_and_bad_configs_are_refused() -> None:
+def test_sliding_windows_give_groups_and_bad_configs_are_refused() -> None:
     mistral = {**LLAMA_8B, "model_type": "mistral", "sliding_window": 4096}
-    with pytest.raises(ValueError, match="sliding_window 4096 on every layer"):
-        layout_from_config(mistral)
-    gemma = {**LLAMA_8B, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
-    with pytest.raises(ValueError, match="5 of 6 layers"):
-        layout_from_config(gemma)
+    one = layout_from_config(mistral)
+    assert one.attention == (("sliding_window", 4096),) and one.layers_per_group == (32,)
+    assert one.num_blocks(8 << 30, 16) == 4096  # one group of 32 layers, as full attention
+    # 5 sliding layers to 1 full: group_size 1 (the fewest), 5 sliding groups
+    gemma = {
+        **LLAMA_8B,
+        "num_hidden_layers": 6,
+        "sliding_window": 512,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+    }
+    six = layout_from_config(gemma)
+    assert six.attention == (("sliding_window", 512),) * 5 + (("full_attention", None),)
+    assert six.group_size == 1 and six.num_blocks(8 << 30, 16) == (8 << 30) // 65536
     # Qwen2 style: a window named but switched off changes nothing
     qwen = {**LLAMA_8B, "sliding_window": 32768, "use_sliding_window": False}
     assert layout_from_config(qwen).bytes_per_token == 131072
+    qwen["model_type"] = "qwen2"
+    assert layout_from_config(qwen).attention == ()
     with pytest.raises(ValueError, match="num_hidden_layers"):
         layout_from_config({"num_attention_heads": 4})
     with pytest.raises(ValueError, match="positive integer"):
