@@ -17,7 +17,8 @@ from app.core.settings import Settings
 from app.pool.engine import Engine, TickData
 from blockpool import BlockStored, KVEventBatch
 from blockpool.kvevents.config import KVEventsConfig
-from blockpool.kvevents.publisher import PUBLISHER_HELP, KVEventPublisher
+from blockpool.kvevents.publisher import KVEventPublisher
+from blockpool.kvevents.publisher_counts import PUBLISHER_HELP
 from tests.kvevents.helpers import (
     END_SEQ,
     VllmSubscriber,
