@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from blockpool.core.events import BlockStored
 from blockpool.kvevents.extra import (
     EXTRA_MAX_ITEMS,
     GROUP_FIELDS,
@@ -25,15 +26,7 @@ _TAG_KEYS = ("type", "event_type", "kind", "tag")
 _STORED = "blockstored"
 _REMOVED = "blockremoved"
 _CLEARED = "allblockscleared"
-_STORED_FIELDS = (
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-)
+_STORED_FIELDS: tuple[str, ...] = BlockStored.__struct_fields__  # vLLM 0.16's positional order
 _STORED_MAP_FIELDS = _STORED_FIELDS + GROUP_FIELDS
 _REMOVED_FIELDS = ("block_hashes", "medium")
 _REMOVED_MAP_FIELDS = (*_REMOVED_FIELDS, "group_idx")
