@@ -148,7 +148,8 @@ def _add_kv_event_publisher(app: FastAPI, engine: Engine, settings: Settings) ->
     """Publish the engine's KV events over ZMQ as vLLM does (started and
     stopped with the app; its counters under ``blockpool_kvevents_*``)."""
     from app.core.figures import Figures
-    from blockpool.kvevents.publisher import PUBLISHER_HELP, KVEventPublisher
+    from blockpool.kvevents.publisher import KVEventPublisher
+    from blockpool.kvevents.publisher_counts import PUBLISHER_HELP
 
     publisher = KVEventPublisher(settings.kv_events_config())
     app.state.kv_publisher = publisher

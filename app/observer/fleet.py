@@ -14,7 +14,7 @@ from typing import Any
 import zmq.asyncio
 
 from app.observer.source import Source
-from blockpool.kvevents.decode import Hash, hash_hex
+from blockpool.kvevents.hashes import Hash, hash_hex
 
 CANNOT_KNOW = (
     "block ids: events name content (hashes), never the physical block that holds it",

@@ -15,8 +15,8 @@ from app.observer.auth import Auth
 from app.observer.fleet import CANNOT_KNOW, Fleet
 from app.observer.hub import FleetHub
 from app.observer.source import Source
-from blockpool.kvevents.decode import Hash, hash_hex, parse_hash
 from blockpool.kvevents.event_json import event_json
+from blockpool.kvevents.hashes import Hash, hash_hex, parse_hash
 from blockpool.kvevents.state import entry_json
 from blockpool.runtime.prefix_tree import breadth_first
 

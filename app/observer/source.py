@@ -22,8 +22,9 @@ from app.core.tasks import cancel_and_wait
 from app.observer.source_health import source_health
 from app.observer.source_sockets import SourceSockets
 from blockpool.kvevents.config import SourceSpec
-from blockpool.kvevents.decode import MAX_BATCH_BYTES, ClearedEvent, DecodeError, decode_batch
+from blockpool.kvevents.decode import MAX_BATCH_BYTES, DecodeError, decode_batch
 from blockpool.kvevents.event_json import EventItem
+from blockpool.kvevents.observed import ClearedEvent
 from blockpool.kvevents.poison import PoisonCounter
 from blockpool.kvevents.state import InstanceState
 from blockpool.kvevents.tracker import SeqTracker

@@ -29,29 +29,23 @@ cache spec: read into ``group`` / ``spec_kind`` / ``sliding_window``.  Its
 other new fields are kept in ``extra``; fields no release we know sends are
 kept too and counted (``ObservedBatch.unknown_fields``).  What was refused or cut is counted
 per kind in ``DecodeError.kind`` / ``ObservedBatch.issues``.
+
+The decoded forms are in ``observed.py``, one event's reading in
+``event_reader.py``, the hash forms in ``hashes.py``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
-from blockpool.kvevents.extra import (
-    EXTRA_MAX_ITEMS,
-    GROUP_FIELDS,
-    KNOWN_KEPT,
-    Tally,
-    field_name,
-    safe,
-)
+from blockpool.kvevents.event_reader import BadNumber, read_event
+from blockpool.kvevents.extra import Tally
+from blockpool.kvevents.observed import Encoding, ObservedBatch, ObservedEvent
 
-MASK64 = (1 << 64) - 1
-Hash = int | bytes
-Encoding = Literal["positional", "map"]
 MAX_BATCH_BYTES = 32 * 1024 * 1024  # the default refusal size of one payload
-MAX_GROUP_IDX = 255  # KV-cache groups per model (vLLM has a handful)
 
 
 class DecodeError(ValueError):
@@ -61,227 +55,6 @@ class DecodeError(ValueError):
     def __init__(self, message: str, kind: str = "not_a_batch") -> None:
         super().__init__(message)
         self.kind = kind
-
-
-class StoredEvent(msgspec.Struct, gc=False):
-    hashes: list[Hash]
-    parent: Hash | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    extra: dict[str, Any] | None = None
-    group: int | None = None  # group_idx (None: the publisher has no groups)
-    spec_kind: str | None = None  # kv_cache_spec_kind, e.g. "full_attention"
-    sliding_window: int | None = None  # kv_cache_spec_sliding_window
-
-
-class RemovedEvent(msgspec.Struct, gc=False):
-    hashes: list[Hash]
-    medium: str | None = None
-    extra: dict[str, Any] | None = None
-    group: int | None = None
-
-
-class ClearedEvent(msgspec.Struct, gc=False):
-    medium: str | None = None
-    extra: dict[str, Any] | None = None
-
-
-ObservedEvent = StoredEvent | RemovedEvent | ClearedEvent
-
-
-class ObservedBatch(msgspec.Struct, gc=False):
-    ts: float
-    events: list[ObservedEvent]
-    data_parallel_rank: int | None
-    encoding: Encoding
-    unknown: int = 0  # events of a type we do not know (skipped)
-    malformed: int = 0  # events we could not read (skipped)
-    # poison found in the batch, by kind: malformed_event, bad_number (a
-    # skipped event), non_finite_ts (ts then 0.0), extra_cut (extra trimmed)
-    issues: dict[str, int] | None = None
-    unknown_fields: dict[str, int] | None = None  # field name -> times seen (kept)
-
-
-_STORED = "blockstored"
-_REMOVED = "blockremoved"
-_CLEARED = "allblockscleared"
-_STORED_FIELDS = (
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-)
-_STORED_MAP_FIELDS = _STORED_FIELDS + GROUP_FIELDS
-_REMOVED_FIELDS = ("block_hashes", "medium")
-_REMOVED_MAP_FIELDS = (*_REMOVED_FIELDS, "group_idx")
-_CLEARED_FIELDS: tuple[str, ...] = ()
-_ALIASES = {
-    "hashes": "block_hashes",
-    "parent_hash": "parent_block_hash",
-    "tokens": "token_ids",
-    "token_id": "token_ids",
-}
-_TAG_KEYS = ("type", "event_type", "kind", "tag")
-
-
-def _tag(value: Any) -> str:
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if not isinstance(value, str):
-        raise TypeError("event tag is not a string")
-    return "".join(ch for ch in value.lower() if ch.isalnum())
-
-
-def norm_hash(value: Any) -> Hash:
-    """An event hash as the observer keys it: unsigned 64-bit int or bytes."""
-    if isinstance(value, bool):
-        raise TypeError("a hash cannot be a bool")
-    if isinstance(value, int):
-        return value & MASK64
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    if isinstance(value, str):
-        text = value.strip().lower().removeprefix("0x")
-        if text and all(c in "0123456789abcdef" for c in text):
-            if len(text) <= 16:
-                return int(text, 16)
-            return bytes.fromhex(text if len(text) % 2 == 0 else "0" + text)
-        raise ValueError(f"a text hash must be hex, not {value[:40]!r}")
-    raise TypeError(f"a hash cannot be a {type(value).__name__}")
-
-
-def _hashes(value: Any) -> list[Hash]:
-    if isinstance(value, list | tuple):
-        return [norm_hash(v) for v in value]
-    if value is None:
-        return []
-    return [norm_hash(value)]
-
-
-class BadNumber(ValueError):
-    """A number that cannot be what the field holds (inf, NaN, a fraction)."""
-
-
-def _token(value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float):
-        if math.isfinite(value) and value.is_integer():
-            return int(value)
-        raise BadNumber(f"token id {value!r} is not an integer")
-    raise TypeError("a token id is not a number")
-
-
-def _opt_int(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError("expected an int")
-    return value
-
-
-def _short_str(value: Any) -> str | None:
-    text = _opt_str(value)
-    return None if text is None else text[:64]
-
-
-def _opt_str(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
-def _fields(
-    raw: Any, names: tuple[str, ...], tally: Tally, map_names: tuple[str, ...] = ()
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(known fields by name, extra fields) of a positional or map event."""
-    if isinstance(raw, dict):
-        known: dict[str, Any] = {}
-        extra: dict[str, Any] = {}
-        wanted = map_names or names
-        for k, v in raw.items():
-            key = k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
-            if key in _TAG_KEYS:
-                continue
-            key = _ALIASES.get(key, key)
-            if key in wanted:
-                known[key] = v
-                continue
-            if key not in KNOWN_KEPT:
-                tally.unknown(field_name(key))
-            if len(extra) < EXTRA_MAX_ITEMS:
-                extra[field_name(key)] = safe(v, tally)
-            else:
-                tally.cut += 1
-        return known, extra or None
-    values = list(raw[1:])
-    known = dict(zip(names, values, strict=False))
-    rest = values[len(names) :]
-    if rest:
-        tally.unknown("positional", len(rest))
-    return known, ({"positional": safe(rest, tally)} if rest else None)
-
-
-def _group(value: Any) -> int | None:
-    group = _opt_int(value)
-    if group is not None and not 0 <= group <= MAX_GROUP_IDX:
-        raise BadNumber(f"group_idx {group} is outside 0..{MAX_GROUP_IDX}")
-    return group
-
-
-def _event(raw: Any, tally: Tally) -> ObservedEvent | None:
-    """One event, or None for a type we do not know."""
-    if isinstance(raw, dict):
-        tag_value = next((raw[k] for k in _TAG_KEYS if k in raw), None)
-        if tag_value is None:
-            raise TypeError("map event without a type field")
-        tag = _tag(tag_value)
-    elif isinstance(raw, list | tuple) and raw:
-        tag = _tag(raw[0])
-    else:
-        raise TypeError("event is neither an array nor a map")
-    if tag == _STORED:
-        f, extra = _fields(raw, _STORED_FIELDS, tally, _STORED_MAP_FIELDS)
-        hashes = _hashes(f.get("block_hashes"))
-        tokens_raw = f.get("token_ids") or []
-        if not isinstance(tokens_raw, list | tuple):
-            raise TypeError("token_ids is not a list")
-        tokens = [_token(t) for t in tokens_raw]
-        size = _opt_int(f.get("block_size"))
-        if size is None or size <= 0:
-            size = len(tokens) // len(hashes) if hashes and tokens else 0
-        parent = f.get("parent_block_hash")
-        return StoredEvent(
-            hashes=hashes,
-            parent=None if parent is None else norm_hash(parent),
-            token_ids=tokens,
-            block_size=size,
-            lora_id=_opt_int(f.get("lora_id")),
-            medium=_opt_str(f.get("medium")),
-            lora_name=_opt_str(f.get("lora_name")),
-            extra=extra,
-            group=_group(f.get("group_idx")),
-            spec_kind=_short_str(f.get("kv_cache_spec_kind")),
-            sliding_window=_opt_int(f.get("kv_cache_spec_sliding_window")),
-        )
-    if tag == _REMOVED:
-        f, extra = _fields(raw, _REMOVED_FIELDS, tally, _REMOVED_MAP_FIELDS)
-        return RemovedEvent(
-            hashes=_hashes(f.get("block_hashes")), medium=_opt_str(f.get("medium")),
-            extra=extra, group=_group(f.get("group_idx")),
-        )  # fmt: skip
-    if tag == _CLEARED:
-        f, extra = _fields(raw, ("medium",), tally)
-        return ClearedEvent(medium=_opt_str(f.get("medium")), extra=extra)
-    return None
 
 
 def decode_batch(
@@ -354,7 +127,7 @@ def decode_batch(
                     raise DecodeError(f"over {max_tokens} token ids in one batch",
                                       "too_many_tokens")  # fmt: skip
         try:
-            ev = _event(item, tally)
+            ev = read_event(item, tally)
         except (BadNumber, OverflowError):
             malformed += 1
             issues["bad_number"] = issues.get("bad_number", 0) + 1
@@ -395,24 +168,3 @@ def _raw_counts(item: Any) -> tuple[int, int]:
         len(hashes) if isinstance(hashes, list) else 0,
         len(tokens) if isinstance(tokens, list) else 0,
     )
-
-
-def hash_hex(h: Hash) -> str:
-    """A hash as the pages show it: 16 hex digits for the 64-bit int form."""
-    return f"{h:016x}" if isinstance(h, int) else h.hex()
-
-
-def parse_hash(text: str) -> Hash:
-    """The inverse of ``hash_hex``: 16 or fewer hex digits are the int form;
-    a decimal number prefixed ``d:`` too; longer hex is a digest."""
-    t = text.strip().lower()
-    if t.startswith("d:"):
-        return int(t[2:]) & MASK64
-    t = t.removeprefix("0x")
-    if not t or any(c not in "0123456789abcdef" for c in t):
-        raise ValueError(f"{text!r} is not a hash (hex digits, or d:<decimal>)")
-    if len(t) <= 16:
-        return int(t, 16)
-    if len(t) % 2:
-        raise ValueError(f"{text!r}: a digest needs an even number of hex digits")
-    return bytes.fromhex(t)

@@ -5,13 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockpool.kvevents.decode import (
-    ClearedEvent,
-    ObservedEvent,
-    RemovedEvent,
-    StoredEvent,
-    hash_hex,
-)
+from blockpool.kvevents.hashes import hash_hex
+from blockpool.kvevents.observed import ClearedEvent, ObservedEvent, RemovedEvent, StoredEvent
 
 EventItem = tuple[int, ObservedEvent]  # (publisher batch seq, event)
 

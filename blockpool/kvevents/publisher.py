@@ -28,6 +28,9 @@ What differs from vLLM, and why:
   does is logged at start and shown in ``status()`` (``mode``): a loopback
   endpoint under ``auto`` connects, so a subscriber must bind there.
 
+The sockets are opened in ``sockets.py``, replays served by
+``replay_router.py``, the counters in ``publisher_counts.py``.
+
 One thread owns both sockets and a private ``zmq.Context`` (sockets are not
 thread-safe); ``stop()`` sends what is queued (up to ``shutdown_timeout``),
 closes the sockets with linger 0 and terminates the context.
@@ -42,14 +45,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import zmq
 
-from blockpool.common.figures import counter, helps, rest_view, totals
+from blockpool.common.figures import rest_view, totals
 from blockpool.core.events import KVCacheEvent, KVEventBatch, encode_event_batch
-from blockpool.kvevents.config import END_SEQ, KVEventsConfig
+from blockpool.kvevents.config import KVEventsConfig
+from blockpool.kvevents.publisher_counts import PublisherCounts
+from blockpool.kvevents.replay_router import ReplayRouter
+from blockpool.kvevents.sockets import open_sockets
 from blockpool.kvevents.wire_format import encode_map_batch
 
 
@@ -64,48 +69,7 @@ class TickSource(Protocol):
 
 logger = logging.getLogger("blockpool.kvevents")
 
-REPLAY_SLICE = 256  # replay messages sent per turn of the publisher loop
-MAX_REPLAY_JOBS = 64  # concurrent replay requests served; later ones get END at once
 _Item = tuple[int, float, list[KVCacheEvent]]
-
-
-class _ReplayJob:
-    __slots__ = ("client", "items", "pos")
-
-    def __init__(self, client: bytes, items: list[tuple[int, bytes]]) -> None:
-        self.client = client
-        self.items = items
-        self.pos = 0
-
-
-@dataclass
-class PublisherCounts:
-    batches_queued: int = counter("Batches queued for the publisher thread.")
-    batches_published: int = counter("Batches sent on the PUB socket.")
-    events_published: int = counter("Events sent on the PUB socket.")
-    bytes_published: int = counter("Bytes of batch payloads sent on the PUB socket.")
-    batches_dropped: int = counter(
-        "Batches not sent (queue or socket full, events lost): a seq gap subscribers see."
-    )
-    events_dropped: int = counter("Events of the dropped batches.")
-    send_errors: int = counter("Batches whose encoding or send failed.")
-    replay_requests: int = counter("Replay requests received on the ROUTER socket.")
-    replay_batches_sent: int = counter("Batches sent in answer to replay requests.")
-    replay_invalid: int = counter("Replay requests that were not [identity, '', 8-byte seq].")
-    replay_aborted: int = counter("Replays abandoned: the requester went away.")
-    replay_refused: int = counter("Replay requests answered at once with END: too many at once.")
-    buffer_evicted: int = counter("Batches pushed out of the replay buffer by newer ones.")
-
-
-PUBLISHER_HELP = {
-    **helps(PublisherCounts),
-    "queue_batches": "Batches queued for the publisher thread now.",
-    "queue_capacity_batches": "Batches the publisher's queue holds at most.",
-    "buffer_batches": "Batches in the replay buffer now.",
-    "buffer_capacity_batches": "Batches the replay buffer holds at most.",
-    "last_seq": "The last seq published (-1: none yet).",
-    "running": "1 while the publisher thread runs.",
-}
 
 
 class KVEventPublisher:
@@ -229,45 +193,18 @@ class KVEventPublisher:
 
     # --------------------------------------------------------------- thread
 
-    def _open(self, ctx: zmq.Context[Any]) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
-        cfg = self.config
-        pub = ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.LINGER, 0)
-        pub.set_hwm(cfg.hwm)
-        router: zmq.Socket[Any] | None = None
-        try:
-            endpoint = cfg.pub_endpoint
-            if cfg.binds():
-                pub.bind(endpoint)
-                self.bound_endpoint = _last_endpoint(pub, endpoint)
-            else:
-                pub.connect(endpoint)
-                self.bound_endpoint = endpoint
-
-            replay = cfg.router_endpoint
-            if replay is not None:
-                router = ctx.socket(zmq.ROUTER)
-                router.setsockopt(zmq.LINGER, 0)
-                router.setsockopt(zmq.SNDHWM, cfg.hwm)
-                router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-                router.bind(replay)
-                self.bound_replay_endpoint = _last_endpoint(router, replay)
-        except BaseException:
-            pub.close(linger=0)
-            if router is not None:
-                router.close(linger=0)
-            raise
-        return pub, router
-
     def _run(self) -> None:
         ctx: zmq.Context[Any] = zmq.Context()
         try:
             try:
-                pub, router = self._open(ctx)
+                sockets = open_sockets(ctx, self.config)
             except BaseException as exc:  # reported by start()
                 self._startup_error = exc
                 self._ready.set()
                 return
+            pub, router = sockets.pub, sockets.router
+            self.bound_endpoint = sockets.bound_endpoint
+            self.bound_replay_endpoint = sockets.bound_replay_endpoint
             self._ready.set()
             try:
                 self._loop(pub, router)
@@ -279,7 +216,8 @@ class KVEventPublisher:
             ctx.term()
 
     def _loop(self, pub: zmq.Socket[Any], router: zmq.Socket[Any] | None) -> None:
-        jobs: deque[_ReplayJob] = deque()
+        replays = ReplayRouter(self._buffer, self.counts)
+        jobs = replays.jobs
         deadline: float | None = None
         while True:
             if not self._running and deadline is None:
@@ -291,9 +229,9 @@ class KVEventPublisher:
                 return
             # replay requests and replies (non-critical, never blocking)
             if router is not None:
-                self._take_requests(router, jobs)
+                replays.take_requests(router)
                 if jobs:
-                    self._serve_replays(router, jobs)
+                    replays.serve(router)
             # the queue (critical): everything queued, then wait a little
             wait = 0.0 if jobs else 0.05
             try:
@@ -341,51 +279,6 @@ class KVEventPublisher:
         self.counts.bytes_published += len(payload)
         self.last_published_seq = seq
 
-    def _take_requests(self, router: zmq.Socket[Any], jobs: deque[_ReplayJob]) -> None:
-        for _ in range(64):
-            try:
-                frames = router.recv_multipart(flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self.counts.replay_requests += 1
-            if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
-                self.counts.replay_invalid += 1
-                logger.warning("KV-event publisher: bad replay request (%d frames)", len(frames))
-                continue
-            client, _, start_bytes = frames
-            start = int.from_bytes(start_bytes, "big")
-            if len(jobs) >= MAX_REPLAY_JOBS:
-                self.counts.replay_refused += 1
-                items: list[tuple[int, bytes]] = []
-            else:
-                items = [entry for entry in self._buffer if entry[0] >= start]
-            jobs.append(_ReplayJob(client, items))
-
-    def _serve_replays(self, router: zmq.Socket[Any], jobs: deque[_ReplayJob]) -> None:
-        for _ in range(len(jobs)):
-            job = jobs.popleft()
-            try:
-                sent = 0
-                while job.pos < len(job.items) and sent < REPLAY_SLICE:
-                    seq, payload = job.items[job.pos]
-                    router.send_multipart(
-                        (job.client, b"", seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK
-                    )
-                    job.pos += 1
-                    sent += 1
-                    self.counts.replay_batches_sent += 1
-                if job.pos >= len(job.items):
-                    router.send_multipart((job.client, b"", END_SEQ, b""), flags=zmq.NOBLOCK)
-                    continue  # done
-            except zmq.Again:
-                pass  # the peer's queue is full: go on next turn
-            except zmq.ZMQError as exc:
-                if exc.errno == zmq.EHOSTUNREACH:  # the requester went away
-                    self.counts.replay_aborted += 1
-                    continue
-                raise
-            jobs.append(job)
-
     # -------------------------------------------------------------- reading
 
     def metrics(self) -> dict[str, float]:
@@ -428,13 +321,3 @@ class KVEventPublisher:
             "queue_batches": self._queue.qsize(),
             **rest_view(self.counts),
         }
-
-
-def _last_endpoint(sock: zmq.Socket[Any], fallback: str) -> str:
-    """The address a bind really got (port 0 / wildcard resolved)."""
-    try:
-        value = sock.getsockopt(zmq.LAST_ENDPOINT)
-    except zmq.ZMQError:  # pragma: no cover
-        return fallback
-    text = value.decode() if isinstance(value, bytes) else str(value)
-    return text or fallback

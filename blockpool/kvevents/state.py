@@ -20,14 +20,8 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from blockpool.kvevents.decode import (
-    ClearedEvent,
-    Hash,
-    ObservedEvent,
-    RemovedEvent,
-    StoredEvent,
-    hash_hex,
-)
+from blockpool.kvevents.hashes import Hash, hash_hex
+from blockpool.kvevents.observed import ClearedEvent, ObservedEvent, RemovedEvent, StoredEvent
 from blockpool.runtime import prefix_tree
 
 

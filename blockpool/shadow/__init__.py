@@ -9,18 +9,12 @@ Python: no I/O, no threads; the service decides where they run.
 
 from __future__ import annotations
 
-from blockpool.shadow.policies import (
-    OLD_POLICY_NAMES,
-    POLICY_NAMES,
-    S3FIFO,
-    AppendAll,
-    FreePolicy,
-    UncachedFirst,
-    make_policy,
-    policy_name,
-)
+from blockpool.shadow.free_policy import FreePolicy
+from blockpool.shadow.policies import OLD_POLICY_NAMES, POLICY_NAMES, make_policy, policy_name
 from blockpool.shadow.pool import ShadowPool, ShadowStats, make_shadow
+from blockpool.shadow.s3fifo import S3FIFO
 from blockpool.shadow.set import Access, ShadowSet, ShadowSpec
+from blockpool.shadow.vllm_orders import AppendAll, UncachedFirst
 
 __all__ = [
     "OLD_POLICY_NAMES",

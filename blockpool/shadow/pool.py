@@ -28,7 +28,8 @@ from typing import Any
 
 from blockpool.core.admission import cdiv as _cdiv
 from blockpool.core.admission import fits, hit_limit, new_blocks
-from blockpool.shadow.policies import FreePolicy, make_policy, policy_name
+from blockpool.shadow.free_policy import FreePolicy
+from blockpool.shadow.policies import make_policy, policy_name
 
 
 @dataclass

@@ -23,237 +23,29 @@ http://127.0.0.1:8000), ``BLOCKPOOL_TOKEN`` (optional bearer token),
 ``LOADGEN_CONCURRENCY``, ``LOADGEN_DURATION`` (seconds; 0 = run forever),
 ``LOADGEN_HEARTBEAT``, ``LOADGEN_SEED``.
 
-Only the standard library and httpx are needed.
+Only the standard library and httpx are needed.  Beside this file:
+loadgen_config.py (the settings), loadgen_workload.py (prompts and bodies),
+loadgen_stats.py (the statistics line).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import os
 import random
-import secrets
 import signal
-import statistics
 import sys
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+from loadgen_config import Config, parse_args
+from loadgen_stats import Stats
+from loadgen_workload import Prompt, Workload, admit_body, append_body, batch_body
 
-VOCAB = 32_000
-MAX_PROMPT_TOKENS = 6_000
 EXIT_OK, EXIT_5XX, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH = 0, 1, 2, 3, 4
-
-
-# --------------------------------------------------------------------- config
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    return float(raw) if raw else default
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    return int(raw) if raw else default
-
-
-@dataclass
-class Config:
-    url: str = "http://127.0.0.1:8000"
-    token: str | None = None
-    concurrency: int = 8
-    duration: float = 0.0  # seconds; 0 = forever
-    stats_interval: float = 10.0
-    max_5xx: int = 20  # consecutive 5xx responses before giving up
-    max_transport_errors: int = 30  # consecutive connection failures before giving up
-    wait_ready: float = 60.0  # seconds to wait for /api/health at start
-    batch_fraction: float = 0.1
-    summary_fraction: float = 0.02
-    think_time: float = 0.01  # seconds between a request's calls
-    decode_tokens: tuple[int, int] = (8, 96)
-    seed: int | None = None
-    heartbeat: str | None = None
-    timeout: float = 10.0
-
-
-def parse_args(argv: Sequence[str] | None = None) -> Config:
-    ap = argparse.ArgumentParser(prog="loadgen", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", default=os.environ.get("BLOCKPOOL_URL", Config.url))
-    ap.add_argument("--token", default=os.environ.get("BLOCKPOOL_TOKEN") or None)
-    ap.add_argument("--concurrency", type=int, default=_env_int("LOADGEN_CONCURRENCY", 8))
-    ap.add_argument(
-        "--duration", type=float, default=_env_float("LOADGEN_DURATION", 0.0),
-        help="seconds to run; 0 runs until SIGTERM/SIGINT (default)",
-    )  # fmt: skip
-    ap.add_argument("--stats-interval", type=float, default=10.0)
-    ap.add_argument("--max-5xx", type=int, default=20, help="consecutive 5xx before exit 1")
-    ap.add_argument("--max-transport-errors", type=int, default=30)
-    ap.add_argument("--wait-ready", type=float, default=60.0)
-    ap.add_argument("--batch-fraction", type=float, default=0.1)
-    ap.add_argument("--think-time", type=float, default=0.01)
-    ap.add_argument("--seed", type=int, default=_env_int("LOADGEN_SEED", -1))
-    ap.add_argument("--heartbeat", default=os.environ.get("LOADGEN_HEARTBEAT") or None)
-    a = ap.parse_args(argv)
-    if a.concurrency < 1 or a.stats_interval <= 0 or a.duration < 0:
-        ap.error("--concurrency must be >= 1, --stats-interval > 0, --duration >= 0")
-    if not 0 <= a.batch_fraction <= 1:
-        ap.error("--batch-fraction must be within [0, 1]")
-    return Config(
-        url=a.url.rstrip("/"),
-        token=a.token,
-        concurrency=a.concurrency,
-        duration=a.duration,
-        stats_interval=a.stats_interval,
-        max_5xx=max(1, a.max_5xx),
-        max_transport_errors=max(1, a.max_transport_errors),
-        wait_ready=a.wait_ready,
-        batch_fraction=a.batch_fraction,
-        think_time=max(0.0, a.think_time),
-        seed=None if a.seed < 0 else a.seed,
-        heartbeat=a.heartbeat,
-    )
-
-
-# ------------------------------------------------------------------- workload
-
-
-@dataclass
-class Prompt:
-    kind: str
-    token_ids: list[int]
-    conversation: int | None = None
-    lora_name: str | None = None
-
-
-class Workload:
-    """Builds prompts and request bodies; does no I/O (the tests use it alone)."""
-
-    KINDS = ("chat", "document", "conversation", "noise")
-    WEIGHTS = (4, 2, 3, 1)
-
-    def __init__(self, rng: random.Random, run_tag: str | None = None) -> None:
-        self.rng = rng
-        self.run_tag = run_tag or secrets.token_hex(3)
-        self._seq = 0
-        self.system_prompts = [self.tokens(rng.randint(64, 480)) for _ in range(6)]
-        self.documents = [self.tokens(rng.randint(480, 1600)) for _ in range(4)]
-        self.conversations: list[list[int]] = [[] for _ in range(16)]
-        self.busy: set[int] = set()
-
-    def tokens(self, n: int) -> list[int]:
-        r = self.rng.randrange
-        return [r(VOCAB) for _ in range(n)]
-
-    def new_request_id(self) -> str:
-        self._seq += 1
-        return f"lg-{self.run_tag}-{self._seq}"
-
-    def next_prompt(self) -> Prompt:
-        r = self.rng
-        kind = r.choices(self.KINDS, weights=self.WEIGHTS)[0]
-        if kind == "chat":
-            system = r.choice(self.system_prompts)
-            # One in ten chats runs under a LoRA adapter: same text, other hashes.
-            lora = "adapter-a" if r.random() < 0.1 else None
-            return Prompt(kind, system + self.tokens(r.randint(8, 120)), lora_name=lora)
-        if kind == "document":
-            return Prompt(kind, r.choice(self.documents) + self.tokens(r.randint(8, 64)))
-        if kind == "conversation":
-            free = [i for i in range(len(self.conversations)) if i not in self.busy]
-            if free:
-                conv = r.choice(free)
-                history = self.conversations[conv]
-                if not history or len(history) > MAX_PROMPT_TOKENS - 400:
-                    history = self.conversations[conv] = r.choice(self.system_prompts)[:]
-                self.busy.add(conv)
-                return Prompt(kind, history + self.tokens(r.randint(8, 80)), conversation=conv)
-        return Prompt("noise", self.tokens(r.randint(16, 400)))
-
-    def end_turn(self, prompt: Prompt, output: list[int], ok: bool) -> None:
-        """A conversation's next turn resends this turn's prompt and reply."""
-        if prompt.conversation is None:
-            return
-        self.busy.discard(prompt.conversation)
-        if ok:
-            self.conversations[prompt.conversation] = prompt.token_ids + output
-
-    def decode_plan(self, lo: int, hi: int) -> list[int]:
-        """Decode chunk sizes (tokens per append call) for one request."""
-        left = self.rng.randint(lo, hi)
-        chunks: list[int] = []
-        while left > 0:
-            n = min(left, self.rng.randint(1, 16))
-            chunks.append(n)
-            left -= n
-        return chunks
-
-
-def admit_body(request_id: str, prompt: Prompt) -> dict[str, Any]:
-    body: dict[str, Any] = {"request_id": request_id, "token_ids": prompt.token_ids}
-    if prompt.lora_name is not None:
-        body["lora_name"] = prompt.lora_name
-    return body
-
-
-def append_body(token_ids: list[int]) -> dict[str, Any]:
-    return {"token_ids": token_ids}
-
-
-def batch_body(request_id: str, prompt: Prompt, decode: list[list[int]]) -> dict[str, Any]:
-    """A whole short request in one call.  ``on_error: continue`` so that the
-    finish still runs when an append is refused (a refused admit makes the
-    later operations 404, which frees nothing and changes nothing)."""
-    ops: list[dict[str, Any]] = [{"op": "prefix_lookup", "token_ids": prompt.token_ids}]
-    admit = {"op": "admit", **admit_body(request_id, prompt)}
-    ops.append(admit)
-    ops.extend({"op": "append", "request_id": request_id, "token_ids": t} for t in decode)
-    ops.append({"op": "finish", "request_id": request_id})
-    return {"ops": ops, "on_error": "continue"}
-
-
-# ---------------------------------------------------------------------- stats
-
-
-@dataclass
-class Stats:
-    started: float = field(default_factory=time.monotonic)
-    calls: int = 0
-    admitted: int = 0
-    finished: int = 0
-    preempted: int = 0
-    admit_retries: int = 0
-    gave_up: int = 0
-    batches: int = 0
-    appended_tokens: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    status_409: int = 0
-    status_4xx: int = 0
-    status_5xx: int = 0
-    transport_errors: int = 0
-    latencies_ms: deque[float] = field(default_factory=lambda: deque(maxlen=20_000))
-
-    def line(self, running: int) -> str:
-        elapsed = time.monotonic() - self.started
-        lat = sorted(self.latencies_ms)
-        p50 = statistics.median(lat) if lat else 0.0
-        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else 0.0
-        hit = self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-        return (
-            f"[loadgen] t={elapsed:.0f}s calls={self.calls} admitted={self.admitted} "
-            f"finished={self.finished} preempted={self.preempted} batches={self.batches} "
-            f"decode_tokens={self.appended_tokens} hit_rate={hit:.3f} "
-            f"409={self.status_409} retries={self.admit_retries} gave_up={self.gave_up} "
-            f"4xx={self.status_4xx} 5xx={self.status_5xx} transport={self.transport_errors} "
-            f"p50={p50:.1f}ms p99={p99:.1f}ms running={running}"
-        )
 
 
 class Fatal(Exception):

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from app.cli import parser, settings_from
+from app.cli import parser
+from app.cli.settings import settings_from
 from app.core import auth
 from app.core.settings import Settings
 from app.observer.auth import token_ok

@@ -13,7 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.cli import describe, main, parser, settings_from
+from app.cli import main, parser
+from app.cli.commands import describe
+from app.cli.settings import settings_from
 from tests.app.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

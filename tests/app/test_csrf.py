@@ -20,7 +20,8 @@ import pytest
 import websockets
 from fastapi import FastAPI
 
-from app.cli import parser, settings_from
+from app.cli import parser
+from app.cli.settings import settings_from
 from app.web.same_origin import SameOriginGuard, host_name, origin_of
 from tests.app.conftest import (
     Api,
@@ -262,6 +263,6 @@ async def test_the_observer_refuses_cross_site_and_rebinding_too() -> None:
         )
         assert_error(r, 403, "host_refused")
     args = parser().parse_args(["observe", "tcp://127.0.0.1:1", "--allowed-host", "box.lan"])
-    from app.cli import observer_settings_from
+    from app.cli.settings import observer_settings_from
 
     assert observer_settings_from(args).allowed_hosts == ["box.lan"]

@@ -44,7 +44,9 @@ def test_setting_is_validated() -> None:
 
 
 def test_cli_flag_sets_the_free_order() -> None:
-    from app.cli import describe, parser, settings_from
+    from app.cli import parser
+    from app.cli.commands import describe
+    from app.cli.settings import settings_from
 
     s = settings_from(parser().parse_args(["serve", "--free-order", "uncached_first"]))
     assert s.free_order == "uncached_first"

@@ -30,11 +30,17 @@ from tests.docker.helpers import LOADGEN, ROOT
 
 @pytest.fixture(scope="module")
 def loadgen() -> ModuleType:
+    """The script as a module; its sibling modules found as when it runs
+    (its folder first on the path)."""
     spec = importlib.util.spec_from_file_location("blockpool_loadgen", LOADGEN)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(LOADGEN.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(LOADGEN.parent))
     return module
 
 

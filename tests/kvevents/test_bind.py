@@ -11,7 +11,8 @@ import pytest
 import zmq
 
 from app.cli import main as cli_main
-from app.cli import observer_settings_from, parser
+from app.cli import parser
+from app.cli.settings import observer_settings_from
 from app.observer.source import Source
 from blockpool.kvevents.config import KVEventsConfig, plan_sources
 from blockpool.kvevents.publisher import KVEventPublisher

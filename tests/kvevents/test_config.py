@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.cli import observer_settings_from, parser, settings_from
+from app.cli import parser
+from app.cli.settings import observer_settings_from, settings_from
 from app.core.settings import ObserverSettings, Settings
 from blockpool.kvevents.config import (
     KVEventsConfig,

@@ -7,16 +7,9 @@ import msgpack
 import pytest
 
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored
-from blockpool.kvevents.decode import (
-    ClearedEvent,
-    DecodeError,
-    RemovedEvent,
-    StoredEvent,
-    decode_batch,
-    hash_hex,
-    norm_hash,
-    parse_hash,
-)
+from blockpool.kvevents.decode import DecodeError, decode_batch
+from blockpool.kvevents.hashes import hash_hex, norm_hash, parse_hash
+from blockpool.kvevents.observed import ClearedEvent, RemovedEvent, StoredEvent
 from tests.kvevents.helpers import Workload, map_tagged, positional
 
 STORED = BlockStored(

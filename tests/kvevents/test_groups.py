@@ -14,7 +14,7 @@ from app.observer.fleet import Fleet
 from app.observer.source import Source
 from blockpool import AllBlocksCleared
 from blockpool.kvevents.config import SourceSpec
-from blockpool.kvevents.decode import RemovedEvent, StoredEvent
+from blockpool.kvevents.observed import RemovedEvent, StoredEvent
 from blockpool.kvevents.state import InstanceState
 from tests.kvevents.helpers import await_for, fake_publisher, vllm_current
 from tests.kvevents.test_observer import settled, shared_workloads

@@ -18,7 +18,7 @@ from app.observer.fleet import Fleet
 from app.observer.source import Source
 from blockpool import KVCacheEvent
 from blockpool.kvevents.config import KVEventsConfig, SourceSpec
-from blockpool.kvevents.decode import hash_hex
+from blockpool.kvevents.hashes import hash_hex
 from blockpool.kvevents.publisher import KVEventPublisher
 from tests.kvevents.helpers import (
     FakePublisher,

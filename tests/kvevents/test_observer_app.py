@@ -13,7 +13,7 @@ import websockets
 from fastapi import FastAPI
 
 from blockpool import BlockStored
-from blockpool.kvevents.decode import hash_hex
+from blockpool.kvevents.hashes import hash_hex
 from tests.kvevents.helpers import (
     FakePublisher,
     Workload,

@@ -17,7 +17,8 @@ from app.core.settings import Settings
 from app.pool.engine import Engine, TickData
 from blockpool import BlockStored, KVEventBatch
 from blockpool.kvevents.config import KVEventsConfig
-from blockpool.kvevents.publisher import PUBLISHER_HELP, KVEventPublisher
+from blockpool.kvevents.publisher import KVEventPublisher
+from blockpool.kvevents.publisher_counts import PUBLISHER_HELP
 from tests.kvevents.helpers import (
     END_SEQ,
     VllmSubscriber,
@@ -306,7 +307,8 @@ def test_map_form_round_trips_through_the_observer_decoder() -> None:
     """--kv-events-format map: vLLM >= 0.24's map-tagged events; the
     observer's decoder reads them back, the new fields as extras."""
     from blockpool import AllBlocksCleared, BlockRemoved
-    from blockpool.kvevents.decode import RemovedEvent, StoredEvent, decode_batch
+    from blockpool.kvevents.decode import decode_batch
+    from blockpool.kvevents.observed import RemovedEvent, StoredEvent
     from blockpool.kvevents.wire_format import encode_map_batch
 
     lora = BlockStored([7, (1 << 64) - 1], 3, [9, 8, 7, 6], 2, 5, "GPU", "sql")

@@ -1,0 +1,108 @@
+"""The ``serve`` and ``observe`` commands: settings, logging, the app, the
+server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from app.cli.server import run_server, url_host
+from app.cli.settings import observer_settings_from, settings_from, settings_or_none
+from app.core.settings import Settings
+
+logger = logging.getLogger("blockpool")
+
+
+def describe(settings: Settings, num_blocks: int) -> str:
+    s = settings
+    return (
+        f"pool: {num_blocks} blocks x {s.block_size} tokens, {s.num_groups} group(s), "
+        f"hash {s.hash_fn}, caching {'on' if s.enable_caching else 'off'}, "
+        f"free order {s.free_order}, events "
+        f"{'on' if s.enable_events else 'off'}, metrics sample rate {s.metrics_sample_rate}; "
+        f"storage {'on' if s.storage else 'off'}; demo "
+        f"{f'on at {s.demo_rate}/s' if s.demo else 'off'}; "
+        f"auth {'token required for writes' if s.token else 'off'}"
+    )
+
+
+def warn_token_flag(args: argparse.Namespace) -> None:
+    if getattr(args, "token", None) is not None:
+        logger.warning(
+            "the token was given with --token: every local user can read it in the "
+            "process list (ps, /proc); pass it with --token-file PATH or BLOCKPOOL_TOKEN"
+        )
+
+
+def start_logging(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    warn_token_flag(args)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from app.main import create_app
+
+    settings = settings_or_none(settings_from, args, "blockpool")
+    if settings is None:
+        return 2
+    start_logging(args)
+    mirror = getattr(args, "mirror", None)
+    if mirror:
+        from app.mirror import setup as mirror_setup
+
+        try:
+            mirror_setup.check_endpoint(mirror)
+            logger.info("mirror: waiting for the engine's handshake on %s", mirror)
+            hello = mirror_setup.wait_hello(mirror, args.mirror_wait)
+        except mirror_setup.MirrorStartError as exc:
+            print(f"blockpool: {exc}", file=sys.stderr)
+            return 2
+        settings = mirror_setup.settings_for(hello, settings)
+    try:
+        app = create_app(settings)
+    except ValueError as exc:  # e.g. a K/V memory budget that holds no block
+        print(f"blockpool: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    engine = app.state.engine
+    if mirror:
+        mirror_setup.install(app, mirror, mirror_setup.control_for(mirror, hello))
+        logger.info("mirror: read only, following %s", mirror)
+    logger.info("%s", describe(app.state.settings, engine.pool.num_gpu_blocks))
+    if engine.storage is not None:
+        logger.info("storage: %s", engine.storage_facts())
+    shown = url_host(settings.host)
+    logger.info(
+        "dashboard: http://%s:%d/  API docs: http://%s:%d/docs",
+        shown,
+        settings.port,
+        shown,
+        settings.port,
+    )
+    return run_server(
+        app, settings.host, settings.port, args.log_level, settings, settings.ws_max_message_bytes
+    )
+
+
+def observe(args: argparse.Namespace) -> int:
+    from app.observer.app import create_observer_app
+
+    settings = settings_or_none(observer_settings_from, args, "blockpool observe")
+    if settings is None:
+        return 2
+    if not settings.endpoints and not settings.bind_endpoints:
+        print("blockpool observe: give at least one ENDPOINT or --bind ENDPOINT", file=sys.stderr)
+        return 2
+    start_logging(args)
+    app = create_observer_app(settings)
+    for spec in settings.sources():
+        logger.info(
+            "observing %s: %s %s%s (dp rank %d)",
+            spec.name,
+            "binding" if spec.bind else "connecting to",
+            spec.endpoint,
+            f", replay {spec.replay_endpoint}" if spec.replay_endpoint else ", no replay",
+            spec.data_parallel_rank,
+        )
+    logger.info("fleet dashboard: http://%s:%d/", url_host(settings.host), settings.port)
+    return run_server(app, settings.host, settings.port, args.log_level, settings)

@@ -1,0 +1,77 @@
+"""The rig of the ``serve --mirror`` tests: an engine followed as the plugin
+follows vLLM's pool, its batches sent by the plugin's own sender thread, and
+the real app mirroring it; waiting on conditions, reading /metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from fastapi import FastAPI
+
+from app.main import create_app
+from app.mirror import setup as mirror_setup
+from app.mirror.client import MirrorClient
+from blockpool.mirror.protocol import Hello
+from blockpool_vllm.sender import Sender
+from tests.app.conftest import free_port, make_settings
+from tests.mirror.workload import FollowedEngine
+
+
+class Rig:
+    def __init__(self, free_order: str) -> None:
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.engine = FollowedEngine(free_order=free_order)
+        self.sender = Sender(
+            self.endpoint,
+            lambda: self.engine.hello(self.sender.control_port),
+            self.engine.follower.capture,
+            self.engine.stats,
+            control_endpoint=f"tcp://127.0.0.1:{free_port()}",
+        )
+        self.engine.send = self.sender.offer
+
+    def close(self) -> None:
+        self.sender.close()
+
+    async def hello(self) -> Hello:
+        return await anyio.to_thread.run_sync(mirror_setup.wait_hello, self.endpoint, 30.0)
+
+    def service(self, hello: Hello, **overrides: Any) -> tuple[FastAPI, MirrorClient]:
+        """The real app, mirroring this engine (settings: the handshake's)."""
+        app = create_app(mirror_setup.settings_for(hello, make_settings(**overrides)))
+        control = mirror_setup.control_for(self.endpoint, hello)
+        return app, mirror_setup.install(app, self.endpoint, control)
+
+    async def drive(self, client: MirrorClient, rounds: int, steps: int) -> None:
+        """``rounds`` times ``steps`` engine steps, then until the mirror caught up."""
+        await until(lambda: self.caught_up(client))
+        for _ in range(rounds):
+            self.engine.drive(steps)
+            await anyio.sleep(0)
+        await until(lambda: self.caught_up(client))
+
+    def caught_up(self, client: MirrorClient) -> bool:
+        """The mirror applied every operation the engine did."""
+        f = self.engine.follower
+        return client.applier.synced and client.applier.next_op == f.op_count == f.first_op
+
+
+def metric(text: str, name: str) -> float:
+    """The value of one sample of ``name`` (any labels) in a Prometheus text."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+async def until(what: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        await anyio.sleep(0.02)
+    raise AssertionError(f"not within {timeout} s: {what}")
