@@ -177,8 +177,10 @@ async def test_metrics_rest_and_point_show_running_waiting_and_rates(api: Api) -
     tokens = list(range(100, 118))  # 4 full blocks of 4 + 2
     await api.admit(tokens, request_id="a")
     e.point()  # the first sample: 18 queried, 0 hits
-    clock.t += 1.0
     await api.admit(tokens, request_id="b")  # 16 of 18 tokens hit
+    # the clock moves only now: a stream tick during the admit samples at
+    # 1000 (skipped, one sample period not over), never at 1001 before "b"
+    clock.t += 1.0
     pt = e.point()
     assert pt["requests"] == 2.0 and pt["waiting"] == 2.0
     assert pt["hit_rate_since"] == pytest.approx(16 / 36)
