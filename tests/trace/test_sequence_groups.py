@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
 import io
 import json
 from pathlib import Path
@@ -249,3 +250,21 @@ def test_cli_target_and_refusals_over_groups(
     assert "shadow policies (s3fifo)" in capsys.readouterr().err
     assert main([*hybrid_cli, "--mode", "timed"]) == 2
     assert "timed mode models one full-attention" in capsys.readouterr().err
+
+
+def test_cli_sweep_over_groups_spans_the_group_range(
+    hybrid_cli: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    png = tmp_path / "curve.png"
+    plot = ["--plot", str(png)] if importlib.util.find_spec("matplotlib") else []
+    assert main([*hybrid_cli, "--sweep", "--sweep-points", "4", "--json", *plot]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    blocks = [r["blocks"] for r in results]
+    lo, hi = group_sweep_range(_trace(), HYBRID, OptimalCurve(_trace(), 16))
+    # the largest prompt (7 blocks) in both groups and the null block: 15;
+    # 11 distinct full blocks (ids 1-7, 9-12) in two groups above it
+    assert (lo, hi) == (15, 15 + 2 * 11)
+    assert blocks[0] == lo and blocks[-2] == hi and blocks[-1] is None
+    assert results[0]["refused"] == 0 and results[-2]["hit_tokens"] == 192
+    if plot:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
