@@ -254,7 +254,7 @@ class Plan:
         }
         if self.groups is not None:
             out["kv_cache_groups"] = describe_groups(self.groups)
-            out["vllm_tokens_formula"] = "num_gpu_blocks // groups * block size"
+            out["kv_cache_tokens_formula"] = "num_gpu_blocks // groups * block size"
             out["optimal"] = None
             out["optimal_reason"] = NO_OPTIMUM
             out["miss_reasons_note"] = REASONS_NOTE
@@ -332,7 +332,7 @@ def annotate(
         r.extra["usable_tokens"] = c.usable_tokens
         r.extra["bytes"] = c.bytes
         if groups is not None:
-            r.extra["vllm_tokens"] = None if c.blocks is None else vllm_token_capacity(
+            r.extra["kv_cache_tokens"] = None if c.blocks is None else vllm_token_capacity(
                 c.blocks, groups)  # fmt: skip
             r.extra["optimal_hit_tokens"] = None
 
@@ -389,7 +389,9 @@ def columns(results: list[CapacityResult], plan: Plan | None) -> list[tuple[str,
         ("blocks (num_gpu_blocks)", "blocks", lambda r: r.blocks),
     ]
     if plan is not None and plan.groups is not None:
-        cols.append(("vLLM (tokens)", "vllm_tokens", lambda r: r.extra.get("vllm_tokens")))
+        cols.append(
+            ("vLLM KV cache (tokens)", "kv_cache_tokens", lambda r: r.extra.get("kv_cache_tokens"))
+        )
     if plan is not None and plan.layout is not None:
         cols.append(("memory (GiB)", "memory_bytes", lambda r: r.extra.get("bytes")))
     cols.append(("asked", "capacity", lambda r: r.extra.get("capacity", _num(r.capacity_tokens))))

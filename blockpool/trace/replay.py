@@ -38,8 +38,8 @@ NO_ONE_PASS = {
     "its hit): one replay per capacity",
 }
 NO_GROUPS_TIMED = (
-    "timed mode models one full-attention KV-cache group; sliding-window and hybrid "
-    "layouts replay in sequence mode"
+    "this timed replay models one full-attention KV-cache group; sliding-window and "
+    "hybrid layouts replay in sequence mode"
 )
 
 
@@ -85,8 +85,9 @@ def replay_trace(
     groups: Sequence[GroupSpec] | None = None,
 ) -> TraceReport:
     """Replay ``trace``; ``one_pass=None`` uses the curve wherever it is exact.
-    ``groups``: the pool's KV-cache groups (None or one full-attention group:
-    the plain model)."""
+    ``groups``: the pool's KV-cache groups in sequence mode (None or one
+    full-attention group: the plain model); timed mode takes them from
+    ``timed`` and refuses them without."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
     if free_order not in FREE_ORDERS:
@@ -99,8 +100,9 @@ def replay_trace(
     if free_order != APPEND_ALL:
         make_pool(2, block_size, free_order)  # refuses a free order this pool lacks
     grouped = not is_plain(groups)
-    if grouped and mode != "sequence":
-        raise ValueError(NO_GROUPS_TIMED)
+    if grouped and mode == "timed" and not getattr(timed, "groups", ()):
+        raise ValueError(NO_GROUPS_TIMED)  # timed mode takes its groups from its config
+    grouped = grouped and mode == "sequence"
     applies = mode == "sequence" and free_order == APPEND_ALL and not grouped
     if one_pass and not applies:
         why = "timed" if mode == "timed" else "groups" if grouped else "free_order"

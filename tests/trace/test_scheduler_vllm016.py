@@ -12,6 +12,7 @@ must be equal, and so must vLLM's lookup-counted prefix-cache totals.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from blockpool.trace.results import CapacityResult
 from blockpool.trace.scheduled import run_scheduled
 from blockpool.trace.scheduler import SchedulerConfig
 from tests.trace.sched_traces import TOKENS_PER_ID, write_trace
-from tests.vllm_envs import run_vllm016_harness
+from tests.vllm_envs import REPO, vllm016_python
 
 NUM_BLOCKS = 300
 CONFIGS: list[dict[str, Any]] = [
@@ -55,15 +56,18 @@ def _ours(trace: Any, c: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 
 @pytest.mark.vllm016
 def test_per_request_equal_to_vllm_016s_scheduler(tmp_path: Path) -> None:
+    python = vllm016_python()
     trace = write_trace(tmp_path / "trace.jsonl", 7, 120)
     (tmp_path / "configs.json").write_text(json.dumps(CONFIGS))
-    theirs = run_vllm016_harness(
-        "sched016.py",
-        [str(tmp_path / "trace.jsonl"), "--tokens-per-id", str(TOKENS_PER_ID),
-         "--num-blocks", str(NUM_BLOCKS), "--hf-home", str(tmp_path / "hf"),
-         "--write-hf-cache", "--configs", str(tmp_path / "configs.json")],
-        tmp_path,
+    done = subprocess.run(
+        [python, str(REPO / "bench/parity/sched016.py"), str(tmp_path / "trace.jsonl"),
+         "--tokens-per-id", str(TOKENS_PER_ID), "--num-blocks", str(NUM_BLOCKS),
+         "--hf-home", str(tmp_path / "hf"), "--write-hf-cache",
+         "--configs", str(tmp_path / "configs.json")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(theirs) == len(CONFIGS)
     preempted_somewhere = rejected_somewhere = False
     for c, v in zip(CONFIGS, theirs, strict=True):
