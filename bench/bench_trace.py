@@ -2,6 +2,7 @@
 
     /tmp/vllm016/bin/python bench/bench_trace.py curve TRACE.jsonl [--json OUT]
     /tmp/vllm016/bin/python bench/bench_trace.py requests TRACE.jsonl [--json OUT]
+    /tmp/vllm016/bin/python bench/bench_trace.py groups TRACE.jsonl [--layouts gemma3,sliding]
 
 (the venv of ``vllm016_setup.sh``; the trace path is required.)
 
@@ -18,6 +19,13 @@ counted on the pools' side).
 ``scheduler`` -- timed mode's vLLM scheduler model against vLLM 0.16.0's
 real ``AsyncScheduler`` (``--sync``: ``Scheduler``) on the same trace
 (bench/trace_bench/scheduler.py).
+
+``groups`` -- sequence mode over KV-cache groups (a sliding window, full
+attention with windows: ``--layouts gemma3,gpt-oss,sliding,full+two``) at
+one pool size: our coordinator (``GroupSequenceDriver``) against vLLM
+0.16.0's own ``KVCacheManager`` with the same groups, alternating, the
+requests built and hashed outside the timing on both sides; per request the
+hit tokens and refusals must be equal (bench/trace_bench/groups.py).
 
 ``requests`` --  A timed replay of the trace (vLLM's scheduler with every
 feature off, ``blockpool.trace.timed.simple_scheduler``) is run once on our
@@ -40,6 +48,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from trace_bench.curve import bench_curve
+from trace_bench.groups import add_arguments as add_groups_bench
+from trace_bench.groups import bench_groups
 from trace_bench.requests import bench_requests
 from trace_bench.scheduler import add_arguments as add_scheduler_bench
 from trace_bench.scheduler import bench_scheduler
@@ -62,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--profile", action="store_true", help="cProfile both sides after")
     r.add_argument("--json", type=Path, help="write the figures here")
     add_scheduler_bench(sub.add_parser("scheduler", help="timed mode vs vLLM's Scheduler"))
+    add_groups_bench(sub.add_parser("groups", help="KV-cache groups vs vLLM's KVCacheManager"))
     args = ap.parse_args(argv)
-    benches = {"curve": bench_curve, "requests": bench_requests, "scheduler": bench_scheduler}
+    benches = {"curve": bench_curve, "requests": bench_requests, "scheduler": bench_scheduler,
+               "groups": bench_groups}  # fmt: skip
     out = benches[args.what](args)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

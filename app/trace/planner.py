@@ -4,6 +4,11 @@ pool reaching a hit rate, and the table / CSV / plot they print.
 
 ``app/trace/cli.py`` calls :func:`add_planner_args` and :func:`plan`; the rest
 of its flags (modes, hashing, timed mode) live there.
+
+A layout of sliding-window KV-cache groups (a model config or layout naming
+them) is replayed exactly per capacity; it has no optimum column (the
+reason is printed in its place, ``optimal: null`` with ``optimal_reason`` in
+the JSON), no shadow policies, and no miss reasons (hit and missed tokens).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from blockpool.core.attention import GroupSpec
+from blockpool.core.hashing import get_hash_fn_by_name
 from blockpool.trace.capacity import (
     KV_CACHE_DTYPES,
     Capacity,
@@ -31,16 +38,27 @@ from blockpool.trace.capacity import (
 from blockpool.trace.keys import BlockKeys
 from blockpool.trace.optimal import OptimalCurve
 from blockpool.trace.planner import (
+    NO_OPTIMUM,
+    NO_SHADOWS,
     POLICIES,
     SHADOW_POLICIES,
     TargetAnswer,
+    group_sweep_range,
+    group_unbounded_hit_tokens,
     log_grid,
     shadow_curve,
     smallest_capacity,
+    smallest_group_capacity,
     sweep_range,
 )
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult
+from blockpool.trace.sequence_groups import (
+    REASONS_NOTE,
+    describe_groups,
+    is_plain,
+    name_groups,
+)
 
 GIB = 1 << 30
 
@@ -228,12 +246,18 @@ def capacities_of(
 
 
 def sweep_capacities(
-    args: argparse.Namespace, caps: list[Capacity], optimal: OptimalCurve, trace: Trace
+    args: argparse.Namespace,
+    caps: list[Capacity],
+    optimal: OptimalCurve,
+    trace: Trace,
+    groups: list[GroupSpec] | None = None,
 ) -> list[Capacity]:
     bs = args.block_size
     finite = sorted(c.blocks for c in caps if c.blocks is not None)
     if len(finite) >= 2:
         lo, hi = max(2, finite[0]), finite[-1]
+    elif groups is not None:
+        lo, hi = group_sweep_range(trace, groups, optimal)
     else:
         lo, hi = sweep_range(trace, bs, optimal)
     bb, ng = caps[0].block_bytes, caps[0].groups
@@ -257,6 +281,7 @@ class Plan:
     unbounded_hit_tokens: int | None = None
     target: TargetAnswer | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    groups: list[GroupSpec] | None = None  # sliding-window KV-cache groups (None: plain)
 
     def info(self, block_size: int) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -264,6 +289,12 @@ class Plan:
             "unbounded_hit_tokens": self.unbounded_hit_tokens,
             "planner_seconds": self.seconds,
         }
+        if self.groups is not None:
+            out["kv_cache_groups"] = describe_groups(self.groups)
+            out["kv_cache_tokens_formula"] = "num_gpu_blocks // groups * block size"
+            out["optimal"] = None
+            out["optimal_reason"] = NO_OPTIMUM
+            out["miss_reasons_note"] = REASONS_NOTE
         if self.layout is not None:
             out["kv_layout"] = {
                 **self.layout.to_json(),
@@ -302,32 +333,61 @@ def target_json(t: TargetAnswer, bs: int, layout: KVLayout | None) -> dict[str, 
         used = None if bb is None else b * bb
         return {"blocks": b, "usable_tokens": _usable(b, bs, layout), "bytes": used}
 
-    return {
+    out: dict[str, Any] = {
         "hit_rate": t.target,
         "lru": size(t.lru_blocks),
         "optimal": size(t.optimal_blocks),
         "unbounded_hit_rate": t.unbounded_hit_rate,
     }
+    if t.optimal_reason is not None:
+        out["optimal_reason"] = t.optimal_reason
+    if t.search is not None:
+        out["search"] = t.search
+    return out
 
 
-def annotate(results: list[CapacityResult], caps: list[Capacity]) -> None:
-    """Each result's label, usable tokens and bytes (what the pool holds)."""
+def groups_of(layout: KVLayout | None, block_size: int) -> list[GroupSpec] | None:
+    """The layout's KV-cache groups where they are not one full-attention group."""
+    if layout is None:
+        return None
+    specs = layout.group_specs(block_size)
+    return None if is_plain(specs) else specs
+
+
+def check_groups(plan: Plan) -> None:
+    """Refuse what the planner cannot give over sliding-window groups."""
+    if plan.groups is None:
+        return
+    shadows = [p for p in plan.policies if p in SHADOW_POLICIES]
+    if shadows:
+        raise ValueError(NO_SHADOWS.format(policies=", ".join(shadows)))
+    plan.policies = []  # no optimum: NO_OPTIMUM says why
+
+
+def annotate(
+    results: list[CapacityResult], caps: list[Capacity], groups: list[GroupSpec] | None = None
+) -> None:
+    """Each result's label, usable tokens and bytes (what the pool holds);
+    over KV-cache groups also vLLM's token capacity and the absent optimum."""
     for r, c in zip(results, caps, strict=True):
         r.extra["capacity"] = c.label
         r.extra["usable_blocks"] = c.usable_blocks
         r.extra["usable_tokens"] = c.usable_tokens
         r.extra["bytes"] = c.bytes
         r.extra["kv_cache_tokens"] = c.kv_cache_tokens
+        if groups is not None:
+            r.extra["optimal_hit_tokens"] = None
 
 
 def run_policies(
     plan: Plan, trace: Trace, block_size: int, results: list[CapacityResult], progress: Progress
 ) -> None:
-    """The optimum (and the shadows' policies) at every capacity, into ``extra``."""
+    """The optimum (and the shadows' policies) at every capacity, into ``extra``;
+    over KV-cache groups only the unbounded ceiling (which bounds them too)."""
     t0 = time.perf_counter()
     keys = BlockKeys(trace, block_size)
     opt = OptimalCurve(trace, block_size, keys)
-    plan.unbounded_hit_tokens = opt.hit_blocks(None) * block_size
+    plan.unbounded_hit_tokens = group_unbounded_hit_tokens(trace, block_size, opt)
     usable = [c.usable_blocks for c in plan.caps]
     if "optimal" in plan.policies:
         hits = opt.hit_tokens(usable, progress.bar("optimal", "capacities"))
@@ -370,7 +430,7 @@ def columns(results: list[CapacityResult], plan: Plan | None) -> list[tuple[str,
         ("usable (tokens)", "usable_tokens", lambda r: r.extra.get("usable_tokens")),
         ("blocks (num_gpu_blocks)", "blocks", lambda r: r.blocks),
     ]
-    if plan is not None and plan.layout is not None and plan.layout.num_groups > 1:
+    if plan is not None and plan.groups is not None:
         cols.append(
             ("vLLM KV cache (tokens)", "kv_cache_tokens", lambda r: r.extra.get("kv_cache_tokens"))
         )
@@ -406,13 +466,24 @@ def columns(results: list[CapacityResult], plan: Plan | None) -> list[tuple[str,
     cols += [
         ("evictions (blocks)", "evictions_blocks", lambda r: r.evictions),
         ("refused (requests)", "refused_requests", lambda r: r.refused),
-        ("cold (blocks)", "cold_blocks", lambda r: r.miss_reasons["cold"]),
-        ("evicted (blocks)", "evicted_blocks", lambda r: r.miss_reasons["evicted"]),
-        ("last token (blocks)", "last_token_blocks", lambda r: r.miss_reasons["last_token"]),
-        ("floor (blocks)", "block_size_floor_blocks", lambda r: r.miss_reasons["block_size_floor"]),
-        ("regret (blocks)", "regret_blocks", lambda r: r.regret_blocks),
+        ("cold (blocks)", "cold_blocks", _reason("cold")),
+        ("evicted (blocks)", "evicted_blocks", _reason("evicted")),
+        ("last token (blocks)", "last_token_blocks", _reason("last_token")),
+        ("floor (blocks)", "block_size_floor_blocks", _reason("block_size_floor")),
+        ("regret (blocks)", "regret_blocks", _reason(None)),
     ]
     return cols
+
+
+def _reason(name: str | None) -> Callable[[CapacityResult], Any]:
+    """A miss-reason column (``None``: regret); empty where none are classified."""
+
+    def value(r: CapacityResult) -> Any:
+        if not r.classified:
+            return ""
+        return r.regret_blocks if name is None else r.miss_reasons[name]
+
+    return value
 
 
 def _cell(header: str, v: Any) -> str:
@@ -421,7 +492,7 @@ def _cell(header: str, v: Any) -> str:
     if header == "memory (GiB)":
         return "inf" if v is None else f"{v / GIB:.2f}"
     if isinstance(v, str):
-        return v
+        return v or "—"
     return _num(v)
 
 
@@ -439,13 +510,14 @@ def render_csv(results: list[CapacityResult], plan: Plan | None, mode: str) -> s
     cols = columns(results, plan)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([n for _, n, _ in cols] + ["preemptions", "mode"])
+    why = [] if plan is None or plan.groups is None else [NO_OPTIMUM]
+    w.writerow([n for _, n, _ in cols] + ["preemptions", "mode"] + ["optimal_reason"] * len(why))
     for r in results:
         vals = []
         for _, _, f in cols:
             v = f(r)
             vals.append("inf" if v is None else v)
-        w.writerow([*vals, r.preemptions, mode])
+        w.writerow([*vals, r.preemptions, mode, *why])
     return buf.getvalue()
 
 
@@ -469,6 +541,11 @@ def target_lines(plan: Plan, block_size: int) -> list[str]:
             f"target hit rate {t.target:.1%}: not reachable at any size "
             f"(unbounded: {t.unbounded_hit_rate:.1%})"
         ]
+    if t.optimal_reason is not None:
+        return [
+            f"target hit rate {t.target:.1%}: LRU needs {say(t.lru_blocks)}; no optimum",
+            f"  search: {t.search}",
+        ]
     return [
         f"target hit rate {t.target:.1%}: LRU needs {say(t.lru_blocks)}; "
         f"the optimal policy {say(t.optimal_blocks)}"
@@ -476,10 +553,31 @@ def target_lines(plan: Plan, block_size: int) -> list[str]:
 
 
 def find_target(
-    plan: Plan, trace: Trace, block_size: int, target: float, progress: Progress
+    plan: Plan,
+    trace: Trace,
+    block_size: int,
+    target: float,
+    progress: Progress,
+    hash_name: str = "sha256",
 ) -> None:
     t0 = time.perf_counter()
-    plan.target = smallest_capacity(
-        trace, block_size, target, progress=progress.bar("target", "rounds")
-    )
+    bar = progress.bar("target", "rounds")
+    if plan.groups is not None:
+        plan.target = smallest_group_capacity(
+            trace, plan.groups, target, get_hash_fn_by_name(hash_name), progress=bar
+        )
+    else:
+        plan.target = smallest_capacity(trace, block_size, target, progress=bar)
     plan.seconds["target"] = time.perf_counter() - t0
+
+
+def group_lines(plan: Plan) -> list[str]:
+    """The KV-cache groups and what the table lacks over them."""
+    if plan.groups is None:
+        return []
+    return [
+        f"KV-cache groups: {name_groups(plan.groups)}; vLLM's token capacity = "
+        f"num_gpu_blocks // {len(plan.groups)} x block size",
+        f"optimal: none -- {NO_OPTIMUM}",
+        REASONS_NOTE,
+    ]

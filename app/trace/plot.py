@@ -9,12 +9,18 @@ unbounded ceiling as a line.  matplotlib is the ``plot`` extra
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from app.trace.planner import GIB, Plan
 from blockpool.core.free_order import UNCACHED_FIRST
 from blockpool.trace.replay import TraceReport
+from blockpool.trace.sequence_groups import name_groups
 
+NO_PLOT_OPTIMUM = (
+    "no optimal bound over sliding-window groups: a window's hit changes which blocks "
+    "a request references (optimal_reason in --json)"
+)
 _STYLE = {
     "lru": ("LRU (vLLM 0.16)", "#1f77b4", "o"),
     "optimal": ("optimal (offline MIN)", "#2ca02c", "s"),
@@ -95,8 +101,12 @@ def plot_curve(report: TraceReport, plan: Plan, path: str, title: str = "") -> N
         top.xaxis.set_major_formatter(FuncFormatter(_gib))
         top.xaxis.set_minor_formatter(FuncFormatter(lambda v, p: ""))
         top.set_xlabel(f"KV cache per GPU (GiB; {layout.bytes_per_token:,} bytes a token)")
-    ax.legend(loc="upper left", fontsize=9, framealpha=0.9)
     head = f"{report.mode} replay, block size {report.block_size}"
+    if plan.groups is not None:
+        head += f", KV-cache groups: {name_groups(plan.groups)}"
+        # the reason in the legend, where it never covers a curve
+        ax.plot([], [], " ", label=textwrap.fill(NO_PLOT_OPTIMUM, 48))
+    ax.legend(loc="upper left", fontsize=9, framealpha=0.9)
     if title:
         head = f"{title}: {head}"
     fig.suptitle(head, fontsize=10)

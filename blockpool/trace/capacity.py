@@ -125,6 +125,12 @@ def parse_bytes(text: str) -> int | None:
     return int(v)
 
 
+def vllm_kv_cache_tokens(num_blocks: int, num_groups: int, min_block_size: int) -> int:
+    """vLLM's logged "GPU KV cache size: N tokens" for ``num_blocks``
+    (``_report_kv_cache_config``: ``num_blocks // groups * min block size``)."""
+    return num_blocks // num_groups * min_block_size
+
+
 @dataclass(frozen=True)
 class KVLayout:
     """What one token costs in the pool on one GPU."""
@@ -184,7 +190,7 @@ class KVLayout:
 
     def kv_cache_tokens(self, num_blocks: int, block_size: int) -> int:
         """vLLM's "GPU KV cache size: N tokens" (``_report_kv_cache_config``)."""
-        return num_blocks // self.num_groups * block_size
+        return vllm_kv_cache_tokens(num_blocks, self.num_groups, block_size)
 
     def to_json(self) -> dict[str, Any]:
         counts = self.layers_per_group or (self.num_layers,)
@@ -395,7 +401,11 @@ class Capacity:
     @property
     def kv_cache_tokens(self) -> int | None:
         """vLLM's logged "GPU KV cache size" (``num_blocks // groups * block_size``)."""
-        return None if self.blocks is None else self.blocks // self.groups * self.block_size
+        return (
+            None
+            if self.blocks is None
+            else vllm_kv_cache_tokens(self.blocks, self.groups, self.block_size)
+        )
 
     @property
     def capacity_tokens(self) -> int | None:

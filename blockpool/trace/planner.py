@@ -3,6 +3,10 @@ and the smallest pool reaching a hit rate.
 
 Every size here is vLLM's ``num_gpu_blocks`` (null block included): a pool of
 ``blocks`` holds ``blocks - 1`` usable blocks.
+
+Over sliding-window KV-cache groups (a sliding-window or hybrid model) there
+is no one-pass curve and no offline optimum: every capacity is an exact
+replay of its own (``sequence_groups.py``), and :data:`NO_OPTIMUM` says why.
 """
 
 from __future__ import annotations
@@ -12,16 +16,38 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from blockpool.core.attention import GroupSpec
 from blockpool.core.free_order import UNCACHED_FIRST
+from blockpool.core.hashing import HashFn
 from blockpool.shadow.pool import make_shadow
 from blockpool.trace.curve import OnePassCurve
 from blockpool.trace.keys import BlockKeys
 from blockpool.trace.optimal import OptimalCurve
 from blockpool.trace.reader import Trace
+from blockpool.trace.sequence import SequencePools
+from blockpool.trace.sequence_groups import prompt_blocks, unbounded_group_blocks
 
 # the shadows' policies a curve can also be drawn for (LRU is the replay itself)
 SHADOW_POLICIES = ("s3fifo", UNCACHED_FIRST)
 POLICIES = ("optimal", *SHADOW_POLICIES)
+
+NO_OPTIMUM = (
+    "no offline optimum over sliding-window KV-cache groups: the blocks a request holds "
+    "and looks up depend on its hit (a window never looks left of its run and frees what "
+    "falls out of it), so there is neither one reference stream for every policy (Belady's "
+    "MIN) nor LRU's inclusion property (the one-pass curve); each capacity is an exact "
+    "replay of its own"
+)
+NO_SHADOWS = (
+    "the shadow policies ({policies}) replay one full-attention group; over sliding-window "
+    "KV-cache groups they are not offered (give --policies none)"
+)
+GROUP_SEARCH = (
+    "exact replays on a log grid of 16 sizes, then bisection in the first bracket that "
+    "reaches the target: with a sliding window the curve need not rise monotonically, so "
+    "this is a size that reaches it with no evaluated smaller size reaching it, the smallest "
+    "one where the curve rises monotonically"
+)
 
 
 def log_grid(lo: int, hi: int, points: int) -> list[int]:
@@ -65,6 +91,8 @@ class TargetAnswer:
     lru_blocks: int | None  # None: not reached (even unbounded)
     optimal_blocks: int | None
     unbounded_hit_rate: float
+    optimal_reason: str | None = None  # why no optimum is searched (KV-cache groups)
+    search: str | None = None  # how the LRU size was searched, where it is not exact
 
 
 def _smallest(
@@ -171,3 +199,89 @@ def bound_at(trace: Trace, block_size: int, num_blocks: int) -> dict[str, float 
         "optimal_hit_rate": best / prompt,
         "unbounded_hit_rate": ceiling / prompt,
     }
+
+
+# ---------------------------------------------------- KV-cache groups (windows)
+
+
+def group_unbounded_hit_tokens(trace: Trace, block_size: int, optimal: OptimalCurve) -> int:
+    """The unbounded ceiling over any KV-cache groups sharing ``block_size``:
+    the compulsory-miss bound of one full-attention group, ``sum_t min(c_t,
+    h_t) * block_size`` (``c_t``: the leading blocks of request ``t`` stored
+    by an earlier request, ``h_t``: its hit limit).
+
+    Why it bounds every capacity and every policy of the group replay.  A
+    block hash names the whole prefix up to it, so a cached block of request
+    ``t`` at index ``i`` was stored by an earlier request holding the same
+    prefix: ``i < c_t``.  A full-attention group's hit is a run of cached
+    blocks from index 0, so at most ``c_t`` blocks.  A sliding window's hit
+    ends on a cached block (its run) or is the cached run from index 0, so it
+    is at most ``c_t`` blocks as well, and a hybrid hit is at most each of its
+    groups'.  Every walk stops at ``h_t`` blocks (the last prompt token is
+    always computed) and alignment only shortens.  So no request hits more
+    than ``min(c_t, h_t)`` blocks at any size.  And an unbounded pool reaches
+    it: there every block stored is still cached, each group's cached blocks
+    of ``t`` are exactly its first ``c_t``, and every walk returns them all --
+    the bound is the unbounded replay's hit count, not only above it."""
+    return optimal.hit_blocks(None) * block_size
+
+
+def group_sweep_range(
+    trace: Trace, specs: Sequence[GroupSpec], optimal: OptimalCurve
+) -> tuple[int, int]:
+    """(the smallest pool refusing nothing, one holding every distinct full
+    block in every group besides the largest prompt), in blocks.  A hit never
+    needs more blocks than the prompt with no hit, so the largest prompt's
+    blocks in every group (and the null block) refuse nothing."""
+    lo = max((prompt_blocks(r.input_length, specs) for r in trace.requests), default=1) + 1
+    return lo, max(lo, optimal.num_keys * len(specs) + lo)
+
+
+def group_hit_tokens(
+    trace: Trace,
+    specs: Sequence[GroupSpec],
+    num_blocks: Sequence[int],
+    hash_fn: HashFn,
+) -> list[int]:
+    """Hit tokens of the exact group replay at each pool size (blocks)."""
+    bs = min(s.block_size for s in specs)
+    pools = SequencePools(trace, bs, [b * bs for b in num_blocks], hash_fn, groups=specs)
+    return [r.hit_tokens for r in pools.run()]
+
+
+def smallest_group_capacity(
+    trace: Trace,
+    specs: Sequence[GroupSpec],
+    target: float,
+    hash_fn: HashFn,
+    optimal: OptimalCurve | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> TargetAnswer:
+    """The fewest blocks at which the group replay reaches ``target`` (see
+    :data:`GROUP_SEARCH` for what "fewest" means there); no optimum."""
+    if not 0 < target <= 1:
+        raise ValueError(f"--target-hit-rate must be in (0, 1], got {target}")
+    bs = min(s.block_size for s in specs)
+    opt = optimal if optimal is not None else OptimalCurve(trace, bs)
+    prompt = trace.prompt_tokens
+    ceiling = group_unbounded_hit_tokens(trace, bs, opt)
+    rate = ceiling / prompt if prompt else 0.0
+    need = math.ceil(target * prompt)
+    if ceiling < need:
+        return TargetAnswer(target, None, None, rate, NO_OPTIMUM, GROUP_SEARCH)
+    rounds = [0]
+
+    def replay(blocks: list[int]) -> list[int]:
+        rounds[0] += 1
+        if progress is not None:
+            progress(rounds[0], rounds[0] + 1)
+        return group_hit_tokens(trace, specs, blocks, hash_fn)
+
+    _, hi = group_sweep_range(trace, specs, opt)
+    found = _smallest(replay, 2, hi, need, 16)
+    if found is None:  # copies of a block evicted at ``hi``: up to a pool never evicting,
+        # whose replay reaches the ceiling (group_unbounded_hit_tokens)
+        found = _smallest(replay, hi, unbounded_group_blocks(trace, specs), need, 16)
+    if progress is not None:
+        progress(1, 1)
+    return TargetAnswer(target, found, None, rate, NO_OPTIMUM, GROUP_SEARCH)

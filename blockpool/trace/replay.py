@@ -2,7 +2,10 @@
 
 Sequence mode with vLLM 0.16's free order uses the one-pass curve
 (``curve.py``); everywhere else -- timed mode, another free order, or when
-asked to -- each capacity gets its own real pool.
+asked to -- each capacity gets its own real pool.  So does a layout of
+other KV-cache groups than one full-attention group (``groups``: a sliding
+window, a hybrid model), in sequence mode only: there the blocks a request
+holds depend on its hit, which the one-pass curve cannot follow.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from blockpool.core.attention import GroupSpec
 from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS, FreeOrder
 from blockpool.core.hashing import get_hash_fn_by_name
 from blockpool.trace.curve import OnePassCurve
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult
 from blockpool.trace.sequence import SequencePools, make_pool
+from blockpool.trace.sequence_groups import describe_groups, is_plain
 from blockpool.trace.timed import TimedConfig, replay_timed
 
 MODES = ("sequence", "timed")
@@ -29,7 +34,13 @@ NO_ONE_PASS = {
     "free_order": "no one pass with free order {free_order!r} (only append_all keeps an LRU "
     "stack): one replay per capacity",
     "asked": "one replay per capacity (as asked)",
+    "groups": "no one pass over these KV-cache groups (a sliding window's blocks depend on "
+    "its hit): one replay per capacity",
 }
+NO_GROUPS_TIMED = (
+    "this timed replay models one full-attention KV-cache group; sliding-window and "
+    "hybrid layouts replay in sequence mode"
+)
 
 
 @dataclass
@@ -71,8 +82,12 @@ def replay_trace(
     timed: TimedConfig | None = None,
     one_pass: bool | None = None,
     progress: Callable[[int, int], None] | None = None,
+    groups: Sequence[GroupSpec] | None = None,
 ) -> TraceReport:
-    """Replay ``trace``; ``one_pass=None`` uses the curve wherever it is exact."""
+    """Replay ``trace``; ``one_pass=None`` uses the curve wherever it is exact.
+    ``groups``: the pool's KV-cache groups in sequence mode (None or one
+    full-attention group: the plain model); timed mode takes them from
+    ``timed`` and refuses them without."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
     if free_order not in FREE_ORDERS:
@@ -84,13 +99,20 @@ def replay_trace(
     hash_fn = get_hash_fn_by_name(hash_name)
     if free_order != APPEND_ALL:
         make_pool(2, block_size, free_order)  # refuses a free order this pool lacks
-    applies = mode == "sequence" and free_order == APPEND_ALL
+    grouped = not is_plain(groups)
+    if grouped and mode == "timed" and not getattr(timed, "groups", ()):
+        raise ValueError(NO_GROUPS_TIMED)  # timed mode takes its groups from its config
+    grouped = grouped and mode == "sequence"
+    applies = mode == "sequence" and free_order == APPEND_ALL and not grouped
     if one_pass and not applies:
-        why = "timed" if mode == "timed" else "free_order"
+        why = "timed" if mode == "timed" else "groups" if grouped else "free_order"
         raise ValueError(NO_ONE_PASS[why].format(free_order=free_order))
     use = applies if one_pass is None else one_pass
     t0 = time.perf_counter()
     info: dict[str, Any] = {"requests": len(trace), "tokens_per_id": trace.tokens_per_id}
+    if grouped:
+        assert groups is not None
+        info["kv_cache_groups"] = describe_groups(groups)
     if use:
         curve = OnePassCurve(trace, block_size, capacities_tokens)
         results = curve.run(progress)
@@ -103,8 +125,11 @@ def replay_trace(
                 trace, block_size, capacities_tokens, hash_fn, free_order, timed, progress
             )
         else:
-            note = NO_ONE_PASS["asked" if applies else "free_order"].format(free_order=free_order)
-            pools = SequencePools(trace, block_size, capacities_tokens, hash_fn, free_order)
+            why = "groups" if grouped else "asked" if applies else "free_order"
+            note = NO_ONE_PASS[why].format(free_order=free_order)
+            pools = SequencePools(
+                trace, block_size, capacities_tokens, hash_fn, free_order, groups=groups
+            )
             results = pools.run(progress)
     return TraceReport(
         mode,

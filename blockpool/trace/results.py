@@ -10,6 +10,9 @@ evicted since), ``last_token`` (cached, but it holds the prompt's last
 token, which is always computed), ``block_size_floor`` (the partial tail
 block: never hashed).
 ``regret_blocks``: blocks stored again after an eviction at this capacity.
+A replay over sliding-window groups classifies no miss (``classified``
+off): its JSON has ``miss_reasons`` and ``regret_blocks`` null and says why
+(``blockpool/trace/sequence_groups.py``).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class CapacityResult:
     misses: MissTally = field(default_factory=MissTally)
     preemptions: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    classified: bool = True  # miss reasons counted (not over sliding-window groups)
 
     @property
     def miss_reasons(self) -> ReasonCounts:
@@ -98,8 +102,8 @@ class CapacityResult:
             "refused": self.refused,
             "refused_tokens": self.refused_tokens,
             "admitted": self.admitted,
-            "miss_reasons": dict(self.miss_reasons),
-            "regret_blocks": self.regret_blocks,
+            "miss_reasons": dict(self.miss_reasons) if self.classified else None,
+            "regret_blocks": self.regret_blocks if self.classified else None,
             "preemptions": self.preemptions,
             **self.extra,
         }

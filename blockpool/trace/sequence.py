@@ -8,7 +8,9 @@ pool holds besides the null block is refused and changes nothing.
 
 :class:`SequenceDriver` drives any object with vLLM 0.16's ``BlockPool``
 methods (ours, or vLLM's own in ``bench/``); each request is hashed once for
-all the pools.
+all the pools.  A layout of other KV-cache groups (a sliding window, a
+hybrid model) gets a :class:`~blockpool.trace.sequence_groups.GroupSequenceDriver`
+per capacity instead (``groups``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from blockpool.common.miss_reasons import first_unstored
 from blockpool.core.admission import cdiv, hit_limit
+from blockpool.core.attention import GroupSpec
 from blockpool.core.block_hasher import get_request_block_hasher
 from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS, FreeOrder
 from blockpool.core.hashing import BlockHash, HashFn
@@ -26,6 +29,15 @@ from blockpool.core.pool import BlockPool
 from blockpool.trace.keys import make_request
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult, capacity_blocks
+from blockpool.trace.sequence_groups import (
+    GroupRequest,
+    GroupSequenceDriver,
+    hash_block_size,
+    is_plain,
+    max_model_len,
+    removed_blocks,
+    unbounded_group_blocks,
+)
 
 
 def pool_accepts_free_order() -> bool:
@@ -46,21 +58,6 @@ def make_pool(num_blocks: int, block_size: int, free_order: str = APPEND_ALL) ->
             )
         kwargs["free_order"] = free_order
     return BlockPool(num_blocks, True, block_size, True, **kwargs)
-
-
-class _Req:
-    """What ``cache_full_blocks`` reads of a request."""
-
-    __slots__ = ("all_token_ids", "block_hashes", "lora_request")
-
-    def __init__(self, tokens: list[int], hashes: list[BlockHash], lora: Any) -> None:
-        self.all_token_ids = tokens
-        self.block_hashes = hashes
-        self.lora_request = lora
-
-
-def _removed(events: list[Any]) -> int:
-    return sum(len(e.block_hashes) for e in events if e.__class__.__name__ == "BlockRemoved")
 
 
 class SequenceDriver:
@@ -105,7 +102,7 @@ class SequenceDriver:
         pool.free_blocks(blocks[::-1])
         events = pool.take_events()
         if events:
-            res.evictions += _removed(events)
+            res.evictions += removed_blocks(events)
         res.admitted += 1
         res.hit_tokens += k * bs
         return k
@@ -130,7 +127,11 @@ def unbounded_blocks(trace: Trace, block_size: int) -> int:
 
 
 class SequencePools:
-    """One pool per capacity, replayed in step (each request hashed once)."""
+    """One pool per capacity, replayed in step (each request hashed once).
+
+    ``groups``: the pool's KV-cache groups; any layout but one full-attention
+    group is replayed through a coordinator per pool (hashed at the smallest
+    group block size, which ``block_size`` must then be)."""
 
     def __init__(
         self,
@@ -140,22 +141,39 @@ class SequencePools:
         hash_fn: HashFn,
         free_order: FreeOrder = APPEND_ALL,
         pool_factory: Callable[[int, int], Any] | None = None,
+        groups: Sequence[GroupSpec] | None = None,
     ) -> None:
         self.trace = trace
         self.block_size = block_size
         self.hash_fn = hash_fn
-        self.drivers: list[SequenceDriver] = []
+        specs = None if is_plain(groups) else groups
+        if specs is not None and hash_block_size(specs) != block_size:
+            raise ValueError(
+                f"block size {block_size} is not the smallest group block size "
+                f"{hash_block_size(specs)}"
+            )
+        model_len = max_model_len(trace)
+        self.drivers: list[SequenceDriver | GroupSequenceDriver] = []
         for cap in capacities_tokens:
             blocks = capacity_blocks(cap, block_size)
             if blocks is not None and blocks < 1:
                 raise ValueError(f"{cap} tokens hold no block of {block_size} tokens")
-            n = unbounded_blocks(trace, block_size) if blocks is None else blocks
+            if blocks is not None:
+                n = blocks
+            elif specs is None:
+                n = unbounded_blocks(trace, block_size)
+            else:
+                n = unbounded_group_blocks(trace, specs)
             pool = (
                 pool_factory(n, block_size)
                 if pool_factory is not None
                 else make_pool(n, block_size, free_order)
             )
-            self.drivers.append(SequenceDriver(pool, block_size, CapacityResult(cap, blocks)))
+            res = CapacityResult(cap, blocks)
+            if specs is None:
+                self.drivers.append(SequenceDriver(pool, block_size, res))
+            else:
+                self.drivers.append(GroupSequenceDriver(pool, specs, res, model_len))
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> list[CapacityResult]:
         hasher = get_request_block_hasher(self.block_size, self.hash_fn)
@@ -163,7 +181,7 @@ class SequencePools:
         total = len(trace.requests)
         for i, req in enumerate(trace.requests):
             r = make_request(trace, req, str(i), hasher)
-            view = _Req(r.all_token_ids, r.block_hashes, r.lora_request)
+            view = GroupRequest(r.request_id, r.all_token_ids, r.block_hashes, r.lora_request)
             for d in self.drivers:
                 d.step(req.input_length, view, r.block_hashes)
             if progress is not None and (i & 15 == 15 or i + 1 == total):
@@ -178,6 +196,8 @@ def replay_pools(
     hash_fn: HashFn,
     free_order: FreeOrder = APPEND_ALL,
     progress: Callable[[int, int], None] | None = None,
+    groups: Sequence[GroupSpec] | None = None,
 ) -> list[CapacityResult]:
     """Sequence mode with one real pool per capacity, all in one loop."""
-    return SequencePools(trace, block_size, capacities_tokens, hash_fn, free_order).run(progress)
+    pools = SequencePools(trace, block_size, capacities_tokens, hash_fn, free_order, groups=groups)
+    return pools.run(progress)
