@@ -146,6 +146,11 @@ class KVCacheCoordinator:
                 types.append((s, [i]))
         self.types = sorted(types, key=lambda t: not t[0].is_full)
         self.alignment = lcm(*(s.block_size for s, _ in self.types))
+        if use_eagle and any(
+            not s.is_full and s.block_size != self.alignment for s, _ in self.types
+        ):
+            # vLLM 0.16.0 asserts this at the first such hit
+            raise ValueError("eagle needs every sliding-window group at the largest block size")
 
     # ------------------------------------------------------------------ hits
 
@@ -212,11 +217,17 @@ class KVCacheCoordinator:
     ) -> Blocks | None:
         """vLLM's ``allocate_slots`` without lookahead or connectors: the new
         blocks per group, or None (nothing allocated) when too few are free.
+        ValueError, before anything changes, for no new tokens, hit lists
+        that are not one per group, or hits for a request holding blocks.
 
         ``request`` needs ``request_id`` (and what ``cache_full_blocks``
         reads); ``num_computed_tokens`` / ``num_tokens`` default to its
         ``num_computed_tokens`` / ``num_tokens``."""
         rid = request.request_id
+        if num_new_tokens <= 0:
+            raise ValueError(f"num_new_tokens must be greater than 0, got {num_new_tokens}")
+        if new_computed_blocks is not None:
+            self._check_hits(rid, new_computed_blocks)
         computed = (
             request.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
         )
@@ -241,6 +252,15 @@ class KVCacheCoordinator:
         if cache:
             self.cache_blocks(request, min(total + num_new_tokens, known))
         return new
+
+    def _check_hits(self, rid: str, hits: Blocks) -> None:
+        """Hits come one list per group, and only to a request holding no
+        blocks yet (vLLM asserts both)."""
+        if len(hits) != len(self.groups):
+            raise ValueError(f"{len(hits)} lists of hit blocks for {len(self.groups)} groups")
+        for i, g in enumerate(self.groups):
+            if hits[i] and (rid in g.num_cached or g.tables.get(rid)):
+                raise ValueError(f"request {rid} already holds blocks: it takes no new hits")
 
     def cache_blocks(self, request: Any, num_tokens: int) -> None:
         for g in self.groups:

@@ -259,3 +259,40 @@ def test_check_coordinator_sees_a_block_no_table_holds() -> None:
     co.groups[0].tables["a"][0] = co.pool.null_block
     with pytest.raises(InvariantError, match="full-attention group 0 holds the null block"):
         check_coordinator(co)
+
+
+def test_bad_allocations_are_refused_before_anything_changes(snapshot: Snap) -> None:
+    co = coordinator(12, FULL4, WIN8)
+    a = request("a", TOKENS)
+    prefill(co, a)
+    co.free("a")
+    b = request("b", [*TOKENS, 99])
+    hit, n = co.find_longest_cache_hit(b.block_hashes, 20)
+    assert (ids(hit), n) == ([[1, 2, 3, 4, 5], [0, 0, 0, 9, 10]], 20)
+    before = snapshot(co.pool)
+    with pytest.raises(ValueError, match="num_new_tokens must be greater than 0, got 0"):
+        co.allocate_slots(b, 0, n, hit, num_computed_tokens=0, num_tokens=21)
+    with pytest.raises(ValueError, match="1 lists of hit blocks for 2 groups"):
+        co.allocate_slots(b, 1, n, hit[:1], num_computed_tokens=0, num_tokens=21)
+    assert snapshot(co.pool) == before
+    assert co.allocate_slots(b, 1, n, hit, num_computed_tokens=0, num_tokens=21) is not None
+    held = snapshot(co.pool)
+    # a running request (blocks held) takes no new hits, and nothing moves --
+    # not even the blocks that left its window
+    with pytest.raises(ValueError, match="request b already holds blocks"):
+        co.allocate_slots(b, 1, 4, hit, num_computed_tokens=21, num_tokens=22)
+    assert snapshot(co.pool) == held
+    # the queue was 11, 5-1 (group 0, reversed), 10-6: new blocks 11 and 8
+    assert co.block_ids("b") == [[1, 2, 3, 4, 5, 11], [0, 0, 0, 9, 10, 8]]
+    check_coordinator(co)
+
+
+def test_eagle_with_a_window_below_the_alignment_is_refused() -> None:
+    pool = BlockPool(8, True, 4)
+    with pytest.raises(ValueError, match="eagle needs every sliding-window group"):
+        KVCacheCoordinator(
+            pool, [GroupSpec(FULL_ATTENTION, 8), WIN8], 64, hash_block_size=4, use_eagle=True
+        )
+    # full attention may be coarser than the hash blocks with eagle
+    KVCacheCoordinator(pool, [GroupSpec(FULL_ATTENTION, 8), FULL4], 64, use_eagle=True)
+    check_invariants(pool)
