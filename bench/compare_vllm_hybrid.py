@@ -22,14 +22,18 @@ from collections.abc import Sequence
 
 os.environ["PYTHONHASHSEED"] = "0"
 
-try:
-    from parity.hybrid016 import HYBRID_CONFIGS, HybridDriver
-except ImportError as exc:  # pragma: no cover - needs the vLLM venv
-    if (exc.name or "").partition(".")[0] in ("parity", "blockpool"):
-        raise
-    sys.exit(f"compare_vllm_hybrid: vLLM 0.16.0 is not importable ({exc}); use /tmp/vllm016")
+from parity.common import (
+    RunStats,
+    Totals,
+    parse_args,
+    quiet_logging,
+    require_vllm,
+    seed_range,
+    since,
+)
 
-from parity.common import RunStats, Totals, parse_args, quiet_logging, seed_range, since
+require_vllm("compare_vllm_hybrid")
+from parity.hybrid016 import HYBRID_CONFIGS, HybridDriver  # noqa: E402
 
 quiet_logging()
 

@@ -17,6 +17,16 @@ class Divergence(AssertionError):
     pass
 
 
+def require_vllm(script: str) -> None:
+    """Exit with a message naming the env to use when vLLM is not importable."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - needs the vLLM venv
+        raise SystemExit(
+            f"{script}: vLLM 0.16.0 is not importable ({exc}); run with /tmp/vllm016/bin/python"
+        ) from exc
+
+
 def quiet_logging() -> None:
     logging.getLogger("vllm").setLevel(logging.ERROR)
     logging.getLogger("blockpool").setLevel(logging.ERROR)
