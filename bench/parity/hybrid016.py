@@ -9,14 +9,16 @@ admitted in part, decode (append 1-5 tokens, allocate their slots: where
 windows free blocks), re-admit a preempted request (its decoded tokens
 included), drop the blocks left of the window (remove_skipped_blocks, as
 vLLM does before handing a finished request to a connector), finish, and
-reset_prefix_cache.  A refused allocation preempts the newest request (freed,
-sent back to wait with its computed tokens at 0) and tries again, as vLLM's
-scheduler does, until it succeeds or the request itself was preempted.
+reset_prefix_cache.  A refused chunk or decode preempts the newest request
+(freed, sent back to wait with its computed tokens at 0) and tries again, as
+vLLM's scheduler does, until it fits or the request itself was preempted; a
+refused admission sends the request to wait and preempts the newest once.
 
 After every operation: the free queue order, every block's ref count and
 hash, the hash map, the KV events taken, every request's block table in
-every group, and the invariants of our pool and coordinator; at every
-lookup the hit tokens and the hit block ids per group.
+every group, the new blocks each allocation hands out, and the invariants
+of our pool and coordinator; at every lookup the hit tokens and the hit block
+ids per group.
 """
 
 from __future__ import annotations
