@@ -88,7 +88,7 @@ HYBRID_CONFIGS = [
     HybridConfig("eagle, 3 types", (full(8), window(17, 8), window(40, 8)), 150, 8, True),
     HybridConfig("blocks 2x hash blocks", (full(16), window(40, 16)), 80, 8),
     HybridConfig("mixed sizes, window coarse", (full(8), window(40, 16)), 100, 8),
-    HybridConfig("mixed sizes, full coarse", (full(16), window(21, 8)), 100, 8),
+    HybridConfig("mixed sizes, full coarse", (full(16), window(21, 8)), 60, 8),
     HybridConfig("mixed sizes, 3 types", (full(8), window(12, 16), window(50, 8)), 160, 8),
     HybridConfig("short max_model_len", (full(8), window(20, 8)), 80, 8, max_model_len=64),
 ]
