@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Sequence
 
 # vLLM's NONE_HASH comes from PYTHONHASHSEED; ours is given the same seed.
@@ -59,30 +58,23 @@ quiet_logging()
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(__doc__, argv, seeds=6, ops=3000)
     totals = Totals()
-    for cfg in CONFIGS:
-        for seed in seed_range(args):
-            t = time.perf_counter()
-            st = totals.play(Driver, cfg, seed, args.ops)
-            if st is not None:
-                print(
-                    f"  ok  {cfg.name:<24} seed {seed}: {st.ops} ops, {st.events} events, "
-                    f"{st.samples} metric samples, {st.hits} hit blocks, "
-                    f"{st.errors_matched} matching errors ({since(t)})",
-                    flush=True,
-                )
-    for mcfg in MANAGER_CONFIGS:
-        for seed in seed_range(args):
-            t = time.perf_counter()
-            # the request level's operation counts are not among those listed
-            st = totals.play(ManagerDriver, mcfg, seed, args.ops, counts=False)
-            if st is not None:
-                print(
-                    f"  ok  {mcfg.name:<24} seed {seed}: {st.ops} ops, {st.events} events, "
-                    f"{st.hits} hit blocks, {st.counts.get('admit', 0)} admitted, "
-                    f"{st.counts.get('refused', 0)} refused, {st.counts.get('preempted', 0)} "
-                    f"preempted ({since(t)})",
-                    flush=True,
-                )
+    totals.play_each(
+        Driver, CONFIGS, seed_range(args), args.ops,
+        lambda st: (
+            f"{st.ops} ops, {st.events} events, {st.samples} metric samples, {st.hits} hit "
+            f"blocks, {st.errors_matched} matching errors"
+        ),
+    )  # fmt: skip
+    # the request level's operation counts are not among those listed
+    totals.play_each(
+        ManagerDriver, MANAGER_CONFIGS, seed_range(args), args.ops,
+        lambda st: (
+            f"{st.ops} ops, {st.events} events, {st.hits} hit blocks, "
+            f"{st.counts.get('admit', 0)} admitted, {st.counts.get('refused', 0)} refused, "
+            f"{st.counts.get('preempted', 0)} preempted"
+        ),
+        counts=False,
+    )  # fmt: skip
     bp.set_int_block_hashes(True)
     print()
     print(totals.exercised())

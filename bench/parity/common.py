@@ -17,6 +17,16 @@ class Divergence(AssertionError):
     pass
 
 
+def require_vllm(script: str) -> None:
+    """Exit with a message naming the env to use when vLLM is not importable."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - needs the vLLM venv
+        raise SystemExit(
+            f"{script}: vLLM 0.16.0 is not importable ({exc}); run with /tmp/vllm016/bin/python"
+        ) from exc
+
+
 def quiet_logging() -> None:
     logging.getLogger("vllm").setLevel(logging.ERROR)
     logging.getLogger("blockpool").setLevel(logging.ERROR)
@@ -109,6 +119,16 @@ class Run:
         if map_view(v, exact=exact) != map_view(o, exact=exact):
             self.fail("hash map contents differ")
 
+    def same_pool_state(self, v: Any, o: Any) -> None:
+        """The free queue order, every block's ref count and hash, and the
+        hash map."""
+        self.same_free_queue(v, o)
+        if [(b.ref_cnt, b.block_hash) for b in v.blocks] != [
+            (b.ref_cnt, b.block_hash) for b in o.blocks
+        ]:
+            self.fail("ref counts or hashes differ")
+        self.same_hash_map(v, o)
+
     def same_taken_events(
         self, v: Any, o: Any, view: Callable[[Any], Any] = event_view, shown: int = 3
     ) -> int:
@@ -161,6 +181,29 @@ class Totals:
             return None
         self.sums.add(st, counts=counts)
         return st
+
+    def play_each(
+        self,
+        make: Callable[[Any, int], Any],
+        configs: Sequence[Any],
+        seeds: range,
+        ops: int,
+        line: Callable[[RunStats], str],
+        *,
+        counts: bool = True,
+        width: int = 24,
+    ) -> None:
+        """``play`` every configuration for every seed, one line a run that
+        matched: ``ok``, its name and seed, ``line(stats)`` and its time."""
+        for cfg in configs:
+            for seed in seeds:
+                t = time.perf_counter()
+                st = self.play(make, cfg, seed, ops, counts=counts)
+                if st is not None:
+                    print(
+                        f"  ok  {cfg.name:<{width}} seed {seed}: {line(st)} ({since(t)})",
+                        flush=True,
+                    )
 
     def exercised(self) -> str:
         return "operations exercised: " + ", ".join(

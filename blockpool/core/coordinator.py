@@ -39,10 +39,11 @@ Blocks = tuple[list[KVCacheBlock], ...]
 class _GroupTables:
     """One group's block tables (vLLM's ``SingleTypeKVCacheManager``)."""
 
-    __slots__ = ("gid", "num_cached", "pool", "spec", "tables")
+    __slots__ = ("gid", "num_cached", "pool", "spec", "tables", "window")
 
     def __init__(self, spec: GroupSpec, gid: int, pool: BlockPool) -> None:
         self.spec = spec
+        self.window = spec.sliding_window
         self.gid = gid
         self.pool = pool
         self.tables: dict[str, list[KVCacheBlock]] = {}
@@ -135,6 +136,7 @@ class KVCacheCoordinator:
             raise ValueError("every group's block size must be a multiple of the hash block size")
         self.use_eagle = use_eagle
         self.groups = tuple(_GroupTables(s, i, pool) for i, s in enumerate(specs))
+        self._no_hits: tuple[tuple[KVCacheBlock, ...], ...] = tuple(() for _ in specs)
         # one entry per distinct spec, with its group ids; full attention first
         types: list[tuple[GroupSpec, list[int]]] = []
         for i, s in enumerate(specs):
@@ -146,6 +148,11 @@ class KVCacheCoordinator:
                 types.append((s, [i]))
         self.types = sorted(types, key=lambda t: not t[0].is_full)
         self.alignment = lcm(*(s.block_size for s, _ in self.types))
+        if use_eagle and any(
+            not s.is_full and s.block_size != self.alignment for s, _ in self.types
+        ):
+            # vLLM 0.16.0 asserts this at the first such hit
+            raise ValueError("eagle needs every sliding-window group at the largest block size")
 
     # ------------------------------------------------------------------ hits
 
@@ -212,35 +219,52 @@ class KVCacheCoordinator:
     ) -> Blocks | None:
         """vLLM's ``allocate_slots`` without lookahead or connectors: the new
         blocks per group, or None (nothing allocated) when too few are free.
+        ValueError, before anything changes, for no new tokens, hit lists
+        that are not one per group, or hits for a request holding blocks.
 
         ``request`` needs ``request_id`` (and what ``cache_full_blocks``
         reads); ``num_computed_tokens`` / ``num_tokens`` default to its
         ``num_computed_tokens`` / ``num_tokens``."""
         rid = request.request_id
+        if num_new_tokens <= 0:
+            raise ValueError(f"num_new_tokens must be greater than 0, got {num_new_tokens}")
+        if new_computed_blocks is not None:
+            self._check_hits(rid, new_computed_blocks)
         computed = (
             request.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
         )
         known = request.num_tokens if num_tokens is None else num_tokens
         if new_computed_blocks is not None and not any(new_computed_blocks):
             new_computed_blocks = None  # vLLM's empty KVCacheBlocks
-        hits: Blocks = new_computed_blocks or tuple([] for _ in self.groups)
+        hits: Sequence[Sequence[KVCacheBlock]] = new_computed_blocks or self._no_hits
         local = computed + num_new_computed_tokens
         total = min(local, self.max_model_len)
         need_slot = min(total + num_new_tokens, self.max_model_len)
-        for g in self.groups:
-            g.remove_skipped(rid, total)
-        needed = sum(
-            g.num_to_allocate(rid, need_slot, hits[i], local) for i, g in enumerate(self.groups)
-        )
+        groups = self.groups
+        for g in groups:
+            if g.window is not None:
+                g.remove_skipped(rid, total)
+        needed = 0
+        for g, hit in zip(groups, hits, strict=True):
+            needed += g.num_to_allocate(rid, need_slot, hit, local)
         if needed > self.pool.get_num_free_blocks():
             return None
         if new_computed_blocks is not None:
-            for i, g in enumerate(self.groups):
-                g.add_hits(rid, hits[i], local)
-        new = tuple(g.add_new(rid, need_slot) for g in self.groups)
+            for g, hit in zip(groups, hits, strict=True):
+                g.add_hits(rid, hit, local)
+        new = tuple([g.add_new(rid, need_slot) for g in groups])
         if cache:
             self.cache_blocks(request, min(total + num_new_tokens, known))
         return new
+
+    def _check_hits(self, rid: str, hits: Blocks) -> None:
+        """Hits come one list per group, and only to a request holding no
+        blocks yet (vLLM asserts both)."""
+        if len(hits) != len(self.groups):
+            raise ValueError(f"{len(hits)} lists of hit blocks for {len(self.groups)} groups")
+        for i, g in enumerate(self.groups):
+            if hits[i] and (rid in g.num_cached or g.tables.get(rid)):
+                raise ValueError(f"request {rid} already holds blocks: it takes no new hits")
 
     def cache_blocks(self, request: Any, num_tokens: int) -> None:
         for g in self.groups:

@@ -5,13 +5,15 @@ hold no block twice and match ``num_free_blocks``; free blocks have ref count
 0 and held blocks a positive one; unqueued blocks have no links; the null
 block is block 0, never queued and never cached; every block's hash is a key
 of the map holding that very block, and every block in the map carries the
-key it is filed under.  On failure InvariantError lists every problem found
+key it is filed under.  ``check_coordinator`` adds a coordinator's block
+tables to the audit.  On failure InvariantError lists every problem found
 and a short dump of the pool.
 """
 
 from __future__ import annotations
 
 from blockpool.core.block import KVCacheBlock
+from blockpool.core.coordinator import KVCacheCoordinator
 from blockpool.core.errors import BlockPoolError
 from blockpool.core.pool import BlockPool
 
@@ -160,3 +162,36 @@ def in_map(pool: BlockPool, key: bytes) -> frozenset[int]:
     if isinstance(entry, dict):
         return frozenset(entry)
     return frozenset((entry.block_id,))
+
+
+def check_coordinator(coordinator: KVCacheCoordinator) -> None:
+    """Raise InvariantError if the block tables of ``coordinator`` disagree
+    with its pool, which it must be the only user of: every block's ref
+    count is the number of table slots holding it (so no table holds a free
+    block, and no block is held that no table names), a table holds the null
+    block only left of its real blocks' window (a sliding-window group) and
+    never in a full-attention group; then the pool's own invariants."""
+    pool = coordinator.pool
+    problems: list[str] = []
+    held = [0] * len(pool.blocks)
+    for g, spec in enumerate(coordinator.specs):
+        for rid, table in coordinator.groups[g].tables.items():
+            for i, b in enumerate(table):
+                if b.is_null:
+                    if spec.is_full:
+                        problems.append(f"{rid}: full-attention group {g} holds the null block")
+                    elif i and not table[i - 1].is_null:
+                        problems.append(f"{rid}: group {g} has a null block after a real one")
+                    continue
+                if not (0 <= b.block_id < len(pool.blocks)) or pool.blocks[b.block_id] is not b:
+                    problems.append(f"{rid}: group {g} holds block {b.block_id} of another pool")
+                    continue
+                held[b.block_id] += 1
+    for b in pool.blocks:
+        if not b.is_null and b.ref_cnt != held[b.block_id]:
+            problems.append(
+                f"block {b.block_id} has ref_cnt {b.ref_cnt} but {held[b.block_id]} table slot(s)"
+            )
+    if problems:
+        raise InvariantError(problems, _dump(pool, pool.free_block_queue.get_all_free_blocks()))
+    check_invariants(pool)
