@@ -122,4 +122,3 @@ def test_a_layout_with_kv_cache_groups_runs_them_and_says_so(
                  "--no-progress"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "KV-cache groups (2, one pool): full_attention, sliding_window 256" in out
-
