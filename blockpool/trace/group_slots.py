@@ -24,6 +24,13 @@ is cached in every group but holds the prompt's last token;
 ``block_size_floor`` -- the partial tail block.  A hit of a sliding-window
 model may count blocks that no group holds (they lie before the window and
 are null in the table): they are hits, as vLLM counts them.
+
+A blocked head request is looked up again every step; its hit is a function
+of the map entries of its own hashes, which change only when one of them is
+cached or evicted.  Those changes are logged (evictions through the pool's
+metrics-collector hook, when the pool has no collector of its own), and a
+lookup whose request's hashes saw none since its last one returns that hit
+again (counted again).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, GroupSpec
 from blockpool.core.block import KVCacheBlock
 from blockpool.core.coordinator import KVCacheCoordinator
 from blockpool.core.hashing import BlockHash
+from blockpool.core.metrics import KVCacheMetricsCollector
 from blockpool.core.pool import BlockPool
 from blockpool.trace.slots import LookupStats, MissArgs, SlotRequest, miss_args
 
@@ -66,6 +74,26 @@ def peak_blocks(specs: Sequence[GroupSpec], num_tokens: int, max_chunk: int) -> 
     return total
 
 
+class _EvictionLog(KVCacheMetricsCollector):
+    """The pool's collector hook, used only to log evicted hashes."""
+
+    def __init__(self, log: list[bytes], memo: dict[str, Any]) -> None:
+        super().__init__(1.0)
+        self.log = log
+        self.memo = memo  # logged only while some lookup is memoised
+
+    def on_block_allocated(self, block: KVCacheBlock) -> None:
+        pass
+
+    def on_block_accessed(self, block: KVCacheBlock) -> None:
+        pass
+
+    def on_block_evicted(self, block: KVCacheBlock) -> None:
+        key = block._block_hash
+        if key is not None and self.memo:
+            self.log.append(key[:-4])  # the block hash without its group suffix
+
+
 class GroupSlots:
     """Block tables per group of the requests that hold blocks, on one pool."""
 
@@ -88,12 +116,36 @@ class GroupSlots:
         self.tally = MissTally() if tally is None else tally
         self.caching = pool.enable_caching
         self._all_groups = list(range(len(self.specs)))
+        # lookups to reuse: rid -> (change log position, max length, hit, tokens, hashes)
+        self._memo: dict[str, tuple[int, int, Any, int, set[bytes]]] = {}
+        self._changed: list[bytes] = []  # hashes cached or evicted (any group)
+        self._log_base = 0
+        uniform = all(sp.block_size == self.hash_block_size for sp in self.specs)
+        self._memoise = uniform and self.caching and pool.metrics_collector is None
+        if self._memoise:
+            pool.metrics_collector = _EvictionLog(self._changed, self._memo)
 
     def lookup(self, req: SlotRequest) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """Per group the blocks of ``req``'s longest hit, and its tokens."""
         if not self.caching:
             return (), 0
-        hit, tokens = self.coordinator.find_longest_cache_hit(req.block_hashes, req.num_tokens - 1)
+        limit = req.num_tokens - 1
+        memo = self._memo.get(req.rid) if self._memoise else None
+        if memo is not None and memo[1] == limit:
+            pos, _, hit, tokens, keys = memo
+            log = self._changed
+            for j in range(pos - self._log_base, len(log)):
+                if log[j] in keys:
+                    break
+            else:
+                self.stats.count(req, tokens)
+                return tuple(list(b) for b in hit), tokens
+        hit, tokens = self.coordinator.find_longest_cache_hit(req.block_hashes, limit)
+        if self._memoise:
+            if memo is None or memo[1] != limit:
+                keys = set(req.block_hashes[: limit // self.hash_block_size])
+            self._memo[req.rid] = (self._log_base + len(self._changed), limit, hit, tokens, keys)
+            hit = tuple(list(b) for b in hit)
         self.stats.count(req, tokens)
         return hit, tokens
 
@@ -118,6 +170,10 @@ class GroupSlots:
         )
         if got is None:
             return False
+        memo = self._memo
+        if memo and memo.pop(req.rid, None) is not None and not memo:
+            self._log_base += len(self._changed)
+            self._changed.clear()
         if cache and self.caching:
             upto = min(req.num_computed + num_hit, self.coordinator.max_model_len) + num_new
             self.cache_blocks(req, min(upto, req.num_tokens))
@@ -142,7 +198,10 @@ class GroupSlots:
             before = sum(1 for b in table[done:full] if not b.is_null)
             g.cache(request, num_tokens)
             self.stored += before
-            self.ever.update(hashes[done * bs // hbs : full * bs // hbs])
+            added = hashes[done * bs // hbs : full * bs // hbs]
+            self.ever.update(added)
+            if self._memo:
+                self._changed.extend(added)
 
     def misses(self, req: SlotRequest, num_hit: int) -> MissArgs:
         """The miss reasons of a request first scheduled with ``num_hit``

@@ -4,12 +4,14 @@ what a window changes in the scheduler's pool, without vLLM."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from blockpool import BlockPool, check_invariants, init_none_hash, sha256
 from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, GroupSpec
+from blockpool.core.metrics import KVCacheMetricsCollector
 from blockpool.trace.group_slots import GroupSlots, parse_groups, peak_blocks
 from blockpool.trace.reader import Trace, TraceRequest
 from blockpool.trace.replay import replay_trace
@@ -17,6 +19,7 @@ from blockpool.trace.results import CapacityResult
 from blockpool.trace.scheduled import ScheduledRun, run_scheduled
 from blockpool.trace.scheduler import SchedulerConfig
 from blockpool.trace.timed import TimedConfig
+from tests.trace.sched_traces import write_trace
 
 ASYNC = SchedulerConfig(512, 256, True, 0, None, "fcfs", True)
 SYNC = SchedulerConfig(512, 256, True, 0, None, "fcfs", False)
@@ -140,3 +143,37 @@ def test_parse_groups() -> None:
     for bad in ("full,window=3", "sliding=0", "sliding=x", ""):
         with pytest.raises(ValueError):
             parse_groups(bad, 16)
+
+
+def test_a_retried_lookup_reuses_its_hit_only_while_its_hashes_are_untouched(
+    tmp_path: Path,
+) -> None:
+    """The same replay with the lookups memoised and (a pool with its own
+    metrics collector) without: the same story for every request."""
+    trace = write_trace(tmp_path / "t.jsonl", 7, 120)
+    groups = parse_groups("full,sliding=64", 16)
+    runs = []
+    for collector in (None, KVCacheMetricsCollector()):
+        init_none_hash(sha256)
+        pool = BlockPool(300, True, 16, False, collector)
+        res = CapacityResult(None, 300)
+        slots = GroupSlots(pool, groups, 1 << 20, res.misses)
+        searches = 0
+        find = slots.coordinator.find_longest_cache_hit
+
+        def counted(*a: Any, find: Any = find) -> Any:
+            nonlocal searches
+            searches += 1
+            return find(*a)
+
+        slots.coordinator.find_longest_cache_hit = counted  # type: ignore[method-assign]
+        run = run_scheduled(trace, pool, 16, sha256, res, ASYNC, records=True, slots=slots,
+                            groups=groups)  # fmt: skip
+        check_invariants(pool)
+        lookups = res.extra["prefix_cache_lookups"] + res.extra["preempted_prefix_cache_lookups"]
+        runs.append((run.records, res.preemptions, res.extra["prefix_cache_hits"], searches,
+                     lookups, dict(res.miss_reasons)))  # fmt: skip
+    (recs, pre, hits, memo_searches, n, why), (recs2, pre2, hits2, searches2, n2, why2) = runs
+    assert (recs, pre, hits, n, why) == (recs2, pre2, hits2, n2, why2)
+    assert pre > 0 and searches2 == n  # without the memo every lookup searches
+    assert memo_searches < n // 2  # most retries of a blocked head reuse their hit
