@@ -123,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
             capacities_tokens=[c.capacity_tokens for c in caps],
             hash_name=args.hash_name,
             free_order=args.free_order,
-            timed=timed_config(args),
+            timed=timed_config(args, layout),
             one_pass=args.one_pass,
             progress=progress.bar(f"{label} ({len(caps)} capacities)"),
             groups=groups,

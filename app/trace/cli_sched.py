@@ -13,7 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from blockpool.core.attention import GroupSpec
+from blockpool.trace.capacity import KVLayout
 from blockpool.trace.engine import StepModel
+from blockpool.trace.group_slots import describe_groups, needs_groups
 from blockpool.trace.scheduler import POLICIES, SchedulerConfig
 from blockpool.trace.timed import TimedConfig
 
@@ -75,10 +78,14 @@ def _read_step_model(path: str) -> StepModel:
         raise ValueError(f"--step-model {path}: {exc}") from None
 
 
-def timed_config(args: argparse.Namespace) -> TimedConfig:
-    """The TimedConfig the flags ask for (ValueError naming the flag when bad)."""
+def timed_config(args: argparse.Namespace, layout: KVLayout | None = None) -> TimedConfig:
+    """The TimedConfig the flags ask for (ValueError naming the flag when bad);
+    a ``layout`` with sliding windows or several KV-cache groups gives the
+    replay its groups."""
+    specs = () if layout is None else tuple(layout.group_specs(args.block_size))
+    groups = specs if needs_groups(specs) else ()
     if args.scheduler == "simple":
-        return TimedConfig(args.speed, args.step_ms, args.max_running)
+        return TimedConfig(args.speed, args.step_ms, args.max_running, groups=groups)
     budget = args.max_num_batched_tokens
     if budget < 0:
         raise ValueError("--max-num-batched-tokens must be >= 0 (0: no budget)")
@@ -95,13 +102,21 @@ def timed_config(args: argparse.Namespace) -> TimedConfig:
         policy=args.policy,
         async_scheduling=args.async_scheduling,
     )
-    return TimedConfig(args.speed, args.step_ms, args.max_running, sched, model)
+    return TimedConfig(args.speed, args.step_ms, args.max_running, sched, model, groups)
 
 
 def _ms(d: Any) -> str:
     if not isinstance(d, dict) or d.get("p50") is None:
         return "-"
     return f"{d['p50']:.0f}/{d['p90']:.0f}/{d['p99']:.0f}"
+
+
+def _group_lines(x: dict[str, Any]) -> list[str]:
+    groups = x.get("kv_cache_groups")
+    if not groups:
+        return []
+    specs = [GroupSpec(g["kind"], g["block_size"], g["sliding_window"]) for g in groups]
+    return [f"KV-cache groups ({len(specs)}, one pool): {describe_groups(specs)}"]
 
 
 def scheduler_lines(report: Any) -> list[str]:
@@ -116,6 +131,7 @@ def scheduler_lines(report: Any) -> list[str]:
         + ", ".join(f"{k}={v}" for k, v in cfg.items() if k != "step_model")
         + "), step ms = "
         + " + ".join(f"{v:g} {k}" for k, v in cfg["step_model"].items()),
+        *_group_lines(rows[0].extra),
         "request_hit_rate: cached prefix at first schedule / prompt tokens (what clients see); "
         "prefix_cache_hit_rate: vLLM's /metrics prefix_cache_hits / prefix_cache_queries "
         "(every lookup, blocked retries included)",

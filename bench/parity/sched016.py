@@ -12,6 +12,11 @@ trace's output tokens (``ignore_eos``); arrivals, rejections and refusals as
     VENV016/bin/python bench/parity/sched016.py TRACE --num-blocks 400 \\
         --hf-home DIR [--max-num-batched-tokens 2048 --sync ...]
 
+``--groups full,sliding=64``: the KV-cache groups (a hybrid
+``KVCacheConfig`` of full-attention and sliding-window specs; default one
+full-attention group), refusals then by ``group_slots.peak_blocks`` as
+timed mode has them.
+
 ``--hf-home``: an offline Hugging Face cache holding ``Qwen/Qwen3-0.6B``'s
 ``config.json`` (docs/vllm-parity.md says how; ``--write-hf-cache`` writes
 one there).
@@ -78,6 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--step-ms", type=float, default=20.0)
     p.add_argument("--per-prefill-token-ms", type=float, default=0.0)
     p.add_argument("--per-decode-seq-ms", type=float, default=0.0)
+    p.add_argument("--groups", default="", help="KV-cache groups: full,sliding=TOKENS,...")
     p.add_argument("--hf-home", required=True)
     p.add_argument("--write-hf-cache", action="store_true")
     p.add_argument("--repeat", type=int, default=1, help="time the loop this many times")
@@ -104,7 +110,12 @@ def make_scheduler(args: argparse.Namespace) -> Any:
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
     from vllm.v1.structured_output import StructuredOutputManager
 
     model = ModelConfig(model=MODEL, max_model_len=args.max_model_len, skip_tokenizer_init=True)
@@ -121,14 +132,17 @@ def make_scheduler(args: argparse.Namespace) -> Any:
     cache = CacheConfig(block_size=args.block_size, enable_prefix_caching=True)
     vcfg = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache)
     vcfg.cache_config.num_gpu_blocks = args.num_blocks
-    spec = FullAttentionSpec(
-        block_size=args.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
-    )
-    kv = KVCacheConfig(
-        num_blocks=args.num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
-    )
+    shape = {"num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+    groups = []
+    for i, g in enumerate(group_specs(args)):
+        w = g.sliding_window
+        spec: Any = (
+            FullAttentionSpec(block_size=g.block_size, **shape)
+            if w is None
+            else SlidingWindowSpec(block_size=g.block_size, sliding_window=w, **shape)
+        )
+        groups.append(KVCacheGroupSpec([f"layer{i}"], spec))
+    kv = KVCacheConfig(num_blocks=args.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     cls = Scheduler if args.sync else AsyncScheduler
     return cls(
         vllm_config=vcfg,
@@ -137,6 +151,14 @@ def make_scheduler(args: argparse.Namespace) -> Any:
         block_size=args.block_size,
         log_stats=True,
     )
+
+
+def group_specs(args: argparse.Namespace) -> list[Any]:
+    """The ``--groups`` as blockpool's GroupSpecs (one full-attention group by default)."""
+    from blockpool.core.attention import GroupSpec
+    from blockpool.trace.group_slots import parse_groups
+
+    return parse_groups(args.groups, args.block_size) if args.groups else [GroupSpec()]
 
 
 def run(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
@@ -148,7 +170,13 @@ def run(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
 
     ku.init_none_hash(vsha256)
     hasher = ku.get_request_block_hasher(args.block_size, vsha256)
+    from blockpool.trace.group_slots import needs_groups, peak_blocks
+
     sched = make_scheduler(args)
+    specs = group_specs(args)
+    grouped = needs_groups(specs)
+    threshold = args.long_prefill_token_threshold
+    max_chunk = min(args.max_num_batched_tokens, threshold or args.max_num_batched_tokens)
     bs, mml, usable = args.block_size, args.max_model_len, args.num_blocks - 1
     reqs = trace.requests
     outputs: dict[str, list[int]] = {}
@@ -218,7 +246,9 @@ def run(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
             out_n = max(tr.output_length, 1)
             if tr.input_length + out_n > mml:
                 out_n = mml - tr.input_length
-            if -(-(tr.input_length + out_n - 1) // bs) > usable:
+            longest = tr.input_length + out_n - 1
+            need = peak_blocks(specs, longest, max_chunk) if grouped else -(-longest // bs)
+            if need > usable:
                 refused.append(tr.index)
                 continue
             rid = str(tr.index)

@@ -3,7 +3,9 @@
 process (the 0.16.0 venv), alternating rounds; both loops are timed alone
 (trace parsing, vLLM's start-up and the comparison are not counted).  The
 per-request outcomes (cached prefix at first schedule, preemptions,
-completion order) must be equal."""
+completion order) must be equal.  ``--groups full,sliding=4096``: both
+sides on those KV-cache groups (``GroupSlots`` against vLLM's hybrid
+``KVCacheConfig``)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--max-model-len", type=int, default=40960)
     p.add_argument("--sync", action="store_true", help="synchronous scheduling")
+    p.add_argument("--groups", default="", help="KV-cache groups: full,sliding=TOKENS,...")
     p.add_argument("--speed", type=float, default=1.0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--hf-home", type=Path, default=Path("/tmp/blockpool-sched-hf"))
@@ -35,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _ours(args: argparse.Namespace, trace: Any) -> tuple[float, Any]:
     from blockpool import BlockPool, init_none_hash, sha256
+    from blockpool.trace.group_slots import parse_groups
     from blockpool.trace.results import CapacityResult
     from blockpool.trace.scheduled import run_scheduled
     from blockpool.trace.scheduler import SchedulerConfig
@@ -45,9 +49,12 @@ def _ours(args: argparse.Namespace, trace: Any) -> tuple[float, Any]:
                           "fcfs", not args.sync)  # fmt: skip
     pool = BlockPool(blocks, True, 16, False)
     res = CapacityResult(args.capacity_tokens, blocks)
+    groups = parse_groups(args.groups, 16) if args.groups else ()
     gc.collect()
     t0 = time.process_time()
-    run = run_scheduled(trace, pool, 16, sha256, res, cfg, speed=args.speed, records=True)
+    run = run_scheduled(
+        trace, pool, 16, sha256, res, cfg, speed=args.speed, records=True, groups=groups
+    )
     return time.process_time() - t0, run
 
 
@@ -65,6 +72,7 @@ def bench_scheduler(args: argparse.Namespace) -> dict[str, Any]:
         "--max-num-batched-tokens", str(args.max_num_batched_tokens),
         "--max-model-len", str(args.max_model_len), "--speed", str(args.speed),
         "--hf-home", str(args.hf_home), *(["--sync"] if args.sync else []),
+        *(["--groups", args.groups] if args.groups else []),
     ])  # fmt: skip
     t_ours: list[float] = []
     t_vllm: list[float] = []
@@ -91,6 +99,7 @@ def bench_scheduler(args: argparse.Namespace) -> dict[str, Any]:
         "requests": len(trace),
         "capacity_tokens": args.capacity_tokens,
         "async_scheduling": not args.sync,
+        "kv_cache_groups": args.groups or "full",
         "preemptions": run.result.preemptions,
         "identical": same,
         "cpu_seconds_ours": t_ours,
@@ -99,7 +108,8 @@ def bench_scheduler(args: argparse.Namespace) -> dict[str, Any]:
     }
     print(
         f"{len(trace)} requests, {args.capacity_tokens} tokens, "
-        f"{'sync' if args.sync else 'async'}: {run.result.preemptions} preemptions; "
+        f"{'sync' if args.sync else 'async'}, groups {args.groups or 'full'}: "
+        f"{run.result.preemptions} preemptions; "
         f"same per request: {same}; best of {args.rounds} (CPU s): ours {o:.2f}, "
         f"vLLM 0.16.0 Scheduler {v:.2f}: ours {v / o:.2f}x"
     )

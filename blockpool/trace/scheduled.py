@@ -12,7 +12,14 @@ Per capacity it reports both hit rates: ``hit_rate`` (also
 schedule over the prompt tokens, what clients see -- and
 ``prefix_cache_hit_rate``, vLLM's ``vllm:prefix_cache_hits /
 vllm:prefix_cache_queries``: every lookup, a blocked head request's retries
-included, preempted requests' lookups apart.  Times (simulated ms):
+included, preempted requests' lookups apart.
+
+A layout of several KV-cache groups, or one with a sliding window
+(``groups``), runs on ``GroupSlots`` (vLLM's per-group block tables over
+the one pool; ``kv_cache_groups`` in the result names them); one
+full-attention group on ``KVSlots``.  With windows, a request is refused
+when ``peak_blocks`` (an upper bound on what it holds at once) exceeds
+the pool.  Times (simulated ms):
 ``ttft_ms`` (arrival to the end of the step that sampled the first token),
 ``queue_ms`` (arrival to the first schedule) and ``e2e_ms`` percentiles.
 """
@@ -22,12 +29,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from blockpool.core.attention import GroupSpec
 from blockpool.core.free_order import APPEND_ALL
 from blockpool.core.hashing import HashFn
 from blockpool.core.manager import _request_block_hasher
 from blockpool.core.pool import BlockPool
 from blockpool.core.request import LoRARequest, Request
 from blockpool.trace.engine import Engine, StepModel
+from blockpool.trace.group_slots import GroupSlots, needs_groups, peak_blocks
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult, capacity_blocks
 from blockpool.trace.scheduler import SchedRequest, Scheduler, SchedulerConfig
@@ -89,15 +98,22 @@ def run_scheduled(
     progress: Callable[[int, int], None] | None = None,
     records: bool = False,
     slots: SlotBackend | None = None,
+    groups: Sequence[GroupSpec] = (),
 ) -> ScheduledRun:
     """Replay ``trace`` through the scheduler model on ``pool`` (through
-    ``slots`` on it when given; else ``KVSlots``, which also counts the
-    miss reasons and evictions)."""
+    ``slots`` on it when given; else ``GroupSlots`` for ``groups`` that need
+    it, ``KVSlots`` otherwise; both also count the miss reasons and
+    evictions)."""
     if not speed > 0:
         raise ValueError("speed must be > 0")
     model = step_model or StepModel()
+    grouped = needs_groups(groups)
     if slots is None:
-        slots = KVSlots(pool, block_size, config.model_len, result.misses)
+        if grouped:
+            slots = GroupSlots(pool, groups, config.model_len, result.misses)
+        else:
+            slots = KVSlots(pool, block_size, config.model_len, result.misses)
+    max_chunk = min(config.budget, config.long_prefill_token_threshold or config.budget)
     sched = Scheduler(slots, config)
     engine = Engine(sched, model)
     hasher = _request_block_hasher(pool.hash_block_size, hash_fn)
@@ -131,7 +147,11 @@ def run_scheduled(
             out = max(tr.output_length, 1)
             if tr.input_length + out > model_len:
                 out = model_len - tr.input_length
-            if -(-(tr.input_length + out - 1) // block_size) > usable:
+            if (
+                peak_blocks(groups, tr.input_length + out - 1, max_chunk)
+                if grouped
+                else -(-(tr.input_length + out - 1) // block_size)
+            ) > usable:
                 result.refused += 1
                 result.refused_tokens += tr.input_length
                 if records:
@@ -171,11 +191,13 @@ def run_scheduled(
     result.hit_tokens = hit
     result.admitted = admitted
     result.preemptions = sched.preemptions
-    if isinstance(slots, KVSlots):
+    if isinstance(slots, (KVSlots, GroupSlots)):
         cached_now = sum(1 for b in pool.blocks if b.block_hash is not None)
         result.evictions = slots.stored - cached_now
     x = result.extra
     x["scheduler"] = {**asdict(config), "step_model": model.to_json()}
+    if grouped:
+        x["kv_cache_groups"] = [asdict(g) for g in groups]
     x["request_hit_rate"] = result.hit_rate
     x.update(stats.to_json())
     x["rejected_too_long"] = too_long
@@ -216,8 +238,10 @@ def replay_scheduled(
     step_model: StepModel | None = None,
     speed: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
+    groups: Sequence[GroupSpec] = (),
 ) -> list[CapacityResult]:
-    """The scheduler model at each capacity (one replay each)."""
+    """The scheduler model at each capacity (one replay each; ``groups``:
+    the KV-cache groups, as ``run_scheduled`` takes them)."""
     out = []
     for cap in capacities_tokens:
         blocks = capacity_blocks(cap, block_size)
@@ -226,11 +250,17 @@ def replay_scheduled(
         n = (
             blocks
             if blocks is not None
-            else unbounded_blocks(trace, block_size)
-            + sum(-(-r.output_length // block_size) + 1 for r in trace.requests)
+            else (
+                unbounded_blocks(trace, block_size)
+                + sum(-(-r.output_length // block_size) + 1 for r in trace.requests)
+            )
+            * max(1, len(groups))
         )
         result = CapacityResult(cap, blocks)
         pool = _pool(n, block_size, free_order)
-        run_scheduled(trace, pool, block_size, hash_fn, result, config, step_model, speed, progress)
+        run_scheduled(
+            trace, pool, block_size, hash_fn, result, config, step_model, speed, progress,
+            groups=groups,
+        )  # fmt: skip
         out.append(result)
     return out

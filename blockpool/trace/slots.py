@@ -19,8 +19,8 @@ scheduling caches decode blocks when their token arrives: ``cache_blocks``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Container, Sequence
+from typing import Any, Protocol
 
 from blockpool.common.miss_reasons import MissTally, first_unstored
 from blockpool.core.admission import cdiv, hit_limit
@@ -53,21 +53,24 @@ class SlotRequest(Protocol):
 
 class SlotBackend(Protocol):
     """What the scheduler asks of the KV cache (``KVSlots`` on a BlockPool;
-    ``RuntimeSlots`` on a PoolRuntime's operations).  ``counts_misses``:
+    ``GroupSlots`` on its KV-cache groups; ``RuntimeSlots`` on a
+    PoolRuntime's operations).  ``counts_misses``:
     whether ``misses``/``add_misses`` classify first admissions (the
     service's analysis does that for the runtime's)."""
 
     stats: LookupStats
     counts_misses: bool
 
-    def lookup(self, req: SlotRequest) -> tuple[list[KVCacheBlock], int]: ...
+    def lookup(self, req: SlotRequest) -> tuple[Sequence[Any], int]:
+        """The hit (what ``allocate`` takes back: blocks, or a list of
+        blocks per KV-cache group) and its tokens."""
 
     def allocate(
         self,
         req: SlotRequest,
         num_new: int,
         num_hit: int = 0,
-        hit: Sequence[KVCacheBlock] = (),
+        hit: Sequence[Any] = (),
         *,
         cache: bool = True,
     ) -> bool: ...
@@ -79,6 +82,27 @@ class SlotBackend(Protocol):
     def misses(self, req: SlotRequest, num_hit: int) -> MissArgs: ...
 
     def add_misses(self, m: MissArgs) -> None: ...
+
+
+def miss_args(
+    req: SlotRequest,
+    num_hit: int,
+    block_size: int,
+    ever: Container[BlockHash],
+    cached: Callable[[BlockHash], bool],
+) -> MissArgs:
+    """``MissTally.add``'s arguments for a prompt first scheduled with
+    ``num_hit`` cached tokens: ``ever`` holds the hashes stored so far;
+    ``cached(h)``: whether the block after a hit at its limit (the one
+    holding the last token) is cached now."""
+    hashes = req.block_hashes
+    n = req.num_tokens
+    k = num_hit // block_size
+    num_full = min(n // block_size, len(hashes))
+    max_hit = hit_limit(n, block_size, num_full)
+    seen = first_unstored(hashes, k, num_full, ever)
+    last = 1 if max_hit < num_full and k == max_hit and cached(hashes[max_hit]) else 0
+    return k, max(seen, k + last), num_full, last, 1 if n % block_size else 0
 
 
 class LookupStats:
@@ -285,18 +309,8 @@ class KVSlots:
         """The miss reasons of a request about to be first scheduled with
         ``num_hit`` cached tokens, before its own blocks are stored: the
         arguments of ``MissTally.add``, which ``add_misses`` calls."""
-        bs = self.block_size
-        hashes = req.block_hashes
-        n = req.num_tokens
-        k = num_hit // bs
-        num_full = min(n // bs, len(hashes))
-        max_hit = hit_limit(n, bs, num_full)
-        seen = first_unstored(hashes, k, num_full, self.ever)
-        last = 0
-        if max_hit < num_full and k == max_hit:
-            cache = self.pool.cached_block_hash_to_block._cache
-            last = 1 if hashes[max_hit] + _GID0 in cache else 0
-        return k, seen, num_full, last, 1 if n % bs else 0
+        cache = self.pool.cached_block_hash_to_block._cache
+        return miss_args(req, num_hit, self.block_size, self.ever, lambda h: h + _GID0 in cache)
 
     def add_misses(self, m: MissArgs) -> None:
         self.tally.add(*m)

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from blockpool.core.attention import GroupSpec
 from blockpool.core.free_order import APPEND_ALL, FreeOrder
 from blockpool.core.hashing import HashFn
 from blockpool.trace.engine import StepModel
@@ -47,13 +48,15 @@ def simple_scheduler(max_running: int) -> SchedulerConfig:
 class TimedConfig:
     """``scheduler``: vLLM's scheduler with these settings (None: with every
     feature off, :func:`simple_scheduler`); ``step_model``: its step times
-    (None: ``step_ms`` a step)."""
+    (None: ``step_ms`` a step); ``groups``: the pool's KV-cache groups
+    (empty: one full-attention group)."""
 
     speed: float = 1.0
     step_ms: float = 20.0
     max_running: int = 256
     scheduler: SchedulerConfig | None = None
     step_model: StepModel | None = None
+    groups: tuple[GroupSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.speed > 0 or not self.step_ms > 0 or self.max_running < 1:
@@ -74,5 +77,6 @@ def replay_timed(
     sched = cfg.scheduler or simple_scheduler(cfg.max_running)
     model = cfg.step_model or StepModel(cfg.step_ms)
     return replay_scheduled(
-        trace, block_size, capacities_tokens, hash_fn, free_order, sched, model, cfg.speed, progress
-    )
+        trace, block_size, capacities_tokens, hash_fn, free_order, sched, model, cfg.speed,
+        progress, cfg.groups,
+    )  # fmt: skip

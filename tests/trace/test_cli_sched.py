@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
+from blockpool.trace.scheduler import SchedulerConfig
 from tests.trace.sched_traces import TOKENS_PER_ID, write_trace
 
 
@@ -85,3 +86,39 @@ def test_the_table_names_both_hit_rates(
     out = capsys.readouterr().out
     assert "request_hit_rate" in out and "prefix_cache_hit_rate" in out
     assert "ttft_ms p50/p90/p99" in out
+
+
+def test_a_layout_with_kv_cache_groups_runs_them_and_says_so(
+    trace_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.trace import planner
+    from blockpool.trace import read_trace
+    from blockpool.trace.capacity import KVLayout
+    from blockpool.trace.replay import replay_trace
+    from blockpool.trace.timed import TimedConfig
+
+    hybrid = KVLayout(4, 1, 8, 2, attention=(("full_attention", None), ("sliding_window", 256)))
+    monkeypatch.setattr(planner, "layout_of", lambda args: hybrid)
+    argv = [str(trace_file), "--capacity-tokens", "6400", "--max-num-batched-tokens", "512"]
+    doc = _doc(capsys, *argv)
+    (r,) = doc["results"]  # type: ignore[misc]
+    assert r["kv_cache_groups"] == [
+        {"kind": "full_attention", "block_size": 16, "sliding_window": None},
+        {"kind": "sliding_window", "block_size": 16, "sliding_window": 256},
+    ]
+    # the replay of those groups, as the library runs it
+    sched = SchedulerConfig(max_num_batched_tokens=512)
+    timed = TimedConfig(scheduler=sched, groups=tuple(hybrid.group_specs(16)))
+    direct = replay_trace(read_trace(trace_file, TOKENS_PER_ID), mode="timed",
+                          capacities_tokens=[6400], timed=timed).results[0]  # fmt: skip
+    assert (r["hit_tokens"], r["preemptions"], r["refused"]) == (
+        direct.hit_tokens, direct.preemptions, direct.refused)  # fmt: skip
+    monkeypatch.setattr(planner, "layout_of", lambda args: None)
+    (plain,) = _doc(capsys, *argv)["results"]  # type: ignore[misc]
+    assert "kv_cache_groups" not in plain
+    assert plain["preemptions"] < r["preemptions"]  # two groups share the one pool
+    monkeypatch.setattr(planner, "layout_of", lambda args: hybrid)
+    assert main(["trace", *argv, "--tokens-per-id", str(TOKENS_PER_ID), "--mode", "timed",
+                 "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "KV-cache groups (2, one pool): full_attention, sliding_window 256" in out
