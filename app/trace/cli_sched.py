@@ -16,8 +16,9 @@ from typing import Any
 from blockpool.core.attention import GroupSpec
 from blockpool.trace.capacity import KVLayout
 from blockpool.trace.engine import StepModel
-from blockpool.trace.group_slots import describe_groups, needs_groups
+from blockpool.trace.group_slots import needs_groups
 from blockpool.trace.scheduler import POLICIES, SchedulerConfig
+from blockpool.trace.sequence_groups import name_groups
 from blockpool.trace.timed import TimedConfig
 
 SCHEDULERS = ("vllm", "simple")
@@ -116,7 +117,7 @@ def _group_lines(x: dict[str, Any]) -> list[str]:
     if not groups:
         return []
     specs = [GroupSpec(g["kind"], g["block_size"], g["sliding_window"]) for g in groups]
-    return [f"KV-cache groups ({len(specs)}, one pool): {describe_groups(specs)}"]
+    return [f"KV-cache groups ({len(specs)}, one pool): {name_groups(specs)}"]
 
 
 def scheduler_lines(report: Any) -> list[str]:

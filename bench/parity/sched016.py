@@ -12,7 +12,7 @@ trace's output tokens (``ignore_eos``); arrivals, rejections and refusals as
     VENV016/bin/python bench/parity/sched016.py TRACE --num-blocks 400 \\
         --hf-home DIR [--max-num-batched-tokens 2048 --sync ...]
 
-``--groups full,sliding=64``: the KV-cache groups (a hybrid
+``--groups full,sliding:64``: the KV-cache groups (a hybrid
 ``KVCacheConfig`` of full-attention and sliding-window specs; default one
 full-attention group), refusals then by ``group_slots.peak_blocks`` as
 timed mode has them.
@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--step-ms", type=float, default=20.0)
     p.add_argument("--per-prefill-token-ms", type=float, default=0.0)
     p.add_argument("--per-decode-seq-ms", type=float, default=0.0)
-    p.add_argument("--groups", default="", help="KV-cache groups: full,sliding=TOKENS,...")
+    p.add_argument("--groups", default="", help="KV-cache groups: full,sliding:TOKENS,...")
     p.add_argument("--hf-home", required=True)
     p.add_argument("--write-hf-cache", action="store_true")
     p.add_argument("--repeat", type=int, default=1, help="time the loop this many times")

@@ -3,7 +3,7 @@
 process (the 0.16.0 venv), alternating rounds; both loops are timed alone
 (trace parsing, vLLM's start-up and the comparison are not counted).  The
 per-request outcomes (cached prefix at first schedule, preemptions,
-completion order) must be equal.  ``--groups full,sliding=4096``: both
+completion order) must be equal.  ``--groups full,sliding:4096``: both
 sides on those KV-cache groups (``GroupSlots`` against vLLM's hybrid
 ``KVCacheConfig``)."""
 
@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--max-model-len", type=int, default=40960)
     p.add_argument("--sync", action="store_true", help="synchronous scheduling")
-    p.add_argument("--groups", default="", help="KV-cache groups: full,sliding=TOKENS,...")
+    p.add_argument("--groups", default="", help="KV-cache groups: full,sliding:TOKENS,...")
     p.add_argument("--speed", type=float, default=1.0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--hf-home", type=Path, default=Path("/tmp/blockpool-sched-hf"))

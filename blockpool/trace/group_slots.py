@@ -40,19 +40,21 @@ from typing import Any
 
 from blockpool.common.miss_reasons import MissTally
 from blockpool.core.admission import cdiv
-from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, GroupSpec
+from blockpool.core.attention import FULL_ATTENTION, GroupSpec
 from blockpool.core.block import KVCacheBlock
 from blockpool.core.coordinator import KVCacheCoordinator
 from blockpool.core.hashing import BlockHash
 from blockpool.core.metrics import KVCacheMetricsCollector
 from blockpool.core.pool import BlockPool
+from blockpool.trace.capacity import parse_kv_cache_groups
+from blockpool.trace.sequence_groups import is_plain
 from blockpool.trace.slots import LookupStats, MissArgs, SlotRequest, miss_args
 
 
 def needs_groups(specs: Sequence[GroupSpec]) -> bool:
     """Whether a layout needs the group slots (more than one group, or a
     window); one full-attention group runs on ``KVSlots``."""
-    return len(specs) > 1 or any(not s.is_full for s in specs)
+    return not is_plain(specs)
 
 
 def peak_blocks(specs: Sequence[GroupSpec], num_tokens: int, max_chunk: int) -> int:
@@ -229,28 +231,8 @@ class GroupSlots:
 
 
 def parse_groups(text: str, block_size: int) -> list[GroupSpec]:
-    """``"full,sliding=4096"`` -> a full-attention and a 4096-token
-    sliding-window group of ``block_size`` tokens a block (ValueError
-    naming the bad part)."""
-    out: list[GroupSpec] = []
-    for part in text.split(","):
-        p = part.strip().lower()
-        if not p:
-            continue
-        if p in ("full", "full_attention"):
-            out.append(GroupSpec(FULL_ATTENTION, block_size))
-            continue
-        kind, _, window = p.partition("=")
-        if kind not in ("sliding", "sliding_window") or not window.isdigit() or int(window) < 1:
-            raise ValueError(f"not a KV-cache group: {part.strip()!r} (full, or sliding=TOKENS)")
-        out.append(GroupSpec(SLIDING_WINDOW, block_size, int(window)))
-    if not out:
-        raise ValueError("no KV-cache group given")
-    return out
-
-
-def describe_groups(specs: Sequence[GroupSpec]) -> str:
-    """``full_attention, sliding_window 4096`` (one entry per group)."""
-    return ", ".join(
-        s.kind if s.sliding_window is None else f"{s.kind} {s.sliding_window}" for s in specs
-    )
+    """``"full,sliding:4096"`` (``--kv-cache-groups``' syntax) -> a
+    full-attention and a 4096-token sliding-window group of ``block_size``
+    tokens a block (ValueError naming the bad part)."""
+    attention = parse_kv_cache_groups(text) or ((FULL_ATTENTION, None),)
+    return [GroupSpec(kind, block_size, window) for kind, window in attention]

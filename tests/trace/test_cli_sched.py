@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
+from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, GroupSpec
 from blockpool.trace.scheduler import SchedulerConfig
 from tests.trace.sched_traces import TOKENS_PER_ID, write_trace
 
@@ -89,35 +90,34 @@ def test_the_table_names_both_hit_rates(
 
 
 def test_a_layout_with_kv_cache_groups_runs_them_and_says_so(
-    trace_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    trace_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.trace import planner
     from blockpool.trace import read_trace
-    from blockpool.trace.capacity import KVLayout
     from blockpool.trace.replay import replay_trace
     from blockpool.trace.timed import TimedConfig
 
-    hybrid = KVLayout(4, 1, 8, 2, attention=(("full_attention", None), ("sliding_window", 256)))
-    monkeypatch.setattr(planner, "layout_of", lambda args: hybrid)
-    argv = [str(trace_file), "--capacity-tokens", "6400", "--max-num-batched-tokens", "512"]
+    budget = ["--max-num-batched-tokens", "512"]
+    # two groups: 3200 tokens as vLLM logs them = 3200 // 16 * 2 = 400 blocks
+    groups = ["--kv-cache-groups", "full,sliding:256", "--capacity-tokens", "3200"]
+    argv = [str(trace_file), *budget, *groups]
     doc = _doc(capsys, *argv)
     (r,) = doc["results"]  # type: ignore[misc]
     assert r["kv_cache_groups"] == [
         {"kind": "full_attention", "block_size": 16, "sliding_window": None},
         {"kind": "sliding_window", "block_size": 16, "sliding_window": 256},
     ]
-    # the replay of those groups, as the library runs it
+    assert r["blocks"] == 400
+    # the replay of those groups, as the library runs it, on the same 400 blocks
     sched = SchedulerConfig(max_num_batched_tokens=512)
-    timed = TimedConfig(scheduler=sched, groups=tuple(hybrid.group_specs(16)))
+    specs = (GroupSpec(FULL_ATTENTION, 16), GroupSpec(SLIDING_WINDOW, 16, 256))
+    timed = TimedConfig(scheduler=sched, groups=specs)
     direct = replay_trace(read_trace(trace_file, TOKENS_PER_ID), mode="timed",
-                          capacities_tokens=[6400], timed=timed).results[0]  # fmt: skip
+                          capacities_tokens=[400 * 16], timed=timed).results[0]  # fmt: skip
     assert (r["hit_tokens"], r["preemptions"], r["refused"]) == (
         direct.hit_tokens, direct.preemptions, direct.refused)  # fmt: skip
-    monkeypatch.setattr(planner, "layout_of", lambda args: None)
-    (plain,) = _doc(capsys, *argv)["results"]  # type: ignore[misc]
-    assert "kv_cache_groups" not in plain
+    (plain,) = _doc(capsys, str(trace_file), *budget, "--capacity-tokens", "6400")["results"]  # type: ignore[misc]
+    assert "kv_cache_groups" not in plain and plain["blocks"] == 400
     assert plain["preemptions"] < r["preemptions"]  # two groups share the one pool
-    monkeypatch.setattr(planner, "layout_of", lambda args: hybrid)
     assert main(["trace", *argv, "--tokens-per-id", str(TOKENS_PER_ID), "--mode", "timed",
                  "--no-progress"]) == 0  # fmt: skip
     out = capsys.readouterr().out

@@ -137,10 +137,10 @@ def test_timed_replay_reports_the_groups_and_refuses_by_the_peak() -> None:
 
 
 def test_parse_groups() -> None:
-    assert parse_groups("full, sliding=64", 16) == [
+    assert parse_groups("full, sliding:64", 16) == [
         GroupSpec(FULL_ATTENTION, 16), GroupSpec(SLIDING_WINDOW, 16, 64)
     ]  # fmt: skip
-    for bad in ("full,window=3", "sliding=0", "sliding=x", ""):
+    for bad in ("full,window=3", "sliding:0", "sliding=x", ""):
         with pytest.raises(ValueError):
             parse_groups(bad, 16)
 
@@ -151,7 +151,7 @@ def test_a_retried_lookup_reuses_its_hit_only_while_its_hashes_are_untouched(
     """The same replay with the lookups memoised and (a pool with its own
     metrics collector) without: the same story for every request."""
     trace = write_trace(tmp_path / "t.jsonl", 7, 120)
-    groups = parse_groups("full,sliding=64", 16)
+    groups = parse_groups("full,sliding:64", 16)
     runs = []
     for collector in (None, KVCacheMetricsCollector()):
         init_none_hash(sha256)

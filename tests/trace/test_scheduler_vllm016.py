@@ -110,15 +110,15 @@ def test_per_request_equal_to_vllm_016s_scheduler(tmp_path: Path) -> None:
 
 # KV-cache groups of full attention and sliding windows (a hybrid KVCacheConfig)
 GROUP_CONFIGS: list[dict[str, Any]] = [
-    {"max_num_batched_tokens": 512, "groups": "sliding=200"},
-    {"max_num_batched_tokens": 512, "groups": "sliding=64", "num_blocks": 40},
-    {"max_num_batched_tokens": 512, "groups": "full,sliding=64"},
-    {"max_num_batched_tokens": 512, "groups": "full,sliding=64", "sync": True},
-    {"max_num_batched_tokens": 256, "groups": "full,sliding=100,sliding=1000"},
+    {"max_num_batched_tokens": 512, "groups": "sliding:200"},
+    {"max_num_batched_tokens": 512, "groups": "sliding:64", "num_blocks": 40},
+    {"max_num_batched_tokens": 512, "groups": "full,sliding:64"},
+    {"max_num_batched_tokens": 512, "groups": "full,sliding:64", "sync": True},
+    {"max_num_batched_tokens": 256, "groups": "full,sliding:100,sliding:1000"},
     {"max_num_batched_tokens": 256, "policy": "priority", "long_prefill_token_threshold": 100,
-     "groups": "full,sliding=128"},
+     "groups": "full,sliding:128"},
     {"max_num_batched_tokens": 2048, "max_model_len": 1800, "max_num_seqs": 16,
-     "groups": "full,sliding=64", "num_blocks": 200},
+     "groups": "full,sliding:64", "num_blocks": 200},
 ]  # fmt: skip
 
 
