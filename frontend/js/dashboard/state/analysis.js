@@ -56,6 +56,49 @@ export function policyRgb(policy, i = 0) {
   return POLICY_RGB[policy] || EXTRA_POLICY_RGB[i % EXTRA_POLICY_RGB.length];
 }
 
+/**
+ * A stream `analysis` section (docs/protocol.md): the fields the page reads.
+ * Counters are cumulative.
+ * @typedef {object} AnalysisSection
+ * @property {number} ts
+ * @property {Record<string, number>} misses blocks missed, by reason
+ * @property {Record<string, number>} [miss_tokens] their tokens, by reason
+ * @property {number} [hit_blocks]
+ * @property {number} regrets
+ * @property {number} evictions
+ * @property {number} [regrets_per_s]
+ * @property {number} [evictions_per_s]
+ * @property {number | null} [regret_gap_p50]
+ * @property {number | null} [regret_gap_p90]
+ */
+
+/**
+ * One point of the analysis series: rates per second between two sections
+ * (all null on a gap: the analysis restarted).
+ * @typedef {object} AnalysisPoint
+ * @property {number} ts
+ * @property {boolean} gap
+ * @property {Record<string, number | null>} misses
+ * @property {Record<string, number | null>} missTokens
+ * @property {number | null} hits
+ * @property {number | null} regrets
+ * @property {number | null} evictions
+ * @property {number | null} missShare
+ */
+
+/**
+ * A frame's `tokens` (docs/protocol.md: token-level usage).
+ * @typedef {object} TokenUsage
+ * @property {number} held
+ * @property {number} slots_reserved
+ * @property {number} tail_waste
+ * @property {number} capacity
+ * @property {number} usage_ratio
+ * @property {number} fill_ratio
+ */
+
+/** @typedef {{ts: number, held: number, reserved: number, waste: number, capacity: number}} TokenPoint */
+
 const sumOf = (o) => REASONS.reduce((a, r) => a + (Number(o && o[r]) || 0), 0);
 
 /**
@@ -67,6 +110,13 @@ const sumOf = (o) => REASONS.reduce((a, r) => a + (Number(o && o[r]) || 0), 0);
  * with a gap in the series (a point with null rates) and counts a reset.
  */
 export class AnalysisSeries {
+  // Set by clear(), which the constructor calls.
+  /** @type {AnalysisPoint[]} */ points;
+  /** @type {AnalysisSection | null} */ last;
+  /** @type {number} */ sections;
+  /** @type {number} */ resets;
+  /** @type {number} */ version;
+
   constructor({ keep = 3600 } = {}) {
     this.keep = keep;
     this.clear();
@@ -173,6 +223,11 @@ export function missColumns(points, { tokens = false } = {}) {
 
 /** Token usage from every frame's `tokens` (beside `counts`). */
 export class TokenSeries {
+  // Set by clear(), which the constructor calls.
+  /** @type {TokenPoint[]} */ points;
+  /** @type {TokenUsage | null} */ latest;
+  /** @type {number} */ version;
+
   constructor({ keep = 7200 } = {}) {
     this.keep = keep;
     this.clear();

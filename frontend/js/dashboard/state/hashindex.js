@@ -19,6 +19,24 @@ function slotHash(lo, hi, g) {
 }
 
 export class HashIndex {
+  // Set by resize() and _alloc(), which the constructor calls: never unset.
+  /** @type {number} */ n;
+  /** @type {Int32Array} */ next;
+  /** @type {Int32Array} */ prev;
+  /** @type {Int32Array} */ slotOf;
+  /** @type {number} */ cap;
+  /** @type {number} */ mask;
+  /** @type {Uint32Array} */ kLo;
+  /** @type {Uint32Array} */ kHi;
+  /** @type {Uint32Array} */ kGroup;
+  /** @type {Int32Array} */ head;
+  /** @type {Int32Array} */ count;
+  /** @type {Uint8Array} */ flag;
+  /** @type {number} */ size;
+  /** @type {number} */ tombs;
+  /** @type {number} */ multi;
+  /** @type {number} */ blocks;
+
   constructor(numBlocks) {
     this.resize(numBlocks);
   }
