@@ -19,6 +19,19 @@ export function $(id, kind) {
 }
 
 /**
+ * canvas.getContext("2d") that fails loudly: it is null only when the canvas
+ * already holds a context of another kind (webgl, bitmaprenderer).
+ * @param {HTMLCanvasElement} canvas
+ * @param {CanvasRenderingContext2DSettings} [settings]
+ * @returns {CanvasRenderingContext2D}
+ */
+export function context2d(canvas, settings) {
+  const ctx = canvas.getContext("2d", settings);
+  if (!ctx) throw new Error(`${canvas.id ? `#${canvas.id}` : "a canvas"} already holds another kind of context`);
+  return ctx;
+}
+
+/**
  * Build an element: h("td", {class: "num", title: "x"}, "text" | Node | [..], ...).
  * Text (from the streams too: instance names, LoRA names) only ever goes in
  * as text nodes or textContent, never as markup.

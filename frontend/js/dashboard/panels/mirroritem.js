@@ -16,7 +16,8 @@ export class MirrorItem {
     this.value = h("b", { id: "h-mirror" }, "—");
     this.item = h("span", { class: "hitem", "data-h": "mirror", hidden: "" }, h("i", null, "mirror"), this.value);
     $("health").append(this.item);
-    this.timer = null;
+    /** @type {number | undefined} the poll, once started */
+    this.timer = undefined;
     this.start();
   }
 

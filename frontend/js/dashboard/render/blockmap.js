@@ -16,6 +16,7 @@
 // setSource(HistorySource)); the live model keeps taking frames meanwhile
 // and the map repaints from it in full on the way back.
 
+import { context2d } from "../../common/dom.js";
 import { PACKED, packedColor } from "../../common/palette.js";
 import { wireInput } from "./mapinput.js";
 import { drawOverlay } from "./mapoverlay.js";
@@ -41,16 +42,25 @@ export class BlockMap {
     this.overlay = overlay;
     this.model = model;
     this.src = model; // what is drawn: the live model or a recorded moment
-    this.ctx = canvas.getContext("2d", { alpha: false });
-    this.octx = overlay.getContext("2d");
+    // the map is sized by its box in the page (a resize lays it out again)
+    const wrap = canvas.parentElement;
+    if (!wrap) throw new Error("the block map's canvas is not in the page");
+    this.wrap = wrap;
+    this.ctx = context2d(canvas, { alpha: false });
+    this.octx = context2d(overlay);
     this.off = document.createElement("canvas");
-    this.offCtx = this.off.getContext("2d", { alpha: false });
+    this.offCtx = context2d(this.off, { alpha: false });
     this.n = -1;
     // the layout (_layout): cell side k, cols x rows cells, scaled down when they outnumber the pixels
     this.k = 0;
     this.cols = 0;
     this.rows = 0;
     this.scale = 1;
+    this.gap = 0; // px between cells (k >= 5)
+    // the map's pixels, k x k per block (a 1 x 1 placeholder until the first _layout)
+    this.img = new ImageData(1, 1);
+    this.buf = new Uint32Array(this.img.data.buffer);
+    this.offStale = true; // the offscreen canvas lags the ImageData
     this.W = 0;
     this.H = 0;
     this.dpr = 1;
@@ -69,13 +79,13 @@ export class BlockMap {
     wireInput(this); // hover, select, zoom, pan
     new ResizeObserver(() => {
       this.needLayout = true;
-    }).observe(canvas.parentElement);
+    }).observe(wrap);
   }
 
   // ------------------------------------------------------------- layout
 
   _layout() {
-    const wrap = this.canvas.parentElement;
+    const wrap = this.wrap;
     const dpr = window.devicePixelRatio || 1;
     const W = Math.max(1, Math.floor(wrap.clientWidth * dpr));
     const H = Math.max(1, Math.floor(wrap.clientHeight * dpr));

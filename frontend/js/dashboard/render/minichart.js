@@ -13,6 +13,22 @@ import { markMoment } from "./moment.js";
 
 const uPlotLib = () => globalThis.uPlot;
 
+/**
+ * uPlot's bar path builder: the vendored full build has it (its .d.ts marks
+ * every builder optional).
+ * @param {import("../../../vendor/uplot/uPlot").Series.BarsPathBuilderOpts} opts
+ */
+export function barPaths(opts) {
+  const bars = uPlotLib().paths.bars;
+  if (!bars) throw new Error("this uPlot build has no bar paths");
+  return bars(opts);
+}
+
+/**
+ * A point drawn over a chart (a ring and its label) on axis 1 or 2.
+ * @typedef {{x: number, y: number, rgb?: import("../../common/palette.js").RGB, label?: string, axis?: number}} ChartMark
+ */
+
 const AXIS = "#8b949e";
 const GRID = { stroke: "rgba(139,148,158,0.12)", width: 1 };
 const FONT = "11px ui-sans-serif, system-ui, sans-serif";
@@ -143,9 +159,11 @@ export function stackBands(series) {
 /**
  * A y scale's range: data and marks on that axis, then the axis's own
  * `range`, or 0 to a round top (niceTop on a plot dim px tall).
+ * @param {{marks?: ChartMark[], axis?: number, dim?: number, incrs?: number[]}} [opts]
  * @returns {[number, number]}
  */
-export function yRange(spec, lo, hi, { marks = [], axis = 1, dim = 80, incrs = Y_INCRS } = {}) {
+export function yRange(spec, lo, hi, opts = {}) {
+  const { marks = [], axis = 1, dim = 80, incrs = Y_INCRS } = opts;
   for (const m of marks) {
     if ((m.axis || 1) === axis && finite(m.y)) {
       lo = finite(lo) ? Math.min(lo, m.y) : m.y;
@@ -192,6 +210,7 @@ export class MiniChart {
     this.o = { height: 110, x: "time", legend: true, ...opts };
     this.x = [];
     this.ys = [];
+    /** @type {ChartMark[]} */
     this.marks = [];
     this.hover = null;
     this.loadingText = null;
@@ -214,7 +233,10 @@ export class MiniChart {
     this.ro.observe(el);
   }
 
-  /** xs and one array per series (null = no value / a gap); marks: [{x, y, rgb, label, axis}]. */
+  /**
+   * xs and one array per series (null = no value / a gap), and the marks.
+   * @param {ChartMark[]} [marks]
+   */
   setData(x, ys, marks = []) {
     this.x = x;
     this.ys = ys;
@@ -250,7 +272,6 @@ export class MiniChart {
   /** @returns {import("../../../vendor/uplot/uPlot").Options} */
   _opts() {
     const o = this.o;
-    const uPlot = uPlotLib();
     const axis = { stroke: AXIS, grid: GRID, ticks: { show: false }, font: FONT };
     const bars = o.series.some((s) => s.bars);
     const xFmt = o.xFmt || String;
@@ -305,14 +326,14 @@ export class MiniChart {
       axes.push({ ...axis, scale: "y2", side: 1, stroke: c, grid: { show: false }, size: o.y2Width || 38, gap: 4, space: (u, i, min, max, dim) => ySpace(dim), incrs: Y_INCRS, values: (u, vals) => vals.map((v) => (o.y2.fmt || compact)(v)) });
       scales.y2 = { range: (u, lo, hi) => yRange(o.y2, lo, hi, { marks: this.marks, axis: 2, dim: this._plotHeight(u) }) };
     }
-    const barPaths = bars ? uPlot.paths.bars({ size: [0.8, 40], gap: 1 }) : null;
+    const barPath = bars ? barPaths({ size: [0.8, 40], gap: 1 }) : null;
     const series = [
       {},
       ...o.series.map((s) => {
         const stroke = rgba(s.rgb);
         const out = { label: s.label, scale: s.axis === 2 ? "y2" : "y", stroke, spanGaps: !!s.spanGaps };
         if (s.bars) {
-          return { ...out, width: 1, fill: rgba(s.rgb, s.fill ?? 0.7), paths: barPaths, points: { show: false } };
+          return { ...out, width: 1, fill: rgba(s.rgb, s.fill ?? 0.7), paths: barPath, points: { show: false } };
         }
         out.width = s.width ?? (s.stack || s.fill ? 1 : 1.25);
         if (s.stack || s.fill) out.fill = rgba(s.rgb, s.fill ?? 0.55);

@@ -11,6 +11,25 @@
 import { bearerProtocols } from "../../common/api.js";
 import { decodeFrame } from "./protocol.js";
 
+/**
+ * What the connection has seen (the health panel and the tests read it).
+ * @typedef {object} StreamHealth
+ * @property {string} state connecting | open | retrying | auth | idle
+ * @property {number} connects
+ * @property {number} reconnects
+ * @property {number} snapshots
+ * @property {number} resyncs snapshots after the first of a connection
+ * @property {number} gapsResumed
+ * @property {number} frames
+ * @property {number} bytes
+ * @property {number} lastFrameAt performance.now() of the last frame
+ * @property {number | null} lagMs the server's clock to this page's at the last delta (null before one)
+ * @property {number} nextRetryAt
+ * @property {string} lastError
+ * @property {number | null} closeCode the last close's code (null while open)
+ * @property {string | null} server header.stream of the last frame
+ */
+
 export class StreamConnection {
   /**
    * @param {import("../state/model.js").PoolModel} model
@@ -29,10 +48,13 @@ export class StreamConnection {
     this.ws = null;
     this.stopped = true;
     this.delay = backoff[0];
-    this.timer = null;
-    this.watchdog = null;
+    /** @type {number | undefined} the pending reconnect */
+    this.timer = undefined;
+    /** @type {number | undefined} the liveness check, while started */
+    this.watchdog = undefined;
     this.pendingResume = null; // [expected, sentAt]
     this.dropNext = 0; // tests: lose the next N delta frames
+    /** @type {StreamHealth} */
     this.health = {
       state: "idle", // connecting | open | retrying | auth | idle
       connects: 0,

@@ -150,7 +150,7 @@ export class TimeTravel {
     s.disabled = !ok;
     for (const id of ["tl-a", "tl-b"]) $(id, HTMLButtonElement).disabled = !ok;
     this.jump.disabled = !ok;
-    document.getElementById("timeline").dataset.enabled = ok ? "1" : "0";
+    $("timeline").dataset.enabled = ok ? "1" : "0";
     if (!ok) {
       setText(this.atEl, this.error || "no recording");
       setText(this.span, this.error || "");
@@ -315,7 +315,8 @@ export class TimeTravel {
 
   mark(key) {
     if (!this.info) return;
-    const seq = this.active ? this.src.seq : this.info.last_seq;
+    // (a moment shown always has its source: show() sets both, live() clears both)
+    const seq = this.active && this.src ? this.src.seq : this.info.last_seq;
     this.marks[key] = seq;
     (key === "a" ? this.fromIn : this.toIn).value = String(seq);
     this._marks();
