@@ -12,7 +12,7 @@ export class HashMapView {
     this.offset = 0;
     this.onPick = onPick;
     this.onError = onError;
-    this.body = $("hashmap").querySelector("tbody");
+    this.body = $("hashmap", HTMLTableElement).tBodies[0]; // fleet.html gives the table its tbody
     this.loading = false;
     this.again = false;
     $("hm-search").addEventListener("input", debounce(() => this.reset(), 250));

@@ -13,6 +13,17 @@ import { PrefixView } from "./prefixes.js";
 import { RateChart } from "./rate.js";
 import { TreeView } from "./tree.js";
 
+/**
+ * An instance as GET /api/fleet and the stream's messages list it: the fields
+ * this page reads.
+ * @typedef {{name: string, connected: boolean, exact: boolean, stale: boolean, keys: number, events: number}} FleetInstance
+ */
+
+/**
+ * The page's state: the instances last listed, the one selected (its name),
+ * and the live stream once opened.
+ * @type {{instances: FleetInstance[], selected: string | null, stream: ReturnType<typeof openStream> | null}}
+ */
 const state = { instances: [], selected: null, stream: null };
 
 function showError(err) {

@@ -64,7 +64,7 @@ export class PrefixView {
   async families() {
     try {
       const res = await getJSON("/api/fleet/prefixes", { limit: 30 });
-      const body = $("families").querySelector("tbody");
+      const body = $("families", HTMLTableElement).tBodies[0]; // fleet.html gives the table its tbody
       clear(body);
       for (const f of res.items) {
         body.append(

@@ -36,34 +36,38 @@ export function clockText(t) {
 export class RateChart {
   constructor(container) {
     this.container = container;
+    /** @type {import("../../vendor/uplot/uPlot") | null} the chart, once there are instances */
     this.plot = null;
     this.names = [];
     this.xs = [];
     this.ys = [];
+    /** @type {{ts: number, counts: number[]} | null} the previous tick */
     this.prev = null;
   }
 
   update(ts, instances) {
     if (typeof uPlot === "undefined") return;
     const names = instances.map((i) => i.name);
-    if (!this.plot || names.join("\n") !== this.names.join("\n")) this.build(names);
+    const plot = this.plot && names.join("\n") === this.names.join("\n") ? this.plot : this.build(names);
     const counts = instances.map((i) => i.events);
-    if (this.prev) {
-      const dt = Math.max(ts - this.prev.ts, 1e-3);
+    const prev = this.prev;
+    if (prev) {
+      const dt = Math.max(ts - prev.ts, 1e-3);
       this.xs.push(ts);
-      counts.forEach((c, k) => this.ys[k].push(Math.max(0, (c - this.prev.counts[k]) / dt)));
+      counts.forEach((c, k) => this.ys[k].push(Math.max(0, (c - prev.counts[k]) / dt)));
       if (this.xs.length > POINTS) {
         this.xs.shift();
         this.ys.forEach((y) => y.shift());
       }
       // the x range set here, not by uPlot: it widens a lone point to a thousand days
-      this.plot.setData([this.xs, ...this.ys], false);
+      plot.setData([this.xs, ...this.ys], false);
       const [min, max] = timeRange(this.xs[0], this.xs[this.xs.length - 1]);
-      this.plot.setScale("x", { min, max });
+      plot.setScale("x", { min, max });
     }
     this.prev = { ts, counts };
   }
 
+  /** A new chart for these instances (the old one goes): returns it. */
   build(names) {
     if (this.plot) this.plot.destroy();
     this.names = names;
@@ -89,5 +93,6 @@ export class RateChart {
       [[], ...names.map(() => [])],
       this.container,
     );
+    return this.plot;
   }
 }
