@@ -86,7 +86,7 @@ const controls = new Controls(model, detail, () => {
 const health = new HealthBar(conn, model, perf);
 const analysis = new AnalysisHub(model);
 const analysisHealth = new AnalysisHealthItem(analysis);
-new MirrorItem(() => controls.setReadOnly()); // the top bar item, only on `blockpool serve --mirror`
+new MirrorItem(() => controls.setReadOnly(), conn.mirrorLag); // the top bar item, only on `blockpool serve --mirror`
 const traceItem = new TraceItem();
 const windowSel = $("chart-window");
 const tokensPanel = new TokenPanel(analysis, windowSel);

@@ -9,6 +9,7 @@
 // "base64url.bearer.<token>", next to "blockpool" (the one the server echoes).
 
 import { bearerProtocols } from "../../common/api.js";
+import { MirrorLag } from "../state/mirrorlag.js";
 import { decodeFrame } from "./protocol.js";
 
 /**
@@ -73,6 +74,7 @@ export class StreamConnection {
     };
     this.onchange = null;
     this._snapshotsThisConn = 0;
+    this.mirrorLag = new MirrorLag(); // engine step -> this page, on a mirror service
   }
 
   url() {
@@ -185,6 +187,7 @@ export class StreamConnection {
   _onMessage(ev) {
     if (typeof ev.data === "string") return;
     const h = this.health;
+    const recvMs = Date.now();
     h.frames++;
     h.bytes += ev.data.byteLength;
     h.lastFrameAt = performance.now();
@@ -194,6 +197,7 @@ export class StreamConnection {
       return; // simulated loss (tests)
     }
     const r = this.model.apply(frame);
+    if (r.status === "applied" || r.status === "snapshot") this.mirrorLag.ingest(frame.header.mirror, recvMs, r.status === "applied");
     if (r.status === "snapshot") {
       h.snapshots++;
       if (this._snapshotsThisConn++ > 0) h.resyncs++;
