@@ -67,8 +67,8 @@ export class TreeView {
             onclick: () => {
               if (this.open.has(n.hash)) this.open.delete(n.hash);
               else this.open.add(n.hash);
-              const fresh = this.list([n], byParent).firstChild;
-              li.replaceWith(fresh);
+              const fresh = this.list([n], byParent).firstChild; // the one node's <li>
+              if (fresh) li.replaceWith(fresh);
             },
           },
           kids.length ? (isOpen ? "▾" : "▸") : "·",
