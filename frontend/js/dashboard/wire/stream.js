@@ -72,6 +72,7 @@ export class StreamConnection {
       closeCode: null,
       server: null, // header.stream of the last frame
     };
+    /** @type {((health: StreamHealth) => void) | null} told of every change of the health */
     this.onchange = null;
     this._snapshotsThisConn = 0;
     this.mirrorLag = new MirrorLag(); // engine step -> this page, on a mirror service
@@ -184,6 +185,7 @@ export class StreamConnection {
     this._changed();
   }
 
+  /** @param {{data: ArrayBuffer | string}} ev a websocket message (binary frames as ArrayBuffers) */
   _onMessage(ev) {
     if (typeof ev.data === "string") return;
     const h = this.health;
@@ -218,6 +220,7 @@ export class StreamConnection {
     if (frame.kind === 3 && frame.header.ts) h.lagMs = Math.max(0, Date.now() - frame.header.ts * 1000);
   }
 
+  /** @param {object} msg a control message: resume, snapshot, subscribe */
   send(msg) {
     if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(msg));
   }
