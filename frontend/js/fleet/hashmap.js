@@ -7,6 +7,7 @@ import { $, clear, debounce, h, hashCell, int, tokensText } from "./dom.js";
 const PAGE = 50;
 
 export class HashMapView {
+  /** @param {{onPick: (hash: string) => void, onError: (err: Error) => void}} opts */
   constructor({ onPick, onError }) {
     this.instance = null;
     this.offset = 0;
@@ -28,6 +29,7 @@ export class HashMapView {
     });
   }
 
+  /** @param {string | null} name */
   select(name) {
     this.instance = name;
     $("hm-instance").textContent = name || "—";

@@ -7,13 +7,17 @@ import { getJSON } from "./api.js";
 import { $, clear, h, int, shortHash } from "./dom.js";
 
 export class PrefixView {
+  /** @param {{onError: (err: Error) => void}} opts */
   constructor({ onError }) {
     this.onError = onError;
     $("fp-form").addEventListener("submit", () => this.query());
     $("fp-refresh").addEventListener("click", () => this.families());
   }
 
-  /** Ask who holds the prefix a block hash stands for. */
+  /**
+   * Ask who holds the prefix a block hash stands for.
+   * @param {string} hash
+   */
   pick(hash) {
     $("fp-kind", HTMLSelectElement).value = "hash";
     $("fp-query", HTMLInputElement).value = hash;

@@ -7,6 +7,7 @@ import { $, clear, h, int, shortHash } from "./dom.js";
 const MAX_CHILDREN = 200;
 
 export class TreeView {
+  /** @param {{onPick: (hash: string) => void, onError: (err: Error) => void}} opts */
   constructor({ onPick, onError }) {
     this.instance = null;
     this.onPick = onPick;
@@ -15,6 +16,7 @@ export class TreeView {
     $("tree-refresh").addEventListener("click", () => this.load());
   }
 
+  /** @param {string | null} name */
   select(name) {
     this.instance = name;
     this.open.clear();
