@@ -274,6 +274,7 @@ export class TimeTravel {
       return;
     }
     const at = parseMoment(text);
+    if (at === null) return; // (null only for a text momentProblem refuses)
     this.want = null;
     const gen = ++this.gen;
     try {
@@ -344,6 +345,10 @@ export class TimeTravel {
     }
     let from = parseMoment(a);
     let to = parseMoment(b);
+    if (from === null || to === null) {
+      setText(this.diffSummary, momentProblem(from === null ? a : b) || "");
+      return;
+    }
     if (/^\d+$/.test(from) && /^\d+$/.test(to) && Number(to) < Number(from)) [from, to] = [to, from];
     setText(this.diffSummary, "loading…");
     let d;
