@@ -10,7 +10,7 @@ import { $, h, setText } from "../../common/dom.js";
 import { int } from "../../common/format.js";
 
 /** A lag in ms as the item shows it ("—" before a sample). */
-const msText = (ms) => (ms === null ? "—" : `${Math.round(ms)}ms`);
+const msText = (/** @type {number | null} */ ms) => (ms === null ? "—" : `${Math.round(ms)}ms`);
 
 const POLL_MS = 1000;
 
@@ -35,6 +35,7 @@ export class MirrorItem {
 
   /** A mirror marks its answers (x-blockpool-mirror): only then is there anything to poll. */
   async start() {
+    /** @type {Record<string, string>} */
     const headers = { Accept: "application/json" };
     const token = getToken();
     if (token) headers.Authorization = `Bearer ${token}`;
@@ -112,6 +113,11 @@ export class MirrorItem {
     ].join("\n");
   }
 
+  /**
+   * @param {string} level ok | warn | err
+   * @param {string} text
+   * @param {string} title
+   */
   show(level, text, title) {
     this.item.hidden = false;
     this.item.dataset.level = level;
