@@ -22,6 +22,7 @@ import { wireInput } from "./mapinput.js";
 import { drawOverlay } from "./mapoverlay.js";
 
 const cssOf = new Map(); // packed colour -> CSS string
+/** @param {number} packed */
 function css(packed) {
   let c = cssOf.get(packed);
   if (!c) {
@@ -41,7 +42,8 @@ export class BlockMap {
     this.canvas = canvas;
     this.overlay = overlay;
     this.model = model;
-    this.src = model; // what is drawn: the live model or a recorded moment
+    /** @type {import("../state/model.js").PoolModel | import("../state/history.js").HistorySource} what is drawn: the live model or a recorded moment */
+    this.src = model;
     // the map is sized by its box in the page (a resize lays it out again)
     const wrap = canvas.parentElement;
     if (!wrap) throw new Error("the block map's canvas is not in the page");
@@ -68,13 +70,17 @@ export class BlockMap {
     this.panX = 0;
     this.panY = 0;
     this.risk = new Uint8Array(0);
+    /** @type {number[]} the blocks drawn at risk now */
     this.riskIds = [];
+    /** @type {{selected: number, hover: number, request: number[], hash: number[]}} the highlights (-1: none) */
     this.hl = { selected: -1, hover: -1, request: [], hash: [] };
     this.needLayout = true;
     this.needBlit = true;
     this.needOverlay = true;
     this.perf = { draws: 0, drawMs: 0, lastMs: 0, maxMs: 0, cells: 0, fullPaints: 0 };
+    /** @type {((id: number) => void) | null} the block under the pointer (-1: none) */
     this.onhover = null;
+    /** @type {((id: number) => void) | null} a click on a block (-1: off the map) */
     this.onselect = null;
     wireInput(this); // hover, select, zoom, pan
     new ResizeObserver(() => {
@@ -146,7 +152,10 @@ export class BlockMap {
 
   // ------------------------------------------------------------ painting
 
-  /** Draw a recorded moment (a HistorySource), or the live model again (null). */
+  /**
+   * Draw a recorded moment (a HistorySource), or the live model again (null).
+   * @param {import("../state/history.js").HistorySource | null} src
+   */
   setSource(src) {
     const next = src || this.model;
     if (next === this.src && !src) return;
@@ -163,6 +172,7 @@ export class BlockMap {
   }
 
   /** Write a block's pixels into the ImageData; returns its colour. */
+  /** @param {number} id */
   _paintCell(id) {
     const m = this.src;
     const color = packedColor(m.state[id], m.refCnt[id], m === this.model ? this.risk[id] : 0);
@@ -215,7 +225,7 @@ export class BlockMap {
     let cells = 0;
     let full = false;
     if (this.src !== this.model) this.model.drainDirty(() => {}); // live changes: repainted in full on return
-    this.src.drainDirty((isFull, ids, count) => {
+    this.src.drainDirty((/** @type {boolean} */ isFull, /** @type {Uint32Array} */ ids, /** @type {number} */ count) => {
       if (isFull || count > this.n / 4) {
         full = true;
         return;
@@ -283,6 +293,10 @@ export class BlockMap {
   // ---------------------------------------------------------- geometry
 
   /** Block id under a point in CSS px of the canvas, or -1. */
+  /**
+   * @param {number} cssX
+   * @param {number} cssY
+   */
   hitTest(cssX, cssY) {
     if (this.n <= 0 || !this.k) return -1;
     const s = this.effScale;
@@ -296,6 +310,7 @@ export class BlockMap {
   }
 
   /** A block's cell in device px of the canvas: {x, y, w, h}. */
+  /** @param {number} id */
   cellRect(id) {
     const s = this.effScale;
     const row = Math.floor(id / this.cols);
@@ -307,6 +322,7 @@ export class BlockMap {
   }
 
   /** Centre of a block's cell in CSS px relative to the page (tests click it). */
+  /** @param {number} id */
   cellCenterPage(id) {
     const r = this.cellRect(id);
     const box = this.canvas.getBoundingClientRect();
@@ -316,6 +332,7 @@ export class BlockMap {
   // --------------------------------------------------------- highlights
 
   /** Cached blocks about to be evicted (drawn in the risk colour). */
+  /** @param {number[]} ids */
   setRisk(ids) {
     if (this.risk.length !== this.model.n) return;
     const risk = this.risk;
@@ -335,6 +352,11 @@ export class BlockMap {
     this.riskIds = ids;
   }
 
+  /**
+   * @template {"selected" | "hover" | "request" | "hash"} K
+   * @param {K} part
+   * @param {BlockMap["hl"][K]} value
+   */
   setHighlight(part, value) {
     this.hl[part] = value;
     this.needOverlay = true;
@@ -347,6 +369,12 @@ export class BlockMap {
 
   // ------------------------------------------------------------- zoom, pan
 
+  /**
+   * Zoom to `z` keeping the map point under (x, y) (device px of the canvas) in place.
+   * @param {number} x
+   * @param {number} y
+   * @param {number} z
+   */
   zoomAt(x, y, z) {
     const zMax = Math.max(1, 32 / (this.k * this.scale));
     const nz = Math.min(Math.max(z, 1), zMax);
@@ -359,6 +387,10 @@ export class BlockMap {
   }
 
   /** Pan to (px, py) in map pixels, clamped to the map (none at zoom 1). */
+  /**
+   * @param {number} px
+   * @param {number} py
+   */
   panTo(px, py) {
     const s = this.effScale;
     const maxX = Math.max(0, this.off.width - this.W / s);
