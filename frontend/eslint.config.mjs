@@ -14,7 +14,7 @@ const browser = Object.fromEntries(
     "getComputedStyle", "devicePixelRatio", "Event", "CustomEvent", "KeyboardEvent",
     "MouseEvent", "HTMLElement", "HTMLCanvasElement", "Element", "Node", "DOMParser",
     "HTMLInputElement", "HTMLSelectElement", "HTMLButtonElement", "HTMLAnchorElement",
-    "HTMLDialogElement",
+    "HTMLDialogElement", "HTMLTableElement",
     "Path2D", "ImageData", "OffscreenCanvas", "DOMException", "Response", "Headers",
     "addEventListener", "removeEventListener", "innerWidth", "innerHeight", "alert",
     "btoa", "atob",

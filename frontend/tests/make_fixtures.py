@@ -13,6 +13,9 @@ Scenarios (each a folder with manifest.json + NNN-kind.bin):
   hash (two physical copies), finishes (stamps), raw allocate (evictions),
   raw cache with one hash on two blocks, an empty tick, reset, more admits.
 * ``restart`` the config + snapshot of a second server (another epoch).
+* ``mirror`` the frames of a mirror service (the hub's ``mirror_header``
+  set as ``blockpool serve --mirror`` sets it): a snapshot carrying an
+  engine batch, deltas bringing new batches, one repeating a batch.
 * ``large``  100,000 blocks: a snapshot and deltas of ~1,000 changed blocks.
 * ``analysis`` 48 blocks of 4 tokens, the analysis inline with inline shadow
   pools: every frame carries the stream's ``analysis`` section and
@@ -179,6 +182,30 @@ def restart(out: Path, other_epoch: str) -> None:
     r.finish()
 
 
+def mirror(out: Path) -> None:
+    """A mirror's frames: each carries the newest engine batch applied before
+    it (``mirror: {engine_ts, batch}``), as app/mirror/setup.py wires it."""
+    settings = Settings(num_blocks=32, block_size=4, hash_fn="sha256", hash_seed="0")
+    r = Recorder(out, "mirror", settings, full=True)
+    applied: dict[str, Any] = {}
+    r.hub.mirror_header = lambda: dict(applied) if applied else None
+    r.emit(r.hub.config_frame(), "config")
+    r.engine.tick()
+    r.emit(r.hub.snapshot_frame(), "snapshot before any batch")
+    r.step("an idle tick, no batch yet")
+    applied.update(engine_ts=1764417600.25, batch=7)
+    r.step("batch 7", lambda e: e.apply(AdmitOp(request_id="X", token_ids=list(range(30)))))
+    r.step("batch 7 again (the engine idle)")
+    applied.update(engine_ts=1764417601.5, batch=8)
+    r.step("batch 8", lambda e: e.apply(FinishOp(request_id="X")))
+    r.emit(r.hub.snapshot_frame(), "a snapshot (a resync) with batch 8")
+    applied.update(engine_ts=1764417602.0, batch=9)
+    r.emit(r.hub.snapshot_frame(), "a snapshot with batch 9")
+    applied.update(engine_ts=1764417603.0, batch=10)
+    r.step("batch 10")
+    r.finish()
+
+
 def large(out: Path) -> None:
     settings = Settings(num_blocks=100_000, block_size=16, hash_fn="sha256", hash_seed="0")
     r = Recorder(out, "large", settings, full=False)
@@ -287,6 +314,7 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     epoch = small(out)
     restart(out, epoch)
+    mirror(out)
     large(out)
     analysis(out)
     (out / "READY").write_text("ok\n")

@@ -57,7 +57,9 @@ def test_every_module_is_type_checked_without_escapes() -> None:
         if any(e in line for e in escapes)
     ]
     assert found == []
-    assert '"checkJs": true' in (FRONTEND / "jsconfig.json").read_text()
+    config = (FRONTEND / "jsconfig.json").read_text()
+    assert '"checkJs": true' in config
+    assert '"strictNullChecks": true' in config
 
 
 def test_the_modules_type_check() -> None:

@@ -6,13 +6,24 @@
 let tokenKey = "blockpool.token";
 let tokenFromUrl = false;
 
-/** The page's token slot: its sessionStorage key, and whether ?token= overrides it. */
+/**
+ * The page's token slot: its sessionStorage key, and whether ?token= overrides it.
+ * @param {string} key
+ * @param {{fromUrl?: boolean}} [opts]
+ */
 export function useTokenKey(key, { fromUrl = false } = {}) {
   tokenKey = key;
   tokenFromUrl = fromUrl;
 }
 
+/** A refused or failed call: the HTTP status (0: no answer), the error shape's code and details. */
 export class ApiError extends Error {
+  /**
+   * @param {number} status
+   * @param {string} code
+   * @param {string} message
+   * @param {Record<string, unknown> | null | undefined} details
+   */
   constructor(status, code, message, details) {
     super(message);
     this.status = status;
@@ -33,6 +44,7 @@ export function getToken() {
   }
 }
 
+/** @param {string} token "" forgets it */
 export function setToken(token) {
   try {
     if (token) sessionStorage.setItem(tokenKey, token);
@@ -42,7 +54,11 @@ export function setToken(token) {
   }
 }
 
-/** path?k=v&… for the params that have a value. */
+/**
+ * path?k=v&… for the params that have a value.
+ * @param {string} path
+ * @param {Record<string, unknown> | null} [params]
+ */
 export function withParams(path, params = {}) {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(params || {})) {
@@ -52,17 +68,31 @@ export function withParams(path, params = {}) {
   return qs ? `${path}${path.includes("?") ? "&" : "?"}${qs}` : path;
 }
 
+/** @type {((err: ApiError) => void)[]} */
 const listeners = [];
 
-/** fn(err) for every failed background call (GETs; POSTs report to their control). */
+/**
+ * fn(err) for every failed background call (GETs; POSTs report to their control).
+ * @param {(err: ApiError) => void} fn
+ */
 export function onApiError(fn) {
   listeners.push(fn);
 }
 
+/**
+ * One call: the answer's JSON (null when empty); an ApiError when refused or
+ * unreachable (reported to onApiError's listeners unless `quiet`).
+ * @param {string} method
+ * @param {string} path
+ * @param {unknown} [body] sent as JSON
+ * @param {{quiet?: boolean}} [opts]
+ */
 export async function api(method, path, body, { quiet = false } = {}) {
+  /** @type {Record<string, string>} */
   const headers = { Accept: "application/json" };
   const token = getToken();
   if (token) headers.Authorization = `Bearer ${token}`;
+  /** @type {RequestInit} */
   const init = { method, headers };
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
@@ -94,13 +124,19 @@ export async function api(method, path, body, { quiet = false } = {}) {
   return data;
 }
 
-export const get = (path) => api("GET", path);
+export const get = (/** @type {string} */ path) => api("GET", path);
+/**
+ * A POST that reports only to its caller (its control shows the outcome).
+ * @param {string} path
+ * @param {unknown} [body] sent as JSON ({} when none)
+ */
 export const post = (path, body) => api("POST", path, body === undefined ? {} : body, { quiet: true });
 
 /**
  * The websocket subprotocols that carry a bearer token without putting it in
  * the URL: "blockpool" (the one a server echoes) and "base64url.bearer.<t>"
  * (base64url of the token's UTF-8 bytes: any text fits a header).
+ * @param {string} token
  */
 export function bearerProtocols(token) {
   if (!token) return ["blockpool"];

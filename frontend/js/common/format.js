@@ -4,20 +4,29 @@
 
 const nf = new Intl.NumberFormat("en-US");
 
+/** @param {number | null | undefined} n */
 export function int(n) {
   return n === null || n === undefined || Number.isNaN(n) ? "—" : nf.format(Math.round(n));
 }
 
+/**
+ * @param {number | null | undefined} x a fraction (0.5: "50.0%")
+ * @param {number} [digits]
+ */
 export function pct(x, digits = 1) {
   return x === null || x === undefined || !Number.isFinite(x) ? "—" : `${(x * 100).toFixed(digits)}%`;
 }
 
+/** @param {number | null | undefined} x */
 export function rate(x) {
   if (x === null || x === undefined || !Number.isFinite(x)) return "—";
   return x >= 100 ? nf.format(Math.round(x)) : x.toFixed(1);
 }
 
-/** Seconds as a short duration: 850ms, 12.3s, 4m05s, 2h10m. */
+/**
+ * Seconds as a short duration: 850ms, 12.3s, 4m05s, 2h10m.
+ * @param {number | null | undefined} s
+ */
 export function dur(s) {
   if (s === null || s === undefined || !Number.isFinite(s)) return "—";
   if (s < 1) return `${Math.round(s * 1000)}ms`;
@@ -26,16 +35,20 @@ export function dur(s) {
   return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
 }
 
-/** Seconds as an axis tick: 5ms, 250ms, 30s, 2m, 1.5h (three digits at most). */
+/**
+ * Seconds as an axis tick: 5ms, 250ms, 30s, 2m, 1.5h (three digits at most).
+ * @param {number | null | undefined} s
+ */
 export function durTick(s) {
   if (s === null || s === undefined || !Number.isFinite(s)) return "—";
-  const p = (v) => String(Number(v.toPrecision(3)));
+  const p = (/** @type {number} */ v) => String(Number(v.toPrecision(3)));
   if (s < 1) return `${p(s * 1000)}ms`;
   if (s < 60) return `${p(s)}s`;
   if (s < 3600) return `${p(s / 60)}m`;
   return `${p(s / 3600)}h`;
 }
 
+/** @param {number} n */
 export function bytes(n) {
   if (!Number.isFinite(n)) return "—";
   const u = ["B", "KB", "MB", "GB"];
@@ -47,13 +60,20 @@ export function bytes(n) {
   return `${n.toFixed(i && n < 10 ? 1 : 0)} ${u[i]}`;
 }
 
-/** A hash as shown: its first `n` hex digits, "…" when cut (the title holds all of it). */
+/**
+ * A hash as shown: its first `n` hex digits, "…" when cut (the title holds all of it).
+ * @param {string | null | undefined} h
+ * @param {number} [n]
+ */
 export function shortHash(h, n = 8) {
   if (h === null || h === undefined || h === "") return "—";
   return h.length > n ? `${h.slice(0, n)}…` : h;
 }
 
-/** How long ago, in words: "now", "12 s ago", "3 min ago", "2 h ago"; null: "never". */
+/**
+ * How long ago, in words: "now", "12 s ago", "3 min ago", "2 h ago"; null: "never".
+ * @param {number | null | undefined} seconds
+ */
 export function age(seconds) {
   if (seconds === null || seconds === undefined) return "never";
   if (seconds < 1) return "now";
@@ -62,7 +82,11 @@ export function age(seconds) {
   return `${Math.round(seconds / 3600)} h ago`;
 }
 
-/** Token ids as text, "…(total)" when only the first ones are known. */
+/**
+ * Token ids as text, "…(total)" when only the first ones are known.
+ * @param {number[] | null | undefined} tokens
+ * @param {number} total
+ */
 export function tokensText(tokens, total) {
   const shown = (tokens || []).join(" ");
   return total > (tokens || []).length ? `${shown} …(${total})` : shown;

@@ -8,10 +8,12 @@
  * {endpoint, command, connects} for a publishing server, null when it
  * publishes nothing.  `host`: the host the browser reached the server on (a
  * wildcard bind address is not one to connect to).
+ * @param {{enabled?: boolean, binds?: boolean, endpoint?: string, bound_endpoint?: string, bound_replay_endpoint?: string} | null | undefined} kv
+ * @param {string} host
  */
 export function observeHint(kv, host) {
   if (!kv || !kv.enabled) return null;
-  const local = (ep) => (ep ? ep.replace(/\/\/(\*|0\.0\.0\.0|\[::\]|::)(?=:)/, `//${host}`) : ep);
+  const local = (/** @type {string | undefined} */ ep) => (ep ? ep.replace(/\/\/(\*|0\.0\.0\.0|\[::\]|::)(?=:)/, `//${host}`) : ep);
   const endpoint = local(kv.bound_endpoint || kv.endpoint);
   if (kv.binds === false) {
     // the publisher connects: the observer has to be the one listening there

@@ -38,7 +38,12 @@ export const PACKED = {
   in_use: COLORS.in_use.map(abgr),
 };
 
-/** The packed colour of one block. */
+/**
+ * The packed colour of one block.
+ * @param {number} state
+ * @param {number} refCnt
+ * @param {number} risk non-zero: about to be evicted
+ */
 export function packedColor(state, refCnt, risk) {
   switch (state) {
     case 1:
@@ -52,7 +57,10 @@ export function packedColor(state, refCnt, risk) {
   }
 }
 
-/** The [r, g, b] colours a block in `state` may be drawn with (tests). */
+/**
+ * The [r, g, b] colours a block in `state` may be drawn with (tests).
+ * @param {number} state
+ */
 export function colorsForState(state) {
   if (state === 1) return COLORS.in_use;
   if (state === 2) return [COLORS.cached, COLORS.risk];

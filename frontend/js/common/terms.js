@@ -115,16 +115,25 @@ export const TERMS = {
   subtree: { help: "cached blocks below this chain" },
 };
 
-/** The hover text for a term as shown (case-insensitive), or "" when it is not one. */
+/**
+ * The hover text for a term as shown (case-insensitive), or "" when it is not one.
+ * @param {unknown} text
+ */
 export function explain(text) {
-  const t = TERMS[String(text).trim().toLowerCase()];
+  /** @type {Record<string, {help: string, vllm?: string}>} */
+  const terms = TERMS;
+  const t = terms[String(text).trim().toLowerCase()];
   if (!t) return "";
   return t.vllm ? `${t.help}\nvLLM: ${t.vllm}` : t.help;
 }
 
-/** Give every <th> and [data-term] element under root a title from TERMS (unless it has one). */
+/**
+ * Give every <th> and [data-term] element under root a title from TERMS (unless it has one).
+ * @param {ParentNode} root
+ */
 export function explainAll(root) {
   for (const el of root.querySelectorAll("th, [data-term]")) {
+    if (!(el instanceof HTMLElement)) continue;
     if (el.title) continue;
     const help = explain(el.dataset.term || el.textContent);
     if (help) el.title = help;

@@ -49,12 +49,22 @@ for (const id of ["miss-panel", "regret-panel", "whatif-panel", "tt-panel"]) obs
  * frames come first), one request per view at a time, and only for panels
  * on screen.
  */
+/** @type {Set<string>} */
 const pending = new Set();
+/**
+ * fn() unless the last call for `key` is still on its way.
+ * @param {string} key
+ * @param {() => unknown} fn
+ */
 function once(key, fn) {
   if (pending.has(key)) return;
   pending.add(key);
   Promise.resolve(fn()).finally(() => pending.delete(key));
 }
+/**
+ * @param {number} now the frame's performance.now()
+ * @param {{analysis: import("./state/analysishub.js").AnalysisHub, conn: import("./wire/stream.js").StreamConnection, misses: {poll(): unknown}, regret: {poll(): unknown}, whatif: {poll(): unknown}, history: {poll(): unknown, pollEvery: number}}} parts
+ */
 export function pollAnalysis(now, { analysis, conn, misses, regret, whatif, history }) {
   if (!analysis.section || conn.health.state !== "open") return;
   if (performance.now() - analysis.firstAt < 2500) return;

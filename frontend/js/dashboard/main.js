@@ -39,7 +39,21 @@ import { cadence, onScreen, pollAnalysis } from "./cadence.js";
 
 const model = new PoolModel();
 const tree = new PrefixTree();
+/**
+ * The page's frame timing (the health bar and the tests read it); `map`: the
+ * block map's draw figures, set once the map exists.
+ * @type {{raf: number, frameMs: number, maxFrameMs: number, longFrames: number, map: BlockMap["perf"] | null, started: number}}
+ */
 const perf = { raf: 0, frameMs: 0, maxFrameMs: 0, longFrames: 0, map: null, started: performance.now() };
+
+/** Blocks holding the first keys whose hash starts with `hex` (none on a model without the hash index). */
+function blocksWithPrefix(hex) {
+  const index = model.index;
+  const ids = [];
+  if (!index) return ids;
+  for (const s of index.searchPrefix(hex, 4)) ids.push(...index.idsOf(s));
+  return ids;
+}
 
 function hoverLine(id) {
   if (id < 0 || id >= model.n) return "—";
@@ -62,9 +76,7 @@ const hashmap = new HashMapPanel(
   (id) => detail.select(id),
 );
 const treePanel = new TreePanel(model, tree, (hexes) => {
-  const ids = [];
-  for (const hex of hexes) for (const s of model.index.searchPrefix(hex, 4)) ids.push(...model.index.idsOf(s));
-  detail.showHash(ids);
+  detail.showHash(hexes.flatMap(blocksWithPrefix));
 });
 const conn = new StreamConnection(model, { token: getToken });
 const controls = new Controls(model, detail, () => {
@@ -74,7 +86,7 @@ const controls = new Controls(model, detail, () => {
 const health = new HealthBar(conn, model, perf);
 const analysis = new AnalysisHub(model);
 const analysisHealth = new AnalysisHealthItem(analysis);
-new MirrorItem(() => controls.setReadOnly()); // the top bar item, only on `blockpool serve --mirror`
+new MirrorItem(() => controls.setReadOnly(), conn.mirrorLag); // the top bar item, only on `blockpool serve --mirror`
 const traceItem = new TraceItem();
 const windowSel = $("chart-window");
 const tokensPanel = new TokenPanel(analysis, windowSel);
@@ -91,8 +103,7 @@ const loader = new AnalysisLoader(model, analysis, { misses, regret, whatif, tok
 // One request's story: searched, or from the block detail, the running
 // list, the regret table and the event log (a hash: who holds it now).
 async function holdersOf(hex) {
-  const ids = [];
-  for (const s of model.index.searchPrefix(hex, 4)) ids.push(...model.index.idsOf(s));
+  const ids = blocksWithPrefix(hex);
   for (const id of ids.filter((i) => model.state[i] === 1).slice(0, 4)) {
     const b = await get(`/api/blocks/${id}`);
     if (b.requests && b.requests.length) return b.requests;

@@ -21,12 +21,43 @@ export function getJSON(path, params = {}, { method = "GET", body } = {}) {
 }
 
 /**
+ * An instance as GET /api/fleet and the stream's messages list it: the
+ * fields the page's own logic reads (the cards show more).
+ * @typedef {{name: string, connected: boolean, exact: boolean, stale: boolean, keys: number, events: number}} FleetInstance
+ */
+
+/**
+ * An event of the fleet stream's tick: as in GET /api/fleet/{name}/events, plus `instance`.
+ * @typedef {object} FleetEvent
+ * @property {string} instance
+ * @property {string} type BlockStored | BlockRemoved | AllBlocksCleared
+ * @property {number} batch_seq
+ * @property {number} ts
+ * @property {string[]} [block_hashes]
+ * @property {string | null} [parent_block_hash]
+ * @property {number} [num_tokens]
+ * @property {string | null} [lora_name]
+ * @property {string | null} [medium]
+ * @property {number} [group_idx]
+ */
+
+/**
+ * A fleet stream message (docs/observer.md).
+ * @typedef {{type: "hello", seq: number, ts: number, instances: FleetInstance[]}
+ *   | {type: "tick", seq: number, ts: number, instances: FleetInstance[], events: FleetEvent[], events_omitted: number}
+ *   | {type: "resync", seq: number}} FleetMessage
+ */
+
+/**
  * The live stream: onMessage(msg) for every JSON message, onState(state) with
  * "connecting" | "open" | "retrying" | "auth".  Reconnects with backoff;
  * a gap in seq (or a "resync") calls onResync() so views re-read REST.
+ * @param {{onMessage: (msg: FleetMessage) => void, onState: (state: string) => void, onResync: () => void}} handlers
  */
 export function openStream({ onMessage, onState, onResync }) {
+  /** @type {WebSocket | null} */
   let ws = null;
+  /** @type {number | null} */
   let lastSeq = null;
   let delay = 500;
   let stopped = false;

@@ -10,8 +10,9 @@ import { age, int, shortHash as cut, tokensText } from "../common/format.js";
 export { $, age, clear, debounce, h, int, tokensText };
 
 /** A hash as shown here: the first 12 hex digits (the title holds all of it). */
-export const shortHash = (hash) => cut(hash, 12);
+export const shortHash = (/** @type {string | null | undefined} */ hash) => cut(hash, 12);
 
+/** @param {string | null | undefined} hash */
 export function hashCell(hash) {
   return h("td", { class: "hash", title: hash || "" }, shortHash(hash));
 }

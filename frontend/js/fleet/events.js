@@ -7,8 +7,10 @@ const KEEP = 300;
 
 export class EventLog {
   constructor() {
+    /** @type {import("./api.js").FleetEvent[]} the newest last */
     this.items = [];
     this.paused = false;
+    /** @type {string | null} the instance of "selected only" */
     this.selected = null;
     $("ev-pause").addEventListener("click", () => {
       this.paused = !this.paused;
@@ -18,11 +20,13 @@ export class EventLog {
     $("ev-selected").addEventListener("change", () => this.render());
   }
 
+  /** @param {string} name */
   select(name) {
     this.selected = name;
     this.render();
   }
 
+  /** @param {import("./api.js").FleetEvent[]} events */
   add(events) {
     if (!events.length) return;
     for (const e of events) this.items.push(e);

@@ -7,12 +7,13 @@ import { $, clear, debounce, h, hashCell, int, tokensText } from "./dom.js";
 const PAGE = 50;
 
 export class HashMapView {
+  /** @param {{onPick: (hash: string) => void, onError: (err: Error) => void}} opts */
   constructor({ onPick, onError }) {
     this.instance = null;
     this.offset = 0;
     this.onPick = onPick;
     this.onError = onError;
-    this.body = $("hashmap").querySelector("tbody");
+    this.body = $("hashmap", HTMLTableElement).tBodies[0]; // fleet.html gives the table its tbody
     this.loading = false;
     this.again = false;
     $("hm-search").addEventListener("input", debounce(() => this.reset(), 250));
@@ -28,6 +29,7 @@ export class HashMapView {
     });
   }
 
+  /** @param {string | null} name */
   select(name) {
     this.instance = name;
     $("hm-instance").textContent = name || "—";

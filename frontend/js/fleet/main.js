@@ -13,8 +13,20 @@ import { PrefixView } from "./prefixes.js";
 import { RateChart } from "./rate.js";
 import { TreeView } from "./tree.js";
 
+/** @typedef {import("./api.js").FleetInstance} FleetInstance */
+
+/**
+ * The page's state: the instances last listed, the one selected (its name),
+ * and the live stream once opened.
+ * @type {{instances: FleetInstance[], selected: string | null, stream: ReturnType<typeof openStream> | null}}
+ */
 const state = { instances: [], selected: null, stream: null };
 
+/**
+ * The page's error line: an ApiError (its status and code say more), any
+ * other error, or null to hide it.
+ * @param {{message: string, status?: number, code?: string} | null} err
+ */
 function showError(err) {
   const box = $("page-error");
   if (!err) {
@@ -30,6 +42,7 @@ function showError(err) {
 }
 
 /** Opened on a pool server: say how to observe this one (its KV-event endpoint). */
+/** @param {HTMLElement} box */
 async function poolHint(box) {
   try {
     const hint = observeHint(await getJSON("/api/kv-events"), location.hostname);
@@ -47,6 +60,7 @@ const tree = new TreeView({ onPick: (hash) => prefixes.pick(hash), onError: show
 const log = new EventLog();
 const rate = new RateChart($("rate-chart"));
 
+/** @param {string} name */
 function select(name) {
   if (name === state.selected) return;
   state.selected = name;
@@ -59,6 +73,7 @@ function select(name) {
   log.select(name);
 }
 
+/** @param {FleetInstance[]} instances */
 function setInstances(instances) {
   state.instances = instances;
   $("instance-count").textContent = `${instances.length}`;
@@ -120,7 +135,7 @@ async function boot() {
         showStream();
       },
       onMessage: (msg) => {
-        if (msg.instances) setInstances(msg.instances);
+        if ("instances" in msg) setInstances(msg.instances);
         if (msg.type === "tick") {
           rate.update(msg.ts, msg.instances);
           log.add(msg.events);

@@ -7,13 +7,17 @@ import { getJSON } from "./api.js";
 import { $, clear, h, int, shortHash } from "./dom.js";
 
 export class PrefixView {
+  /** @param {{onError: (err: Error) => void}} opts */
   constructor({ onError }) {
     this.onError = onError;
     $("fp-form").addEventListener("submit", () => this.query());
     $("fp-refresh").addEventListener("click", () => this.families());
   }
 
-  /** Ask who holds the prefix a block hash stands for. */
+  /**
+   * Ask who holds the prefix a block hash stands for.
+   * @param {string} hash
+   */
   pick(hash) {
     $("fp-kind", HTMLSelectElement).value = "hash";
     $("fp-query", HTMLInputElement).value = hash;
@@ -64,7 +68,7 @@ export class PrefixView {
   async families() {
     try {
       const res = await getJSON("/api/fleet/prefixes", { limit: 30 });
-      const body = $("families").querySelector("tbody");
+      const body = $("families", HTMLTableElement).tBodies[0]; // fleet.html gives the table its tbody
       clear(body);
       for (const f of res.items) {
         body.append(

@@ -5,7 +5,12 @@ const POINTS = 150;
 /** The least span the x axis shows (s): one point still reads as a clock time, not years. */
 export const MIN_SPAN = 30;
 
-/** The x range for points from lo to hi (unix s): at least MIN_SPAN, ending at the latest. */
+/**
+ * The x range for points from lo to hi (unix s): at least MIN_SPAN, ending at the latest.
+ * @param {number | null | undefined} lo
+ * @param {number | null | undefined} hi
+ * @returns {[number, number]}
+ */
 export function timeRange(lo, hi) {
   if (hi === null || hi === undefined || !Number.isFinite(hi)) {
     const now = Date.now() / 1000;
@@ -15,7 +20,10 @@ export function timeRange(lo, hi) {
   return hi - from >= MIN_SPAN ? [from, hi] : [hi - MIN_SPAN, hi];
 }
 
-/** An axis tick in three or four characters (12k, 1.5M): never cut to ",000". */
+/**
+ * An axis tick in three or four characters (12k, 1.5M): never cut to ",000".
+ * @param {number | null | undefined} v
+ */
 export function tickText(v) {
   if (v === null || v === undefined || !Number.isFinite(v)) return "";
   const a = Math.abs(v);
@@ -24,9 +32,12 @@ export function tickText(v) {
   return String(Number(v.toPrecision(3)));
 }
 
-const two = (n) => String(n).padStart(2, "0");
+const two = (/** @type {number} */ n) => String(n).padStart(2, "0");
 
-/** An x tick as a clock time (14:05:30): the same reading at any span. */
+/**
+ * An x tick as a clock time (14:05:30): the same reading at any span.
+ * @param {number | null | undefined} t unix seconds
+ */
 export function clockText(t) {
   if (t === null || t === undefined || !Number.isFinite(t)) return "";
   const d = new Date(t * 1000);
@@ -34,36 +45,52 @@ export function clockText(t) {
 }
 
 export class RateChart {
+  /** @param {HTMLElement} container */
   constructor(container) {
     this.container = container;
+    /** @type {import("../../vendor/uplot/uPlot") | null} the chart, once there are instances */
     this.plot = null;
+    /** @type {string[]} the instances charted, in series order */
     this.names = [];
+    /** @type {number[]} tick times (unix s) */
     this.xs = [];
+    /** @type {number[][]} events/s per instance, per tick */
     this.ys = [];
+    /** @type {{ts: number, counts: number[]} | null} the previous tick */
     this.prev = null;
   }
 
+  /**
+   * One tick: each instance's cumulative event count at `ts`.
+   * @param {number} ts
+   * @param {{name: string, events: number}[]} instances
+   */
   update(ts, instances) {
     if (typeof uPlot === "undefined") return;
     const names = instances.map((i) => i.name);
-    if (!this.plot || names.join("\n") !== this.names.join("\n")) this.build(names);
+    const plot = this.plot && names.join("\n") === this.names.join("\n") ? this.plot : this.build(names);
     const counts = instances.map((i) => i.events);
-    if (this.prev) {
-      const dt = Math.max(ts - this.prev.ts, 1e-3);
+    const prev = this.prev;
+    if (prev) {
+      const dt = Math.max(ts - prev.ts, 1e-3);
       this.xs.push(ts);
-      counts.forEach((c, k) => this.ys[k].push(Math.max(0, (c - this.prev.counts[k]) / dt)));
+      counts.forEach((c, k) => this.ys[k].push(Math.max(0, (c - prev.counts[k]) / dt)));
       if (this.xs.length > POINTS) {
         this.xs.shift();
         this.ys.forEach((y) => y.shift());
       }
       // the x range set here, not by uPlot: it widens a lone point to a thousand days
-      this.plot.setData([this.xs, ...this.ys], false);
+      plot.setData([this.xs, ...this.ys], false);
       const [min, max] = timeRange(this.xs[0], this.xs[this.xs.length - 1]);
-      this.plot.setScale("x", { min, max });
+      plot.setScale("x", { min, max });
     }
     this.prev = { ts, counts };
   }
 
+  /**
+   * A new chart for these instances (the old one goes): returns it.
+   * @param {string[]} names
+   */
   build(names) {
     if (this.plot) this.plot.destroy();
     this.names = names;
@@ -89,5 +116,6 @@ export class RateChart {
       [[], ...names.map(() => [])],
       this.container,
     );
+    return this.plot;
   }
 }

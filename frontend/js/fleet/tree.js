@@ -7,6 +7,7 @@ import { $, clear, h, int, shortHash } from "./dom.js";
 const MAX_CHILDREN = 200;
 
 export class TreeView {
+  /** @param {{onPick: (hash: string) => void, onError: (err: Error) => void}} opts */
   constructor({ onPick, onError }) {
     this.instance = null;
     this.onPick = onPick;
@@ -15,6 +16,7 @@ export class TreeView {
     $("tree-refresh").addEventListener("click", () => this.load());
   }
 
+  /** @param {string | null} name */
   select(name) {
     this.instance = name;
     this.open.clear();
@@ -67,8 +69,8 @@ export class TreeView {
             onclick: () => {
               if (this.open.has(n.hash)) this.open.delete(n.hash);
               else this.open.add(n.hash);
-              const fresh = this.list([n], byParent).firstChild;
-              li.replaceWith(fresh);
+              const fresh = this.list([n], byParent).firstChild; // the one node's <li>
+              if (fresh) li.replaceWith(fresh);
             },
           },
           kids.length ? (isOpen ? "▾" : "▸") : "·",

@@ -236,11 +236,12 @@ export class Controls {
     } catch (err) {
       if (err instanceof ApiError && err.code === "reset_refused") {
         const d = err.details || {};
+        const num = (/** @type {unknown} */ v) => (typeof v === "number" ? v : null);
         this.outcome("refused", [
           h("b", null, "Reset refused"),
           ": ",
-          h("span", { class: "reset-held" }, int(d.held_blocks)),
-          ` block(s) are still held${d.running_requests !== undefined ? ` by ${int(d.running_requests)} running request(s)` : ""}. Stop the workload and finish them first.`,
+          h("span", { class: "reset-held" }, int(num(d.held_blocks))),
+          ` block(s) are still held${d.running_requests !== undefined ? ` by ${int(num(d.running_requests))} running request(s)` : ""}. Stop the workload and finish them first.`,
         ]);
         $("reset-stop").hidden = false;
       } else if (err instanceof ApiError && err.status === 401) {

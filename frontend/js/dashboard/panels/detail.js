@@ -41,7 +41,8 @@ export class DetailPanel {
     this.rest = null;
     this.restFor = -1;
     this.request = null; // {id, blocks}
-    this.hoverTimer = null;
+    /** @type {number | undefined} the pending fetch of a hovered block */
+    this.hoverTimer = undefined;
     this.fetchSeq = 0;
     this.requestSeq = 0;
     this.barHover = "";

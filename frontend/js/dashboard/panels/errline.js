@@ -4,10 +4,12 @@
 
 import { $ } from "../../common/dom.js";
 
+/** @type {string[]} */
 export const errors = [];
 /** @type {ReturnType<typeof setTimeout> | undefined} */
 let timer;
 
+/** @param {string} msg */
 export function showError(msg) {
   errors.push(msg);
   const el = $("errline");

@@ -5,7 +5,7 @@
 // the allocation rate; cached blocks inside the horizon are "at risk" and
 // stand out here, on the map, and grouped by the prefix they belong to.
 
-import { $, h, setText } from "../../common/dom.js";
+import { $, context2d, h, setText } from "../../common/dom.js";
 import { dur, int, rate, shortHash } from "../../common/format.js";
 import { COLORS, rgbCss } from "../../common/palette.js";
 import { explain } from "../../common/terms.js";
@@ -37,7 +37,7 @@ export class LruPanel {
     this.tree = tree;
     this.onSelect = onSelect;
     this.strip = $("lru-strip", HTMLCanvasElement);
-    this.sctx = this.strip.getContext("2d");
+    this.sctx = context2d(this.strip);
     this.summary = $("lru-summary");
     this.body = $("lru-body");
     this.prefixes = $("lru-prefixes");

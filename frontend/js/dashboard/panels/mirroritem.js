@@ -1,27 +1,41 @@
 // @ts-check
 // The mirror in the top bar, on a service that follows a real vLLM engine
 // (blockpool serve --mirror): the engine, whether the pool shown is exactly
-// the engine's, the lag, resyncs and divergences.  Absent on any other service.
+// the engine's, the lag, resyncs and divergences, and the lag from the
+// engine's step to this page (the stream frames' `mirror` header, see
+// state/mirrorlag.js).  Absent on any other service.
 
 import { api, getToken } from "../../common/api.js";
 import { $, h, setText } from "../../common/dom.js";
 import { int } from "../../common/format.js";
 
+/** A lag in ms as the item shows it ("—" before a sample). */
+const msText = (/** @type {number | null} */ ms) => (ms === null ? "—" : `${Math.round(ms)}ms`);
+
 const POLL_MS = 1000;
 
 export class MirrorItem {
-  /** `onMirror()`: called once, when the service turns out to be a mirror. */
-  constructor(onMirror) {
+  /**
+   * `onMirror()`: called once, when the service turns out to be a mirror;
+   * `pageLag`: the stream's samples of the engine-to-page lag.
+   * @param {() => void} onMirror
+   * @param {import("../state/mirrorlag.js").MirrorLag} pageLag
+   */
+  constructor(onMirror, pageLag) {
     this.onMirror = onMirror;
+    this.pageLag = pageLag;
     this.value = h("b", { id: "h-mirror" }, "—");
-    this.item = h("span", { class: "hitem", "data-h": "mirror", hidden: "" }, h("i", null, "mirror"), this.value);
+    this.page = h("small", { id: "h-mirror-page", class: "muted", hidden: "" });
+    this.item = h("span", { class: "hitem", "data-h": "mirror", hidden: "" }, h("i", null, "mirror"), this.value, this.page);
     $("health").append(this.item);
-    this.timer = null;
+    /** @type {number | undefined} the poll, once started */
+    this.timer = undefined;
     this.start();
   }
 
   /** A mirror marks its answers (x-blockpool-mirror): only then is there anything to poll. */
   async start() {
+    /** @type {Record<string, string>} */
     const headers = { Accept: "application/json" };
     const token = getToken();
     if (token) headers.Authorization = `Bearer ${token}`;
@@ -42,6 +56,7 @@ export class MirrorItem {
   }
 
   async poll() {
+    this.showPageLag();
     let st;
     try {
       st = await api("GET", "/api/mirror", undefined, { quiet: true });
@@ -81,6 +96,28 @@ export class MirrorItem {
     this.show(level, text, title);
   }
 
+  /** The engine-to-page lag beside the item's text: the latest, and the p50 on hover. */
+  showPageLag() {
+    const lag = this.pageLag;
+    if (!lag.samples.length) return; // no batch has reached this page yet
+    const p50 = lag.p50();
+    this.page.hidden = false;
+    setText(this.page, ` · page ${msText(lag.lastMs)}`);
+    this.page.dataset.lastMs = String(lag.lastMs);
+    this.page.dataset.p50Ms = String(p50);
+    this.page.dataset.samples = String(lag.samples.length);
+    this.page.title = [
+      `engine step to this page: ${msText(lag.lastMs)} for the latest batch, p50 ${msText(p50)} over the last ${lag.samples.length}`,
+      "(the receive time of the first frame bringing a batch, minus the engine's step time for it: mirror.engine_ts)",
+      "assumes the engine's machine and this browser keep one clock: a skew between them adds to the figure or takes from it",
+    ].join("\n");
+  }
+
+  /**
+   * @param {string} level ok | warn | err
+   * @param {string} text
+   * @param {string} title
+   */
   show(level, text, title) {
     this.item.hidden = false;
     this.item.dataset.level = level;

@@ -50,7 +50,7 @@ export function buildStats() {
 
 /** A tile's value: the figure, and beside it (smaller) its share; data-value for the tests. */
 function setStat(key, text, value, share) {
-  const el = document.getElementById(`stat-${key}`);
+  const el = $(`stat-${key}`); // built by buildStats()
   const want = share === undefined ? text : text + share;
   if (el.textContent !== want) {
     if (share === undefined) el.textContent = text;
@@ -61,14 +61,14 @@ function setStat(key, text, value, share) {
 
 /** A tile with no figure at the moment shown: "—", and why on hover (data-reason). */
 function setReason(key, reason) {
-  const el = document.getElementById(`stat-${key}`);
-  const tile = /** @type {HTMLElement} */ (el.closest(".stat"));
+  const el = $(`stat-${key}`);
+  const tile = /** @type {HTMLElement} */ (el.closest(".stat")); // stat() puts the value in its tile
   if (reason) {
     tile.dataset.reason = reason;
     tile.title = `${tile.dataset.help}\n\nat this moment: ${reason}`;
   } else if (tile.dataset.reason !== undefined) {
     delete tile.dataset.reason;
-    tile.title = tile.dataset.help;
+    tile.title = tile.dataset.help ?? "";
   }
 }
 

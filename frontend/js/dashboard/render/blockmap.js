@@ -16,11 +16,13 @@
 // setSource(HistorySource)); the live model keeps taking frames meanwhile
 // and the map repaints from it in full on the way back.
 
+import { context2d } from "../../common/dom.js";
 import { PACKED, packedColor } from "../../common/palette.js";
 import { wireInput } from "./mapinput.js";
 import { drawOverlay } from "./mapoverlay.js";
 
 const cssOf = new Map(); // packed colour -> CSS string
+/** @param {number} packed */
 function css(packed) {
   let c = cssOf.get(packed);
   if (!c) {
@@ -40,17 +42,27 @@ export class BlockMap {
     this.canvas = canvas;
     this.overlay = overlay;
     this.model = model;
-    this.src = model; // what is drawn: the live model or a recorded moment
-    this.ctx = canvas.getContext("2d", { alpha: false });
-    this.octx = overlay.getContext("2d");
+    /** @type {import("../state/model.js").PoolModel | import("../state/history.js").HistorySource} what is drawn: the live model or a recorded moment */
+    this.src = model;
+    // the map is sized by its box in the page (a resize lays it out again)
+    const wrap = canvas.parentElement;
+    if (!wrap) throw new Error("the block map's canvas is not in the page");
+    this.wrap = wrap;
+    this.ctx = context2d(canvas, { alpha: false });
+    this.octx = context2d(overlay);
     this.off = document.createElement("canvas");
-    this.offCtx = this.off.getContext("2d", { alpha: false });
+    this.offCtx = context2d(this.off, { alpha: false });
     this.n = -1;
     // the layout (_layout): cell side k, cols x rows cells, scaled down when they outnumber the pixels
     this.k = 0;
     this.cols = 0;
     this.rows = 0;
     this.scale = 1;
+    this.gap = 0; // px between cells (k >= 5)
+    // the map's pixels, k x k per block (a 1 x 1 placeholder until the first _layout)
+    this.img = new ImageData(1, 1);
+    this.buf = new Uint32Array(this.img.data.buffer);
+    this.offStale = true; // the offscreen canvas lags the ImageData
     this.W = 0;
     this.H = 0;
     this.dpr = 1;
@@ -58,24 +70,28 @@ export class BlockMap {
     this.panX = 0;
     this.panY = 0;
     this.risk = new Uint8Array(0);
+    /** @type {number[]} the blocks drawn at risk now */
     this.riskIds = [];
+    /** @type {{selected: number, hover: number, request: number[], hash: number[]}} the highlights (-1: none) */
     this.hl = { selected: -1, hover: -1, request: [], hash: [] };
     this.needLayout = true;
     this.needBlit = true;
     this.needOverlay = true;
     this.perf = { draws: 0, drawMs: 0, lastMs: 0, maxMs: 0, cells: 0, fullPaints: 0 };
+    /** @type {((id: number) => void) | null} the block under the pointer (-1: none) */
     this.onhover = null;
+    /** @type {((id: number) => void) | null} a click on a block (-1: off the map) */
     this.onselect = null;
     wireInput(this); // hover, select, zoom, pan
     new ResizeObserver(() => {
       this.needLayout = true;
-    }).observe(canvas.parentElement);
+    }).observe(wrap);
   }
 
   // ------------------------------------------------------------- layout
 
   _layout() {
-    const wrap = this.canvas.parentElement;
+    const wrap = this.wrap;
     const dpr = window.devicePixelRatio || 1;
     const W = Math.max(1, Math.floor(wrap.clientWidth * dpr));
     const H = Math.max(1, Math.floor(wrap.clientHeight * dpr));
@@ -136,7 +152,10 @@ export class BlockMap {
 
   // ------------------------------------------------------------ painting
 
-  /** Draw a recorded moment (a HistorySource), or the live model again (null). */
+  /**
+   * Draw a recorded moment (a HistorySource), or the live model again (null).
+   * @param {import("../state/history.js").HistorySource | null} src
+   */
   setSource(src) {
     const next = src || this.model;
     if (next === this.src && !src) return;
@@ -153,6 +172,7 @@ export class BlockMap {
   }
 
   /** Write a block's pixels into the ImageData; returns its colour. */
+  /** @param {number} id */
   _paintCell(id) {
     const m = this.src;
     const color = packedColor(m.state[id], m.refCnt[id], m === this.model ? this.risk[id] : 0);
@@ -205,7 +225,7 @@ export class BlockMap {
     let cells = 0;
     let full = false;
     if (this.src !== this.model) this.model.drainDirty(() => {}); // live changes: repainted in full on return
-    this.src.drainDirty((isFull, ids, count) => {
+    this.src.drainDirty((/** @type {boolean} */ isFull, /** @type {Uint32Array} */ ids, /** @type {number} */ count) => {
       if (isFull || count > this.n / 4) {
         full = true;
         return;
@@ -273,6 +293,10 @@ export class BlockMap {
   // ---------------------------------------------------------- geometry
 
   /** Block id under a point in CSS px of the canvas, or -1. */
+  /**
+   * @param {number} cssX
+   * @param {number} cssY
+   */
   hitTest(cssX, cssY) {
     if (this.n <= 0 || !this.k) return -1;
     const s = this.effScale;
@@ -286,6 +310,7 @@ export class BlockMap {
   }
 
   /** A block's cell in device px of the canvas: {x, y, w, h}. */
+  /** @param {number} id */
   cellRect(id) {
     const s = this.effScale;
     const row = Math.floor(id / this.cols);
@@ -297,6 +322,7 @@ export class BlockMap {
   }
 
   /** Centre of a block's cell in CSS px relative to the page (tests click it). */
+  /** @param {number} id */
   cellCenterPage(id) {
     const r = this.cellRect(id);
     const box = this.canvas.getBoundingClientRect();
@@ -306,6 +332,7 @@ export class BlockMap {
   // --------------------------------------------------------- highlights
 
   /** Cached blocks about to be evicted (drawn in the risk colour). */
+  /** @param {number[]} ids */
   setRisk(ids) {
     if (this.risk.length !== this.model.n) return;
     const risk = this.risk;
@@ -325,6 +352,11 @@ export class BlockMap {
     this.riskIds = ids;
   }
 
+  /**
+   * @template {"selected" | "hover" | "request" | "hash"} K
+   * @param {K} part
+   * @param {BlockMap["hl"][K]} value
+   */
   setHighlight(part, value) {
     this.hl[part] = value;
     this.needOverlay = true;
@@ -337,6 +369,12 @@ export class BlockMap {
 
   // ------------------------------------------------------------- zoom, pan
 
+  /**
+   * Zoom to `z` keeping the map point under (x, y) (device px of the canvas) in place.
+   * @param {number} x
+   * @param {number} y
+   * @param {number} z
+   */
   zoomAt(x, y, z) {
     const zMax = Math.max(1, 32 / (this.k * this.scale));
     const nz = Math.min(Math.max(z, 1), zMax);
@@ -349,6 +387,10 @@ export class BlockMap {
   }
 
   /** Pan to (px, py) in map pixels, clamped to the map (none at zoom 1). */
+  /**
+   * @param {number} px
+   * @param {number} py
+   */
   panTo(px, py) {
     const s = this.effScale;
     const maxX = Math.max(0, this.off.width - this.W / s);

@@ -6,7 +6,7 @@
 import { $ } from "../../common/dom.js";
 import { dur, durTick } from "../../common/format.js";
 import { COLORS, rgbCss } from "../../common/palette.js";
-import { apartFilter, compact, labelWidth } from "./minichart.js";
+import { apartFilter, barPaths, compact, labelWidth } from "./minichart.js";
 import { markMoment } from "./moment.js";
 
 const uPlot = window.uPlot;
@@ -44,6 +44,7 @@ export class Charts {
     this.model = model;
     this.windowSel = $("chart-window", HTMLSelectElement);
     this.plots = [];
+    /** @type {{in_use: number[], cached: number[], empty: number[]}} the stacked chart's own values (its legend) */
     this.raw = { in_use: [], cached: [], empty: [] };
     const raw = this.raw;
     const rawVal = (name) => (u, v, si, i) => (i === null || i === undefined || raw[name][i] === undefined ? "—" : compact(raw[name][i]));
@@ -105,7 +106,7 @@ export class Charts {
 
   makeHist(id, color) {
     const el = $(id);
-    const bars = uPlot.paths.bars({ size: [0.8, 40], gap: 1 });
+    const bars = barPaths({ size: [0.8, 40], gap: 1 });
     const plot = new uPlot(
       {
         ...sizeOf(el),

@@ -3,8 +3,10 @@
 // (onselect), a drag pans when zoomed in, the wheel zooms at the pointer and
 // a double click zooms back out.
 
+/** @param {import("./blockmap.js").BlockMap} map */
 export function wireInput(map) {
   const el = map.overlay;
+  /** @type {{x: number, y: number, panX: number, panY: number, moved: boolean} | null} a press, while held */
   let drag = null;
   el.addEventListener("mousemove", (ev) => {
     if (drag) {

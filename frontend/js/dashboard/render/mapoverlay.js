@@ -11,10 +11,12 @@ const HIGHLIGHT = {
   hover: "rgba(255, 255, 255, 0.7)",
 };
 
+/** @param {import("./blockmap.js").BlockMap} map */
 export function drawOverlay(map) {
   const { octx, W, H, hl } = map;
   octx.clearRect(0, 0, W, H);
   grid(map);
+  /** @type {[number[], string][]} */
   const groups = [
     [hl.request, HIGHLIGHT.request],
     [hl.hash, HIGHLIGHT.hash],
@@ -36,6 +38,7 @@ export function drawOverlay(map) {
 }
 
 /** Cell borders when zoomed in far enough to see them (visible cells only). */
+/** @param {import("./blockmap.js").BlockMap} map */
 function grid(map) {
   const s = map.effScale;
   const cell = map.k * s;
@@ -52,6 +55,12 @@ function grid(map) {
   for (let r = r0; r <= r1; r++) octx.fillRect(0, (r * k - map.panY) * s - 0.5, x1, 1);
 }
 
+/**
+ * @param {import("./blockmap.js").BlockMap} map
+ * @param {number[]} ids
+ * @param {string} color
+ * @param {number} lw line width, CSS px
+ */
 function outline(map, ids, color, lw) {
   const { octx } = map;
   octx.strokeStyle = color;

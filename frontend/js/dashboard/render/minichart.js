@@ -8,10 +8,71 @@
 // at the cursor (or the latest), and a note covers the plot while there is
 // no data.
 
+import { context2d } from "../../common/dom.js";
 import { explain } from "../../common/terms.js";
 import { markMoment } from "./moment.js";
 
 const uPlotLib = () => globalThis.uPlot;
+
+/**
+ * uPlot's bar path builder: the vendored full build has it (its .d.ts marks
+ * every builder optional).
+ * @param {import("../../../vendor/uplot/uPlot").Series.BarsPathBuilderOpts} opts
+ */
+export function barPaths(opts) {
+  const bars = uPlotLib().paths.bars;
+  if (!bars) throw new Error("this uPlot build has no bar paths");
+  return bars(opts);
+}
+
+/**
+ * One series of a MiniChart.
+ * @typedef {object} SeriesSpec
+ * @property {string} label
+ * @property {import("../../common/palette.js").RGB} rgb
+ * @property {number} [fill] the alpha of the fill under it
+ * @property {number} [width]
+ * @property {boolean} [stack] stacked on the stacked series before it
+ * @property {number} [axis] 2: the right-hand axis
+ * @property {boolean} [bars]
+ * @property {boolean} [points] its points drawn
+ * @property {number[]} [dash]
+ * @property {boolean} [spanGaps]
+ * @property {(v: number) => string} [fmt] its legend value
+ * @property {string} [help] its legend's hover text (else the glossary's for its label)
+ */
+
+/**
+ * A y axis of a MiniChart.
+ * @typedef {object} AxisSpec
+ * @property {(v: number) => string} [fmt]
+ * @property {(lo: number, hi: number) => [number, number]} [range]
+ * @property {import("../../common/palette.js").RGB} [rgb]
+ */
+
+/**
+ * A MiniChart's options (see the class).
+ * @typedef {object} MiniChartOpts
+ * @property {number} [height]
+ * @property {string} [x] "time" | "num" | "cat"
+ * @property {boolean} [xLog2]
+ * @property {(v: number, i?: number) => string} [xFmt]
+ * @property {number[]} [xTicks]
+ * @property {number} [yWidth]
+ * @property {AxisSpec} [y]
+ * @property {AxisSpec} [y2]
+ * @property {number} [y2Width]
+ * @property {SeriesSpec[]} series
+ * @property {boolean} [legend]
+ * @property {(xs: number[]) => number} [legendIdx]
+ * @property {string} [empty]
+ * @property {(idx: number | null) => void} [onhover]
+ */
+
+/**
+ * A point drawn over a chart (a ring and its label) on axis 1 or 2.
+ * @typedef {{x: number, y: number, rgb?: import("../../common/palette.js").RGB, label?: string, axis?: number}} ChartMark
+ */
 
 const AXIS = "#8b949e";
 const GRID = { stroke: "rgba(139,148,158,0.12)", width: 1 };
@@ -19,19 +80,24 @@ const FONT = "11px ui-sans-serif, system-ui, sans-serif";
 const TIME_INCRS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
 const CAT_INCRS = [1, 2, 3, 4, 5, 10, 20, 50, 100];
 // y ticks at 1, 2, 5 × 10^k (counts: whole numbers only)
+/** @type {number[]} */
 const Y_INCRS = [];
 for (let e = -4; e <= 9; e++) for (const m of [1, 2, 5]) Y_INCRS.push(Number((m * 10 ** e).toPrecision(1)));
 const INT_INCRS = Y_INCRS.filter((v) => v >= 1);
 // px between y ticks: at least 2 or 3 ticks on the smallest plots (the
 // histograms are ~40 px tall)
-const ySpace = (dim) => Math.min(24, Math.max(12, dim / 3));
+const ySpace = (/** @type {number} */ dim) => Math.min(24, Math.max(12, dim / 3));
 
+/** @type {CanvasRenderingContext2D | null} */
 let measurer = null;
-/** The widest of `labels` in px, drawn in the charts' axis font (0 without a DOM). */
+/**
+ * The widest of `labels` in px, drawn in the charts' axis font (0 without a DOM).
+ * @param {unknown[]} labels
+ */
 export function labelWidth(labels, font = FONT) {
   if (!measurer) {
     if (typeof document === "undefined") return 0;
-    measurer = document.createElement("canvas").getContext("2d");
+    measurer = context2d(document.createElement("canvas"));
   }
   measurer.font = font;
   let w = 0;
@@ -43,6 +109,8 @@ export function labelWidth(labels, font = FONT) {
  * Which axis labels to draw so that none touches another: centred at px[i],
  * widths[i] wide, kept left to right while at least `gap` px clear of the
  * last one kept (an empty label is never kept and never blocks).
+ * @param {number[]} px
+ * @param {number[]} widths
  */
 export function keepApart(px, widths, gap = 6) {
   const keep = px.map(() => false);
@@ -58,7 +126,11 @@ export function keepApart(px, widths, gap = 6) {
   return keep;
 }
 
-/** uPlot axis filter: leave out the x labels that would collide (label(v) their text). */
+/**
+ * uPlot axis filter: leave out the x labels that would collide (label(v) their text).
+ * @param {(v: number) => string} label
+ * @returns {import("../../../vendor/uplot/uPlot").Axis.Filter}
+ */
 export function apartFilter(label, font = FONT) {
   return (u, splits) => {
     const texts = splits.map((v) => (v === null || v === undefined ? "" : label(v)));
@@ -71,12 +143,12 @@ export function apartFilter(label, font = FONT) {
 /** @param {import("../../common/palette.js").RGB} rgb @param {number} [a] */
 export const rgba = ([r, g, b], a = 1) => `rgba(${r}, ${g}, ${b}, ${a})`;
 
-export const hms = (t) => {
+export const hms = (/** @type {number} */ t) => {
   const d = new Date(t * 1000);
   return `${String(d.getHours()).padStart(2, "0")}:${String(d.getMinutes()).padStart(2, "0")}:${String(d.getSeconds()).padStart(2, "0")}`;
 };
 
-export const compact = (v) => {
+export const compact = (/** @type {number | null | undefined} */ v) => {
   if (v === null || v === undefined || !Number.isFinite(v)) return "—";
   const a = Math.abs(v);
   if (a >= 1e6) return `${(v / 1e6).toFixed(1)}M`;
@@ -86,12 +158,18 @@ export const compact = (v) => {
   return v.toFixed(1);
 };
 
+/**
+ * @param {number | null | undefined} v
+ * @returns {v is number}
+ */
 const finite = (v) => v !== null && v !== undefined && Number.isFinite(v);
 
 /**
  * A y scale's top for data up to hi on a plot dim px tall: a multiple of the
  * tick step uPlot will choose (the smallest of incrs at least ySpace(dim)
  * px apart), so that the top line has its label.
+ * @param {number} hi
+ * @param {number} dim
  */
 export function niceTop(hi, dim, incrs = Y_INCRS) {
   if (!(hi > 0)) hi = 1;
@@ -107,9 +185,14 @@ export function niceTop(hi, dim, incrs = Y_INCRS) {
  * uPlot's data from the chart's columns: x (category charts: the indices),
  * then one column per series, stacked series as running sums (a gap leaves
  * the sum below it unchanged).
+ * @param {{x?: string, series: SeriesSpec[]}} o
+ * @param {number[]} x
+ * @param {(number | null | undefined)[][]} ys
+ * @returns {[number[], ...(number | null)[][]]}
  */
 export function plotData(o, x, ys) {
   const n = x.length;
+  /** @type {[number[], ...(number | null)[][]]} */
   const out = [o.x === "cat" ? x.map((_, i) => i) : x.slice()];
   const base = new Array(n).fill(0);
   o.series.forEach((s, k) => {
@@ -128,8 +211,12 @@ export function plotData(o, x, ys) {
   return out;
 }
 
-/** uPlot bands between consecutive stacked series (upper, lower: 1-based). */
+/**
+ * uPlot bands between consecutive stacked series (upper, lower: 1-based).
+ * @param {{stack?: boolean}[]} series
+ */
 export function stackBands(series) {
+  /** @type {{series: [number, number]}[]} */
   const bands = [];
   let below = -1;
   series.forEach((s, k) => {
@@ -143,9 +230,14 @@ export function stackBands(series) {
 /**
  * A y scale's range: data and marks on that axis, then the axis's own
  * `range`, or 0 to a round top (niceTop on a plot dim px tall).
+ * @param {AxisSpec | undefined} spec
+ * @param {number | null | undefined} lo
+ * @param {number | null | undefined} hi
+ * @param {{marks?: ChartMark[], axis?: number, dim?: number, incrs?: number[]}} [opts]
  * @returns {[number, number]}
  */
-export function yRange(spec, lo, hi, { marks = [], axis = 1, dim = 80, incrs = Y_INCRS } = {}) {
+export function yRange(spec, lo, hi, opts = {}) {
+  const { marks = [], axis = 1, dim = 80, incrs = Y_INCRS } = opts;
   for (const m of marks) {
     if ((m.axis || 1) === axis && finite(m.y)) {
       lo = finite(lo) ? Math.min(lo, m.y) : m.y;
@@ -162,6 +254,8 @@ export function yRange(spec, lo, hi, { marks = [], axis = 1, dim = 80, incrs = Y
 
 /**
  * The x scale's range: the data's span (log2 curves padded a little on each side).
+ * @param {{x?: string, xLog2?: boolean}} o
+ * @param {number[]} x
  * @returns {[number, number]}
  */
 export function xRange(o, x) {
@@ -187,13 +281,22 @@ export function xRange(o, x) {
  * chart.u is the uPlot instance; chart.x / ys / marks the data last set.
  */
 export class MiniChart {
+  /**
+   * @param {HTMLElement} el
+   * @param {MiniChartOpts} opts
+   */
   constructor(el, opts) {
     this.el = el;
     this.o = { height: 110, x: "time", legend: true, ...opts };
+    /** @type {number[]} */
     this.x = [];
+    /** @type {(number | null | undefined)[][]} */
     this.ys = [];
+    /** @type {ChartMark[]} */
     this.marks = [];
+    /** @type {number | null} the data index under the cursor */
     this.hover = null;
+    /** @type {string | null} */
     this.loadingText = null;
     this.draws = 0;
     el.classList.add("minichart");
@@ -201,6 +304,8 @@ export class MiniChart {
     this.emptyEl = document.createElement("div");
     this.emptyEl.className = "mc-empty";
     this.u.over.append(this.emptyEl);
+    /** @type {HTMLElement[]} the legend's value per series (set by _makeLegend) */
+    this.items = [];
     this.legend = this.o.legend ? this._makeLegend() : null;
     this._showEmpty();
     this._legend(null);
@@ -214,7 +319,12 @@ export class MiniChart {
     this.ro.observe(el);
   }
 
-  /** xs and one array per series (null = no value / a gap); marks: [{x, y, rgb, label, axis}]. */
+  /**
+   * xs and one array per series (null = no value / a gap), and the marks.
+   * @param {number[]} x
+   * @param {(number | null | undefined)[][]} ys
+   * @param {ChartMark[]} [marks]
+   */
   setData(x, ys, marks = []) {
     this.x = x;
     this.ys = ys;
@@ -250,7 +360,6 @@ export class MiniChart {
   /** @returns {import("../../../vendor/uplot/uPlot").Options} */
   _opts() {
     const o = this.o;
-    const uPlot = uPlotLib();
     const axis = { stroke: AXIS, grid: GRID, ticks: { show: false }, font: FONT };
     const bars = o.series.some((s) => s.bars);
     const xFmt = o.xFmt || String;
@@ -300,19 +409,20 @@ export class MiniChart {
       y: { range: (u, lo, hi) => yRange(o.y, lo, hi, { marks: this.marks, axis: 1, dim: this._plotHeight(u), incrs: yIncrs }) },
     };
     scales.x.range = () => xRange(o, this.x);
-    if (o.y2) {
-      const c = o.y2.rgb ? rgba(o.y2.rgb) : AXIS;
-      axes.push({ ...axis, scale: "y2", side: 1, stroke: c, grid: { show: false }, size: o.y2Width || 38, gap: 4, space: (u, i, min, max, dim) => ySpace(dim), incrs: Y_INCRS, values: (u, vals) => vals.map((v) => (o.y2.fmt || compact)(v)) });
-      scales.y2 = { range: (u, lo, hi) => yRange(o.y2, lo, hi, { marks: this.marks, axis: 2, dim: this._plotHeight(u) }) };
+    const y2 = o.y2;
+    if (y2) {
+      const c = y2.rgb ? rgba(y2.rgb) : AXIS;
+      axes.push({ ...axis, scale: "y2", side: 1, stroke: c, grid: { show: false }, size: o.y2Width || 38, gap: 4, space: (u, i, min, max, dim) => ySpace(dim), incrs: Y_INCRS, values: (u, vals) => vals.map((v) => (y2.fmt || compact)(v)) });
+      scales.y2 = { range: (u, lo, hi) => yRange(y2, lo, hi, { marks: this.marks, axis: 2, dim: this._plotHeight(u) }) };
     }
-    const barPaths = bars ? uPlot.paths.bars({ size: [0.8, 40], gap: 1 }) : null;
+    const barPath = bars ? barPaths({ size: [0.8, 40], gap: 1 }) : null;
     const series = [
       {},
       ...o.series.map((s) => {
         const stroke = rgba(s.rgb);
         const out = { label: s.label, scale: s.axis === 2 ? "y2" : "y", stroke, spanGaps: !!s.spanGaps };
         if (s.bars) {
-          return { ...out, width: 1, fill: rgba(s.rgb, s.fill ?? 0.7), paths: barPaths, points: { show: false } };
+          return { ...out, width: 1, fill: rgba(s.rgb, s.fill ?? 0.7), paths: barPath, points: { show: false } };
         }
         out.width = s.width ?? (s.stack || s.fill ? 1 : 1.25);
         if (s.stack || s.fill) out.fill = rgba(s.rgb, s.fill ?? 0.55);
@@ -371,6 +481,7 @@ export class MiniChart {
     ctx.restore();
   }
 
+  /** @param {number | null | undefined} idx the cursor's data index */
   _cursor(idx) {
     const i = idx === null || idx === undefined || idx < 0 || !this.x.length ? null : idx;
     if (i === this.hover) return;
@@ -380,6 +491,7 @@ export class MiniChart {
   }
 
   /** A text over the chart while its data loads, points drawn or not (null: none). */
+  /** @param {string | null} text */
   setLoading(text) {
     this.loadingText = text || null;
     this._showEmpty();
@@ -394,6 +506,7 @@ export class MiniChart {
   }
 
   /** Mark a moment (unix ts) on a time chart; null: none. */
+  /** @param {number | null} ts */
   setMoment(ts) {
     if (this.o.x === "time") markMoment(this.u, ts);
   }
@@ -425,6 +538,7 @@ export class MiniChart {
     return legend;
   }
 
+  /** @param {number | null} idx the data index shown (null: the latest, or legendIdx's) */
   _legend(idx) {
     if (!this.legend) return;
     const o = this.o;

@@ -5,6 +5,7 @@
 // ids) or GET /api/misses/requests/{id} (also recently finished requests:
 // `blocks[i].reason` / `.detail`).
 
+import { rgbCss } from "../../common/palette.js";
 import { REASON_LABEL, REASON_RGB } from "../state/analysis.js";
 
 /**
@@ -76,7 +77,6 @@ export function describeCell(c) {
   return `${where} · ${REASON_LABEL[c.reason] || c.reason}: ${why}`;
 }
 
-const css = ([r, g, b]) => `rgb(${r}, ${g}, ${b})`;
 
 /**
  * The strip (a DOM element; one span per block).  `onhover(cell | null)`.
@@ -93,7 +93,7 @@ export function renderBars(doc, cells, onhover) {
     s.dataset.index = String(c.index);
     s.dataset.kind = c.kind;
     if (c.reason) s.dataset.reason = c.reason;
-    s.style.background = css(REASON_RGB[key] || REASON_RGB.pending);
+    s.style.background = rgbCss(REASON_RGB[key] || REASON_RGB.pending);
     strip.append(s);
   }
   strip.addEventListener("mouseover", (ev) => {

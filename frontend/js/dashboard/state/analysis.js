@@ -7,6 +7,7 @@
 
 export const REASONS = ["last_token", "block_size_floor", "cold", "evicted", "extra_keys", "chain_broken", "reset"];
 
+/** @type {Record<string, string>} */
 export const REASON_LABEL = {
   last_token: "last token",
   block_size_floor: "block-size floor",
@@ -17,6 +18,7 @@ export const REASON_LABEL = {
   reset: "reset",
 };
 
+/** @type {Record<string, string>} */
 export const REASON_HELP = {
   last_token: "holds the last prompt token: always computed, even when cached",
   block_size_floor: "partial tail block, or the prompt shares only part of this block with an earlier one",
@@ -27,7 +29,10 @@ export const REASON_HELP = {
   reset: "its hash was cached before and dropped by a prefix-cache reset since: not an eviction, no regret",
 };
 
-/** [r, g, b] per reason (+ hit, decode, pending): the chart, the table, the request bars. */
+/**
+ * [r, g, b] per reason (+ hit, decode, pending): the chart, the table, the request bars.
+ * @type {Record<string, import("../../common/palette.js").RGB>}
+ */
 export const REASON_RGB = {
   hit: [46, 160, 67],
   last_token: [210, 168, 255],
@@ -41,6 +46,7 @@ export const REASON_RGB = {
   pending: [72, 79, 88],
 };
 
+/** @type {Record<string, import("../../common/palette.js").RGB>} */
 export const POLICY_RGB = {
   append_all: [88, 166, 255],
   uncached_first: [63, 185, 80],
@@ -52,11 +58,61 @@ const EXTRA_POLICY_RGB = [
   [121, 192, 255],
 ];
 
+/**
+ * A shadow policy's colour (one of the extra ones, by `i`, for a policy not named here).
+ * @param {string} policy
+ */
 export function policyRgb(policy, i = 0) {
   return POLICY_RGB[policy] || EXTRA_POLICY_RGB[i % EXTRA_POLICY_RGB.length];
 }
 
-const sumOf = (o) => REASONS.reduce((a, r) => a + (Number(o && o[r]) || 0), 0);
+/**
+ * A stream `analysis` section (docs/protocol.md): the fields the page reads.
+ * Counters are cumulative.
+ * @typedef {object} AnalysisSection
+ * @property {number} ts
+ * @property {Record<string, number>} misses blocks missed, by reason
+ * @property {Record<string, number>} [miss_tokens] their tokens, by reason
+ * @property {number} [hit_blocks]
+ * @property {number} regrets
+ * @property {number} evictions
+ * @property {number} [regrets_per_s]
+ * @property {number} [evictions_per_s]
+ * @property {number | null} [regret_gap_p50]
+ * @property {number | null} [regret_gap_p90]
+ * @property {{lag_ops: number, resyncs: number, error: string | null} | null} [worker] the analysis worker (null: inline)
+ * @property {string | null} [shadow_error]
+ * @property {number | null} [shadow_lag]
+ */
+
+/**
+ * One point of the analysis series: rates per second between two sections
+ * (all null on a gap: the analysis restarted).
+ * @typedef {object} AnalysisPoint
+ * @property {number} ts
+ * @property {boolean} gap
+ * @property {Record<string, number | null>} misses
+ * @property {Record<string, number | null>} missTokens
+ * @property {number | null} hits
+ * @property {number | null} regrets
+ * @property {number | null} evictions
+ * @property {number | null} missShare
+ */
+
+/**
+ * A frame's `tokens` (docs/protocol.md: token-level usage).
+ * @typedef {object} TokenUsage
+ * @property {number} held
+ * @property {number} slots_reserved
+ * @property {number} tail_waste
+ * @property {number} capacity
+ * @property {number} usage_ratio
+ * @property {number} fill_ratio
+ */
+
+/** @typedef {{ts: number, held: number, reserved: number, waste: number, capacity: number}} TokenPoint */
+
+const sumOf = (/** @type {Record<string, number> | null | undefined} */ o) => REASONS.reduce((a, r) => a + (Number(o && o[r]) || 0), 0);
 
 /**
  * Rates from consecutive `analysis` sections (cumulative counters).
@@ -67,6 +123,13 @@ const sumOf = (o) => REASONS.reduce((a, r) => a + (Number(o && o[r]) || 0), 0);
  * with a gap in the series (a point with null rates) and counts a reset.
  */
 export class AnalysisSeries {
+  // Set by clear(), which the constructor calls.
+  /** @type {AnalysisPoint[]} */ points;
+  /** @type {AnalysisSection | null} */ last;
+  /** @type {number} */ sections;
+  /** @type {number} */ resets;
+  /** @type {number} */ version;
+
   constructor({ keep = 3600 } = {}) {
     this.keep = keep;
     this.clear();
@@ -80,7 +143,10 @@ export class AnalysisSeries {
     this.version = 0; // bumps on every change (panels redraw on a new version)
   }
 
-  /** Take one section; returns the new point, or null (first, repeat, reset). */
+  /**
+   * Take one section; returns the new point, or null (first, repeat, reset).
+   * @param {AnalysisSection | null | undefined} section
+   */
   ingest(section) {
     if (!section || !Number.isFinite(section.ts)) return null;
     const prev = this.last;
@@ -95,7 +161,9 @@ export class AnalysisSeries {
       this._push({ ts: section.ts, gap: true, misses: nullRates(), missTokens: nullRates(), hits: null, regrets: null, evictions: null, missShare: null });
       return null;
     }
+    /** @type {Record<string, number>} */
     const misses = {};
+    /** @type {Record<string, number>} */
     const missTokens = {};
     for (const r of REASONS) {
       misses[r] = ((section.misses[r] || 0) - (prev.misses[r] || 0)) / dt;
@@ -117,12 +185,16 @@ export class AnalysisSeries {
     return pt;
   }
 
+  /** @param {AnalysisPoint} pt */
   _push(pt) {
     this.points.push(pt);
     if (this.points.length > this.keep * 1.25) this.points.splice(0, this.points.length - this.keep);
   }
 
-  /** Points within `span` seconds of the newest. */
+  /**
+   * Points within `span` seconds of the newest.
+   * @param {number} span
+   */
   window(span) {
     return lastSpan(this.points, span);
   }
@@ -132,6 +204,7 @@ export class AnalysisSeries {
     const s = this.last;
     if (!s) return null;
     const missed = sumOf(s.misses);
+    /** @type {{reasons: Record<string, {blocks: number, tokens: number, share: number}>, missed: number, missedTokens: number, hit: number}} */
     const out = { reasons: {}, missed, missedTokens: sumOf(s.miss_tokens), hit: s.hit_blocks || 0 };
     for (const r of REASONS) {
       const b = s.misses[r] || 0;
@@ -141,7 +214,13 @@ export class AnalysisSeries {
   }
 }
 
-/** The points (oldest first, each with its `ts`) within `span` seconds of the newest. */
+/**
+ * The points (oldest first, each with its `ts`) within `span` seconds of the newest.
+ * @template {{ts: number}} T
+ * @param {T[]} points
+ * @param {number} span
+ * @returns {T[]}
+ */
 function lastSpan(points, span) {
   if (!points.length) return [];
   const last = points[points.length - 1].ts;
@@ -151,11 +230,16 @@ function lastSpan(points, span) {
 }
 
 function nullRates() {
+  /** @type {Record<string, null>} */
   const o = {};
   for (const r of REASONS) o[r] = null;
   return o;
 }
 
+/**
+ * @param {AnalysisSection} prev
+ * @param {AnalysisSection} cur
+ */
 function restarted(prev, cur) {
   if ((cur.hit_blocks || 0) < (prev.hit_blocks || 0)) return true;
   if ((cur.regrets || 0) < (prev.regrets || 0) || (cur.evictions || 0) < (prev.evictions || 0)) return true;
@@ -163,7 +247,11 @@ function restarted(prev, cur) {
   return false;
 }
 
-/** The chart's columns from points: x, then one array per reason (stacked by the chart). */
+/**
+ * The chart's columns from points: x, then one array per reason (stacked by the chart).
+ * @param {AnalysisPoint[]} points
+ * @param {{tokens?: boolean}} [opts] tokens: the missed tokens, not blocks
+ */
 export function missColumns(points, { tokens = false } = {}) {
   const x = points.map((p) => p.ts);
   const key = tokens ? "missTokens" : "misses";
@@ -173,6 +261,11 @@ export function missColumns(points, { tokens = false } = {}) {
 
 /** Token usage from every frame's `tokens` (beside `counts`). */
 export class TokenSeries {
+  // Set by clear(), which the constructor calls.
+  /** @type {TokenPoint[]} */ points;
+  /** @type {TokenUsage | null} */ latest;
+  /** @type {number} */ version;
+
   constructor({ keep = 7200 } = {}) {
     this.keep = keep;
     this.clear();
@@ -184,6 +277,10 @@ export class TokenSeries {
     this.version = 0;
   }
 
+  /**
+   * @param {number} ts the frame's time
+   * @param {TokenUsage | null | undefined} tokens its `tokens`
+   */
   ingest(ts, tokens) {
     if (!tokens || !Number.isFinite(ts)) return;
     this.latest = tokens;
@@ -195,32 +292,57 @@ export class TokenSeries {
     this.version++;
   }
 
+  /** @param {number} span seconds */
   window(span) {
     return lastSpan(this.points, span);
   }
 }
 
+/** @typedef {{factor: number, capacity: number, hit_rate: number, evictions: number | null}} CurvePoint */
+
+/**
+ * The miss-ratio curve: points per policy (vLLM's own first), the factors
+ * they have, and the real pool's figure (from REST; null from a section).
+ * @typedef {{policies: {policy: string, points: CurvePoint[]}[], factors: number[], real: {capacity: number, hit_rate?: number} | null}} Curve
+ */
+
+/**
+ * What buildCurve reads: a stream section's `shadows` rows, or GET
+ * /api/shadows (`shadows` objects, `curve`, `real`).
+ * @typedef {object} ShadowsSource
+ * @property {unknown[]} [shadows]
+ * @property {Record<string, {factor: number, capacity: number, hit_rate: number}[]>} [curve]
+ * @property {{capacity: number, hit_rate?: number, span?: {hit_rate: number}}} [real]
+ */
+
 /**
  * The miss-ratio curve per policy.  `src` is GET /api/shadows (its `curve`
  * and `real`) or a stream section (its `shadows` rows:
  * [name, policy, factor, capacity, hit_rate, queried, hits, evictions]).
- * Returns {policies: [{policy, points: [{factor, capacity, hit_rate, evictions}]}],
- * factors (sorted), real: {capacity, hit_rate} | null}.
+ * @param {ShadowsSource | null | undefined} src
+ * @returns {Curve}
  */
 export function buildCurve(src) {
+  /** @type {Map<string, CurvePoint[]>} */
   const by = new Map();
-  const add = (policy, pt) => {
-    if (!by.has(policy)) by.set(policy, []);
-    by.get(policy).push(pt);
+  const add = (/** @type {string} */ policy, /** @type {CurvePoint} */ pt) => {
+    const list = by.get(policy);
+    if (list) list.push(pt);
+    else by.set(policy, [pt]);
   };
   let real = null;
-  if (Array.isArray(src && src.shadows) && src.shadows.length && Array.isArray(src.shadows[0])) {
-    for (const [, policy, factor, capacity, hitRate, , , evictions] of src.shadows) {
+  if (src && Array.isArray(src.shadows) && src.shadows.length && Array.isArray(src.shadows[0])) {
+    // the stream section's rows (docs/protocol.md)
+    const rows = /** @type {[string, string, number, number, number, number, number, number][]} */ (src.shadows);
+    for (const [, policy, factor, capacity, hitRate, , , evictions] of rows) {
       add(policy, { factor, capacity, hit_rate: hitRate, evictions });
     }
   } else if (src && src.curve) {
+    /** @type {Map<string, number>} */
     const ev = new Map();
-    for (const s of src.shadows || []) ev.set(`${s.policy}@${s.factor}`, s.evictions);
+    // GET /api/shadows: one object per shadow pool
+    const pools = /** @type {{policy: string, factor: number, evictions: number}[]} */ (src.shadows || []);
+    for (const s of pools) ev.set(`${s.policy}@${s.factor}`, s.evictions);
     for (const [policy, pts] of Object.entries(src.curve)) {
       for (const p of pts) add(policy, { factor: p.factor, capacity: p.capacity, hit_rate: p.hit_rate, evictions: ev.get(`${policy}@${p.factor}`) ?? null });
     }
@@ -229,7 +351,9 @@ export function buildCurve(src) {
       real = { capacity: src.real.capacity, hit_rate: span.hit_rate };
     }
   }
+  /** @type {Set<number>} */
   const factors = new Set();
+  /** @type {Curve["policies"]} */
   const policies = [];
   for (const [policy, pts] of by) {
     pts.sort((a, b) => a.factor - b.factor);
@@ -242,18 +366,20 @@ export function buildCurve(src) {
 }
 
 // (null: an axis tick of an empty curve -- the what-if panel asked before the shadows' first report)
-export const factorLabel = (f) => (f === null || f === undefined ? "" : `${Number.isInteger(f) ? f : f.toString().replace(/^0\./, ".")}×`);
+export const factorLabel = (/** @type {number | null | undefined} */ f) => (f === null || f === undefined ? "" : `${Number.isInteger(f) ? f : f.toString().replace(/^0\./, ".")}×`);
 
-const pts = (x) => `${x >= 0 ? "+" : "−"}${Math.abs(x * 100).toFixed(1)} pt`;
-const pctStr = (x) => (x === null || x === undefined || !Number.isFinite(x) ? "—" : `${(x * 100).toFixed(1)}%`);
+const pts = (/** @type {number} */ x) => `${x >= 0 ? "+" : "−"}${Math.abs(x * 100).toFixed(1)} pt`;
+const pctStr = (/** @type {number | null | undefined} */ x) => (x === null || x === undefined || !Number.isFinite(x) ? "—" : `${(x * 100).toFixed(1)}%`);
 
 /**
  * The curve in words: "Now (1×): 88.2%", then "2× the blocks (16,382):
  * 88.4%, +0.2 pt" and "Evicting s3fifo at 1×: 88.6%, +0.4 pt".  The baseline
  * is vLLM's own order at 1× in the shadows (the same requests, counted the
  * same way); the real pool when there is none.
+ * @param {Curve} curve
  */
 export function whatIf(curve) {
+  /** @type {{kind: string, policy: string, factor: number, delta: number, text: string}[]} */
   const out = [];
   const own = curve.policies.find((p) => p.policy === "append_all");
   const at1 = own && own.points.find((p) => p.factor === 1);
@@ -302,6 +428,10 @@ export function whatIf(curve) {
  * this page first saw it, lagWarn}.
  * -> {level: "off" | "ok" | "warn" | "err", text, title}
  */
+/**
+ * @param {AnalysisSection | null | undefined} section
+ * @param {{enabled?: boolean, sinceMoveS?: number, resyncs0?: number, lagWarn?: number}} [ctx]
+ */
 export function analysisHealth(section, ctx = {}) {
   if (!section && ctx.enabled) return { level: "ok", text: "on, waiting for operations", title: "the analysis runs on this server; it reports once the pool has had operations" };
   if (!section) return { level: "off", text: "off", title: "no analysis section on the stream: the analysis is off on this server" };
@@ -310,7 +440,7 @@ export function analysisHealth(section, ctx = {}) {
   const parts = [];
   const notes = [];
   let level = "ok";
-  const worse = (l) => {
+  const worse = (/** @type {string} */ l) => {
     if (l === "err" || (l === "warn" && level === "ok")) level = l;
   };
   if (w) {
@@ -348,7 +478,10 @@ export function analysisHealth(section, ctx = {}) {
   return { level, text: parts.join(" · "), title: notes.join("\n") };
 }
 
-/** A histogram's non-empty middle: {labels (upper bounds), counts} (keeps one empty bucket of context). */
+/**
+ * A histogram's non-empty middle: {labels (upper bounds), counts} (keeps one empty bucket of context).
+ * @param {{buckets: number[], counts: number[]} | null | undefined} hg
+ */
 export function trimHistogram(hg) {
   if (!hg || !hg.counts || !hg.counts.length) return { bounds: [], counts: [], first: 0 };
   let a = 0;

@@ -7,6 +7,7 @@ import { AnalysisSeries, TokenSeries, analysisHealth } from "./analysis.js";
 
 /** Holds the series; every panel reads from here. */
 export class AnalysisHub {
+  /** @param {import("./model.js").PoolModel} model */
   constructor(model) {
     this.model = model;
     this.series = new AnalysisSeries();
@@ -51,6 +52,7 @@ export class AnalysisHub {
     this.resyncs0 = undefined;
   }
 
+  /** @param {import("./analysis.js").AnalysisSection | null | undefined} section */
   take(section) {
     if (!section) return;
     if (!this.section) this.firstAt = performance.now();

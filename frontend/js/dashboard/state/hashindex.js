@@ -11,6 +11,11 @@ const EMPTY_SLOT = 0;
 const LIVE = 1;
 const TOMB = 2;
 
+/**
+ * @param {number} lo the hash's low 32 bits
+ * @param {number} hi its high 32 bits
+ * @param {number} g the KV-cache group
+ */
 function slotHash(lo, hi, g) {
   // hash64 is already a digest: its bits are well mixed.
   let h = lo ^ Math.imul(hi, 0x9e3779b1) ^ Math.imul(g + 1, 0x85ebca6b);
@@ -18,11 +23,33 @@ function slotHash(lo, hi, g) {
   return h >>> 0;
 }
 
+/** @typedef {(slot: number, lo: number, hi: number, group: number, count: number) => boolean | void} SlotVisitor */
+
 export class HashIndex {
+  // Set by resize() and _alloc(), which the constructor calls: never unset.
+  /** @type {number} */ n;
+  /** @type {Int32Array} */ next;
+  /** @type {Int32Array} */ prev;
+  /** @type {Int32Array} */ slotOf;
+  /** @type {number} */ cap;
+  /** @type {number} */ mask;
+  /** @type {Uint32Array} */ kLo;
+  /** @type {Uint32Array} */ kHi;
+  /** @type {Uint32Array} */ kGroup;
+  /** @type {Int32Array} */ head;
+  /** @type {Int32Array} */ count;
+  /** @type {Uint8Array} */ flag;
+  /** @type {number} */ size;
+  /** @type {number} */ tombs;
+  /** @type {number} */ multi;
+  /** @type {number} */ blocks;
+
+  /** @param {number} numBlocks */
   constructor(numBlocks) {
     this.resize(numBlocks);
   }
 
+  /** @param {number} numBlocks */
   resize(numBlocks) {
     this.n = numBlocks;
     this.next = new Int32Array(numBlocks).fill(-1);
@@ -31,6 +58,7 @@ export class HashIndex {
     this._alloc(64);
   }
 
+  /** @param {number} cap slots, a power of two */
   _alloc(cap) {
     this.cap = cap;
     this.mask = cap - 1;
@@ -53,7 +81,12 @@ export class HashIndex {
     this._alloc(64);
   }
 
-  /** Rebuild from whole columns (a snapshot). hash64 is [lo, hi] pairs. */
+  /**
+   * Rebuild from whole columns (a snapshot). hash64 is [lo, hi] pairs.
+   * @param {ArrayLike<number>} hashed non-zero: the block has a hash
+   * @param {ArrayLike<number>} hash64
+   * @param {ArrayLike<number>} group
+   */
   rebuild(hashed, hash64, group) {
     const n = hashed.length;
     if (n !== this.n) this.resize(n);
@@ -68,7 +101,12 @@ export class HashIndex {
     }
   }
 
-  /** The slot of a key, or -1. */
+  /**
+   * The slot of a key, or -1.
+   * @param {number} lo the hash's low 32 bits
+   * @param {number} hi its high 32 bits
+   * @param {number} g the KV-cache group
+   */
   find(lo, hi, g) {
     const { mask, flag, kLo, kHi, kGroup } = this;
     let i = slotHash(lo, hi, g) & mask;
@@ -80,6 +118,13 @@ export class HashIndex {
     }
   }
 
+  /**
+   * Index block `id` under a key (moved there when it was under another); returns the slot.
+   * @param {number} id
+   * @param {number} lo the hash's low 32 bits
+   * @param {number} hi its high 32 bits
+   * @param {number} g the KV-cache group
+   */
   add(id, lo, hi, g) {
     if (this.slotOf[id] !== -1) this.remove(id);
     if ((this.size + this.tombs + 1) * 2 > this.cap) this._rehash();
@@ -112,6 +157,10 @@ export class HashIndex {
     return i;
   }
 
+  /**
+   * @param {number} slot
+   * @param {number} id
+   */
   _link(slot, id) {
     const h = this.head[slot];
     this.next[id] = h;
@@ -124,6 +173,7 @@ export class HashIndex {
     this.blocks++;
   }
 
+  /** @param {number} id a block (nothing when it is not indexed) */
   remove(id) {
     const slot = this.slotOf[id];
     if (slot < 0) return;
@@ -182,20 +232,30 @@ export class HashIndex {
     this.multi = multi;
   }
 
-  /** Block ids under a slot, ascending. */
+  /**
+   * Block ids under a slot, ascending.
+   * @param {number} slot
+   */
   idsOf(slot) {
+    /** @type {number[]} */
     const out = [];
     if (slot < 0 || this.flag[slot] !== LIVE) return out;
     for (let id = this.head[slot]; id >= 0; id = this.next[id]) out.push(id);
     return out.sort((a, b) => a - b);
   }
 
-  /** Ids of the blocks holding the same (hash, group) as block `id` (itself included). */
+  /**
+   * Ids of the blocks holding the same (hash, group) as block `id` (itself included).
+   * @param {number} id
+   */
   sameAs(id) {
     return this.idsOf(this.slotOf[id]);
   }
 
-  /** Visit live slots: fn(slot, lo, hi, group, count); stop when it returns false. */
+  /**
+   * Visit live slots: fn(slot, lo, hi, group, count); stop when it returns false.
+   * @param {SlotVisitor} fn
+   */
   forEach(fn) {
     const { cap, flag, kLo, kHi, kGroup, count } = this;
     for (let s = 0; s < cap; s++) {
@@ -205,6 +265,7 @@ export class HashIndex {
 
   /** Slots holding several physical copies (up to `limit`). */
   multiSlots(limit = 100) {
+    /** @type {number[]} */
     const out = [];
     this.forEach((s, _lo, _hi, _g, c) => {
       if (c >= 2) out.push(s);
@@ -216,9 +277,11 @@ export class HashIndex {
   /**
    * Slots whose 16-digit hash starts with `prefix` (1..16 hex digits),
    * compared on the numbers: no strings per key.
+   * @param {string} prefix
    */
   searchPrefix(prefix, limit = 100) {
     const p = prefix.toLowerCase();
+    /** @type {number[]} */
     const out = [];
     if (!/^[0-9a-f]{1,16}$/.test(p)) return out;
     const hiDigits = Math.min(p.length, 8);
@@ -239,6 +302,7 @@ export class HashIndex {
 
   /** (hash, group) -> ids for every key: the mirror's hash_map() (tests). */
   entries() {
+    /** @type {[number, number, number, number[]][]} */
     const out = [];
     this.forEach((s, lo, hi, g) => {
       out.push([lo, hi, g, this.idsOf(s)]);

@@ -3,10 +3,22 @@
 // source the BlockMap draws, the time of an op seq from the keyframes, what
 // the jump box accepts, and a diff as rows.
 
+/** @type {Record<string, number>} */
 const STATE_CODE = { null: 0, in_use: 1, cached: 2, empty: 3 };
+
+/**
+ * A recorded moment, GET /api/history/state with include_blocks: the fields read here.
+ * @typedef {object} HistoryState
+ * @property {{state: string[], ref_cnt: number[], hash64: (string | null)[]}} blocks per block
+ * @property {{seq: number, ts: number}} at
+ * @property {{blocks: {in_use: number, cached: number, empty: number}, running_requests: number}} summary
+ * @property {number} keyframe_seq
+ * @property {number} replayed_ops
+ */
 
 /** A recorded moment as a source the BlockMap can draw (pure; node tests use it). */
 export class HistorySource {
+  /** @param {HistoryState} state */
   constructor(state) {
     const b = state.blocks;
     const n = b.state.length;
@@ -26,7 +38,10 @@ export class HistorySource {
     this.replayed = state.replayed_ops;
   }
 
-  /** BlockMap's feed: the whole map once, then nothing. */
+  /**
+   * BlockMap's feed: the whole map once, then nothing.
+   * @param {(full: boolean, ids: Uint32Array, count: number) => void} fn
+   */
   drainDirty(fn) {
     const full = this.fullDirty;
     this.fullDirty = false;
@@ -35,10 +50,21 @@ export class HistorySource {
 }
 const EMPTY = new Uint32Array(0);
 
-/** Approximate time of an op seq from the keyframes (linear between them). */
+/**
+ * Approximate time of an op seq from the keyframes (linear between them).
+ * @param {{first_seq: number, first_ts: number, last_seq: number, last_ts: number, keyframes?: {seq: number, ts: number}[]} | null | undefined} info GET /api/history
+ * @param {number} seq
+ * @returns {number | null}
+ */
 export function seqTime(info, seq) {
   if (!info) return null;
-  const pts = [[info.first_seq, info.first_ts], ...(info.keyframes || []).map((k) => [k.seq, k.ts]), [info.last_seq, info.last_ts]]
+  /** @type {[number, number][]} */
+  const ends = [
+    [info.first_seq, info.first_ts],
+    ...(info.keyframes || []).map((k) => /** @type {[number, number]} */ ([k.seq, k.ts])),
+    [info.last_seq, info.last_ts],
+  ];
+  const pts = ends
     .filter(([s, t]) => Number.isFinite(s) && Number.isFinite(t))
     .sort((a, b) => a[0] - b[0]);
   if (!pts.length) return null;
@@ -57,6 +83,7 @@ export function seqTime(info, seq) {
  * What the jump box accepts, as the `at` query value: an op seq ("1200"), a
  * clock time today ("14:02", "14:02:05", local), or anything the server
  * parses (a Unix time, ISO 8601).
+ * @param {string} text
  */
 export function parseMoment(text, now = new Date()) {
   const t = text.trim();
@@ -73,7 +100,10 @@ export function parseMoment(text, now = new Date()) {
 
 const CLOCK = /^(\d{1,2}):(\d{2})(?::(\d{2})(\.\d+)?)?$/;
 
-/** Why the jump box cannot take `text` (checked here, before any request), or null. */
+/**
+ * Why the jump box cannot take `text` (checked here, before any request), or null.
+ * @param {unknown} text
+ */
 export function momentProblem(text) {
   const t = String(text).trim();
   if (!t) return "give a moment: an op seq, a time of day (14:02:05), a Unix or ISO time";
@@ -85,7 +115,12 @@ export function momentProblem(text) {
   return null;
 }
 
-/** The diff as rows: {evicted: [[hash, id]], entered: [[hash, id]], started, ended, ...}. */
+/** @typedef {{hash64: string, block_id: number}} DiffBlock */
+
+/**
+ * The diff as rows: {evicted: [[hash, id]], entered: [[hash, id]], started, ended, ...}.
+ * @param {{evicted?: DiffBlock[], entered?: DiffBlock[], requests?: {started?: string[], ended?: string[]}, evicted_total?: number, entered_total?: number}} d GET /api/history/diff
+ */
 export function diffRows(d) {
   return {
     evicted: (d.evicted || []).map((e) => [e.hash64, e.block_id]),

@@ -5,7 +5,7 @@
 // last prefix-cache reset: all three restart then), usage also as the 0-1
 // fraction of vllm:kv_cache_usage_perc, running and waiting requests.
 
-const promql = (w) => `rate(vllm:prefix_cache_hits_total[${w}]) / rate(vllm:prefix_cache_queries_total[${w}])`;
+const promql = (/** @type {string} */ w) => `rate(vllm:prefix_cache_hits_total[${w}]) / rate(vllm:prefix_cache_queries_total[${w}])`;
 
 /** [key, label, title]: the tiles this module fills (ids stat-<key>). */
 export const OPERATOR_TILES = [
@@ -17,37 +17,53 @@ export const OPERATOR_TILES = [
   ["waiting", "waiting", "vllm:num_requests_waiting: requests of the demo or a trace replay that arrived but are not admitted yet (too few free blocks, or the workload's running limit)"],
 ];
 
-const finite = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
+const finite = (/** @type {unknown} */ v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
 
 /**
  * The tiles' values from the latest series point (`hit_rate_1m`, `…_5m`,
  * `hit_rate_since`, `waiting`) and the frame header (`running_requests`,
  * `prefix_cache` for a server without the point fields).
  * -> {key: {value, text}} with text "—" where there is no figure.
+ * @param {{hit_rate_1m?: number | null, hit_rate_5m?: number | null, hit_rate_since?: number | null, waiting?: number | null} | null | undefined} point
+ * @param {{running_requests?: number, prefix_cache?: {queries_tokens: number, hits_tokens: number}} | null | undefined} header
+ * @param {(x: number) => string} pct
+ * @param {(n: number) => string} int
+ * @returns {Record<string, {value: number | null, text: string}>}
  */
 export function operatorValues(point, header, pct, int) {
   const p = point || {};
   const hd = header || {};
-  const pc = hd.prefix_cache || {};
+  const pc = hd.prefix_cache || { queries_tokens: 0, hits_tokens: 0 };
   const since = finite(p.hit_rate_since) ?? (pc.queries_tokens ? pc.hits_tokens / pc.queries_tokens : null);
-  const rate = (v) => ({ value: finite(v), text: finite(v) === null ? "—" : pct(v) });
+  const rate = (/** @type {number | null | undefined} */ v) => {
+    const f = finite(v);
+    return { value: f, text: f === null ? "—" : pct(f) };
+  };
+  const waiting = finite(p.waiting);
   return {
     hit1m: rate(p.hit_rate_1m),
     hit5m: rate(p.hit_rate_5m),
     hit: rate(since),
     requests: { value: hd.running_requests ?? null, text: hd.running_requests === undefined ? "—" : int(hd.running_requests) },
-    waiting: { value: finite(p.waiting), text: finite(p.waiting) === null ? "—" : int(p.waiting) },
+    waiting: { value: waiting, text: waiting === null ? "—" : int(waiting) },
   };
 }
 
-/** The since tile's label from a series point: "since reset" once the prefix cache was reset (null: not said). */
+/**
+ * The since tile's label from a series point: "since reset" once the prefix cache was reset (null: not said).
+ * @param {{hit_rate_resets?: number} | null | undefined} point
+ */
 export function sinceLabel(point) {
   const n = point && point.hit_rate_resets;
   if (typeof n !== "number" || !Number.isFinite(n)) return null;
   return n > 0 ? "since reset" : "since start";
 }
 
-/** Usage as vllm:kv_cache_usage_perc reports it: the 0-1 fraction. */
+/**
+ * Usage as vllm:kv_cache_usage_perc reports it: the 0-1 fraction.
+ * @param {number | null | undefined} usage
+ */
 export function usageText(usage) {
-  return finite(usage) === null ? "—" : usage.toFixed(3);
+  const u = finite(usage);
+  return u === null ? "—" : u.toFixed(3);
 }

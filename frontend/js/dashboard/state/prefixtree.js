@@ -7,23 +7,36 @@
 
 import { EV_CLEARED, EV_STORED, eventHash64, parseHash64 } from "../wire/protocol.js";
 
+/**
+ * A live hash of the forest: its parent, the blocks holding it, its children
+ * (largest subtree first) and its subtree's size (itself included).
+ * @typedef {{hash: string, parent: string | null, copies: number, children: TreeNode[], size: number, orphan: boolean}} TreeNode
+ */
+
 export class PrefixTree {
   constructor() {
-    this.parents = new Map(); // hex16 -> parent hex16 | null
+    /** @type {Map<string, string | null>} hex16 -> parent hex16 | null */
+    this.parents = new Map();
   }
 
   clear() {
     this.parents.clear();
   }
 
-  /** Nodes of GET /api/prefix-tree: [{hash, parent, block_ids}]. */
+  /**
+   * Nodes of GET /api/prefix-tree: [{hash, parent, block_ids}].
+   * @param {{hash: string, parent: string | null}[]} nodes
+   */
   load(nodes) {
     for (const n of nodes) {
       this.parents.set(eventHash64(n.hash), n.parent === null ? null : eventHash64(n.parent));
     }
   }
 
-  /** Compact stream events: [seq, 0, hashes, parent, ...] | [seq, 1, hashes] | [seq, 2]. */
+  /**
+   * Compact stream events: [seq, 0, hashes, parent, ...] | [seq, 1, hashes] | [seq, 2].
+   * @param {([number, 0, string[], string | null, ...unknown[]] | [number, 1, string[], ...unknown[]] | [number, 2])[]} events
+   */
   applyEvents(events) {
     for (const e of events) {
       if (e[1] === EV_STORED) {
@@ -44,8 +57,10 @@ export class PrefixTree {
    * blocks holding a hash now (0: evicted; the entry is dropped).
    * Returns {roots, nodes: Map hex -> node, live} where a node is
    * {hash, parent, copies, children: [node], size (nodes in its subtree)}.
+   * @param {(hex: string) => number} copies
    */
   build(copies) {
+    /** @type {Map<string, TreeNode>} */
     const nodes = new Map();
     for (const [h, parent] of this.parents) {
       const c = copies(h);
@@ -55,6 +70,7 @@ export class PrefixTree {
       }
       nodes.set(h, { hash: h, parent, copies: c, children: [], size: 1, orphan: false });
     }
+    /** @type {TreeNode[]} */
     const roots = [];
     for (const node of nodes.values()) {
       const p = node.parent === null ? undefined : nodes.get(node.parent);
@@ -65,10 +81,10 @@ export class PrefixTree {
       }
     }
     // subtree sizes, iteratively (chains can be thousands deep)
+    /** @type {TreeNode[]} */
     const order = [];
     const stack = roots.slice();
-    while (stack.length) {
-      const n = stack.pop();
+    for (let n = stack.pop(); n; n = stack.pop()) {
       order.push(n);
       for (const c of n.children) stack.push(c);
     }
@@ -81,7 +97,10 @@ export class PrefixTree {
     return { roots, nodes, live: nodes.size };
   }
 
-  /** The root of a hash's chain (walking parents while known), or the hash itself. */
+  /**
+   * The root of a hash's chain (walking parents while known), or the hash itself.
+   * @param {string} h
+   */
   rootOf(h) {
     let cur = h;
     for (let i = 0; i < 100000; i++) {
@@ -96,6 +115,7 @@ export class PrefixTree {
 /**
  * Collapse a node's single-child chain: [first, ..., last] where every node
  * but the last has exactly one child.
+ * @param {TreeNode} node
  */
 export function chainFrom(node) {
   const chain = [node];
@@ -107,7 +127,12 @@ export function chainFrom(node) {
   return chain;
 }
 
-/** copies(hex) for build(): blocks under a hash in any group of the index. */
+/**
+ * copies(hex) for build(): blocks under a hash in any group of the index.
+ * @param {import("./hashindex.js").HashIndex} index
+ * @param {number} numGroups
+ * @returns {(hex: string) => number}
+ */
 export function copiesFromIndex(index, numGroups) {
   return (hex) => {
     const p = parseHash64(hex);

@@ -10,6 +10,7 @@
 export const CONFIG = 1;
 export const SNAPSHOT = 2;
 export const DELTA = 3;
+/** @type {Record<number, string>} */
 export const KIND_NAMES = { 1: "config", 2: "snapshot", 3: "delta" };
 export const EV_STORED = 0;
 export const EV_REMOVED = 1;
@@ -28,6 +29,8 @@ const textDecoder = new TextDecoder();
 export class ProtocolError extends Error {}
 
 // dtype -> [TypedArray constructor, elements per value]
+/** @typedef {{new (buffer: ArrayBufferLike, byteOffset: number, length: number): ArrayBufferView, BYTES_PER_ELEMENT: number}} ColumnArray */
+/** @type {Record<string, [ColumnArray, number]>} */
 const DTYPES = {
   u8: [Uint8Array, 1],
   i32: [Int32Array, 1],
@@ -96,10 +99,15 @@ export function decodeFrame(data) {
   return { kind, kindName: KIND_NAMES[kind] || String(kind), seq, header, columns, byteLength: len };
 }
 
+/** @type {string[]} */
 const HEX = [];
 for (let i = 0; i < 256; i++) HEX.push(i.toString(16).padStart(2, "0"));
 
-/** The 16-hex-digit form of a u64 given as (lo, hi) u32 halves. */
+/**
+ * The 16-hex-digit form of a u64 given as (lo, hi) u32 halves.
+ * @param {number} lo
+ * @param {number} hi
+ */
 export function hex64(lo, hi) {
   return (
     HEX[hi >>> 24] +
@@ -116,6 +124,8 @@ export function hex64(lo, hi) {
 /**
  * Parse an event hash (16 hex digits, or a full digest whose last 16 digits
  * are the 64-bit form) into [lo, hi]; null when it is not hex.
+ * @param {unknown} text
+ * @returns {[number, number] | null}
  */
 export function parseHash64(text) {
   const h = String(text).trim().toLowerCase();
@@ -124,7 +134,10 @@ export function parseHash64(text) {
   return [parseInt(t.slice(8), 16) >>> 0, parseInt(t.slice(0, 8), 16) >>> 0];
 }
 
-/** The 64-bit form of an event hash as shown in the dashboard (16 digits). */
+/**
+ * The 64-bit form of an event hash as shown in the dashboard (16 digits).
+ * @param {unknown} text
+ */
 export function eventHash64(text) {
   const h = String(text).toLowerCase();
   return h.length > 16 ? h.slice(-16) : h.padStart(16, "0");

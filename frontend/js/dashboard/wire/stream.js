@@ -9,7 +9,27 @@
 // "base64url.bearer.<token>", next to "blockpool" (the one the server echoes).
 
 import { bearerProtocols } from "../../common/api.js";
+import { MirrorLag } from "../state/mirrorlag.js";
 import { decodeFrame } from "./protocol.js";
+
+/**
+ * What the connection has seen (the health panel and the tests read it).
+ * @typedef {object} StreamHealth
+ * @property {string} state connecting | open | retrying | auth | idle
+ * @property {number} connects
+ * @property {number} reconnects
+ * @property {number} snapshots
+ * @property {number} resyncs snapshots after the first of a connection
+ * @property {number} gapsResumed
+ * @property {number} frames
+ * @property {number} bytes
+ * @property {number} lastFrameAt performance.now() of the last frame
+ * @property {number | null} lagMs the server's clock to this page's at the last delta (null before one)
+ * @property {number} nextRetryAt
+ * @property {string} lastError
+ * @property {number | null} closeCode the last close's code (null while open)
+ * @property {string | null} server header.stream of the last frame
+ */
 
 export class StreamConnection {
   /**
@@ -29,10 +49,13 @@ export class StreamConnection {
     this.ws = null;
     this.stopped = true;
     this.delay = backoff[0];
-    this.timer = null;
-    this.watchdog = null;
+    /** @type {number | undefined} the pending reconnect */
+    this.timer = undefined;
+    /** @type {number | undefined} the liveness check, while started */
+    this.watchdog = undefined;
     this.pendingResume = null; // [expected, sentAt]
     this.dropNext = 0; // tests: lose the next N delta frames
+    /** @type {StreamHealth} */
     this.health = {
       state: "idle", // connecting | open | retrying | auth | idle
       connects: 0,
@@ -49,8 +72,10 @@ export class StreamConnection {
       closeCode: null,
       server: null, // header.stream of the last frame
     };
+    /** @type {((health: StreamHealth) => void) | null} told of every change of the health */
     this.onchange = null;
     this._snapshotsThisConn = 0;
+    this.mirrorLag = new MirrorLag(); // engine step -> this page, on a mirror service
   }
 
   url() {
@@ -160,9 +185,11 @@ export class StreamConnection {
     this._changed();
   }
 
+  /** @param {{data: ArrayBuffer | string}} ev a websocket message (binary frames as ArrayBuffers) */
   _onMessage(ev) {
     if (typeof ev.data === "string") return;
     const h = this.health;
+    const recvMs = Date.now();
     h.frames++;
     h.bytes += ev.data.byteLength;
     h.lastFrameAt = performance.now();
@@ -172,6 +199,7 @@ export class StreamConnection {
       return; // simulated loss (tests)
     }
     const r = this.model.apply(frame);
+    if (r.status === "applied" || r.status === "snapshot") this.mirrorLag.ingest(frame.header.mirror, recvMs, r.status === "applied");
     if (r.status === "snapshot") {
       h.snapshots++;
       if (this._snapshotsThisConn++ > 0) h.resyncs++;
@@ -192,6 +220,7 @@ export class StreamConnection {
     if (frame.kind === 3 && frame.header.ts) h.lagMs = Math.max(0, Date.now() - frame.header.ts * 1000);
   }
 
+  /** @param {object} msg a control message: resume, snapshot, subscribe */
   send(msg) {
     if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(msg));
   }

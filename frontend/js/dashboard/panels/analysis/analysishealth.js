@@ -5,6 +5,7 @@ import { $, h, setText } from "../../../common/dom.js";
 import { explain } from "../../../common/terms.js";
 
 export class AnalysisHealthItem {
+  /** @param {import("../../state/analysishub.js").AnalysisHub} hub */
   constructor(hub) {
     this.hub = hub;
     this.value = h("b", { id: "h-analysis" }, "—");
@@ -12,6 +13,7 @@ export class AnalysisHealthItem {
     $("health").append(this.item);
   }
 
+  /** @param {number} now performance.now() */
   update(now) {
     const st = this.hub.health(now);
     setText(this.value, st.text);

@@ -150,7 +150,7 @@ export class TimeTravel {
     s.disabled = !ok;
     for (const id of ["tl-a", "tl-b"]) $(id, HTMLButtonElement).disabled = !ok;
     this.jump.disabled = !ok;
-    document.getElementById("timeline").dataset.enabled = ok ? "1" : "0";
+    $("timeline").dataset.enabled = ok ? "1" : "0";
     if (!ok) {
       setText(this.atEl, this.error || "no recording");
       setText(this.span, this.error || "");
@@ -274,6 +274,7 @@ export class TimeTravel {
       return;
     }
     const at = parseMoment(text);
+    if (at === null) return; // (null only for a text momentProblem refuses)
     this.want = null;
     const gen = ++this.gen;
     try {
@@ -315,7 +316,8 @@ export class TimeTravel {
 
   mark(key) {
     if (!this.info) return;
-    const seq = this.active ? this.src.seq : this.info.last_seq;
+    // (a moment shown always has its source: show() sets both, live() clears both)
+    const seq = this.active && this.src ? this.src.seq : this.info.last_seq;
     this.marks[key] = seq;
     (key === "a" ? this.fromIn : this.toIn).value = String(seq);
     this._marks();
@@ -343,6 +345,10 @@ export class TimeTravel {
     }
     let from = parseMoment(a);
     let to = parseMoment(b);
+    if (from === null || to === null) {
+      setText(this.diffSummary, momentProblem(from === null ? a : b) || "");
+      return;
+    }
     if (/^\d+$/.test(from) && /^\d+$/.test(to) && Number(to) < Number(from)) [from, to] = [to, from];
     setText(this.diffSummary, "loading…");
     let d;

@@ -9,6 +9,10 @@ import { pct } from "../../../common/format.js";
 import { MiniChart, compact } from "../../render/minichart.js";
 
 export class TokenPanel {
+  /**
+   * @param {import("../../state/analysishub.js").AnalysisHub} hub
+   * @param {HTMLElement} windowSel the charts' window select
+   */
   constructor(hub, windowSel) {
     this.hub = hub;
     this.windowSel = windowSel;

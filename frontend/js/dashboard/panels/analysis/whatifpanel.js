@@ -78,7 +78,8 @@ export class WhatIfPanel {
     const chart = this._chart(curve.policies);
     const xs = curve.factors;
     const ys = curve.policies.map((p) => xs.map((f) => (p.points.find((q) => q.factor === f) || { hit_rate: null }).hit_rate));
-    const marks = curve.real ? [{ x: 1, y: curve.real.hit_rate, rgb: [230, 237, 243], label: `real ${pct(curve.real.hit_rate)}` }] : [];
+    const realRate = curve.real ? curve.real.hit_rate : undefined; // none before the real pool's first query
+    const marks = realRate !== undefined ? [{ x: 1, y: realRate, rgb: [230, 237, 243], label: `real ${pct(realRate)}` }] : [];
     chart.setData(xs, ys, marks);
     const lines = whatIf(curve);
     this.text.replaceChildren(
