@@ -96,7 +96,10 @@ def render(report: TraceReport, path: str, plan: planner.Plan | None = None) -> 
         lines += planner.group_lines(plan)
         lines += planner.target_lines(plan, report.block_size)
     if report.mode == "timed":
-        pre = ", ".join(f"{_fmt_cap(r.capacity_tokens)}: {r.preemptions}" for r in report.results)
+        pre = ", ".join(
+            f"{r.extra.get('capacity', _fmt_cap(r.capacity_tokens))}: {r.preemptions}"
+            for r in report.results
+        )
         lines.append(f"preemptions: {pre}")
     lines += scheduler_lines(report)
     return "\n".join(lines)
@@ -113,7 +116,7 @@ def main(args: argparse.Namespace) -> int:
         if args.sweep:
             opt = OptimalCurve(trace, args.block_size)
             caps = planner.sweep_capacities(args, caps, opt, trace, groups)
-        plan = planner.Plan(caps, layout, policies, groups=groups)
+        plan = planner.Plan(caps, layout, policies, groups=groups, mode=args.mode)
         planner.check_groups(plan)
         label = "one pass" if args.mode == "sequence" else args.mode
         report = replay_trace(

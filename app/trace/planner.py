@@ -282,6 +282,7 @@ class Plan:
     target: TargetAnswer | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     groups: list[GroupSpec] | None = None  # sliding-window KV-cache groups (None: plain)
+    mode: str = "sequence"  # timed mode classifies its misses over groups too
 
     def info(self, block_size: int) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -294,7 +295,8 @@ class Plan:
             out["kv_cache_tokens_formula"] = "num_gpu_blocks // groups * block size"
             out["optimal"] = None
             out["optimal_reason"] = NO_OPTIMUM
-            out["miss_reasons_note"] = REASONS_NOTE
+            if self.mode == "sequence":
+                out["miss_reasons_note"] = REASONS_NOTE
         if self.layout is not None:
             out["kv_layout"] = {
                 **self.layout.to_json(),
@@ -579,5 +581,5 @@ def group_lines(plan: Plan) -> list[str]:
         f"KV-cache groups: {name_groups(plan.groups)}; vLLM's token capacity = "
         f"num_gpu_blocks // {len(plan.groups)} x block size",
         f"optimal: none -- {NO_OPTIMUM}",
-        REASONS_NOTE,
+        *([REASONS_NOTE] if plan.mode == "sequence" else []),
     ]

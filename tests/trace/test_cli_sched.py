@@ -122,3 +122,6 @@ def test_a_layout_with_kv_cache_groups_runs_them_and_says_so(
                  "--no-progress"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "KV-cache groups (2, one pool): full_attention, sliding_window 256" in out
+    # timed mode classifies misses over groups: no note saying it does not
+    assert "not classified" not in out and "miss_reasons_note" not in doc
+    assert sum(r["miss_reasons"].values()) > 0

@@ -207,6 +207,7 @@ def test_cli_names_the_groups_and_the_absent_optimum(
     assert [g["kind"] for g in doc["kv_cache_groups"]] == [FULL_ATTENTION, SLIDING_WINDOW]
     assert doc["optimal"] is None and doc["optimal_reason"] == NO_OPTIMUM
     assert doc["policies"] == ["lru"] and doc["one_pass"] is False
+    assert "not classified" in doc["miss_reasons_note"]
     small, big, inf = doc["results"]
     # 10 KiB / 1 KiB a block = 10 blocks: every 6-block prompt takes 12
     assert (small["blocks"], small["kv_cache_tokens"], small["refused"]) == (10, 80, 3)
