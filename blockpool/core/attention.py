@@ -19,6 +19,7 @@ multiple of the groups' block sizes in a hybrid model).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -72,76 +73,77 @@ class GroupSpec:
     ) -> tuple[list[KVCacheBlock], ...]:
         """The cached blocks of the longest hit no longer than ``max_length``
         tokens, one list per group of ``group_ids`` (all of this spec)."""
+        bs = self.block_size
+
+        def get(i: int) -> list[KVCacheBlock] | None:
+            return pool.get_cached_block(block_hashes[i], group_ids)
+
         if self.sliding_window is None:
-            return self._full_hit(block_hashes, max_length, group_ids, pool, alignment, use_eagle)
-        return self._window_hit(block_hashes, max_length, group_ids, pool, alignment, use_eagle)
-
-    def _full_hit(
-        self,
-        block_hashes: BlockHashList,
-        max_length: int,
-        group_ids: list[int],
-        pool: BlockPool,
-        alignment: int,
-        use_eagle: bool,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        bs = self.block_size
-        hit: tuple[list[KVCacheBlock], ...] = tuple([] for _ in group_ids)
-        n = min(max_length // bs, len(block_hashes))
-        for i in range(n):
-            cached = pool.get_cached_block(block_hashes[i], group_ids)
-            if cached is None:
-                break
-            for lst, blk in zip(hit, cached, strict=True):
-                lst.append(blk)
-        if use_eagle and hit[0]:
-            for lst in hit:
-                lst.pop()
-        while bs != alignment and len(hit[0]) * bs % alignment:
-            for lst in hit:
-                lst.pop()
-        return hit
-
-    def _window_hit(
-        self,
-        block_hashes: BlockHashList,
-        max_length: int,
-        group_ids: list[int],
-        pool: BlockPool,
-        alignment: int,
-        use_eagle: bool,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        assert self.sliding_window is not None
-        bs = self.block_size
+            hit = _from_left(get, min(max_length // bs, len(block_hashes)), len(group_ids))
+            if use_eagle:
+                _drop_last(hit)
+            _align(hit, bs, alignment)
+            return hit
         needed = cdiv(self.sliding_window - 1, bs) + (1 if use_eagle else 0)
-        n = max_length // bs
-        null = pool.null_block
-        hit = tuple([null] * n for _ in group_ids)
-        run = 0
-        found = False
-        for i in range(n - 1, -1, -1):
-            cached = pool.get_cached_block(block_hashes[i], group_ids)
-            if cached is None:
-                run = 0
-                continue
-            if run == 0 and bs != alignment and (i + 1) * bs % alignment:
-                continue  # a run must end on an aligned length
-            for lst, blk in zip(hit, cached, strict=True):
-                lst[i] = blk
-            run += 1
-            if run >= needed:
-                for lst in hit:
-                    del lst[i + run :]
-                found = True
-                break
+        hit, found = _from_right(
+            get, max_length // bs, len(group_ids), needed, pool.null_block, bs, alignment
+        )
         if not found:
-            # the run ending at block 0 (if any) is a hit of its own length
-            for lst in hit:
-                del lst[run:]
-            while bs != alignment and len(hit[0]) * bs % alignment:
-                for lst in hit:
-                    lst.pop()
-        if use_eagle and hit[0]:
-            for lst in hit:
-                lst.pop()
+            _align(hit, bs, alignment)
+        if use_eagle:
+            _drop_last(hit)
         return hit
+
+
+Lookup = Callable[[int], "list[KVCacheBlock] | None"]
+
+
+def _from_left(get: Lookup, n: int, width: int) -> tuple[list[KVCacheBlock], ...]:
+    """The run of cached blocks from block 0 (at most ``n``)."""
+    hit: tuple[list[KVCacheBlock], ...] = tuple([] for _ in range(width))
+    for i in range(n):
+        cached = get(i)
+        if cached is None:
+            break
+        for lst, blk in zip(hit, cached, strict=True):
+            lst.append(blk)
+    return hit
+
+
+def _from_right(
+    get: Lookup, n: int, width: int, needed: int, null: KVCacheBlock, bs: int, alignment: int
+) -> tuple[tuple[list[KVCacheBlock], ...], bool]:
+    """The rightmost run of ``needed`` cached blocks ending on an aligned
+    length, nulls before it (found); else the run from block 0 (not found)."""
+    hit = tuple([null] * n for _ in range(width))
+    run = 0
+    for i in range(n - 1, -1, -1):
+        cached = get(i)
+        if cached is None:
+            run = 0
+            continue
+        if run == 0 and bs != alignment and (i + 1) * bs % alignment:
+            continue  # a run must end on an aligned length
+        for lst, blk in zip(hit, cached, strict=True):
+            lst[i] = blk
+        run += 1
+        if run >= needed:
+            for lst in hit:
+                del lst[i + run :]
+            return hit, True
+    for lst in hit:  # the run ending at block 0 (if any) is a hit of its own length
+        del lst[run:]
+    return hit, False
+
+
+def _drop_last(hit: tuple[list[KVCacheBlock], ...]) -> None:
+    """Eagle recomputes the last hit block."""
+    if hit[0]:
+        for lst in hit:
+            lst.pop()
+
+
+def _align(hit: tuple[list[KVCacheBlock], ...], bs: int, alignment: int) -> None:
+    while bs != alignment and len(hit[0]) * bs % alignment:
+        for lst in hit:
+            lst.pop()
