@@ -69,13 +69,12 @@ def add_serve_flags(s: argparse.ArgumentParser) -> None:
 
 
 def _capacities(args: argparse.Namespace) -> list[int | None]:
-    caps: list[int | None] = []
-    if args.capacity_tokens:
-        caps += parse_capacities(args.capacity_tokens)
-    if args.capacity_blocks:
-        caps += [None if b is None else b * args.block_size for b in parse_capacities(
-            args.capacity_blocks)]  # fmt: skip
-    return caps or [None]
+    """``--capacity-tokens`` (``--capacity-blocks`` is :func:`_capacity_blocks`)."""
+    return parse_capacities(args.capacity_tokens) if args.capacity_tokens else []
+
+
+def _capacity_blocks(args: argparse.Namespace) -> list[int | None]:
+    return parse_capacities(args.capacity_blocks) if args.capacity_blocks else []
 
 
 def _fmt_cap(v: int | None) -> str:
@@ -110,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
         layout = planner.layout_of(args)
         groups = planner.groups_of(layout, args.block_size)
         policies = planner.parse_policies(args.policies, args.mode)
-        caps = planner.capacities_of(args, layout, _capacities(args) if _legacy(args) else [])
+        caps = planner.capacities_of(args, layout, _capacities(args), _capacity_blocks(args))
         trace = read_trace(args.path, args.tokens_per_id)
         progress = planner.progress_for(args)
         if args.sweep:
@@ -158,7 +157,3 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(render(report, args.path, plan))
     return 0
-
-
-def _legacy(args: argparse.Namespace) -> bool:
-    return bool(args.capacity_tokens or args.capacity_blocks)

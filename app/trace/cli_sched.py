@@ -143,8 +143,10 @@ def scheduler_lines(report: Any) -> list[str]:
     table = [head]
     for r in rows:
         x = r.extra
+        # vLLM's token capacity (over groups num_gpu_blocks // groups x block size)
+        tokens = x.get("kv_cache_tokens", r.capacity_tokens)
         table.append((
-            "inf" if r.capacity_tokens is None else str(r.capacity_tokens),
+            "inf" if tokens is None else str(tokens),
             f"{x['request_hit_rate']:.4f}", f"{x['prefix_cache_hit_rate']:.4f}",
             str(r.preemptions), str(x["rejected_too_long"]), _ms(x["ttft_ms"]),
             _ms(x["queue_ms"]), f"{x['simulated_seconds']:.1f}",

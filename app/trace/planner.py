@@ -18,7 +18,7 @@ import csv
 import io
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -228,9 +228,13 @@ def layout_of(args: argparse.Namespace) -> KVLayout | None:
 
 
 def capacities_of(
-    args: argparse.Namespace, layout: KVLayout | None, legacy: list[int | None]
+    args: argparse.Namespace,
+    layout: KVLayout | None,
+    legacy: list[int | None],
+    legacy_blocks: Sequence[int | None] = (),
 ) -> list[Capacity]:
-    """``--capacity`` and the older ``--capacity-tokens`` / ``--capacity-blocks``."""
+    """``--capacity`` and the older ``--capacity-tokens`` / ``--capacity-blocks``
+    (``legacy_blocks``: num_gpu_blocks, whatever the groups)."""
     bs = args.block_size
     bb = block_bytes_of(layout, bs)
     ng = 1 if layout is None else layout.num_groups
@@ -242,6 +246,8 @@ def capacities_of(
             if tokens // bs < 1:
                 raise ValueError(f"{tokens} tokens hold no block of {bs} tokens")
             caps.append(Capacity(str(tokens), tokens // bs * ng, bs, bb, ng))
+    for b in legacy_blocks:
+        caps.append(Capacity("inf" if b is None else f"{b}b", b, bs, bb, ng))
     return caps or [Capacity("inf", None, bs, bb, ng)]
 
 

@@ -61,17 +61,18 @@ def peak_blocks(specs: Sequence[GroupSpec], num_tokens: int, max_chunk: int) -> 
     """An upper bound on the blocks one request of ``num_tokens`` tokens
     holds at any step when a step schedules at most ``max_chunk`` of its
     tokens: every block for full attention; for a window of ``w`` tokens at
-    most ``cdiv(max_chunk + w - 1, block_size) + 1`` (before a chunk of
+    most ``cdiv(max_chunk + w - 2, block_size) + 1`` (before a chunk of
     ``n`` tokens after ``c`` computed, the blocks wholly before token ``c -
-    w + 1`` are freed), never more than the tokens' blocks.  A request whose
-    bound exceeds the pool is refused at arrival: below it, a request alone
-    always fits."""
+    w + 1`` are freed, so it holds blocks ``(c - w + 1) // bs`` to
+    ``cdiv(c + n, bs) - 1``: the most when ``c - w + 1`` ends a block), never
+    more than the tokens' blocks.  A request whose bound exceeds the pool is
+    refused at arrival: below it, a request alone always fits."""
     total = 0
     for s in specs:
         blocks = cdiv(num_tokens, s.block_size)
         if s.sliding_window is not None:
             n = min(max_chunk, num_tokens)
-            blocks = min(blocks, cdiv(n + s.sliding_window - 1, s.block_size) + 1)
+            blocks = min(blocks, cdiv(n + s.sliding_window - 2, s.block_size) + 1)
         total += blocks
     return total
 

@@ -125,3 +125,17 @@ def test_a_layout_with_kv_cache_groups_runs_them_and_says_so(
     # timed mode classifies misses over groups: no note saying it does not
     assert "not classified" not in out and "miss_reasons_note" not in doc
     assert sum(r["miss_reasons"].values()) > 0
+
+
+def test_the_scheduler_table_gives_each_capacity_in_vllms_tokens_over_groups(
+    trace_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two groups of 3200 tokens (as vLLM logs them) are 400 blocks: the
+    scheduler table's capacity_tokens says 3200, not the blocks' 6400 slots."""
+    argv = [str(trace_file), "--max-num-batched-tokens", "512", "--kv-cache-groups",
+            "full,sliding:256", "--capacity-tokens", "3200,inf"]  # fmt: skip
+    assert main(["trace", *argv, "--tokens-per-id", str(TOKENS_PER_ID), "--mode", "timed",
+                 "--no-progress"]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["capacity_tokens"])
+    assert [line.split()[0] for line in lines[head + 1 : head + 3]] == ["3200", "inf"]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from blockpool import BlockPool, check_invariants, init_none_hash, sha256
+from blockpool.core.admission import cdiv
 from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, GroupSpec
 from blockpool.core.metrics import KVCacheMetricsCollector
 from blockpool.trace.group_slots import GroupSlots, parse_groups, peak_blocks
@@ -177,3 +178,26 @@ def test_a_retried_lookup_reuses_its_hit_only_while_its_hashes_are_untouched(
     assert (recs, pre, hits, n, why) == (recs2, pre2, hits2, n2, why2)
     assert pre > 0 and searches2 == n  # without the memo every lookup searches
     assert memo_searches < n // 2  # most retries of a blocked head reuse their hit
+
+
+def test_peak_blocks_is_the_most_a_window_can_hold() -> None:
+    """Before a chunk of ``n`` tokens after ``c`` computed a window holds
+    blocks ``(c - w + 1) // bs`` to ``cdiv(c + n, bs) - 1``: the bound is the
+    most of that over every ``c``, no more (a larger one refuses requests
+    vLLM finishes)."""
+    for bs in (4, 16):
+        for w in range(1, 41):
+            for n in (1, 2, 3, 5, 16, 17, 33):
+                held = max(cdiv(c + n, bs) - max(0, c - w + 1) // bs for c in range(0, 400 - n + 1))
+                assert peak_blocks([GroupSpec(SLIDING_WINDOW, bs, w)], 400, n) == held, (bs, w, n)
+
+
+def test_a_request_at_the_windows_exact_peak_is_served() -> None:
+    # a 17-token window and 17-token chunks hold at most 1 + cdiv(17 + 17 - 2, 16) = 3
+    # blocks: a pool of 3 (and the null block) serves the request
+    w17 = [GroupSpec(SLIDING_WINDOW, 16, 17)]
+    trace = Trace([TraceRequest(0, 0.0, 100, 30, (1, 2))], 64)
+    for cfg in (SchedulerConfig(17, 1, True, 0, None, "fcfs", a) for a in (True, False)):
+        run, slots = _run(trace, 4, w17, cfg)
+        assert run.result.refused == 0 and run.records[0].finish_order == 0
+        assert slots is not None and slots.peak == 3 == peak_blocks(w17, 129, 17)

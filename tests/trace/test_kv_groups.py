@@ -274,3 +274,19 @@ def test_cli_hybrid_model_json_and_flag_errors(
     llama4.write_text(json.dumps(LLAMA4_SCOUT))
     assert main([*base, "--model-config", str(llama4), "--capacity", "8GiB"]) == 2
     assert "attention_chunk_size" in capsys.readouterr().err
+
+
+def test_capacity_blocks_over_groups_is_num_gpu_blocks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--capacity-blocks`` names pool sizes in blocks: over three groups 192
+    blocks stay 192 (tokens are what groups multiply)."""
+    base = ["trace", str(_trace(tmp_path)), "--tokens-per-id", "64", "--quiet", "--json"]
+    groups = ["--kv-cache-groups", "sliding:1024x2,full"]
+    assert main([*base, *groups, "--capacity-blocks", "192,inf"]) == 0
+    got, inf = json.loads(capsys.readouterr().out)["results"]
+    assert (got["blocks"], got["kv_cache_tokens"], got["usable_tokens"]) == (192, 1024, 1008)
+    assert got["capacity"] == "192b" and inf["blocks"] is None
+    assert main([*base, "--capacity-blocks", "100"]) == 0  # one group: the same blocks
+    (plain,) = json.loads(capsys.readouterr().out)["results"]
+    assert (plain["blocks"], plain["capacity_tokens"], plain["capacity"]) == (100, 1600, "100b")
