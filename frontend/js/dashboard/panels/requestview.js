@@ -9,7 +9,7 @@ import { api } from "../../common/api.js";
 import { h, setText } from "../../common/dom.js";
 import { dur, int } from "../../common/format.js";
 import { REASON_LABEL } from "../state/analysis.js";
-import { blockCells, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
+import { blockCells, cellAt, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
 
 const clock = (ts) => (ts === null || ts === undefined ? "—" : new Date(ts * 1000).toTimeString().slice(0, 8));
 const after = (ts, t0) => (ts === null || ts === undefined || t0 === null || t0 === undefined ? "" : ` (+${dur(Math.max(0, ts - t0))})`);
@@ -131,8 +131,7 @@ export class RequestView {
     const strip = renderBars(document, cells, (c) => setText(line, c ? describeCell(c) : "hover a bar: that block"));
     strip.id = "rv-bars";
     strip.addEventListener("click", (ev) => {
-      const i = ev.target && ev.target.dataset ? ev.target.dataset.index : undefined;
-      const c = i === undefined ? null : cells.find((x) => String(x.index) === i);
+      const c = cellAt(cells, ev);
       if (c && c.blockId !== null && this.opts.onBlock) this.opts.onBlock(c.blockId);
     });
     const legend = h("div", { class: "legend rq-legend" }, ...cellCounts(cells).map(([k, n]) => h("span", { class: "lg" }, `${REASON_LABEL[k] || k} ${n}`)));

@@ -14,6 +14,13 @@ const STATE_CODE = { null: 0, in_use: 1, cached: 2, empty: 3 };
  * @property {{blocks: {in_use: number, cached: number, empty: number}, running_requests: number}} summary
  * @property {number} keyframe_seq
  * @property {number} replayed_ops
+ * @property {{block_ids: number[], total: number}} queue the free queue's head (its first `limit` ids) and its length
+ * @property {{items?: {request_id: string, block_ids: (number | number[])[]}[]}} requests the running requests (block ids per group, or flat)
+ */
+
+/**
+ * A recorded moment the panels follow: its state and the source the map draws.
+ * @typedef {{st: HistoryState, src: HistorySource}} Moment
  */
 
 /** A recorded moment as a source the BlockMap can draw (pure; node tests use it). */
