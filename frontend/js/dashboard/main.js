@@ -158,7 +158,7 @@ function follow(m) {
   updateStats(model, history, map);
 }
 
-map.onhover = (id) => {
+map.onhover = (/** @type {number} */ id) => {
   if (history.active) {
     setText($("map-hover"), history.hoverLine(id));
     return;
@@ -166,7 +166,7 @@ map.onhover = (id) => {
   setText($("map-hover"), hoverLine(id));
   detail.hover(id);
 };
-map.onselect = (id) => {
+map.onselect = (/** @type {number} */ id) => {
   if (history.active) detail.showMoment(id);
   else detail.select(id);
 };

@@ -38,6 +38,7 @@ export class EventLog {
     this.pauseBtn = $("ev-pause");
     this.hashInput = $("ev-hash", HTMLInputElement);
     /** @type {((hex: string) => void) | null} the page's request story (set by main.js) */
+    /** @type {((hex: string) => void) | null} the story of the request holding this hash now (set by main.js) */
     this.onStory = null;
     this.paused = false;
     this.pausedAtSeq = 0;

@@ -29,6 +29,7 @@ export class RequestView {
   /**
    * `opts.onBlock(id)`: show a block in the detail panel; `opts.blockSize()`;
    * `opts.holdersOf(hashHex)`: promise of the request ids holding a hash.
+   * @param {{onBlock?: (id: number) => void, blockSize?: () => number | null | undefined, holdersOf?: (hex: string) => Promise<string[]>}} [opts]
    */
   constructor(opts = {}) {
     this.opts = opts;
