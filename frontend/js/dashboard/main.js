@@ -127,7 +127,7 @@ const showStory = (/** @type {string} */ rid) => requestView.show(rid);
 detail.onStory = showStory;
 controls.onStory = showStory;
 regret.onStory = showStory;
-events.onStory = (hex) => requestView.fromHash(hex);
+events.onStory = (/** @type {string} */ hex) => requestView.fromHash(hex);
 const history = new TimeTravel(model, map, {
   onEnter: () => {
     detail.select(-1);
