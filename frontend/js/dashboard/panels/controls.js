@@ -42,7 +42,6 @@ export class Controls {
     this.result = $("ctl-result");
     this.dialog = $("reset-dialog", HTMLDialogElement);
     /** @type {((rid: string) => void) | null} the page's request story (set by main.js) */
-    /** @type {((rid: string) => void) | null} a request's story (set by main.js) */
     this.onStory = null;
     this.authRequired = false;
     this.readOnly = false; // a mirror (setReadOnly)

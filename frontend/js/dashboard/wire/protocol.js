@@ -15,6 +15,7 @@ export const KIND_NAMES = { 1: "config", 2: "snapshot", 3: "delta" };
 export const EV_STORED = 0;
 export const EV_REMOVED = 1;
 export const EV_CLEARED = 2;
+/** @type {Record<number, string>} */
 export const EVENT_NAMES = { 0: "BlockStored", 1: "BlockRemoved", 2: "AllBlocksCleared" };
 export const STATE_NAMES = ["null", "in_use", "cached", "empty"];
 export const NULL = 0;

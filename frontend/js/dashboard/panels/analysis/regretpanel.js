@@ -15,7 +15,6 @@ export class RegretPanel {
     this.windowSel = windowSel;
     this.version = -1;
     /** @type {((rid: string) => void) | null} the page's request story (set by main.js) */
-    /** @type {((rid: string) => void) | null} a request's story (set by main.js) */
     this.onStory = null;
     this.chart = new MiniChart($("chart-regret"), {
       height: 100,
