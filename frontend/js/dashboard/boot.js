@@ -8,7 +8,11 @@ import { int } from "../common/format.js";
 import { observeHint } from "../common/observe.js";
 import { showError } from "./panels/errline.js";
 
-/** The facts line under the title (the pool's size and settings); the token box when writes need one. */
+/**
+ * The facts line under the title (the pool's size and settings); the token box when writes need one.
+ * @param {import("./wire/protocol.js").PoolConfig | null | undefined} cfg the config frame's, or GET /api/config
+ * @param {import("./panels/controls.js").Controls} controls
+ */
 export function showFacts(cfg, controls) {
   if (!cfg) return;
   setText(
@@ -41,7 +45,10 @@ async function fleetLink() {
   }
 }
 
-/** The page's first REST calls to a server (again after a token is entered). */
+/**
+ * The page's first REST calls to a server (again after a token is entered).
+ * @param {import("./panels/controls.js").Controls} controls
+ */
 export async function boot(controls) {
   try {
     const cfg = await get("/api/config");

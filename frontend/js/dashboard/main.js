@@ -46,15 +46,20 @@ const tree = new PrefixTree();
  */
 const perf = { raf: 0, frameMs: 0, maxFrameMs: 0, longFrames: 0, map: null, started: performance.now() };
 
-/** Blocks holding the first keys whose hash starts with `hex` (none on a model without the hash index). */
+/**
+ * Blocks holding the first keys whose hash starts with `hex` (none on a model without the hash index).
+ * @param {string} hex
+ */
 function blocksWithPrefix(hex) {
   const index = model.index;
+  /** @type {number[]} */
   const ids = [];
   if (!index) return ids;
   for (const s of index.searchPrefix(hex, 4)) ids.push(...index.idsOf(s));
   return ids;
 }
 
+/** @param {number} id */
 function hoverLine(id) {
   if (id < 0 || id >= model.n) return "—";
   const st = STATE_NAMES[model.state[id]];
@@ -65,9 +70,11 @@ legend();
 buildStats();
 const map = new BlockMap($("map", HTMLCanvasElement), $("map-overlay", HTMLCanvasElement), model);
 perf.map = map.perf;
+/** @type {LruPanel | null} */
 let lru = null;
 const detail = new DetailPanel(model, map, (pos) => (lru ? lru.eta(pos) : null));
-lru = new LruPanel(model, map, tree, (id) => detail.select(id));
+const lruPanel = new LruPanel(model, map, tree, (id) => detail.select(id));
+lru = lruPanel;
 const charts = new Charts(model);
 const events = new EventLog(model);
 const hashmap = new HashMapPanel(
@@ -90,7 +97,7 @@ new MirrorItem(() => controls.setReadOnly(), conn.mirrorLag); // the top bar ite
 const traceItem = new TraceItem();
 const windowSel = $("chart-window");
 const tokensPanel = new TokenPanel(analysis, windowSel);
-const showRequest = (rid) => {
+const showRequest = (/** @type {string} */ rid) => {
   if (history && history.active) history.live();
   detail.select(-1);
   detail.showRequest(rid);
@@ -102,6 +109,7 @@ const whatif = new WhatIfPanel(analysis);
 const loader = new AnalysisLoader(model, analysis, { misses, regret, whatif, tokens: tokensPanel });
 // One request's story: searched, or from the block detail, the running
 // list, the regret table and the event log (a hash: who holds it now).
+/** @param {string} hex */
 async function holdersOf(hex) {
   const ids = blocksWithPrefix(hex);
   for (const id of ids.filter((i) => model.state[i] === 1).slice(0, 4)) {
@@ -115,11 +123,11 @@ const requestView = new RequestView({
   blockSize: () => model.config && model.config.block_size,
   holdersOf,
 }).mount(document.querySelector(".tt-panel"));
-const showStory = (rid) => requestView.show(rid);
+const showStory = (/** @type {string} */ rid) => requestView.show(rid);
 detail.onStory = showStory;
 controls.onStory = showStory;
 regret.onStory = showStory;
-events.onStory = (hex) => requestView.fromHash(hex);
+events.onStory = (/** @type {string} */ hex) => requestView.fromHash(hex);
 const history = new TimeTravel(model, map, {
   onEnter: () => {
     detail.select(-1);
@@ -135,9 +143,12 @@ const history = new TimeTravel(model, map, {
   visible: () => onScreen.has("tt-panel"),
 });
 
-/** The panels that follow a recorded moment (or the live pool again: null). */
+/**
+ * The panels that follow a recorded moment (or the live pool again: null).
+ * @param {import("./state/history.js").Moment | null} m
+ */
 function follow(m) {
-  lru.setMoment(m);
+  lruPanel.setMoment(m);
   detail.setMoment(m);
   const ts = m ? m.st.at.ts : null;
   charts.setMoment(ts);
@@ -147,7 +158,7 @@ function follow(m) {
   updateStats(model, history, map);
 }
 
-map.onhover = (id) => {
+map.onhover = (/** @type {number} */ id) => {
   if (history.active) {
     setText($("map-hover"), history.hoverLine(id));
     return;
@@ -155,7 +166,7 @@ map.onhover = (id) => {
   setText($("map-hover"), hoverLine(id));
   detail.hover(id);
 };
-map.onselect = (id) => {
+map.onselect = (/** @type {number} */ id) => {
   if (history.active) detail.showMoment(id);
   else detail.select(id);
 };
@@ -180,6 +191,7 @@ model.on("delta", (frame) => {
   if (ev && ev.length) tree.applyEvents(ev);
 });
 
+/** @param {number} now */
 function frame(now) {
   perf.raf++;
   const t0 = performance.now();
@@ -188,7 +200,7 @@ function frame(now) {
     cadence.stats.run(now, () => updateStats(model, history, map));
     cadence.health.run(now, () => health.update(now));
     if (model.seq !== null) {
-      cadence.lru.run(now, () => lru.update(now));
+      cadence.lru.run(now, () => lruPanel.update(now));
       cadence.charts.run(now, () => charts.update());
       cadence.events.run(now, () => events.update());
       cadence.hashmap.run(now, () => hashmap.update());
@@ -222,7 +234,7 @@ export const parts = {
   model,
   map,
   conn,
-  lru,
+  lru: lruPanel,
   detail,
   tree,
   treePanel,

@@ -111,7 +111,7 @@ async function boot() {
   for (const line of fleet.cannot_know) list.append(h("li", {}, line));
   setInstances(fleet.instances);
   const wanted = new URLSearchParams(location.search).get("instance");
-  const first = fleet.instances.find((i) => i.name === wanted) || fleet.instances[0];
+  const first = fleet.instances.find((/** @type {FleetInstance} */ i) => i.name === wanted) || fleet.instances[0];
   if (first) select(first.name);
   prefixes.families();
   if (!state.stream) {

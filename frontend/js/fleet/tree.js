@@ -6,6 +6,11 @@ import { $, clear, h, int, shortHash } from "./dom.js";
 
 const MAX_CHILDREN = 200;
 
+/**
+ * One node of an instance's prefix tree (the observer's GET /api/fleet/{name}/prefix-tree).
+ * @typedef {{hash: string, parent: string | null, depth: number, copies: number, orphan?: boolean, tokens?: number[], num_tokens: number, lora_name?: string | null}} FleetTreeNode
+ */
+
 export class TreeView {
   /** @param {{onPick: (hash: string) => void, onError: (err: Error) => void}} opts */
   constructor({ onPick, onError }) {
@@ -34,14 +39,20 @@ export class TreeView {
     }
   }
 
+  /**
+   * @param {{nodes: FleetTreeNode[], total: number, roots: number, truncated?: boolean}} tree GET /api/fleet/{name}/prefix-tree
+   */
   render(tree) {
+    /** @type {Map<string | null, FleetTreeNode[]>} */
     const byParent = new Map();
+    /** @type {FleetTreeNode[]} */
     const roots = [];
     for (const n of tree.nodes) {
       if (n.depth === 1) roots.push(n);
       else {
-        if (!byParent.has(n.parent)) byParent.set(n.parent, []);
-        byParent.get(n.parent).push(n);
+        const siblings = byParent.get(n.parent);
+        if (siblings) siblings.push(n);
+        else byParent.set(n.parent, [n]);
       }
     }
     $("tree-info").textContent = `${int(tree.total)} nodes · ${int(tree.roots)} roots${tree.truncated ? ` · first ${int(tree.nodes.length)}` : ""}`;
@@ -54,6 +65,11 @@ export class TreeView {
     box.append(this.list(roots, byParent));
   }
 
+  /**
+   * @param {FleetTreeNode[]} nodes
+   * @param {Map<string | null, FleetTreeNode[]>} byParent
+   * @returns {HTMLElement}
+   */
   list(nodes, byParent) {
     const ul = h("ul");
     for (const n of nodes.slice(0, MAX_CHILDREN)) {

@@ -8,8 +8,33 @@ import { ApiError, get, getToken, post, setToken } from "../../common/api.js";
 import { $, h, setText } from "../../common/dom.js";
 import { int } from "../../common/format.js";
 
-/** "1 2 3", "1,2,3", "0..255", "rand 512" (mixable: "0..63 rand 32"). */
+/**
+ * The demo workload's state (GET /api/demo): the fields shown.
+ * @typedef {object} DemoStatus
+ * @property {boolean} running
+ * @property {number} rate arrivals per second
+ * @property {number} max_running
+ * @property {number} [max_waiting]
+ * @property {number} requests_running
+ * @property {number} requests_waiting
+ * @property {[number, number]} decode_tokens
+ * @property {Record<string, number>} mix
+ * @property {{admitted: number, finished: number, dropped_waiting?: number}} stats
+ */
+
+/**
+ * The trace replay's state (serve --trace).
+ * @typedef {{loaded: boolean, running: boolean, name?: string, progress?: number, requests_running: number, requests_waiting: number}} TraceStatus
+ */
+
+/** @typedef {"ok" | "err" | "muted" | "refused"} ResultKind */
+
+/**
+ * "1 2 3", "1,2,3", "0..255", "rand 512" (mixable: "0..63 rand 32").
+ * @param {string} text
+ */
 export function parseTokens(text) {
+  /** @type {number[]} */
   const out = [];
   const parts = text.trim().split(/[\s,]+/).filter(Boolean);
   for (let i = 0; i < parts.length; i++) {
@@ -33,6 +58,11 @@ export function parseTokens(text) {
 }
 
 export class Controls {
+  /**
+   * @param {import("../state/model.js").PoolModel} model
+   * @param {import("./detail.js").DetailPanel} detail
+   * @param {() => void} onToken the token changed (reconnect with it)
+   */
   constructor(model, detail, onToken) {
     this.model = model;
     this.detail = detail;
@@ -48,11 +78,19 @@ export class Controls {
     this.wire();
   }
 
+  /**
+   * @param {ResultKind} kind
+   * @param {string | (string | Node)[]} text
+   */
   show(kind, text) {
     this.result.className = `result ${kind}`;
     this.result.replaceChildren(...(Array.isArray(text) ? text : [text]));
   }
 
+  /**
+   * @param {string} what the action that failed
+   * @param {Error & {code?: string}} err
+   */
   showError(what, err) {
     if (err instanceof ApiError && err.status === 401) {
       this.show("err", `${what}: ${err.message} — enter the server's token at the top right.`);
@@ -94,8 +132,7 @@ export class Controls {
   /** The dialog, with what a reset would do now (or why it would be refused). */
   openReset() {
     const hd = this.model.header;
-    const c = hd.blocks || {};
-    const held = c.in_use || 0;
+    const held = (hd.blocks && hd.blocks.in_use) || 0;
     const drop = `${int(hd.hash_map_keys)} cached hashes will be dropped (every cached block becomes empty).`;
     setText(
       $("reset-facts"),
@@ -110,8 +147,12 @@ export class Controls {
     this.dialog.showModal();
   }
 
-  /** The outcome in the dialog (and in the controls' result line). */
-  outcome(kind, parts) {
+  /**
+   * The outcome in the dialog (and in the controls' result line).
+   * @param {ResultKind | null} kind null: none (the dialog just opened)
+   * @param {(string | Node)[]} [parts]
+   */
+  outcome(kind, parts = []) {
     const box = $("reset-outcome");
     if (!kind) {
       box.hidden = true;
@@ -131,7 +172,7 @@ export class Controls {
     try {
       await post("/api/demo/stop");
       const running = await get("/api/requests?limit=10000");
-      const ids = (running.items || []).map((r) => r.request_id);
+      const ids = (running.items || []).map((/** @type {{request_id: string}} */ r) => r.request_id);
       this.outcome("muted", [`finishing ${int(ids.length)} running request(s)…`]);
       for (const rid of ids) {
         try {
@@ -149,6 +190,7 @@ export class Controls {
     await this.reset();
   }
 
+  /** @param {"start" | "stop"} action */
   async demo(action) {
     try {
       const st = await post(`/api/demo/${action}`);
@@ -160,16 +202,18 @@ export class Controls {
   }
 
   async tune() {
-    const num = (id) => {
+    const num = (/** @type {string} */ id) => {
       const v = $(id, HTMLInputElement).value.trim();
       return v === "" ? undefined : Number(v);
     };
+    /** @type {{rate?: number, max_running?: number, decode_tokens?: [number, number], mix?: Record<string, number>}} */
     const body = {};
     if (num("demo-rate") !== undefined) body.rate = num("demo-rate");
     if (num("demo-maxrun") !== undefined) body.max_running = num("demo-maxrun");
     const lo = num("demo-dmin");
     const hi = num("demo-dmax");
     if (lo !== undefined && hi !== undefined) body.decode_tokens = [lo, hi];
+    /** @type {Record<string, number>} */
     const mix = {};
     for (const k of ["chat", "conversation", "document", "noise"]) {
       const v = num(`mix-${k}`);
@@ -195,6 +239,7 @@ export class Controls {
       this.show("err", `admit: ${err.message}`);
       return;
     }
+    /** @type {{token_ids: number[], lora_name?: string, cache_salt?: string}} */
     const body = { token_ids: tokens };
     const lora = $("admit-lora", HTMLInputElement).value.trim();
     const salt = $("admit-salt", HTMLInputElement).value.trim();
@@ -215,6 +260,7 @@ export class Controls {
     }
   }
 
+  /** @param {string} rid */
   async finish(rid) {
     try {
       await post(`/api/requests/${encodeURIComponent(rid)}/finish`);
@@ -253,6 +299,10 @@ export class Controls {
     }
   }
 
+  /**
+   * @param {DemoStatus} st
+   * @param {boolean} [force] write the inputs even where the user is editing
+   */
   renderDemo(st, force = false) {
     setText(
       this.demoStatus,
@@ -270,9 +320,9 @@ export class Controls {
     this.demoStatus.classList.toggle("on", st.running);
     $("demo-start", HTMLButtonElement).disabled = st.running;
     $("demo-stop", HTMLButtonElement).disabled = !st.running;
-    const fill = (id, v) => {
+    const fill = (/** @type {string} */ id, /** @type {number} */ v) => {
       const el = $(id, HTMLInputElement);
-      if (force || (document.activeElement !== el && el.dataset.touched !== "1")) el.value = v;
+      if (force || (document.activeElement !== el && el.dataset.touched !== "1")) el.value = String(v);
     };
     fill("demo-rate", st.rate);
     fill("demo-maxrun", st.max_running);
@@ -281,11 +331,17 @@ export class Controls {
     for (const [k, v] of Object.entries(st.mix)) fill(`mix-${k}`, v);
   }
 
-  /** The trace replay's controls (serve --trace): shown while a trace is loaded. */
+  /**
+   * The trace replay's controls (serve --trace): shown while a trace is loaded.
+   * @param {TraceStatus | null | undefined} st
+   */
   renderTrace(st) {
     const box = $("trace-ctl");
-    box.hidden = !(st && st.loaded);
-    if (box.hidden) return;
+    if (!st || !st.loaded) {
+      box.hidden = true;
+      return;
+    }
+    box.hidden = false;
     setText(
       $("trace-status"),
       `${st.running ? "running" : "stopped"} · ${st.name || "trace"} · ${Math.round((st.progress || 0) * 100)}% · ${int(st.requests_running)} running · ${int(st.requests_waiting)} waiting`,
@@ -295,6 +351,7 @@ export class Controls {
     $("trace-stop", HTMLButtonElement).disabled = !st.running;
   }
 
+  /** @param {"start" | "stop"} action */
   async trace(action) {
     try {
       const st = await post(`/api/trace/${action}`);
@@ -317,14 +374,14 @@ export class Controls {
     try {
       const data = await get("/api/requests?limit=40");
       setText($("req-count"), `${int(data.total)} running`);
-      const rows = data.items.map((r) =>
+      const rows = data.items.map((/** @type {{request_id: string, num_tokens: number, num_blocks: number, num_hit_blocks: number}} */ r) =>
         h(
           "tr",
           null,
           h(
             "td",
             { class: "mono" },
-            h("a", { href: "#", onclick: (ev) => (ev.preventDefault(), this.detail.showRequest(r.request_id)) }, r.request_id),
+            h("a", { href: "#", onclick: (/** @type {MouseEvent} */ ev) => (ev.preventDefault(), this.detail.showRequest(r.request_id)) }, r.request_id),
             " ",
             h("button", { class: "small link", "data-story": r.request_id, title: "its story: blocks, hits, misses, times", onclick: () => this.onStory && this.onStory(r.request_id) }, "story"),
           ),
@@ -340,6 +397,7 @@ export class Controls {
     }
   }
 
+  /** @param {boolean} required the server needs a token for writes */
   setAuth(required) {
     this.authRequired = required;
     const tok = $("token", HTMLInputElement);

@@ -16,9 +16,28 @@ import { rgba } from "../render/minichart.js";
 import { blockCells, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
 import { STATE_NAMES, hex64 } from "../wire/protocol.js";
 
+/** @type {Record<string, string>} */
 const STATE_LABEL = { null: "null", in_use: "in use", cached: "cached", empty: "empty" };
 
-/** "Block #N" and its state badge, each with its meaning on hover (block #0: the null block). */
+/**
+ * A request whose blocks are highlighted (GET /api/requests/{id}, or the
+ * analysis's misses of a finished one); `error` when neither answered.
+ * @typedef {object} ShownRequest
+ * @property {string} id
+ * @property {number[]} blocks
+ * @property {number} [hits]
+ * @property {number} [tokens]
+ * @property {import("../render/reqbars.js").Cell[]} [cells]
+ * @property {number} [fetchedAt] performance.now() of the answer
+ * @property {boolean} [finished]
+ * @property {string} [error]
+ */
+
+/**
+ * "Block #N" and its state badge, each with its meaning on hover (block #0: the null block).
+ * @param {number} id
+ * @param {string} state
+ */
 function blockTitle(id, state) {
   return [
     h("span", { class: "bt-id", title: id === 0 ? explain("null") : explain("block") }, `Block #${id}`),
@@ -27,7 +46,24 @@ function blockTitle(id, state) {
   ];
 }
 
+/**
+ * A key-value table's rows, and row(key, value, attrs) that adds one (the
+ * key's meaning on hover).
+ */
+function kvRows() {
+  /** @type {HTMLElement[]} */
+  const rows = [];
+  /** @type {(k: string, v: string, attrs?: Record<string, unknown> | null) => number} */
+  const row = (k, v, attrs) => rows.push(h("tr", null, h("th", { title: explain(k) || null }, k), h("td", attrs || null, v)));
+  return { rows, row };
+}
+
 export class DetailPanel {
+  /**
+   * @param {import("../state/model.js").PoolModel} model
+   * @param {import("../render/blockmap.js").BlockMap} map
+   * @param {(pos: number | null) => number | null} queueEta seconds until queue position `pos` is reused
+   */
   constructor(model, map, queueEta) {
     this.model = model;
     this.map = map;
@@ -40,26 +76,35 @@ export class DetailPanel {
     this.shown = -1;
     this.rest = null;
     this.restFor = -1;
-    this.request = null; // {id, blocks}
+    /** @type {ShownRequest | null} */
+    this.request = null;
     /** @type {number | undefined} the pending fetch of a hovered block */
     this.hoverTimer = undefined;
     this.fetchSeq = 0;
     this.requestSeq = 0;
     this.barHover = "";
+    /** @type {((request: ShownRequest) => void) | null} */
     this.onRequestHighlight = null;
-    this.moment = null; // {st, src, id}: a recorded moment (time travel) shown instead of the live pool
+    /** @type {(import("../state/history.js").Moment & {id: number}) | null} a recorded moment (time travel) shown instead of the live pool, and its block shown */
+    this.moment = null;
     document.addEventListener("keydown", (ev) => {
       if (ev.key === "Escape") this.select(-1);
     });
   }
 
-  /** Hover: show at once; fetch REST after a short pause. */
+  /**
+   * Hover: show at once; fetch REST after a short pause.
+   * @param {number} id
+   */
   hover(id) {
     if (this.pinned >= 0) return;
     this.show(id);
   }
 
-  /** Click: pin (or unpin with -1 / the same block). */
+  /**
+   * Click: pin (or unpin with -1 / the same block).
+   * @param {number} id
+   */
   select(id) {
     if (id >= 0 && id === this.pinned) id = -1;
     this.pinned = id;
@@ -79,6 +124,10 @@ export class DetailPanel {
     this.map.setHighlight("hash", []);
   }
 
+  /**
+   * @param {number} id
+   * @param {boolean} [now] fetch at once
+   */
   show(id, now = false) {
     this.shown = id;
     clearTimeout(this.hoverTimer);
@@ -93,6 +142,7 @@ export class DetailPanel {
     this.hoverTimer = setTimeout(() => this.fetch(id), now ? 0 : 150);
   }
 
+  /** @param {number} id */
   async fetch(id) {
     const seq = ++this.fetchSeq;
     try {
@@ -119,6 +169,7 @@ export class DetailPanel {
     }
   }
 
+  /** @param {number} id */
   highlightHash(id) {
     const m = this.model;
     const ids = m.index && m.hashed[id] ? m.index.sameAs(id) : [];
@@ -126,11 +177,13 @@ export class DetailPanel {
     this.sameHash = ids;
   }
 
+  /** @param {string} rid */
   async highlightRequest(rid) {
     const seq = ++this.requestSeq;
     try {
       const req = await get(`/api/requests/${encodeURIComponent(rid)}`);
       if (seq !== this.requestSeq) return;
+      /** @type {number[]} */
       const ids = [];
       for (const b of req.blocks) for (const x of b.block_ids) if (x > 0) ids.push(x);
       this.request = { id: rid, blocks: ids, hits: req.num_hit_blocks, tokens: req.num_tokens, cells: this.cells(req), fetchedAt: performance.now() };
@@ -145,7 +198,11 @@ export class DetailPanel {
     this.render();
   }
 
-  /** A request that is no longer running: its misses, if the analysis still has them. */
+  /**
+   * A request that is no longer running: its misses, if the analysis still has them.
+   * @param {string} rid
+   * @param {number} seq the highlight asked for (a later one wins)
+   */
   async finishedRequest(rid, seq) {
     try {
       const m = await api("GET", `/api/misses/requests/${encodeURIComponent(rid)}`, undefined, { quiet: true });
@@ -156,6 +213,7 @@ export class DetailPanel {
     }
   }
 
+  /** @param {import("../render/reqbars.js").RequestBlocks} req */
   cells(req) {
     const bs = (this.model.config && this.model.config.block_size) || 16;
     return blockCells(req, bs);
@@ -194,13 +252,19 @@ export class DetailPanel {
     );
   }
 
-  /** Highlight a request's blocks without a block selected (controls panel). */
+  /**
+   * Highlight a request's blocks without a block selected (controls panel).
+   * @param {string} rid
+   */
   async showRequest(rid) {
     this.map.setHighlight("hash", []);
     await this.highlightRequest(rid);
   }
 
-  /** Highlight the blocks of one hash (hash map / tree panels). */
+  /**
+   * Highlight the blocks of one hash (hash map / tree panels).
+   * @param {number[]} ids
+   */
   showHash(ids) {
     this.map.setHighlight("hash", ids);
   }
@@ -239,21 +303,28 @@ export class DetailPanel {
     );
   }
 
-  /** Follow a recorded moment ({st, src}), or the live pool again (null). */
+  /**
+   * Follow a recorded moment ({st, src}), or the live pool again (null).
+   * @param {import("../state/history.js").Moment | null} m
+   */
   setMoment(m) {
     this.moment = m ? { ...m, id: this.moment ? this.moment.id : -1 } : null;
     this.render();
   }
 
-  /** A block of the recorded moment (a click on the map in history mode). */
+  /**
+   * A block of the recorded moment (a click on the map in history mode).
+   * @param {number} id
+   */
   showMoment(id) {
     if (!this.moment) return;
     this.moment.id = id;
     this.render();
   }
 
-  renderMoment() {
-    const { st, src, id } = this.moment;
+  /** @param {import("../state/history.js").Moment & {id: number}} moment */
+  renderMoment(moment) {
+    const { st, src, id } = moment;
     const seq = int(st.at.seq);
     this.root.replaceChildren();
     if (id < 0 || id >= src.n) {
@@ -270,8 +341,7 @@ export class DetailPanel {
       ...blockTitle(id, state),
       h("span", { class: "pin hist-tag", title: "a recorded moment, not the live pool" }, `at op ${seq}`),
     );
-    const rows = [];
-    const row = (k, v, attrs) => rows.push(h("tr", null, h("th", { title: explain(k) || null }, k), h("td", attrs || null, v)));
+    const { rows, row } = kvRows();
     row("ref count", String(src.refCnt[id]), { id: "detail-ref" });
     row("hash64", src.hash64[id] || "—", { id: "detail-hash", class: "mono" });
     const pos = st.queue.block_ids.indexOf(id);
@@ -288,7 +358,7 @@ export class DetailPanel {
 
   render() {
     if (this.moment) {
-      this.renderMoment();
+      this.renderMoment(this.moment);
       return;
     }
     const id = this.shown;
@@ -314,8 +384,7 @@ export class DetailPanel {
       ...(this.pinned === id ? [h("span", { class: "pin", title: "pinned (Esc to unpin)" }, "pinned")] : []),
     );
     const r = this.restFor === id ? this.rest : null;
-    const rows = [];
-    const row = (k, v, attrs) => rows.push(h("tr", null, h("th", { title: explain(k) || null }, k), h("td", attrs || null, v)));
+    const { rows, row } = kvRows();
     row("ref count", String(r && !r.error ? r.ref_cnt : m.refCnt[id]), { id: "detail-ref" });
     if (r && !r.error && r.raw_refs) row("raw refs", String(r.raw_refs));
     row("hash64", hex || "—", { id: "detail-hash", class: "mono" });
@@ -334,7 +403,7 @@ export class DetailPanel {
     row("stamp", int(m.stamp[id]));
     if (r && !r.error) {
       const holders = r.requests.length
-        ? r.requests.map((rid) =>
+        ? r.requests.map((/** @type {string} */ rid) =>
             h(
               "button",
               {
@@ -344,7 +413,7 @@ export class DetailPanel {
               },
               rid,
             ),
-          ).flatMap((chip) => [chip, h("button", { class: "chip story", "data-story": chip.textContent, title: "its story: blocks, hits, misses, times", onclick: () => this.onStory && this.onStory(chip.textContent) }, "story")])
+          ).flatMap((/** @type {HTMLButtonElement} */ chip) => [chip, h("button", { class: "chip story", "data-story": chip.textContent, title: "its story: blocks, hits, misses, times", onclick: () => this.onStory && this.onStory(chip.textContent) }, "story")])
         : ["none"];
       rows.push(h("tr", null, h("th", { title: explain("holders") }, "holders"), h("td", { id: "detail-holders" }, ...holders)));
       const mt = r.metrics;

@@ -10,9 +10,21 @@ import { int } from "../../common/format.js";
 import { EVENT_NAMES, EV_CLEARED, EV_REMOVED, EV_STORED, eventHash64 } from "../wire/protocol.js";
 
 const ROWS = 150;
+/** @type {Record<number, string>} */
 const TYPE_CLASS = { 0: "ev-stored", 1: "ev-removed", 2: "ev-cleared" };
 
-/** A REST event as a compact array. */
+/** @typedef {import("../wire/protocol.js").WireEvent} WireEvent */
+
+/**
+ * One event of GET /api/events (the hash fields: BlockStored, and BlockRemoved's block_hashes).
+ * @typedef {{seq: number, type: string, block_hashes: string[], parent_block_hash: string | null, token_ids: number[], block_size: number, lora_name: string | null}} RestEvent
+ */
+
+/**
+ * A REST event as a compact array.
+ * @param {RestEvent} e
+ * @returns {WireEvent}
+ */
 function compact(e) {
   if (e.type === "BlockStored") {
     return [e.seq, EV_STORED, e.block_hashes, e.parent_block_hash, e.token_ids.length, e.block_size, e.lora_name];
@@ -21,7 +33,12 @@ function compact(e) {
   return [e.seq, EV_CLEARED];
 }
 
-/** Does a compact event match the type set and the hash filter? */
+/**
+ * Does a compact event match the type set and the hash filter?
+ * @param {WireEvent} e
+ * @param {Set<number>} types
+ * @param {string} hashQuery
+ */
 export function eventMatches(e, types, hashQuery) {
   if (!types.has(e[1])) return false;
   if (!hashQuery) return true;
@@ -31,6 +48,7 @@ export function eventMatches(e, types, hashQuery) {
 }
 
 export class EventLog {
+  /** @param {import("../state/model.js").PoolModel} model */
   constructor(model) {
     this.model = model;
     this.body = $("ev-body");
@@ -41,7 +59,8 @@ export class EventLog {
     this.onStory = null;
     this.paused = false;
     this.pausedAtSeq = 0;
-    this.extra = []; // events loaded from REST to fill gaps
+    /** @type {WireEvent[]} events loaded from REST to fill gaps */
+    this.extra = [];
     this.renderedTop = -1;
     this.dirty = true;
     this.pauseBtn.addEventListener("click", () => this.setPaused(!this.paused));
@@ -51,6 +70,7 @@ export class EventLog {
     this.hashInput.addEventListener("input", () => (this.dirty = true));
   }
 
+  /** @param {boolean} p */
   setPaused(p) {
     this.paused = p;
     this.pausedAtSeq = this.lastSeq();
@@ -65,12 +85,17 @@ export class EventLog {
   }
 
   types() {
+    /** @type {Set<number>} */
     const t = new Set();
     for (const box of /** @type {NodeListOf<HTMLInputElement>} */ (document.querySelectorAll("[data-evtype]"))) if (box.checked) t.add(Number(box.dataset.evtype));
     return t;
   }
 
-  /** Load the events missing between two seqs from REST (at most 1,000). */
+  /**
+   * Load the events missing between two seqs from REST (at most 1,000).
+   * @param {number} after
+   * @param {number} before
+   */
   async fill(after, before) {
     try {
       const data = await get(`/api/events?since=${after}&limit=${Math.min(1000, before - after - 1)}`);
@@ -103,7 +128,9 @@ export class EventLog {
     const q = this.hashInput.value.trim().toLowerCase();
     const limitSeq = this.paused ? this.pausedAtSeq : Infinity;
     const merged = this.merge(m.events, this.extra);
+    /** @type {HTMLElement[]} */
     const rows = [];
+    /** @type {number | null} */
     let prevSeq = null;
     for (let i = merged.length - 1; i >= 0 && rows.length < ROWS; i--) {
       const e = merged[i];
@@ -117,15 +144,25 @@ export class EventLog {
     this.body.replaceChildren(...rows);
   }
 
+  /**
+   * Two seq-sorted event lists as one, sorted, each seq once.
+   * @param {WireEvent[]} a
+   * @param {WireEvent[]} b
+   */
   merge(a, b) {
     if (!b.length) return a;
     const out = a.concat(b);
     out.sort((x, y) => x[0] - y[0]);
+    /** @type {WireEvent[]} */
     const dedup = [];
     for (const e of out) if (!dedup.length || dedup[dedup.length - 1][0] !== e[0]) dedup.push(e);
     return dedup;
   }
 
+  /**
+   * @param {number} after the last seq before the gap
+   * @param {number} before the first seq after it
+   */
   gapRow(after, before) {
     const n = before - after - 1;
     return h(
@@ -140,6 +177,10 @@ export class EventLog {
     );
   }
 
+  /**
+   * @param {WireEvent} e
+   * @param {string} q the hash filter (its match goes first)
+   */
   row(e, q) {
     const [seq, type] = e;
     const hashes = type === EV_CLEARED ? [] : e[2].map(eventHash64);

@@ -11,7 +11,17 @@ import { hex64 } from "../wire/protocol.js";
 
 const ROWS = 60;
 
+/**
+ * One key of the map as a row: its hash, group and blocks (`digest`: the full hash, from the server).
+ * @typedef {{hex: string, group: number, ids: number[], digest?: string}} KeyRow
+ */
+
 export class HashMapPanel {
+  /**
+   * @param {import("../state/model.js").PoolModel} model
+   * @param {(ids: number[]) => void} onBlocks highlight these blocks
+   * @param {(id: number) => void} onSelect select a block
+   */
   constructor(model, onBlocks, onSelect) {
     this.model = model;
     this.onBlocks = onBlocks; // highlight ids
@@ -20,7 +30,8 @@ export class HashMapPanel {
     this.body = $("hm-body");
     this.stats = $("hm-stats");
     this.note = $("hm-note");
-    this.remote = null; // REST results for digest prefixes
+    /** @type {{items?: {hash64: string, group_id: number, block_ids: number[], block_hash: string}[], matched?: number, error?: string} | null} GET /api/hashmap?hash= for a digest prefix */
+    this.remote = null;
     this.dirty = true;
     this.input.addEventListener("input", () => {
       this.remote = null;
@@ -30,6 +41,7 @@ export class HashMapPanel {
     });
   }
 
+  /** @param {string} q a digest prefix (GET /api/hashmap?hash=) */
   async searchRemote(q) {
     try {
       const data = await get(`/api/hashmap?hash=${q}&limit=${ROWS}`);
@@ -50,28 +62,30 @@ export class HashMapPanel {
       `${int(m.header.hash_map_keys)} keys · ${int(idx.blocks)} hashed blocks · ${int(idx.multi)} with several copies`,
     );
     const q = this.input.value.trim().toLowerCase();
+    /** @type {KeyRow[]} */
     let items = [];
     let note = "";
     if (!q) {
       const multi = idx.multiSlots(ROWS);
-      items = multi.map((s) => this.slotItem(s));
+      items = multi.map((s) => this.slotItem(idx, s));
       if (items.length < ROWS) {
+        /** @type {number[]} */
         const rest = [];
         idx.forEach((s, _lo, _hi, _g, c) => {
           if (c < 2) rest.push(s);
           return rest.length < ROWS - items.length;
         });
-        items.push(...rest.map((s) => this.slotItem(s)));
+        items.push(...rest.map((s) => this.slotItem(idx, s)));
       }
       note = idx.multi ? "keys with several physical copies first" : "no key holds several copies";
     } else if (/^#?\d+$/.test(q) && (q.startsWith("#") || !/[a-f]/.test(q)) && q.replace("#", "").length <= 8) {
       const id = Number(q.replace("#", ""));
-      if (id < m.n && m.hashed[id]) items = [this.slotItem(idx.slotOf[id])];
+      if (id < m.n && m.hashed[id]) items = [this.slotItem(idx, idx.slotOf[id])];
       note = id >= m.n ? `block #${id} is outside the pool` : m.hashed[id] ? `block #${id}` : `block #${id} is not hashed`;
       // digits are also a hash prefix: list those too
-      if (!q.startsWith("#")) items.push(...idx.searchPrefix(q, ROWS).map((s) => this.slotItem(s)));
+      if (!q.startsWith("#")) items.push(...idx.searchPrefix(q, ROWS).map((s) => this.slotItem(idx, s)));
     } else if (/^[0-9a-f]{1,16}$/.test(q)) {
-      items = idx.searchPrefix(q, ROWS).map((s) => this.slotItem(s));
+      items = idx.searchPrefix(q, ROWS).map((s) => this.slotItem(idx, s));
       note = `${items.length}${items.length === ROWS ? "+" : ""} keys start with ${q}`;
     } else if (this.remote) {
       items = (this.remote.items || []).map((it) => ({
@@ -88,11 +102,16 @@ export class HashMapPanel {
     this.renderRows(items);
   }
 
-  slotItem(s) {
-    const idx = this.model.index;
+  /**
+   * @param {import("../state/hashindex.js").HashIndex} idx
+   * @param {number} s a slot of it
+   * @returns {KeyRow}
+   */
+  slotItem(idx, s) {
     return { hex: hex64(idx.kLo[s], idx.kHi[s]), group: idx.kGroup[s], ids: idx.idsOf(s) };
   }
 
+  /** @param {KeyRow[]} items */
   renderRows(items) {
     const rows = items.map((it) =>
       h(
@@ -109,7 +128,7 @@ export class HashMapPanel {
               "a",
               {
                 href: "#",
-                onclick: (ev) => {
+                onclick: (/** @type {MouseEvent} */ ev) => {
                   ev.preventDefault();
                   ev.stopPropagation();
                   this.onSelect(id);

@@ -7,14 +7,23 @@ import { bytes, int } from "../../common/format.js";
 import { explain } from "../../common/terms.js";
 
 export class HealthBar {
+  /**
+   * @param {import("../wire/stream.js").StreamConnection} conn
+   * @param {import("../state/model.js").PoolModel} model
+   * @param {{raf: number, map: {lastMs: number, maxMs: number} | null}} perf the page's frame count and the map's draw times (main.js)
+   */
   constructor(conn, model, perf) {
     this.conn = conn;
     this.model = model;
     this.perf = perf;
     this.root = $("health");
+    /** @type {{t: number, frames: number, bytes: number, raf?: number}} the figures at the last rate update */
     this.prev = { t: performance.now(), frames: 0, bytes: 0 };
     this.fps = 0;
     this.bps = 0;
+    this.framesPs = 0;
+    this.everLive = false; // the stream was live once (a loss after that is an error)
+    /** @type {Record<string, HTMLElement>} */
     this.cells = {};
     const items = [
       ["state", "stream"],
@@ -34,6 +43,7 @@ export class HealthBar {
     }
   }
 
+  /** @param {number} now performance.now() */
   update(now) {
     const c = this.conn.health;
     const m = this.model;
@@ -72,6 +82,7 @@ export class HealthBar {
     }
     setText(cell.seq, m.seq === null ? "—" : int(m.seq));
     setText(cell.lag, c.lagMs === null ? "—" : `${int(c.lagMs)}ms`);
+    /** @type {Partial<import("../wire/protocol.js").StreamStats>} */
     const server = c.server || {};
     setText(cell.drops, int(server.drops_total ?? 0));
     cell.drops.title = "frames the server dropped for slow clients (all clients)";
@@ -87,6 +98,7 @@ export class HealthBar {
     if (stateItem) {
       stateItem.title = `${explain("stream")}\n\nreconnects ${int(c.reconnects)} · gaps resumed ${int(c.gapsResumed)} · in ${(this.framesPs || 0).toFixed(0)} frames/s, ${bytes(this.bps || 0)}/s · ${this.fps.toFixed(0)} fps`;
     }
-    cell.fps.title = `map draw: last ${this.perf.map.lastMs.toFixed(2)} ms, max ${this.perf.map.maxMs.toFixed(1)} ms`;
+    const mp = this.perf.map; // set before the bar exists (main.js)
+    if (mp) cell.fps.title = `map draw: last ${mp.lastMs.toFixed(2)} ms, max ${mp.maxMs.toFixed(1)} ms`;
   }
 }

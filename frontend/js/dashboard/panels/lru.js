@@ -14,7 +14,11 @@ import { CACHED, hex64 } from "../wire/protocol.js";
 const LIST_ROWS = 120;
 const MAX_RISK = 50000;
 
-/** Mean allocation rate (blocks/s) over the last `seconds` of points. */
+/**
+ * Mean allocation rate (blocks/s) over the last `seconds` of points.
+ * @param {import("../wire/protocol.js").SeriesPoint[]} points
+ * @param {number} [seconds]
+ */
 export function allocRate(points, seconds = 3) {
   if (!points.length) return 0;
   const last = points[points.length - 1].ts;
@@ -22,7 +26,7 @@ export function allocRate(points, seconds = 3) {
   let n = 0;
   for (let i = points.length - 1; i >= 0 && last - points[i].ts <= seconds; i--) {
     const v = points[i].alloc_per_s;
-    if (Number.isFinite(v)) {
+    if (v !== null && Number.isFinite(v)) {
       sum += v;
       n++;
     }
@@ -31,6 +35,12 @@ export function allocRate(points, seconds = 3) {
 }
 
 export class LruPanel {
+  /**
+   * @param {import("../state/model.js").PoolModel} model
+   * @param {import("../render/blockmap.js").BlockMap} map
+   * @param {import("../state/prefixtree.js").PrefixTree} tree
+   * @param {(id: number) => void} onSelect a click on a block of the list
+   */
   constructor(model, map, tree, onSelect) {
     this.model = model;
     this.map = map;
@@ -43,22 +53,28 @@ export class LruPanel {
     this.prefixes = $("lru-prefixes");
     this.horizonSel = $("lru-horizon", HTMLSelectElement);
     this.rate = 0;
+    /** @type {Uint8Array | null} the whole queue, 1 = cached (model.queueProfile) */
     this.profile = null;
     this.profileAt = -Infinity;
     this.profileCost = 0;
     this.riskCount = 0;
-    this.moment = null; // {st, src}: a recorded moment shown instead of the live queue
+    /** @type {import("../state/history.js").Moment | null} a recorded moment shown instead of the live queue */
+    this.moment = null;
   }
 
-  /** Show the free queue of a recorded moment (GET /api/history/state), or live again (null). */
+  /**
+   * Show the free queue of a recorded moment (GET /api/history/state), or live again (null).
+   * @param {import("../state/history.js").Moment | null} m
+   */
   setMoment(m) {
     this.moment = m;
-    if (m) this.renderMoment();
+    if (m) this.renderMoment(m);
     else this.profileAt = -Infinity;
   }
 
-  renderMoment() {
-    const { st, src } = this.moment;
+  /** @param {import("../state/history.js").Moment} moment */
+  renderMoment(moment) {
+    const { st, src } = moment;
     const ids = st.queue.block_ids;
     const b = st.summary.blocks;
     const seq = int(st.at.seq);
@@ -95,12 +111,16 @@ export class LruPanel {
     return Number(this.horizonSel.value) || 10;
   }
 
-  /** Seconds until the block at queue position `pos` is reused. */
+  /**
+   * Seconds until the block at queue position `pos` is reused.
+   * @param {number | null | undefined} pos
+   */
   eta(pos) {
     if (pos === null || pos === undefined) return null;
     return this.rate > 0.01 ? pos / this.rate : Infinity;
   }
 
+  /** @param {number} now performance.now() */
   update(now) {
     const m = this.model;
     if (m.seq === null || this.moment) return;
@@ -109,6 +129,7 @@ export class LruPanel {
     const want = Math.min(Math.max(LIST_ROWS, reach), MAX_RISK);
     const head = m.queueHead(want);
     // at risk: cached blocks the next `reach` allocations will take
+    /** @type {number[]} */
     const risk = [];
     let firstCached = -1;
     for (let i = 0; i < head.length; i++) {
@@ -151,6 +172,7 @@ export class LruPanel {
     this.renderList(head.slice(0, LIST_ROWS), reach);
   }
 
+  /** @param {number} reach the queue positions reused within the horizon */
   drawStrip(reach) {
     const c = this.strip;
     const w = c.clientWidth;
@@ -184,8 +206,10 @@ export class LruPanel {
     }
   }
 
+  /** @param {number[]} risk the cached blocks due for eviction within the horizon */
   renderPrefixes(risk) {
     const m = this.model;
+    /** @type {Map<string, {root: string, blocks: number}>} */
     const groups = new Map();
     for (const id of risk) {
       const hx = hex64(m.hash64[2 * id], m.hash64[2 * id + 1]);
@@ -205,6 +229,10 @@ export class LruPanel {
     );
   }
 
+  /**
+   * @param {number[]} head the queue's first ids
+   * @param {number} reach
+   */
   renderList(head, reach) {
     const m = this.model;
     const rows = head.map((id, pos) => {

@@ -9,13 +9,57 @@ import { api } from "../../common/api.js";
 import { h, setText } from "../../common/dom.js";
 import { dur, int } from "../../common/format.js";
 import { REASON_LABEL } from "../state/analysis.js";
-import { blockCells, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
+import { blockCells, cellAt, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
 
-const clock = (ts) => (ts === null || ts === undefined ? "—" : new Date(ts * 1000).toTimeString().slice(0, 8));
-const after = (ts, t0) => (ts === null || ts === undefined || t0 === null || t0 === undefined ? "" : ` (+${dur(Math.max(0, ts - t0))})`);
-const ids = (tables) => (tables || []).map((t) => t.join(" ")).join(" | ");
+/**
+ * One step of a request's timeline (an operation of the recording, or a
+ * mirrored engine's record in words).
+ * @typedef {object} StoryStep
+ * @property {number} [seq]
+ * @property {number} [ts]
+ * @property {string} op admit | append | finish | ...
+ * @property {boolean} ok
+ * @property {string} [text]
+ * @property {{code?: string, message?: string} | null} [error]
+ * @property {number} [tokens]
+ * @property {number} [num_tokens]
+ * @property {number} [num_hit_blocks]
+ * @property {number} [num_new_blocks]
+ * @property {number[][]} [block_ids] per group
+ * @property {number[][]} [new_block_ids] per group
+ * @property {number[][]} [freed_block_ids] per group
+ */
 
-/** What one timeline step did, in words. */
+/**
+ * GET /api/requests/{id}/story: the fields the panel reads.
+ * @typedef {object} RequestStory
+ * @property {string} request_id
+ * @property {string} state
+ * @property {Record<string, number | null | undefined>} [times] first_attempt_at, admitted_at, first_decode_at, last_decode_at, finished_at
+ * @property {Record<string, number>} [misses] prompt blocks missed, by reason
+ * @property {number} [num_prompt_tokens]
+ * @property {number} [num_tokens]
+ * @property {number} [num_hit_blocks]
+ * @property {number} [hit_tokens]
+ * @property {number} [admissions_refused]
+ * @property {number} [preemptions]
+ * @property {{steps: number, tokens: number, new_blocks: number} | null} [decode]
+ * @property {(import("../render/reqbars.js").RequestBlock & {kind?: string, added_at?: number | null})[]} [blocks]
+ * @property {StoryStep[]} [timeline]
+ * @property {number} [timeline_omitted]
+ * @property {{running?: boolean, miss_reasons?: boolean, engine?: boolean, recording?: {operations_found?: number, first_seq?: number, last_seq?: number} | null}} [sources]
+ * @property {number} [earlier_lives]
+ * @property {{finished_requests_kept: number, recording_max_ops: number}} limits
+ */
+
+const clock = (/** @type {number | null | undefined} */ ts) => (ts === null || ts === undefined ? "—" : new Date(ts * 1000).toTimeString().slice(0, 8));
+const after = (/** @type {number | null | undefined} */ ts, /** @type {number | null | undefined} */ t0) => (ts === null || ts === undefined || t0 === null || t0 === undefined ? "" : ` (+${dur(Math.max(0, ts - t0))})`);
+const ids = (/** @type {number[][] | undefined} */ tables) => (tables || []).map((t) => t.join(" ")).join(" | ");
+
+/**
+ * What one timeline step did, in words.
+ * @param {StoryStep} s
+ */
 export function stepText(s) {
   if (s.text) return s.text; // a mirrored engine's record says it in words
   if (!s.ok) return `refused: ${(s.error && s.error.code) || "error"}${s.error && s.error.message ? ` (${s.error.message})` : ""}`;
@@ -29,6 +73,7 @@ export class RequestView {
   /**
    * `opts.onBlock(id)`: show a block in the detail panel; `opts.blockSize()`;
    * `opts.holdersOf(hashHex)`: promise of the request ids holding a hash.
+   * @param {{onBlock?: (id: number) => void, blockSize?: () => number | null | undefined, holdersOf?: (hex: string) => Promise<string[]>}} [opts]
    */
   constructor(opts = {}) {
     this.opts = opts;
@@ -57,14 +102,22 @@ export class RequestView {
     this.el.style.overflow = "hidden";
   }
 
-  /** Put the panel on the page: after `anchor` (an element), or at the end of `parent`. */
+  /**
+   * Put the panel on the page: after `anchor` (an element), or at the end of `parent`.
+   * @param {Element | null} anchor
+   * @param {Element} [parent]
+   */
   mount(anchor, parent) {
     if (anchor) anchor.after(this.el);
     else (parent || document.body).append(this.el);
     return this;
   }
 
-  /** Show one request's story (and scroll the panel into view). */
+  /**
+   * Show one request's story (and scroll the panel into view).
+   * @param {string} rid
+   * @param {{scroll?: boolean}} [opts]
+   */
   async show(rid, { scroll = true } = {}) {
     this.rid = rid;
     this.input.value = rid;
@@ -93,7 +146,10 @@ export class RequestView {
     }
   }
 
-  /** From a KV event's hash: the running requests that hold it (the event log has no request ids). */
+  /**
+   * From a KV event's hash: the running requests that hold it (the event log has no request ids).
+   * @param {string} hex
+   */
   async fromHash(hex) {
     if (!this.opts.holdersOf) return;
     setText(this.status, "finding who holds it…");
@@ -103,7 +159,9 @@ export class RequestView {
     this.body.replaceChildren(h("p", { class: "muted", id: "rv-error" }, `no running request holds hash ${hex.slice(0, 16)} now (a KV event names hashes, not requests)`));
   }
 
+  /** @param {RequestStory} s */
   render(s) {
+    /** @type {Record<string, number | null | undefined>} */
     const t = s.times || {};
     const t0 = t.first_attempt_at ?? t.admitted_at;
     const misses = Object.entries(s.misses || {}).sort((a, b) => b[1] - a[1]);
@@ -118,21 +176,20 @@ export class RequestView {
     const times = h(
       "table",
       { class: "kv rv-times", id: "rv-times", style: "width:auto" },
-      ...[
+      .../** @type {[string, number | null | undefined, string][]} */ ([
         ["first tried", t.first_attempt_at, s.admissions_refused ? `${s.admissions_refused} refusal(s) while it waited` : ""],
         ["admitted", t.admitted_at, s.preemptions ? `${int(s.preemptions)} preemption(s)` : ""],
         ["first decode", t.first_decode_at, ""],
         ["last decode", t.last_decode_at, s.decode ? `${int(s.decode.steps)} steps, ${int(s.decode.tokens)} tokens, ${int(s.decode.new_blocks)} new blocks` : ""],
         ["finished", t.finished_at, ""],
-      ].map(([k, ts, note]) => h("tr", { "data-time": k }, h("th", null, k), h("td", { class: "mono" }, clock(ts), h("span", { class: "muted" }, after(ts, t0))), h("td", { class: "muted" }, note))),
+      ]).map(([k, ts, note]) => h("tr", { "data-time": k }, h("th", null, k), h("td", { class: "mono" }, clock(ts), h("span", { class: "muted" }, after(ts, t0))), h("td", { class: "muted" }, note))),
     );
     const cells = blockCells(s, (this.opts.blockSize && this.opts.blockSize()) || 16);
     const line = h("div", { class: "rq-hover mono", id: "rv-hover" }, "hover a bar: that block");
     const strip = renderBars(document, cells, (c) => setText(line, c ? describeCell(c) : "hover a bar: that block"));
     strip.id = "rv-bars";
     strip.addEventListener("click", (ev) => {
-      const i = ev.target && ev.target.dataset ? ev.target.dataset.index : undefined;
-      const c = i === undefined ? null : cells.find((x) => String(x.index) === i);
+      const c = cellAt(cells, ev);
       if (c && c.blockId !== null && this.opts.onBlock) this.opts.onBlock(c.blockId);
     });
     const legend = h("div", { class: "legend rq-legend" }, ...cellCounts(cells).map(([k, n]) => h("span", { class: "lg" }, `${REASON_LABEL[k] || k} ${n}`)));
@@ -144,9 +201,9 @@ export class RequestView {
         h(
           "td",
           { class: "mono" },
-          ...(b.block_ids || []).map((id) => h("a", { href: "#", "data-block": String(id), onclick: (ev) => (ev.preventDefault(), this.opts.onBlock && this.opts.onBlock(id)) }, `#${id} `)),
+          ...(b.block_ids || []).map((id) => h("a", { href: "#", "data-block": String(id), onclick: (/** @type {MouseEvent} */ ev) => (ev.preventDefault(), this.opts.onBlock && this.opts.onBlock(id)) }, `#${id} `)),
         ),
-        h("td", null, b.kind === "decode" ? "decode" : b.hit ? "hit" : REASON_LABEL[b.reason] || b.reason || "—"),
+        h("td", null, b.kind === "decode" ? "decode" : b.hit ? "hit" : REASON_LABEL[b.reason || ""] || b.reason || "—"),
         h("td", { class: "muted" }, b.kind === "decode" && b.added_at ? `added ${clock(b.added_at)}` : ""),
       ),
     );

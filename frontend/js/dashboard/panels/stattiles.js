@@ -9,7 +9,22 @@ import { COLORS, rgbCss } from "../../common/palette.js";
 import { explain } from "../../common/terms.js";
 import { OPERATOR_TILES, operatorValues, sinceLabel, usageText } from "../state/operatortiles.js";
 
+/** @typedef {"alloc_per_s" | "evict_per_s"} RateKey */
+
+/**
+ * The sum of a rate over points (a missing value counts 0).
+ * @param {import("../wire/protocol.js").SeriesPoint[]} points
+ * @param {RateKey} k
+ */
+function rateSum(points, k) {
+  return points.reduce((a, p) => {
+    const v = p[k];
+    return a + (v !== null && Number.isFinite(v) ? v : 0);
+  }, 0);
+}
+
 export function legend() {
+  /** @type {(color: import("../../common/palette.js").RGB, label: string, term?: string) => HTMLElement} */
   const item = (color, label, term = label) =>
     h("span", { class: "lg", title: explain(term) }, h("i", { style: `background:${rgbCss(color)}` }), label);
   $("legend").replaceChildren(
@@ -24,6 +39,12 @@ export function legend() {
   );
 }
 
+/**
+ * @param {string} key
+ * @param {string} label
+ * @param {string} [cls]
+ * @param {string} [title] its meaning (default: the glossary's for the label)
+ */
 function stat(key, label, cls, title) {
   const help = title || explain(label);
   return h(
@@ -48,7 +69,13 @@ export function buildStats() {
   );
 }
 
-/** A tile's value: the figure, and beside it (smaller) its share; data-value for the tests. */
+/**
+ * A tile's value: the figure, and beside it (smaller) its share; data-value for the tests.
+ * @param {string} key
+ * @param {string} text
+ * @param {unknown} value
+ * @param {string} [share]
+ */
 function setStat(key, text, value, share) {
   const el = $(`stat-${key}`); // built by buildStats()
   const want = share === undefined ? text : text + share;
@@ -59,7 +86,11 @@ function setStat(key, text, value, share) {
   el.dataset.value = String(value);
 }
 
-/** A tile with no figure at the moment shown: "—", and why on hover (data-reason). */
+/**
+ * A tile with no figure at the moment shown: "—", and why on hover (data-reason).
+ * @param {string} key
+ * @param {string | undefined} reason
+ */
 function setReason(key, reason) {
   const el = $(`stat-${key}`);
   const tile = /** @type {HTMLElement} */ (el.closest(".stat")); // stat() puts the value in its tile
@@ -72,13 +103,20 @@ function setReason(key, reason) {
   }
 }
 
-/** "since start", or "since reset" once the prefix cache was reset (the REST label too). */
+/**
+ * "since start", or "since reset" once the prefix cache was reset (the REST label too).
+ * @param {string | null | undefined} label (none: left as it is)
+ */
 function setSinceLabel(label) {
   const el = document.querySelector('.stat[data-stat="hit"] .label');
   if (el && label && el.textContent !== label) el.textContent = label;
 }
 
-/** The tiles at a recorded moment (time travel): every one at that moment, or "—" with the reason. */
+/**
+ * The tiles at a recorded moment (time travel): every one at that moment, or "—" with the reason.
+ * @param {import("../state/history.js").HistoryState} st
+ * @param {import("../state/model.js").PoolModel} model
+ */
 export function momentStats(st, model) {
   const sm = st.summary;
   const b = sm.blocks;
@@ -92,8 +130,10 @@ export function momentStats(st, model) {
   setStat("requests", int(sm.running_requests), sm.running_requests);
   // the windows, since-start and waiting as the server computed them then
   // (its series point at the moment), or none with the reason
+  /** @type {import("../state/history.js").MomentTiles} */
   const t = st.tiles || { reason: "this server does not report the tiles at a moment" };
   const noPoint = t.point_ts === null || t.point_ts === undefined;
+  /** @type {(key: string, v: number | null | undefined, text: (v: number) => string) => void} */
   const fig = (key, v, text) => {
     setStat(key, v === null || v === undefined ? "—" : text(v), v ?? null);
     setReason(key, v === null || v === undefined ? (noPoint ? t.reason : "no value then (under two samples, or no query)") : "");
@@ -105,7 +145,7 @@ export function momentStats(st, model) {
   if (t.since_label) setSinceLabel(t.since_label);
   // the rates around that moment, when the page still holds its points
   const near = model.points.filter((p) => Math.abs(p.ts - st.at.ts) <= 1);
-  const avg = (k) => (near.length ? near.reduce((a, p) => a + (Number.isFinite(p[k]) ? p[k] : 0), 0) / near.length : null);
+  const avg = (/** @type {RateKey} */ k) => (near.length ? rateSum(near, k) / near.length : null);
   const why = near.length ? "" : "the page holds no series point near the moment (its charts' window)";
   setStat("alloc", near.length ? rate(avg("alloc_per_s")) : "—", avg("alloc_per_s"));
   setStat("evict", near.length ? rate(avg("evict_per_s")) : "—", avg("evict_per_s"));
@@ -113,7 +153,12 @@ export function momentStats(st, model) {
   setReason("evict", why);
 }
 
-/** The tiles now: the live pool's, or the recorded moment's while time travel shows one. */
+/**
+ * The tiles now: the live pool's, or the recorded moment's while time travel shows one.
+ * @param {import("../state/model.js").PoolModel} model
+ * @param {import("./analysis/timetravel.js").TimeTravel | null} history
+ * @param {import("../render/blockmap.js").BlockMap} map
+ */
 export function updateStats(model, history, map) {
   const hd = model.header;
   if (!hd.blocks) return;
@@ -135,7 +180,7 @@ export function updateStats(model, history, map) {
   setSinceLabel(sinceLabel(last));
   setStat("keys", int(hd.hash_map_keys), hd.hash_map_keys);
   const recent = pts.slice(-20);
-  const avg = (k) => recent.reduce((a, p) => a + (Number.isFinite(p[k]) ? p[k] : 0), 0) / Math.max(1, recent.length);
+  const avg = (/** @type {RateKey} */ k) => rateSum(recent, k) / Math.max(1, recent.length);
   setStat("alloc", rate(avg("alloc_per_s")), avg("alloc_per_s"));
   setStat("evict", rate(avg("evict_per_s")), avg("evict_per_s"));
   setText($("map-zoom"), map && map.zoom > 1 ? `zoom ×${map.zoom.toFixed(1)}` : "");

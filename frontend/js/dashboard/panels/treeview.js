@@ -13,6 +13,11 @@ const MAX_CHILDREN = 6;
 const MAX_DEPTH = 5;
 
 export class TreePanel {
+  /**
+   * @param {import("../state/model.js").PoolModel} model
+   * @param {import("../state/prefixtree.js").PrefixTree} tree
+   * @param {(hexes: string[]) => void} onHash highlight the blocks of these hashes
+   */
   constructor(model, tree, onHash) {
     this.model = model;
     this.tree = tree;
@@ -59,6 +64,11 @@ export class TreePanel {
     this.root.replaceChildren(h("ul", { class: "tree" }, ...items));
   }
 
+  /**
+   * @param {import("../state/prefixtree.js").TreeNode} node
+   * @param {number} depth
+   * @returns {HTMLElement}
+   */
   renderNode(node, depth) {
     const chain = chainFrom(node);
     const last = chain[chain.length - 1];

@@ -9,16 +9,24 @@ import { COLORS, rgbCss } from "../../common/palette.js";
 import { apartFilter, barPaths, compact, labelWidth } from "./minichart.js";
 import { markMoment } from "./moment.js";
 
+/** @typedef {import("../../../vendor/uplot/uPlot")} UPlot */
+/** @typedef {import("../../../vendor/uplot/uPlot").Options} UPlotOptions */
+
 const uPlot = window.uPlot;
 const AXIS = { stroke: "#8b949e", grid: { stroke: "rgba(139,148,158,0.12)", width: 1 }, ticks: { show: false } };
 const FONT = "11px ui-sans-serif, system-ui, sans-serif";
 
-const hms = (t) => {
+const hms = (/** @type {number} */ t) => {
   const d = new Date(t * 1000);
   return `${String(d.getHours()).padStart(2, "0")}:${String(d.getMinutes()).padStart(2, "0")}:${String(d.getSeconds()).padStart(2, "0")}`;
 };
 const INT_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
 
+/**
+ * The time charts' axes: clock times on x, `yFmt` on y (uPlot's own when none).
+ * @param {((v: number) => string) | null} [yFmt]
+ * @returns {import("../../../vendor/uplot/uPlot").Axis[]}
+ */
 function axes(yFmt) {
   return [
     { ...AXIS, font: FONT, space: 70, values: (u, vals) => vals.map(hms) },
@@ -33,6 +41,7 @@ function rgba([r, g, b], a) {
 
 // Fixed plot heights: sizes come from the container's width only (a height
 // read back from the container would grow with the plot).
+/** @param {HTMLElement} el */
 function sizeOf(el) {
   return { width: Math.max(120, el.clientWidth), height: Number(el.dataset.h) || 140 };
 }
@@ -40,13 +49,16 @@ function sizeOf(el) {
 // (axis ticks below 10 keep their decimal: an idle axis reads 1, 0.5, 0, never "1, 1, 0")
 
 export class Charts {
+  /** @param {import("../state/model.js").PoolModel} model */
   constructor(model) {
     this.model = model;
     this.windowSel = $("chart-window", HTMLSelectElement);
+    /** @type {[UPlot, HTMLElement][]} every plot and its container (resized together) */
     this.plots = [];
     /** @type {{in_use: number[], cached: number[], empty: number[]}} the stacked chart's own values (its legend) */
     this.raw = { in_use: [], cached: [], empty: [] };
     const raw = this.raw;
+    /** @type {(name: "in_use" | "cached" | "empty") => import("../../../vendor/uplot/uPlot").Series.Value} */
     const rawVal = (name) => (u, v, si, i) => (i === null || i === undefined || raw[name][i] === undefined ? "—" : compact(raw[name][i]));
     this.usage = this.make("chart-usage", {
       series: [
@@ -58,7 +70,7 @@ export class Charts {
       axes: axes(compact),
       scales: { y: { range: (u, lo, hi) => [0, hi] } },
     });
-    const pctFmt = (v) => `${Math.round(v * 100)}%`;
+    const pctFmt = (/** @type {number} */ v) => `${Math.round(v * 100)}%`;
     this.hit = this.make("chart-hit", {
       series: [
         {},
@@ -80,19 +92,29 @@ export class Charts {
       axes: axes(compact),
       scales: { y: { range: (u, lo, hi) => [0, Math.max(1, hi)] } },
     });
+    /** @type {Record<string, UPlot>} */
     this.hists = {};
-    for (const [name, color] of [
+    for (const [name, color] of /** @type {[string, import("../../common/palette.js").RGB][]} */ ([
       ["lifetime", COLORS.in_use[1]],
       ["idle", COLORS.cached],
       ["reuse_gap", [210, 168, 255]],
-    ]) {
+    ])) {
       this.hists[name] = this.makeHist(`hist-${name}`, color);
     }
+    /** @type {number[] | null} the histograms' bucket bounds (their x labels) */
+    this.buckets = null;
+    /** @type {number | null} the moment marked (time travel), unix s */
+    this.momentTs = null;
     this.histKey = "";
     this.widths = "";
     new ResizeObserver(() => this.resize()).observe($("charts"));
   }
 
+  /**
+   * A time chart in the element `id`.
+   * @param {string} id
+   * @param {Omit<UPlotOptions, "width" | "height">} opts
+   */
   make(id, opts) {
     const el = $(id);
     const plot = new uPlot(
@@ -104,6 +126,11 @@ export class Charts {
     return plot;
   }
 
+  /**
+   * A histogram in the element `id`, its bars in `color`.
+   * @param {string} id
+   * @param {import("../../common/palette.js").RGB} color
+   */
   makeHist(id, color) {
     const el = $(id);
     const bars = barPaths({ size: [0.8, 40], gap: 1 });
@@ -140,6 +167,7 @@ export class Charts {
     return plot;
   }
 
+  /** @param {number} i a bucket's index (its x value) */
   bucketLabel(i) {
     const b = this.buckets;
     if (!b || i !== Math.round(i) || i < 0) return "";
@@ -152,7 +180,10 @@ export class Charts {
     return [...b.map((_, i) => this.bucketLabel(i)), this.bucketLabel(b.length)];
   }
 
-  /** Mark the moment time travel shows (unix ts) on the time charts; null: none. */
+  /**
+   * Mark the moment time travel shows (unix ts) on the time charts; null: none.
+   * @param {number | null} ts
+   */
   setMoment(ts) {
     this.momentTs = ts;
     for (const plot of [this.usage, this.hit, this.rates]) markMoment(plot, ts);
@@ -208,7 +239,7 @@ export class Charts {
       }
       if (q.length > win) {
         const old = q.shift();
-        if (old !== null && Number.isFinite(old)) {
+        if (typeof old === "number" && Number.isFinite(old)) {
           acc -= old;
           cnt--;
         }
@@ -251,7 +282,9 @@ export class Charts {
         a = Math.max(0, a - 1);
         b = Math.min(hg.counts.length - 1, b + 1);
       }
+      /** @type {number[]} */
       const xs = [];
+      /** @type {number[]} */
       const ys = [];
       for (let i = a; i <= b; i++) {
         xs.push(i);

@@ -3,7 +3,16 @@
 // the live charts keep running while the map shows a recorded moment, and
 // this marks where that moment falls on them (or says it is off the chart).
 
-/** Mark unix time `ts` on uPlot `u` (null: no mark). */
+/**
+ * A chart with its moment mark: the line, the "before this window" tag, the time marked.
+ * @typedef {import("../../../vendor/uplot/uPlot") & {_moment?: {line: HTMLDivElement, tag: HTMLSpanElement, ts: number | null}}} MarkedPlot
+ */
+
+/**
+ * Mark unix time `ts` on uPlot `u` (null: no mark).
+ * @param {MarkedPlot} u
+ * @param {number | null} ts
+ */
 export function markMoment(u, ts) {
   if (!u._moment) {
     const line = document.createElement("div");
@@ -13,15 +22,17 @@ export function markMoment(u, ts) {
     u.over.append(line, tag);
     u._moment = { line, tag, ts: null };
     const place = () => placeMoment(u);
-    for (const ev of ["setScale", "setSize"]) (u.hooks[ev] ||= []).push(place);
+    for (const ev of /** @type {const} */ (["setScale", "setSize"])) (u.hooks[ev] ||= []).push(place);
   }
   u._moment.ts = ts;
   placeMoment(u);
 }
 
+/** @param {MarkedPlot} u */
 function placeMoment(u) {
+  if (!u._moment) return;
   const { line, tag, ts } = u._moment;
-  const { min, max } = u.scales.x;
+  const { min = NaN, max = NaN } = u.scales.x; // NaN: not laid out yet
   const on = ts !== null && Number.isFinite(min) && Number.isFinite(max) && ts >= min && ts <= max;
   line.hidden = !on;
   if (on) line.style.left = `${u.valToPos(ts, "x")}px`;

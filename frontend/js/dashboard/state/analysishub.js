@@ -18,6 +18,8 @@ export class AnalysisHub {
     this.activityAt = 0; // when the pool last changed (a delta with blocks or events)
     this.resyncs0 = undefined;
     this.enabled = false; // the server runs the analysis (snapshot's analysis_enabled)
+    /** @type {string | undefined} the config frame's epoch (undefined before the first) */
+    this.epoch = undefined;
     model.on("config", (frame) => {
       if (this.epoch !== undefined && frame.header.epoch !== this.epoch) this.clear();
       this.epoch = frame.header.epoch;
@@ -34,7 +36,7 @@ export class AnalysisHub {
     });
     model.on("delta", (frame) => {
       const hd = frame.header;
-      if (hd.tokens) this.tokens.ingest(hd.ts, hd.tokens);
+      if (hd.tokens && hd.ts !== undefined) this.tokens.ingest(hd.ts, hd.tokens); // every delta has its ts
       const ids = frame.columns && frame.columns.ids;
       if ((ids && ids.length) || (hd.events && hd.events.length)) this.activityAt = performance.now();
       if (hd.analysis) {

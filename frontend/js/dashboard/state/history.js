@@ -11,9 +11,30 @@ const STATE_CODE = { null: 0, in_use: 1, cached: 2, empty: 3 };
  * @typedef {object} HistoryState
  * @property {{state: string[], ref_cnt: number[], hash64: (string | null)[]}} blocks per block
  * @property {{seq: number, ts: number}} at
- * @property {{blocks: {in_use: number, cached: number, empty: number}, running_requests: number}} summary
+ * @property {{blocks: {in_use: number, cached: number, empty: number}, running_requests: number, num_blocks: number, usage: number, hash_map_keys: number}} summary
  * @property {number} keyframe_seq
  * @property {number} replayed_ops
+ * @property {{block_ids: number[], total: number}} queue the free queue's head (its first `limit` ids) and its length
+ * @property {{items?: {request_id: string, block_ids: (number | number[])[]}[]}} requests the running requests (block ids per group, or flat)
+ * @property {MomentTiles} [tiles] the operator tiles at the moment (a server without them: absent)
+ */
+
+/**
+ * The operator tiles at a recorded moment, from the series point nearest it
+ * (`reason`: why there is none).
+ * @typedef {object} MomentTiles
+ * @property {number | null} [point_ts]
+ * @property {string} [reason]
+ * @property {number | null} [hit_rate_1m]
+ * @property {number | null} [hit_rate_5m]
+ * @property {number | null} [hit_rate_since]
+ * @property {number | null} [waiting]
+ * @property {string} [since_label]
+ */
+
+/**
+ * A recorded moment the panels follow: its state and the source the map draws.
+ * @typedef {{st: HistoryState, src: HistorySource}} Moment
  */
 
 /** A recorded moment as a source the BlockMap can draw (pure; node tests use it). */

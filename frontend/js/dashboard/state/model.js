@@ -12,14 +12,29 @@
 import { CACHED, CONFIG, DELTA, EMPTY, ProtocolError, SNAPSHOT } from "../wire/protocol.js";
 import { HashIndex } from "./hashindex.js";
 
+/** @typedef {import("../wire/protocol.js").Frame} Frame */
+/** @typedef {import("../wire/protocol.js").FrameHeader} FrameHeader */
+/** @typedef {import("../wire/protocol.js").Column} Column */
+/** @typedef {"config" | "snapshot" | "delta"} FrameKind */
+/** @typedef {(frame: Frame, model: PoolModel) => void} FrameListener */
+/**
+ * What apply() made of a frame; `expected` and `got` with a gap.
+ * @typedef {{status: "config" | "snapshot" | "applied" | "ignored"} | {status: "gap", expected: number, got: number}} ApplyResult
+ */
+
 export class PoolModel {
+  /** @param {{keepEvents?: number, keepPoints?: number, hashIndex?: boolean}} [opts] */
   constructor({ keepEvents = 5000, keepPoints = 6000, hashIndex = true } = {}) {
     this.keepEvents = keepEvents;
     this.keepPoints = keepPoints;
+    /** @type {import("../wire/protocol.js").PoolConfig | null} */
     this.config = null;
+    /** @type {string | null} */
     this.epoch = null;
+    /** @type {number | null} */
     this.seq = null; // last applied frame (null: no snapshot yet)
     this.n = 0;
+    /** @type {[string, string, string][]} */
     this.blockColumns = []; // [wire name, dtype, field] from the config frame
     this.state = new Uint8Array(0);
     this.refCnt = new Int32Array(0);
@@ -27,9 +42,13 @@ export class PoolModel {
     this.hash64 = new Uint32Array(0); // [lo, hi] pairs
     this.group = new Uint32Array(0);
     this.stamp = new Float64Array(0);
+    /** @type {FrameHeader} the last snapshot's header, each delta's fields written over it (no columns, series, recent events) */
     this.header = {};
+    /** @type {Record<string, import("../wire/protocol.js").Histogram> | null} */
     this.histograms = null;
+    /** @type {import("../wire/protocol.js").WireEvent[]} */
     this.events = [];
+    /** @type {import("../wire/protocol.js").SeriesPoint[]} */
     this.points = [];
     this.snapshots = 0;
     this.deltas = 0;
@@ -37,6 +56,7 @@ export class PoolModel {
     this.ignored = 0;
     this.eventsOmitted = 0;
     this.changedTotal = 0; // block rows written by deltas
+    /** @type {number | null} */
     this.lastTs = null;
     this.index = hashIndex ? new HashIndex(0) : null;
     // Renderer feed: ids changed since the last drain (deduplicated).
@@ -44,13 +64,22 @@ export class PoolModel {
     this._dirtyFlag = new Uint8Array(0);
     this._dirty = new Uint32Array(1024);
     this._dirtyCount = 0;
+    /** @type {Record<FrameKind, FrameListener[]>} */
     this.listeners = { config: [], snapshot: [], delta: [] };
   }
 
+  /**
+   * @param {FrameKind} kind
+   * @param {FrameListener} fn
+   */
   on(kind, fn) {
     this.listeners[kind].push(fn);
   }
 
+  /**
+   * @param {FrameKind} kind
+   * @param {Frame} frame
+   */
   _emit(kind, frame) {
     for (const fn of this.listeners[kind]) fn(frame, this);
   }
@@ -63,13 +92,15 @@ export class PoolModel {
    * Apply one decoded frame.  Returns {status}: "config", "snapshot",
    * "applied", "ignored" (old or before a snapshot), or "gap" with
    * `expected` (send {"type":"resume","from":expected}) and `got`.
+   * @param {Frame} frame
+   * @returns {ApplyResult}
    */
   apply(frame) {
     if (frame.kind === CONFIG) {
-      const epoch = frame.header.epoch;
+      const epoch = frame.header.epoch ?? null;
       if (this.epoch !== null && epoch !== this.epoch) this.seq = null; // another server
       this.epoch = epoch;
-      this.config = frame.header.config;
+      this.config = frame.header.config ?? null;
       this.blockColumns = (frame.header.block_columns || []).map(([name, dtype]) => [name, dtype, fieldOf(name)]);
       this._emit("config", frame);
       return { status: "config" };
@@ -95,13 +126,23 @@ export class PoolModel {
     return { status: "ignored" };
   }
 
+  /**
+   * The block columns, by their field (the config frame names them).
+   * @returns {Record<string, Column>}
+   */
+  _columnFields() {
+    return /** @type {Record<string, Column>} */ (/** @type {unknown} */ (this));
+  }
+
+  /** @param {Frame} frame */
   _applySnapshot(frame) {
     const c = frame.columns;
     if (!this.blockColumns.length) throw new ProtocolError("a snapshot before the config frame");
     for (const [name] of this.blockColumns) {
       if (!c[name]) throw new ProtocolError(`the snapshot has no ${name} column`);
     }
-    for (const [name, , field] of this.blockColumns) this[field] = c[name];
+    const fields = this._columnFields();
+    for (const [name, , field] of this.blockColumns) fields[field] = c[name];
     const n = this.state.length;
     if (n !== this.n) {
       this.n = n;
@@ -113,7 +154,7 @@ export class PoolModel {
     this.fullDirty = true;
     if (this.index) this.index.rebuild(this.hashed, this.hash64, this.group);
     const h = frame.header;
-    this.header = stripColumns(h);
+    this.header = stripKeys(h, BULKY);
     this.histograms = h.histograms || null;
     this.seq = frame.seq;
     this.events = (h.recent_events || []).slice(-this.keepEvents);
@@ -122,6 +163,7 @@ export class PoolModel {
     this.snapshots++;
   }
 
+  /** @param {Frame} frame */
   _applyDelta(frame) {
     const c = frame.columns;
     const ids = c.ids;
@@ -151,9 +193,10 @@ export class PoolModel {
           }
         }
       }
+      const fields = this._columnFields();
       for (const [name, , field] of this.blockColumns) {
         const src = c[name];
-        const dst = this[field];
+        const dst = fields[field];
         if (src.length === m) {
           for (let i = 0; i < m; i++) dst[ids[i]] = src[i];
         } else {
@@ -168,9 +211,7 @@ export class PoolModel {
       this.changedTotal += m;
     }
     const h = frame.header;
-    for (const k in h) {
-      if (k !== "columns") this.header[k] = h[k];
-    }
+    Object.assign(this.header, stripKeys(h, DELTA_KEPT_OUT));
     if (h.histograms) this.histograms = h.histograms;
     if (h.events && h.events.length) {
       const ev = this.events;
@@ -189,6 +230,7 @@ export class PoolModel {
     this.deltas++;
   }
 
+  /** @param {number} id */
   _markDirty(id) {
     if (this._dirtyFlag[id]) return;
     this._dirtyFlag[id] = 1;
@@ -200,11 +242,15 @@ export class PoolModel {
     this._dirty[this._dirtyCount++] = id;
   }
 
-  /** Mark ids for a redraw (e.g. their highlight changed). */
+  /**
+   * Mark ids for a redraw (e.g. their highlight changed).
+   * @param {Iterable<number>} ids
+   */
   touch(ids) {
     for (const id of ids) if (id < this.n) this._markDirty(id);
   }
 
+  /** @param {number} id */
   touchOne(id) {
     if (id < this.n) this._markDirty(id);
   }
@@ -212,6 +258,7 @@ export class PoolModel {
   /**
    * Hand the renderer what changed: fn(full, ids, count).  `ids` is only
    * valid during the call.
+   * @param {(full: boolean, ids: Uint32Array, count: number) => void} fn
    */
   drainDirty(fn) {
     const full = this.fullDirty;
@@ -235,6 +282,7 @@ export class PoolModel {
   /** Free block ids from head (next to be evicted) to tail: free sorted by (stamp, id). */
   queueOrder() {
     const { state, stamp } = this;
+    /** @type {number[]} */
     const ids = [];
     for (let i = 0; i < state.length; i++) {
       const s = state[i];
@@ -244,12 +292,16 @@ export class PoolModel {
     return ids;
   }
 
-  /** The first k ids of the queue without sorting it all (a bounded max-heap). */
+  /**
+   * The first k ids of the queue without sorting it all (a bounded max-heap).
+   * @param {number} k
+   */
   queueHead(k) {
     const { state, stamp } = this;
     const hs = new Float64Array(k);
     const hid = new Uint32Array(k);
     let size = 0;
+    /** @type {(sa: number, ia: number, sb: number, ib: number) => boolean} */
     const greater = (sa, ia, sb, ib) => sa > sb || (sa === sb && ia > ib);
     for (let id = 0; id < state.length; id++) {
       const s = state[id];
@@ -311,7 +363,10 @@ export class PoolModel {
     return cached;
   }
 
-  /** 0-based queue position of a free block (null if not free). */
+  /**
+   * 0-based queue position of a free block (null if not free).
+   * @param {number} id
+   */
   queuePosition(id) {
     const { state, stamp } = this;
     const s = state[id];
@@ -327,6 +382,7 @@ export class PoolModel {
 
   /** hash map: Map "hex16/group" -> sorted ids (small pools, tests). */
   hashMap() {
+    /** @type {Map<string, number[]>} */
     const out = new Map();
     const { hashed, hash64, group } = this;
     for (let i = 0; i < hashed.length; i++) {
@@ -334,22 +390,31 @@ export class PoolModel {
       const key = `${hash64[2 * i + 1].toString(16).padStart(8, "0")}${hash64[2 * i]
         .toString(16)
         .padStart(8, "0")}/${group[i]}`;
-      if (!out.has(key)) out.set(key, []);
-      out.get(key).push(i);
+      const ids = out.get(key);
+      if (ids) ids.push(i);
+      else out.set(key, [i]);
     }
     return out;
   }
 }
 
-/** A wire column's field on the model: its name in camelCase. */
+/**
+ * A wire column's field on the model: its name in camelCase.
+ * @param {string} name
+ */
 function fieldOf(name) {
-  return name.replace(/_([a-z0-9])/g, (_, ch) => ch.toUpperCase());
+  return name.replace(/_([a-z0-9])/g, (_, /** @type {string} */ ch) => ch.toUpperCase());
 }
 
 const BULKY = new Set(["columns", "series", "recent_events"]);
+const DELTA_KEPT_OUT = new Set(["columns"]);
 
-function stripColumns(h) {
-  const out = {};
-  for (const k in h) if (!BULKY.has(k)) out[k] = h[k];
-  return out;
+/**
+ * The header without the fields in `drop`.
+ * @param {FrameHeader} h
+ * @param {Set<string>} drop
+ * @returns {FrameHeader}
+ */
+function stripKeys(h, drop) {
+  return Object.fromEntries(Object.entries(h).filter(([k]) => !drop.has(k)));
 }

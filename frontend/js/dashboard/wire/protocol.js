@@ -15,6 +15,7 @@ export const KIND_NAMES = { 1: "config", 2: "snapshot", 3: "delta" };
 export const EV_STORED = 0;
 export const EV_REMOVED = 1;
 export const EV_CLEARED = 2;
+/** @type {Record<number, string>} */
 export const EVENT_NAMES = { 0: "BlockStored", 1: "BlockRemoved", 2: "AllBlocksCleared" };
 export const STATE_NAMES = ["null", "in_use", "cached", "empty"];
 export const NULL = 0;
@@ -29,7 +30,7 @@ const textDecoder = new TextDecoder();
 export class ProtocolError extends Error {}
 
 // dtype -> [TypedArray constructor, elements per value]
-/** @typedef {{new (buffer: ArrayBufferLike, byteOffset: number, length: number): ArrayBufferView, BYTES_PER_ELEMENT: number}} ColumnArray */
+/** @typedef {{new (buffer: ArrayBufferLike, byteOffset: number, length: number): Column, BYTES_PER_ELEMENT: number}} ColumnArray */
 /** @type {Record<string, [ColumnArray, number]>} */
 const DTYPES = {
   u8: [Uint8Array, 1],
@@ -40,9 +41,142 @@ const DTYPES = {
 };
 
 /**
+ * The service's settings, as the config frame's `config` carries them
+ * (app/pool/views.py `config`).
+ * @typedef {object} PoolConfig
+ * @property {number} num_blocks
+ * @property {number} block_size
+ * @property {number} [hash_block_size]
+ * @property {number} num_groups
+ * @property {string} hash_fn
+ * @property {boolean} enable_caching
+ * @property {boolean} enable_events
+ * @property {number} metrics_sample_rate
+ * @property {boolean} strict
+ * @property {string | null} [model_name]
+ * @property {number} tick_hz
+ * @property {boolean} auth_required_for_writes
+ * @property {boolean} [auth_required_for_reads]
+ * @property {Record<string, number>} [limits] input size limits
+ * @property {Record<string, unknown>} [storage]
+ */
+
+/** @typedef {{null: number, in_use: number, cached: number, empty: number}} BlockCounts */
+
+/** @typedef {{requests: number, queries_tokens: number, hits_tokens: number, hit_rate: number | null}} PrefixCacheCounts */
+
+/**
+ * One time-series point (`point` of a delta, `series` of a snapshot);
+ * null where there is no value yet.
+ * @typedef {object} SeriesPoint
+ * @property {number} ts
+ * @property {number} in_use
+ * @property {number} cached
+ * @property {number} empty
+ * @property {number} usage
+ * @property {number | null} hit_rate
+ * @property {number | null} hit_rate_total
+ * @property {number | null} alloc_per_s
+ * @property {number | null} evict_per_s
+ * @property {number} requests
+ * @property {number | null} [hit_rate_1m]
+ * @property {number | null} [hit_rate_5m]
+ * @property {number | null} [hit_rate_since]
+ * @property {number} [hit_rate_resets]
+ * @property {number | null} [waiting]
+ */
+
+/**
+ * One eviction-sample histogram: `counts` per bucket (not cumulative), the
+ * last one counting values above the last bound.
+ * @typedef {{buckets: number[], counts: number[], sum: number, count: number}} Histogram
+ */
+
+/**
+ * One KV event as the stream carries it: `[seq, 0, hashes, parent, num_tokens,
+ * block_size, lora_name]` (BlockStored), `[seq, 1, hashes]` (BlockRemoved),
+ * `[seq, 2]` (AllBlocksCleared).
+ * @typedef {[number, 0, string[], string | null, number, number, string | null] | [number, 1, string[]] | [number, 2]} WireEvent
+ */
+
+/** @typedef {[number, number, number, number[]]} WireSample [seq, lifetime s, idle s, reuse gaps s] */
+
+/**
+ * The stream's own figures (`stream` of every snapshot and delta).
+ * @typedef {object} StreamStats
+ * @property {number} seq
+ * @property {number} clients
+ * @property {number} [frames_total]
+ * @property {number} [bytes_total]
+ * @property {number} [drops_total]
+ * @property {number} [resyncs_total]
+ * @property {number} [snapshots_total]
+ * @property {number} [resumes_total]
+ * @property {number} [refused_total]
+ * @property {number} max_lag_frames
+ * @property {number} ring_frames
+ */
+
+/** @typedef {[string, string, number, number]} WireColumn [name, dtype, count, byte offset in the body] */
+
+/**
+ * A frame's JSON header (docs/protocol.md).  One shape for the three kinds,
+ * every field optional: which ones a frame has depends on its kind and on
+ * the channels asked for.  config: protocol .. block_columns; snapshot:
+ * as_of .. analysis_enabled and the counts; delta: tick, ts, events ..
+ * samples and the counts.
+ * @typedef {object} FrameHeader
+ * @property {number} [protocol]
+ * @property {string} [epoch] the server's epoch (a restart changes it)
+ * @property {number} [seq]
+ * @property {PoolConfig} [config]
+ * @property {string[]} [channels]
+ * @property {[string, string][]} [block_columns] [name, dtype] of every block column
+ * @property {WireColumn[]} [columns]
+ * @property {number} [as_of]
+ * @property {number} [next_stamp]
+ * @property {WireEvent[]} [recent_events]
+ * @property {SeriesPoint[]} [series]
+ * @property {Record<string, Histogram> | null} [histograms]
+ * @property {boolean} [analysis_enabled]
+ * @property {number} [tick]
+ * @property {number} [ts]
+ * @property {WireEvent[]} [events]
+ * @property {number} [events_omitted]
+ * @property {number} [events_last_seq]
+ * @property {SeriesPoint} [point]
+ * @property {WireSample[]} [samples]
+ * @property {number} [samples_last_seq]
+ * @property {StreamStats} [stream]
+ * @property {number} [num_blocks]
+ * @property {BlockCounts} [blocks]
+ * @property {number} [num_free_blocks]
+ * @property {number} [usage]
+ * @property {number} [hash_map_keys]
+ * @property {number} [running_requests]
+ * @property {PrefixCacheCounts} [prefix_cache]
+ * @property {import("../state/analysis.js").TokenUsage} [tokens]
+ * @property {import("../state/analysis.js").AnalysisSection} [analysis]
+ * @property {import("../state/mirrorlag.js").MirrorHeader} [mirror]
+ */
+
+/**
+ * One decoded frame: its columns are views on the frame's own buffer.
+ * @typedef {object} Frame
+ * @property {number} kind CONFIG, SNAPSHOT or DELTA
+ * @property {string} kindName
+ * @property {number} seq
+ * @property {FrameHeader} header
+ * @property {Record<string, Column>} columns
+ * @property {number} byteLength
+ */
+
+/** @typedef {Uint8Array | Int32Array | Uint32Array | Float64Array} Column one block column (u64: [lo, hi] pairs) */
+
+/**
  * Decode one frame.
  * @param {ArrayBuffer|ArrayBufferView} data
- * @returns {{kind:number, kindName:string, seq:number, header:object, columns:Object<string, ArrayBufferView>, byteLength:number}}
+ * @returns {Frame}
  */
 export function decodeFrame(data) {
   let buf;
@@ -79,9 +213,10 @@ export function decodeFrame(data) {
   if (HEAD + hlen + blen !== len) {
     throw new ProtocolError("frame length does not match its envelope");
   }
+  /** @type {FrameHeader} */
   const header = JSON.parse(textDecoder.decode(new Uint8Array(buf, base + HEAD, hlen)));
   const bodyStart = base + HEAD + hlen;
-  /** @type {Object<string, ArrayBufferView>} */
+  /** @type {Record<string, Column>} */
   const columns = {};
   for (const [name, dtype, count, offset] of header.columns || []) {
     const spec = DTYPES[dtype];

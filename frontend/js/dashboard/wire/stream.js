@@ -28,7 +28,7 @@ import { decodeFrame } from "./protocol.js";
  * @property {number} nextRetryAt
  * @property {string} lastError
  * @property {number | null} closeCode the last close's code (null while open)
- * @property {string | null} server header.stream of the last frame
+ * @property {import("./protocol.js").StreamStats | null} server header.stream of the last frame
  */
 
 export class StreamConnection {

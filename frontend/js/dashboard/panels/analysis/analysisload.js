@@ -11,15 +11,22 @@ import { seedSeries, seedTokens } from "../../state/analysisseed.js";
 const LOADING = "loading…";
 
 export class AnalysisLoader {
-  /** `panels`: {misses, regret, whatif, tokens} (the analysis row's panels). */
+  /**
+   * `panels`: {misses, regret, whatif, tokens} (the analysis row's panels).
+   * @param {import("../../state/model.js").PoolModel} model
+   * @param {import("../../state/analysishub.js").AnalysisHub} hub
+   * @param {{misses: import("./misspanel.js").MissPanel, regret: import("./regretpanel.js").RegretPanel, whatif: import("./whatifpanel.js").WhatIfPanel, tokens: import("./tokenpanel.js").TokenPanel}} panels
+   */
   constructor(model, hub, panels) {
     this.hub = hub;
     this.panels = panels;
-    this.early = []; // the stream's sections before the history came
+    /** @type {import("../../state/analysis.js").AnalysisSection[]} the stream's sections before the history came */
+    this.early = [];
     this.seeded = false;
-    this.state = {}; // part -> "loading" | "ok" | error text
+    /** @type {Record<string, string>} part -> "loading" | "ok" | error text */
+    this.state = {};
     this.seededCount = 0;
-    const take = (frame) => {
+    const take = (/** @type {import("../../wire/protocol.js").Frame} */ frame) => {
       const sec = frame.header.analysis;
       if (this.seeded || !sec) return;
       const last = this.early[this.early.length - 1];
@@ -30,11 +37,19 @@ export class AnalysisLoader {
   }
 
   /** Charts say "loading…" until their part answered (not "none yet", "waiting…"),
-   * even when the stream drew its first points under it meanwhile. */
+   * even when the stream drew its first points under it meanwhile.
+   * @param {({setLoading: (text: string | null) => void} | null | undefined)[]} charts
+   * @param {boolean} on
+   */
   _loading(charts, on) {
     for (const c of charts) if (c) c.setLoading(on ? LOADING : null);
   }
 
+  /**
+   * @param {string} name
+   * @param {({setLoading: (text: string | null) => void} | null | undefined)[]} charts
+   * @param {() => Promise<unknown>} fn
+   */
   async _part(name, charts, fn) {
     this.state[name] = "loading";
     this._loading(charts, true);
@@ -70,7 +85,7 @@ export class AnalysisLoader {
     const p = this.panels;
     document.body.dataset.analysisLoading = "1";
     // tables the REST answers fill: "loading…" until then (a poll replaces it)
-    const row = (cols) => h("tr", { class: "empty loading" }, h("td", { colspan: cols, class: "muted" }, LOADING));
+    const row = (/** @type {number} */ cols) => h("tr", { class: "empty loading" }, h("td", { colspan: cols, class: "muted" }, LOADING));
     p.regret.body.replaceChildren(row(4));
     p.misses.recentBody.replaceChildren(row(4));
     p.whatif.text.replaceChildren(h("li", { class: "loading muted" }, LOADING));

@@ -9,7 +9,14 @@ import { $, h, setText } from "../../../common/dom.js";
 import { dur, int, pct } from "../../../common/format.js";
 import { MiniChart, compact, rgba } from "../../render/minichart.js";
 
+/** @typedef {{rate: HTMLElement, blocks: HTMLElement, tokens: HTMLElement, bar: HTMLElement, share: HTMLElement}} ReasonCells one reason's row */
+
 export class MissPanel {
+  /**
+   * @param {import("../../state/analysishub.js").AnalysisHub} hub
+   * @param {HTMLElement} windowSel the charts' window select
+   * @param {(rid: string) => void} showRequest a recent request's detail
+   */
   constructor(hub, windowSel, showRequest) {
     this.hub = hub;
     this.windowSel = windowSel;
@@ -29,6 +36,7 @@ export class MissPanel {
         this.renderTable();
       },
     });
+    /** @type {Record<string, ReasonCells>} */
     this.rows = {};
     const body = $("miss-body");
     for (const r of REASONS) {
@@ -63,6 +71,8 @@ export class MissPanel {
       this.version = -1;
       this.update();
     });
+    /** @type {import("../../state/analysis.js").AnalysisPoint[] | null} the points last drawn */
+    this.pts = null;
     this.rest = null;
     this.error = "";
   }
@@ -116,7 +126,7 @@ export class MissPanel {
       const em = d.evicted_misses || {};
       this.ago.set(em.ago_seconds);
       this.pos.set(em.queue_position_when_freed);
-      const q = (hg, f) => (hg && hg.count ? `p50 ${f(hg.p50)} p90 ${f(hg.p90)}` : "none yet");
+      const q = (/** @type {{count: number, p50: number, p90: number} | null | undefined} */ hg, /** @type {(v: number) => string} */ f) => (hg && hg.count ? `p50 ${f(hg.p50)} p90 ${f(hg.p90)}` : "none yet");
       setText(this.agoTitle, `age ${q(em.ago_seconds, dur)}`);
       this.agoTitle.title = "how long before the miss its hash had been evicted";
       setText(this.posTitle, `queue pos. ${q(em.queue_position_when_freed, compact)}`);
@@ -128,6 +138,7 @@ export class MissPanel {
     }
   }
 
+  /** @param {{request_id: string, misses?: Record<string, number>, num_prompt_blocks: number, num_hit_blocks: number, finished?: boolean}[]} items GET /api/misses recent_requests */
   renderRecent(items) {
     const rows = items.slice(0, 30).map((r) => {
       const m = r.misses || {};

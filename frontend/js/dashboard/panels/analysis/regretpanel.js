@@ -10,6 +10,10 @@ import { dur, int, pct } from "../../../common/format.js";
 import { MiniChart, compact } from "../../render/minichart.js";
 
 export class RegretPanel {
+  /**
+   * @param {import("../../state/analysishub.js").AnalysisHub} hub
+   * @param {HTMLElement} windowSel the charts' window select
+   */
   constructor(hub, windowSel) {
     this.hub = hub;
     this.windowSel = windowSel;
@@ -49,10 +53,13 @@ export class RegretPanel {
     );
   }
 
-  /** A request id that opens its story (set `onStory`), or a dash. */
+  /**
+   * A request id that opens its story (set `onStory`), or a dash.
+   * @param {string | null | undefined} rid
+   */
   storyLink(rid) {
     if (!rid) return "—";
-    return h("a", { href: "#", "data-story": rid, onclick: (ev) => (ev.preventDefault(), this.onStory && this.onStory(rid)) }, rid);
+    return h("a", { href: "#", "data-story": rid, onclick: (/** @type {MouseEvent} */ ev) => (ev.preventDefault(), this.onStory && this.onStory(rid)) }, rid);
   }
 
   async poll() {

@@ -28,7 +28,7 @@ export function horizonText(hz) {
  * @typedef {object} TimeTravelHooks
  * @property {() => void} [onEnter] a recorded moment is shown (from live)
  * @property {() => void} [onLeave] back to live
- * @property {(state: object, src: HistorySource) => void} [onMoment] the panels that follow the moment shown
+ * @property {(state: import("../../state/history.js").HistoryState, src: HistorySource) => void} [onMoment] the panels that follow the moment shown
  * @property {(rid: string) => void} [showRequest] a request's detail
  * @property {(ids: number[]) => void} [highlight] blocks to outline on the map
  * @property {() => boolean} [visible] is the time-travel panel on screen?
