@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { MirrorLag } from "../js/dashboard/state/mirrorlag.js";
+import { MirrorLag } from "../js/dashboard/wire/mirrorlag.js";
 import { PoolModel } from "../js/dashboard/state/model.js";
 import { StreamConnection } from "../js/dashboard/wire/stream.js";
 import { decodeFrame } from "../js/dashboard/wire/protocol.js";

@@ -3,7 +3,7 @@
 // (blockpool serve --mirror): the engine, whether the pool shown is exactly
 // the engine's, the lag, resyncs and divergences, and the lag from the
 // engine's step to this page (the stream frames' `mirror` header, see
-// state/mirrorlag.js).  Absent on any other service.
+// wire/mirrorlag.js).  Absent on any other service.
 
 import { api, getToken } from "../../common/api.js";
 import { $, h, setText } from "../../common/dom.js";
@@ -19,7 +19,7 @@ export class MirrorItem {
    * `onMirror()`: called once, when the service turns out to be a mirror;
    * `pageLag`: the stream's samples of the engine-to-page lag.
    * @param {() => void} onMirror
-   * @param {import("../state/mirrorlag.js").MirrorLag} pageLag
+   * @param {import("../wire/mirrorlag.js").MirrorLag} pageLag
    */
   constructor(onMirror, pageLag) {
     this.onMirror = onMirror;

@@ -157,7 +157,7 @@ const DTYPES = {
  * @property {PrefixCacheCounts} [prefix_cache]
  * @property {import("../state/analysis.js").TokenUsage} [tokens]
  * @property {import("../state/analysis.js").AnalysisSection} [analysis]
- * @property {import("../state/mirrorlag.js").MirrorHeader} [mirror]
+ * @property {import("./mirrorlag.js").MirrorHeader} [mirror]
  */
 
 /**

@@ -9,7 +9,7 @@
 // "base64url.bearer.<token>", next to "blockpool" (the one the server echoes).
 
 import { bearerProtocols } from "../../common/api.js";
-import { MirrorLag } from "../state/mirrorlag.js";
+import { MirrorLag } from "./mirrorlag.js";
 import { decodeFrame } from "./protocol.js";
 
 /**
