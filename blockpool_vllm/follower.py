@@ -2,41 +2,45 @@
 
 ``PoolFollower`` wraps the pool *object's* methods (its instance attributes:
 vLLM's classes and files are left as they are) so that each call is kept as
-one operation of the mirror protocol (blockpool/mirror/protocol.py), and
-``flush`` hands the operations since the last flush to a sender as one
+one typed operation of the mirror protocol (blockpool/mirror/protocol.py),
+and ``flush`` hands the operations since the last flush to a sender as one
 ``Batch``.  Works on vLLM's BlockPool (0.16 and >= 0.24) and on blockpool's,
 which is how it is tested without vLLM.
 
-Cost on the engine's thread: a list append per pool call and, every
-``digest_every`` flushes, one digest of the pool (O(blocks)).  Nothing here
-blocks: a full sender queue drops the batch and counts it (the mirror sees
-the gap and resyncs).
-
-A snapshot may be taken from another thread: the pool calls bump ``epoch``
-before and after (odd while one runs), and ``capture`` retries until it read
-the pool between two calls.
+Cost on the engine's thread, per scheduler step, is O(what the step did):
+an append per pool call, and at ``flush`` the digest updated over the blocks
+the step named (``PoolDigest``), never a walk over the pool.  A snapshot is
+copied a slice per step (``Capture``), and by the sender's thread while the
+engine is idle.  Nothing here blocks on I/O: a full sender queue drops the
+batch and counts it (the mirror sees the gap and resyncs).  The time each
+step spent here is kept per step (``cost_quantiles``: p50, p99, max).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from array import array
 from collections.abc import Callable
 from time import perf_counter_ns as _now
 from typing import Any
 
-from blockpool.mirror.poolview import pool_digest, snapshot_of
+from blockpool.mirror.digest import PoolDigest
 from blockpool.mirror.protocol import (
-    OP_ALLOCATE,
-    OP_CACHE,
-    OP_EVICT,
-    OP_FREE,
-    OP_RESET,
-    OP_TOUCH,
-    OP_UNSUPPORTED,
+    Allocate,
     Batch,
+    Cache,
     Digest,
+    Evict,
+    Free,
+    Op,
+    Record,
+    Reset,
     Snapshot,
+    Touch,
+    Unsupported,
 )
+from blockpool_vllm.capture import Capture
 
 # The pool methods the follower wraps: each call becomes one operation.
 WRAPPED = (
@@ -49,6 +53,9 @@ WRAPPED = (
 )
 # Pool methods that change it in ways the mirror does not model (vLLM >= 0.2x).
 UNSUPPORTED_METHODS = ("cache_partial_block", "unpin_blocks", "move_block_hashes")
+COSTS_KEPT = 2048  # the last steps' costs, for the quantiles
+CAPTURE_BUDGET_S = 0.0004  # a step's share of copying a snapshot
+IDLE_AFTER_S = 0.05  # no step for this long: the sender's thread copies instead
 
 
 class PoolFollower:
@@ -57,23 +64,37 @@ class PoolFollower:
         pool: Any,
         offer: Callable[[Batch], bool],
         *,
-        digest_every: int = 16,
+        digest_every: int = 1,
         stats: Callable[[], tuple[int, int, int]] | None = None,
+        boot: str = "",
     ) -> None:
         self.pool = pool
         self.offer = offer  # hands a batch to the sender; False: dropped
         self.digest_every = max(1, digest_every)
         self.stats = stats or (lambda: (0, 0, 0))
-        self.ops: list[list[Any]] = []
-        self.requests: list[list[Any]] = []
+        self.boot = boot
+        self.ops: list[Op] = []
+        self.requests: list[Record] = []
+        self.touched: list[int] = []  # block ids the calls since the last flush named
         self.op_count = 0  # operations recorded since the start
         self.first_op = 0  # the index of self.ops[0]
         self.seq = 0  # batches made
         self.step = 0
         self.drops = 0
-        self.epoch = 0  # odd while a pool call runs (capture's consistency check)
+        self.epoch = 0  # odd while a pool call runs
         self.problems: list[str] = []
         self.cost_ns = 0  # time spent recording and flushing (not the pool's own calls)
+        self._step_ns = 0  # this step's share of it so far
+        self.costs = array("d", bytes(8 * COSTS_KEPT))  # µs per step, a ring
+        self.cost_max_us = 0.0
+        self.digest = PoolDigest(pool)  # O(pool), once, at start
+        # snapshots: asked for by the sender (any thread), copied here
+        self.want_snapshot = False
+        self.capture: Capture | None = None
+        self.captured: Capture | None = None  # a finished copy, for the sender
+        self.captures_abandoned = 0
+        self.last_flush = time.monotonic()
+        self._lock = threading.Lock()  # the sender copying while the engine is idle
         self._wrap()
 
     # ------------------------------------------------------------ wrapping
@@ -81,6 +102,8 @@ class PoolFollower:
     def _wrap(self) -> None:
         pool = self.pool
         ops = self.ops
+        touched = self.touched
+        lock = self._lock
         # the originals, in the order of WRAPPED
         get_new_blocks, free_blocks, touch, cache_full_blocks, evict_blocks, reset_prefix_cache = (
             getattr(pool, name) for name in WRAPPED
@@ -88,41 +111,67 @@ class PoolFollower:
         hash_block_size = pool.hash_block_size
 
         def _get_new_blocks(num_blocks: int) -> Any:
-            self.epoch += 1
+            self.epoch += 1  # before the look at capture (poll_snapshot's check)
+            cap = self.capture
             try:
-                ret = get_new_blocks(num_blocks)
+                if cap is not None:
+                    with lock:
+                        cap.save_head(num_blocks)
+                        ret = get_new_blocks(num_blocks)
+                else:
+                    ret = get_new_blocks(num_blocks)
                 t = _now()
                 if ret:
-                    ops.append([OP_ALLOCATE, [b.block_id for b in ret]])
+                    ids = [b.block_id for b in ret]
+                    ops.append(Allocate(ids))
+                    touched.extend(ids)
                     self.op_count += 1
-                self.cost_ns += _now() - t
+                self._step_ns += _now() - t
                 return ret
             finally:
                 self.epoch += 1
 
         def _free_blocks(ordered_blocks: Any) -> None:
             blocks = list(ordered_blocks)
-            self.epoch += 1
+            self.epoch += 1  # before the look at capture (poll_snapshot's check)
+            cap = self.capture
             try:
-                free_blocks(blocks)
+                if cap is not None:
+                    with lock:
+                        cap.save_all(blocks)
+                        cap.save_ends()
+                        free_blocks(blocks)
+                else:
+                    free_blocks(blocks)
                 t = _now()
                 if blocks:
-                    ops.append([OP_FREE, [b.block_id for b in blocks]])
+                    ids = [b.block_id for b in blocks]
+                    ops.append(Free(ids))
+                    touched.extend(ids)
                     self.op_count += 1
-                self.cost_ns += _now() - t
+                self._step_ns += _now() - t
             finally:
                 self.epoch += 1
 
         def _touch(blocks: Any) -> None:
             blocks = list(blocks)
-            self.epoch += 1
+            self.epoch += 1  # before the look at capture (poll_snapshot's check)
+            cap = self.capture
             try:
-                touch(blocks)
+                if cap is not None:
+                    with lock:
+                        for b in blocks:
+                            cap.save_queued(b)
+                        touch(blocks)
+                else:
+                    touch(blocks)
                 t = _now()
                 if blocks:
-                    ops.append([OP_TOUCH, [b.block_id for b in blocks]])
+                    ids = [b.block_id for b in blocks]
+                    ops.append(Touch(ids))
+                    touched.extend(ids)
                     self.op_count += 1
-                self.cost_ns += _now() - t
+                self._step_ns += _now() - t
             finally:
                 self.epoch += 1
 
@@ -136,27 +185,30 @@ class PoolFollower:
             *rest: Any,
             **kw: Any,
         ) -> None:
-            window = list(blocks[num_cached_blocks:num_full_blocks])
+            window = blocks[num_cached_blocks:num_full_blocks]
             before = [b.block_hash for b in window]
-            self.epoch += 1
+            self.epoch += 1  # before the look at capture (poll_snapshot's check)
+            cap = self.capture
             try:
-                cache_full_blocks(
-                    request,
-                    blocks,
-                    num_cached_blocks,
-                    num_full_blocks,
-                    block_size,
-                    kv_cache_group_id,
-                    *rest,
-                    **kw,
-                )
+                args = (request, blocks, num_cached_blocks, num_full_blocks, block_size)
+                if cap is not None:
+                    with lock:
+                        cap.save_all(window)
+                        cache_full_blocks(*args, kv_cache_group_id, *rest, **kw)
+                        new = [b for b, old in zip(window, before, strict=True) if old is None]
+                        cap.cached(
+                            {bytes(b.block_hash) for b in new if b.block_hash is not None},
+                            {b.block_id for b in new},
+                        )
+                else:
+                    cache_full_blocks(*args, kv_cache_group_id, *rest, **kw)
                 t = _now()
                 ids: list[int] = []
                 hashes: list[bytes] = []
                 first = -1
                 for i, (blk, old) in enumerate(zip(window, before, strict=True)):
-                    new = blk.block_hash
-                    if new is None or new == old:
+                    new_hash = blk.block_hash
+                    if new_hash is None or new_hash == old:
                         continue
                     if old is not None:
                         self._unsupported("a cached block re-hashed (partial-block caching)")
@@ -164,28 +216,36 @@ class PoolFollower:
                     if first < 0:
                         first = num_cached_blocks + i
                     ids.append(blk.block_id)
-                    hashes.append(bytes(new)[:-4])
-                if not ids:
-                    return
-                parent = None
-                if first > 0:
-                    if block_size != hash_block_size:
-                        self._unsupported("a group whose block size is not the hash block size")
-                        return
-                    parent = bytes(request.block_hashes[first - 1])
-                ops.append([OP_CACHE, int(kv_cache_group_id), parent, ids, hashes])
-                self.op_count += 1
-                self.cost_ns += _now() - t
+                    hashes.append(bytes(new_hash)[:-4])
+                if ids:
+                    parent = None
+                    if first > 0:
+                        if block_size != hash_block_size:
+                            self._unsupported("a group whose block size is not the hash block size")
+                            return
+                        parent = bytes(request.block_hashes[first - 1])
+                    ops.append(Cache(int(kv_cache_group_id), parent, ids, hashes))
+                    touched.extend(ids)
+                    self.op_count += 1
+                self._step_ns += _now() - t
             finally:
                 self.epoch += 1
 
         def _evict_blocks(block_ids: Any) -> None:
             ids = list(block_ids)
-            self.epoch += 1
+            self.epoch += 1  # before the look at capture (poll_snapshot's check)
+            cap = self.capture
             try:
-                evict_blocks(set(ids) if isinstance(block_ids, set) else ids)
+                arg = set(ids) if isinstance(block_ids, set) else ids
+                if cap is not None:
+                    with lock:
+                        cap.save_ids(ids)
+                        evict_blocks(arg)
+                else:
+                    evict_blocks(arg)
                 if ids:
-                    ops.append([OP_EVICT, ids])
+                    ops.append(Evict(ids))
+                    touched.extend(ids)
                     self.op_count += 1
             finally:
                 self.epoch += 1
@@ -195,7 +255,9 @@ class PoolFollower:
             try:
                 done: bool = reset_prefix_cache()
                 if done:
-                    ops.append([OP_RESET])
+                    self._abandon_capture()
+                    ops.append(Reset())
+                    touched.append(-1)
                     self.op_count += 1
                 return done
             finally:
@@ -230,13 +292,23 @@ class PoolFollower:
     def _unsupported(self, what: str) -> None:
         if what not in self.problems:
             self.problems.append(what)
-        self.ops.append([OP_UNSUPPORTED, what])
+        self._abandon_capture()
+        self.ops.append(Unsupported(what[:2000]))
+        self.touched.append(-1)
         self.op_count += 1
+
+    def _abandon_capture(self) -> None:
+        """The pool changed as a whole: a copy in progress is of no moment."""
+        if self.capture is not None:
+            with self._lock:
+                self.capture = None
+            self.captures_abandoned += 1
+            self.want_snapshot = True  # start again at the next step
 
     # ------------------------------------------------------------ requests
 
-    def request(self, record: list[Any]) -> None:
-        """Note what happened to a request (kind, id, ts, ...)."""
+    def request(self, record: Record) -> None:
+        """Note what happened to a request."""
         self.requests.append(record)
 
     # ------------------------------------------------------------- batches
@@ -244,14 +316,34 @@ class PoolFollower:
     def flush(self, force_digest: bool = False) -> Batch | None:
         """The operations and request records since the last flush, as one
         batch handed to the sender (None when there was nothing)."""
-        if not self.ops and not self.requests and not force_digest:
-            return None
         t = _now()
+        batch = None
+        if self.ops or self.requests or force_digest:
+            batch = self._batch(force_digest)
+        self._capture_step()
+        self.last_flush = time.monotonic()
+        spent = self._step_ns + _now() - t
+        self._step_ns = 0
+        self.cost_ns += spent
+        us = spent / 1000.0
+        self.costs[self.step % COSTS_KEPT] = us
+        if us > self.cost_max_us:
+            self.cost_max_us = us
+        return batch
+
+    def _batch(self, force_digest: bool) -> Batch:
+        touched = self.touched
+        if touched:
+            if -1 in touched:
+                self.digest.refresh()  # a reset changed every block (as long as it took)
+            else:
+                self.digest.update(touched)
+            touched.clear()
         self.step += 1
         self.seq += 1
         digest = None
         if force_digest or self.step % self.digest_every == 0:
-            digest = Digest(self.op_count, pool_digest(self.pool))
+            digest = Digest(self.op_count, self.digest.value)
         batch = Batch(
             seq=self.seq,
             step=self.step,
@@ -262,31 +354,92 @@ class PoolFollower:
             stats=self.stats(),
             drops=self.drops,
             digest=digest,
+            boot=self.boot,
         )
         self.ops.clear()
         self.requests.clear()
         self.first_op = self.op_count
         if not self.offer(batch):
             self.drops += 1
-        self.cost_ns += _now() - t
         return batch
+
+    def cost_quantiles(self) -> tuple[float, float, float] | None:
+        """The follower's time per step on the engine's thread (µs): p50 and
+        p99 of the last steps, the maximum since the start."""
+        n = min(self.step, COSTS_KEPT)
+        if n == 0:
+            return None
+        s = sorted(self.costs[:n])
+        return (s[n // 2], s[min(n - 1, (n * 99) // 100)], self.cost_max_us)
 
     # ----------------------------------------------------------- snapshots
 
-    def capture(self, tries: int = 2000) -> Snapshot | None:
-        """The pool between two of its calls, from any thread (None: the
-        engine never paused long enough)."""
-        for _ in range(tries):
-            e0 = self.epoch
-            if e0 & 1:
-                time.sleep(0.0002)
-                continue
-            ops, seq = self.op_count, self.seq
-            try:
-                snap = snapshot_of(self.pool, ops, seq, time.time(), self.stats())
-            except (RuntimeError, AttributeError):  # changed under us
-                continue
-            if self.epoch == e0:
-                snap.problems = list(self.problems)
-                return snap
+    def _start_capture(self) -> Capture | None:
+        """A copy of the pool as it is now (between steps: no pending call)."""
+        if self.ops or self.touched:
+            return None
+        return Capture(
+            self.pool,
+            ops=self.op_count,
+            seq=self.seq,
+            digest=self.digest.value,
+            stats=self.stats(),
+            boot=self.boot,
+        )
+
+    def _capture_step(self) -> None:
+        """A step's share of copying a snapshot (the engine's thread)."""
+        if self.want_snapshot and self.capture is None and self.captured is None:
+            cap = self._start_capture()
+            if cap is not None:
+                with self._lock:
+                    self.capture = cap
+                    self.want_snapshot = False
+        cap = self.capture
+        if cap is not None:
+            with self._lock:
+                cap.advance(CAPTURE_BUDGET_S)
+                if cap.done:
+                    self.captured, self.capture = cap, None
+
+    def capture_now(self) -> Snapshot:
+        """The pool copied at once, on the caller's thread (tests and tools;
+        calls recorded since the last flush are flushed first)."""
+        if self.ops or self.requests:
+            self._batch(False)
+        cap = self._start_capture()
+        assert cap is not None
+        cap.advance(float("inf"))
+        return cap.snapshot(self.problems)
+
+    def poll_snapshot(self) -> Snapshot | None:
+        """From the sender's thread: a finished snapshot, else ask for one and,
+        while the engine is idle, copy a slice of it here.  Call again until
+        it returns one."""
+        done = self.captured
+        if done is not None:
+            self.captured = None
+            return done.snapshot(self.problems)
+        if self.capture is None:
+            self.want_snapshot = True
+        if time.monotonic() - self.last_flush < IDLE_AFTER_S or self.epoch & 1:
+            return None
+        with self._lock:
+            if self.epoch & 1:
+                return None
+            if self.capture is None and self.captured is None:
+                e0 = self.epoch
+                cap = self._start_capture()
+                if cap is None:
+                    return None
+                self.capture = cap
+                if self.epoch != e0:  # a call began meanwhile: it may not have seen it
+                    self.capture = None
+                    return None
+                self.want_snapshot = False
+            cap = self.capture
+            if cap is not None:
+                cap.advance(0.002)
+                if cap.done:
+                    self.captured, self.capture = cap, None
         return None

@@ -14,7 +14,8 @@ Environment (read here, in the engine, never by blockpool's library):
 * ``BLOCKPOOL_MIRROR_ENDPOINT``   the PUB endpoint (``tcp://HOST:PORT``, loopback
   advised; ``*`` binds every interface)
 * ``BLOCKPOOL_MIRROR_CONTROL``    the snapshot endpoint (default: the next port)
-* ``BLOCKPOOL_MIRROR_DIGEST_EVERY``  a digest of the pool every N batches (16)
+* ``BLOCKPOOL_MIRROR_DIGEST_EVERY``  the pool's digest on every Nth batch (1: each;
+  it costs O(blocks the step touched))
 * ``BLOCKPOOL_MIRROR_QUEUE``      batches queued for the sender before drops (4096)
 * ``BLOCKPOOL_MIRROR_NAME``       the engine's name in the handshake
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import time
 from typing import Any
@@ -33,12 +35,12 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from blockpool.mirror.protocol import (
     PROTOCOL,
-    REQ_ARRIVE,
-    REQ_FINISHED,
-    REQ_PREEMPTED,
-    REQ_SCHEDULED,
+    Arrive,
+    Finished,
     Group,
     Hello,
+    Preempted,
+    Scheduled,
 )
 from blockpool_vllm.engine_facts import free_order_for, problems_of, served_model
 from blockpool_vllm.follower import PoolFollower
@@ -80,6 +82,7 @@ class _Mirrored:
         control = os.environ.get("BLOCKPOOL_MIRROR_CONTROL") or next_port(endpoint)
         endpoint, control = _shift(endpoint, 2 * rank), _shift(control, 2 * rank)
         totals = [0, 0, 0]
+        boot = secrets.token_hex(8)
         make_stats = mgr.make_prefix_cache_stats
 
         def counted_stats() -> Any:
@@ -94,14 +97,18 @@ class _Mirrored:
         follower = PoolFollower(
             pool,
             lambda b: sender.offer(b),
-            digest_every=int(os.environ.get("BLOCKPOOL_MIRROR_DIGEST_EVERY", "16")),
+            digest_every=int(os.environ.get("BLOCKPOOL_MIRROR_DIGEST_EVERY", "1")),
+            boot=boot,
             stats=lambda: (totals[0], totals[1], totals[2]),
         )
         free = mgr.free
 
         def free_request(request: Any) -> Any:
-            kind = REQ_FINISHED if request.is_finished() else REQ_PREEMPTED
-            follower.request([kind, request.request_id, time.time(), request.num_tokens])
+            rid, now = str(request.request_id), time.time()
+            if request.is_finished():
+                follower.request(Finished(rid, now, int(request.num_tokens)))
+            else:
+                follower.request(Preempted(rid, now))
             return free(request)
 
         mgr.free = free_request
@@ -145,12 +152,13 @@ class _Mirrored:
                 started_at=started,
                 seq=follower.seq,
                 model=model,
+                boot=boot,
             )
 
         sender = Sender(
             endpoint,
             hello,
-            follower.capture,
+            follower.poll_snapshot,
             follower.stats,
             lambda: (follower.step, follower.cost_ns),
             control_endpoint=control,
@@ -181,10 +189,20 @@ class _Mirrored:
         if m is not None:
             t = time.perf_counter_ns()
             hashes = [bytes(h) for h in getattr(request, "block_hashes", ())]
+            skips = getattr(request, "skip_reading_prefix_cache", None)
+            if skips is None:  # vLLM 0.16: prompt_logprobs skips the lookup
+                params = getattr(request, "sampling_params", None)
+                skips = getattr(params, "prompt_logprobs", None) is not None
             m.request(
-                [REQ_ARRIVE, request.request_id, time.time(), request.num_prompt_tokens, hashes]
+                Arrive(
+                    str(request.request_id),
+                    time.time(),
+                    int(request.num_prompt_tokens),
+                    hashes,
+                    bool(skips),
+                )
             )
-            m.cost_ns += time.perf_counter_ns() - t
+            m._step_ns += time.perf_counter_ns() - t
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
@@ -193,8 +211,8 @@ class _Mirrored:
             t = time.perf_counter_ns()
             now = time.time()
             for new in out.scheduled_new_reqs:
-                m.request([REQ_SCHEDULED, new.req_id, now, int(new.num_computed_tokens)])
-            m.cost_ns += time.perf_counter_ns() - t
+                m.request(Scheduled(str(new.req_id), now, int(new.num_computed_tokens)))
+            m._step_ns += time.perf_counter_ns() - t
             m.flush()
         return out
 

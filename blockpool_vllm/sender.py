@@ -95,7 +95,7 @@ class Sender:
             self.handled_ops = batch.first_op + len(batch.ops)
 
     def _send(self, pub: Any, batch: wire.Batch) -> None:
-        pub.send_multipart([wire.TOPIC, wire.encode(batch)])
+        pub.send_multipart([wire.TOPIC, wire.encode(batch), b""])
         self.sent += 1
         self._handled(batch)
 
@@ -142,7 +142,7 @@ class Sender:
             while True:
                 now = time.monotonic()
                 if now - last_hello >= HELLO_EVERY_S:
-                    pub.send_multipart([wire.TOPIC, wire.encode(self._hello())])
+                    pub.send_multipart([wire.TOPIC, wire.encode(self._hello()), b""])
                     last_hello = now
                 try:
                     item = self._queue.get(timeout=0.02)
@@ -162,7 +162,7 @@ class Sender:
                             return
                         self._send(pub, more)
                 elif now - last_sent >= BEAT_EVERY_S:
-                    pub.send_multipart([wire.TOPIC, wire.encode(self.beat())])
+                    pub.send_multipart([wire.TOPIC, wire.encode(self.beat()), b""])
                     last_sent = now
                 self._serve_control(rep)
         finally:
@@ -183,7 +183,12 @@ class Sender:
                 self.bad_requests += 1
                 rep.send(b"")  # a REP must answer; an empty reply says "not understood"
                 continue
-            snap = self._capture()
+            snap = None
+            deadline = time.monotonic() + 30.0
+            while snap is None and time.monotonic() < deadline:
+                snap = self._capture()  # copied over the engine's steps, or here when idle
+                if snap is None:
+                    time.sleep(0.002)
             if snap is None:
                 rep.send(b"")
                 continue

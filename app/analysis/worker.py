@@ -125,7 +125,7 @@ class Replica:
 def pool_view(rt: Any) -> dict[str, Any]:
     """The analysed pool itself, its invariants checked: the mirror's digest
     of it (blockpool/mirror) proves a worker's replica is the engine's pool."""
-    from blockpool.mirror.poolview import pool_digest
+    from blockpool.mirror.digest import pool_digest
 
     rt.check()
     return {"digest": pool_digest(rt.pool), "free_blocks": rt.pool.get_num_free_blocks()}

@@ -107,7 +107,7 @@ class MirrorClient:
 
     async def _handle(self, frames: list[bytes]) -> None:
         st = self.status
-        if len(frames) != 2 or frames[0] != wire.TOPIC:
+        if len(frames) != 3 or frames[0] != wire.TOPIC:
             st.bad_messages += 1
             return
         try:
@@ -170,9 +170,8 @@ class MirrorClient:
         st.engine_drops = batch.drops
         first = self.book.apply(batch.requests, batch.seq)
         for rec in batch.requests:  # a request's hashes chain: parents for the tree
-            ok = isinstance(rec, list) and len(rec) >= 5 and rec[0] == wire.REQ_ARRIVE
-            if ok and isinstance(rec[4], list):
-                self.applier.learn_chain(rec[4][:4096])
+            if isinstance(rec, wire.Arrive):
+                self.applier.learn_chain(rec.hashes[:4096])
         if not self.applier.synced:
             return  # the snapshot asked for covers it (or a later batch does)
         # a batch that never came: its operations are a Gap (below); one with

@@ -12,7 +12,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from blockpool.mirror.protocol import REQ_ARRIVE, REQ_FINISHED, REQ_PREEMPTED, REQ_SCHEDULED
+from blockpool.mirror.protocol import (
+    REQ_ARRIVE,
+    REQ_FINISHED,
+    REQ_PREEMPTED,
+    REQ_SCHEDULED,
+    Arrive,
+    Preempted,
+    Record,
+    Scheduled,
+)
 
 MAX_STEPS = 64  # per request: arrival, scheduling, preemptions, finish
 
@@ -42,52 +51,49 @@ class RequestBook:
                 "steps": [],
                 "reasons": None,
                 "miss_details": None,
+                "skips_cache": False,
             }
             self.requests[rid] = r
             while len(self.requests) > self.capacity:
                 self.requests.popitem(last=False)
         return r
 
-    def apply(self, records: list[Any], seq: int | None = None) -> list[str]:
-        """Take a batch's records; the requests first scheduled in it."""
+    def apply(self, records: list[Record], seq: int | None = None) -> list[str]:
+        """Take a batch's records (decoded and validated); the requests first
+        scheduled in it."""
         first: list[str] = []
         for rec in records:
-            if (
-                not isinstance(rec, list)
-                or len(rec) < 3
-                or not isinstance(rec[1], str)
-                or not isinstance(rec[2], (int, float))
-            ):
-                self.bad += 1
-                continue
-            kind, rid, ts = rec[0], rec[1][:200], float(rec[2])
+            rid, ts = rec.rid, float(rec.ts)
             r = self._get(rid, ts)
-            if kind == REQ_ARRIVE and len(rec) >= 5 and isinstance(rec[4], list):
+            value: int | None = None
+            if isinstance(rec, Arrive):
+                kind = REQ_ARRIVE
                 r["arrived"] = ts
-                r["prompt_tokens"] = rec[3]
-                r["num_blocks"] = len(rec[4])
-                raw = [h for h in rec[4][:4096] if isinstance(h, bytes)]
+                r["prompt_tokens"] = value = rec.prompt_tokens
+                r["num_blocks"] = len(rec.hashes)
+                r["skips_cache"] = rec.skips_cache
+                raw = rec.hashes[:4096]
                 r["block_hashes"] = [h[-8:].hex() for h in raw]
                 self.raw[rid] = raw
                 while len(self.raw) > self.capacity:
                     self.raw.popitem(last=False)
-            elif kind == REQ_SCHEDULED and len(rec) >= 4:
+            elif isinstance(rec, Scheduled):
+                kind = REQ_SCHEDULED
+                value = rec.hit_tokens
                 if r["scheduled"] is None:
                     r["scheduled"] = ts
-                    r["hit_tokens"] = rec[3]
+                    r["hit_tokens"] = rec.hit_tokens
                     first.append(rid)
-            elif kind == REQ_PREEMPTED:
+            elif isinstance(rec, Preempted):
+                kind = REQ_PREEMPTED
                 r["preemptions"] += 1
-            elif kind == REQ_FINISHED:
-                r["finished"] = ts
-                if len(rec) >= 4:
-                    r["num_tokens"] = rec[3]
             else:
-                self.bad += 1
-                continue
+                kind = REQ_FINISHED
+                r["finished"] = ts
+                r["num_tokens"] = value = rec.num_tokens
             steps = r["steps"]
             if len(steps) < MAX_STEPS:
-                steps.append({"seq": seq, "ts": ts, "op": kind, "value": _value(kind, rec)})
+                steps.append({"seq": seq, "ts": ts, "op": kind, "value": value})
         return first
 
     def recent(self, limit: int) -> list[dict[str, Any]]:
@@ -108,9 +114,3 @@ def _counts(reasons: list[str | None]) -> dict[str, int]:
         if x is not None:
             out[x] = out.get(x, 0) + 1
     return out
-
-
-def _value(kind: str, rec: list[Any]) -> Any:
-    """What a record says besides its kind and time: tokens (prompt, hit, total)."""
-    v = rec[3] if len(rec) >= 4 and kind != REQ_PREEMPTED else None
-    return v if isinstance(v, int) else None

@@ -10,7 +10,7 @@ from app.api.costly import CostlyRead
 from app.api.deps import ReadAuth
 from app.core.errors import NotFound
 from app.web.errors import ERROR_RESPONSES
-from blockpool.mirror.poolview import pool_digest
+from blockpool.mirror.digest import pool_digest
 
 router = APIRouter(prefix="/api", tags=["mirror"], responses=ERROR_RESPONSES)
 

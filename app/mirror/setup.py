@@ -59,7 +59,7 @@ def wait_hello(endpoint: str, timeout_s: float) -> Hello:
             if not sub.poll(int(min(left, 0.5) * 1000) + 1):
                 continue
             frames = sub.recv_multipart()
-            if len(frames) != 2 or frames[0] != TOPIC:
+            if len(frames) != 3 or frames[0] != TOPIC:
                 continue
             try:
                 msg = decode(frames[1])

@@ -8,7 +8,8 @@ proves the two equal by digest (docs: README, "Watch your vLLM").
 from __future__ import annotations
 
 from blockpool.mirror.apply import Applied, Divergence, Gap, MirrorApplier
-from blockpool.mirror.poolview import pool_digest, snapshot_digest, snapshot_of
+from blockpool.mirror.digest import PoolDigest, pool_digest
+from blockpool.mirror.poolview import snapshot_digest, snapshot_of
 from blockpool.mirror.protocol import (
     PROTOCOL,
     TOPIC,
@@ -36,6 +37,7 @@ __all__ = [
     "Group",
     "Hello",
     "MirrorApplier",
+    "PoolDigest",
     "ProtocolError",
     "Snapshot",
     "SnapshotRequest",

@@ -12,7 +12,6 @@ Synchronous and single-threaded: the service calls it from its one writer.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
@@ -22,7 +21,8 @@ from blockpool.core.hashing import int_block_hashes
 from blockpool.core.manager import PrefixCacheStats
 from blockpool.core.snapshot import PoolSnapshot, SnapshotMismatch, restore_pool
 from blockpool.mirror import protocol as wire
-from blockpool.mirror.poolview import pool_digest
+from blockpool.mirror.digest import PoolDigest
+from blockpool.mirror.poolview import BadSnapshot, to_pool_snapshot
 from blockpool.runtime.errors import Conflict, OperationError
 from blockpool.runtime.ops import AllocateOp, CacheOp, EvictOp, FreeOp, ResetOp, TouchOp
 from blockpool.runtime.runtime import PoolRuntime
@@ -46,15 +46,7 @@ class Applied:
     digest_checked: bool
 
 
-def _ids(v: Any, what: str) -> list[int]:
-    if not isinstance(v, list) or not all(isinstance(i, int) and i >= 0 for i in v):
-        raise Divergence(f"{what}: block ids must be a list of non-negative ints")
-    return v
-
-
-def _hex(h: Any, what: str) -> str:
-    if not isinstance(h, bytes) or not 1 <= len(h) <= 64:
-        raise Divergence(f"{what}: a hash is 1..64 bytes")
+def _hex(h: bytes) -> str:
     return h.hex()
 
 
@@ -63,6 +55,7 @@ class MirrorApplier:
 
     def __init__(self, rt: PoolRuntime) -> None:
         self.rt = rt
+        self.digest = PoolDigest(rt.pool)  # the mirror's own, kept as operations apply
         self.next_op = 0  # the index of the next operation to apply
         self.synced = False  # a snapshot (or the start) fixed next_op
         # hash -> its parent's hash (None: a first block), from the cache
@@ -98,14 +91,18 @@ class MirrorApplier:
             raise Gap(f"operations {self.next_op}..{batch.first_op - 1} never arrived")
         skip = self.next_op - batch.first_op
         ops = batch.ops[skip:] if skip < len(batch.ops) else []
-        for i, op in enumerate(ops):
-            self._apply_one(op, batch.first_op + skip + i)
-            self.next_op += 1
+        touched: list[int] = []
+        try:
+            for i, op in enumerate(ops):
+                self._apply_one(op, batch.first_op + skip + i, touched)
+                self.next_op += 1
+        finally:
+            self._follow(touched)
         self.set_stats(batch.stats)
         checked = False
         d = batch.digest
         if d is not None and d.ops == self.next_op:
-            mine = pool_digest(self.rt.pool)
+            mine = self.digest.value
             if mine != d.value:
                 raise Divergence(f"digest after {d.ops} operations differs from the engine's")
             checked = True
@@ -122,12 +119,17 @@ class MirrorApplier:
             raise Divergence(f"operation {index} ({op.op}) refused: {exc}") from None
         return result
 
-    def _apply_one(self, raw: Any, index: int) -> None:
-        if not isinstance(raw, list) or not raw or not isinstance(raw[0], str):
-            raise Divergence(f"operation {index}: not an operation")
-        kind = raw[0]
-        if kind == wire.OP_ALLOCATE:
-            ids = _ids(raw[1] if len(raw) > 1 else None, "allocate")
+    def _follow(self, touched: list[int]) -> None:
+        """The digest after the operations that named ``touched`` (-1: a reset)."""
+        if -1 in touched:
+            self.digest.refresh()
+        elif touched:
+            self.digest.update(touched)
+
+    def _apply_one(self, op: wire.Op, index: int, touched: list[int]) -> None:
+        if isinstance(op, wire.Allocate):
+            ids = op.ids
+            touched.extend(ids)
             if self.on_drop is not None:
                 self.on_drop(ids, 0)
             got = self._run(AllocateOp(num_blocks=len(ids)), index)["block_ids"]
@@ -135,81 +137,67 @@ class MirrorApplier:
                 raise Divergence(
                     f"operation {index}: the engine allocated {ids[:8]}, the mirror {got[:8]}"
                 )
-        elif kind == wire.OP_FREE:
-            ids = [i for i in _ids(raw[1] if len(raw) > 1 else None, "free") if i != 0]
+        elif isinstance(op, (wire.Free, wire.Touch)):
+            ids = [i for i in op.ids if i != 0]
+            touched.extend(ids)
             if ids:
-                self._run(FreeOp(block_ids=ids), index)
-        elif kind == wire.OP_TOUCH:
-            ids = [i for i in _ids(raw[1] if len(raw) > 1 else None, "touch") if i != 0]
-            if ids:
-                self._run(TouchOp(block_ids=ids), index)
-        elif kind == wire.OP_CACHE:
-            if len(raw) != 5 or not isinstance(raw[1], int):
-                raise Divergence(f"operation {index}: cache needs group, parent, ids, hashes")
-            ids = _ids(raw[3], "cache")
-            hashes = raw[4]
-            if not isinstance(hashes, list) or len(hashes) != len(ids):
+                kind = FreeOp if isinstance(op, wire.Free) else TouchOp
+                self._run(kind(block_ids=ids), index)
+        elif isinstance(op, wire.Cache):
+            ids, hashes = op.ids, op.hashes
+            if len(hashes) != len(ids):
                 raise Divergence(f"operation {index}: cache needs one hash per block")
+            touched.extend(ids)
             if ids:
-                parent = None if raw[2] is None else _hex(raw[2], "cache")
-                self.learn_chain(hashes, raw[2])
+                self.learn_chain(hashes, op.parent)
                 self._run(
                     CacheOp(
                         block_ids=ids,
-                        block_hashes=[_hex(h, "cache") for h in hashes],
-                        parent_block_hash=parent,
-                        group_id=raw[1],
+                        block_hashes=[_hex(h) for h in hashes],
+                        parent_block_hash=None if op.parent is None else _hex(op.parent),
+                        group_id=op.group,
                     ),
                     index,
                 )
-        elif kind == wire.OP_EVICT:
-            ids = _ids(raw[1] if len(raw) > 1 else None, "evict")
+        elif isinstance(op, wire.Evict):
+            touched.extend(op.ids)
             if self.on_drop is not None:
-                self.on_drop(ids, 1)
-            self._run(EvictOp(block_ids=ids), index)
-        elif kind == wire.OP_RESET:
+                self.on_drop(op.ids, 1)
+            self._run(EvictOp(block_ids=op.ids), index)
+        elif isinstance(op, wire.Reset):
+            touched.append(-1)
             if self.on_drop is not None:
                 self.on_drop(None, 2)
             self._run(ResetOp(), index)
-        elif kind == wire.OP_UNSUPPORTED:
-            raise Divergence(f"operation {index}: the engine did {raw[1:]!r}, not mirrored")
-        else:
-            raise Divergence(f"operation {index}: unknown operation {kind!r}")
+        elif isinstance(op, wire.Unsupported):
+            raise Divergence(f"operation {index}: the engine did {op.what!r}, not mirrored")
+        else:  # pragma: no cover - decode admits only the operations above
+            raise Divergence(f"operation {index}: unknown operation {op!r}")
 
     # ----------------------------------------------------------- snapshots
 
     def restore(self, snap: wire.Snapshot) -> None:
         """Put the runtime into the snapshot's state (between operations)."""
         rt = self.rt
-        n = rt.pool.num_gpu_blocks
-        if len(snap.refs) != n or len(snap.keys) != n:
-            raise Divergence(f"a snapshot of {len(snap.refs)} blocks for a pool of {n}")
-        dicts: dict[int, tuple[int, ...]] = {}
-        ids = array("q")
-        for i, (_, blocks) in enumerate(snap.entries):
-            if len(blocks) == 1:
-                ids.append(blocks[0])
-            else:
-                dicts[i] = tuple(blocks)
-                ids.append(blocks[0] if blocks else -1)
-        ps = PoolSnapshot(
-            refs=array("q", snap.refs),
-            keys=list(snap.keys),
-            queue=array("q", snap.queue),
-            map_keys=[k for k, _ in snap.entries],
-            map_ids=ids,
-            map_dicts=dicts,
-            stats=snap.stats,
-        )
+        n = len(rt.pool.blocks)
+        if snap.num_blocks != n:
+            raise Divergence(f"a snapshot of {snap.num_blocks} blocks for a pool of {n}")
+        try:
+            ps, digest = to_pool_snapshot(snap)
+        except BadSnapshot as exc:
+            raise Divergence(f"the snapshot does not restore: {exc}") from None
+        if snap.digest and digest != snap.digest:
+            raise Divergence("the snapshot's digest is not the engine's")
         try:
             restore_pool(ps, rt.pool, rt.manager)
         except (SnapshotMismatch, AssertionError, ValueError, KeyError) as exc:
             raise Divergence(f"the snapshot does not restore: {exc}") from None
         rt.raw_refs[:] = 0
-        for bid, ref in enumerate(snap.refs):
+        for bid, ref in enumerate(ps.refs):
             if bid and ref:
                 rt.raw_refs[bid] = ref
-        self._rebuild_tree(snap)
+        self.digest.refresh()
+        self._rebuild_tree(ps)
         rt.mark_all_dirty()
         resynced = getattr(rt.hooks, "on_resync", None)
         if resynced is not None:  # the analysis: its per-block state follows
@@ -220,7 +208,7 @@ class MirrorApplier:
         self.next_op = snap.ops
         self.synced = True
 
-    def _rebuild_tree(self, snap: wire.Snapshot) -> None:
+    def _rebuild_tree(self, snap: PoolSnapshot) -> None:
         """The prefix tree of the restored pool: one copy per cached block,
         each hash under its parent where the stream told it (``learn_chain``);
         the others are the tree's ``orphans`` (it says it is partial)."""
@@ -232,12 +220,13 @@ class MirrorApplier:
             return int.from_bytes(h[-8:], "big") if as_int else h
 
         known = self.parents
-        for key, blocks in snap.entries:
+        for i, key in enumerate(snap.map_keys):
+            copies = len(snap.map_dicts.get(i, (0,)))
             h = key[:-4]  # the key without its group id
             if h in known:
                 p = known[h]
-                for _ in blocks:
+                for _ in range(copies):
                     tree.restored(ext(h), None if p is None else ext(p), True)
             else:
-                for _ in blocks:
+                for _ in range(copies):
                     tree.restored(ext(h), None, False)

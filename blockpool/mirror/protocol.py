@@ -1,10 +1,12 @@
 """The mirror's wire protocol: what an engine's pool did, as sequenced messages.
 
 An engine-side follower (the ``blockpool_vllm`` plugin) publishes, on one ZMQ
-PUB socket, frames ``[TOPIC, payload]`` where the payload is one msgpack
-message below; a mirror (``blockpool serve --mirror``) subscribes and applies
-them to its own pool.  A snapshot is asked for on a second socket (REQ/REP):
-the request is ``SnapshotRequest``, the reply a ``Snapshot``.
+PUB socket, frames ``[TOPIC, payload, mac]`` where the payload is one msgpack
+message below and ``mac`` its authentication (blockpool/mirror/auth.py;
+empty without a shared secret); a mirror (``blockpool serve --mirror``)
+subscribes and applies them to its own pool.  A snapshot is asked for on a
+second socket (DEALER to the engine's ROUTER): the request is
+``SnapshotRequest``, the reply a ``Snapshot``.
 
 * ``Hello``: what the engine is (vLLM version, pool shape, hash function,
   groups, free order) and whether the follower can mirror it exactly (and
@@ -12,106 +14,227 @@ the request is ``SnapshotRequest``, the reply a ``Snapshot``.
 * ``Batch``: one scheduler step's pool operations, numbered: ``seq`` counts
   batches, ``first_op`` the operations before it (a mirror checks both for
   gaps), plus what happened to requests, the engine's prefix-cache totals,
-  the batches dropped so far and, every few steps, a digest of the real pool.
+  the batches dropped so far and the digest of the real pool after it.
 * ``Beat``: the engine is alive but idle (last seq and op count).
-* ``Snapshot``: the whole pool after ``op`` operations.
+* ``Snapshot``: the whole pool after ``ops`` operations.
 
-Operations are short lists, the first item naming them (``OP_*``); only
-block ids, hashes and counts travel: no token ids, no text.
+Every message of one run of the plugin carries its ``boot`` (a random id
+drawn at start): a mirror drops whatever a previous engine left queued.
+
+Operations and request records are typed records (msgspec structs encoded
+as short arrays, their first item the tag): ``decode`` validates every
+field, bounds every hash and id, and refuses deep nesting.  Only block ids,
+hashes and counts travel: no token ids, no text.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
-PROTOCOL = 1
+PROTOCOL = 2
 TOPIC = b"blockpool-mirror"
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a snapshot of a few million blocks fits
+# Sizes in bytes, per message kind: a step's batch, a request to the control
+# socket, a snapshot (only ever read from the engine's control socket).
+MAX_BATCH_BYTES = 16 * 1024 * 1024
+MAX_CONTROL_BYTES = 4096
+MAX_SNAPSHOT_BYTES = 512 * 1024 * 1024
+MAX_MESSAGE_BYTES = MAX_SNAPSHOT_BYTES
 
-# Operations: [name, ...]
-OP_ALLOCATE = "a"  # ["a", [ids]]                the ids get_new_blocks handed out
-OP_FREE = "f"  # ["f", [ids]]                    free_blocks, in the order given
-OP_TOUCH = "t"  # ["t", [ids]]
-OP_CACHE = "c"  # ["c", group, parent|None, [ids], [hashes]]   hashes without the group
-OP_EVICT = "e"  # ["e", [ids]]                   evict_blocks
-OP_RESET = "r"  # ["r"]                          a reset that succeeded
-OP_UNSUPPORTED = "u"  # ["u", what]              something the mirror cannot follow
+BlockId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+Hash = Annotated[bytes, Meta(min_length=1, max_length=64)]  # a block hash (no group id)
+Key = Annotated[bytes, Meta(min_length=1, max_length=72)]  # a hash + its 4-byte group id
+RequestId = Annotated[str, Meta(max_length=256)]
+Count = Annotated[int, Meta(ge=0, le=2**62)]
+Text = Annotated[str, Meta(max_length=2048)]
+Boot = Annotated[str, Meta(max_length=64)]
 
-# Request records: [kind, request_id, ts, ...]
-REQ_ARRIVE = "arrive"  # [.., prompt_tokens, [block hashes]]
-REQ_SCHEDULED = "scheduled"  # [.., hit_tokens]     its first scheduling (the prefix hit)
-REQ_PREEMPTED = "preempted"  # [..]
-REQ_FINISHED = "finished"  # [.., num_tokens]
+
+# ----------------------------------------------------------------- operations
+
+
+class Allocate(msgspec.Struct, tag="a", array_like=True, frozen=True):
+    """``get_new_blocks`` handed out these ids, in order."""
+
+    ids: list[BlockId]
+
+
+class Free(msgspec.Struct, tag="f", array_like=True, frozen=True):
+    """``free_blocks``, in the order given."""
+
+    ids: list[BlockId]
+
+
+class Touch(msgspec.Struct, tag="t", array_like=True, frozen=True):
+    ids: list[BlockId]
+
+
+class Cache(msgspec.Struct, tag="c", array_like=True, frozen=True):
+    """``cache_full_blocks``: the blocks newly hashed, one hash each (without
+    the group id), and the hash before the first (None: the first block)."""
+
+    group: Annotated[int, Meta(ge=0, le=1024)]
+    parent: Hash | None
+    ids: list[BlockId]
+    hashes: list[Hash]
+
+
+class Evict(msgspec.Struct, tag="e", array_like=True, frozen=True):
+    ids: list[BlockId]
+
+
+class Reset(msgspec.Struct, tag="r", array_like=True, frozen=True):
+    """A ``reset_prefix_cache`` that succeeded."""
+
+
+class Unsupported(msgspec.Struct, tag="u", array_like=True, frozen=True):
+    """Something the mirror cannot follow happened to the pool."""
+
+    what: Text
+
+
+Op = Allocate | Free | Touch | Cache | Evict | Reset | Unsupported
+
+
+# ------------------------------------------------------------ request records
+
+
+class Arrive(msgspec.Struct, tag="arrive", array_like=True, frozen=True):
+    """A request reached the scheduler: its prompt length and block hashes.
+    ``skips_cache``: the engine will not look its prompt up in the prefix
+    cache (``prompt_logprobs``), so no block of it can hit."""
+
+    rid: RequestId
+    ts: float
+    prompt_tokens: Count
+    hashes: list[Hash]
+    skips_cache: bool = False
+
+
+class Scheduled(msgspec.Struct, tag="scheduled", array_like=True, frozen=True):
+    """Its first scheduling, with the prefix hit it got."""
+
+    rid: RequestId
+    ts: float
+    hit_tokens: Count
+
+
+class Preempted(msgspec.Struct, tag="preempted", array_like=True, frozen=True):
+    rid: RequestId
+    ts: float
+
+
+class Finished(msgspec.Struct, tag="finished", array_like=True, frozen=True):
+    rid: RequestId
+    ts: float
+    num_tokens: Count
+
+
+Record = Arrive | Scheduled | Preempted | Finished
+
+# the record kinds' names (their tags), as the request book says them
+REQ_ARRIVE = "arrive"
+REQ_SCHEDULED = "scheduled"
+REQ_PREEMPTED = "preempted"
+REQ_FINISHED = "finished"
+
+
+# ------------------------------------------------------------------ messages
 
 
 class Group(msgspec.Struct, frozen=True):
-    group_id: int
-    kind: str  # the KV-cache spec's class name (FullAttentionSpec, ...)
-    block_size: int
+    group_id: Annotated[int, Meta(ge=0, le=1024)]
+    kind: Text  # the KV-cache spec's class name (FullAttentionSpec, ...)
+    block_size: Annotated[int, Meta(ge=1, le=1 << 20)]
 
 
 class Hello(msgspec.Struct, tag="hello"):
     protocol: int
-    engine_id: str
-    vllm_version: str
-    num_gpu_blocks: int
-    block_size: int
-    hash_block_size: int
-    hash_fn: str
-    groups: list[Group]
-    free_order: str  # blockpool's name: append_all or uncached_first
+    engine_id: Text
+    vllm_version: Text
+    num_gpu_blocks: Annotated[int, Meta(ge=1, le=2**31 - 1)]
+    block_size: Annotated[int, Meta(ge=1, le=1 << 20)]
+    hash_block_size: Annotated[int, Meta(ge=1, le=1 << 20)]
+    hash_fn: Text
+    groups: Annotated[list[Group], Meta(max_length=64)]
+    free_order: Text  # blockpool's name: append_all or uncached_first
     exact: bool  # False: ``problems`` says what the follower cannot mirror
-    problems: list[str]
-    digest_every: int
-    control_port: int | None
+    problems: Annotated[list[Text], Meta(max_length=64)]
+    digest_every: Annotated[int, Meta(ge=1)]
+    control_port: Annotated[int, Meta(ge=1, le=65535)] | None
     started_at: float
-    seq: int  # the last batch sent
-    model: str | None = None  # the engine's (served) model name, where it says
+    seq: Count  # the last batch sent
+    model: Text | None = None  # the engine's (served) model name, where it says
+    boot: Boot = ""  # this run of the plugin (see the module doc)
+    authenticated: bool = False  # the engine signs its messages (a shared secret)
+    restarts: Count = 0  # the sender thread's restarts after a failure
+    bad_requests: Count = 0  # control requests refused (malformed, unsigned, stale)
 
 
 class Digest(msgspec.Struct, frozen=True):
-    ops: int  # operations applied when it was taken
-    value: str
+    ops: Count  # operations applied when it was taken
+    value: Annotated[str, Meta(max_length=64)]
 
 
 class Batch(msgspec.Struct, tag="batch"):
-    seq: int
-    step: int
+    seq: Count
+    step: Count
     ts: float
-    first_op: int
-    ops: list[list[Any]]
-    requests: list[list[Any]]
-    stats: tuple[int, int, int]  # prefix cache totals: requests, queries, hits
-    drops: int
+    first_op: Count
+    ops: list[Op]
+    requests: list[Record]
+    stats: tuple[Count, Count, Count]  # prefix cache totals: requests, queries, hits
+    drops: Count
     digest: Digest | None = None
+    boot: Boot = ""
 
 
 class Beat(msgspec.Struct, tag="beat"):
-    seq: int
+    seq: Count
     ts: float
-    ops: int
-    drops: int
-    stats: tuple[int, int, int]
-    steps: int = 0  # batches made so far
-    cost_ns: int = 0  # the follower's own time on the engine's thread so far
+    ops: Count
+    drops: Count
+    stats: tuple[Count, Count, Count]
+    steps: Count = 0  # batches made so far
+    cost_ns: Count = 0  # the follower's own time on the engine's thread so far
+    boot: Boot = ""
+    # the follower's time per step on the engine's thread: p50, p99, max (µs)
+    cost_us: tuple[float, float, float] | None = None
+    restarts: Count = 0
+    bad_requests: Count = 0
 
 
 class Snapshot(msgspec.Struct, tag="snapshot"):
-    ops: int  # operations applied before it was taken
-    seq: int  # the last batch enqueued before it
+    """The whole pool after ``ops`` operations.  Per block id (block 0, the
+    null block, reads as free and unhashed): ``refs``, ``prev`` and ``next``
+    are little-endian int32 arrays (the free queue as links: -1 the head or
+    the tail, -2 not queued); ``key_lens`` one byte per block (0: no hash)
+    and ``keys`` the keys so long, back to back.  ``dups``: keys held by
+    more than one block, their blocks in the hash map's order.  ``digest``
+    is the engine's digest of this state (blockpool/mirror/digest.py)."""
+
+    ops: Count
+    seq: Count  # the last batch enqueued before it
     ts: float
-    refs: list[int]  # per block id
-    keys: list[bytes | None]  # per block id: hash + 4-byte group id
-    queue: list[int]  # free block ids, head first
-    entries: list[tuple[bytes, list[int]]]  # the hash map in order: key, its blocks
-    stats: tuple[int, int, int]
-    problems: list[str]
+    num_blocks: Annotated[int, Meta(ge=1, le=2**31 - 1)]
+    refs: bytes
+    prev: bytes
+    next: bytes
+    key_lens: bytes
+    keys: bytes
+    dups: list[tuple[Key, list[BlockId]]]
+    stats: tuple[Count, Count, Count]
+    problems: Annotated[list[Text], Meta(max_length=64)]
+    digest: Annotated[str, Meta(max_length=64)] = ""
+    boot: Boot = ""
 
 
 class SnapshotRequest(msgspec.Struct, tag="snapshot?"):
-    reason: str = ""
+    reason: Annotated[str, Meta(max_length=200)] = ""
+    ts: float = 0.0  # when asked (a signed request older than a minute is refused)
+    nonce: Annotated[bytes, Meta(max_length=32)] = b""  # the reply's signature covers it
 
 
 Message = Hello | Batch | Beat | Snapshot | SnapshotRequest
@@ -128,12 +251,15 @@ def encode(msg: Message) -> bytes:
     return _ENCODER.encode(msg)
 
 
-def decode(data: bytes) -> Message:
-    """One message, validated; ProtocolError naming what is wrong."""
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"message of {len(data)} bytes, the limit is {MAX_MESSAGE_BYTES}")
+def decode(data: bytes, limit: int = MAX_MESSAGE_BYTES) -> Message:
+    """One message, validated; ProtocolError naming what is wrong (too
+    large, nested too deep, not one of the protocol's messages)."""
+    if len(data) > limit:
+        raise ProtocolError(f"message of {len(data)} bytes, the limit is {limit}")
     try:
         msg: Message = _DECODER.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ProtocolError(f"not a mirror message: {exc}") from None
+        raise ProtocolError(f"not a mirror message: {str(exc)[:300]}") from None
+    except RecursionError:
+        raise ProtocolError("not a mirror message: nested too deep") from None
     return msg

@@ -24,7 +24,7 @@ def test_the_mirror_item_shows_an_exact_mirror(browser: Any) -> None:
     sender = Sender(
         endpoint,
         lambda: engine.hello(sender.control_port),
-        engine.follower.capture,
+        engine.follower.poll_snapshot,
         engine.stats,
         control_endpoint=f"tcp://127.0.0.1:{free_port()}",
     )

@@ -27,7 +27,7 @@ class Rig:
         self.sender = Sender(
             self.endpoint,
             lambda: self.engine.hello(self.sender.control_port),
-            self.engine.follower.capture,
+            self.engine.follower.poll_snapshot,
             self.engine.stats,
             control_endpoint=f"tcp://127.0.0.1:{free_port()}",
         )

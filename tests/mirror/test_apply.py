@@ -16,7 +16,8 @@ from blockpool.mirror import (
     encode,
     pool_digest,
 )
-from blockpool.mirror.protocol import OP_ALLOCATE, OP_UNSUPPORTED, Batch, Snapshot
+from blockpool.mirror.poolview import parts_of
+from blockpool.mirror.protocol import Allocate, Batch, Snapshot, Unsupported
 from blockpool.runtime import PoolRuntime
 from blockpool.runtime.ops import AllocateOp, CacheOp, EvictOp, FreeOp
 from tests.mirror.workload import BLOCK, FollowedEngine, config
@@ -75,9 +76,8 @@ def test_no_token_ids_travel() -> None:
     engine = FollowedEngine()
     engine.drive(40)
     for b in engine.batches:
-        for op in b.ops:
-            assert all(not (isinstance(x, list) and x and isinstance(x[0], int) and x[0] >= 64)
-                       for x in op[1:]), op  # fmt: skip
+        for op in b.ops:  # every id is a block id of the 64-block pool
+            assert all(0 <= i < 64 for i in getattr(op, "ids", ())), op
     # every hash is a digest, not tokens: the prompts' tokens are nowhere in the stream
     blob = b"".join(encode(b) for b in engine.batches)
     tokens = engine.prefixes[0]
@@ -101,9 +101,9 @@ def first_batch(
 
 
 def test_a_wrong_block_id_is_a_divergence() -> None:
-    rt, applier, b = first_batch(5, lambda b: any(op[0] == OP_ALLOCATE for op in b.ops))
-    op = next(op for op in b.ops if op[0] == OP_ALLOCATE)
-    op[1][0] = 63 if op[1][0] != 63 else 62
+    rt, applier, b = first_batch(5, lambda b: any(isinstance(op, Allocate) for op in b.ops))
+    op = next(op for op in b.ops if isinstance(op, Allocate))
+    op.ids[0] = 63 if op.ids[0] != 63 else 62
     with pytest.raises(Divergence, match="allocated"):
         applier.apply_batch(b)
     rt.check()
@@ -133,7 +133,7 @@ def test_a_dropped_batch_is_a_gap_and_a_snapshot_heals_it() -> None:
             applier.apply_batch(wire(b))
     assert engine.batches[-1].drops == engine.follower.drops >= 1
     # a snapshot taken now (ops recorded, maybe not flushed) and the later batches
-    snap = engine.follower.capture()
+    snap = engine.follower.capture_now()
     assert snap is not None
     snap = decode(encode(snap))
     assert isinstance(snap, Snapshot)
@@ -149,7 +149,7 @@ def test_a_dropped_batch_is_a_gap_and_a_snapshot_heals_it() -> None:
 def test_a_snapshot_mid_run_then_the_stream_from_there() -> None:
     engine = FollowedEngine(free_order="uncached_first")
     engine.drive(25)
-    snap = engine.follower.capture()
+    snap = engine.follower.capture_now()
     assert snap is not None
     engine.drive(15)
     rt, applier = mirror_of(engine)
@@ -165,7 +165,7 @@ def test_something_the_mirror_cannot_follow_is_said() -> None:
     applier.synced = True
     engine.follower._unsupported("BlockPool.cache_partial_block")
     b = engine.follower.flush()
-    assert b is not None and b.ops[-1] == [OP_UNSUPPORTED, "BlockPool.cache_partial_block"]
+    assert b is not None and b.ops[-1] == Unsupported("BlockPool.cache_partial_block")
     with pytest.raises(Divergence, match="not mirrored"):
         applier.apply_batch(wire(b))
     assert "BlockPool.cache_partial_block" in engine.follower.problems
@@ -178,14 +178,14 @@ def test_garbage_is_refused_by_the_decoder() -> None:
     for bad in (b"", b"\x00\x01", msgspec.msgpack.encode({"type": "batch", "seq": "x"})):
         with pytest.raises(ProtocolError):
             decode(bad)
-    engine = FollowedEngine()
-    rt, applier = mirror_of(engine)
-    applier.synced = True
-    bogus = Batch(seq=1, step=1, ts=0.0, first_op=0, ops=[["a", "nope"]], requests=[],
-                  stats=(0, 0, 0), drops=0)  # fmt: skip
-    with pytest.raises(Divergence):
-        applier.apply_batch(bogus)
-    rt.check()
+    good = msgspec.to_builtins(
+        Batch(seq=1, step=1, ts=0.0, first_op=0, ops=[Allocate([1])], requests=[],
+              stats=(0, 0, 0), drops=0)
+    )  # fmt: skip
+    assert isinstance(decode(msgspec.msgpack.encode(good)), Batch)
+    for ops in ([["a", "nope"]], [["a", [-1]]], [["z", [1]]], [["c", 0, None, [1], [b"x" * 65]]]):
+        with pytest.raises(ProtocolError):
+            decode(msgspec.msgpack.encode({**good, "ops": ops}))
 
 
 def _tree(rt: PoolRuntime) -> tuple[dict[object, object], dict[object, int]]:
@@ -203,7 +203,7 @@ def test_a_resync_rebuilds_the_prefix_tree_from_the_restored_pool() -> None:
     engine.accept = False  # a gap: what the engine cached now is not heard of
     engine.drive(6)
     engine.accept = True
-    snap = engine.follower.capture()
+    snap = engine.follower.capture_now()
     assert snap is not None
     rt.run(lambda: applier.restore(decode(encode(snap))))  # type: ignore[arg-type]
     assert_same(engine, rt)
@@ -237,11 +237,11 @@ def test_a_resync_rebuilds_the_prefix_tree_from_the_restored_pool() -> None:
 def test_a_mirror_started_mid_run_says_its_tree_is_partial() -> None:
     engine = FollowedEngine()
     engine.drive(25)
-    snap = engine.follower.capture()
+    snap = engine.follower.capture_now()
     assert snap is not None
     rt, applier = mirror_of(engine)
     rt.run(lambda: applier.restore(snap))
-    cached = {k for k, _ in snap.entries}
+    cached = {k for k in parts_of(snap)[3] if k is not None}
     assert cached and len(rt.tree.orphans) == len(rt.tree.parents) == len(cached)
     assert all(p is None for p in rt.tree.parents.values())
     rt.check()
@@ -280,7 +280,7 @@ def test_a_resync_resets_the_analysis_per_block_state() -> None:
     engine.drive(3)
     back = {h}
     engine.accept = True
-    snap = engine.follower.capture()
+    snap = engine.follower.capture_now()
     assert snap is not None
     batches_before = an.misses.batches.fb_len
     rt.run(lambda: applier.restore(snap))

@@ -71,7 +71,7 @@ def test_the_control_socket_answers_strangers_and_serves_snapshots() -> None:
     sender = Sender(
         f"tcp://127.0.0.1:{free_port()}",
         engine.hello,
-        engine.follower.capture,
+        engine.follower.poll_snapshot,
         engine.stats,
         control_endpoint=control,
     )

@@ -37,7 +37,7 @@ async def test_the_pages_stream_carries_the_newest_applied_batchs_engine_time(ri
 
     async def listen() -> None:
         while True:
-            _, body = await sub.recv_multipart()
+            _, body, _mac = await sub.recv_multipart()
             msg = wire.decode(body)
             if isinstance(msg, wire.Batch):
                 sent[msg.seq] = msg.ts

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 from blockpool.mirror.protocol import (
-    REQ_ARRIVE,
-    REQ_FINISHED,
-    REQ_SCHEDULED,
+    PROTOCOL,
+    Arrive,
     Batch,
+    Finished,
     Group,
     Hello,
+    Scheduled,
 )
 from blockpool.runtime import PoolRuntime, RuntimeConfig, ops
 from blockpool.runtime.errors import OperationError
@@ -76,7 +77,7 @@ class FollowedEngine:
 
     def hello(self, control_port: int | None = None) -> Hello:
         return Hello(
-            protocol=1,
+            protocol=PROTOCOL,
             engine_id="test-engine",
             vllm_version="0.16.0" if self.free_order == "append_all" else "0.32.0",
             num_gpu_blocks=self.rt.pool.num_gpu_blocks,
@@ -124,7 +125,7 @@ class FollowedEngine:
                 rid = rng.choice(running)
                 n = rt.manager.requests[rid].num_tokens
                 if self._try(ops.FinishOp(request_id=rid)) and self.tell_requests:
-                    self.follower.request([REQ_FINISHED, rid, time.time(), n])
+                    self.follower.request(Finished(rid, time.time(), n))
             elif r < 0.86:
                 got = self._try(ops.AllocateOp(num_blocks=rng.randrange(1, 3)))
                 if got:
@@ -151,8 +152,8 @@ class FollowedEngine:
         lengths), then its first scheduling (the prefix hit in tokens)."""
         hashes = [bytes(h) for h in self.rt.manager.requests[rid].block_hashes]
         now = time.time()
-        self.follower.request([REQ_ARRIVE, rid, now, prompt_tokens, hashes])
-        self.follower.request([REQ_SCHEDULED, rid, now, hit_blocks * BLOCK])
+        self.follower.request(Arrive(rid, now, prompt_tokens, hashes))
+        self.follower.request(Scheduled(rid, now, hit_blocks * BLOCK))
 
     def drive(self, steps: int) -> None:
         for _ in range(steps):
