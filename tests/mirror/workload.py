@@ -59,7 +59,7 @@ class FollowedEngine:
         self.follower = PoolFollower(
             self.rt.pool,
             offer,
-            digest_every=3,
+            digest_every=1,
             stats=lambda: (st.stats.requests, st.stats.queries, st.stats.hits),
         )
         self.rng = random.Random(7)
@@ -88,7 +88,7 @@ class FollowedEngine:
             free_order=self.free_order,
             exact=not self.problems,
             problems=list(self.problems),
-            digest_every=3,
+            digest_every=1,
             control_port=control_port,
             started_at=1.0,
             seq=self.follower.seq,
