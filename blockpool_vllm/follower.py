@@ -54,7 +54,7 @@ WRAPPED = (
 # Pool methods that change it in ways the mirror does not model (vLLM >= 0.2x).
 UNSUPPORTED_METHODS = ("cache_partial_block", "unpin_blocks", "move_block_hashes")
 COSTS_KEPT = 2048  # the last steps' costs, for the quantiles
-CAPTURE_BUDGET_S = 0.0004  # a step's share of copying a snapshot
+CAPTURE_BUDGET_S = 0.0008  # a step's share of copying a snapshot
 IDLE_AFTER_S = 0.05  # no step for this long: the sender's thread copies instead
 
 
@@ -294,7 +294,7 @@ class PoolFollower:
             self.problems.append(what)
         self._abandon_capture()
         self.ops.append(Unsupported(what[:2000]))
-        self.touched.append(-1)
+        self.touched.append(-2)
         self.op_count += 1
 
     def _abandon_capture(self) -> None:
@@ -334,8 +334,11 @@ class PoolFollower:
     def _batch(self, force_digest: bool) -> Batch:
         touched = self.touched
         if touched:
-            if -1 in touched:
-                self.digest.refresh()  # a reset changed every block (as long as it took)
+            if -2 in touched:  # something not followed: every block re-read
+                self.digest.refresh()
+            elif -1 in touched:  # a reset: the blocks that held a hash (and the rest)
+                self.digest.update([i for i in touched if i > 0])
+                self.digest.after_reset()  # (after: update reads the old links)
             else:
                 self.digest.update(touched)
             touched.clear()

@@ -122,7 +122,8 @@ class MirrorApplier:
     def _follow(self, touched: list[int]) -> None:
         """The digest after the operations that named ``touched`` (-1: a reset)."""
         if -1 in touched:
-            self.digest.refresh()
+            self.digest.update([i for i in touched if i > 0])
+            self.digest.after_reset()  # (after: update reads the old links)
         elif touched:
             self.digest.update(touched)
 

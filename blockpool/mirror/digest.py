@@ -32,6 +32,7 @@ import struct
 from array import array
 from collections.abc import Iterable
 from hashlib import blake2b
+from itertools import compress
 from typing import Any
 
 MASK = (1 << 64) - 1
@@ -110,6 +111,11 @@ class PoolDigest:
         self.total = len(self.pool.blocks)
         self.values[0] = 0
         self._reread(range(1, len(self.pool.blocks)), full=True)
+
+    def after_reset(self) -> None:
+        """A prefix-cache reset cleared every hash and moved no block: the
+        blocks that held a hash are re-read (a C-speed scan finds them)."""
+        self._reread(list(compress(range(len(self.keys)), self.keys)))
 
     def update(self, ids: Iterable[int]) -> None:
         """The blocks named by the pool calls since the last update changed:

@@ -23,7 +23,9 @@ drawn at start): a mirror drops whatever a previous engine left queued.
 
 Operations and request records are typed records (msgspec structs encoded
 as short arrays, their first item the tag): ``decode`` validates every
-field, bounds every hash and id, and refuses deep nesting.  Only block ids,
+field, bounds every hash and id, and refuses deep nesting.  They hold no
+cycles, so the garbage collector does not track them (``gc=False``): the
+plugin makes thousands a second inside the engine's process.  Only block ids,
 hashes and counts travel: no token ids, no text.
 """
 
@@ -55,23 +57,23 @@ Boot = Annotated[str, Meta(max_length=64)]
 # ----------------------------------------------------------------- operations
 
 
-class Allocate(msgspec.Struct, tag="a", array_like=True, frozen=True):
+class Allocate(msgspec.Struct, tag="a", array_like=True, frozen=True, gc=False):
     """``get_new_blocks`` handed out these ids, in order."""
 
     ids: list[BlockId]
 
 
-class Free(msgspec.Struct, tag="f", array_like=True, frozen=True):
+class Free(msgspec.Struct, tag="f", array_like=True, frozen=True, gc=False):
     """``free_blocks``, in the order given."""
 
     ids: list[BlockId]
 
 
-class Touch(msgspec.Struct, tag="t", array_like=True, frozen=True):
+class Touch(msgspec.Struct, tag="t", array_like=True, frozen=True, gc=False):
     ids: list[BlockId]
 
 
-class Cache(msgspec.Struct, tag="c", array_like=True, frozen=True):
+class Cache(msgspec.Struct, tag="c", array_like=True, frozen=True, gc=False):
     """``cache_full_blocks``: the blocks newly hashed, one hash each (without
     the group id), and the hash before the first (None: the first block)."""
 
@@ -81,15 +83,15 @@ class Cache(msgspec.Struct, tag="c", array_like=True, frozen=True):
     hashes: list[Hash]
 
 
-class Evict(msgspec.Struct, tag="e", array_like=True, frozen=True):
+class Evict(msgspec.Struct, tag="e", array_like=True, frozen=True, gc=False):
     ids: list[BlockId]
 
 
-class Reset(msgspec.Struct, tag="r", array_like=True, frozen=True):
+class Reset(msgspec.Struct, tag="r", array_like=True, frozen=True, gc=False):
     """A ``reset_prefix_cache`` that succeeded."""
 
 
-class Unsupported(msgspec.Struct, tag="u", array_like=True, frozen=True):
+class Unsupported(msgspec.Struct, tag="u", array_like=True, frozen=True, gc=False):
     """Something the mirror cannot follow happened to the pool."""
 
     what: Text
@@ -101,7 +103,7 @@ Op = Allocate | Free | Touch | Cache | Evict | Reset | Unsupported
 # ------------------------------------------------------------ request records
 
 
-class Arrive(msgspec.Struct, tag="arrive", array_like=True, frozen=True):
+class Arrive(msgspec.Struct, tag="arrive", array_like=True, frozen=True, gc=False):
     """A request reached the scheduler: its prompt length and block hashes.
     ``skips_cache``: the engine will not look its prompt up in the prefix
     cache (``prompt_logprobs``), so no block of it can hit."""
@@ -113,7 +115,7 @@ class Arrive(msgspec.Struct, tag="arrive", array_like=True, frozen=True):
     skips_cache: bool = False
 
 
-class Scheduled(msgspec.Struct, tag="scheduled", array_like=True, frozen=True):
+class Scheduled(msgspec.Struct, tag="scheduled", array_like=True, frozen=True, gc=False):
     """Its first scheduling, with the prefix hit it got."""
 
     rid: RequestId
@@ -121,12 +123,12 @@ class Scheduled(msgspec.Struct, tag="scheduled", array_like=True, frozen=True):
     hit_tokens: Count
 
 
-class Preempted(msgspec.Struct, tag="preempted", array_like=True, frozen=True):
+class Preempted(msgspec.Struct, tag="preempted", array_like=True, frozen=True, gc=False):
     rid: RequestId
     ts: float
 
 
-class Finished(msgspec.Struct, tag="finished", array_like=True, frozen=True):
+class Finished(msgspec.Struct, tag="finished", array_like=True, frozen=True, gc=False):
     rid: RequestId
     ts: float
     num_tokens: Count
@@ -178,7 +180,7 @@ class Digest(msgspec.Struct, frozen=True):
     value: Annotated[str, Meta(max_length=64)]
 
 
-class Batch(msgspec.Struct, tag="batch"):
+class Batch(msgspec.Struct, tag="batch", gc=False):
     seq: Count
     step: Count
     ts: float
