@@ -214,3 +214,24 @@ def test_a_capture_of_an_untouched_pool_is_all_free_blocks_in_order() -> None:
     ps, digest = to_pool_snapshot(cap.snapshot([]))
     assert list(ps.queue) == list(range(1, 32)) and digest == pool_digest(engine.rt.pool)
     engine.rt.check()
+
+
+@pytest.mark.parametrize("free_order", ORDERS)
+def test_the_digest_after_a_reset_amid_other_calls_of_the_same_step(free_order: str) -> None:
+    from blockpool.runtime import ops
+
+    engine = FollowedEngine(free_order=free_order)
+    engine.drive(25)
+    rt, f = engine.rt, engine.follower
+    assert any(b.block_hash is not None for b in rt.pool.blocks)
+    for rid in list(rt.manager.requests):  # in one step: every request finishes,
+        rt.apply(ops.FinishOp(request_id=rid))
+    for bid in engine.raw:
+        rt.apply(ops.FreeOp(block_ids=[bid]))
+    engine.raw.clear()
+    rt.apply(ops.ResetOp())  # the cache is reset, and a new request comes in
+    rt.apply(ops.AdmitOp(token_ids=list(range(3 * 4 + 1))))
+    batch = f.flush()
+    assert batch is not None and batch.digest is not None
+    assert batch.digest.value == pool_digest(rt.pool)
+    rt.check()
