@@ -42,6 +42,7 @@ from blockpool.mirror.protocol import (
     Preempted,
     Scheduled,
 )
+from blockpool.mirror.digest import SCHEME
 from blockpool_vllm.engine_facts import free_order_for, problems_of, served_model
 from blockpool_vllm.follower import PoolFollower
 from blockpool_vllm.sender import Sender, next_port
@@ -153,6 +154,7 @@ class _Mirrored:
                 seq=follower.seq,
                 model=model,
                 boot=boot,
+                digest_scheme=SCHEME,
             )
 
         sender = Sender(

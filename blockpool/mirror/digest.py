@@ -28,16 +28,18 @@ queue's sentinels have block id -1), the map's ``_cache``.
 
 from __future__ import annotations
 
-import struct
 from array import array
 from collections.abc import Iterable
-from hashlib import blake2b
 from itertools import compress
 from typing import Any
 
 MASK = (1 << 64) - 1
 NOT_QUEUED = -2
-_PACK = struct.Struct("<iiiiib").pack
+# The scheme: CPython's hash of a tuple of ints, the same in every 64-bit
+# CPython since 3.8 (ints are not salted, unlike str and bytes); both sides
+# say theirs in the handshake (``SCHEME``) and compare digests only when equal.
+SCHEME = f"tuplehash-v1:{hash((1, -2, 3, 1 << 70, -(1 << 65))) & MASK:x}"
+_from_bytes = int.from_bytes
 
 
 def _link(b: Any) -> int:
@@ -49,7 +51,7 @@ def map_position(cache: dict[Any, Any], key: Any, block: Any) -> int:
     v = cache.get(key)
     if v is None:
         return -1
-    if isinstance(v, dict):
+    if v.__class__ is dict:
         for i, bid in enumerate(v):
             if bid == block.block_id:
                 return i if v[bid] is block else -1
@@ -59,12 +61,8 @@ def map_position(cache: dict[Any, Any], key: Any, block: Any) -> int:
 
 def block_value(bid: int, ref: int, prev: int, nxt: int, pos: int, key: bytes | None) -> int:
     """One block's 64-bit share of the digest."""
-    h = blake2b(
-        _PACK(bid, ref, prev, nxt, pos, -1 if key is None else len(key) & 127), digest_size=8
-    )
-    if key is not None:
-        h.update(key)
-    return int.from_bytes(h.digest(), "little")
+    kv = -1 if key is None else _from_bytes(key, "little")
+    return hash((bid, ref, prev, nxt, pos, kv)) & MASK
 
 
 def _read(cache: dict[Any, Any], b: Any) -> tuple[int, int, int, int, bytes | None]:
@@ -122,40 +120,44 @@ class PoolDigest:
         re-read them and every block those calls could have changed."""
         blocks = self.pool.blocks
         n = len(blocks)
-        dirty: set[int] = set()
-        seen: set[int] = set()
+        named = {bid for bid in ids if 0 < bid < n}
+        dirty = set(named)
+        add = dirty.add
         sprev, snext, skeys = self.prev, self.next, self.keys
-        cache = self.pool.cached_block_hash_to_block._cache
-        keys: set[bytes] = set()
-        for bid in ids:
-            if not 0 < bid < n or bid in seen:
-                continue
-            seen.add(bid)
-            dirty.add(bid)
+        keys = []
+        for bid in named:
+            link = sprev[bid]  # the neighbours before the calls ...
+            if link > 0:
+                add(link)
+            link = snext[bid]
+            if link > 0:
+                add(link)
             b = blocks[bid]
-            for link in (
-                sprev[bid],
-                snext[bid],
-                _link(b.prev_free_block),
-                _link(b.next_free_block),
-            ):
-                if link > 0:
-                    dirty.add(link)
+            lb = b.prev_free_block  # ... and after them
+            if lb is not None:
+                add(lb.block_id)
+            lb = b.next_free_block
+            if lb is not None:
+                add(lb.block_id)
             old = skeys[bid]
             if old is not None:
-                keys.add(old)
+                keys.append(old)
             k = b.block_hash
             if k is not None:
-                keys.add(bytes(k))
+                keys.append(k)
+        cache = self.pool.cached_block_hash_to_block._cache
         for key in keys:  # the other blocks under those keys may have moved up
             v = cache.get(key)
-            if isinstance(v, dict):
+            if v is None:
+                continue
+            if v.__class__ is dict:
                 dirty.update(v)
-            elif v is not None:
-                dirty.add(v.block_id)
+            else:
+                add(v.block_id)
         self._reread(dirty)
 
     def _reread(self, ids: Iterable[int], full: bool = False) -> None:
+        """Re-read blocks (the hot loop: block_value and _read, inlined)."""
         blocks = self.pool.blocks
         cache = self.pool.cached_block_hash_to_block._cache
         values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
@@ -163,8 +165,25 @@ class PoolDigest:
         for bid in ids:
             if bid <= 0:
                 continue
-            ref, prev, nxt, pos, key = _read(cache, blocks[bid])
-            v = block_value(bid, ref, prev, nxt, pos, key)
+            b = blocks[bid]
+            p, x = b.prev_free_block, b.next_free_block
+            prev = NOT_QUEUED if p is None else p.block_id
+            nxt = NOT_QUEUED if x is None else x.block_id
+            k = b.block_hash
+            if k is None:
+                key = None
+                v = hash((bid, b.ref_cnt, prev, nxt, -1, -1))
+            else:
+                key = bytes(k)
+                e = cache.get(k)
+                if e is b:
+                    pos = 0
+                elif e.__class__ is dict:
+                    pos = map_position(cache, k, b)
+                else:
+                    pos = -1
+                v = hash((bid, b.ref_cnt, prev, nxt, pos, _from_bytes(key, "little")))
+            v &= MASK
             if not full:
                 total -= values[bid]
             total += v

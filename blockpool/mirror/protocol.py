@@ -173,6 +173,7 @@ class Hello(msgspec.Struct, tag="hello"):
     authenticated: bool = False  # the engine signs its messages (a shared secret)
     restarts: Count = 0  # the sender thread's restarts after a failure
     bad_requests: Count = 0  # control requests refused (malformed, unsigned, stale)
+    digest_scheme: Text = ""  # how its digests are computed (blockpool/mirror/digest.py)
 
 
 class Digest(msgspec.Struct, frozen=True):
