@@ -33,6 +33,7 @@ import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from blockpool.mirror.digest import SCHEME
 from blockpool.mirror.protocol import (
     PROTOCOL,
     Arrive,
@@ -42,7 +43,6 @@ from blockpool.mirror.protocol import (
     Preempted,
     Scheduled,
 )
-from blockpool.mirror.digest import SCHEME
 from blockpool_vllm.engine_facts import free_order_for, problems_of, served_model
 from blockpool_vllm.follower import PoolFollower
 from blockpool_vllm.sender import Sender, next_port
