@@ -23,6 +23,7 @@ from blockpool.core.snapshot import PoolSnapshot, SnapshotMismatch, restore_pool
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.digest import PoolDigest
 from blockpool.mirror.poolview import BadSnapshot, to_pool_snapshot
+from blockpool.runtime.config import UNCAPPED
 from blockpool.runtime.errors import Conflict, OperationError
 from blockpool.runtime.ops import AllocateOp, CacheOp, EvictOp, FreeOp, ResetOp, TouchOp
 from blockpool.runtime.runtime import PoolRuntime
@@ -114,7 +115,9 @@ class MirrorApplier:
     def _run(self, op: Any, index: int) -> dict[str, Any]:
         rt = self.rt
         try:
-            result: dict[str, Any] = rt.execute(op)
+            # the engine's own step: no client's caps (ids per call...), the
+            # wire's decode bounded its ids and the handlers check ranges
+            result: dict[str, Any] = rt.execute(op, UNCAPPED)
         except OperationError as exc:
             raise Divergence(f"operation {index} ({op.op}) refused: {exc}") from None
         return result

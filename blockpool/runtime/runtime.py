@@ -29,7 +29,7 @@ from blockpool.core.manager import RequestManager
 from blockpool.core.metrics import KVCacheEvictionEvent, KVCacheMetricsCollector
 from blockpool.core.pool import BlockPool
 from blockpool.runtime.columns import BlockColumns
-from blockpool.runtime.config import RuntimeConfig
+from blockpool.runtime.config import Caps, RuntimeConfig
 from blockpool.runtime.counters import RESIDENCY_BUCKETS, Counters
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.observer import Change, ChangeKind, OpObserver, notify
@@ -48,6 +48,9 @@ def event_weight(ev: KVCacheEvent) -> int:
 class PoolRuntime:
     def __init__(self, config: RuntimeConfig, storage: Any = None) -> None:
         self.config = config
+        # the limits of the operation being applied: the configuration's,
+        # but for one executed with other caps (``execute``)
+        self.caps: Caps = config.caps
         self.hash_fn = get_hash_fn_by_name(config.hash_fn)
         init_none_hash(self.hash_fn, seed=config.hash_seed)
         # A seeded sampling source makes runs replayable (same sampled blocks).
@@ -122,20 +125,24 @@ class PoolRuntime:
             if self.paranoid:
                 check_invariants(self.pool)
 
-    def apply(self, op: Op) -> dict[str, Any]:
-        """Apply one operation now, as a unit of its own."""
-        result: dict[str, Any] = self.run(lambda: self.execute(op))
+    def apply(self, op: Op, caps: Caps | None = None) -> dict[str, Any]:
+        """Apply one operation now, as a unit of its own (``caps``: see ``execute``)."""
+        result: dict[str, Any] = self.run(lambda: self.execute(op, caps))
         return result
 
-    def execute(self, op: Op) -> dict[str, Any]:
-        """Apply one operation (inside ``run``), recorded when the runtime records."""
+    def execute(self, op: Op, caps: Caps | None = None) -> dict[str, Any]:
+        """Apply one operation (inside ``run``), recorded when the runtime records.
+
+        ``caps``: the size limits it is held to; None, the configuration's
+        (a client's operation); ``UNCAPPED`` for what the engine itself did
+        or the writer already accepted (blockpool/runtime/config.py)."""
         rec = self.recorder
         if rec is None:
-            return self._execute(op)
+            return self._execute(op, caps)
         queue = self.pool.kv_event_queue
         start = len(queue)
         try:
-            result = self._execute(op)
+            result = self._execute(op, caps)
         except OperationError as exc:
             first = self.events.last_seq + 1 + start
             rec.record(op, False, exc.as_dict(), first, len(queue) - start)
@@ -143,8 +150,15 @@ class PoolRuntime:
         rec.record(op, True, result, self.events.last_seq + 1 + start, len(queue) - start)
         return result
 
-    def _execute(self, op: Op) -> dict[str, Any]:
-        result, change = handle(self, op)
+    def _execute(self, op: Op, caps: Caps | None = None) -> dict[str, Any]:
+        if caps is None:
+            result, change = handle(self, op)
+        else:
+            self.caps = caps
+            try:
+                result, change = handle(self, op)
+            finally:
+                self.caps = self.config.caps
         if change is not None:
             self._changed(change)
         journal = self._journal
