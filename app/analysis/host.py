@@ -23,10 +23,24 @@ from app.analysis.worker import pool_view
 from blockpool.analysis import views
 from blockpool.analysis.core import Analysis
 from blockpool.analysis.recording import Recorder
+from blockpool.runtime.observer import OpObserver, Quiet
 
 if TYPE_CHECKING:
     from app.core.settings import Settings
+    from blockpool.analysis.engine_misses import EngineMisses
     from blockpool.runtime.runtime import PoolRuntime
+
+
+class PoolJumps(Quiet):
+    """Worker mode: what the engine's runtime tells the analysis -- only that
+    its pool jumped to another pool's state (a mirror's resync): the replica
+    is sent the new state (``RemoteAnalysis.pool_jumped``)."""
+
+    def __init__(self, remote: RemoteAnalysis) -> None:
+        self.remote = remote
+
+    def on_resync(self) -> None:
+        self.remote.pool_jumped()
 
 
 class AnalysisHost:
@@ -84,9 +98,21 @@ class AnalysisHost:
             }
             self.remote = RemoteAnalysis(engine, opening, self.recorder, s.shadow_max_lag)
         self.tick_seconds = 0.0
-        # a mirror of a real engine: its requests' miss reasons (app/mirror/misses.py)
-        # are the tally the stream and GET /api/misses show
-        self.engine_misses: Any = None
+        # a mirror of a real engine: its requests' miss reasons are the tally
+        # the stream and GET /api/misses show (``show_engine_misses``)
+        self.engine_misses: EngineMisses | None = None
+
+    @property
+    def observer(self) -> OpObserver:
+        """What the engine's runtime tells of every change (``PoolRuntime.observe``)."""
+        if self.inline is not None:
+            return self.inline
+        assert self.remote is not None
+        return PoolJumps(self.remote)
+
+    def show_engine_misses(self, misses: EngineMisses) -> None:
+        """A mirror's: the engine's requests' miss reasons are the ones shown."""
+        self.engine_misses = misses
 
     # the inline analysis' parts (tests, views)
     @property
@@ -120,13 +146,6 @@ class AnalysisHost:
         if self.remote is not None:
             self.remote.flush()
         self.tick_seconds += time.perf_counter() - t0
-
-    def on_resync(self) -> None:
-        """After the runtime's pool was put into another pool's state (a
-        mirror's snapshot).  The inline analysis hears it from the runtime's
-        hooks; the worker's replica is sent the new state."""
-        if self.remote is not None:
-            self.remote.pool_jumped()
 
     # ------------------------------------------------- answers, either mode
 

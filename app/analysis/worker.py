@@ -83,6 +83,7 @@ class Replica:
         from app.analysis import prom
         from blockpool.analysis import views
         from blockpool.analysis.segment import decode_op
+        from blockpool.runtime.config import UNCAPPED
         from blockpool.runtime.errors import OperationError
 
         rt = self.rt
@@ -94,7 +95,7 @@ class Replica:
                 op, ok = decode_op(blob)
                 n += 1
                 try:
-                    result = rt.apply(op)
+                    result = rt.apply(op, UNCAPPED if ok else None)
                 except OperationError:
                     continue
                 if ok and op.__class__.__name__ == "AdmitOp":

@@ -57,9 +57,10 @@ def _recorder(engine: Engine) -> Recorder:
 @route(router.get, "/misses", r.Misses, "Why prefixes missed, in aggregate", ReadAuth)
 async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
     """Missed prompt blocks (and tokens) by reason -- last_token,
-    block_size_floor, cold, evicted, extra_keys, chain_broken, reset -- with how long
-    ago evicted misses had been evicted and how far they had travelled
-    through the free queue, every eviction's travel, and recent requests."""
+    block_size_floor, cold, evicted, extra_keys, chain_broken, reset (and on
+    a mirror, skipped) -- with how long ago evicted misses had been evicted
+    and how far they had travelled through the free queue, every eviction's
+    travel, and recent requests."""
     return await _analysis(engine).query("misses", limit=limit)
 
 

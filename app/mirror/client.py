@@ -20,10 +20,10 @@ import zmq
 import zmq.asyncio
 
 from app.core.errors import NotFound
-from app.mirror.misses import EngineMisses
 from app.mirror.requests import RequestBook
 from app.mirror.status import MirrorStatus
 from app.mirror.story import engine_story
+from blockpool.analysis.engine_misses import EngineMisses
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.apply import Divergence, Gap, MirrorApplier
 
@@ -41,12 +41,10 @@ class MirrorClient:
         self.status = MirrorStatus(endpoint, control_endpoint)
         self.book = RequestBook()
         self.applier = MirrorApplier(engine.runtime)
-        self.misses = EngineMisses(engine.settings.block_size)
-        pool = engine.runtime.pool
-        self.applier.on_drop = lambda ids, cause: self.misses.dropped(pool, ids, cause, time.time())
-        analysis = getattr(engine, "analysis", None)
-        if analysis is not None:  # the dashboard's miss reasons are the engine's requests'
-            analysis.engine_misses = self.misses
+        host = engine.analysis  # its eviction memory where it is inline, else one of its own
+        self.misses = EngineMisses.observing(engine.runtime, host.inline if host else None)
+        if host is not None:  # the dashboard's miss reasons are the engine's requests'
+            host.show_engine_misses(self.misses)
         self._task: asyncio.Task[None] | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._unsupported = False
@@ -169,10 +167,8 @@ class MirrorClient:
         st = self.status
         st.engine_drops = batch.drops
         first = self.book.apply(batch.requests, batch.seq)
-        for rec in batch.requests:  # a request's hashes chain: parents for the tree
-            if isinstance(rec, wire.Arrive):
-                self.applier.learn_chain(rec.hashes[:4096])
-        if not self.applier.synced:
+        if not self.applier.synced:  # the requests' hash chains: a resync's tree needs them
+            await self.engine.submit(lambda: self.applier.learn_requests(batch.requests))
             return  # the snapshot asked for covers it (or a later batch does)
         # a batch that never came: its operations are a Gap (below); one with
         # request records only is a gap too, though the pool needs no resync
@@ -206,6 +202,7 @@ class MirrorClient:
         operations are applied."""
         book = self.book
         now = time.time()
+        self.applier.learn_requests(batch.requests)  # parents for a resync's tree
         for rid in first:
             r = book.requests.get(rid)
             raw = book.raw.pop(rid, None)
@@ -216,7 +213,7 @@ class MirrorClient:
                 continue
             assert r is not None
             r["reasons"], r["miss_details"] = self.misses.classify(
-                self.engine.pool, raw, prompt, hit, now
+                raw, prompt, hit, now, skips_cache=bool(r["skips_cache"])
             )
         applied = self.applier.apply_batch(batch)
         # the next tick's frames carry it (the stream's ``mirror`` header)
@@ -224,12 +221,9 @@ class MirrorClient:
         return applied
 
     def _restore(self, snap: wire.Snapshot) -> None:
-        """The writer: the runtime into the snapshot's state, and the
-        analysis after it (a worker's replica is sent the new state)."""
+        """The writer: the runtime into the snapshot's state (its observers,
+        the analysis, are told by the runtime: ``PoolRuntime.restore``)."""
         self.applier.restore(snap)
-        analysis = getattr(self.engine, "analysis", None)
-        if analysis is not None:
-            analysis.on_resync()
 
     async def _resync(self) -> None:
         """Ask for a snapshot and put the runtime into its state."""

@@ -103,7 +103,7 @@ def install(app: Any, endpoint: str, control_endpoint: str) -> MirrorClient:
     """Attach the mirror to an app create_app made (before it starts)."""
     client = MirrorClient(app.state.engine, endpoint, control_endpoint)
     app.state.mirror = client
-    app.state.stream.mirror_header = client.status.stream_header
+    app.state.stream.follow_mirror(client.status.stream_header)
     app.state.startup_hooks.append(client.start)
     app.state.shutdown_hooks.append(client.stop)
     app.include_router(router)

@@ -6,7 +6,7 @@ prompt length, the prompt's block hashes, the prefix hit when first
 scheduled, preemptions, finish.  The engine sends no block tables and no
 decode steps: a block's ``block_ids`` is the block holding its hash in the
 mirrored pool now (none once it is gone); a missed block's reason is the
-one its first scheduling was classified with (app/mirror/misses.py;
+one its first scheduling was classified with (blockpool/analysis/engine_misses.py;
 ``sources.miss_reasons`` says whether it was).
 """
 

@@ -98,8 +98,9 @@ class Engine:
         rt.after_op = self._woken
         self.analysis = AnalysisHost(rt, settings) if settings.analysis else None
         if self.analysis is not None:
-            # the runtime tells the inline analysis of every change, and records
-            rt.hooks = self.analysis.inline
+            # the runtime tells the analysis of every change (worker mode: of
+            # a jump of the pool only), and records
+            rt.observe(self.analysis.observer)
             rt.recorder = self.analysis.recorder
 
     # ------------------------------------------------- the runtime's state

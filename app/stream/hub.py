@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +30,6 @@ from blockpool.analysis import views as analysis_views
 from blockpool.runtime.summary import pool_summary
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from app.pool.engine import Engine, TickData
     from app.stream.limits import TokenBucket
 
@@ -38,6 +37,8 @@ QUEUE_FRAMES = 32
 MAX_EVENTS_PER_FRAME = 4000
 RECENT_EVENTS = 500
 RECENT_POINTS = 1200
+# a mirror service's ``mirror`` header: the newest engine batch applied (None: none yet)
+MirrorHeader = Callable[[], dict[str, Any] | None]
 ANALYSIS_EVERY_S = 1.0  # the analysis section rides in at most one delta a second
 
 
@@ -110,8 +111,13 @@ class StreamHub:
         self.epoch = f"{time.time():.6f}"  # a new server = a new epoch
         self._analysis_at = 0.0
         # a mirror service's source of the newest applied batch (the ``mirror`` header)
-        self.mirror_header: Callable[[], dict[str, Any] | None] | None = None
+        self._mirror_header: MirrorHeader | None = None
         engine.listeners.append(self.on_tick)
+
+    def follow_mirror(self, header: MirrorHeader) -> None:
+        """A mirror service: every frame's counts carry ``header()`` (the
+        newest engine batch applied; None: none yet) as ``mirror``."""
+        self._mirror_header = header
 
     # ------------------------------------------------------------- clients
 
@@ -169,7 +175,7 @@ class StreamHub:
     def _counts(self) -> dict[str, Any]:
         rt = self.engine.runtime
         counts = {**pool_summary(rt), "tokens": analysis_views.tokens(rt)}
-        mirror = self.mirror_header() if self.mirror_header is not None else None
+        mirror = self._mirror_header() if self._mirror_header is not None else None
         if mirror is not None:
             counts["mirror"] = mirror
         return counts

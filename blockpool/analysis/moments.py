@@ -24,7 +24,7 @@ from blockpool.common.keys import key64, key_group
 from blockpool.core.events import BlockRemoved, BlockStored
 from blockpool.core.snapshot import block_keys, map_entries
 from blockpool.runtime.columns import STATE_NAMES
-from blockpool.runtime.config import RuntimeConfig
+from blockpool.runtime.config import UNCAPPED, RuntimeConfig
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.runtime import PoolRuntime
 from blockpool.runtime.state import Keyframe, restore
@@ -39,10 +39,13 @@ def make_runtime(config: RuntimeConfig | dict[str, Any] | Any) -> PoolRuntime:
     return PoolRuntime(config)
 
 
-def apply_entry(rt: PoolRuntime, op: Any) -> tuple[bool, Any]:
-    """Apply a recorded op: (ok, result or error)."""
+def apply_entry(rt: PoolRuntime, op: Any, accepted: bool) -> tuple[bool, Any]:
+    """Apply a recorded op: (ok, result or error).  One the writer accepted
+    (``accepted``) applies again whatever the caps it was held to (the
+    engine's own, a mirror's, were none); a refused one meets the
+    configuration's caps again."""
     try:
-        return True, rt.apply(op)
+        return True, rt.apply(op, UNCAPPED if accepted else None)
     except OperationError as exc:
         return False, exc.as_dict()
 
@@ -96,7 +99,7 @@ def rebuild(kf: Keyframe, entries: list[Entry], config: RuntimeConfig | dict[str
     bad = 0
     for entry in entries:
         _, _, op, rec_ok, rec_payload = unpack(entry)
-        ok, payload = apply_entry(engine, op)
+        ok, payload = apply_entry(engine, op, rec_ok)
         if ok != rec_ok or (ok and jsonish(payload) != rec_payload):
             bad += 1
     last = entries[-1] if entries else None

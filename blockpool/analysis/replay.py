@@ -149,7 +149,7 @@ def _replay_record(engine: PoolRuntime, report: ReplayReport, rec: Any, started:
             raise ValueError("an operation before the first keyframe")
         op = op_from_json(rec["op"])
         before = engine.events.last_seq
-        ok, payload = apply_entry(engine, op)
+        ok, payload = apply_entry(engine, op, bool(rec["ok"]))
         report.ops += 1
         report.refused += not ok
         want = rec.get("result") if rec["ok"] else _error(rec.get("error"))

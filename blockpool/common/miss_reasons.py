@@ -1,7 +1,9 @@
 """The miss reasons: their names (the one list), their codes, and the tally
 every classifier counts them in (the service's analysis, the trace replays).
 
-What each reason means: ``blockpool/analysis/misses.py``.  A trace replay
+What each reason means: ``blockpool/analysis/miss_classifier.py``; ``skipped``
+(the engine did not look the prompt up: vLLM's ``prompt_logprobs``) is a
+mirrored engine's only (``blockpool/analysis/engine_misses.py``).  A trace replay
 (no extra keys across its requests' first blocks, one request admitted at a
 time, no reset) finds the first four, ``REPLAY_REASONS``.
 """
@@ -19,8 +21,9 @@ REASONS = (
     "extra_keys",
     "chain_broken",
     "reset",
+    "skipped",
 )
-HIT, LAST_TOKEN, FLOOR, COLD, EVICTED, EXTRA_KEYS, CHAIN_BROKEN, RESET_DROP = range(8)
+HIT, LAST_TOKEN, FLOOR, COLD, EVICTED, EXTRA_KEYS, CHAIN_BROKEN, RESET_DROP, SKIPPED = range(9)
 NUM_CODES = len(REASONS) + 1
 CODE_NAMES = (None, *REASONS)
 REPLAY_REASONS = REASONS[:4]

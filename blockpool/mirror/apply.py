@@ -12,17 +12,16 @@ Synchronous and single-threaded: the service calls it from its one writer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from blockpool.core.hashing import int_block_hashes
 from blockpool.core.manager import PrefixCacheStats
-from blockpool.core.snapshot import PoolSnapshot, SnapshotMismatch, restore_pool
+from blockpool.core.snapshot import SnapshotMismatch
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.digest import PoolDigest
 from blockpool.mirror.poolview import BadSnapshot, to_pool_snapshot
+from blockpool.runtime.config import UNCAPPED
 from blockpool.runtime.errors import Conflict, OperationError
 from blockpool.runtime.ops import AllocateOp, CacheOp, EvictOp, FreeOp, ResetOp, TouchOp
 from blockpool.runtime.runtime import PoolRuntime
@@ -64,9 +63,6 @@ class MirrorApplier:
         # tree from these (bounded: the oldest go first)
         self.parents: dict[bytes, bytes | None] = {}
         self.parents_max = max(65_536, 4 * rt.pool.num_gpu_blocks)
-        # told before an operation takes hashes out of the pool: (block ids,
-        # None for every block; the cause: 0 an allocation, 1 evict, 2 reset)
-        self.on_drop: Callable[[list[int] | None, int], None] | None = None
 
     def learn_chain(self, hashes: list[bytes], parent: bytes | None = None) -> None:
         """``hashes`` follow each other (a request's blocks, a cache operation's)."""
@@ -81,6 +77,13 @@ class MirrorApplier:
         if excess > 0:
             for h in list(islice(known, excess)):
                 del known[h]
+
+    def learn_requests(self, records: list[wire.Record]) -> None:
+        """The hash chains of the requests that arrived (the writer runs it
+        for every batch, synced or not: a resync's tree needs them)."""
+        for rec in records:
+            if isinstance(rec, wire.Arrive):
+                self.learn_chain(rec.hashes[:4096])
 
     # ------------------------------------------------------------- batches
 
@@ -114,7 +117,9 @@ class MirrorApplier:
     def _run(self, op: Any, index: int) -> dict[str, Any]:
         rt = self.rt
         try:
-            result: dict[str, Any] = rt.execute(op)
+            # the engine's own step: no client's caps (ids per call...), the
+            # wire's decode bounded its ids and the handlers check ranges
+            result: dict[str, Any] = rt.execute(op, UNCAPPED)
         except OperationError as exc:
             raise Divergence(f"operation {index} ({op.op}) refused: {exc}") from None
         return result
@@ -131,8 +136,6 @@ class MirrorApplier:
         if isinstance(op, wire.Allocate):
             ids = op.ids
             touched.extend(ids)
-            if self.on_drop is not None:
-                self.on_drop(ids, 0)
             got = self._run(AllocateOp(num_blocks=len(ids)), index)["block_ids"]
             if got != ids:
                 raise Divergence(
@@ -162,13 +165,9 @@ class MirrorApplier:
                 )
         elif isinstance(op, wire.Evict):
             touched.extend(op.ids)
-            if self.on_drop is not None:
-                self.on_drop(op.ids, 1)
             self._run(EvictOp(block_ids=op.ids), index)
         elif isinstance(op, wire.Reset):
             touched.append(-1)
-            if self.on_drop is not None:
-                self.on_drop(None, 2)
             self._run(ResetOp(), index)
         elif isinstance(op, wire.Unsupported):
             raise Divergence(f"operation {index}: the engine did {op.what!r}, not mirrored")
@@ -190,44 +189,9 @@ class MirrorApplier:
         if snap.digest and digest != snap.digest:
             raise Divergence("the snapshot's digest is not the engine's")
         try:
-            restore_pool(ps, rt.pool, rt.manager)
+            rt.restore(ps, self.parents)
         except (SnapshotMismatch, AssertionError, ValueError, KeyError) as exc:
             raise Divergence(f"the snapshot does not restore: {exc}") from None
-        rt.raw_refs[:] = 0
-        for bid, ref in enumerate(ps.refs):
-            if bid and ref:
-                rt.raw_refs[bid] = ref
         self.digest.refresh()
-        self._rebuild_tree(ps)
-        rt.mark_all_dirty()
-        resynced = getattr(rt.hooks, "on_resync", None)
-        if resynced is not None:  # the analysis: its per-block state follows
-            resynced()
-        rec = rt.recorder
-        if rec is not None:  # time travel starts a segment here (the jump is no operation)
-            rec.keyframe()
         self.next_op = snap.ops
         self.synced = True
-
-    def _rebuild_tree(self, snap: PoolSnapshot) -> None:
-        """The prefix tree of the restored pool: one copy per cached block,
-        each hash under its parent where the stream told it (``learn_chain``);
-        the others are the tree's ``orphans`` (it says it is partial)."""
-        tree = self.rt.tree
-        tree.clear()
-        as_int = int_block_hashes()
-
-        def ext(h: bytes) -> int | bytes:
-            return int.from_bytes(h[-8:], "big") if as_int else h
-
-        known = self.parents
-        for i, key in enumerate(snap.map_keys):
-            copies = len(snap.map_dicts.get(i, (0,)))
-            h = key[:-4]  # the key without its group id
-            if h in known:
-                p = known[h]
-                for _ in range(copies):
-                    tree.restored(ext(h), None if p is None else ext(p), True)
-            else:
-                for _ in range(copies):
-                    tree.restored(ext(h), None, False)

@@ -2,7 +2,7 @@
 counters, applying typed operations (see runtime.py and observer.py)."""
 
 from blockpool.runtime.columns import STATE_NAMES, BlockColumns
-from blockpool.runtime.config import RuntimeConfig
+from blockpool.runtime.config import UNCAPPED, Caps, RuntimeConfig
 from blockpool.runtime.counters import Counters
 from blockpool.runtime.errors import (
     Conflict,
@@ -22,7 +22,9 @@ from blockpool.runtime.seqlog import SeqLog
 __all__ = [
     "OP_CLASSES",
     "STATE_NAMES",
+    "UNCAPPED",
     "BlockColumns",
+    "Caps",
     "Change",
     "ChangeKind",
     "Conflict",

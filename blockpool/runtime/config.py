@@ -42,3 +42,25 @@ class RuntimeConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def caps(self) -> Caps:
+        """The limits above, as the handlers apply them to a client's operation."""
+        return Caps(self.max_ids_per_call, self.max_tokens_per_request, self.max_requests)
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What one operation may ask for: ids in one call, tokens of one
+    request, requests running.  An untrusted client's operations (REST, a
+    trace, the demo) get the configuration's (``RuntimeConfig.caps``); an
+    operation the engine itself did (a mirror's stream) or one the writer
+    already accepted (a recording's replay, the dry-run journal) gets
+    ``UNCAPPED``: its shape and ranges are still checked, its size is not."""
+
+    max_ids_per_call: int
+    max_tokens_per_request: int
+    max_requests: int
+
+
+UNCAPPED = Caps(2**62, 2**62, 2**62)

@@ -16,7 +16,14 @@
 6. the recorder keeps the operation, its result and its events;
 7. the pool's events and eviction samples go into the sequenced logs.
 
-Reads (lookups) change nothing and notify nobody.
+Reads (lookups) change nothing and notify nobody.  A jump of the pool to
+another pool's state (``PoolRuntime.restore``: a mirror's resync from the
+engine's snapshot) is no operation: the observer is told ``on_resync`` once,
+after the columns were re-read and the recorder kept a keyframe.
+
+Several observers (the analysis, a mirror's engine misses) are one
+``Observers``: each is told, in the order they were added
+(``PoolRuntime.observe``).
 """
 
 from __future__ import annotations
@@ -99,6 +106,100 @@ class OpObserver(Protocol):
     ) -> None: ...
 
     def on_finish(self, rid: str, managed: ManagedRequest, first_stamp: int) -> None: ...
+
+    def on_resync(self) -> None: ...
+
+
+class Observers:
+    """Several observers as one: each told of every change, in order."""
+
+    def __init__(self, *observers: OpObserver) -> None:
+        self.observers: tuple[OpObserver, ...] = observers
+
+    def added(self, obs: OpObserver) -> Observers:
+        return Observers(*self.observers, obs)
+
+    def on_allocate(self, ids: list[int]) -> None:
+        for o in self.observers:
+            o.on_allocate(ids)
+
+    def on_freed(self, first_stamp: int, now: float | None = None) -> None:
+        for o in self.observers:
+            o.on_freed(first_stamp, now)
+
+    def on_cache(self, hashes: Sequence[bytes]) -> None:
+        for o in self.observers:
+            o.on_cache(hashes)
+
+    def on_evict(self, ids: list[int]) -> None:
+        for o in self.observers:
+            o.on_evict(ids)
+
+    def on_reset(self) -> None:
+        for o in self.observers:
+            o.on_reset()
+
+    def on_admit(self, rid: str, op: AdmitFields, adm: Admission) -> None:
+        for o in self.observers:
+            o.on_admit(rid, op, adm)
+
+    def on_append(
+        self,
+        rid: str,
+        managed: ManagedRequest,
+        before_tokens: int,
+        before_cached: int,
+        added: list[list[int]],
+    ) -> None:
+        for o in self.observers:
+            o.on_append(rid, managed, before_tokens, before_cached, added)
+
+    def on_finish(self, rid: str, managed: ManagedRequest, first_stamp: int) -> None:
+        for o in self.observers:
+            o.on_finish(rid, managed, first_stamp)
+
+    def on_resync(self) -> None:
+        for o in self.observers:
+            o.on_resync()
+
+
+class Quiet:
+    """An observer told of everything that listens to nothing: a base for
+    one that needs a few of the notifications."""
+
+    def on_allocate(self, ids: list[int]) -> None:
+        pass
+
+    def on_freed(self, first_stamp: int, now: float | None = None) -> None:
+        pass
+
+    def on_cache(self, hashes: Sequence[bytes]) -> None:
+        pass
+
+    def on_evict(self, ids: list[int]) -> None:
+        pass
+
+    def on_reset(self) -> None:
+        pass
+
+    def on_admit(self, rid: str, op: AdmitFields, adm: Admission) -> None:
+        pass
+
+    def on_append(
+        self,
+        rid: str,
+        managed: ManagedRequest,
+        before_tokens: int,
+        before_cached: int,
+        added: list[list[int]],
+    ) -> None:
+        pass
+
+    def on_finish(self, rid: str, managed: ManagedRequest, first_stamp: int) -> None:
+        pass
+
+    def on_resync(self) -> None:
+        pass
 
 
 def notify(obs: OpObserver, ch: Change, first_stamp: int) -> None:

@@ -16,23 +16,24 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from blockpool.common.histogram import Histogram
 from blockpool.core.events import BlockRemoved, BlockStored, KVCacheEvent
-from blockpool.core.hashing import get_hash_fn_by_name, init_none_hash
+from blockpool.core.hashing import get_hash_fn_by_name, init_none_hash, int_block_hashes
 from blockpool.core.invariants import check_invariants
 from blockpool.core.manager import RequestManager
 from blockpool.core.metrics import KVCacheEvictionEvent, KVCacheMetricsCollector
 from blockpool.core.pool import BlockPool
+from blockpool.core.snapshot import PoolSnapshot, restore_pool
 from blockpool.runtime.columns import BlockColumns
-from blockpool.runtime.config import RuntimeConfig
+from blockpool.runtime.config import Caps, RuntimeConfig
 from blockpool.runtime.counters import RESIDENCY_BUCKETS, Counters
 from blockpool.runtime.errors import OperationError
-from blockpool.runtime.observer import Change, ChangeKind, OpObserver, notify
+from blockpool.runtime.observer import Change, ChangeKind, Observers, OpObserver, notify
 from blockpool.runtime.ops import READ_ONLY, Op, handle, precheck
 from blockpool.runtime.prefix_tree import PrefixTree
 from blockpool.runtime.seqlog import SeqLog
@@ -48,6 +49,9 @@ def event_weight(ev: KVCacheEvent) -> int:
 class PoolRuntime:
     def __init__(self, config: RuntimeConfig, storage: Any = None) -> None:
         self.config = config
+        # the limits of the operation being applied: the configuration's,
+        # but for one executed with other caps (``execute``)
+        self.caps: Caps = config.caps
         self.hash_fn = get_hash_fn_by_name(config.hash_fn)
         init_none_hash(self.hash_fn, seed=config.hash_seed)
         # A seeded sampling source makes runs replayable (same sampled blocks).
@@ -122,20 +126,24 @@ class PoolRuntime:
             if self.paranoid:
                 check_invariants(self.pool)
 
-    def apply(self, op: Op) -> dict[str, Any]:
-        """Apply one operation now, as a unit of its own."""
-        result: dict[str, Any] = self.run(lambda: self.execute(op))
+    def apply(self, op: Op, caps: Caps | None = None) -> dict[str, Any]:
+        """Apply one operation now, as a unit of its own (``caps``: see ``execute``)."""
+        result: dict[str, Any] = self.run(lambda: self.execute(op, caps))
         return result
 
-    def execute(self, op: Op) -> dict[str, Any]:
-        """Apply one operation (inside ``run``), recorded when the runtime records."""
+    def execute(self, op: Op, caps: Caps | None = None) -> dict[str, Any]:
+        """Apply one operation (inside ``run``), recorded when the runtime records.
+
+        ``caps``: the size limits it is held to; None, the configuration's
+        (a client's operation); ``UNCAPPED`` for what the engine itself did
+        or the writer already accepted (blockpool/runtime/config.py)."""
         rec = self.recorder
         if rec is None:
-            return self._execute(op)
+            return self._execute(op, caps)
         queue = self.pool.kv_event_queue
         start = len(queue)
         try:
-            result = self._execute(op)
+            result = self._execute(op, caps)
         except OperationError as exc:
             first = self.events.last_seq + 1 + start
             rec.record(op, False, exc.as_dict(), first, len(queue) - start)
@@ -143,8 +151,15 @@ class PoolRuntime:
         rec.record(op, True, result, self.events.last_seq + 1 + start, len(queue) - start)
         return result
 
-    def _execute(self, op: Op) -> dict[str, Any]:
-        result, change = handle(self, op)
+    def _execute(self, op: Op, caps: Caps | None = None) -> dict[str, Any]:
+        if caps is None:
+            result, change = handle(self, op)
+        else:
+            self.caps = caps
+            try:
+                result, change = handle(self, op)
+            finally:
+                self.caps = self.config.caps
         if change is not None:
             self._changed(change)
         journal = self._journal
@@ -208,6 +223,65 @@ class PoolRuntime:
             rid = f"req-{self.request_counter}"
             if rid not in self.manager.requests:
                 return rid
+
+    def observe(self, obs: OpObserver) -> None:
+        """Tell ``obs`` of every change too, after the observers it has."""
+        hooks = self.hooks
+        if hooks is None:
+            self.hooks = obs
+        elif isinstance(hooks, Observers):
+            self.hooks = hooks.added(obs)
+        else:
+            self.hooks = Observers(hooks, obs)
+
+    # -------------------------------------------------------------- a jump
+
+    def restore(self, snap: PoolSnapshot, parents: Mapping[bytes, bytes | None]) -> None:
+        """Put the pool into another pool's state ``snap`` between operations
+        (a mirror's resync from the engine's snapshot; no operation took it
+        there): its blocks, queue, map and held references (``snap.refs``:
+        no managed request holds any); the prefix tree rebuilt, each cached
+        hash under its parent where ``parents`` (hash -> parent hash, None:
+        a first block) knows it, the others its orphans; every column
+        re-read; the recorder's keyframe; the observer told ``on_resync``,
+        once.  Raises what ``restore_pool`` raises when it does not fit
+        (nothing changed then)."""
+        restore_pool(snap, self.pool, self.manager)
+        self._journal = None  # a spare of this runtime's (trial.py) is out of step now
+        raw = self.raw_refs
+        raw[:] = 0
+        for bid, ref in enumerate(snap.refs):
+            if bid and ref:
+                raw[bid] = ref
+        self._restore_tree(snap, parents)
+        self.mark_all_dirty()
+        rec = self.recorder
+        if rec is not None:  # time travel starts a segment here (the jump is no operation)
+            rec.keyframe()
+        if self.hooks is not None:
+            self.hooks.on_resync()
+
+    def _restore_tree(self, snap: PoolSnapshot, parents: Mapping[bytes, bytes | None]) -> None:
+        """One copy per cached block, each hash under its parent where
+        ``parents`` says it; the others are the tree's ``orphans`` (it says
+        it is partial)."""
+        tree = self.tree
+        tree.clear()
+        as_int = int_block_hashes()
+
+        def ext(h: bytes) -> int | bytes:
+            return int.from_bytes(h[-8:], "big") if as_int else h
+
+        for i, key in enumerate(snap.map_keys):
+            copies = len(snap.map_dicts.get(i, (0,)))
+            h = key[:-4]  # the key without its group id
+            if h in parents:
+                p = parents[h]
+                for _ in range(copies):
+                    tree.restored(ext(h), None if p is None else ext(p), True)
+            else:
+                for _ in range(copies):
+                    tree.restored(ext(h), None, False)
 
     def mark_all_dirty(self) -> None:
         self.columns.resync_all()

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from blockpool.core.snapshot import pool_digest
+from blockpool.runtime.config import UNCAPPED
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.ops import READ_ONLY, Op
 from blockpool.runtime.runtime import PoolRuntime
@@ -56,7 +57,7 @@ def _in_step(rt: PoolRuntime) -> PoolRuntime:
         if journal is None:
             raise LookupError  # copy it whole
         for op in journal:  # applied on the real runtime: they apply here too
-            spare._execute(op)
+            spare._execute(op, UNCAPPED)
     except (LookupError, OperationError):
         restore(spare, snapshot(rt, 0, 0.0), check=False)
     _discard_output(spare)

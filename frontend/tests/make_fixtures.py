@@ -13,7 +13,7 @@ Scenarios (each a folder with manifest.json + NNN-kind.bin):
   hash (two physical copies), finishes (stamps), raw allocate (evictions),
   raw cache with one hash on two blocks, an empty tick, reset, more admits.
 * ``restart`` the config + snapshot of a second server (another epoch).
-* ``mirror`` the frames of a mirror service (the hub's ``mirror_header``
+* ``mirror`` the frames of a mirror service (the hub's ``follow_mirror``
   set as ``blockpool serve --mirror`` sets it): a snapshot carrying an
   engine batch, deltas bringing new batches, one repeating a batch.
 * ``large``  100,000 blocks: a snapshot and deltas of ~1,000 changed blocks.
@@ -188,7 +188,7 @@ def mirror(out: Path) -> None:
     settings = Settings(num_blocks=32, block_size=4, hash_fn="sha256", hash_seed="0")
     r = Recorder(out, "mirror", settings, full=True)
     applied: dict[str, Any] = {}
-    r.hub.mirror_header = lambda: dict(applied) if applied else None
+    r.hub.follow_mirror(lambda: dict(applied) if applied else None)
     r.emit(r.hub.config_frame(), "config")
     r.engine.tick()
     r.emit(r.hub.snapshot_frame(), "snapshot before any batch")

@@ -25,7 +25,7 @@ def test_analysis_rides_in_snapshots_and_about_once_a_second(engine_factory: Fac
     an = snap.header["analysis"]
     assert an["misses"] == {
         "last_token": 0, "block_size_floor": 1, "cold": 1, "evicted": 0,
-        "extra_keys": 0, "chain_broken": 0, "reset": 0,
+        "extra_keys": 0, "chain_broken": 0, "reset": 0, "skipped": 0,
     }  # fmt: skip
     assert [row[0] for row in an["shadows"]][:2] == ["append_all@0.5x", "append_all@1x"]
     assert snap.header["tokens"]["held"] == 6 and snap.header["tokens"]["slots_reserved"] == 8

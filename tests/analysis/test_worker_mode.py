@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from app.analysis.host import PoolJumps
 from app.core.errors import NotFound, OperationError
 from app.pool.engine import Engine
 from tests.analysis.conftest import Clock, admit, allocate, append, evict, finish, free
@@ -49,8 +50,10 @@ def drive(e: Engine, clock: Clock, seed: int) -> None:
 def test_the_replica_answers_as_the_inline_analysis(engine_factory: Factory, clock: Clock) -> None:
     inline = engine_factory(num_blocks=40, analysis_mode="inline")
     worker = engine_factory(num_blocks=40, analysis_mode="worker")
-    # the worker's engine only records
-    assert inline.runtime.hooks is not None and worker.runtime.hooks is None
+    # the worker's engine only records (its runtime's observer hears only a
+    # jump of the pool: a mirror's resync, for the replica)
+    assert inline.runtime.hooks is inline.analysis.inline  # type: ignore[union-attr]
+    assert isinstance(worker.runtime.hooks, PoolJumps)
     wan = worker.analysis
     assert wan is not None and wan.remote is not None
     wan.start()

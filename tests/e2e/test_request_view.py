@@ -92,6 +92,6 @@ def test_the_running_list_links_to_the_story(dashboard: Page, server: Server) ->
     # its prompt blocks carry a hit or a reason (the analysis may be a tick behind: "prompt")
     reasons = {b["reason"] for b in view["blocks"]}
     allowed = {"hit", "decode", "prompt", "last_token", "block_size_floor", "cold", "evicted",
-               "extra_keys", "chain_broken", "reset"}  # fmt: skip
+               "extra_keys", "chain_broken", "reset", "skipped"}  # fmt: skip
     assert reasons <= allowed, reasons
     assert p.errors == []

@@ -104,7 +104,7 @@ def precheck(rt: RuntimeState, op: Op) -> None:
     tokens = getattr(op, "token_ids", None)
     if isinstance(tokens, list):
         check_tokens(rt, len(tokens), op.op)
-    limit = rt.config.max_ids_per_call
+    limit = rt.caps.max_ids_per_call
     if isinstance(op, AllocateOp) and op.num_blocks > limit:
         raise TooLarge(
             f"allocate: {op.num_blocks} blocks in one call, the limit is {limit}", limit=limit

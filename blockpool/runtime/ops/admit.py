@@ -31,7 +31,7 @@ def admit(rt: RuntimeState, op: AdmitOp) -> Outcome:
     rid = op.request_id or rt.new_request_id()
     if rid in mgr.requests:
         raise Conflict(f"admit: request {rid!r} is already running", request_id=rid)
-    limit = rt.config.max_requests
+    limit = rt.caps.max_requests
     if len(mgr.requests) >= limit:
         raise Conflict(
             f"admit: {len(mgr.requests)} requests are running, the limit is {limit}",

@@ -21,7 +21,7 @@ class AllocateOp(OpRecord, kw_only=True):
 
 def allocate(rt: RuntimeState, op: AllocateOp) -> Outcome:
     n = op.num_blocks
-    limit = rt.config.max_ids_per_call
+    limit = rt.caps.max_ids_per_call
     if n > limit:
         raise TooLarge(f"allocate: {n} blocks in one call, the limit is {limit}", limit=limit)
     free = rt.pool.get_num_free_blocks()

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from blockpool.core.manager import ManagedRequest, RequestManager
     from blockpool.core.pool import BlockPool
     from blockpool.runtime.columns import BlockColumns
-    from blockpool.runtime.config import RuntimeConfig
+    from blockpool.runtime.config import Caps, RuntimeConfig
     from blockpool.runtime.counters import Counters
     from blockpool.runtime.observer import Change, ChangeKind
 
@@ -42,6 +42,7 @@ class RuntimeState(Protocol):
     """What the handlers change (blockpool.runtime.runtime.PoolRuntime)."""
 
     config: RuntimeConfig
+    caps: Caps  # the limits of the operation being applied (PoolRuntime.execute)
     pool: BlockPool
     manager: RequestManager
     columns: BlockColumns
@@ -79,7 +80,7 @@ class OpSpec(Generic[T]):
 
 
 def check_ids(rt: RuntimeState, ids: Sequence[int], what: str) -> None:
-    limit = rt.config.max_ids_per_call
+    limit = rt.caps.max_ids_per_call
     if len(ids) > limit:
         raise TooLarge(
             f"{what}: {len(ids)} block ids in one call, the limit is {limit}",
@@ -97,7 +98,7 @@ def check_ids(rt: RuntimeState, ids: Sequence[int], what: str) -> None:
 
 
 def check_tokens(rt: RuntimeState, n: int, what: str) -> None:
-    limit = rt.config.max_tokens_per_request
+    limit = rt.caps.max_tokens_per_request
     if n > limit:
         raise TooLarge(
             f"{what}: {n} tokens, the limit per request is {limit}", given=n, limit=limit

@@ -131,6 +131,9 @@ export function describeCell(c) {
     case "cold":
       why = "never seen";
       break;
+    case "skipped":
+      why = d.cached ? "the engine skipped the prefix cache (prompt_logprobs); it was cached" : "the engine skipped the prefix cache (prompt_logprobs)";
+      break;
     default:
       why = c.reason || "";
   }

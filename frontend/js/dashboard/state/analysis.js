@@ -5,7 +5,7 @@
 // GET /api/shadows (or the section's shadow rows), and the analysis health
 // line (worker lag, restarts, errors, a section that stopped moving).
 
-export const REASONS = ["last_token", "block_size_floor", "cold", "evicted", "extra_keys", "chain_broken", "reset"];
+export const REASONS = ["last_token", "block_size_floor", "cold", "evicted", "extra_keys", "chain_broken", "reset", "skipped"];
 
 /** @type {Record<string, string>} */
 export const REASON_LABEL = {
@@ -16,6 +16,7 @@ export const REASON_LABEL = {
   extra_keys: "extra keys",
   chain_broken: "chain broken",
   reset: "reset",
+  skipped: "skipped by the engine",
 };
 
 /** @type {Record<string, string>} */
@@ -27,6 +28,7 @@ export const REASON_HELP = {
   extra_keys: "the same first-block tokens were stored under other extra keys (cache salt, LoRA)",
   chain_broken: "still cached, but an earlier block missed and the lookup stops at the first miss",
   reset: "its hash was cached before and dropped by a prefix-cache reset since: not an eviction, no regret",
+  skipped: "a mirrored engine did not look the prompt up (a prompt_logprobs request skips the prefix cache)",
 };
 
 /**
@@ -42,6 +44,7 @@ export const REASON_RGB = {
   extra_keys: [219, 97, 162],
   chain_broken: [240, 136, 62],
   reset: [57, 197, 187],
+  skipped: [121, 192, 255],
   decode: [48, 54, 61],
   pending: [72, 79, 88],
 };
