@@ -187,6 +187,29 @@ def wait_mirror(client: httpx.Client, url: str, proc: subprocess.Popen[bytes]) -
     raise SystemExit("the mirror did not sync in 120 s")
 
 
+def spy(pid: int, path: Path, seconds: float) -> list[subprocess.Popen[bytes]]:
+    """py-spy recording the service for ``seconds``: raw stacks and a flame graph."""
+    exe = Path(sys.executable).parent / "py-spy"
+    tool = str(exe) if exe.exists() else "py-spy"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    base = [
+        tool,
+        "record",
+        "--pid",
+        str(pid),
+        "-d",
+        str(int(seconds)),
+        "-r",
+        "100",
+        "--nonblocking",
+    ]
+    return [
+        subprocess.Popen([*base, "--format", fmt, "-o", str(path.with_suffix(ext))],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for fmt, ext in (("raw", ".txt"),)
+    ]  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps-per-s", type=float, default=200.0)
@@ -203,6 +226,11 @@ def main() -> None:
     ap.add_argument("--serve-arg", action="append", default=[], help="one more serve flag")
     ap.add_argument("--drain-s", type=float, default=120.0, help="longest wait for the backlog")
     ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--profile", type=Path, metavar="FILE",
+        help="py-spy (on PATH or beside python) samples the service during the replay: "
+        "FILE.txt (collapsed stacks) and FILE.svg",
+    )  # fmt: skip
     args = ap.parse_args()
 
     steps = int(args.steps_per_s * args.duration)
@@ -264,6 +292,7 @@ def main() -> None:
                         }
                     )
 
+            spies = [] if args.profile is None else spy(proc.pid, args.profile, args.duration)
             t0 = time.perf_counter()
             watcher = threading.Thread(target=watch, daemon=True)
             watcher.start()
@@ -290,6 +319,8 @@ def main() -> None:
             stop.set()
             watcher.join()
             final = client.get(url).json()
+            for p in spies:
+                p.wait(timeout=60)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
