@@ -98,6 +98,10 @@ class PoolDigest:
         self.prev = array("i", [NOT_QUEUED]) * n
         self.next = array("i", [NOT_QUEUED]) * n
         self.keys: list[bytes | None] = [None] * n
+        # ref count and map position as last seen (-3: never read): a block
+        # re-read unchanged keeps its value (no hash computed)
+        self.refs = array("i", [-3]) * n
+        self.pos = array("i", [-3]) * n
         self.total = n
         self.refresh()
 
@@ -150,20 +154,59 @@ class PoolDigest:
         self._reread(dirty)
 
     def _reread(self, ids: Iterable[int], full: bool = False) -> None:
+        """``_read`` and ``block_value`` of each block, inlined (the mirror
+        re-reads hundreds of blocks per engine step); a block whose state is
+        as last seen keeps its value."""
         blocks = self.pool.blocks
         cache = self.pool.cached_block_hash_to_block._cache
         values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
+        srefs, spos = self.refs, self.pos
+        pack, hasher, from_bytes = _PACK, blake2b, int.from_bytes
         total = self.total
         for bid in ids:
             if bid <= 0:
                 continue
-            ref, prev, nxt, pos, key = _read(cache, blocks[bid])
-            v = block_value(bid, ref, prev, nxt, pos, key)
+            b = blocks[bid]
+            k = b.block_hash
+            if k is None:
+                key = None
+                pos = -1
+            else:
+                key = bytes(k)
+                v = cache.get(k)
+                if v is b:
+                    pos = 0
+                elif isinstance(v, dict):
+                    pos = map_position(cache, k, b)
+                else:
+                    pos = -1
+            ref = b.ref_cnt
+            p = b.prev_free_block
+            prev = NOT_QUEUED if p is None else int(p.block_id)
+            p = b.next_free_block
+            nxt = NOT_QUEUED if p is None else int(p.block_id)
+            if (
+                not full
+                and ref == srefs[bid]
+                and prev == sprev[bid]
+                and nxt == snext[bid]
+                and pos == spos[bid]
+                and key == skeys[bid]
+            ):
+                continue
+            if key is None:
+                h = hasher(pack(bid, ref, prev, nxt, pos, -1), digest_size=8)
+            else:
+                h = hasher(pack(bid, ref, prev, nxt, pos, len(key) & 127), digest_size=8)
+                h.update(key)
+            val = from_bytes(h.digest(), "little")
             if not full:
                 total -= values[bid]
-            total += v
-            values[bid] = v
+            total += val
+            values[bid] = val
             sprev[bid] = prev
             snext[bid] = nxt
             skeys[bid] = key
+            srefs[bid] = ref
+            spos[bid] = pos
         self.total = total & MASK
