@@ -122,23 +122,28 @@ class PoolDigest:
         n = len(blocks)
         dirty: set[int] = set()
         seen: set[int] = set()
+        add, mark = dirty.add, seen.add
         sprev, snext, skeys = self.prev, self.next, self.keys
         cache = self.pool.cached_block_hash_to_block._cache
         keys: set[bytes] = set()
         for bid in ids:
-            if not 0 < bid < n or bid in seen:
+            if bid in seen or not 0 < bid < n:
                 continue
-            seen.add(bid)
-            dirty.add(bid)
+            mark(bid)
+            add(bid)
             b = blocks[bid]
-            for link in (
-                sprev[bid],
-                snext[bid],
-                _link(b.prev_free_block),
-                _link(b.next_free_block),
-            ):
-                if link > 0:
-                    dirty.add(link)
+            link = sprev[bid]
+            if link > 0:
+                add(link)
+            link = snext[bid]
+            if link > 0:
+                add(link)
+            p = b.prev_free_block
+            if p is not None and p.block_id > 0:
+                add(p.block_id)
+            p = b.next_free_block
+            if p is not None and p.block_id > 0:
+                add(p.block_id)
             old = skeys[bid]
             if old is not None:
                 keys.add(old)
