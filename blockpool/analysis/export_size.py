@@ -262,7 +262,7 @@ def line_bytes(kind: str, kf: Keyframe) -> int:
                      + 2 * len(hashed))  # fmt: skip
     m = len(ps.map_keys)
     if m:
-        ids = ps.map_ids.tolist()
+        ids: list[int | list[int]] = list(ps.map_ids.tolist())
         for i, tup in ps.map_dicts.items():  # a promoted entry: its ids' list instead
             ids[i] = list(tup)
         values = len(str(ids)) - 2 - 2 * (m - 1)
