@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install run test test-fast lint lint-js fmt bench bench-vllm vllm-envs soak browser clean plot-curve
+.PHONY: install run test test-fast lint lint-js fmt bench bench-vllm bench-mirror-rate vllm-envs soak browser clean plot-curve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -118,3 +118,7 @@ plot-curve: $(STAMP)
 	@test -n "$(TRACE)" || { echo "give the trace: make plot-curve TRACE=FILE.jsonl"; exit 2; }
 	$(VENV)/bin/blockpool trace $(TRACE) --model-config $(CURVE_MODEL) --sweep \
 	  --sweep-points 28 --policies optimal --plot docs/trace-curve.png
+
+## Does `serve --mirror` keep up with a GPU-like engine (no vLLM; bench/bench_mirror_rate.py).
+bench-mirror-rate: $(STAMP)
+	$(PY) bench/bench_mirror_rate.py --steps-per-s 200 --duration 30 --warmup 1000

@@ -46,15 +46,22 @@ def _hx(h: int | bytes) -> str:
     return f"{h:016x}" if isinstance(h, int) else h.hex()
 
 
+def _hexes(hashes: list[Any]) -> list[str]:
+    """``_hx`` of each (an event's hashes are all ints or all bytes)."""
+    if hashes and isinstance(hashes[0], int):
+        return [f"{h:016x}" for h in hashes]
+    return [h.hex() for h in hashes]
+
+
 def compact_event(seq: int, ev: KVCacheEvent) -> list[Any]:
     """[seq, type, ...] — see docs/protocol.md."""
     if isinstance(ev, BlockRemoved):
-        return [seq, p.EV_REMOVED, [_hx(h) for h in ev.block_hashes]]
+        return [seq, p.EV_REMOVED, _hexes(ev.block_hashes)]
     if isinstance(ev, BlockStored):
         return [
             seq,
             p.EV_STORED,
-            [_hx(h) for h in ev.block_hashes],
+            _hexes(ev.block_hashes),
             None if ev.parent_block_hash is None else _hx(ev.parent_block_hash),
             len(ev.token_ids),
             ev.block_size,

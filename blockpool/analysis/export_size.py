@@ -11,7 +11,9 @@ import bisect
 import json
 import random
 import time
+from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -237,5 +239,32 @@ class ExportSizer:
         }
 
 
+def _list_bytes(n: int, items: int) -> int:
+    """What ``n`` items of ``items`` bytes in all add to an empty JSON list."""
+    return items + 2 * (n - 1) if n else 0
+
+
 def line_bytes(kind: str, kf: Keyframe) -> int:
-    return len(json.dumps({"type": kind, **keyframe_json(kf)})) + 1
+    """The bytes of the keyframe's export line, exactly, without writing its
+    per-block lists (a pool of 131,072 blocks: tens of MB of JSON, half a
+    second of the writer's time): an int list's JSON is its repr, a hash
+    is its hex in quotes, and the rest is written with those lists empty."""
+    ps = kf.pool
+    none = array("i")
+    bare = replace(ps, refs=none, keys=[], queue=none, map_keys=[], map_ids=none, map_dicts={})
+    d = {"type": kind, **keyframe_json(replace(kf, pool=bare))}
+    n = len(json.dumps(d)) + 1
+    refs, queue = ps.refs.tolist(), ps.queue.tolist()
+    n += len(str(refs)) + len(str(queue)) - 4  # their reprs, less the brackets counted
+    keys = ps.keys
+    hashed = [k for k in keys if k is not None]
+    n += _list_bytes(len(keys), 4 * (len(keys) - len(hashed)) + sum(map(len, hashed)) * 2
+                     + 2 * len(hashed))  # fmt: skip
+    m = len(ps.map_keys)
+    if m:
+        ids: list[int | list[int]] = list(ps.map_ids.tolist())
+        for i, tup in ps.map_dicts.items():  # a promoted entry: its ids' list instead
+            ids[i] = list(tup)
+        values = len(str(ids)) - 2 - 2 * (m - 1)
+        n += _list_bytes(m, 6 * m + 2 * sum(map(len, ps.map_keys)) + values)
+    return n

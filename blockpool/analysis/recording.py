@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from blockpool.runtime.runtime import PoolRuntime
 
 KEYFRAME_BUDGET = 0.01  # at tick time, keyframes take at most this share of the time
+FORCED_KEYFRAME = 8  # a segment this many times keyframe_ops long ends, budget or not
 
 
 class Recorder:
@@ -95,9 +96,15 @@ class Recorder:
         seg.nbytes += n
         self.nbytes += n
         self.ops += 1
-        if len(seg) >= 2 * self.keyframe_ops:
-            # No ticks (a bench, a test): a keyframe before the next operation
-            # (not now: the engine has not absorbed this one's events yet).
+        if len(seg) >= 2 * self.keyframe_ops and (
+            len(seg) >= FORCED_KEYFRAME * self.keyframe_ops
+            or time.perf_counter() >= self._next_keyframe
+        ):
+            # No ticks (a bench, a test), or ticks too few for the operations
+            # (a mirror applying a GPU engine's steps): a keyframe before the
+            # next operation (not now: the engine has not absorbed this one's
+            # events yet), as KEYFRAME_BUDGET allows, at FORCED_KEYFRAME times
+            # keyframe_ops operations whatever it costs.
             self.due = True
         elif self.ops > self.max_ops or self.nbytes > self.max_bytes:
             self._enforce()

@@ -27,6 +27,7 @@ from blockpool.core.pool import BlockPool
 
 NULL, IN_USE, CACHED, EMPTY = 0, 1, 2, 3
 STATE_NAMES = ("null", "in_use", "cached", "empty")
+BULK = 24  # blocks per sync from which the columns are written in one go
 
 
 def classify(block: KVCacheBlock) -> int:
@@ -114,6 +115,9 @@ class BlockColumns:
 
     def sync(self, ids: Iterable[int]) -> None:
         """Re-read the given blocks after an operation touched them."""
+        if isinstance(ids, list) and len(ids) >= BULK:
+            self._sync_bulk(ids)
+            return
         counts = self.counts
         state = self.state
         dirty = self.dirty
@@ -124,6 +128,51 @@ class BlockColumns:
                 counts[old] -= 1
                 counts[new] += 1
             dirty[bid] = True
+
+    def _sync_bulk(self, ids: list[int]) -> None:
+        """``sync`` of many blocks (a prefill, a finish): read in Python,
+        written to the columns in one assignment each."""
+        ids = list(dict.fromkeys(ids))  # once each, as sequential reads count them
+        blocks = self.pool.blocks
+        n = len(ids)
+        states = bytearray(n)
+        hashed = bytearray(n)
+        refs = [0] * n
+        h64 = [0] * n
+        groups = [0] * n
+        for i, bid in enumerate(ids):
+            b = blocks[bid]
+            key = b._block_hash
+            ref = b.ref_cnt
+            if b.is_null:
+                st = NULL
+                ref = 0
+            elif ref > 0:
+                st = IN_USE
+            else:
+                st = EMPTY if key is None else CACHED
+            states[i] = st
+            refs[i] = ref
+            if key is not None:
+                hashed[i] = 1
+                h64[i] = int.from_bytes(key[-12:-4], "big")  # key64, key_group
+                groups[i] = int.from_bytes(key[-4:], "big")
+        idx = np.array(ids, dtype=np.intp)
+        new = np.frombuffer(states, dtype=np.uint8)
+        old = self.state[idx]
+        moved = old != new
+        if moved.any():
+            counts = self.counts
+            for st, k in enumerate(np.bincount(old[moved], minlength=4).tolist()):
+                counts[st] -= k
+            for st, k in enumerate(np.bincount(new[moved], minlength=4).tolist()):
+                counts[st] += k
+        self.state[idx] = new
+        self.ref_cnt[idx] = refs
+        self.hashed[idx] = np.frombuffer(hashed, dtype=np.uint8)
+        self.hash64[idx] = h64
+        self.group[idx] = groups
+        self.dirty[idx] = True
 
     def take_dirty(self) -> np.ndarray:
         """Ids changed since the last call, ascending; clears the marks."""
