@@ -142,6 +142,7 @@ class Sender:
         self.snapshots = 0  # snapshot replies queued to a peer
         self.captures = 0  # captures started (each answers every waiting request)
         self.bad_requests = 0  # control messages refused, never answered
+        self.requests = 0  # valid snapshot requests taken
         self.requests_dropped = 0  # valid requests dropped: superseded, stale, too many
         self.replies_dropped = 0  # replies a peer's queue could not take, or to peers gone
         self.restarts = 0  # the loop's restarts after an exception
@@ -193,6 +194,11 @@ class Sender:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def waiting(self) -> int:
+        """Valid requests waiting for the next snapshot."""
+        return len(self._waiting)
 
     # -------------------------------------------------------- messages
 
@@ -445,6 +451,7 @@ class Sender:
             self._nonces[msg.nonce] = None
             if len(self._nonces) > _NONCES_KEPT:
                 self._nonces.popitem(last=False)
+        self.requests += 1
         if self._waiting.pop(identity, None) is not None:
             self.requests_dropped += 1  # superseded by the peer's newer request
         self._waiting[identity] = (time.monotonic(), msg.nonce)
