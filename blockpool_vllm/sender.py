@@ -136,6 +136,7 @@ class Sender:
         # beat claims no more than this (what is still queued comes after it)
         self.handled_seq = 0
         self.handled_ops = 0
+        self._batch_drops = 0  # the follower's drops, as its last batch handled said
         self._queue: queue.Queue[wire.Batch | None] = queue.Queue(maxsize=max_queue)
         self.sent = 0  # batches published
         self.dropped = 0  # batches dropped (a full queue, or not bound yet)
@@ -218,7 +219,7 @@ class Sender:
             seq=self.handled_seq,
             ts=time.time(),
             ops=self.handled_ops,
-            drops=self.dropped,
+            drops=max(self.dropped, self._batch_drops),  # never less than a batch said
             stats=self._stats(),
             steps=steps,
             cost_ns=cost_ns,
@@ -231,6 +232,7 @@ class Sender:
         if batch.seq > self.handled_seq:
             self.handled_seq = batch.seq
             self.handled_ops = batch.first_op + len(batch.ops)
+            self._batch_drops = max(self._batch_drops, batch.drops)
 
     def _publish(self, pub: Any, msg: wire.Message) -> None:
         payload = wire.encode(msg)
