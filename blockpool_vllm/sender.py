@@ -486,9 +486,9 @@ class Sender:
         waiting.clear()
         for identity, (_, nonce) in answered:
             mac = self._key.sign(b"snapshot", nonce, payload) if self._key is not None else b""
+            self.snapshots += 1  # first: a peer that has its reply sees it counted
             try:
                 ctl.send_multipart([identity, payload, mac], zmq.NOBLOCK)
             except zmq.ZMQError:  # EAGAIN: its queue is full; EHOSTUNREACH: gone
+                self.snapshots -= 1
                 self.replies_dropped += 1
-            else:
-                self.snapshots += 1
