@@ -18,6 +18,18 @@ Environment (read here, in the engine, never by blockpool's library):
   it costs O(blocks the step touched))
 * ``BLOCKPOOL_MIRROR_QUEUE``      batches queued for the sender before drops (4096)
 * ``BLOCKPOOL_MIRROR_NAME``       the engine's name in the handshake
+* ``BLOCKPOOL_MIRROR_TOKEN_FILE`` a file whose first line (16 characters or more)
+  is the stream's shared secret (blockpool/mirror/auth.py): every message is
+  signed with it, only signed snapshot requests are answered, and the
+  handshake says ``authenticated``.  Give the mirror the same file.  A file
+  that cannot be read or holds too short a secret is logged and the engine
+  runs unfollowed (never unsigned when a secret was asked for).
+
+The plugin never takes the engine down: any failure while it starts is
+logged and vLLM's scheduler runs unfollowed, its pool's methods vLLM's own;
+a port in use is logged and bound in the background (blockpool_vllm/sender.py
+retries every 5 s, dropping the batches meanwhile); the sender's thread is
+supervised (blockpool_vllm/sender.py says what bounds it).
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from blockpool.mirror.auth import SecretError, StreamKey
 from blockpool.mirror.digest import SCHEME
 from blockpool.mirror.protocol import (
     PROTOCOL,
@@ -44,12 +57,14 @@ from blockpool.mirror.protocol import (
     Scheduled,
 )
 from blockpool_vllm.engine_facts import free_order_for, problems_of, served_model
-from blockpool_vllm.follower import PoolFollower
+from blockpool_vllm.follower import UNSUPPORTED_METHODS, WRAPPED, PoolFollower
 from blockpool_vllm.sender import Sender, next_port
 
 logger = logging.getLogger("blockpool_vllm")
 
 ENV_ENDPOINT = "BLOCKPOOL_MIRROR_ENDPOINT"
+ENV_TOKEN_FILE = "BLOCKPOOL_MIRROR_TOKEN_FILE"
+_MISSING = object()
 
 
 def _shift(endpoint: str, by: int) -> str:
@@ -72,11 +87,57 @@ class _Mirrored:
         self._mirror_sender: Sender | None = None
         endpoint = os.environ.get(ENV_ENDPOINT)
         if endpoint:
-            self._start_mirror(endpoint)
+            self._start_unbreakable(endpoint)
 
     # ------------------------------------------------------------ set-up
 
+    def _start_unbreakable(self, endpoint: str) -> None:
+        """``_start_mirror`` inside an error boundary: on any failure vLLM's
+        scheduler is left as it was (its pool's and manager's methods vLLM's
+        own again), unfollowed, and the engine starts."""
+        mgr = getattr(self, "kv_cache_manager", None)
+        pool = getattr(mgr, "block_pool", None)
+        saved: list[tuple[Any, str, Any]] = []
+        for obj, names in (
+            (pool, (*WRAPPED, *UNSUPPORTED_METHODS)),
+            (mgr, ("make_prefix_cache_stats", "free")),
+        ):
+            if obj is not None:
+                saved += [(obj, n, vars(obj).get(n, _MISSING)) for n in names]
+        try:
+            self._start_mirror(endpoint)
+        except Exception:
+            logger.exception("blockpool mirror: the plugin failed to start; vLLM runs unfollowed")
+            sender, self._mirror, self._mirror_sender = self._mirror_sender, None, None
+            if sender is not None:
+                try:
+                    sender.close()
+                except Exception:
+                    logger.exception("blockpool mirror: closing the sender failed")
+            for obj, name, before in saved:
+                try:
+                    if before is _MISSING:
+                        if name in vars(obj):
+                            delattr(obj, name)
+                    else:
+                        setattr(obj, name, before)
+                except Exception:
+                    logger.exception("blockpool mirror: could not restore %s", name)
+
     def _start_mirror(self, endpoint: str) -> None:
+        key: StreamKey | None = None
+        token_file = os.environ.get(ENV_TOKEN_FILE)
+        if token_file:
+            try:
+                key = StreamKey.from_file(token_file)
+            except SecretError as exc:
+                logger.error(
+                    "blockpool mirror: %s; %s is set, so nothing is published unsigned: "
+                    "vLLM runs unfollowed",
+                    exc,
+                    ENV_TOKEN_FILE,
+                )
+                return
         mgr = self.kv_cache_manager
         pool = mgr.block_pool
         rank = int(getattr(self.vllm_config.parallel_config, "data_parallel_rank", 0) or 0)
@@ -163,11 +224,14 @@ class _Mirrored:
             follower.poll_snapshot,
             follower.stats,
             lambda: (follower.step, follower.cost_ns),
+            cost_us=follower.cost_quantiles,
             control_endpoint=control,
+            key=key,
             max_queue=int(os.environ.get("BLOCKPOOL_MIRROR_QUEUE", "4096")),
         )
-        sender.start()
-        self._mirror, self._mirror_sender = follower, sender
+        self._mirror_sender = sender  # closed if what follows fails
+        bound = sender.start()  # never raises; not bound: retried in the background
+        self._mirror = follower
         if "://*:" in endpoint or "0.0.0.0" in endpoint:
             logger.warning(
                 "blockpool mirror: %s listens on every network interface (block hashes and "
@@ -175,11 +239,13 @@ class _Mirrored:
                 endpoint,
             )
         logger.warning(
-            "blockpool mirror: publishing on %s (snapshots on %s), vLLM %s, %d blocks; %s",
+            "blockpool mirror: %s on %s (snapshots on %s), vLLM %s, %d blocks, %s; %s",
+            "publishing" if bound else "NOT BOUND yet (retrying) to publish",
             endpoint,
             control,
             version,
             pool.num_gpu_blocks,
+            "signed" if key is not None else "unsigned",
             "exact" if not problems else "NOT exact: " + "; ".join(problems),
         )
 
@@ -237,9 +303,12 @@ class _Mirrored:
         return out
 
     def shutdown(self) -> None:
-        if self._mirror_sender is not None:
-            self._mirror_sender.close()
-            self._mirror_sender = None
+        sender, self._mirror_sender = self._mirror_sender, None
+        if sender is not None:
+            try:
+                sender.close()
+            except Exception:
+                logger.exception("blockpool mirror: closing the sender failed")
         super().shutdown()  # type: ignore[misc]
 
 

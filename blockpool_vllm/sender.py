@@ -2,13 +2,54 @@
 
 The engine's thread only ever calls ``offer`` (a non-blocking put on a
 bounded queue: a full queue drops the batch, counted).  The thread encodes
-and publishes on a PUB socket, re-sends the handshake every few seconds (a
-mirror started later learns the engine), sends a beat when idle, and answers
-snapshot requests on a REP socket (the snapshot is read by the follower's
-``capture``, between two pool calls).
-
+and publishes on a PUB socket (frames ``[TOPIC, payload, mac]``), re-sends
+the handshake every few seconds (a mirror started later learns the engine),
+sends a beat when idle, and answers snapshot requests on a ROUTER socket.
 Binds loopback by default; an endpoint is ``tcp://HOST:PORT`` (the control
 socket takes ``control_endpoint``, by default the next port).
+
+Nothing a peer sends, and nothing that fails here, reaches the engine:
+
+* Start-up: a port in use (or any bind failure) is logged once and the bind
+  retried every ``retry_s`` in the background (logged again when it
+  succeeds); meanwhile queued batches are dropped and counted (a mirror
+  resyncs from a snapshot).  ``start`` never raises.  Every socket made is
+  closed on every failure path.
+* The thread is supervised: any exception ends one run of its loop, is
+  logged (rate limited) and counted in ``restarts``; the loop starts again
+  (after a short backoff) on the same sockets.  ``restarts`` and
+  ``bad_requests`` travel in every Hello and Beat.
+* Each control message is read frame by frame (at most ``_FRAMES`` kept,
+  the rest drained) and judged inside its own error boundary: anything but
+  ``[identity, payload, mac]`` with a valid ``SnapshotRequest`` (signed,
+  fresh and with a nonce never seen, when keyed) is dropped and counted in
+  ``bad_requests``, with no reply (a reply to a stranger is an
+  amplification).  At most ``_CONTROL_PER_LOOP`` messages are read per loop
+  turn: batches are never starved by requests.
+* Snapshots are coalesced: valid requests wait (one per peer, the newest;
+  at most ``max_waiting`` peers, the oldest dropped; a request older than
+  ``request_ttl_s`` dropped; all counted in ``requests_dropped``).  At most
+  one capture is started per ``snapshot_every_s``; the follower copies it
+  over the engine's steps (``capture``, polled every loop turn, never
+  waited on), and the one snapshot, encoded once, answers every request
+  waiting when it completes.
+* Memory per peer: a reply is sent non-blocking with ``ROUTER_MANDATORY``
+  on, so a reply to a peer gone (``EHOSTUNREACH``) or whose queue is full
+  (``SNDHWM`` = ``peer_hwm`` replies, ``EAGAIN``) is dropped and counted in
+  ``replies_dropped``, never waited on.  Requests are at most
+  ``MAX_CONTROL_BYTES`` a frame (``MAXMSGSIZE``: a larger one disconnects
+  its peer) and ``_PEER_RCVHWM`` queued per peer.
+* File descriptors: one per connected peer.  ``HANDSHAKE_IVL`` drops a
+  connection that never completes ZMTP's greeting, ZMTP heartbeats and TCP
+  keepalive drop dead peers; live idle peers are bounded by who can reach
+  the port (loopback by default) and the process's open-file limit (libzmq
+  refuses a connection past it, the engine's own files are unaffected by
+  the sockets already open).  The context allows ``_MAX_SOCKETS`` sockets.
+
+With a ``StreamKey`` every frame is signed (protocol.py, auth.py):
+``mac = key.sign(TOPIC, payload)`` on the stream, ``key.sign(b"snapshot",
+nonce, payload)`` on a reply, and a request must carry
+``key.sign(b"snapshot?", payload)``.  Without a key macs are empty.
 """
 
 from __future__ import annotations
@@ -18,17 +59,31 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import zmq
 
 from blockpool.mirror import protocol as wire
+from blockpool.mirror.auth import StreamKey
 
 logger = logging.getLogger("blockpool_vllm")
 
 HELLO_EVERY_S = 2.0
 BEAT_EVERY_S = 0.5
+REQUEST_MAX_SKEW_S = 60.0  # a signed request's ts this far from now is refused
+_FRAMES = 3  # identity, payload, mac
+_CONTROL_PER_LOOP = 256  # control messages read per loop turn
+_BATCHES_PER_LOOP = 1024  # batches sent per loop turn before the control socket's turn
+_NONCES_KEPT = 4096  # signed requests' nonces remembered (a replay is refused)
+_PEER_RCVHWM = 16
+_MAX_SOCKETS = 16
+_HANDSHAKE_MS = 5000
+_HEARTBEAT_MS = 10_000
+_RESTART_BACKOFF_S = (0.05, 5.0)
+_LOG_RESTART_EVERY_S = 60.0
 
 
 def next_port(endpoint: str) -> str:
@@ -37,6 +92,10 @@ def next_port(endpoint: str) -> str:
     if not head.startswith("tcp://") or not port.isdigit():
         raise ValueError(f"a mirror endpoint is tcp://HOST:PORT, got {endpoint!r}")
     return f"{head}:{int(port) + 1}"
+
+
+class _Stop(Exception):
+    """close() was called."""
 
 
 class Sender:
@@ -48,9 +107,16 @@ class Sender:
         stats: Callable[[], tuple[int, int, int]],
         cost: Callable[[], tuple[int, int]] = lambda: (0, 0),
         *,
+        cost_us: Callable[[], tuple[float, float, float] | None] = lambda: None,
         control_endpoint: str | None = None,
+        key: StreamKey | None = None,
         max_queue: int = 4096,
         hwm: int = 100_000,
+        retry_s: float = 5.0,
+        snapshot_every_s: float = 1.0,
+        request_ttl_s: float = 30.0,
+        max_waiting: int = 64,
+        peer_hwm: int = 2,
     ) -> None:
         self.endpoint = endpoint
         self.control_endpoint = control_endpoint or next_port(endpoint)
@@ -58,26 +124,56 @@ class Sender:
         self._capture = capture
         self._stats = stats
         self._cost = cost  # (steps, ns): the follower's own cost on the engine's thread
+        self._cost_us = cost_us  # its p50, p99, max per step (µs)
+        self._key = key
+        self._hwm = hwm
+        self.retry_s = retry_s
+        self.snapshot_every_s = snapshot_every_s
+        self.request_ttl_s = request_ttl_s
+        self.max_waiting = max_waiting
+        self.peer_hwm = peer_hwm
         # the last batch sent or dropped, and the operations up to its end: a
         # beat claims no more than this (what is still queued comes after it)
         self.handled_seq = 0
         self.handled_ops = 0
+        self._batch_drops = 0  # the follower's drops, as its last batch handled said
         self._queue: queue.Queue[wire.Batch | None] = queue.Queue(maxsize=max_queue)
-        self._hwm = hwm
-        self.sent = 0
-        self.dropped = 0
-        self.snapshots = 0
-        self.bad_requests = 0
+        self.sent = 0  # batches published
+        self.dropped = 0  # batches dropped (a full queue, or not bound yet)
+        self.snapshots = 0  # snapshot replies queued to a peer
+        self.captures = 0  # captures started (each answers every waiting request)
+        self.bad_requests = 0  # control messages refused, never answered
+        self.requests = 0  # valid snapshot requests taken
+        self.requests_dropped = 0  # valid requests dropped: superseded, stale, too many
+        self.replies_dropped = 0  # replies a peer's queue could not take, or to peers gone
+        self.restarts = 0  # the loop's restarts after an exception
+        self.bound = False
+        self.bind_failures = 0
+        self.bind_error: str | None = None
         self.control_port: int | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="blockpool-mirror", daemon=True)
+        # requests waiting for the next snapshot: identity -> (arrived, nonce)
+        self._waiting: OrderedDict[bytes, tuple[float, bytes]] = OrderedDict()
+        self._nonces: OrderedDict[bytes, None] = OrderedDict()
+        self._capturing = False
+        self._capture_started = -float("inf")
+        self._last_hello = -float("inf")
+        self._last_sent = time.monotonic()
+        self._last_restart_log = -float("inf")
+        self._ready = threading.Event()  # the first bind attempt was made
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="blockpool-mirror", daemon=True)
 
-    def start(self, timeout: float = 30.0) -> None:
-        self._thread.start()
-        self._ready.wait(timeout)
-        if self._error is not None:
-            raise self._error
+    # ------------------------------------------------------ engine's side
+
+    def start(self, timeout: float = 30.0) -> bool:
+        """Start the thread; True once bound (False: not yet, retried in the
+        background).  Never raises."""
+        try:
+            self._thread.start()
+            self._ready.wait(timeout)
+        except Exception:
+            logger.exception("blockpool mirror: the sender did not start")
+        return self.bound
 
     def offer(self, batch: wire.Batch) -> bool:
         """Queue a batch for sending; False (and counted) when the queue is full."""
@@ -89,15 +185,33 @@ class Sender:
             return False
         return True
 
-    def _handled(self, batch: wire.Batch) -> None:
-        if batch.seq > self.handled_seq:
-            self.handled_seq = batch.seq
-            self.handled_ops = batch.first_op + len(batch.ops)
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
-    def _send(self, pub: Any, batch: wire.Batch) -> None:
-        pub.send_multipart([wire.TOPIC, wire.encode(batch), b""])
-        self.sent += 1
-        self._handled(batch)
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def waiting(self) -> int:
+        """Valid requests waiting for the next snapshot."""
+        return len(self._waiting)
+
+    # -------------------------------------------------------- messages
+
+    def hello(self) -> wire.Hello:
+        h = self._hello()
+        return msgspec.structs.replace(
+            h,
+            control_port=self.control_port or h.control_port,
+            authenticated=self._key is not None,
+            restarts=self.restarts,
+            bad_requests=self.bad_requests,
+        )
 
     def beat(self) -> wire.Beat:
         steps, cost_ns = self._cost()
@@ -105,92 +219,276 @@ class Sender:
             seq=self.handled_seq,
             ts=time.time(),
             ops=self.handled_ops,
-            drops=self.dropped,
+            drops=max(self.dropped, self._batch_drops),  # never less than a batch said
             stats=self._stats(),
             steps=steps,
             cost_ns=cost_ns,
+            cost_us=self._cost_us(),
+            restarts=self.restarts,
+            bad_requests=self.bad_requests,
         )
 
-    def close(self, timeout: float = 5.0) -> None:
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=timeout)
-        self._thread.join(timeout)
+    def _handled(self, batch: wire.Batch) -> None:
+        if batch.seq > self.handled_seq:
+            self.handled_seq = batch.seq
+            self.handled_ops = batch.first_op + len(batch.ops)
+            self._batch_drops = max(self._batch_drops, batch.drops)
 
-    # -------------------------------------------------------------- thread
+    def _publish(self, pub: Any, msg: wire.Message) -> None:
+        payload = wire.encode(msg)
+        mac = self._key.sign(wire.TOPIC, payload) if self._key is not None else b""
+        pub.send_multipart([wire.TOPIC, payload, mac])
 
-    def _run(self) -> None:
-        ctx: Any = zmq.Context.instance()
+    # ---------------------------------------------------------- thread
+
+    def _main(self) -> None:
+        ctx: Any = zmq.Context()
+        try:
+            with contextlib.suppress(zmq.ZMQError):
+                ctx.set(zmq.MAX_SOCKETS, _MAX_SOCKETS)
+            sockets = self._bind_until_bound(ctx)
+            if sockets is None:
+                return
+            pub, ctl = sockets
+            try:
+                self._supervise(pub, ctl)
+            finally:
+                pub.close(0)
+                ctl.close(0)
+        except Exception:  # the supervisor itself: the stream ends, the engine runs on
+            logger.exception("blockpool mirror: the sender stopped")
+        finally:
+            self.bound = False
+            self._ready.set()
+            ctx.destroy(0)
+
+    def _bind_until_bound(self, ctx: Any) -> tuple[Any, Any] | None:
+        while not self._stop.is_set():
+            try:
+                sockets = self._bind(ctx)
+            except Exception as exc:  # a port in use, a bad endpoint, no more sockets
+                self.bind_failures += 1
+                self.bind_error = str(exc)
+                if self.bind_failures == 1:
+                    logger.warning(
+                        "blockpool mirror: cannot bind %s / %s (%s); the engine runs "
+                        "unfollowed, retrying every %g s",
+                        self.endpoint,
+                        self.control_endpoint,
+                        exc,
+                        self.retry_s,
+                    )
+            else:
+                self.bound, self.bind_error = True, None
+                if self.bind_failures:
+                    logger.warning(
+                        "blockpool mirror: bound %s / %s after %d failed attempts",
+                        self.endpoint,
+                        self.control_endpoint,
+                        self.bind_failures,
+                    )
+                self._ready.set()
+                return sockets
+            self._ready.set()
+            deadline = time.monotonic() + self.retry_s
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                self._discard_queued()
+                self._stop.wait(0.05)
+        return None
+
+    def _discard_queued(self) -> None:
+        """Not bound: what the engine queued is dropped (the mirror resyncs)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                self.dropped += 1
+                self._handled(item)
+
+    def _bind(self, ctx: Any) -> tuple[Any, Any]:
+        made: list[Any] = []
         try:
             pub = ctx.socket(zmq.PUB)
-            pub.setsockopt(zmq.SNDHWM, self._hwm)
+            made.append(pub)
             pub.setsockopt(zmq.LINGER, 0)
+            pub.setsockopt(zmq.SNDHWM, self._hwm)
+            pub.setsockopt(zmq.MAXMSGSIZE, 1024)  # a subscriber only sends its topic
+            pub.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_MS)
             pub.bind(self.endpoint)
-            rep = ctx.socket(zmq.REP)
-            rep.setsockopt(zmq.LINGER, 0)
-            rep.setsockopt(zmq.MAXMSGSIZE, 4096)  # a request is a few bytes
-            rep.bind(self.control_endpoint)
-            last = rep.getsockopt(zmq.LAST_ENDPOINT)
+            ctl = ctx.socket(zmq.ROUTER)
+            made.append(ctl)
+            ctl.setsockopt(zmq.LINGER, 0)
+            ctl.setsockopt(zmq.MAXMSGSIZE, wire.MAX_CONTROL_BYTES)
+            ctl.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply that cannot go: an error, counted
+            ctl.setsockopt(zmq.SNDHWM, self.peer_hwm)
+            ctl.setsockopt(zmq.RCVHWM, _PEER_RCVHWM)
+            ctl.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_MS)
+            ctl.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_MS)
+            ctl.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * _HEARTBEAT_MS)
+            ctl.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            ctl.bind(self.control_endpoint)
+            last = ctl.getsockopt(zmq.LAST_ENDPOINT)
             self.control_port = int(last.decode().rpartition(":")[2])
-        except BaseException as exc:  # a busy port: said at start
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        last_hello = 0.0
-        last_sent = time.monotonic()
-        try:
-            while True:
-                now = time.monotonic()
-                if now - last_hello >= HELLO_EVERY_S:
-                    pub.send_multipart([wire.TOPIC, wire.encode(self._hello()), b""])
-                    last_hello = now
-                try:
-                    item = self._queue.get(timeout=0.02)
-                except queue.Empty:
-                    item = ...  # type: ignore[assignment]
-                if item is None:
-                    return
-                if isinstance(item, wire.Batch):
-                    self._send(pub, item)
-                    last_sent = now
-                    while True:  # drain what queued meanwhile
-                        try:
-                            more = self._queue.get_nowait()
-                        except queue.Empty:
-                            break
-                        if more is None:
-                            return
-                        self._send(pub, more)
-                elif now - last_sent >= BEAT_EVERY_S:
-                    pub.send_multipart([wire.TOPIC, wire.encode(self.beat()), b""])
-                    last_sent = now
-                self._serve_control(rep)
-        finally:
-            pub.close(0)
-            rep.close(0)
+        except BaseException:
+            for s in made:
+                s.close(0)
+            raise
+        return pub, ctl
 
-    def _serve_control(self, rep: Any) -> None:
-        while rep.poll(0):
+    def _supervise(self, pub: Any, ctl: Any) -> None:
+        backoff = _RESTART_BACKOFF_S[0]
+        while not self._stop.is_set():
+            began = time.monotonic()
             try:
-                data = rep.recv(zmq.NOBLOCK)
-            except zmq.ZMQError:
+                self._loop(pub, ctl)
+                return
+            except _Stop:
+                return
+            except Exception:
+                self.restarts += 1
+                now = time.monotonic()
+                if now - self._last_restart_log >= _LOG_RESTART_EVERY_S:
+                    self._last_restart_log = now
+                    logger.exception(
+                        "blockpool mirror: the sender failed (restart %d; the stream goes on)",
+                        self.restarts,
+                    )
+            if time.monotonic() - began > 10.0:
+                backoff = _RESTART_BACKOFF_S[0]  # it had run a while: a fresh failure
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, _RESTART_BACKOFF_S[1])
+
+    def _loop(self, pub: Any, ctl: Any) -> None:
+        while True:
+            if self._stop.is_set():
+                raise _Stop
+            now = time.monotonic()
+            if now - self._last_hello >= HELLO_EVERY_S:
+                self._last_hello = now  # first: a failing hello does not repeat at once
+                self._publish(pub, self.hello())
+            try:
+                item = self._queue.get(timeout=0.01)
+            except queue.Empty:
+                pass
+            else:
+                self._send_batches(pub, item)
+                self._last_sent = time.monotonic()
+            if time.monotonic() - self._last_sent >= BEAT_EVERY_S:
+                self._last_sent = time.monotonic()
+                self._publish(pub, self.beat())
+            self._serve_control(ctl)
+            self._snapshots(ctl)
+
+    def _send_batches(self, pub: Any, item: wire.Batch | None) -> None:
+        """This batch and what queued meanwhile, at most _BATCHES_PER_LOOP (the
+        rest waits for the next turn, after the control socket's)."""
+        for left in range(_BATCHES_PER_LOOP - 1, -1, -1):
+            if item is None:
+                raise _Stop
+            try:
+                self._publish(pub, item)
+            except BaseException:
+                self.dropped += 1  # this batch is lost (the mirror sees the gap)
+                self._handled(item)
+                raise
+            self.sent += 1
+            self._handled(item)
+            if not left:
                 return
             try:
-                msg = wire.decode(data)
-            except wire.ProtocolError:
-                msg = None
-            if not isinstance(msg, wire.SnapshotRequest):
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+
+    # ----------------------------------------------------- control socket
+
+    def _serve_control(self, ctl: Any) -> None:
+        for _ in range(_CONTROL_PER_LOOP):
+            try:
+                frames = self._recv_message(ctl)
+            except zmq.Again:
+                return
+            try:
+                self._request(frames)
+            except Exception:  # the message's own error boundary
                 self.bad_requests += 1
-                rep.send(b"")  # a REP must answer; an empty reply says "not understood"
-                continue
-            snap = None
-            deadline = time.monotonic() + 30.0
-            while snap is None and time.monotonic() < deadline:
-                snap = self._capture()  # copied over the engine's steps, or here when idle
-                if snap is None:
-                    time.sleep(0.002)
-            if snap is None:
-                rep.send(b"")
-                continue
-            self.snapshots += 1
-            rep.send(wire.encode(snap))
+
+    def _recv_message(self, ctl: Any) -> list[bytes]:
+        """One whole message, at most _FRAMES + 1 of its frames kept."""
+        frames = [ctl.recv(zmq.NOBLOCK)]
+        while ctl.getsockopt(zmq.RCVMORE):
+            frame = ctl.recv(zmq.NOBLOCK)  # the rest of a message is there already
+            if len(frames) <= _FRAMES:
+                frames.append(frame)
+        return frames
+
+    def _request(self, frames: list[bytes]) -> None:
+        key = self._key
+        if len(frames) != _FRAMES:
+            self.bad_requests += 1
+            return
+        identity, payload, mac = frames
+        if len(payload) > wire.MAX_CONTROL_BYTES:
+            self.bad_requests += 1
+            return
+        if key is not None and not key.verify(mac, b"snapshot?", payload):
+            self.bad_requests += 1  # checked before a byte of it is decoded
+            return
+        try:
+            msg = wire.decode(payload, limit=wire.MAX_CONTROL_BYTES)
+        except wire.ProtocolError:
+            msg = None
+        if not isinstance(msg, wire.SnapshotRequest):
+            self.bad_requests += 1
+            return
+        if key is not None:
+            if not msg.nonce or not abs(msg.ts - time.time()) <= REQUEST_MAX_SKEW_S:
+                self.bad_requests += 1
+                return
+            if msg.nonce in self._nonces:  # a replay
+                self.bad_requests += 1
+                return
+            self._nonces[msg.nonce] = None
+            if len(self._nonces) > _NONCES_KEPT:
+                self._nonces.popitem(last=False)
+        self.requests += 1
+        if self._waiting.pop(identity, None) is not None:
+            self.requests_dropped += 1  # superseded by the peer's newer request
+        self._waiting[identity] = (time.monotonic(), msg.nonce)
+        while len(self._waiting) > self.max_waiting:
+            self._waiting.popitem(last=False)
+            self.requests_dropped += 1
+
+    def _snapshots(self, ctl: Any) -> None:
+        now = time.monotonic()
+        waiting = self._waiting
+        while waiting:
+            arrived, _ = next(iter(waiting.values()))
+            if now - arrived <= self.request_ttl_s:
+                break
+            waiting.popitem(last=False)  # oldest first: arrival order
+            self.requests_dropped += 1
+        if not self._capturing:
+            if not waiting or now - self._capture_started < self.snapshot_every_s:
+                return
+            self._capturing, self._capture_started = True, now
+            self.captures += 1
+        snap = self._capture()  # a slice copied here while the engine is idle
+        if snap is None:
+            return
+        self._capturing = False  # a capture once started is polled to its end
+        if not waiting:
+            return
+        payload = wire.encode(snap)  # once, for every request waiting
+        answered = list(waiting.items())
+        waiting.clear()
+        for identity, (_, nonce) in answered:
+            mac = self._key.sign(b"snapshot", nonce, payload) if self._key is not None else b""
+            self.snapshots += 1  # first: a peer that has its reply sees it counted
+            try:
+                ctl.send_multipart([identity, payload, mac], zmq.NOBLOCK)
+            except zmq.ZMQError:  # EAGAIN: its queue is full; EHOSTUNREACH: gone
+                self.snapshots -= 1
+                self.replies_dropped += 1

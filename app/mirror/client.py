@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -229,16 +230,17 @@ class MirrorClient:
         """Ask for a snapshot and put the runtime into its state."""
         st = self.status
         assert self._ctx is not None
-        req = self._ctx.socket(zmq.REQ)
+        req = self._ctx.socket(zmq.DEALER)
         req.setsockopt(zmq.LINGER, 0)
         req.setsockopt(zmq.MAXMSGSIZE, 256 * 1024 * 1024)
         req.connect(self.control_endpoint)
         try:
-            await req.send(wire.encode(wire.SnapshotRequest(reason="resync")))
+            request = wire.SnapshotRequest(reason="resync", ts=time.time(), nonce=os.urandom(16))
+            await req.send_multipart([wire.encode(request), b""])
             if not await req.poll(int(SNAPSHOT_TIMEOUT_S * 1000)):
                 raise TimeoutError(f"no snapshot from {self.control_endpoint}")
-            data = await req.recv()
-            msg = wire.decode(data) if data else None
+            frames = await req.recv_multipart()
+            msg = wire.decode(frames[0]) if len(frames) == 2 and frames[0] else None
             if not isinstance(msg, wire.Snapshot):
                 raise wire.ProtocolError("the engine sent no snapshot")
             await self.engine.submit(lambda: self._restore(msg))

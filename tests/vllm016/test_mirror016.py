@@ -33,6 +33,7 @@ from blockpool.mirror import (
     encode,
     pool_digest,
 )
+from blockpool.mirror.protocol import Preempted
 from blockpool.runtime import PoolRuntime, RuntimeConfig
 from tests.vllm_engine.engine import free_port_pair
 from tests.vllm_envs import vllm016_python
@@ -91,8 +92,8 @@ def test_the_mirror_follows_vllm_016s_scheduler(tmp_path: Path) -> None:
                     log = (tmp_path / "driver.log").read_text()[-3000:]
                     raise AssertionError(f"the driver exited ({proc.returncode}):\n{log}")
                 if sub.poll(200):
-                    topic, data = sub.recv_multipart()
-                    assert topic == TOPIC
+                    topic, data, mac = sub.recv_multipart()
+                    assert topic == TOPIC and mac == b""
                     return decode(data)
             raise AssertionError("no message from the plugin in time")
 
@@ -110,13 +111,16 @@ def test_the_mirror_follows_vllm_016s_scheduler(tmp_path: Path) -> None:
             )
         )
         applier = MirrorApplier(rt)
-        req = ctx.socket(zmq.REQ)
+        req = ctx.socket(zmq.DEALER)
         req.setsockopt(zmq.LINGER, 0)
         req.connect(f"tcp://127.0.0.1:{hello.control_port}")
-        req.send(encode(SnapshotRequest(reason="start")))
+        request = SnapshotRequest(reason="start", ts=time.time(), nonce=os.urandom(16))
+        req.send_multipart([encode(request), b""])
         assert req.poll(60_000)
-        snap = decode(req.recv())
-        assert isinstance(snap, Snapshot)
+        payload, mac = req.recv_multipart()
+        req.close(0)
+        snap = decode(payload)
+        assert isinstance(snap, Snapshot) and mac == b""
         applier.restore(snap)
         final: dict[str, Any] | None = None
         checked = batches = preempted = 0
@@ -125,7 +129,7 @@ def test_the_mirror_follows_vllm_016s_scheduler(tmp_path: Path) -> None:
             if isinstance(msg, Batch):
                 checked += rt.run(lambda m=msg: applier.apply_batch(m)).digest_checked
                 batches += 1
-                preempted += sum(1 for r in msg.requests if r[0] == "preempted")
+                preempted += sum(1 for r in msg.requests if isinstance(r, Preempted))
             while final is None and not out.empty():
                 line = out.get()
                 final = line if "ops" in line else None

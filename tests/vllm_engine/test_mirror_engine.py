@@ -10,6 +10,7 @@ killed.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -74,14 +75,17 @@ def mirror_state(rig: dict[str, Any]) -> dict[str, Any]:
 def engine_snapshot(engine: Engine) -> Snapshot:
     """The real pool, read by the plugin between two of its calls."""
     ctx = zmq.Context()
-    req = ctx.socket(zmq.REQ)
+    req = ctx.socket(zmq.DEALER)
     req.setsockopt(zmq.LINGER, 0)
     try:
         req.connect(f"tcp://127.0.0.1:{engine.mirror_port + 1}")
-        req.send(encode(SnapshotRequest(reason="test")))
+        request = SnapshotRequest(reason="test", ts=time.time(), nonce=os.urandom(16))
+        req.send_multipart([encode(request), b""])
         assert req.poll(60_000), "no snapshot from the engine"
-        snap = decode(req.recv())
-        assert isinstance(snap, Snapshot)
+        payload, mac = req.recv_multipart()
+        snap = decode(payload)
+        assert isinstance(snap, Snapshot) and mac == b""
+        assert snapshot_digest(snap) == snap.digest
         return snap
     finally:
         req.close(0)
