@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import inspect
 import json
 import os
 import time
@@ -225,6 +226,7 @@ class Driver:
         self.depth = 2 if shape.async_sched else 1
         self.inflight: deque[tuple[Any, Any, float]] = deque()
         self.gpu_free_at = 0.0
+        self.output_cap = 0  # > 0: outputs no longer than this (a quick warm-up)
         self._count_evictions()
 
         from vllm.sampling_params import SamplingParams
@@ -232,6 +234,11 @@ class Driver:
         from vllm.v1.request import Request
 
         self._request_cls = Request
+        # vLLM <= 0.2x: eos_token_id is a required argument (ignored with ignore_eos)
+        params = inspect.signature(Request.__init__).parameters
+        self._request_kw: dict[str, Any] = (
+            {"eos_token_id": None} if "eos_token_id" in params else {}
+        )
         self._params_cls = SamplingParams
         self._output_cls = ModelRunnerOutput
 
@@ -253,7 +260,7 @@ class Driver:
     # ------------------------------------------------------------ requests
 
     def _make_requests(self) -> list[Any]:
-        made = []
+        made: list[Any] = []
         while self.live + len(made) < self.concurrency:
             plan = self.workload.next()
             self.plans[plan.req_id] = plan
@@ -262,9 +269,13 @@ class Driver:
                 self._request_cls(
                     plan.req_id,
                     plan.prompt,
-                    self._params_cls(max_tokens=plan.max_tokens, ignore_eos=True),
+                    self._params_cls(
+                        max_tokens=min(plan.max_tokens, self.output_cap or plan.max_tokens),
+                        ignore_eos=True,
+                    ),
                     None,
                     block_hasher=self.hasher,
+                    **self._request_kw,
                 )
             )
         return made
@@ -364,7 +375,10 @@ class Driver:
 
     def pool_facts(self) -> dict[str, Any]:
         cached = getattr(self.pool, "cached_block_hash_to_block", None)
+        n = int(self.pool.num_gpu_blocks)
         return {
+            # cached hashes over blocks: ~1.0 once every block was used (the pool is full)
+            "cached_fraction": round(len(cached) / n, 4) if cached is not None else None,
             "num_blocks": int(self.pool.num_gpu_blocks),
             "usage_now": round(float(self.sched.kv_cache_manager.usage), 4),
             "max_usage": round(self.max_usage, 4),

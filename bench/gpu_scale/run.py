@@ -128,6 +128,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         driver = Driver(sched, workload_of(args), shape, args.concurrency or shape.max_num_seqs)
         # warm-up: no sleep, not measured, until the pool evicts (auto) or N steps
         t0 = time.perf_counter()
+        driver.output_cap = args.warmup_max_tokens
         if args.warmup == "auto":
             while driver.evictions == 0 and driver.steps_run < args.max_warmup:
                 driver.step(0.0, None, None)
@@ -136,6 +137,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         else:
             for _ in range(int(args.warmup)):
                 driver.step(0.0, None, None)
+        driver.output_cap = 0
         warm_steps = driver.steps_run
         warm_s = time.perf_counter() - t0
         facts_before = driver.pool_facts()
@@ -183,6 +185,7 @@ def child_argv(args: argparse.Namespace, variant: str, async_sched: bool, warmup
     argv += ["--max-model-len", str(args.max_model_len), "--steps", str(args.steps)]
     argv += ["--warmup", warmup, "--max-warmup", str(args.max_warmup)]
     argv += ["--warmup-extra", str(args.warmup_extra), "--sleep-ms", str(args.sleep_ms)]
+    argv += ["--warmup-max-tokens", str(args.warmup_max_tokens)]
     argv += ["--seed", str(args.seed), "--concurrency", str(args.concurrency)]
     argv += ["--min-prompt", str(args.min_prompt), "--max-prompt", str(args.max_prompt)]
     if args.trace:
@@ -260,7 +263,8 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def compare(kind: str, plain: list[dict[str, Any]], plugin: list[dict[str, Any]]) -> dict[str, Any]:
     a, b = merge(plain), merge(plugin)
     added = {
-        q: round(b["sched"][q] - a["sched"][q], 4) for q in ("p50_ms", "p99_ms", "max_ms", "mean_ms")
+        q: round(b["sched"][q] - a["sched"][q], 4)
+        for q in ("p50_ms", "p99_ms", "max_ms", "mean_ms")
     }
     ratio = round(b["steps_per_s"] / a["steps_per_s"], 4) if a["steps_per_s"] else 0.0
     same = all(
@@ -301,11 +305,20 @@ def table(doc: dict[str, Any]) -> str:
             f"{r0['warmup_steps']} warm-up  sleep {cfg['sleep_ms']} ms"
         )
         lines.append(f"{'per step (ms)':<26}{'plain':>10}{'plugin':>10}{'added':>10}")
-        for label, key in (("scheduler p50", "p50_ms"), ("scheduler p99", "p99_ms"),
-                           ("scheduler max", "max_ms"), ("scheduler mean", "mean_ms")):  # fmt: skip
-            lines.append(f"{label:<26}{a['sched'][key]:>10.3f}{b['sched'][key]:>10.3f}{d[key]:>+10.3f}")
-        for label, part in (("  schedule() p50", "schedule"), ("  update_from_output p50", "update"),
-                            ("  add_request p50", "add_request")):  # fmt: skip
+        for label, key in (
+            ("scheduler p50", "p50_ms"),
+            ("scheduler p99", "p99_ms"),
+            ("scheduler max", "max_ms"),
+            ("scheduler mean", "mean_ms"),
+        ):
+            lines.append(
+                f"{label:<26}{a['sched'][key]:>10.3f}{b['sched'][key]:>10.3f}{d[key]:>+10.3f}"
+            )
+        for label, part in (
+            ("  schedule() p50", "schedule"),
+            ("  update_from_output p50", "update"),
+            ("  add_request p50", "add_request"),
+        ):
             x, y = a[part]["p50_ms"], b[part]["p50_ms"]
             lines.append(f"{label:<26}{x:>10.3f}{y:>10.3f}{y - x:>+10.3f}")
         lines.append(
@@ -318,23 +331,26 @@ def table(doc: dict[str, Any]) -> str:
         )
         for label, g in (("gc gen0/1/2 count", "collections"), ("gc gen0/1/2 ms", "ms")):
             x, y = a["gc"][g], b["gc"][g]
-            lines.append(f"{label:<26}{'/'.join(map(str, x)):>10}{'/'.join(map(str, y)):>10}")
+            lines.append(f"{label:<26}{'/'.join(map(str, x)):>16}  {'/'.join(map(str, y)):>16}")
         lines.append(
-            f"{'gc max pause gen2 ms':<26}{a['gc']['max_ms'][2]:>10.2f}{b['gc']['max_ms'][2]:>10.2f}"
+            f"{'gc max pause gen2 ms':<26}"
+            f"{a['gc']['max_ms'][2]:>10.2f}{b['gc']['max_ms'][2]:>10.2f}"
         )
         p0, p1 = r0["pool_after"], r1["pool_after"]
         e0 = p0["evictions"] - r0["pool_before"]["evictions"]
         e1 = p1["evictions"] - r1["pool_before"]["evictions"]
+        lines.append(f"{'pool max usage':<26}{p0['max_usage']:>10.3f}{p1['max_usage']:>10.3f}")
         lines.append(
-            f"{'pool max usage':<26}{p0['max_usage']:>10.3f}{p1['max_usage']:>10.3f}"
+            f"{'cached blocks / pool':<26}"
+            f"{p0['cached_fraction']:>10.3f}{p1['cached_fraction']:>10.3f}"
         )
         lines.append(f"{'evictions (measured)':<26}{e0:>10,}{e1:>10,}")
-        lines.append(
-            f"{'evictions (total)':<26}{p0['evictions']:>10,}{p1['evictions']:>10,}"
-        )
+        lines.append(f"{'evictions (total)':<26}{p0['evictions']:>10,}{p1['evictions']:>10,}")
         o0, o1 = r0["outcome"], r1["outcome"]
-        lines.append(f"{'finished / preempted':<26}{o0['finished']:>6}/{o0['preemptions']:<3}"
-                     f"{o1['finished']:>6}/{o1['preemptions']:<3}")  # fmt: skip
+        lines.append(
+            f"{'finished / preempted':<26}{o0['finished']:>6}/{o0['preemptions']:<3}"
+            f"{o1['finished']:>6}/{o1['preemptions']:<3}"
+        )
         hit = o0["prefix_hits"] / max(1, o0["prefix_queries"])
         lines.append(f"{'prefix hit rate':<26}{hit:>10.3f}")
         lines.append(f"same schedule in both runs: {c['same_schedule']}")
@@ -380,9 +396,22 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
             comparisons.append(compare("async" if async_sched else "sync", plain, plugin))
     config = {
         k: getattr(args, k)
-        for k in ("num_blocks", "block_size", "max_num_seqs", "max_batched_tokens",
-                  "max_model_len", "steps", "sleep_ms", "seed", "rounds", "trace",
-                  "concurrency", "min_prompt", "max_prompt", "subscriber")  # fmt: skip
+        for k in (
+            "num_blocks",
+            "block_size",
+            "max_num_seqs",
+            "max_batched_tokens",
+            "max_model_len",
+            "steps",
+            "sleep_ms",
+            "seed",
+            "rounds",
+            "trace",
+            "concurrency",
+            "min_prompt",
+            "max_prompt",
+            "subscriber",
+        )
     }
     return {
         "bench": "gpu_scale",
@@ -406,8 +435,10 @@ def publish_only(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="gpu-scale-pub-") as tmp:
         sched = build_scheduler(shape, Path(tmp), plugin=True, endpoint=endpoint)
         driver = Driver(sched, workload_of(args), shape, args.concurrency or shape.max_num_seqs)
-        print(f"publishing on {endpoint}: {args.steps_per_s} steps/s for {args.duration} s",
-              flush=True)  # fmt: skip
+        print(
+            f"publishing on {endpoint}: {args.steps_per_s} steps/s for {args.duration} s",
+            flush=True,
+        )
         period = 1.0 / args.steps_per_s
         start = time.perf_counter()
         due = start
@@ -425,9 +456,11 @@ def publish_only(args: argparse.Namespace) -> None:
             if now - last_note >= 5:
                 last_note = now
                 f = driver.pool_facts()
-                print(f"  {driver.steps_run} steps, {driver.steps_run / (now - start):.0f}/s, "
-                      f"usage {f['usage_now']:.3f}, evictions {f['evictions']:,}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"  {driver.steps_run} steps, {driver.steps_run / (now - start):.0f}/s, "
+                    f"usage {f['usage_now']:.3f}, evictions {f['evictions']:,}",
+                    flush=True,
+                )
         took = time.perf_counter() - start
         doc = {
             "endpoint": endpoint,
@@ -458,25 +491,41 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-batched-tokens", type=int, default=8192)
     p.add_argument("--max-model-len", type=int, default=16_384)
-    p.add_argument("--concurrency", type=int, default=0,
-                   help="requests kept in the engine (default: max-num-seqs)")  # fmt: skip
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=0,
+        help="requests kept in the engine (default: max-num-seqs)",
+    )
     p.add_argument("--steps", type=int, default=300, help="measured steps per variant")
-    p.add_argument("--warmup", default="auto",
-                   help="warm-up steps, or auto: until the pool evicts")  # fmt: skip
+    p.add_argument("--warmup", default="auto", help="warm-up steps, or auto: until the pool evicts")
     p.add_argument("--max-warmup", type=int, default=20_000)
-    p.add_argument("--warmup-extra", type=int, default=20,
-                   help="steps after the first eviction (auto)")  # fmt: skip
+    p.add_argument(
+        "--warmup-extra", type=int, default=20, help="steps after the first eviction (auto)"
+    )
+    p.add_argument(
+        "--warmup-max-tokens",
+        type=int,
+        default=16,
+        help="outputs cut to this many tokens in the warm-up (0: as planned)",
+    )
     p.add_argument("--sleep-ms", type=float, default=6.0, help="the forward pass stand-in")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-prompt", type=int, default=1024)
     p.add_argument("--max-prompt", type=int, default=8192)
     p.add_argument("--trace", help="a Mooncake JSONL trace instead of the conversations")
     p.add_argument("--rounds", type=int, default=1, help="plain/plugin pairs (order alternates)")
-    p.add_argument("--subscriber", action="store_true",
-                   help="drain the plugin's stream with a SUB socket in a subprocess")  # fmt: skip
+    p.add_argument(
+        "--subscriber",
+        action="store_true",
+        help="drain the plugin's stream with a SUB socket in a subprocess",
+    )
     p.add_argument("--json", help="write every figure here")
-    p.add_argument("--publish-only", action="store_true",
-                   help="only run the plugin's scheduler, paced, for a mirror")  # fmt: skip
+    p.add_argument(
+        "--publish-only",
+        action="store_true",
+        help="only run the plugin's scheduler, paced, for a mirror",
+    )
     p.add_argument("--endpoint", default="", help="the plugin's PUB endpoint")
     p.add_argument("--steps-per-s", type=float, default=200.0)
     p.add_argument("--duration", type=float, default=30.0)

@@ -45,8 +45,17 @@ def main() -> int:
             first = first or last
     sub.close(linger=0)
     ctx.term()
-    print(json.dumps({"messages": messages, "frames": frames, "bytes": size,
-                      "seconds": round(last - first, 3)}), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "messages": messages,
+                "frames": frames,
+                "bytes": size,
+                "seconds": round(last - first, 3),
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
