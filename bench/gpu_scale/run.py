@@ -241,8 +241,11 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     wall_s = sum(r["measured_s"] for r in runs)
     n = len(steps.get("step_ns", []))
     gcs = [r["gc"] for r in runs]
+    quiet = [t for t, g in zip(steps["sched_ns"], steps["gc_ns"], strict=True) if g == 0]
     return {
         "sched": summarize(steps["sched_ns"]),
+        "sched_no_gc": summarize(quiet),  # the steps in which the collector did not run
+        "steps_no_gc": len(quiet),
         "schedule": summarize(steps["schedule_ns"]),
         "update": summarize(steps["update_ns"]),
         "add_request": summarize(steps["add_ns"]),
@@ -286,8 +289,8 @@ def compare(kind: str, plain: list[dict[str, Any]], plugin: list[dict[str, Any]]
             "throughput_ratio>=0.98": ratio >= GOALS["throughput_ratio"],
         },
         "runs": {
-            "plain": [{k: v for k, v in r.items() if k != "steps"} for r in plain],
-            "plugin": [{k: v for k, v in r.items() if k != "steps"} for r in plugin],
+            "plain": plain,
+            "plugin": plugin,
         },
     }
 
@@ -314,6 +317,8 @@ def table(doc: dict[str, Any]) -> str:
             lines.append(
                 f"{label:<26}{a['sched'][key]:>10.3f}{b['sched'][key]:>10.3f}{d[key]:>+10.3f}"
             )
+        x, y = a["sched_no_gc"]["p50_ms"], b["sched_no_gc"]["p50_ms"]
+        lines.append(f"{'scheduler p50, no-GC steps':<26}{x:>10.3f}{y:>10.3f}{y - x:>+10.3f}")
         for label, part in (
             ("  schedule() p50", "schedule"),
             ("  update_from_output p50", "update"),
