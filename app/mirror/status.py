@@ -155,6 +155,14 @@ class MirrorStatus:
             "backlog_ms": backlog_ms,
         }
 
+    @property
+    def stale(self) -> bool:
+        return bool(self.view()["stale"])
+
+    @property
+    def exact(self) -> bool:
+        return bool(self.view()["exact"])
+
     def stream_header(self) -> dict[str, Any]:
         """The live stream's ``mirror`` header: the newest applied batch, and
         whether the pool is the engine's now."""
