@@ -253,6 +253,7 @@ class MirrorClient:
             if not self._admit(msg):
                 continue
             st.seen()
+            st.messages += 1
             if signed and self.key is None:
                 st.signed_unverified += 1
             if isinstance(msg, wire.Batch):
@@ -434,6 +435,7 @@ class MirrorClient:
         return (
             not self.applier.synced
             and st.hello is not None
+            and st.hello.boot == self.boot  # a restarted engine: its handshake first
             and st.shape_problem is None
             and time.monotonic() >= self._retry_at
         )
@@ -463,6 +465,7 @@ class MirrorClient:
         if snap.boot != self.boot:  # the engine restarted meanwhile: this is the new run
             if self.boot is not None:
                 self._old_boots.append(self.boot)
+                st.engine_restarts += 1
             self.boot = snap.boot
         st.resynced(snap.seq)
         if snap.problems:
@@ -498,6 +501,13 @@ class MirrorClient:
                     continue
                 return got
             st.snapshot_timeouts += 1
+            signs = st.signed_unverified or (st.hello is not None and st.hello.authenticated)
+            if key is None and signs:
+                raise TimeoutError(
+                    f"no snapshot from {self.control_endpoint}: the engine signs its stream "
+                    "and answers signed requests only (give the mirror its secret: "
+                    "--mirror-token-file)"
+                )
             raise TimeoutError(f"no snapshot from {self.control_endpoint}")
         finally:
             dealer.close(0)

@@ -53,6 +53,7 @@ class MirrorStatus:
     shape_problem: str | None = None  # the engine restarted as another pool
     last_message: float | None = None  # monotonic: the last message accepted
     last_refused: float | None = None  # monotonic: the last message refused
+    messages: int = 0  # messages taken (verified where keyed, of the engine run followed)
     batches: int = 0
     writer_calls: int = 0  # groups of batches handed to the writer
     ops_applied: int = 0
@@ -233,6 +234,7 @@ class MirrorStatus:
             "signed_unverified": self.signed_unverified,
             "stale_discarded": self.stale_discarded,
             "backlog_dropped": self.backlog_dropped,
+            "messages": self.messages,
             "batches": self.batches,
             "writer_calls": self.writer_calls,
             "ops_applied": self.ops_applied,

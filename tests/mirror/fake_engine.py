@@ -117,7 +117,7 @@ class FakeEngine:
                     self._publish(pub, self.hello())
                     last_hello = now
                 try:
-                    item: wire.Batch | None | bool = self._queue.get(timeout=0.01)
+                    item: wire.Batch | bool | None = self._queue.get(timeout=0.01)
                 except queue.Empty:
                     item = False
                 if item is None:
@@ -179,4 +179,3 @@ def forged_stream(endpoint: str, control_endpoint: str, key: StreamKey | None) -
     fake = FakeEngine(FollowedEngine(), endpoint, control_endpoint, key, forger=key is None)
     fake.engine.send = fake.offer
     return fake
-
