@@ -468,6 +468,7 @@ class MirrorClient:
                 st.engine_restarts += 1
             self.boot = snap.boot
         st.resynced(snap.seq)
+        st.seen()  # the engine answered (signed, where keyed)
         if snap.problems:
             st.unsupported = True
         self.applier.set_stats(snap.stats)

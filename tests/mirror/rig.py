@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import zmq
 from fastapi import FastAPI
 
 from app.main import create_app
@@ -47,9 +48,17 @@ class Rig:
         order = free_order or self.engine.free_order
         self.engine = FollowedEngine(num_blocks=num_blocks, free_order=order)
         self.engine.rng.seed(11)
-        self.sender = FakeEngine(self.engine, self.endpoint, self.control_endpoint, self.key)
+        deadline = time.monotonic() + 30.0
+        while True:  # the closed sockets' ports are let go by ZMQ's I/O thread, soon
+            self.sender = FakeEngine(self.engine, self.endpoint, self.control_endpoint, self.key)
+            try:
+                self.sender.start()
+                break
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         self.engine.send = self.sender.offer
-        self.sender.start()
         return self.engine
 
     async def hello(self) -> Hello:

@@ -203,6 +203,8 @@ def test_the_secret_is_a_file_given_by_flag_or_environment(
 
 async def test_exact_only_after_the_first_digest_since_the_snapshot(keyed: Rig) -> None:
     keyed.engine.drive(7)  # a start mid-run, then the engine idle: no digest comes
+    while keyed.engine.follower.step % 3 == 0:  # (its last batch carries none either)
+        keyed.engine.drive(1)
     hello = await keyed.hello()
     app, client = keyed.service(hello)
     async with running(app) as api:
