@@ -96,15 +96,17 @@ class FakeEngine:
 
     def _run(self) -> None:
         ctx = zmq.Context.instance()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.SNDHWM, 100_000)
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
         try:
-            pub = ctx.socket(zmq.PUB)
-            pub.setsockopt(zmq.LINGER, 0)
-            pub.setsockopt(zmq.SNDHWM, 100_000)
             pub.bind(self.endpoint)
-            router = ctx.socket(zmq.ROUTER)
-            router.setsockopt(zmq.LINGER, 0)
             router.bind(self.control_endpoint)
-        except BaseException as exc:
+        except BaseException as exc:  # a busy port: said by start()
+            pub.close(0)
+            router.close(0)
             self._error = exc
             self._ready.set()
             return

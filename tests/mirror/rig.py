@@ -39,6 +39,22 @@ class Rig:
         self.sender = FakeEngine(self.engine, self.endpoint, self.control_endpoint, key)
         self.engine.send = self.sender.offer
 
+    def start(self) -> None:
+        """The engine side started; ports another process took meanwhile are
+        exchanged for others (free_port's answer is only a likely one)."""
+        for _ in range(20):
+            try:
+                self.sender.start()
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE:
+                    raise
+            self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+            self.control_endpoint = f"tcp://127.0.0.1:{free_port()}"
+            self.sender = FakeEngine(self.engine, self.endpoint, self.control_endpoint, self.key)
+            self.engine.send = self.sender.offer
+        raise AssertionError("no free ports for the engine")
+
     def close(self) -> None:
         self.sender.close()
 

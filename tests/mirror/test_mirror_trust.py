@@ -47,7 +47,7 @@ OTHER = StreamKey(b"another secret, 32 characters ok")
 async def keyed() -> AsyncIterator[Rig]:
     """An engine and a mirror sharing one secret."""
     r = Rig("uncached_first", key=SECRET)
-    r.sender.start()
+    r.start()
     try:
         yield r
     finally:
@@ -127,7 +127,7 @@ async def test_a_forged_publisher_on_the_endpoint_is_refused(quick_resync: None)
 
 async def test_an_engine_with_another_secret_is_refused_both_ways(quick_resync: None) -> None:
     rig = Rig("append_all", key=OTHER, mirror_key=SECRET)
-    rig.sender.start()
+    rig.start()
     try:
         with pytest.raises(mirror_setup.MirrorStartError, match="refused"):
             await anyio.to_thread.run_sync(mirror_setup.wait_hello, rig.endpoint, 1.5, SECRET)
@@ -152,7 +152,7 @@ async def test_a_mirror_without_the_secret_takes_a_signed_stream_unverified(
     and it says why."""
     rig = Rig("append_all", key=SECRET)
     rig.mirror_key = None
-    rig.sender.start()
+    rig.start()
     try:
         hello = await rig.hello()
         assert hello.authenticated
