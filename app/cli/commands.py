@@ -53,8 +53,15 @@ def serve(args: argparse.Namespace) -> int:
 
         try:
             mirror_setup.check_endpoint(mirror)
+            key = mirror_setup.read_key(settings.mirror_token_file)
+            if key is None:
+                logger.warning(
+                    "mirror: no --mirror-token-file: whoever reaches %s can read the stream "
+                    "and speak as the engine (README: Watch your vLLM)",
+                    mirror,
+                )
             logger.info("mirror: waiting for the engine's handshake on %s", mirror)
-            hello = mirror_setup.wait_hello(mirror, args.mirror_wait)
+            hello = mirror_setup.wait_hello(mirror, args.mirror_wait, key)
         except mirror_setup.MirrorStartError as exc:
             print(f"blockpool: {exc}", file=sys.stderr)
             return 2
@@ -66,7 +73,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     engine = app.state.engine
     if mirror:
-        mirror_setup.install(app, mirror, mirror_setup.control_for(mirror, hello))
+        mirror_setup.install(app, mirror, mirror_setup.control_for(mirror, hello), key, hello)
         logger.info("mirror: read only, following %s", mirror)
     logger.info("%s", describe(app.state.settings, engine.pool.num_gpu_blocks))
     if engine.storage is not None:

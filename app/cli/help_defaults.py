@@ -14,6 +14,7 @@ NONE_MEANS = {
     "token": "no token",
     "kv_events_replay_endpoint": "no replay socket",
     "memory_budget_bytes": "the block count decides",
+    "mirror_token_file": "no secret: the stream is unsigned",
 }
 
 

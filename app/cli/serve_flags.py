@@ -117,3 +117,16 @@ def add_mirror_flags(s: argparse.ArgumentParser) -> None:
         "--mirror-wait", type=float, default=120.0, metavar="SECONDS",
         help="how long to wait for the engine's handshake (default: %(default)s)",
     )  # fmt: skip
+    m.add_argument(
+        "--mirror-token-file", metavar="PATH",
+        help="the secret shared with the engine (its first line; the plugin's "
+        "BLOCKPOOL_MIRROR_TOKEN_FILE): unsigned messages are refused",
+    )  # fmt: skip
+    m.add_argument(
+        "--mirror-max-lag", dest="mirror_max_lag_s", type=float, metavar="SECONDS",
+        help="past this lag the mirror says 'behind', not exact",
+    )  # fmt: skip
+    m.add_argument(
+        "--mirror-max-backlog", type=int, metavar="MESSAGES",
+        help="messages waiting at most; past it they are dropped for a fresh snapshot",
+    )  # fmt: skip

@@ -150,6 +150,31 @@ class Settings(ServingSettings):
             raise ValueError("fleet_url is an http(s):// URL without credentials")
         return v
 
+    # --- serve --mirror: following a real engine (README: Watch your vLLM)
+    mirror_token_file: str | None = Field(
+        default=None,
+        description="a file whose first line is the secret shared with the engine's plugin "
+        "(its BLOCKPOOL_MIRROR_TOKEN_FILE): every message must be signed with it",
+    )
+    mirror_max_lag_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=3600,
+        description="the mirror is 'behind' (not exact) while a message older than this "
+        "waits to be applied",
+    )
+    mirror_max_backlog: int = Field(
+        default=10_000,
+        ge=10,
+        le=1_000_000,
+        description="messages waiting at most; past it they are dropped for a fresh snapshot",
+    )
+
+    @field_validator("mirror_token_file", mode="before")
+    @classmethod
+    def _no_token_file(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
     # --- analysis: miss reasons, eviction regret, shadow pools, recording
     metrics_seed: int | None = Field(
         default=0, description="seed of the metrics collector's sampling (None: unseeded)"

@@ -1,11 +1,28 @@
-"""The mirror's subscriber: one asyncio task that keeps the engine's runtime
-equal to a real engine's pool.
+"""The mirror's subscriber: keeps the engine's runtime equal to a real engine's pool.
 
-It reads the plugin's PUB stream (blockpool/mirror/protocol.py), asks the
-control socket for a snapshot at start and after any gap or divergence,
-and hands each batch to the service's one writer (``Engine.submit``), where
-``MirrorApplier`` applies and checks it.  A message it cannot read is
-counted and skipped; nothing a stranger sends ends the task.
+Two asyncio tasks.  The reader takes the plugin's PUB frames off ZMQ as
+they come (on the event loop: cheap) into a bounded inbox.  The processor
+takes every message waiting as one group, verifies and decodes it (in a
+worker thread of its own when the group is large, so the service answers
+while a 5 MB message is read), and hands the group's batches to the
+service's one writer (``Engine.submit``) as one call, where
+``MirrorApplier`` applies and checks each (gap, divergence, digest).
+
+Trust: with the shared secret (``StreamKey``) a message whose mac does not
+verify is dropped before a byte of it is decoded, and counted; a snapshot
+reply must be signed over the request's nonce.  Without it, anything on the
+endpoint is taken (and a signed message is taken unverified).
+
+Engine identity: every message carries the ``boot`` of the plugin's run.
+A new boot is an engine restarted: one resync from a snapshot; whatever an
+earlier run left queued is dropped unread (counted).  An engine restarted
+as another pool (blocks, block size, hash, free order) is not followed: the
+status says to restart the mirror.
+
+One place asks for snapshots (``_resync``): at start, after a gap, a
+divergence, a restart, or a backlog dropped because it grew past its bound.
+A message the processor cannot read is counted and skipped; nothing a
+stranger sends ends the tasks.
 """
 
 from __future__ import annotations
@@ -15,6 +32,8 @@ import contextlib
 import logging
 import os
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import zmq
@@ -27,19 +46,43 @@ from app.mirror.story import engine_story
 from blockpool.analysis.engine_misses import EngineMisses
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.apply import Divergence, Gap, MirrorApplier
+from blockpool.mirror.auth import StreamKey
 
 logger = logging.getLogger("blockpool.mirror")
 
-SNAPSHOT_TIMEOUT_S = 30.0
-RETRY_S = 1.0
+SNAPSHOT_TIMEOUT_S = 30.0  # a snapshot is copied over engine steps: seconds at GPU scale
+RETRY_S = 1.0  # the first wait after a failed resync, doubled up to RETRY_MAX_S
+CHAINS_KEPT = 20_000  # request records kept for the next resync's prefix tree
+RETRY_MAX_S = 30.0
+INLINE_BYTES = 64 * 1024  # a group this small is verified and decoded on the loop
+GROUP_MAX = 1024  # messages per group (one writer call)
+MAX_BACKLOG = 10_000  # messages received and not applied; past it: dropped, a snapshot
+MAX_BACKLOG_BYTES = 256 * 1024 * 1024
+SNAPSHOT_ASK = b"snapshot?"  # what a snapshot request's mac covers, before the payload
+SNAPSHOT_REPLY = b"snapshot"  # ... and a reply's, before the nonce and the payload
+
+# what verifying and decoding one message came to
+OK, REFUSED, BAD = 0, 1, 2
 
 
 class MirrorClient:
-    def __init__(self, engine: Any, endpoint: str, control_endpoint: str) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        endpoint: str,
+        control_endpoint: str,
+        key: StreamKey | None = None,
+        hello: wire.Hello | None = None,
+        max_lag_s: float = 2.0,
+        max_backlog: int = MAX_BACKLOG,
+    ) -> None:
         self.engine = engine
         self.endpoint = endpoint
         self.control_endpoint = control_endpoint
-        self.status = MirrorStatus(endpoint, control_endpoint)
+        self.key = key
+        self.status = MirrorStatus(endpoint, control_endpoint, key is not None, max_lag_s)
+        self.status.backlog = self._backlog
+        self.max_backlog = max_backlog
         self.book = RequestBook()
         self.applier = MirrorApplier(engine.runtime)
         host = engine.analysis  # its eviction memory where it is inline, else one of its own
@@ -47,8 +90,21 @@ class MirrorClient:
         if host is not None:  # the dashboard's miss reasons are the engine's requests'
             host.show_engine_misses(self.misses)
         self._task: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
         self._ctx: zmq.asyncio.Context | None = None
-        self._unsupported = False
+        self._decoder: ThreadPoolExecutor | None = None
+        # frames received, not yet handled: (frames, when received: monotonic, bytes)
+        self._inbox: deque[tuple[list[bytes], float, int]] = deque()
+        self._inbox_bytes = 0
+        self._arrived = asyncio.Event()
+        self._in_hand: tuple[int, float] | None = None  # the group being handled
+        self.boot: str | None = None  # the engine run followed
+        self._old_boots: deque[str] = deque(maxlen=64)
+        self._retry_at = 0.0  # monotonic: no resync before (backoff)
+        self._chains: list[wire.Record] = []  # request records heard while out of step
+        self._retry_s = RETRY_S
+        if hello is not None:
+            self._hello(hello)
 
     def story(self, rid: str) -> dict[str, Any]:
         """The engine's request ``rid`` as a request story (NotFound: never heard of)."""
@@ -65,80 +121,190 @@ class MirrorClient:
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="mirror-decode")
+        self._arrived = asyncio.Event()
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, self.max_backlog)
+        sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BATCH_BYTES)
+        sub.setsockopt(zmq.SUBSCRIBE, wire.TOPIC)
+        sub.connect(self.endpoint)
+        self._reader = asyncio.create_task(self._read(sub), name="mirror-reader")
         self._task = asyncio.create_task(self._run(), name="mirror-subscriber")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._reader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._reader = None
+        if self._decoder is not None:
+            self._decoder.shutdown(wait=False, cancel_futures=True)
+            self._decoder = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
 
-    # ----------------------------------------------------------------- loop
+    # --------------------------------------------------------------- reader
 
-    async def _run(self) -> None:
-        assert self._ctx is not None
-        sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, 0)  # batches wait in ZMQ while a snapshot comes
-        sub.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
-        sub.setsockopt(zmq.SUBSCRIBE, wire.TOPIC)
-        sub.connect(self.endpoint)
+    def _backlog(self) -> tuple[int, float | None]:
+        """Messages received and not applied yet, and when the oldest came."""
+        n, oldest = len(self._inbox), self._inbox[0][1] if self._inbox else None
+        if self._in_hand is not None:
+            n += self._in_hand[0]
+            oldest = self._in_hand[1]
+        return n, oldest
+
+    async def _read(self, sub: Any) -> None:
+        """Frames off ZMQ into the inbox, as they come (never decoded here)."""
+        st = self.status
         try:
             while True:
-                if not self.applier.synced and self.status.hello is not None:
-                    await self._resync()
-                if not await sub.poll(500):
-                    continue
                 frames = await sub.recv_multipart()
-                try:
-                    await self._handle(frames)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:  # a bug: counted and logged, the task goes on
-                    self.status.bad_messages += 1
-                    logger.exception("mirror: a message could not be applied")
+                while True:
+                    now = time.monotonic()
+                    if len(frames) != 3 or frames[0] != wire.TOPIC:
+                        st.bad_messages += 1
+                    else:
+                        size = len(frames[1]) + len(frames[2])
+                        self._inbox.append((frames, now, size))
+                        self._inbox_bytes += size
+                        if (
+                            len(self._inbox) > self.max_backlog
+                            or self._inbox_bytes > MAX_BACKLOG_BYTES
+                        ):
+                            self._drop_backlog()
+                    if not sub.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        break
+                    frames = await sub.recv_multipart()  # waiting already: no wait
+                self._arrived.set()
         finally:
             sub.close(0)
 
-    async def _handle(self, frames: list[bytes]) -> None:
+    def _drop_backlog(self) -> None:
+        """More waiting than the mirror can hold: dropped for a fresh snapshot."""
         st = self.status
-        if len(frames) != 3 or frames[0] != wire.TOPIC:
-            st.bad_messages += 1
-            return
+        n = len(self._inbox)
+        st.backlog_dropped += n
+        self._inbox.clear()
+        self._inbox_bytes = 0
+        st.problem(f"{n} messages waiting, more than the mirror holds: dropped for a snapshot")
+        logger.warning("mirror: a backlog of %d messages dropped; resyncing", n)
+        self._unsync()
+
+    # ------------------------------------------------------------ processor
+
+    async def _run(self) -> None:
+        st = self.status
+        while True:
+            if self._resync_due():
+                await self._resync()
+                continue
+            if not self._inbox:
+                self._arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await self._arrived.wait()
+                continue
+            group = [self._inbox.popleft() for _ in range(min(GROUP_MAX, len(self._inbox)))]
+            size = sum(g[2] for g in group)
+            self._inbox_bytes -= size
+            self._in_hand = (len(group), group[0][1])
+            try:
+                opened = await self._open_all([g[0] for g in group], size)
+                await self._handle_group(opened)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug: counted and logged, the task goes on
+                st.bad_messages += 1
+                logger.exception("mirror: a message could not be applied")
+            finally:
+                self._in_hand = None
+
+    async def _open_all(self, frames: list[list[bytes]], size: int) -> list[tuple[int, Any, bool]]:
+        """Verified and decoded, in order; a large group in the decoding thread."""
+        if size <= INLINE_BYTES or self._decoder is None:
+            return [self._open(f) for f in frames]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._decoder, lambda: [self._open(f) for f in frames])
+
+    def _open(self, frames: list[bytes]) -> tuple[int, Any, bool]:
+        """(OK, the message, signed) | (REFUSED, None, _) | (BAD, why, _)."""
+        _, payload, mac = frames
+        if self.key is not None and not self.key.verify(mac, wire.TOPIC, payload):
+            return REFUSED, None, False  # before a byte of it is decoded
         try:
-            msg = wire.decode(frames[1])
+            return OK, wire.decode(payload, wire.MAX_BATCH_BYTES), bool(mac)
         except wire.ProtocolError as exc:
-            st.bad_messages += 1
-            st.problem(str(exc))
-            return
-        st.seen()
-        if isinstance(msg, wire.Hello):
-            self._hello(msg)
-        elif isinstance(msg, wire.Batch):
-            await self._batch(msg)
-        elif isinstance(msg, wire.Beat):
-            self._beat(msg)
-        else:
-            st.bad_messages += 1
+            return BAD, str(exc), bool(mac)
+
+    async def _handle_group(self, opened: list[tuple[int, Any, bool]]) -> None:
+        st = self.status
+        batches: list[tuple[wire.Batch, list[str]]] = []
+        for verdict, msg, signed in opened:
+            if verdict == REFUSED:
+                st.refused()
+                continue
+            if verdict == BAD:
+                st.bad_messages += 1
+                st.problem(msg)
+                continue
+            if not self._admit(msg):
+                continue
+            st.seen()
+            st.messages += 1
+            if signed and self.key is None:
+                st.signed_unverified += 1
+            if isinstance(msg, wire.Batch):
+                taken = self._take(msg)
+                if taken is not None:
+                    batches.append(taken)
+                continue
+            if batches:  # what came before it first
+                await self._apply_group(batches)
+                batches = []
+            if isinstance(msg, wire.Hello):
+                self._hello(msg)
+            elif isinstance(msg, wire.Beat):
+                self._beat(msg)
+            else:
+                st.bad_messages += 1
+        if batches:
+            await self._apply_group(batches)
+
+    def _admit(self, msg: Any) -> bool:
+        """Whether ``msg`` is of the engine run followed (a new run: a restart)."""
+        boot = getattr(msg, "boot", "")
+        if self.boot is None or boot == self.boot:
+            if self.boot is None:
+                self.boot = boot
+            return True
+        st = self.status
+        if boot in self._old_boots:
+            st.stale_discarded += 1
+            return False
+        self._old_boots.append(self.boot)
+        self.boot = boot
+        st.engine_restarts += 1
+        st.problem("the engine restarted (a new boot): resyncing from a snapshot")
+        logger.warning("mirror: the engine restarted; resyncing")
+        self._unsync()
+        return True
+
+    # --------------------------------------------------------------- messages
 
     def _hello(self, hello: wire.Hello) -> None:
         st = self.status
         first = st.hello is None
-        if not first and st.hello is not None and hello.started_at != st.hello.started_at:
-            logger.warning("mirror: the engine restarted; resyncing")
-            self.applier.synced = False
-            st.synced = False
         st.hello = hello
-        n = self.engine.pool.num_gpu_blocks
-        if hello.num_gpu_blocks != n:
-            st.problem(f"the engine has {hello.num_gpu_blocks} blocks, the mirror {n}")
-            self._unsupported = True
-        if not hello.exact:
-            self._unsupported = True
+        if self.boot is None:
+            self.boot = hello.boot
+        st.shape_problem = self._shape(hello)
+        if st.shape_problem is not None:
+            st.problem(st.shape_problem)
+            self._unsync()
+        st.unsupported = not hello.exact
         if first:
             logger.info(
                 "mirror: engine %s (vLLM %s, %d blocks, %s)%s",
@@ -149,6 +315,19 @@ class MirrorClient:
                 "" if hello.exact else " NOT exact: " + "; ".join(hello.problems),
             )
 
+    def _shape(self, hello: wire.Hello) -> str | None:
+        """Why this engine's pool is not the mirror's (None: it is)."""
+        s, n = self.engine.settings, self.engine.pool.num_gpu_blocks
+        mine = (n, s.block_size, s.hash_fn, s.free_order)
+        theirs = (hello.num_gpu_blocks, hello.block_size, hello.hash_fn, hello.free_order)
+        if theirs == mine:
+            return None
+        return (
+            f"the engine restarted with {hello.num_gpu_blocks} blocks of {hello.block_size} "
+            f"tokens ({hello.hash_fn}, {hello.free_order}); the mirror follows {n} of "
+            f"{s.block_size} ({s.hash_fn}, {s.free_order}): restart the mirror"
+        )
+
     def _beat(self, beat: wire.Beat) -> None:
         st = self.status
         st.engine_drops = beat.drops
@@ -156,46 +335,68 @@ class MirrorClient:
         if self.applier.synced and beat.ops > self.applier.next_op:
             self._lost(f"the engine is at operation {beat.ops}, the mirror {self.applier.next_op}")
 
+    def _unsync(self) -> None:
+        """The runtime is no longer the engine's: the next turn asks for a snapshot."""
+        self.applier.synced = False
+        self.status.lost()
+
     def _lost(self, why: str) -> None:
         st = self.status
         st.gaps += 1
         st.problem(why)
-        st.exact = False
-        self.applier.synced = False
-        st.synced = False
+        self._unsync()
 
-    async def _batch(self, batch: wire.Batch) -> None:
+    def _take(self, batch: wire.Batch) -> tuple[wire.Batch, list[str]] | None:
+        """A batch's request records (always); the batch itself when it is to be applied."""
         st = self.status
         st.engine_drops = batch.drops
         first = self.book.apply(batch.requests, batch.seq)
-        if not self.applier.synced:  # the requests' hash chains: a resync's tree needs them
-            await self.engine.submit(lambda: self.applier.learn_requests(batch.requests))
-            return  # the snapshot asked for covers it (or a later batch does)
-        # a batch that never came: its operations are a Gap (below); one with
-        # request records only is a gap too, though the pool needs no resync
-        jumped = bool(st.last_seq) and batch.seq > st.last_seq + 1
-        st.last_seq = max(st.last_seq, batch.seq)
+        if not self.applier.synced:
+            # the requests' hash chains: a resync's prefix tree needs them (learnt
+            # by the writer, before the restore); the snapshot covers the rest
+            self._chains.extend(batch.requests)
+            del self._chains[: max(0, len(self._chains) - CHAINS_KEPT)]
+            return None
+        return batch, first
+
+    async def _apply_group(self, batches: list[tuple[wire.Batch, list[str]]]) -> None:
+        """The group's batches in one writer call, each checked as it applies."""
+        st = self.status
+        done: list[tuple[wire.Batch, Any]] = []
+
+        def write() -> None:
+            for batch, first in batches:
+                if not self.applier.synced:
+                    return  # an earlier batch of the group diverged
+                done.append((batch, self._apply(batch, first)))
+
+        st.writer_calls += 1
+        failed: Divergence | None = None
         try:
-            applied = await self.engine.submit(lambda: self._apply(batch, first))
-            if jumped:
-                st.gaps += 1
+            await self.engine.submit(write)
         except Divergence as exc:
-            if isinstance(exc, Gap):
-                self._lost(str(exc))
+            failed = exc
+        now = time.time()
+        for batch, applied in done:
+            # a batch that never came: its operations are a Gap (below); one
+            # with request records only is a gap too, though the pool needs no resync
+            if st.last_seq and batch.seq > st.last_seq + 1:
+                st.gaps += 1
+            st.last_seq = max(st.last_seq, batch.seq)
+            st.batches += 1
+            st.ops_applied += applied.ops
+            if applied.digest_checked:
+                st.digests_checked += 1
+                st.digests_checked_since_sync += 1
+            st.lags_ms.append(max(0.0, (now - batch.ts) * 1000.0))
+        if failed is not None:
+            if isinstance(failed, Gap):
+                self._lost(str(failed))
             else:
                 st.divergences += 1
-                st.problem(str(exc))
-                st.exact = False
-                self.applier.synced = False
-                st.synced = False
-            logger.warning("mirror: %s; resyncing", exc)
-            return
-        st.batches += 1
-        st.ops_applied += applied.ops
-        if applied.digest_checked:
-            st.digests_checked += 1
-            st.exact = not self._unsupported
-        st.lags_ms.append(max(0.0, (time.time() - batch.ts) * 1000.0))
+                st.problem(str(failed))
+                self._unsync()
+            logger.warning("mirror: %s; resyncing", failed)
 
     def _apply(self, batch: wire.Batch, first: list[str]) -> Any:
         """The writer: the requests first scheduled in this step are
@@ -224,37 +425,106 @@ class MirrorClient:
     def _restore(self, snap: wire.Snapshot) -> None:
         """The writer: the runtime into the snapshot's state (its observers,
         the analysis, are told by the runtime: ``PoolRuntime.restore``)."""
+        chains, self._chains = self._chains, []
+        self.applier.learn_requests(chains)
         self.applier.restore(snap)
 
-    async def _resync(self) -> None:
-        """Ask for a snapshot and put the runtime into its state."""
+    # ---------------------------------------------------------------- resync
+
+    def _resync_due(self) -> bool:
         st = self.status
-        assert self._ctx is not None
-        req = self._ctx.socket(zmq.DEALER)
-        req.setsockopt(zmq.LINGER, 0)
-        req.setsockopt(zmq.MAXMSGSIZE, 256 * 1024 * 1024)
-        req.connect(self.control_endpoint)
+        return (
+            not self.applier.synced
+            and st.hello is not None
+            and st.hello.boot == self.boot  # a restarted engine: its handshake first
+            and st.shape_problem is None
+            and time.monotonic() >= self._retry_at
+        )
+
+    async def _resync(self) -> None:
+        """Ask for a snapshot and put the runtime into its state (the one place)."""
+        st = self.status
         try:
-            request = wire.SnapshotRequest(reason="resync", ts=time.time(), nonce=os.urandom(16))
-            await req.send_multipart([wire.encode(request), b""])
-            if not await req.poll(int(SNAPSHOT_TIMEOUT_S * 1000)):
-                raise TimeoutError(f"no snapshot from {self.control_endpoint}")
-            frames = await req.recv_multipart()
-            msg = wire.decode(frames[0]) if len(frames) == 2 and frames[0] else None
-            if not isinstance(msg, wire.Snapshot):
-                raise wire.ProtocolError("the engine sent no snapshot")
-            await self.engine.submit(lambda: self._restore(msg))
+            snap = await self._ask_snapshot()
+            if snap.num_blocks != self.engine.pool.num_gpu_blocks:
+                st.shape_problem = (
+                    f"the engine restarted with {snap.num_blocks} blocks; the mirror follows "
+                    f"{self.engine.pool.num_gpu_blocks}: restart the mirror"
+                )
+                raise Divergence(st.shape_problem)
+            if snap.boot in self._old_boots:
+                raise wire.ProtocolError("a snapshot of an earlier run of the engine")
+            await self.engine.submit(lambda: self._restore(snap))
         except (TimeoutError, wire.ProtocolError, Divergence) as exc:
             st.resync_failures += 1
             st.problem(f"resync failed: {exc}")
             logger.warning("mirror: resync failed: %s", exc)
-            await asyncio.sleep(RETRY_S)
+            self._retry_at = time.monotonic() + self._retry_s
+            self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
             return
+        self._retry_s = RETRY_S
+        if snap.boot != self.boot:  # the engine restarted meanwhile: this is the new run
+            if self.boot is not None:
+                self._old_boots.append(self.boot)
+                st.engine_restarts += 1
+            self.boot = snap.boot
+        st.resynced(snap.seq)
+        st.seen()  # the engine answered (signed, where keyed)
+        if snap.problems:
+            st.unsupported = True
+        self.applier.set_stats(snap.stats)
+        logger.info("mirror: in step with the engine at operation %d", snap.ops)
+
+    async def _ask_snapshot(self) -> wire.Snapshot:
+        """One signed request on a fresh DEALER; the reply signed over its nonce."""
+        st = self.status
+        assert self._ctx is not None
+        nonce = os.urandom(16)
+        payload = wire.encode(wire.SnapshotRequest(reason="resync", ts=time.time(), nonce=nonce))
+        key = self.key
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, wire.MAX_SNAPSHOT_BYTES)
+        dealer.connect(self.control_endpoint)
+        try:
+            await dealer.send_multipart([payload, key.sign(SNAPSHOT_ASK, payload) if key else b""])
+            deadline = time.monotonic() + SNAPSHOT_TIMEOUT_S
+            while (left := deadline - time.monotonic()) > 0:
+                if not await dealer.poll(int(left * 1000) + 1):
+                    break
+                frames = await dealer.recv_multipart()
+                if len(frames) != 2:
+                    st.refused_replies += 1
+                    continue
+                got = await self._open_reply(frames[0], frames[1], nonce)
+                if got is None:
+                    st.refused_replies += 1
+                    st.problem("a snapshot reply not signed over the mirror's request: refused")
+                    continue
+                return got
+            st.snapshot_timeouts += 1
+            signs = st.signed_unverified or (st.hello is not None and st.hello.authenticated)
+            if key is None and signs:
+                raise TimeoutError(
+                    f"no snapshot from {self.control_endpoint}: the engine signs its stream "
+                    "and answers signed requests only (give the mirror its secret: "
+                    "--mirror-token-file)"
+                )
+            raise TimeoutError(f"no snapshot from {self.control_endpoint}")
         finally:
-            req.close(0)
-        st.resyncs += 1
-        st.synced = True
-        st.last_seq = msg.seq
-        st.exact = not self._unsupported and not msg.problems
-        self.applier.set_stats(msg.stats)
-        logger.info("mirror: in step with the engine at operation %d", msg.ops)
+            dealer.close(0)
+
+    async def _open_reply(self, payload: bytes, mac: bytes, nonce: bytes) -> wire.Snapshot | None:
+        """The reply verified and decoded in the decoding thread (None: refused)."""
+        key = self.key
+
+        def open_it() -> wire.Snapshot | None:
+            if key is not None and not key.verify(mac, SNAPSHOT_REPLY, nonce, payload):
+                return None
+            msg = wire.decode(payload, wire.MAX_SNAPSHOT_BYTES) if payload else None
+            if not isinstance(msg, wire.Snapshot):
+                raise wire.ProtocolError("the engine sent no snapshot")
+            return msg
+
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._decoder, open_it)

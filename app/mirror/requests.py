@@ -5,6 +5,11 @@ last ``capacity`` requests; each record says when it arrived, its prompt
 length and block count, its prefix hit when first scheduled, its
 preemptions and when it finished, and those moments in order (``steps``,
 each with the engine's batch number: a request's story on a mirror).
+
+Bounded twice: ``capacity`` requests, and ``max_bytes`` over what they hold
+(their hashes, kept raw until classified and as text for the views, their
+steps): a stream of records with the largest hashes the protocol admits
+cannot grow it past the budget, the oldest requests go first.
 """
 
 from __future__ import annotations
@@ -24,15 +29,52 @@ from blockpool.mirror.protocol import (
 )
 
 MAX_STEPS = 64  # per request: arrival, scheduling, preemptions, finish
+MAX_BYTES = 64 * 1024 * 1024  # the book's budget (see the module doc)
+# what Python spends on each thing kept (CPython, 64-bit), rounded up
+REQUEST_BYTES = 1024  # the record's dict, its id, its lists
+STEP_BYTES = 400  # one step's dict
+RAW_HASH_BYTES = 33 + 8  # a bytes object and its list slot
+TEXT_HASH_BYTES = 49 + 16 + 8  # its 16 hex characters, a str object, its list slot
+
+
+def _raw_cost(hashes: list[bytes]) -> int:
+    return sum(len(h) for h in hashes) + RAW_HASH_BYTES * len(hashes)
 
 
 class RequestBook:
-    def __init__(self, capacity: int = 10_000) -> None:
+    def __init__(self, capacity: int = 10_000, max_bytes: int = MAX_BYTES) -> None:
         self.capacity = capacity
+        self.max_bytes = max_bytes
         self.requests: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.bad = 0
         # the prompt's hashes whole until its first scheduling classifies it
         self.raw: OrderedDict[str, list[bytes]] = OrderedDict()
+        self.bytes = 0  # what the requests kept hold (their raw hashes counted while kept)
+        self.dropped = 0  # requests let go to keep within the budget
+        self._cost: dict[str, int] = {}
+
+    def _charge(self, rid: str, cost: int) -> None:
+        """``rid`` holds ``cost`` bytes now; the oldest requests go while over budget."""
+        self.bytes += cost - self._cost.get(rid, 0)
+        self._cost[rid] = cost
+        while self.bytes > self.max_bytes and self.requests:
+            self._forget(next(iter(self.requests)))
+
+    def _forget(self, rid: str) -> None:
+        self.requests.pop(rid, None)
+        self.raw.pop(rid, None)
+        self.bytes -= self._cost.pop(rid, 0)
+        self.dropped += 1
+
+    def _cost_of(self, rid: str, r: dict[str, Any]) -> int:
+        raw = self.raw.get(rid)
+        return (
+            REQUEST_BYTES
+            + len(rid)
+            + TEXT_HASH_BYTES * len(r["block_hashes"])
+            + STEP_BYTES * len(r["steps"])
+            + (_raw_cost(raw) if raw is not None else 0)
+        )
 
     def _get(self, rid: str, ts: float) -> dict[str, Any]:
         r = self.requests.get(rid)
@@ -55,7 +97,7 @@ class RequestBook:
             }
             self.requests[rid] = r
             while len(self.requests) > self.capacity:
-                self.requests.popitem(last=False)
+                self._forget(next(iter(self.requests)))
         return r
 
     def apply(self, records: list[Record], seq: int | None = None) -> list[str]:
@@ -76,7 +118,7 @@ class RequestBook:
                 r["block_hashes"] = [h[-8:].hex() for h in raw]
                 self.raw[rid] = raw
                 while len(self.raw) > self.capacity:
-                    self.raw.popitem(last=False)
+                    self.raw.popitem(last=False)  # (its request went first: charged)
             elif isinstance(rec, Scheduled):
                 kind = REQ_SCHEDULED
                 value = rec.hit_tokens
@@ -94,6 +136,8 @@ class RequestBook:
             steps = r["steps"]
             if len(steps) < MAX_STEPS:
                 steps.append({"seq": seq, "ts": ts, "op": kind, "value": value})
+            if rid in self.requests:  # (a record larger than the whole budget went at once)
+                self._charge(rid, self._cost_of(rid, r))
         return first
 
     def recent(self, limit: int) -> list[dict[str, Any]]:

@@ -7,6 +7,10 @@ change the pool besides the engine (demo, trace, REST mutations: 409
 ``read_only_mirror``), and runs a ``MirrorClient`` beside the engine task.
 One service follows one engine; several engines are several services (the
 observer's fleet page links them).
+
+With a shared secret (``--mirror-token-file``) the handshake must be signed
+with it too: a Hello from anyone else (whoever bound the port first) is
+refused and cannot size the service.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from app.core.settings import Settings
 from app.mirror.client import MirrorClient
 from app.mirror.guard import ReadOnlyMirror
 from app.mirror.routes import router
+from app.mirror.status import REFUSED_WHY, figures_of
 from blockpool.core.free_order import FREE_ORDERS
-from blockpool.mirror.protocol import TOPIC, Hello, ProtocolError, decode
+from blockpool.mirror.auth import SecretError, StreamKey
+from blockpool.mirror.protocol import MAX_BATCH_BYTES, TOPIC, Hello, ProtocolError, decode
 
 HASH_NAMES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 DEFAULT_MODEL_NAME = Settings.model_fields["model_name"].default
@@ -45,13 +51,25 @@ def control_for(endpoint: str, hello: Hello) -> str:
     return f"{head}:{cport}"
 
 
-def wait_hello(endpoint: str, timeout_s: float) -> Hello:
-    """Block until the engine's handshake arrives (MirrorStartError after timeout_s)."""
+def read_key(path: str | None) -> StreamKey | None:
+    """The shared secret from ``--mirror-token-file`` (None: none given)."""
+    if path is None:
+        return None
+    try:
+        return StreamKey.from_file(path)
+    except SecretError as exc:
+        raise MirrorStartError(f"--mirror-token-file: {exc}") from None
+
+
+def wait_hello(endpoint: str, timeout_s: float, key: StreamKey | None = None) -> Hello:
+    """Block until the engine's handshake arrives (MirrorStartError after
+    timeout_s); with ``key``, only one signed with it."""
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+    sub.setsockopt(zmq.MAXMSGSIZE, MAX_BATCH_BYTES)
     sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+    refused = 0
     try:
         sub.connect(endpoint)
         deadline = time.monotonic() + timeout_s
@@ -61,12 +79,20 @@ def wait_hello(endpoint: str, timeout_s: float) -> Hello:
             frames = sub.recv_multipart()
             if len(frames) != 3 or frames[0] != TOPIC:
                 continue
+            if key is not None and not key.verify(frames[2], TOPIC, frames[1]):
+                refused += 1  # not decoded
+                continue
             try:
-                msg = decode(frames[1])
+                msg = decode(frames[1], MAX_BATCH_BYTES)
             except ProtocolError:
                 continue
             if isinstance(msg, Hello):
                 return msg
+        if refused:
+            raise MirrorStartError(
+                f"no signed handshake on {endpoint} in {timeout_s:g} s: {refused} "
+                f"messages refused; {REFUSED_WHY}"
+            )
         raise MirrorStartError(
             f"no handshake from an engine on {endpoint} in {timeout_s:g} s (is vLLM running "
             "with --scheduler-cls blockpool_vllm.scheduler.MirrorScheduler and "
@@ -99,11 +125,28 @@ def settings_for(hello: Hello, settings: Settings) -> Settings:
     return settings.model_copy(update=update)
 
 
-def install(app: Any, endpoint: str, control_endpoint: str) -> MirrorClient:
-    """Attach the mirror to an app create_app made (before it starts)."""
-    client = MirrorClient(app.state.engine, endpoint, control_endpoint)
+def install(
+    app: Any,
+    endpoint: str,
+    control_endpoint: str,
+    key: StreamKey | None = None,
+    hello: Hello | None = None,
+) -> MirrorClient:
+    """Attach the mirror to an app create_app made (before it starts);
+    ``hello``: the handshake that sized it (the first snapshot is asked at once)."""
+    s = app.state.settings
+    client = MirrorClient(
+        app.state.engine,
+        endpoint,
+        control_endpoint,
+        key=key,
+        hello=hello,
+        max_lag_s=s.mirror_max_lag_s,
+        max_backlog=s.mirror_max_backlog,
+    )
     app.state.mirror = client
     app.state.stream.follow_mirror(client.status.stream_header)
+    app.state.metrics_sources["mirror"] = figures_of(client.status)
     app.state.startup_hooks.append(client.start)
     app.state.shutdown_hooks.append(client.stop)
     app.include_router(router)

@@ -1,17 +1,32 @@
-"""What ``GET /api/mirror`` reports: the mirror's health, counted."""
+"""What ``GET /api/mirror`` reports: the mirror's health, counted.
+
+``exact`` is worked out when it is read, never stored: the runtime was put
+in the engine's state (a snapshot), at least one digest of the engine's
+matched the mirror's since, the engine is not silent (``stale``), the mirror
+is not ``behind`` (its oldest message not yet applied is older than the lag
+bound), and nothing it cannot follow was announced.  The live stream's
+``mirror`` header and ``/metrics`` read the same ``view``, so the three
+agree.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
+from app.core.figures import Figures
 from blockpool.mirror.protocol import Hello
 
 STALE_AFTER_S = 3.0  # no message (batch, beat or hello) for this long: stale
+REFUSED_WHY = (
+    "a message not signed with the mirror's secret was dropped (a second publisher? "
+    "a wrong secret?)"
+)
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -21,23 +36,41 @@ def _quantile(values: list[float], q: float) -> float | None:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+def _no_backlog() -> tuple[int, float | None]:
+    return 0, None
+
+
 @dataclass
 class MirrorStatus:
     endpoint: str
     control_endpoint: str
+    keyed: bool = False  # the mirror verifies every message with a shared secret
+    max_lag_s: float = 2.0  # past this, the mirror is ``behind``
     hello: Hello | None = None
     synced: bool = False  # the runtime was put in the engine's state (snapshot)
-    exact: bool = False  # synced, every check since agreed, nothing unsupported
-    last_message: float | None = None  # monotonic
+    digests_checked_since_sync: int = 0  # exact needs one at least
+    unsupported: bool = False  # the engine does what the mirror cannot follow
+    shape_problem: str | None = None  # the engine restarted as another pool
+    last_message: float | None = None  # monotonic: the last message accepted
+    last_refused: float | None = None  # monotonic: the last message refused
+    messages: int = 0  # messages taken (verified where keyed, of the engine run followed)
     batches: int = 0
+    writer_calls: int = 0  # groups of batches handed to the writer
     ops_applied: int = 0
     digests_checked: int = 0
     divergences: int = 0
     resyncs: int = 0
     resync_failures: int = 0
+    snapshot_timeouts: int = 0
+    refused_replies: int = 0  # snapshot replies whose signature did not verify
     gaps: int = 0
     engine_drops: int = 0
     bad_messages: int = 0
+    unauthenticated: int = 0  # messages dropped: their mac did not verify
+    signed_unverified: int = 0  # signed messages a mirror without the secret took
+    engine_restarts: int = 0  # a new boot seen
+    stale_discarded: int = 0  # messages of a previous engine, dropped unread
+    backlog_dropped: int = 0  # messages dropped for a fresh snapshot (a backlog)
     last_seq: int = 0
     engine_steps: int = 0  # from the engine's beats: batches made, the plugin's own time
     engine_cost_ns: int = 0
@@ -46,45 +79,164 @@ class MirrorStatus:
     lags_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
     applied_batch: int | None = None  # the newest batch applied, and its engine step time
     applied_ts: float | None = None
-
-    def stream_header(self) -> dict[str, Any] | None:
-        """The live stream's ``mirror`` header: the newest applied batch."""
-        if self.applied_batch is None:
-            return None
-        return {"engine_ts": self.applied_ts, "batch": self.applied_batch}
+    # (messages received and not yet applied, when the oldest of them came: monotonic)
+    backlog: Callable[[], tuple[int, float | None]] = _no_backlog
 
     def seen(self) -> None:
         self.last_message = time.monotonic()
 
-    @property
-    def stale(self) -> bool:
-        return self.last_message is None or time.monotonic() - self.last_message > STALE_AFTER_S
+    def refused(self) -> None:
+        self.unauthenticated += 1
+        self.last_refused = time.monotonic()
+        self.problem(REFUSED_WHY)
 
     def problem(self, what: str) -> None:
         self.last_problem = what
         self.last_problem_at = time.time()
 
+    def resynced(self, seq: int) -> None:
+        self.resyncs += 1
+        self.synced = True
+        self.digests_checked_since_sync = 0
+        self.last_seq = seq
+
+    def lost(self) -> None:
+        """The runtime is no longer the engine's (a resync is due)."""
+        self.synced = False
+        self.digests_checked_since_sync = 0
+
+    # --------------------------------------------------------------- reading
+
+    def view(self) -> dict[str, Any]:
+        """The state now: stale, behind, exact (see the module doc)."""
+        now = time.monotonic()
+        waiting, oldest = self.backlog()
+        backlog_ms = None if oldest is None else round((now - oldest) * 1000.0, 1)
+        behind = backlog_ms is not None and backlog_ms > self.max_lag_s * 1000.0
+        # silent: nothing accepted lately, and nothing waiting that came lately
+        recent = self.last_message is not None and now - self.last_message <= STALE_AFTER_S
+        stale = not recent and not (oldest is not None and now - oldest <= STALE_AFTER_S)
+        refusing = (
+            self.keyed
+            and self.last_refused is not None
+            and now - self.last_refused <= STALE_AFTER_S
+            and not recent
+        )
+        exact = (
+            self.synced
+            and self.digests_checked_since_sync > 0
+            and not self.unsupported
+            and self.shape_problem is None
+            and not stale
+            and not behind
+        )
+        if self.shape_problem is not None:
+            state = "restart_needed"
+        elif refusing:
+            state = "refused"
+        elif stale:
+            state = "stale"
+        elif not self.synced:
+            state = "syncing"
+        elif behind:
+            state = "behind"
+        elif exact:
+            state = "exact"
+        elif self.unsupported:
+            state = "inexact"
+        else:
+            state = "synced"  # restored, no digest compared yet
+        return {
+            "state": state,
+            "exact": exact,
+            "stale": stale,
+            "behind": behind,
+            "refusing": refusing,
+            "backlog": waiting,
+            "backlog_ms": backlog_ms,
+        }
+
+    @property
+    def stale(self) -> bool:
+        return bool(self.view()["stale"])
+
+    @property
+    def exact(self) -> bool:
+        return bool(self.view()["exact"])
+
+    def stream_header(self) -> dict[str, Any]:
+        """The live stream's ``mirror`` header: the newest applied batch, and
+        whether the pool is the engine's now."""
+        v = self.view()
+        return {
+            "engine_ts": self.applied_ts,
+            "batch": self.applied_batch,
+            "exact": v["exact"],
+            "state": v["state"],
+        }
+
+    def figures(self) -> dict[str, float]:
+        v = self.view()
+        return {
+            "exact": float(v["exact"]),
+            "synced": float(self.synced),
+            "stale": float(v["stale"]),
+            "behind": float(v["behind"]),
+            "backlog": float(v["backlog"]),
+            "resyncs_total": float(self.resyncs),
+            "gaps_total": float(self.gaps),
+            "divergences_total": float(self.divergences),
+            "unauthenticated_total": float(self.unauthenticated),
+            "stale_discarded_total": float(self.stale_discarded),
+            "backlog_dropped_total": float(self.backlog_dropped),
+        }
+
     def as_dict(self) -> dict[str, Any]:
         lags = list(self.lags_ms)
-        stale = self.stale
+        v = self.view()
         hello = self.hello
+        if v["refusing"]:
+            peer = "refused"  # only messages the secret does not verify
+        elif v["stale"]:
+            peer = "silent"
+        else:
+            peer = "engine"
         return {
             "endpoint": self.endpoint,
             "control_endpoint": self.control_endpoint,
-            "connected": hello is not None and not stale,
-            "stale": stale,
+            "connected": hello is not None and not v["stale"],
+            "state": v["state"],
+            "peer": peer,
+            # keyed: every message taken was verified; without a secret nothing is
+            "authenticated": self.keyed,
+            "stale": v["stale"],
             "seconds_since_message": None
             if self.last_message is None
             else round(time.monotonic() - self.last_message, 3),
             "synced": self.synced,
-            "exact": self.exact and not stale,
+            "exact": v["exact"],
+            "behind": v["behind"],
+            "backlog": v["backlog"],
+            "backlog_ms": v["backlog_ms"],
+            "max_lag_ms": self.max_lag_s * 1000.0,
+            "problem": self.shape_problem,
+            "digests_checked_since_sync": self.digests_checked_since_sync,
             "divergences": self.divergences,
             "resyncs": self.resyncs,
             "resync_failures": self.resync_failures,
+            "snapshot_timeouts": self.snapshot_timeouts,
+            "refused_replies": self.refused_replies,
             "gaps": self.gaps,
             "engine_drops": self.engine_drops,
+            "engine_restarts": self.engine_restarts,
             "bad_messages": self.bad_messages,
+            "unauthenticated": self.unauthenticated,
+            "signed_unverified": self.signed_unverified,
+            "stale_discarded": self.stale_discarded,
+            "backlog_dropped": self.backlog_dropped,
+            "messages": self.messages,
             "batches": self.batches,
+            "writer_calls": self.writer_calls,
             "ops_applied": self.ops_applied,
             "digests_checked": self.digests_checked,
             "last_seq": self.last_seq,
@@ -98,3 +250,22 @@ class MirrorStatus:
             "last_problem_at": self.last_problem_at,
             "engine": msgspec.to_builtins(hello) if hello is not None else None,
         }
+
+
+FIGURES_HELP = {
+    "exact": "1 while the mirrored pool is proved the engine's (as GET /api/mirror says)",
+    "synced": "1 while the mirror follows from a snapshot (exact needs a digest since)",
+    "stale": "1 while the engine is silent",
+    "behind": "1 while the mirror's oldest unapplied message is older than the lag bound",
+    "backlog": "messages received and not yet applied",
+    "resyncs_total": "snapshots restored",
+    "gaps_total": "batches or operations that never arrived",
+    "divergences_total": "digests or operations that disagreed with the engine's",
+    "unauthenticated_total": "messages dropped: not signed with the mirror's secret",
+    "stale_discarded_total": "messages of a previous run of the engine, dropped unread",
+    "backlog_dropped_total": "messages dropped for a fresh snapshot (a backlog too large)",
+}
+
+
+def figures_of(status: MirrorStatus) -> Figures:
+    return Figures(status.figures, FIGURES_HELP)

@@ -10,9 +10,9 @@ import pytest
 
 from app.main import create_app
 from app.mirror import setup as mirror_setup
-from blockpool_vllm.sender import Sender
 from tests.app.conftest import LiveServer, free_port, make_app, make_settings
 from tests.e2e.conftest import Page, wait_for
+from tests.mirror.fake_engine import FakeEngine
 from tests.mirror.workload import FollowedEngine
 
 pytestmark = pytest.mark.browser
@@ -21,13 +21,8 @@ pytestmark = pytest.mark.browser
 def test_the_mirror_item_shows_an_exact_mirror(browser: Any) -> None:
     engine = FollowedEngine(num_blocks=256, free_order="uncached_first")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    sender = Sender(
-        endpoint,
-        lambda: engine.hello(sender.control_port),
-        engine.follower.poll_snapshot,
-        engine.stats,
-        control_endpoint=f"tcp://127.0.0.1:{free_port()}",
-    )
+    # the engine side of the wire contract (DEALER/ROUTER snapshots), as in tests/mirror
+    sender = FakeEngine(engine, endpoint, f"tcp://127.0.0.1:{free_port()}")
     engine.send = sender.offer
     sender.start()
     server = None

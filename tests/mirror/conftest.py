@@ -12,7 +12,7 @@ from tests.mirror.rig import Rig
 @pytest.fixture(params=["append_all", "uncached_first"])
 async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
     r = Rig(request.param)
-    r.sender.start()
+    r.start()
     try:
         yield r
     finally:

@@ -1,5 +1,6 @@
 """The rig of the ``serve --mirror`` tests: an engine followed as the plugin
-follows vLLM's pool, its batches sent by the plugin's own sender thread, and
+follows vLLM's pool, its batches sent by an engine side speaking the wire
+contract (tests/mirror/fake_engine.py: signed PUB, ROUTER snapshots), and
 the real app mirroring it; waiting on conditions, reading /metrics."""
 
 from __future__ import annotations
@@ -9,41 +10,83 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import zmq
 from fastapi import FastAPI
 
 from app.main import create_app
 from app.mirror import setup as mirror_setup
 from app.mirror.client import MirrorClient
+from blockpool.mirror.auth import StreamKey
 from blockpool.mirror.protocol import Hello
-from blockpool_vllm.sender import Sender
 from tests.app.conftest import free_port, make_settings
+from tests.mirror.fake_engine import FakeEngine
 from tests.mirror.workload import FollowedEngine
 
 
 class Rig:
-    def __init__(self, free_order: str) -> None:
+    def __init__(
+        self,
+        free_order: str,
+        key: StreamKey | None = None,
+        mirror_key: StreamKey | None = None,
+        num_blocks: int = 64,
+    ) -> None:
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.engine = FollowedEngine(free_order=free_order)
-        self.sender = Sender(
-            self.endpoint,
-            lambda: self.engine.hello(self.sender.control_port),
-            self.engine.follower.poll_snapshot,
-            self.engine.stats,
-            control_endpoint=f"tcp://127.0.0.1:{free_port()}",
-        )
+        self.control_endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.key = key  # the engine's secret
+        self.mirror_key = mirror_key if mirror_key is not None else key  # the mirror's
+        self.engine = FollowedEngine(num_blocks=num_blocks, free_order=free_order)
+        self.sender = FakeEngine(self.engine, self.endpoint, self.control_endpoint, key)
         self.engine.send = self.sender.offer
+
+    def start(self) -> None:
+        """The engine side started; ports another process took meanwhile are
+        exchanged for others (free_port's answer is only a likely one)."""
+        for _ in range(20):
+            try:
+                self.sender.start()
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE:
+                    raise
+            self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+            self.control_endpoint = f"tcp://127.0.0.1:{free_port()}"
+            self.sender = FakeEngine(self.engine, self.endpoint, self.control_endpoint, self.key)
+            self.engine.send = self.sender.offer
+        raise AssertionError("no free ports for the engine")
 
     def close(self) -> None:
         self.sender.close()
 
+    def restart(self, num_blocks: int = 64, free_order: str | None = None) -> FollowedEngine:
+        """The engine gone and another started on the same ports (a new boot)."""
+        self.sender.close()
+        order = free_order or self.engine.free_order
+        self.engine = FollowedEngine(num_blocks=num_blocks, free_order=order)
+        self.engine.rng.seed(11)
+        deadline = time.monotonic() + 30.0
+        while True:  # the closed sockets' ports are let go by ZMQ's I/O thread, soon
+            self.sender = FakeEngine(self.engine, self.endpoint, self.control_endpoint, self.key)
+            try:
+                self.sender.start()
+                break
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.engine.send = self.sender.offer
+        return self.engine
+
     async def hello(self) -> Hello:
-        return await anyio.to_thread.run_sync(mirror_setup.wait_hello, self.endpoint, 30.0)
+        return await anyio.to_thread.run_sync(
+            mirror_setup.wait_hello, self.endpoint, 30.0, self.mirror_key
+        )
 
     def service(self, hello: Hello, **overrides: Any) -> tuple[FastAPI, MirrorClient]:
         """The real app, mirroring this engine (settings: the handshake's)."""
         app = create_app(mirror_setup.settings_for(hello, make_settings(**overrides)))
         control = mirror_setup.control_for(self.endpoint, hello)
-        return app, mirror_setup.install(app, self.endpoint, control)
+        return app, mirror_setup.install(app, self.endpoint, control, self.mirror_key, hello)
 
     async def drive(self, client: MirrorClient, rounds: int, steps: int) -> None:
         """``rounds`` times ``steps`` engine steps, then until the mirror caught up."""

@@ -54,6 +54,8 @@ async def test_a_resync_takes_the_worker_analysis_along(rig: Rig) -> None:
         # the replica followed (not restarted): what it counted goes on
         assert host.remote.resyncs == reopened
         assert (await host.query("regret", limit=10))["evictions_total"] >= evictions_before
+        engine.drive(3)  # exact again once a digest matched since the resync
+        await until(lambda: client.status.digests_checked_since_sync > 0 and rig.caught_up(client))
         st = await api.ok("GET", "/api/mirror")
         assert st["exact"] and st["gaps"] >= 1
         assert host.remote.error is None

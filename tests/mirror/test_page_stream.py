@@ -44,8 +44,8 @@ async def test_the_pages_stream_carries_the_newest_applied_batchs_engine_time(ri
 
     heard: list[dict[str, Any]] = []
 
-    def on_frame(frame: Frame) -> None:
-        if "mirror" in frame.header:
+    def on_frame(frame: Frame) -> None:  # (before the first batch applied: batch None)
+        if "mirror" in frame.header and frame.header["mirror"]["batch"] is not None:
             heard.append(frame.header["mirror"])
 
     hello = await rig.hello()

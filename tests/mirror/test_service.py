@@ -30,7 +30,8 @@ async def test_the_service_mirrors_the_engine_exactly_and_read_only(rig: Rig) ->
     settings = mirror_setup.settings_for(hello, make_settings(demo=True))
     assert not settings.demo and settings.free_order == engine.free_order
     app = create_app(settings)
-    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    control = mirror_setup.control_for(rig.endpoint, hello)
+    client = mirror_setup.install(app, rig.endpoint, control, rig.mirror_key, hello)
     mine = app.state.engine
 
     async with running(app) as api:
@@ -78,6 +79,8 @@ async def test_the_service_mirrors_the_engine_exactly_and_read_only(rig: Rig) ->
         await until(lambda: client.status.gaps >= 1 and client.status.resyncs >= 2)
         await until(lambda: rig.caught_up(client))
         assert pool_digest(mine.pool) == pool_digest(engine.rt.pool)
+        engine.drive(3)  # exact again once a digest of the engine's matched since the resync
+        await until(lambda: client.status.digests_checked_since_sync > 0 and rig.caught_up(client))
         st = await api.ok("GET", "/api/mirror")
         assert st["engine_drops"] >= 1 and st["exact"]
         mine.check()
@@ -124,7 +127,8 @@ async def test_an_engine_the_mirror_cannot_follow_is_never_called_exact(rig: Rig
     hello = await rig.hello()
     assert not hello.exact
     app = create_app(mirror_setup.settings_for(hello, make_settings()))
-    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    control = mirror_setup.control_for(rig.endpoint, hello)
+    client = mirror_setup.install(app, rig.endpoint, control, rig.mirror_key, hello)
     async with running(app) as api:
         await until(lambda: client.applier.synced)
         for _ in range(10):
@@ -148,7 +152,8 @@ async def test_the_metrics_carry_the_engines_model_name(rig: Rig) -> None:
     assert mirror_setup.settings_for(hello, make_settings(model_name="m")).model_name == "m"
     hello.model = "tiny-llama"
     app = create_app(mirror_setup.settings_for(hello, make_settings()))
-    client = mirror_setup.install(app, rig.endpoint, mirror_setup.control_for(rig.endpoint, hello))
+    control = mirror_setup.control_for(rig.endpoint, hello)
+    client = mirror_setup.install(app, rig.endpoint, control, rig.mirror_key, hello)
     async with running(app) as api:
         rig.engine.drive(5)
         await until(lambda: client.applier.synced)
