@@ -226,6 +226,7 @@ class Sender:
             cost_us=self._cost_us(),
             restarts=self.restarts,
             bad_requests=self.bad_requests,
+            boot=self._hello().boot,  # the run of the plugin (a mirror drops others')
         )
 
     def _handled(self, batch: wire.Batch) -> None:

@@ -126,6 +126,10 @@ class StreamHub:
         newest engine batch applied; None: none yet) as ``mirror``."""
         self._mirror_header = header
 
+    def mirror_now(self) -> Any:
+        """What the next frame's ``mirror`` header will say (None: no mirror)."""
+        return self._mirror_header() if self._mirror_header is not None else None
+
     # ------------------------------------------------------------- clients
 
     @property
@@ -182,7 +186,7 @@ class StreamHub:
     def _counts(self) -> dict[str, Any]:
         rt = self.engine.runtime
         counts = {**pool_summary(rt), "tokens": analysis_views.tokens(rt)}
-        mirror = self._mirror_header() if self._mirror_header is not None else None
+        mirror = self.mirror_now()
         if mirror is not None:
             counts["mirror"] = mirror
         return counts

@@ -1,16 +1,17 @@
 """The rig of the ``serve --mirror`` tests: an engine followed as the plugin
-follows vLLM's pool, its batches sent by an engine side speaking the wire
-contract (tests/mirror/fake_engine.py: signed PUB, ROUTER snapshots), and
-the real app mirroring it; waiting on conditions, reading /metrics."""
+follows vLLM's pool, its batches sent by the plugin's own sender thread
+(blockpool_vllm/sender.py: signed PUB, ROUTER snapshots), and the real app
+mirroring it; waiting on conditions, reading /metrics."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
-import zmq
+import msgspec
 from fastapi import FastAPI
 
 from app.main import create_app
@@ -19,7 +20,7 @@ from app.mirror.client import MirrorClient
 from blockpool.mirror.auth import StreamKey
 from blockpool.mirror.protocol import Hello
 from tests.app.conftest import free_port, make_settings
-from tests.mirror.fake_engine import FakeEngine
+from blockpool_vllm.sender import Sender
 from tests.mirror.workload import FollowedEngine
 
 
@@ -36,23 +37,41 @@ class Rig:
         self.key = key  # the engine's secret
         self.mirror_key = mirror_key if mirror_key is not None else key  # the mirror's
         self.engine = FollowedEngine(num_blocks=num_blocks, free_order=free_order)
-        self.sender = FakeEngine(self.engine, self.endpoint, self.control_endpoint, key)
-        self.engine.send = self.sender.offer
+        self.sender = self._sender()
+
+    def _sender(self) -> Sender:
+        """The plugin's sender for this engine (a new boot: a new run of the plugin)."""
+        boot = os.urandom(8).hex()
+        engine, key = self.engine, self.key
+        engine.follower.boot = boot
+
+        def hello() -> Hello:
+            h = engine.hello(sender.control_port)
+            return msgspec.structs.replace(h, boot=boot, authenticated=key is not None)
+
+        sender = Sender(
+            self.endpoint,
+            hello,
+            engine.follower.poll_snapshot,
+            engine.stats,
+            control_endpoint=self.control_endpoint,
+            key=key,
+            retry_s=0.05,
+            snapshot_every_s=0.1,
+        )
+        engine.send = sender.offer
+        return sender
 
     def start(self) -> None:
         """The engine side started; ports another process took meanwhile are
         exchanged for others (free_port's answer is only a likely one)."""
         for _ in range(20):
-            try:
-                self.sender.start()
+            if self.sender.start():
                 return
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EADDRINUSE:
-                    raise
+            self.sender.close()
             self.endpoint = f"tcp://127.0.0.1:{free_port()}"
             self.control_endpoint = f"tcp://127.0.0.1:{free_port()}"
-            self.sender = FakeEngine(self.engine, self.endpoint, self.control_endpoint, self.key)
-            self.engine.send = self.sender.offer
+            self.sender = self._sender()
         raise AssertionError("no free ports for the engine")
 
     def close(self) -> None:
@@ -64,17 +83,10 @@ class Rig:
         order = free_order or self.engine.free_order
         self.engine = FollowedEngine(num_blocks=num_blocks, free_order=order)
         self.engine.rng.seed(11)
-        deadline = time.monotonic() + 30.0
-        while True:  # the closed sockets' ports are let go by ZMQ's I/O thread, soon
-            self.sender = FakeEngine(self.engine, self.endpoint, self.control_endpoint, self.key)
-            try:
-                self.sender.start()
-                break
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        self.engine.send = self.sender.offer
+        # the closed sockets' ports are let go by ZMQ's I/O thread, soon: the
+        # sender retries its bind until they are
+        self.sender = self._sender()
+        self.sender.start()
         return self.engine
 
     async def hello(self) -> Hello:
