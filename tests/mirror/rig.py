@@ -19,8 +19,8 @@ from app.mirror import setup as mirror_setup
 from app.mirror.client import MirrorClient
 from blockpool.mirror.auth import StreamKey
 from blockpool.mirror.protocol import Hello
-from tests.app.conftest import free_port, make_settings
 from blockpool_vllm.sender import Sender
+from tests.app.conftest import free_port, make_settings
 from tests.mirror.workload import FollowedEngine
 
 
