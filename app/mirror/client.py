@@ -332,6 +332,8 @@ class MirrorClient:
         st = self.status
         st.engine_drops = beat.drops
         st.engine_steps, st.engine_cost_ns = beat.steps, beat.cost_ns
+        if beat.cost_us is not None:
+            st.engine_cost_us = beat.cost_us
         if self.applier.synced and beat.ops > self.applier.next_op:
             self._lost(f"the engine is at operation {beat.ops}, the mirror {self.applier.next_op}")
 

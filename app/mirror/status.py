@@ -74,6 +74,8 @@ class MirrorStatus:
     last_seq: int = 0
     engine_steps: int = 0  # from the engine's beats: batches made, the plugin's own time
     engine_cost_ns: int = 0
+    # the plugin's time per step on the engine's thread (µs): p50, p99, max
+    engine_cost_us: tuple[float, float, float] | None = None
     last_problem: str | None = None
     last_problem_at: float | None = None
     lags_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
@@ -189,7 +191,15 @@ class MirrorStatus:
             "unauthenticated_total": float(self.unauthenticated),
             "stale_discarded_total": float(self.stale_discarded),
             "backlog_dropped_total": float(self.backlog_dropped),
-        }
+        } | self._plugin_figures()
+
+    def _plugin_figures(self) -> dict[str, float]:
+        """The plugin's time per step, once a beat said it (absent before: not known)."""
+        cost = self.engine_cost_us
+        if cost is None:
+            return {}
+        names = ("p50", "p99", "max")
+        return {f"plugin_step_{q}_us": float(v) for q, v in zip(names, cost, strict=True)}
 
     def as_dict(self) -> dict[str, Any]:
         lags = list(self.lags_ms)
@@ -246,6 +256,9 @@ class MirrorStatus:
             "plugin_us_per_step": round(self.engine_cost_ns / self.engine_steps / 1000, 2)
             if self.engine_steps
             else None,
+            "plugin_step_us": None
+            if self.engine_cost_us is None
+            else dict(zip(("p50", "p99", "max"), self.engine_cost_us, strict=True)),
             "last_problem": self.last_problem,
             "last_problem_at": self.last_problem_at,
             "engine": msgspec.to_builtins(hello) if hello is not None else None,
@@ -264,6 +277,9 @@ FIGURES_HELP = {
     "unauthenticated_total": "messages dropped: not signed with the mirror's secret",
     "stale_discarded_total": "messages of a previous run of the engine, dropped unread",
     "backlog_dropped_total": "messages dropped for a fresh snapshot (a backlog too large)",
+    "plugin_step_p50_us": "the plugin's time per scheduler step on the engine's thread, p50 (µs)",
+    "plugin_step_p99_us": "the plugin's time per scheduler step on the engine's thread, p99 (µs)",
+    "plugin_step_max_us": "the plugin's longest scheduler step on the engine's thread (µs)",
 }
 
 

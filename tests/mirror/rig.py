@@ -54,6 +54,7 @@ class Rig:
             hello,
             engine.follower.poll_snapshot,
             engine.stats,
+            cost_us=engine.follower.cost_quantiles,
             control_endpoint=self.control_endpoint,
             key=key,
             retry_s=0.05,

@@ -163,3 +163,26 @@ async def test_the_metrics_carry_the_engines_model_name(rig: Rig) -> None:
         cfg = await api.ok("GET", "/api/config")
         assert cfg["model_name"] == "tiny-llama"
     app.state.engine.check()
+
+
+async def test_the_plugins_time_per_step_is_shown_as_quantiles(rig: Rig) -> None:
+    """The beat's p50, p99 and max of the follower's time per step (µs), on
+    /api/mirror and /metrics; not known (null, no series) before a beat."""
+    hello = await rig.hello()
+    app, client = rig.service(hello)
+    async with running(app) as api:
+        st = await api.ok("GET", "/api/mirror")
+        if client.status.engine_cost_us is None:
+            assert st["plugin_step_us"] is None
+            with pytest.raises(AssertionError, match="no blockpool_mirror_plugin"):
+                metric((await api.get("/metrics")).text, "blockpool_mirror_plugin_step_max_us")
+        await rig.drive(client, 5, 4)
+        await until(lambda: client.status.engine_cost_us is not None)  # a beat, when idle
+        st = await api.ok("GET", "/api/mirror")
+        q = st["plugin_step_us"]
+        want = rig.engine.follower.cost_quantiles()
+        assert want is not None and q is not None
+        assert 0 < q["p50"] <= q["p99"] <= q["max"] <= want[2]
+        text = (await api.get("/metrics")).text
+        assert metric(text, "blockpool_mirror_plugin_step_max_us") == q["max"]
+    app.state.engine.check()
