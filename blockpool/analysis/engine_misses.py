@@ -244,7 +244,7 @@ class EngineMisses(Quiet):
         cause = int(ring.r_cause[j])
         details[i] = {
             "cause": CAUSES[cause],
-            "ago_seconds": max(0.0, now - ring.r_ts[j]),
+            "evicted_ago_seconds": max(0.0, now - ring.r_ts[j]),
             "block_id": int(ring.r_bid[j]),
         }
         return RESET_DROP if cause == RESET else EVICTED

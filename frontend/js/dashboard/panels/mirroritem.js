@@ -74,15 +74,36 @@ export class MirrorItem {
     const name = eng.vllm_version ? `vLLM ${eng.vllm_version}` : "engine";
     let level = "ok";
     let text = `${name} · exact`;
-    if (!st.connected) {
-      level = "err";
-      text = `${name} · stale ${st.seconds_since_message === null ? "" : `${int(st.seconds_since_message)}s`}`;
-    } else if (!st.synced) {
-      level = "warn";
-      text = `${name} · resyncing`;
-    } else if (!st.exact) {
-      level = "warn";
-      text = `${name} · not exact`;
+    switch (st.state) {
+      case "exact":
+        break;
+      case "stale":
+        level = "err";
+        text = `${name} · stale ${st.seconds_since_message === null ? "" : `${int(st.seconds_since_message)}s`}`;
+        break;
+      case "refused":
+        level = "err";
+        text = `${name} · refused (not signed with the mirror's secret)`;
+        break;
+      case "restart_needed":
+        level = "err";
+        text = `${name} · restarted as another pool: restart the mirror`;
+        break;
+      case "behind":
+        level = "warn";
+        text = `${name} · behind ${int(st.backlog)} msgs`;
+        break;
+      case "syncing":
+        level = "warn";
+        text = `${name} · resyncing`;
+        break;
+      case "synced":
+        level = "warn";
+        text = `${name} · verifying`; // restored: no digest compared yet
+        break;
+      default:
+        level = "warn";
+        text = `${name} · not exact`;
     }
     if (st.lag_ms !== null && st.connected) text += ` · ${int(st.lag_ms)}ms`;
     const title = [
@@ -90,6 +111,11 @@ export class MirrorItem {
       `operations applied ${int(st.ops_applied)} · digests checked ${int(st.digests_checked)}`,
       `divergences ${int(st.divergences)} · gaps ${int(st.gaps)} · resyncs ${int(st.resyncs)} · engine drops ${int(st.engine_drops)}`,
       `lag p50 ${st.lag_p50_ms === null ? "—" : `${st.lag_p50_ms.toFixed(1)}ms`} · p99 ${st.lag_p99_ms === null ? "—" : `${st.lag_p99_ms.toFixed(1)}ms`}`,
+      ...(st.state === "behind" ? [`behind: ${int(st.backlog)} messages waiting, the oldest ${int(st.backlog_ms)}ms`] : []),
+      st.plugin_step_us
+        ? `plugin per engine step p50 ${st.plugin_step_us.p50.toFixed(0)}µs · p99 ${st.plugin_step_us.p99.toFixed(0)}µs · max ${st.plugin_step_us.max.toFixed(0)}µs`
+        : "plugin per engine step: not known yet",
+      `stream ${st.authenticated ? "signed and verified" : "not authenticated (no shared secret)"}`,
       ...(eng.problems && eng.problems.length ? ["not followed exactly:", ...eng.problems] : []),
       ...(st.last_problem ? [`last problem: ${st.last_problem}`] : []),
     ].join("\n");

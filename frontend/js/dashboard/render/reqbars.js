@@ -29,6 +29,7 @@ import { REASON_LABEL, REASON_RGB } from "../state/analysis.js";
  * @property {string | null} [with_request]
  * @property {ExtraKeys} [stored_with]
  * @property {ExtraKeys} [requested_with]
+ * @property {boolean} [cached] a block the engine skipped (skipped): it was cached
  */
 
 /**
