@@ -117,44 +117,72 @@ class PoolDigest:
 
     def update(self, ids: Iterable[int]) -> None:
         """The blocks named by the pool calls since the last update changed:
-        re-read them and every block those calls could have changed."""
+        re-read them, then the blocks whose links to them changed (their
+        neighbours in the queue before and after, where a link differs) and
+        the other blocks under a key they left or share."""
         blocks = self.pool.blocks
         n = len(blocks)
-        named = {bid for bid in ids if 0 < bid < n}
-        dirty = set(named)
-        add = dirty.add
-        sprev, snext, skeys = self.prev, self.next, self.keys
-        keys = []
-        for bid in named:
-            link = sprev[bid]  # the neighbours before the calls ...
-            if link > 0:
-                add(link)
-            link = snext[bid]
-            if link > 0:
-                add(link)
-            b = blocks[bid]
-            lb = b.prev_free_block  # ... and after them
-            if lb is not None:
-                add(lb.block_id)
-            lb = b.next_free_block
-            if lb is not None:
-                add(lb.block_id)
-            old = skeys[bid]
-            if old is not None:
-                keys.append(old)
-            k = b.block_hash
-            if k is not None:
-                keys.append(k)
         cache = self.pool.cached_block_hash_to_block._cache
-        for key in keys:  # the other blocks under those keys may have moved up
-            v = cache.get(key)
-            if v is None:
+        values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
+        total = self.total
+        done: set[int] = set()
+        more: list[int] = []
+        keys: list[bytes] = []
+        for bid in ids:
+            if bid in done or not 0 < bid < n:
                 continue
-            if v.__class__ is dict:
-                dirty.update(v)
+            done.add(bid)
+            b = blocks[bid]
+            p, x = b.prev_free_block, b.next_free_block
+            prev = NOT_QUEUED if p is None else p.block_id
+            nxt = NOT_QUEUED if x is None else x.block_id
+            old = sprev[bid]
+            if prev != old:  # both the old and the new neighbour changed links
+                if old > 0:
+                    more.append(old)
+                if prev > 0:
+                    more.append(prev)
+            old = snext[bid]
+            if nxt != old:
+                if old > 0:
+                    more.append(old)
+                if nxt > 0:
+                    more.append(nxt)
+            k = b.block_hash
+            okey = skeys[bid]
+            if k is None:
+                key = None
+                v = hash((bid, b.ref_cnt, prev, nxt, -1, -1))
             else:
-                add(v.block_id)
-        self._reread(dirty)
+                key = bytes(k)
+                e = cache.get(k)
+                if e is b:
+                    pos = 0
+                elif e.__class__ is dict:
+                    pos = map_position(cache, k, b)
+                    keys.append(key)  # its other blocks may have moved up
+                else:
+                    pos = -1
+                v = hash((bid, b.ref_cnt, prev, nxt, pos, _from_bytes(key, "little")))
+            if okey is not None and okey != key:
+                keys.append(okey)  # a key it left: the blocks after it moved up
+            v &= MASK
+            total += v - values[bid]
+            values[bid] = v
+            sprev[bid] = prev
+            snext[bid] = nxt
+            skeys[bid] = key
+        self.total = total & MASK
+        for key in keys:
+            e = cache.get(key)
+            if e is None:
+                continue
+            if e.__class__ is dict:
+                more.extend(e)
+            else:
+                more.append(e.block_id)
+        if more:
+            self._reread({bid for bid in more if bid not in done})
 
     def _reread(self, ids: Iterable[int], full: bool = False) -> None:
         """Re-read blocks (the hot loop: block_value and _read, inlined)."""
