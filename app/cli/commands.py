@@ -110,10 +110,17 @@ def serve_mirror(args: argparse.Namespace, given: Settings, mirror: str) -> int:
             hello.num_gpu_blocks,
         )
         hello = new
-        try:  # an engine restarting again and again: a rebuild at most every REBUILD_MIN_S
-            time.sleep(max(0.0, built + mirror_setup.REBUILD_MIN_S - time.monotonic()))
-        except KeyboardInterrupt:
-            return 0
+        wait = built + mirror_setup.REBUILD_MIN_S - time.monotonic()
+        if wait > 0:  # an engine restarting again and again: one rebuild per REBUILD_MIN_S
+            logger.info(
+                "mirror: rebuilding in %.1f s (one rebuild at most per %g s)",
+                wait,
+                mirror_setup.REBUILD_MIN_S,
+            )
+            try:
+                time.sleep(wait)
+            except KeyboardInterrupt:
+                return 0
 
 
 def _stopping(stop: StopRequest) -> Callable[[Any], None]:
