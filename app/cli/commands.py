@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
+from collections.abc import Callable
+from typing import Any
 
-from app.cli.server import run_server, url_host
+from app.cli.server import StopRequest, run_server, url_host
 from app.cli.settings import observer_settings_from, settings_from, settings_or_none
 from app.core.settings import Settings
 
@@ -49,33 +52,88 @@ def serve(args: argparse.Namespace) -> int:
     start_logging(args)
     mirror = getattr(args, "mirror", None)
     if mirror:
-        from app.mirror import setup as mirror_setup
-
-        try:
-            mirror_setup.check_endpoint(mirror)
-            key = mirror_setup.read_key(settings.mirror_token_file)
-            if key is None:
-                logger.warning(
-                    "mirror: no --mirror-token-file: whoever reaches %s can read the stream "
-                    "and speak as the engine (README: Watch your vLLM)",
-                    mirror,
-                )
-            logger.info("mirror: waiting for the engine's handshake on %s", mirror)
-            hello = mirror_setup.wait_hello(mirror, args.mirror_wait, key)
-        except mirror_setup.MirrorStartError as exc:
-            print(f"blockpool: {exc}", file=sys.stderr)
-            return 2
-        settings = mirror_setup.settings_for(hello, settings)
+        return serve_mirror(args, settings, mirror)
     try:
         app = create_app(settings)
     except ValueError as exc:  # e.g. a K/V memory budget that holds no block
         print(f"blockpool: invalid settings: {exc}", file=sys.stderr)
         return 2
-    engine = app.state.engine
-    if mirror:
-        mirror_setup.install(app, mirror, mirror_setup.control_for(mirror, hello), key, hello)
+    return _serve_app(app, args)
+
+
+def serve_mirror(args: argparse.Namespace, given: Settings, mirror: str) -> int:
+    """``serve --mirror``: the service sized as the engine's pool, built
+    again from the engine's new handshake whenever the engine restarts as
+    another pool (same process, same port; app/mirror/setup.py)."""
+    from app.main import create_app
+    from app.mirror import setup as mirror_setup
+
+    try:
+        mirror_setup.check_endpoint(mirror)
+        key = mirror_setup.read_key(given.mirror_token_file)
+        if key is None:
+            logger.warning(
+                "mirror: no --mirror-token-file: whoever reaches %s can read the stream "
+                "and speak as the engine (README: Watch your vLLM)",
+                mirror,
+            )
+        logger.info("mirror: waiting for the engine's handshake on %s", mirror)
+        hello = mirror_setup.wait_hello(mirror, args.mirror_wait, key)
+    except mirror_setup.MirrorStartError as exc:
+        print(f"blockpool: {exc}", file=sys.stderr)
+        return 2
+    rebuilds = 0
+    while True:
+        settings = mirror_setup.settings_for(hello, given)
+        try:
+            app = create_app(settings)
+        except ValueError as exc:  # an engine's pool the service cannot be built as
+            print(f"blockpool: invalid settings: {exc}", file=sys.stderr)
+            return 2
+        stop = StopRequest()
+        control = mirror_setup.control_for(mirror, hello)
+        client = mirror_setup.install(
+            app, mirror, control, key, hello, rebuild=_stopping(stop), rebuilds=rebuilds
+        )
         logger.info("mirror: read only, following %s", mirror)
-    logger.info("%s", describe(app.state.settings, engine.pool.num_gpu_blocks))
+        built = time.monotonic()
+        code = _serve_app(app, args, stop)
+        new = client.rebuild_for
+        if not stop.honoured or new is None:  # a signal, or a failed start
+            return code
+        rebuilds += 1
+        logger.info(
+            "mirror: the engine restarted as %d blocks of %d tokens (was %d): "
+            "rebuilding the service",
+            new.num_gpu_blocks,
+            new.block_size,
+            hello.num_gpu_blocks,
+        )
+        hello = new
+        wait = built + mirror_setup.REBUILD_MIN_S - time.monotonic()
+        if wait > 0:  # an engine restarting again and again: one rebuild per REBUILD_MIN_S
+            logger.info(
+                "mirror: rebuilding in %.1f s (one rebuild at most per %g s)",
+                wait,
+                mirror_setup.REBUILD_MIN_S,
+            )
+            try:
+                time.sleep(wait)
+            except KeyboardInterrupt:
+                return 0
+
+
+def _stopping(stop: StopRequest) -> Callable[[Any], None]:
+    """The mirror's ``rebuild``: the server stopped in order (the client
+    keeps the handshake, ``rebuild_for``)."""
+    return lambda _hello: stop.request()
+
+
+def _serve_app(app: Any, args: argparse.Namespace, stop: StopRequest | None = None) -> int:
+    """The app served until a signal (or ``stop``), its pool and URLs logged."""
+    settings = app.state.settings
+    engine = app.state.engine
+    logger.info("%s", describe(settings, engine.pool.num_gpu_blocks))
     if engine.storage is not None:
         logger.info("storage: %s", engine.storage_facts())
     shown = url_host(settings.host)
@@ -87,7 +145,13 @@ def serve(args: argparse.Namespace) -> int:
         settings.port,
     )
     return run_server(
-        app, settings.host, settings.port, args.log_level, settings, settings.ws_max_message_bytes
+        app,
+        settings.host,
+        settings.port,
+        args.log_level,
+        settings,
+        settings.ws_max_message_bytes,
+        stop,
     )
 
 

@@ -16,8 +16,12 @@ endpoint is taken (and a signed message is taken unverified).
 Engine identity: every message carries the ``boot`` of the plugin's run.
 A new boot is an engine restarted: one resync from a snapshot; whatever an
 earlier run left queued is dropped unread (counted).  An engine restarted
-as another pool (blocks, block size, hash, free order) is not followed: the
-status says to restart the mirror.
+as another pool (blocks, block size, hash, free order) cannot be followed by
+this service's pool: no snapshot is asked of it; the client hands the new
+run's handshake (verified, where keyed) to ``rebuild``, and ``serve``
+rebuilds the whole service from it (app/cli/commands.py).  Without
+``rebuild`` (or when the handshake is of the shape the service was built
+from, one it cannot be built as) the status says to restart the mirror.
 
 One place asks for snapshots (``_resync``): at start, after a gap, a
 divergence, a restart, or a backlog dropped because it grew past its bound.
@@ -33,6 +37,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -75,12 +80,16 @@ class MirrorClient:
         hello: wire.Hello | None = None,
         max_lag_s: float = 2.0,
         max_backlog: int = MAX_BACKLOG,
+        rebuild: Callable[[wire.Hello], None] | None = None,
+        rebuilds: int = 0,
     ) -> None:
         self.engine = engine
         self.endpoint = endpoint
         self.control_endpoint = control_endpoint
         self.key = key
-        self.status = MirrorStatus(endpoint, control_endpoint, key is not None, max_lag_s)
+        self.status = MirrorStatus(
+            endpoint, control_endpoint, key is not None, max_lag_s, rebuilds=rebuilds
+        )
         self.status.backlog = self._backlog
         self.max_backlog = max_backlog
         self.book = RequestBook()
@@ -103,6 +112,10 @@ class MirrorClient:
         self._retry_at = 0.0  # monotonic: no resync before (backoff)
         self._chains: list[wire.Record] = []  # request records heard while out of step
         self._retry_s = RETRY_S
+        # a new pool: the service rebuilt from the engine's new handshake
+        self.rebuild = rebuild
+        self.built_from = hello  # the handshake that sized the service
+        self.rebuild_for: wire.Hello | None = None  # the newest handshake handed to rebuild
         if hello is not None:
             self._hello(hello)
 
@@ -304,6 +317,7 @@ class MirrorClient:
         if st.shape_problem is not None:
             st.problem(st.shape_problem)
             self._unsync()
+            self._ask_rebuild(hello)
         st.unsupported = not hello.exact
         if first:
             logger.info(
@@ -325,8 +339,34 @@ class MirrorClient:
         return (
             f"the engine restarted with {hello.num_gpu_blocks} blocks of {hello.block_size} "
             f"tokens ({hello.hash_fn}, {hello.free_order}); the mirror follows {n} of "
-            f"{s.block_size} ({s.hash_fn}, {s.free_order}): restart the mirror"
+            f"{s.block_size} ({s.hash_fn}, {s.free_order}): "
+            + ("rebuilding the service" if self._rebuildable(hello) else "restart the mirror")
         )
+
+    def _rebuildable(self, hello: wire.Hello) -> bool:
+        """Whether a service built from ``hello`` would be another pool than
+        this one (built from ``built_from``): never for the handshake this
+        service was built from, though it was not its pool's (then a rebuild
+        would build the same service again)."""
+        return self.rebuild is not None and (
+            self.built_from is None or shape_of(hello) != shape_of(self.built_from)
+        )
+
+    def _ask_rebuild(self, hello: wire.Hello) -> None:
+        """Hand the engine's new handshake to ``rebuild`` (the message was
+        taken: verified where keyed, of the engine run followed now)."""
+        if self.rebuild is None or not self._rebuildable(hello) or hello.boot != self.boot:
+            return
+        first = self.rebuild_for is None
+        self.rebuild_for = hello
+        self.status.rebuilding = True
+        if first:
+            logger.warning(
+                "mirror: the engine restarted as %d blocks of %d tokens: asking for a rebuild",
+                hello.num_gpu_blocks,
+                hello.block_size,
+            )
+        self.rebuild(hello)
 
     def _beat(self, beat: wire.Beat) -> None:
         st = self.status
@@ -449,9 +489,10 @@ class MirrorClient:
         try:
             snap = await self._ask_snapshot()
             if snap.num_blocks != self.engine.pool.num_gpu_blocks:
+                # its handshake (a rebuild) is awaited: the next one clears it or rebuilds
                 st.shape_problem = (
                     f"the engine restarted with {snap.num_blocks} blocks; the mirror follows "
-                    f"{self.engine.pool.num_gpu_blocks}: restart the mirror"
+                    f"{self.engine.pool.num_gpu_blocks}: waiting for its handshake"
                 )
                 raise Divergence(st.shape_problem)
             if snap.boot in self._old_boots:
@@ -530,3 +571,8 @@ class MirrorClient:
 
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._decoder, open_it)
+
+
+def shape_of(hello: wire.Hello) -> tuple[int, int, str, str]:
+    """What a service is built as from a handshake: its pool's shape."""
+    return hello.num_gpu_blocks, hello.block_size, hello.hash_fn, hello.free_order

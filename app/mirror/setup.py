@@ -11,11 +11,17 @@ observer's fleet page links them).
 With a shared secret (``--mirror-token-file``) the handshake must be signed
 with it too: a Hello from anyone else (whoever bound the port first) is
 refused and cannot size the service.
+
+An engine restarted as another pool is followed by a rebuild: the client
+hands its new handshake to ``rebuild`` (``install``), and ``serve`` stops
+the service in order and builds it again from that handshake, in the same
+process, on the same port (at most once per ``REBUILD_MIN_S``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -31,6 +37,7 @@ from blockpool.mirror.protocol import MAX_BATCH_BYTES, TOPIC, Hello, ProtocolErr
 
 HASH_NAMES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 DEFAULT_MODEL_NAME = Settings.model_fields["model_name"].default
+REBUILD_MIN_S = 5.0  # a service is rebuilt at most once in this long (an engine flapping)
 
 
 class MirrorStartError(RuntimeError):
@@ -131,9 +138,14 @@ def install(
     control_endpoint: str,
     key: StreamKey | None = None,
     hello: Hello | None = None,
+    rebuild: Callable[[Hello], None] | None = None,
+    rebuilds: int = 0,
 ) -> MirrorClient:
     """Attach the mirror to an app create_app made (before it starts);
-    ``hello``: the handshake that sized it (the first snapshot is asked at once)."""
+    ``hello``: the handshake that sized it (the first snapshot is asked at once);
+    ``rebuild``: told the engine's new handshake when it restarted as another
+    pool (None: the status says to restart the mirror); ``rebuilds``: the
+    services rebuilt before this one."""
     s = app.state.settings
     client = MirrorClient(
         app.state.engine,
@@ -143,6 +155,8 @@ def install(
         hello=hello,
         max_lag_s=s.mirror_max_lag_s,
         max_backlog=s.mirror_max_backlog,
+        rebuild=rebuild,
+        rebuilds=rebuilds,
     )
     app.state.mirror = client
     app.state.stream.follow_mirror(client.status.stream_header)

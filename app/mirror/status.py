@@ -7,6 +7,12 @@ is not ``behind`` (its oldest message not yet applied is older than the lag
 bound), and nothing it cannot follow was announced.  The live stream's
 ``mirror`` header and ``/metrics`` read the same ``view``, so the three
 agree.
+
+An engine restarted as another pool (``shape_problem``) is ``rebuilding``:
+``serve`` builds the service again from its handshake (the new service's
+status counts it in ``rebuilds``); ``restart_needed`` only where no rebuild
+can follow it (a service built without one, or a handshake of the shape the
+service was built from).
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ class MirrorStatus:
     digests_checked_since_sync: int = 0  # exact needs one at least
     unsupported: bool = False  # the engine does what the mirror cannot follow
     shape_problem: str | None = None  # the engine restarted as another pool
+    rebuilding: bool = False  # ... and the service is asked to rebuild from its handshake
+    rebuilds: int = 0  # services rebuilt before this one (serve carries it across)
     last_message: float | None = None  # monotonic: the last message accepted
     last_refused: float | None = None  # monotonic: the last message refused
     messages: int = 0  # messages taken (verified where keyed, of the engine run followed)
@@ -133,7 +141,7 @@ class MirrorStatus:
             and not behind
         )
         if self.shape_problem is not None:
-            state = "restart_needed"
+            state = "rebuilding" if self.rebuilding else "restart_needed"
         elif refusing:
             state = "refused"
         elif stale:
@@ -186,6 +194,7 @@ class MirrorStatus:
             "behind": float(v["behind"]),
             "backlog": float(v["backlog"]),
             "resyncs_total": float(self.resyncs),
+            "rebuilds_total": float(self.rebuilds),
             "gaps_total": float(self.gaps),
             "divergences_total": float(self.divergences),
             "unauthenticated_total": float(self.unauthenticated),
@@ -233,6 +242,7 @@ class MirrorStatus:
             "digests_checked_since_sync": self.digests_checked_since_sync,
             "divergences": self.divergences,
             "resyncs": self.resyncs,
+            "rebuilds": self.rebuilds,
             "resync_failures": self.resync_failures,
             "snapshot_timeouts": self.snapshot_timeouts,
             "refused_replies": self.refused_replies,
@@ -272,6 +282,7 @@ FIGURES_HELP = {
     "behind": "1 while the mirror's oldest unapplied message is older than the lag bound",
     "backlog": "messages received and not yet applied",
     "resyncs_total": "snapshots restored",
+    "rebuilds_total": "services rebuilt for an engine restarted as another pool",
     "gaps_total": "batches or operations that never arrived",
     "divergences_total": "digests or operations that disagreed with the engine's",
     "unauthenticated_total": "messages dropped: not signed with the mirror's secret",

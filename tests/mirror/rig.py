@@ -95,11 +95,17 @@ class Rig:
             mirror_setup.wait_hello, self.endpoint, 30.0, self.mirror_key
         )
 
-    def service(self, hello: Hello, **overrides: Any) -> tuple[FastAPI, MirrorClient]:
-        """The real app, mirroring this engine (settings: the handshake's)."""
+    def service(
+        self, hello: Hello, rebuild: Callable[[Hello], None] | None = None, **overrides: Any
+    ) -> tuple[FastAPI, MirrorClient]:
+        """The real app, mirroring this engine (settings: the handshake's;
+        ``rebuild``: told the handshake of an engine restarted as another pool)."""
         app = create_app(mirror_setup.settings_for(hello, make_settings(**overrides)))
         control = mirror_setup.control_for(self.endpoint, hello)
-        return app, mirror_setup.install(app, self.endpoint, control, self.mirror_key, hello)
+        client = mirror_setup.install(
+            app, self.endpoint, control, self.mirror_key, hello, rebuild=rebuild
+        )
+        return app, client
 
     async def drive(self, client: MirrorClient, rounds: int, steps: int) -> None:
         """``rounds`` times ``steps`` engine steps, then until the mirror caught up."""

@@ -1,7 +1,8 @@
 """``serve --mirror`` fit for a production engine: only the engine is the
 engine (a shared secret), ``exact`` means exact now (a digest since the
-snapshot, not stale, not behind), an engine restarted is one resync (or a
-plain "restart the mirror" when its pool is another), a backlog is bounded,
+snapshot, not stale, not behind), an engine restarted is one resync (or,
+restarted as another pool, its verified handshake handed over for a rebuild
+of the service; "restart the mirror" where none can follow), a backlog is bounded,
 large messages are read off the event loop, the request book is bounded in
 bytes.
 
@@ -20,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from app.cli import parser
@@ -365,6 +367,61 @@ async def test_an_engine_restarted_as_another_pool_is_not_followed(keyed: Rig) -
         assert keyed.sender.snapshots == 0  # no snapshot asked of a pool it cannot hold
         assert st["engine"]["num_gpu_blocks"] == 32 and st["engine_restarts"] == 1
         assert app.state.engine.pool.num_gpu_blocks == 64
+    app.state.engine.check()
+
+
+async def test_an_engine_restarted_as_another_pool_asks_a_rebuild_with_its_handshake(
+    keyed: Rig,
+) -> None:
+    """``serve`` rebuilds the service from the handshake handed to ``rebuild``:
+    the new run's, verified with the secret (a stranger's, of any size, never),
+    and no snapshot is asked of a pool the service cannot hold."""
+    hello = await keyed.hello()
+    asked: list[wire.Hello] = []
+    app, client = keyed.service(hello, rebuild=asked.append)
+    async with running(app) as api:
+        await exact_now(keyed, client)
+        keyed.key = OTHER  # a run of another engine, not signed with the mirror's secret
+        stranger = keyed.restart(num_blocks=96)
+        refused = client.status.unauthenticated
+
+        def refusing() -> bool:
+            stranger.drive(1)
+            return client.status.unauthenticated >= refused + 10
+
+        await until(refusing)
+        assert asked == [] and client.rebuild_for is None and client.status.shape_problem is None
+        keyed.key = SECRET
+        engine = keyed.restart(num_blocks=96)
+        await until(lambda: asked)
+        new = asked[-1]
+        assert new.num_gpu_blocks == 96 and new.authenticated
+        assert new.boot == engine.follower.boot == client.boot
+        assert client.rebuild_for == new
+        seen = client.status.messages
+        engine.drive(10)
+        await until(lambda: client.status.messages >= seen + 10)  # it went on listening
+        st = await api.ok("GET", "/api/mirror")
+        assert not st["exact"] and st["state"] == "rebuilding" and st["rebuilds"] == 0
+        assert "restarted with 96 blocks" in st["problem"]
+        assert "rebuilding the service" in st["problem"]
+        assert st["resync_failures"] == 0 and keyed.sender.snapshots == 0
+        assert all(h.num_gpu_blocks == 96 and h.boot == new.boot for h in asked)
+        assert app.state.engine.pool.num_gpu_blocks == 64  # this service is not resized
+    app.state.engine.check()
+
+
+async def test_no_rebuild_for_the_handshake_the_service_was_built_from(keyed: Rig) -> None:
+    """A handshake the service was built from but does not match (a hash it
+    cannot take, so built with its own) asks no rebuild: the same service
+    would be built again, and again."""
+    hello = await keyed.hello()
+    asked: list[wire.Hello] = []
+    odd = msgspec.structs.replace(hello, hash_fn="md5")
+    app, client = keyed.service(odd, rebuild=asked.append)
+    st = client.status.as_dict()
+    assert st["state"] == "restart_needed" and "restart the mirror" in st["problem"]
+    assert asked == [] and client.rebuild_for is None
     app.state.engine.check()
 
 

@@ -85,6 +85,10 @@ export class MirrorItem {
         level = "err";
         text = `${name} · refused (not signed with the mirror's secret)`;
         break;
+      case "rebuilding":
+        level = "warn";
+        text = `${name} · restarted as another pool: rebuilding`;
+        break;
       case "restart_needed":
         level = "err";
         text = `${name} · restarted as another pool: restart the mirror`;
