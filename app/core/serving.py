@@ -148,6 +148,9 @@ def deadline_protocol(
     return DeadlineProtocol
 
 
+GRACEFUL_SHUTDOWN_S = 10.0
+
+
 def uvicorn_config(
     app: Any,
     host: str,
@@ -177,6 +180,9 @@ def uvicorn_config(
         proxy_headers=limits.forwarded_allow_ips is not None,
         forwarded_allow_ips=limits.forwarded_allow_ips or "",
         timeout_keep_alive=limits.keep_alive_s,
+        # a stop (a signal, a mirror's rebuild) closes what is still open
+        # after this long: a dashboard's stream never holds the server up
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         # (requests at once: each connection runs one at a time, so the
         # connection bound above bounds them; uvicorn's own limit would
         # answer a plain-text 503)

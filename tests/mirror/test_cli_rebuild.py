@@ -6,11 +6,13 @@ the mirror is exact again, counting the rebuild."""
 from __future__ import annotations
 
 import subprocess
+from contextlib import ExitStack
 import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
+import websockets.sync.client
 
 from blockpool.mirror.auth import StreamKey
 from tests.mirror.rig import Rig, metric
@@ -66,11 +68,17 @@ def test_serve_mirror_rebuilds_its_service_when_the_engine_restarts_as_another_p
             assert first["rebuilds"] == 0 and first["engine_restarts"] == 0
             assert http.get("/api/config").json()["num_blocks"] == 64
 
+            # a dashboard's live stream stays open (never read) across the rebuild
+            stream = ExitStack()
+            stream.enter_context(
+                websockets.sync.client.connect(f"ws://127.0.0.1:{port}/api/stream", open_timeout=60)
+            )
             rig.restart(num_blocks=96)
             st = eventually(lambda: exact_as(96), WAIT_S, "the mirror exact at 96 blocks", poll=0.1)
             assert st["rebuilds"] == 1 and st["state"] == "exact" and st["problem"] is None
             assert http.get("/api/config").json()["num_blocks"] == 96
             assert metric(http.get("/metrics").text, "blockpool_mirror_rebuilds_total") == 1
+            stream.close()
         assert proc.poll() is None  # the same process all along
     finally:
         stop_cli_server(proc)
