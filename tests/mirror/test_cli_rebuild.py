@@ -6,8 +6,8 @@ the mirror is exact again, counting the rebuild."""
 from __future__ import annotations
 
 import subprocess
-from contextlib import ExitStack
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
