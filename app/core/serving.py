@@ -148,7 +148,7 @@ def deadline_protocol(
     return DeadlineProtocol
 
 
-GRACEFUL_SHUTDOWN_S = 10.0
+GRACEFUL_SHUTDOWN_S = 10
 
 
 def uvicorn_config(

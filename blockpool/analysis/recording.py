@@ -41,7 +41,11 @@ if TYPE_CHECKING:
     from blockpool.runtime.runtime import PoolRuntime
 
 KEYFRAME_BUDGET = 0.01  # at tick time, keyframes take at most this share of the time
-FORCED_KEYFRAME = 8  # a segment this many times keyframe_ops long ends, budget or not
+# Between ticks a segment ends after ``forced_ops`` operations: twice
+# keyframe_ops, or up to FORCED_KEYFRAME times that on a large pool (a
+# keyframe costs O(pool): one per num_blocks / 8 operations at most, so a
+# mirror applying a GPU engine's steps does not stall its writer on them).
+FORCED_KEYFRAME = 8
 
 
 class Recorder:
@@ -58,6 +62,9 @@ class Recorder:
         self.max_ops = max_ops
         self.max_bytes = max_bytes
         self.keyframe_ops = keyframe_ops
+        self.forced_ops = max(
+            2 * keyframe_ops, min(FORCED_KEYFRAME * keyframe_ops, len(engine.pool.blocks) // 8)
+        )
         self.seq = 0
         self.ops = 0
         self.nbytes = 0
@@ -96,15 +103,11 @@ class Recorder:
         seg.nbytes += n
         self.nbytes += n
         self.ops += 1
-        if len(seg) >= 2 * self.keyframe_ops and (
-            len(seg) >= FORCED_KEYFRAME * self.keyframe_ops
-            or time.perf_counter() >= self._next_keyframe
-        ):
+        if len(seg) >= self.forced_ops:
             # No ticks (a bench, a test), or ticks too few for the operations
             # (a mirror applying a GPU engine's steps): a keyframe before the
             # next operation (not now: the engine has not absorbed this one's
-            # events yet), as KEYFRAME_BUDGET allows, at FORCED_KEYFRAME times
-            # keyframe_ops operations whatever it costs.
+            # events yet).
             self.due = True
         elif self.ops > self.max_ops or self.nbytes > self.max_bytes:
             self._enforce()

@@ -30,7 +30,7 @@ from app.pool.schemas import (
 )
 from blockpool import check_invariants
 from blockpool.analysis import moments, replay
-from blockpool.analysis.recording import FORCED_KEYFRAME, Recorder
+from blockpool.analysis.recording import Recorder
 from blockpool.analysis.segment import EventsView
 from blockpool.runtime.state import digest, restore, snapshot
 
@@ -179,7 +179,7 @@ def test_the_recording_is_bounded_and_starts_at_a_keyframe(engine_factory: Facto
     states = random_run(e, 9, 400, tick_every=3)
     rec = e.analysis.recorder  # type: ignore[union-attr]
     assert rec is not None
-    assert rec.dropped_ops > 0 and rec.first_seq > 0 and rec.ops <= 100 + FORCED_KEYFRAME * 20
+    assert rec.dropped_ops > 0 and rec.first_seq > 0 and rec.ops <= 100 + 2 * 20
     with pytest.raises(LookupError):
         moments.state_at(rec, rec.first_seq - 1, e.config)
     m = moments.state_at(rec, rec.first_seq, e.config)
