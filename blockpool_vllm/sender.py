@@ -211,6 +211,7 @@ class Sender:
             authenticated=self._key is not None,
             restarts=self.restarts,
             bad_requests=self.bad_requests,
+            cost_us=self._cost_us(),
         )
 
     def beat(self) -> wire.Beat:

@@ -311,6 +311,8 @@ class MirrorClient:
         st = self.status
         first = st.hello is None
         st.hello = hello
+        if hello.cost_us is not None:
+            st.engine_cost_us = hello.cost_us
         if self.boot is None:
             self.boot = hello.boot
         st.shape_problem = self._shape(hello)

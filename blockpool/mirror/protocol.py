@@ -174,6 +174,10 @@ class Hello(msgspec.Struct, tag="hello"):
     restarts: Count = 0  # the sender thread's restarts after a failure
     bad_requests: Count = 0  # control requests refused (malformed, unsigned, stale)
     digest_scheme: Text = ""  # how its digests are computed (blockpool/mirror/digest.py)
+    # the follower's time per step on the engine's thread: p50, p99, max (µs);
+    # in the handshake too, which goes out every few seconds however busy the
+    # engine is (a beat only when it is idle)
+    cost_us: tuple[float, float, float] | None = None
 
 
 class Digest(msgspec.Struct, frozen=True):

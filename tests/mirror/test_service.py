@@ -186,3 +186,21 @@ async def test_the_plugins_time_per_step_is_shown_as_quantiles(rig: Rig) -> None
         text = (await api.get("/metrics")).text
         assert metric(text, "blockpool_mirror_plugin_step_max_us") == q["max"]
     app.state.engine.check()
+
+
+async def test_the_plugins_time_is_known_while_the_engine_never_idles(rig: Rig) -> None:
+    """A busy engine sends no beat: the handshake, re-sent every few seconds,
+    carries the quantiles too."""
+    hello = await rig.hello()
+    app, client = rig.service(hello)
+    engine = rig.engine
+
+    def busy_until_known() -> bool:
+        engine.step()  # a batch at every look: the sender is never idle long enough to beat
+        return client.status.engine_cost_us is not None
+
+    async with running(app) as api:
+        await until(busy_until_known)
+        q = (await api.ok("GET", "/api/mirror"))["plugin_step_us"]
+        assert q is not None and 0 < q["p50"] <= q["p99"] <= q["max"]
+    app.state.engine.check()
