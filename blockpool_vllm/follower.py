@@ -8,8 +8,13 @@ and ``flush`` hands the operations since the last flush to a sender as one
 which is how it is tested without vLLM.
 
 Cost on the engine's thread, per scheduler step, is O(what the step did):
-an append per pool call, and at ``flush`` the digest updated over the blocks
-the step named (``PoolDigest``), never a walk over the pool.  A snapshot is
+an append per pool call, never a walk over the pool.  The digest over the
+blocks the step named (``PoolDigest``) is brought up to date at ``flush``,
+or -- ``defer_digest``, what the plugin does -- off the engine's thread:
+``catch_up``, from the sender's thread, reads the pool while the engine is
+between batches (during its forward pass) and throws the reading away when
+a pool call ran meanwhile; the digest then rides on the next batch (or
+beat) for the boundary it was taken at.  A snapshot is
 copied a slice per step (``Capture``), and by the sender's thread while the
 engine is idle.  Nothing here blocks on I/O: a full sender queue drops the
 batch and counts it (the mirror sees the gap and resyncs).  The time each
@@ -67,8 +72,10 @@ class PoolFollower:
         digest_every: int = 1,
         stats: Callable[[], tuple[int, int, int]] | None = None,
         boot: str = "",
+        defer_digest: bool = False,
     ) -> None:
         self.pool = pool
+        self.defer_digest = defer_digest
         self.offer = offer  # hands a batch to the sender; False: dropped
         self.digest_every = max(1, digest_every)
         self.stats = stats or (lambda: (0, 0, 0))
@@ -88,6 +95,13 @@ class PoolFollower:
         self.costs = array("d", bytes(8 * COSTS_KEPT))  # µs per step, a ring
         self.cost_max_us = 0.0
         self.digest = PoolDigest(pool)  # O(pool), once, at start
+        self.digest_ops = 0  # the digest is of the pool after this many operations
+        self.flushed_ops = 0  # operations up to the last flush (a batch boundary)
+        self.pending: list[list[int]] = []  # deferred: flushed blocks not in the digest yet
+        self.verified: Digest | None = None  # deferred: taken off the engine's thread
+        self.digests_taken = 0  # deferred digests taken by catch_up
+        self.digests_discarded = 0  # ... and readings thrown away (the engine moved)
+        self._digest_lock = threading.Lock()  # catch_up vs. the engine's own update
         # snapshots: asked for by the sender (any thread), copied here
         self.want_snapshot = False
         self.capture: Capture | None = None
@@ -333,20 +347,22 @@ class PoolFollower:
 
     def _batch(self, force_digest: bool) -> Batch:
         touched = self.touched
-        if touched:
-            if -2 in touched:  # something not followed: every block re-read
-                self.digest.refresh()
-            elif -1 in touched:  # a reset: the blocks that held a hash (and the rest)
-                self.digest.update([i for i in touched if i > 0])
-                self.digest.after_reset()  # (after: update reads the old links)
-            else:
-                self.digest.update(touched)
-            touched.clear()
+        deferred = self.defer_digest and not force_digest
+        if deferred and -1 not in touched and -2 not in touched:
+            if touched:
+                self.pending.append(touched[:])  # for catch_up
+                touched.clear()
+        elif touched or self.pending or force_digest:
+            with self._digest_lock:  # rare here when deferred: a reset, a forced digest
+                self._update_digest()
+        self.flushed_ops = self.op_count
         self.step += 1
         self.seq += 1
         digest = None
-        if force_digest or self.step % self.digest_every == 0:
+        if force_digest or (not deferred and self.step % self.digest_every == 0):
             digest = Digest(self.op_count, self.digest.value)
+        elif deferred and self.verified is not None:
+            digest, self.verified = self.verified, None
         batch = Batch(
             seq=self.seq,
             step=self.step,
@@ -366,6 +382,63 @@ class PoolFollower:
             self.drops += 1
         return batch
 
+    def _update_digest(self) -> None:
+        """The digest brought up to date on this thread (the engine's)."""
+        touched = self.touched
+        for ids in self.pending:
+            touched.extend(ids)
+        self.pending.clear()
+        if touched:
+            if -2 in touched:  # something not followed: every block re-read
+                self.digest.refresh()
+            elif -1 in touched:  # a reset: the blocks that held a hash (and the rest)
+                self.digest.update([i for i in touched if i > 0])
+                self.digest.after_reset()  # (after: update reads the old links)
+            else:
+                self.digest.update(touched)
+            touched.clear()
+        self.digest_ops = self.op_count
+
+    # ------------------------------------------------ the deferred digest
+
+    def catch_up(self) -> bool:
+        """From the sender's thread (``defer_digest``): the digest brought up
+        to the last flush, if the engine is between batches -- no pool call
+        running, none since the flush -- and stays so while the pool is read;
+        else nothing changes (False).  The digest taken rides on the next
+        batch; a snapshot asked for starts here, at the same boundary."""
+        if not self.pending:
+            return False
+        with self._digest_lock:
+            e0 = self.epoch
+            target = self.flushed_ops
+            if e0 & 1 or self.op_count != target or not self.pending:
+                return False
+            n = len(self.pending)
+            ids = [i for part in self.pending[:n] for i in part]
+            try:
+                staged = self.digest.stage(ids)
+            except Exception:  # the pool changed under the reading
+                staged = None
+            if staged is None or self.epoch != e0 or self.op_count != target:
+                self.digests_discarded += 1
+                return False
+            self.digest.commit(staged)
+            del self.pending[:n]
+            self.digest_ops = target
+            self.verified = Digest(target, self.digest.value)
+            self.digests_taken += 1
+        if self.want_snapshot:
+            self._start_capture_between_steps()
+        return True
+
+    def latest_digest(self) -> Digest | None:
+        """The newest digest and the boundary it is of (for a beat)."""
+        with self._digest_lock:
+            if self.digest_ops != self.flushed_ops or self.pending:
+                return None  # the engine moved since: the next catch_up has it
+            return Digest(self.digest_ops, self.digest.value)
+
     def cost_quantiles(self) -> tuple[float, float, float] | None:
         """The follower's time per step on the engine's thread (µs): p50 and
         p99 of the last steps, the maximum since the start."""
@@ -379,8 +452,8 @@ class PoolFollower:
 
     def _start_capture(self) -> Capture | None:
         """A copy of the pool as it is now (between steps: no pending call)."""
-        if self.ops or self.touched:
-            return None
+        if self.ops or self.touched or self.digest_ops != self.op_count:
+            return None  # mid-step, or the digest is not of this moment yet
         return Capture(
             self.pool,
             ops=self.op_count,
@@ -410,6 +483,8 @@ class PoolFollower:
         calls recorded since the last flush are flushed first)."""
         if self.ops or self.requests:
             self._batch(False)
+        with self._digest_lock:
+            self._update_digest()
         cap = self._start_capture()
         assert cap is not None
         cap.advance(float("inf"))
@@ -425,24 +500,37 @@ class PoolFollower:
             return done.snapshot(self.problems)
         if self.capture is None:
             self.want_snapshot = True
+            if self.defer_digest:
+                self.catch_up()  # between steps: the digest, then the copy, start here
         if time.monotonic() - self.last_flush < IDLE_AFTER_S or self.epoch & 1:
             return None
+        if (
+            self.capture is None
+            and self.captured is None
+            and not self._start_capture_between_steps()
+        ):
+            return None
         with self._lock:
-            if self.epoch & 1:
-                return None
-            if self.capture is None and self.captured is None:
-                e0 = self.epoch
-                cap = self._start_capture()
-                if cap is None:
-                    return None
-                self.capture = cap
-                if self.epoch != e0:  # a call began meanwhile: it may not have seen it
-                    self.capture = None
-                    return None
-                self.want_snapshot = False
             cap = self.capture
             if cap is not None:
                 cap.advance(0.002)
                 if cap.done:
                     self.captured, self.capture = cap, None
         return None
+
+    def _start_capture_between_steps(self) -> bool:
+        """From the sender's thread: a copy started now, if no pool call runs
+        (one that begins meanwhile may not have seen it: undone)."""
+        with self._digest_lock, self._lock:
+            if self.epoch & 1 or self.capture is not None or self.captured is not None:
+                return False
+            e0 = self.epoch
+            cap = self._start_capture()
+            if cap is None:
+                return False
+            self.capture = cap
+            if self.epoch != e0:
+                self.capture = None
+                return False
+            self.want_snapshot = False
+            return True
