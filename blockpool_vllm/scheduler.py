@@ -233,6 +233,7 @@ class _Mirrored:
             cost_us=follower.cost_quantiles,
             digest=follower.latest_digest,
             background=follower.catch_up,
+            prepare=follower.prepare,
             control_endpoint=control,
             key=key,
             max_queue=int(os.environ.get("BLOCKPOOL_MIRROR_QUEUE", "4096")),

@@ -110,6 +110,7 @@ class Sender:
         cost_us: Callable[[], tuple[float, float, float] | None] = lambda: None,
         digest: Callable[[], wire.Digest | None] = lambda: None,
         background: Callable[[], object] = lambda: None,
+        prepare: Callable[[wire.Batch], wire.Batch] = lambda b: b,
         control_endpoint: str | None = None,
         key: StreamKey | None = None,
         max_queue: int = 4096,
@@ -129,6 +130,7 @@ class Sender:
         self._cost_us = cost_us  # its p50, p99, max per step (µs)
         self._digest = digest  # the engine's newest digest, for a beat
         self._background = background  # the follower's work off the engine's thread
+        self._prepare = prepare  # a batch's operations read from the blocks (the follower)
         self._key = key
         self._hwm = hwm
         self.retry_s = retry_s
@@ -396,7 +398,7 @@ class Sender:
             if item is None:
                 raise _Stop
             try:
-                self._publish(pub, item)
+                self._publish(pub, self._prepare(item))
             except BaseException:
                 self.dropped += 1  # this batch is lost (the mirror sees the gap)
                 self._handled(item)

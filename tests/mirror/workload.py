@@ -54,7 +54,7 @@ class FollowedEngine:
                 return False
             if self.send is not None:
                 return self.send(b)
-            self.batches.append(b)
+            self.batches.append(self.follower.prepare(b))  # what the sender's thread does
             return True
 
         self.follower = PoolFollower(
