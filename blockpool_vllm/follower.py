@@ -61,7 +61,11 @@ WRAPPED = (
 UNSUPPORTED_METHODS = ("cache_partial_block", "unpin_blocks", "move_block_hashes")
 COSTS_KEPT = 2048  # the last steps' costs, for the quantiles
 CAPTURE_BUDGET_S = 0.0008  # a step's share of copying a snapshot
-IDLE_AFTER_S = 0.05  # no step for this long: the sender's thread copies instead
+IDLE_AFTER_S = 0.05
+# catch_up lets the engine's thread in every few hundred blocks it reads (a
+# sleep, not sleep(0): a thread releasing the interpreter takes it back at
+# once unless it waits a little); the engine waits ~0.3 ms for it at most
+PAUSE_S = 0.00002  # no step for this long: the sender's thread copies instead
 
 
 # what a usual call leaves in ``PoolFollower.ops`` (a tuple), for ``resolve``
@@ -509,9 +513,14 @@ class PoolFollower:
             ids = [i for part in self.pending[:n] for i in part]
             if -2 in ids:  # every block to re-read: the engine's next flush does it
                 return False
+
+            def pause() -> bool:  # the engine may want the interpreter: let it in
+                time.sleep(PAUSE_S)
+                return self.epoch == e0
+
             try:
-                staged = self.digest.stage(ids)
-            except Exception:  # the pool changed under the reading
+                staged = self.digest.stage(ids, pause)
+            except Exception:  # the engine moved (Interrupted), or the pool changed under it
                 staged = None
             if staged is None or self.epoch != e0 or self.op_count != target:
                 self.digests_discarded += 1

@@ -29,7 +29,7 @@ queue's sentinels have block id -1), the map's ``_cache``.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import compress
 from typing import Any, NamedTuple
 
@@ -41,6 +41,13 @@ NOT_QUEUED = -2
 SCHEME = f"tuplehash-v1:{hash((1, -2, 3, 1 << 70, -(1 << 65))) & MASK:x}"
 _from_bytes = int.from_bytes
 _REFRESH_CHUNK = 65_536
+PAUSE_EVERY = 256  # blocks read between two calls of stage's pause
+
+
+class Interrupted(Exception):
+    """A staged reading stopped by its pause (the pool may have changed)."""
+
+
 # one block as staged: (id, value, prev, next, key)
 Row = tuple[int, int, int, int, "bytes | None"]
 
@@ -146,14 +153,16 @@ class PoolDigest:
             skeys[bid] = key
         self.total = staged.total
 
-    def stage(self, ids: Iterable[int]) -> Staged:
+    def stage(self, ids: Iterable[int], pause: Callable[[], bool] | None = None) -> Staged:
         """Read what the blocks named by the pool calls since the last update
         are now -- them, then the blocks whose links to them changed (their
         neighbours in the queue before and after, where a link differs) and
         the other blocks under a key they left or share -- without changing
         this digest: ``commit`` takes the result.  So another thread can read
         while the pool may change under it, and throw the result away when
-        it did (``blockpool_vllm``'s follower, off the engine's thread)."""
+        it did (``blockpool_vllm``'s follower, off the engine's thread).
+        ``pause``, called every ``PAUSE_EVERY`` blocks, may let the pool's
+        owner run and says whether to go on (else ``Interrupted``)."""
         blocks = self.pool.blocks
         n = len(blocks)
         cache = self.pool.cached_block_hash_to_block._cache
@@ -164,10 +173,17 @@ class PoolDigest:
         done: set[int] = set()
         more: list[int] = []
         keys: list[bytes] = []
+        left = PAUSE_EVERY
         for bid in ids:
             if bid in done or not 0 < bid < n:
                 continue
             done.add(bid)
+            if pause is not None:
+                left -= 1
+                if not left:
+                    left = PAUSE_EVERY
+                    if not pause():
+                        raise Interrupted
             b = blocks[bid]
             p, x = b.prev_free_block, b.next_free_block
             prev = NOT_QUEUED if p is None else p.block_id
@@ -214,19 +230,32 @@ class PoolDigest:
             else:
                 more.append(e.block_id)
         if more:
-            total = self._read_rows({bid for bid in more if bid not in done}, total, rows)
+            total = self._read_rows({bid for bid in more if bid not in done}, total, rows, pause)
         return Staged(rows, total & MASK)
 
-    def _read_rows(self, ids: Iterable[int], total: int, rows: list[Row]) -> int:
+    def _read_rows(
+        self,
+        ids: Iterable[int],
+        total: int,
+        rows: list[Row],
+        pause: Callable[[], bool] | None = None,
+    ) -> int:
         """Read blocks into ``rows`` (the hot loop: block_value and _read,
         inlined); the total with their new values instead of their old."""
         blocks = self.pool.blocks
         cache = self.pool.cached_block_hash_to_block._cache
         values = self.values
         add = rows.append
+        left = PAUSE_EVERY
         for bid in ids:
             if bid <= 0:
                 continue
+            if pause is not None:
+                left -= 1
+                if not left:
+                    left = PAUSE_EVERY
+                    if not pause():
+                        raise Interrupted
             b = blocks[bid]
             p, x = b.prev_free_block, b.next_free_block
             prev = NOT_QUEUED if p is None else p.block_id

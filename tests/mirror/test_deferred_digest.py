@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from blockpool.mirror.apply import Divergence
-from blockpool.mirror.digest import pool_digest
+from blockpool.mirror.digest import Interrupted, pool_digest
 from blockpool.mirror.protocol import Digest
 from blockpool.runtime.ops import AllocateOp, FreeOp
 from tests.mirror.test_apply import assert_same, mirror_of, wire
@@ -167,4 +167,26 @@ def test_a_threaded_engine_and_sender_agree_on_every_digest_taken() -> None:
     f.flush()
     f.catch_up()
     assert f.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
+
+
+def test_a_reading_stops_when_its_pause_says_the_engine_moved() -> None:
+    engine = FollowedEngine(num_blocks=1024, defer_digest=True)
+    f = engine.follower
+    got = engine.rt.apply(AllocateOp(num_blocks=600))
+    f.flush()
+    ids = [i for part in f.pending for i in part]
+    assert len(ids) >= 600
+    before = f.digest.value
+    calls: list[int] = []
+
+    def pause() -> bool:
+        calls.append(1)
+        return len(calls) < 2  # the second pause finds the engine moved
+
+    with pytest.raises(Interrupted):
+        f.digest.stage(ids, pause)
+    assert len(calls) == 2 and f.digest.value == before  # nothing taken
+    assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.apply(FreeOp(block_ids=got["block_ids"]))
     engine.rt.check()
