@@ -66,7 +66,7 @@ def test_one_replica_is_the_single_pool_replay(router: str) -> None:
             log.append(k)
             return k
 
-        d.step = logged  # type: ignore[method-assign]
+        d.step = logged  # type: ignore[method-assign,assignment]
     pools.run()
     for k, cap in enumerate(CAPS):
         seq = fleet_seq(TRACE, 1, cap, router)
