@@ -61,14 +61,16 @@ def add_fleet_args(t: argparse.ArgumentParser) -> None:
                    help=f"fleet: sweep these free orders ({', '.join(FREE_ORDERS)}; "
                    "default: --free-order)")  # fmt: skip
     g.add_argument("--executor", choices=EXECUTORS, default="process",
-                   help="where the sweep's replays run (default process: local processes)")  # fmt: skip
+                   help="where the sweep's replays run (default process: local "
+                   "processes)")  # fmt: skip
     g.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes, or Ray CPUs for a local Ray (default: the CPUs)")  # fmt: skip
     g.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="--executor ray: a cluster to join (ray://head:10001, head:6379, "
                    "auto); default: a local Ray on 127.0.0.1")  # fmt: skip
     g.add_argument("--target-ttft-p99", type=float, default=None, metavar="MS",
-                   help="timed: also answer the smallest fleet whose TTFT p99 is at most MS")  # fmt: skip
+                   help="timed: also answer the smallest fleet whose TTFT p99 is at "
+                   "most MS")  # fmt: skip
     g.add_argument("--step-model-metrics", default=None, metavar="SCRAPE",
                    help="timed: fit the step model from a saved vLLM /metrics scrape "
                    "(iteration tokens and TTFT histograms)")  # fmt: skip
