@@ -6,7 +6,7 @@ The fit pairs their quantiles: for ``q`` in 0.1, 0.2 .. 0.9 the ``q``-quantile
 of tokens per step with the ``q``-quantile of TTFT (each interpolated
 linearly inside its bucket, as Prometheus's ``histogram_quantile`` does) and
 fits ``ms = base_ms + per_token_ms x tokens`` by least squares
-(:func:`~blockpool.trace.engine.fit_step_model`); a decoding request is one
+; a decoding request is one
 token of a step, so ``per_decode_seq_ms = per_prefill_token_ms =
 per_token_ms``.  It holds where a request's TTFT is the one step that
 prefilled it: a lightly loaded engine, whole prompts, no queueing.  On a busy
@@ -23,7 +23,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from blockpool.trace.engine import StepModel, fit_step_model
+from blockpool.trace.engine import StepModel
 
 ITERATION_TOKENS = "vllm:iteration_tokens_total"
 TTFT = "vllm:time_to_first_token_seconds"
@@ -111,8 +111,22 @@ def fit_from_scrape(text: str) -> tuple[StepModel, list[list[float]]]:
         pairs.append([tokens, 0.0, secs * 1000.0])
     if len(pairs) < 3:
         raise ValueError("fewer than 3 quantiles of the scrape are finite: no fit")
-    m = fit_step_model(pairs)
-    return StepModel(m.base_ms, m.per_prefill_token_ms, m.per_prefill_token_ms), pairs
+    base, per_token = _line(pairs)
+    return StepModel(base, per_token, per_token), pairs
+
+
+def _line(pairs: list[list[float]]) -> tuple[float, float]:
+    """Least squares ``ms = base + slope x tokens``; a negative slope is 0,
+    a base <= 0 the smallest ms (a step always takes time)."""
+    xs = [p[0] for p in pairs]
+    ys = [p[2] for p in pairs]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+    slope = max(slope, 0.0)
+    base = my - slope * mx
+    return (base if base > 0 else min(ys)), slope
 
 
 def read_scrape(path: str) -> str:
