@@ -2,7 +2,8 @@
 
 :func:`run_sweep` runs the jobs in this process (``serial``), on local
 processes (``process``: ``concurrent.futures.ProcessPoolExecutor``, the
-trace sent once to each worker) or as Ray tasks (``ray``: the trace put in
+trace sent once to each worker; one worker, or one job, runs in this
+process: no process to start) or as Ray tasks (``ray``: the trace put in
 Ray's object store once, one task a job; Ray is imported only here and only
 when asked).  Every executor returns the results in the jobs' order, equal
 to the serial run's (a job is a pure function of the trace, the spec and
