@@ -27,9 +27,9 @@ from blockpool.trace.sequence_groups import GroupRequest
 class SequenceReplica:
     """One replica: its pool, its driver, and the prompt blocks routed to it."""
 
-    def __init__(self, driver: SequenceDriver, fleet: list[SequenceReplica]) -> None:
+    def __init__(self, driver: SequenceDriver, floor: list[int]) -> None:
         self.driver = driver
-        self.fleet = fleet
+        self.floor = floor  # shared: the fewest prompt blocks routed to any replica
         self.routed_blocks = 0
         self.routed_requests = 0
         self.routed_tokens = 0
@@ -45,7 +45,7 @@ class SequenceReplica:
 
     @property
     def load_blocks(self) -> int:
-        return self.routed_blocks - min(r.routed_blocks for r in self.fleet)
+        return self.routed_blocks - self.floor[0]
 
     @property
     def in_flight(self) -> int:
@@ -74,12 +74,11 @@ class FleetSequence:
         self.router = router
         n = blocks if blocks is not None else unbounded_blocks(trace, block_size)
         self.replicas: list[SequenceReplica] = []
+        self.floor = [0]
         for _ in range(replicas):
             pool = make_pool(n, block_size, free_order)
             res = CapacityResult(capacity_tokens, blocks)
-            self.replicas.append(
-                SequenceReplica(SequenceDriver(pool, block_size, res), self.replicas)
-            )
+            self.replicas.append(SequenceReplica(SequenceDriver(pool, block_size, res), self.floor))
         self.assignment: list[int] = []
         self.hits: list[int] = []
 
@@ -97,7 +96,10 @@ class FleetSequence:
             blocks = cdiv(n, bs)
             j = route(req, hashes, hit_limit(n, bs, n // bs), blocks, replicas)
             rep = replicas[j]
+            low = rep.routed_blocks == self.floor[0]
             rep.routed_blocks += blocks
+            if low:
+                self.floor[0] = min(r.routed_blocks for r in replicas)
             rep.routed_requests += 1
             rep.routed_tokens += n
             view = GroupRequest(r.request_id, r.all_token_ids, hashes, r.lora_request)
