@@ -54,11 +54,16 @@ def main() -> int:
             eng.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    model, pairs = fit_from_scrape(text)
+    fit = fit_from_scrape(text)
+    model, pairs = fit.model, fit.pairs
     print(f"wrote {args.out}")
     print(f"fitted: {model}")
     print(
         "quantile pairs (tokens per step, TTFT ms):", [(round(p[0]), round(p[2], 1)) for p in pairs]
+    )
+    print(
+        f"check: mean {fit.mean_tokens_per_step:.1f} tokens a step, mean TTFT "
+        f"{fit.mean_ttft_ms:.1f} ms, fitted {fit.fitted_ms_at_mean:.1f} ms there"
     )
     for n, ms in measured[:: max(1, len(measured) // 8)]:
         fit = model.base_ms + model.per_prefill_token_ms * n

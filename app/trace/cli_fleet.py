@@ -145,9 +145,9 @@ def build(args: argparse.Namespace) -> tuple[FleetSpec, list[FleetJob], dict[str
     info: dict[str, Any] = {}
     timed = timed_config(args, layout)
     if args.step_model_metrics:
-        model, pairs = fit_from_scrape(read_scrape(args.step_model_metrics))
-        timed = replace(timed, step_model=model)
-        info["step_model_fit"] = {"source": args.step_model_metrics, "pairs": pairs}
+        fit = fit_from_scrape(read_scrape(args.step_model_metrics))
+        timed = replace(timed, step_model=fit.model)
+        info["step_model_fit"] = {"source": args.step_model_metrics, **fit.to_json()}
     spec = FleetSpec(
         mode=args.mode,
         block_size=args.block_size,

@@ -102,8 +102,12 @@ def render_table(
         f"{spec.overlap_weight:g} x uncached prompt blocks + load blocks",
     ]
     if "step_model_fit" in head:
-        m = spec.timed.step_model
-        lines.append(f"step model fitted from {head['step_model_fit']['source']}: {m}")
+        m, fit = spec.timed.step_model, head["step_model_fit"]
+        lines.append(f"step model fitted from {fit['source']}: {m}")
+        lines.append(
+            f"  check: mean {fit['mean_tokens_per_step']:.0f} tokens a step, mean TTFT "
+            f"{fit['mean_ttft_ms']:.0f} ms; the fit gives {fit['fitted_ms_at_mean']:.0f} ms there"
+        )
     lines.append("")
     timed = spec.mode == "timed"
     cols = ["replicas", "capacity", "total", "router", "free_order", "hit_rate",

@@ -48,14 +48,17 @@ def scrape(base_ms: float, per_token_ms: float, seed: int = 3) -> str:
 
 
 def test_the_fit_recovers_the_step_model_within_the_buckets() -> None:
-    model, pairs = fit_from_scrape(scrape(20.0, 0.12))
-    assert len(pairs) == 9
+    fit = fit_from_scrape(scrape(20.0, 0.12))
+    model = fit.model
+    assert len(fit.pairs) == 9
     # tokens per step span 64..8000 -> TTFT 28..980 ms, through coarse buckets
     assert model.per_prefill_token_ms == pytest.approx(0.12, rel=0.1)
     assert model.per_decode_seq_ms == model.per_prefill_token_ms
     assert model.base_ms == pytest.approx(20.0, abs=15.0)
     # a slower engine fits slower: the fit follows the data
-    slow, _ = fit_from_scrape(scrape(20.0, 0.3))
+    # the exact means agree with the fit: the data follow the model
+    assert fit.fitted_ms_at_mean == pytest.approx(fit.mean_ttft_ms, rel=0.05)
+    slow = fit_from_scrape(scrape(20.0, 0.3)).model
     assert slow.per_prefill_token_ms > 2 * model.per_prefill_token_ms
 
 
@@ -88,3 +91,29 @@ def test_a_scrape_without_the_histograms_is_a_clear_error(tmp_path: Path) -> Non
         read_scrape(str(bad))
     with pytest.raises(ValueError, match="No such file"):
         read_scrape(str(tmp_path / "missing.txt"))
+
+
+REAL = Path(__file__).parent / "data" / "vllm_metrics_tiny.txt"
+
+
+def test_a_real_engines_scrape_holds_what_it_was_sent() -> None:
+    # 40 one-token completions, one at a time: 40 steps, each the prompt and
+    # the one token it sampled; 40 TTFT observations
+    text = read_scrape(str(REAL))
+    hists = parse_histograms(
+        text, ("vllm:iteration_tokens_total", "vllm:time_to_first_token_seconds")
+    )
+    steps, ttft = hists["vllm:iteration_tokens_total"], hists["vllm:time_to_first_token_seconds"]
+    prompts = [32 + k * 928 // 39 for k in range(40)]
+    assert steps.count == 40 and ttft.count == 40
+    assert steps.total == sum(prompts) + 40
+    # every prompt is in the bucket the engine counted it in
+    for bound, cum in steps.buckets.items():
+        assert cum == sum(1 for n in prompts if n + 1 <= bound)
+    fit = fit_from_scrape(text)
+    assert fit.mean_tokens_per_step == (sum(prompts) + 40) / 40
+    assert fit.mean_ttft_ms == pytest.approx(1000 * ttft.total / 40)
+    m = fit.model
+    assert m.base_ms > 0 and m.per_prefill_token_ms > 0
+    # the fit is a line through the pairs: longer steps, longer TTFT
+    assert [p[0] for p in fit.pairs] == sorted(p[0] for p in fit.pairs)

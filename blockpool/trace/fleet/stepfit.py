@@ -11,7 +11,9 @@ token of a step, so ``per_decode_seq_ms = per_prefill_token_ms =
 per_token_ms``.  It holds where a request's TTFT is the one step that
 prefilled it: a lightly loaded engine, whole prompts, no queueing.  On a busy
 engine TTFT includes waiting and the fit overstates the step time: give the
-coefficients instead (``--step-model``, ``--step-ms``...).  Quantiles that
+coefficients instead (``--step-model``, ``--step-ms``...).  The fit says
+how far it is: the exact means (the histograms' ``_sum / _count``) of tokens
+a step and of TTFT, against the fitted step time at that mean.  Quantiles that
 fall in a ``+Inf`` bucket are left out; fewer than 3 left is an error.
 
 Every series of a histogram (one per model / engine label set) is summed.
@@ -42,6 +44,7 @@ class Histogram:
 
     name: str
     buckets: dict[float, float]
+    total: float = 0.0  # the ``_sum`` series: the observations' exact sum
 
     @property
     def count(self) -> float:
@@ -77,6 +80,12 @@ def parse_histograms(text: str, names: tuple[str, ...]) -> dict[str, Histogram]:
         if m is None:
             continue
         name = m.group("name")
+        if name.endswith("_sum") and name[: -len("_sum")] in out:
+            try:
+                out[name[: -len("_sum")]].total += float(m.group("value"))
+            except ValueError:
+                raise ValueError(f"line {lineno}: not a number") from None
+            continue
         if not name.endswith("_bucket") or name[: -len("_bucket")] not in out:
             continue
         le = _LE.search(m.group("labels") or "")
@@ -94,8 +103,30 @@ def parse_histograms(text: str, names: tuple[str, ...]) -> dict[str, Histogram]:
     return out
 
 
-def fit_from_scrape(text: str) -> tuple[StepModel, list[list[float]]]:
-    """The step model and the ``[tokens, 0, ms]`` quantile pairs it was fitted on."""
+@dataclass
+class ScrapeFit:
+    """The fitted model, the quantile pairs ``[tokens, 0, ms]`` it was fitted
+    on, and a check from the histograms' exact sums: the mean tokens a step,
+    the mean TTFT, and the fitted model's step time at that mean (far from
+    the mean TTFT: the scrape does not fit the model's assumption)."""
+
+    model: StepModel
+    pairs: list[list[float]]
+    mean_tokens_per_step: float
+    mean_ttft_ms: float
+    fitted_ms_at_mean: float
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "pairs": self.pairs,
+            "mean_tokens_per_step": self.mean_tokens_per_step,
+            "mean_ttft_ms": self.mean_ttft_ms,
+            "fitted_ms_at_mean": self.fitted_ms_at_mean,
+        }
+
+
+def fit_from_scrape(text: str) -> ScrapeFit:
+    """The step model fitted on the scrape's quantile pairs, and its check."""
     if len(text.encode("utf-8", "replace")) > MAX_SCRAPE_BYTES:
         raise ValueError(f"a scrape larger than {MAX_SCRAPE_BYTES} bytes")
     hists = parse_histograms(text, (ITERATION_TOKENS, TTFT))
@@ -112,7 +143,15 @@ def fit_from_scrape(text: str) -> tuple[StepModel, list[list[float]]]:
     if len(pairs) < 3:
         raise ValueError("fewer than 3 quantiles of the scrape are finite: no fit")
     base, per_token = _line(pairs)
-    return StepModel(base, per_token, per_token), pairs
+    tok, ttft = hists[ITERATION_TOKENS], hists[TTFT]
+    mean_tokens = tok.total / tok.count
+    return ScrapeFit(
+        StepModel(base, per_token, per_token),
+        pairs,
+        mean_tokens,
+        1000.0 * ttft.total / ttft.count,
+        base + per_token * mean_tokens,
+    )
 
 
 def _line(pairs: list[list[float]]) -> tuple[float, float]:
