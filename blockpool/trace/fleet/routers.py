@@ -39,6 +39,18 @@ Routers (ties: the lower load, then the lower replica index):
     prefix-cache scorer (matched blocks / prompt blocks) and a queue or
     load scorer with weights (3 and 2 in its default profile); both trade a
     cache hit against load the same way, Dynamo's in blocks.
+
+References (behaviour followed, no code): Dynamo's router docs, "Routing
+Concepts" (docs.nvidia.com/dynamo/latest/components/router/routing-concepts:
+the cost above, lowest wins, ``router_temperature`` 0 = deterministic) and
+the frontend reference (``--router-kv-overlap-score-weight``, default 1.0);
+its design doc counts prefill blocks as "input tokens - overlap blocks x
+block size" over the block size, as ``P - overlap`` does here.
+gateway-api-inference-extension's prefix plugin
+(``pkg/epp/scheduling/framework/plugins/multi/prefix/plugin.go``: the longest
+matched prefix of block hashes per server, scored matched / total blocks)
+and llm-d's default scheduling profile (prefix-cache scorer weight 3, queue
+scorer weight 2: Red Hat OpenShift AI 3.4, "Configuring scheduler settings").
 """
 
 from __future__ import annotations
