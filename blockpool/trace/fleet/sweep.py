@@ -14,8 +14,11 @@ machine with ``workers`` CPUs (loopback only, no dashboard); any other
 address (``"ray://head:10001"``, ``"head:6379"``, ``"auto"``) joins that
 cluster and ships this ``blockpool`` package to its workers
 (``runtime_env={"py_modules": [blockpool]}``), so the cluster needs only
-Ray and the library's own dependencies.  A Ray already initialised in this
-process is used as it is.
+Ray and the library's own dependencies; joining needs what Ray itself
+needs to join (its token authentication, on by default in recent Ray, is
+set up in the operator's environment as Ray documents it).  Only the local
+Ray is exercised by the suite.  A Ray already initialised in this process
+is used as it is.
 """
 
 from __future__ import annotations
