@@ -68,6 +68,9 @@ def add_fleet_args(t: argparse.ArgumentParser) -> None:
     g.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="--executor ray: a cluster to join (ray://head:10001, head:6379, "
                    "auto); default: a local Ray on 127.0.0.1")  # fmt: skip
+    g.add_argument("--assignments", action="store_true",
+                   help="--json: each configuration's replica of every request, in "
+                   "trace order")  # fmt: skip
     g.add_argument("--target-ttft-p99", type=float, default=None, metavar="MS",
                    help="timed: also answer the smallest fleet whose TTFT p99 is at "
                    "most MS")  # fmt: skip
@@ -192,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
     head = {"file": args.path, "requests": len(trace), "seconds": seconds,
             "executor": args.executor, **info}  # fmt: skip
     if args.json:
-        print(json.dumps(render_json(head, spec, results, target)))
+        print(json.dumps(render_json(head, spec, results, target, args.assignments)))
     elif args.csv:
         sys.stdout.write(render_csv(results))
     else:

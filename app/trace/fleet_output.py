@@ -68,7 +68,11 @@ def render_csv(results: list[FleetResult]) -> str:
 
 
 def render_json(
-    head: dict[str, Any], spec: FleetSpec, results: list[FleetResult], target: FleetTarget | None
+    head: dict[str, Any],
+    spec: FleetSpec,
+    results: list[FleetResult],
+    target: FleetTarget | None,
+    assignments: bool = False,
 ) -> dict[str, Any]:
     t = spec.timed
     return {
@@ -82,7 +86,7 @@ def render_json(
         if spec.mode != "timed"
         else (asdict(t.step_model) if t.step_model else {"base_ms": t.step_ms}),
         "target": None if target is None else target.to_json(),
-        "results": [r.to_json() for r in results],
+        "results": [r.to_json(assignments) for r in results],
     }
 
 

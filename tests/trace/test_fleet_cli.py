@@ -120,3 +120,32 @@ def test_bad_flags_are_clear_errors(
     assert main(["trace", str(conv_file), "--tokens-per-id", "16", *extra]) == 2
     err = capsys.readouterr()
     assert message in err.err and err.out == ""
+
+
+def test_the_json_assignment_feeds_independent_pools(
+    conv_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # what a checker outside the planner does: take each configuration's
+    # routed requests from the JSON and replay each replica's on a pool alone
+    from blockpool.trace import parse_mooncake
+    from blockpool.trace.replay import replay_trace
+
+    doc = run_json(capsys, str(conv_file), "--tokens-per-id", "16", "--replicas", "3",
+                   "--capacity-blocks", "40", "--assignments", "--executor", "serial")  # fmt: skip
+    lines = conv_file.read_text().splitlines()
+    results = doc["results"]
+    assert isinstance(results, list) and len(results) == len(ROUTERS)
+    for res in results:
+        assignment = res["assignment"]
+        assert len(assignment) == len(lines)
+        for j, rep in enumerate(res["per_replica"]):
+            mine = [line for line, a in zip(lines, assignment, strict=True) if a == j]
+            alone = replay_trace(parse_mooncake(mine, 16), block_size=16,
+                                 capacities_tokens=[40 * 16]).results[0]  # fmt: skip
+            assert (rep["hit_tokens"], rep["evictions"], rep["prompt_tokens"]) == (
+                alone.hit_tokens, alone.evictions, alone.prompt_tokens,
+            ), (res["router"], j)  # fmt: skip
+    plain = run_json(capsys, str(conv_file), "--tokens-per-id", "16", "--replicas", "2",
+                     "--capacity-blocks", "40", "--executor", "serial")  # fmt: skip
+    rows = plain["results"]
+    assert isinstance(rows, list) and "assignment" not in rows[0]

@@ -76,6 +76,7 @@ def run_job(
             per,
             [r.routed_requests for r in seq.replicas],
             [r.routed_tokens for r in seq.replicas],
+            assignment=seq.assignment,
         )
     cfg = spec.timed
     sched = cfg.scheduler or simple_scheduler(cfg.max_running)
@@ -93,4 +94,5 @@ def run_job(
         [r.routed_tokens for r in timed.replicas],
         ttft,
         queue,
+        assignment=timed.assignment,
     )

@@ -70,6 +70,7 @@ class FleetResult:
     ttft_ms: dict[str, float | None] | None = None
     queue_ms: dict[str, float | None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    assignment: list[int] = field(default_factory=list)  # request i -> its replica
 
     @property
     def prompt_tokens(self) -> int:
@@ -88,9 +89,11 @@ class FleetResult:
     def ttft_p99(self) -> float | None:
         return None if self.ttft_ms is None else self.ttft_ms.get("p99")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, assignment: bool = False) -> dict[str, Any]:
+        """The figures (``assignment``: also each request's replica, in
+        trace order: the routed requests an independent pool can be fed)."""
         j = self.job
-        return {
+        doc = {
             "replicas": j.replicas,
             "capacity": j.capacity,
             "blocks_per_replica": j.blocks,
@@ -115,3 +118,6 @@ class FleetResult:
             **self.extra,
             "per_replica": [r.to_json() for r in self.replicas],
         }
+        if assignment:
+            doc["assignment"] = list(self.assignment)
+        return doc
