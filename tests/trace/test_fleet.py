@@ -295,3 +295,27 @@ def test_a_mooncake_sample_runs_every_router() -> None:
         res = run_job(trace, spec, FleetJob(2, "2000", 2000, r, "append_all"))
         assert res.prompt_tokens == trace.prompt_tokens
         assert sum(res.routed_requests) == len(trace)
+
+
+def test_ray_is_not_imported_unless_chosen() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys\n"
+        "from app.trace import cli_fleet, fleet_output\n"
+        "from blockpool.trace.fleet import FleetJob, FleetSpec, run_sweep\n"
+        "from tests.trace.fleet_traces import conversation_trace\n"
+        "t = conversation_trace(conversations=4, one_offs=2)\n"
+        "jobs = [FleetJob(2, '40', 40, 'prefix_aware', 'append_all')]\n"
+        "assert run_sweep(t, FleetSpec(), jobs, executor='serial')[0].prompt_tokens\n"
+        "print('ray' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
