@@ -20,6 +20,7 @@ from typing import Any
 
 from blockpool.analysis.export import FORMAT, event_from_json
 from blockpool.analysis.moments import apply_entry, jsonish, make_runtime
+from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.ops import op_from_json
 from blockpool.runtime.runtime import PoolRuntime
@@ -37,6 +38,10 @@ class ReplayReport:
     keyframe_mismatches: int = 0
     events_unknown: int = 0
     final_matches: bool | None = None
+    # the pool replayed: its free order (the header's; older recordings
+    # have none: vLLM 0.16's) and, for a mirror's, the engine it followed
+    free_order: str = APPEND_ALL
+    engine: str | None = None
     first_problem: str | None = None
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
@@ -100,6 +105,12 @@ def _check_settings(settings: Any, path: str) -> dict[str, Any]:
             raise ValueError(
                 f"{path}: line 1: settings.{name} must be an integer {lo}..{hi}, got {v!r:.40}"
             )
+    order = settings.get("free_order")
+    if order is not None and order not in FREE_ORDERS:
+        raise ValueError(
+            f"{path}: line 1: settings.free_order must be one of {', '.join(FREE_ORDERS)}, "
+            f"got {order!r:.40}"
+        )
     return settings
 
 
@@ -117,7 +128,13 @@ def replay_records(
         or header.get("format") != FORMAT
     ):
         raise ValueError(f"{path}: not a {FORMAT} file (the first line must be its header)")
-    engine = make_runtime(_check_settings(header.get("settings"), path))
+    settings = _check_settings(header.get("settings"), path)
+    report.free_order = settings.get("free_order", APPEND_ALL)
+    facts = header.get("engine")
+    if isinstance(facts, dict):
+        version = facts.get("vllm_version")
+        report.engine = f"vLLM {version}" if isinstance(version, str) else "an engine"
+    engine = make_runtime(settings)
     started = False
     for n, rec in enumerate(it, start=2):
         try:
@@ -217,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
+        of = f" of {report.engine}" if report.engine else ""
         print(
             f"{report.path}: {report.ops} ops ({report.refused} refused), "
-            f"{report.keyframes} keyframes, {report.seconds:.2f}s: "
+            f"{report.keyframes} keyframes, free order {report.free_order}{of}, "
+            f"{report.seconds:.2f}s: "
             + ("OK, same results, events and states" if report.ok else "MISMATCH")
         )
         for p in report.problems[:10]:
