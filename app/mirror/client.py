@@ -385,6 +385,8 @@ class MirrorClient:
         st.engine_steps, st.engine_cost_ns = beat.steps, beat.cost_ns
         if beat.cost_us is not None:
             st.engine_cost_us = beat.cost_us
+        if self.what_if is not None:  # idle: the what-if may start from its counters
+            self.what_if.begin(beat.stats)
         if self.applier.synced and beat.ops > self.applier.next_op:
             self._lost(f"the engine is at operation {beat.ops}, the mirror {self.applier.next_op}")
 
@@ -406,7 +408,7 @@ class MirrorClient:
         first = self.book.apply(batch.requests, batch.seq)
         self.traffic.apply(batch.requests)
         if self.what_if is not None:
-            self.what_if.apply(batch.requests, batch.stats)
+            self.what_if.apply(batch.requests, batch.stats, batch.seq)
         if not self.applier.synced:
             # the requests' hash chains: a resync's prefix tree needs them (learnt
             # by the writer, before the restore); the snapshot covers the rest

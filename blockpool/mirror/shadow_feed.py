@@ -54,15 +54,29 @@ class MirrorShadowFeed:
         self.not_heard = 0  # first scheduled without an arrival heard (or before the feed)
         self.forgotten = 0  # let go to stay within max_held
 
-    def apply(self, records: Iterable[Record], stats: tuple[int, int, int]) -> None:
+    def begin(self, stats: tuple[int, int, int]) -> None:
+        """The engine idle with these prefix-cache totals (its beat): the
+        feed starts here if it has not (every later request is new)."""
+        if not self.started:
+            self.started = True
+            self.feeder.restart((stats[1], stats[2]))
+
+    def apply(
+        self, records: Iterable[Record], stats: tuple[int, int, int], seq: int | None = None
+    ) -> None:
         """One batch's request records, in order; ``stats``: the engine's
-        prefix-cache totals after it (requests, queries, hits).  The first
-        batch starts the feed: the shadows' span is compared with the
-        engine's counters since then."""
+        prefix-cache totals after it (requests, queries, hits); ``seq`` its
+        number.  Unless a beat began it, the first batch heard starts the
+        feed: the shadows' span is compared with the engine's counters
+        since then (since zero from the engine's very first batch)."""
         first = not self.started
         if first:
             self.started = True
-            self.feeder.restart((stats[1], stats[2]))
+            if seq == 1:  # the engine's first: nothing came before it
+                first = False
+                self.feeder.restart((0, 0))
+            else:
+                self.feeder.restart((stats[1], stats[2]))
         waiting, running = self.waiting, self.running
         for rec in records:
             rid = rec.rid

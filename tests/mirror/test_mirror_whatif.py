@@ -85,9 +85,7 @@ async def test_shadows_on_a_mirror_equal_the_planner_and_the_engine(
         mine = app.state.engine
         async with running(app) as api:
             await until(lambda: rig.caught_up(client))
-            # a first request whose prompt fills no block (nothing cached): the
-            # batch it is in may be the first the mirror hears, starting the feed
-            serve_one(engine, [1, 2], 0)
+            # the engine idle: its beat starts the feed from its counters
             await until(lambda: client.what_if is not None and client.what_if.started)
             base = engine.stats()
             n = 120
@@ -175,3 +173,18 @@ async def test_requests_that_skip_the_cache_or_came_before_are_not_fed() -> None
     assert stats is not None and stats[0]["requests"] == 1 and stats[0]["queries"] == 9
     assert feeder.real_base == (9, 0)
     feeder.check()
+
+    # the engine's very first batch (seq 1): nothing came before, all is fed
+    first = ShadowFeeder([ShadowSpec("uncached_first", 1.0)], 8, BLOCK, 1)
+    feed = MirrorShadowFeed(first, "uncached_first")
+    feed.apply([Arrive("a", 0.0, 9, h), Scheduled("a", 0.0, 0)], (1, 9, 0), seq=1)
+    first.flush((9, 0))
+    assert feed.fed == 1 and feed.not_heard == 0 and first.real_base == (0, 0)
+    # a beat before any batch: the feed starts from the engine's counters then
+    third = ShadowFeeder([ShadowSpec("uncached_first", 1.0)], 8, BLOCK, 1)
+    feed = MirrorShadowFeed(third, "uncached_first")
+    feed.begin((4, 40, 8))
+    feed.apply([Arrive("b", 0.0, 9, h), Scheduled("b", 0.0, 0)], (5, 49, 8), seq=7)
+    assert feed.fed == 1 and third.real_base == (40, 8)
+    first.check()
+    third.check()
