@@ -129,6 +129,7 @@ async def test_shadows_on_a_mirror_equal_the_planner_and_the_engine(
                 shadow = rows[("uncached_first", f)]
                 assert shadow["capacity"] == size
                 assert res["hit_tokens"] == shadow["hits"], f"at {f}x"
+                assert res["evictions"] == shadow["evictions"], f"at {f}x"
             # more room, more hits (the check is not vacuous)
             assert rows[("uncached_first", 4.0)]["hits"] > one["hits"]
 
