@@ -54,6 +54,20 @@ async def test_a_mirrors_export_replays_and_plans(
             assert r.status_code == 200 and r.headers["content-encoding"] == "gzip"
             traffic = tmp_path / "traffic.jsonl"
             traffic.write_text(r.text)  # (httpx decompressed it)
+            # bounded: the newest N, those of the last S seconds; bad bounds refused
+            r = await api.get("/api/mirror/trace", params={"limit": 5})
+            five = [json.loads(x) for x in r.text.splitlines()]
+            assert five[0]["requests"] == 5 and len(five) == 6
+            every = [json.loads(x) for x in traffic.read_text().splitlines()[1:]]
+            lengths = [(x["input_length"], x["output_length"], x["hit_tokens"]) for x in every]
+            assert [(x["input_length"], x["output_length"], x["hit_tokens"]) for x in five[1:]] == (
+                lengths[-5:]
+            )
+            r = await api.get("/api/mirror/trace", params={"window_s": 1e-9})
+            assert json.loads(r.text.splitlines()[0])["requests"] == 0
+            for bad in ({"limit": 0}, {"window_s": -1}, {"window_s": "x"}, {"limit": 10**9}):
+                r = await api.get("/api/mirror/trace", params=bad)
+                assert r.status_code == 422, bad
         lines = plain.read_text().splitlines()
         head = json.loads(lines[0])
         assert head["settings"]["free_order"] == "uncached_first"
