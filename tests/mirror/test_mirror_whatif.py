@@ -86,11 +86,13 @@ async def test_shadows_on_a_mirror_equal_the_planner_and_the_engine(
         async with running(app) as api:
             await until(lambda: rig.caught_up(client))
             # the engine idle: its beat starts the feed from its counters
-            await until(lambda: client.what_if is not None and client.what_if.started)
+            feed = client.what_if
+            assert feed is not None
+            await until(lambda: feed.started)
             base = engine.stats()
             n = 120
             hits = serial_traffic(engine, n)
-            await until(lambda: rig.caught_up(client) and client.what_if.finished >= n)
+            await until(lambda: rig.caught_up(client) and feed.finished >= n)
             feeder = mine.analysis.mirror_shadows.feeder
             await until(lambda: feeder.latest and feeder.latest[0]["requests"] >= n)
             if shadow_mode == "process":
