@@ -11,8 +11,9 @@ block, so ``blockpool trace`` replays the engine's own prefixes.
 
 A request that skips the prefix cache (``prompt_logprobs``) is not a row:
 the engine neither looks it up nor counts it; it is counted in
-``skips_cache``.  Still running requests are not rows either (their output
-length is not known yet).
+``skips_cache``; nor is one that finished without ever being scheduled (an
+abort while it waited: ``never_scheduled``).  Still running requests are
+not rows either (their output length is not known yet).
 """
 
 from __future__ import annotations
@@ -160,6 +161,12 @@ def traffic_row(r: Served, t0: float, tokens_per_id: int, ids: HashIds) -> dict[
     }
 
 
+def is_row(r: Served) -> bool:
+    """Whether the engine looked the request up: scheduled, not skipping the
+    prefix cache (an aborted request that never ran was never queried)."""
+    return r.prompt_tokens > 0 and not r.skips_cache and r.hit_tokens is not None
+
+
 def traffic_rows(
     served: list[Served], tokens_per_id: int, t0: float | None = None
 ) -> Iterator[dict[str, Any]]:
@@ -168,7 +175,7 @@ def traffic_rows(
     if tokens_per_id < 1:
         raise ValueError("tokens per id must be positive")
     ids = HashIds()
-    rows = [r for r in served if r.prompt_tokens > 0 and not r.skips_cache]
+    rows = [r for r in served if is_row(r)]
     if t0 is None:
         t0 = rows[0].arrived if rows else 0.0
     last = 0.0
@@ -181,7 +188,7 @@ def traffic_rows(
 def traffic_header(
     served: list[Served], tokens_per_id: int, engine: dict[str, Any] | None, log: TrafficLog
 ) -> dict[str, Any]:
-    rows = [r for r in served if r.prompt_tokens > 0 and not r.skips_cache]
+    rows = [r for r in served if is_row(r)]
     return {
         "type": "header",
         "format": TRAFFIC_FORMAT,
@@ -191,7 +198,8 @@ def traffic_header(
         "requests": len(rows),
         "first_arrival": rows[0].arrived if rows else None,
         "not_rows": {
-            "skips_cache": len(served) - len(rows),
+            "skips_cache": sum(1 for r in served if r.skips_cache),
+            "never_scheduled": sum(1 for r in served if r.hit_tokens is None),
             "dropped_before": log.dropped,
         },
     }

@@ -27,6 +27,7 @@ def served_log() -> TrafficLog:
     log.apply([Finished("a", 102.0, 15), Preempted("b", 102.0), Finished("s", 102.0, 10)])
     log.apply([Scheduled("b", 103.0, 0), Finished("b", 104.0, 20)])
     log.apply([Arrive("r", 105.0, 4, [H[0]]), Scheduled("r", 105.0, 4)])  # running
+    log.apply([Arrive("x", 106.0, 8, H[:2]), Finished("x", 107.0, 8)])  # aborted, never ran
     return log
 
 
@@ -36,7 +37,8 @@ def test_a_mirrors_traffic_is_a_trace_of_hash_ids() -> None:
     lines = [json.loads(x) for x in text.splitlines()]
     head, rows = lines[0], lines[1:]
     assert head["format"] == "blockpool-mirror-trace" and head["tokens_per_id"] == 4
-    assert head["requests"] == 2 and head["not_rows"]["skips_cache"] == 1
+    assert head["requests"] == 2
+    assert head["not_rows"] == {"skips_cache": 1, "never_scheduled": 1, "dropped_before": 0}
     # a: 10 tokens, 2 full blocks + its own partial one; b: the same 2, one more, a partial
     assert rows == [
         {"timestamp": 0.0, "input_length": 10, "output_length": 5, "hash_ids": [0, 1, 2],
@@ -51,7 +53,7 @@ def test_a_mirrors_traffic_is_a_trace_of_hash_ids() -> None:
     # b's first two blocks are a's: a hit of 8 tokens, as the engine had
     res = replay_pools(trace, 4, [None], get_hash_fn_by_name("sha256"))[0]
     assert res.hit_tokens == 8
-    assert log.figures()["finished"] == 3 and log.figures()["requests"] == 4
+    assert log.figures()["finished"] == 4 and log.figures()["requests"] == 5
 
 
 def test_a_mirrors_recording_is_read_for_its_request_rows() -> None:
