@@ -160,7 +160,9 @@ class MirrorShadows:
     def flush(self, stats: Any) -> None:
         """Tick time: the accesses since the last flush to the shadows;
         ``stats``: the engine's prefix-cache counters now."""
-        self.feeder.flush((stats.queries, stats.hits))
+        real = (stats.queries, stats.hits)
+        self.feeder.flush(real)
+        self.feeder.settle(real)
 
     def view(self, stats: Any) -> dict[str, Any]:
         out = shadows_of(self.feeder, self.capacity, stats)

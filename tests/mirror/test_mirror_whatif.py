@@ -97,6 +97,9 @@ async def test_shadows_on_a_mirror_equal_the_planner_and_the_engine(
             await until(lambda: feeder.latest and feeder.latest[0]["requests"] >= n)
             if shadow_mode == "process":
                 assert feeder.wait_idle(60)
+            # the span's end: the engine's counters, once the shadows saw every access
+            now = engine.stats()
+            await until(lambda: feeder.latest_real == (now[1], now[2]))
 
             view = await api.ok("GET", "/api/shadows")
             fed = view["fed"]
