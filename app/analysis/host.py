@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.analysis import prom
 from app.analysis.remote import RemoteAnalysis
-from app.analysis.shadows import make_feeder, shadow_specs
+from app.analysis.shadows import MirrorShadows, make_feeder, shadow_specs
 from app.analysis.worker import pool_view
 from blockpool.analysis import views
 from blockpool.analysis.core import Analysis
@@ -101,6 +101,8 @@ class AnalysisHost:
         # a mirror of a real engine: its requests' miss reasons are the tally
         # the stream and GET /api/misses show (``show_engine_misses``)
         self.engine_misses: EngineMisses | None = None
+        # ... and its what-if: shadows fed from the engine's requests
+        self.mirror_shadows: MirrorShadows | None = None
 
     @property
     def observer(self) -> OpObserver:
@@ -113,6 +115,11 @@ class AnalysisHost:
     def show_engine_misses(self, misses: EngineMisses) -> None:
         """A mirror's: the engine's requests' miss reasons are the ones shown."""
         self.engine_misses = misses
+
+    def show_mirror_shadows(self, shadows: MirrorShadows) -> None:
+        """A mirror's: the what-if shown is the one fed from the engine's
+        requests (started and stopped with the analysis)."""
+        self.mirror_shadows = shadows
 
     # the inline analysis' parts (tests, views)
     @property
@@ -130,15 +137,21 @@ class AnalysisHost:
             self.inline.start()
         if self.remote is not None:
             self.remote.start()
+        if self.mirror_shadows is not None:
+            self.mirror_shadows.start()
 
     def stop(self) -> None:
         if self.inline is not None:
             self.inline.stop()
         if self.remote is not None:
             self.remote.stop()
+        if self.mirror_shadows is not None:
+            self.mirror_shadows.stop()
 
     def on_tick(self) -> None:
         t0 = time.perf_counter()
+        if self.mirror_shadows is not None:
+            self.mirror_shadows.flush(self.engine.manager.stats)
         if self.inline is not None:
             self.inline.on_tick()
         if self.recorder is not None:
@@ -152,8 +165,12 @@ class AnalysisHost:
     async def query(self, kind: str, **args: Any) -> dict[str, Any]:
         """A view: ``misses``, ``request_misses``, ``regret``, ``shadows`` or
         ``pool`` (the analysed pool's digest)."""
-        if self.remote is not None:
-            result: dict[str, Any] = await self.remote.query(kind, **args)
+        result: dict[str, Any]
+        if kind == "shadows" and self.mirror_shadows is not None:
+            result = self.mirror_shadows.view(self.engine.manager.stats)
+            result["worker"] = None
+        elif self.remote is not None:
+            result = await self.remote.query(kind, **args)
             result["worker"] = self.remote.snapshot()  # how far behind the answer may be
         else:
             assert self.inline is not None
@@ -178,6 +195,13 @@ class AnalysisHost:
             sec = {**views.stream_section(self.inline), "worker": None}
         if self.engine_misses is not None:
             sec.update(self.engine_misses.section())
+        ms = self.mirror_shadows
+        if ms is not None:
+            f = ms.feeder
+            sec["shadows"] = ms.stream_rows()
+            sec["shadow_lag"] = f.outstanding + len(f.pending)
+            sec["shadow_error"] = f.error
+            sec["shadow_fed"] = ms.feed.fed_text()
         return sec
 
     def prom_state(self) -> dict[str, Any] | None:

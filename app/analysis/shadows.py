@@ -5,6 +5,10 @@ The engine never waits: when more than ``max_lag`` accesses are in flight
 the batch is dropped and the shadows restart empty (counted in ``resyncs``;
 counters are "since" the restart) -- nothing is lost silently.  Mode
 ``inline`` uses the library's ShadowFeeder as it is.
+
+On a mirror (``MirrorShadows``) the shadows are fed from the engine's
+request records rather than the runtime's hooks (a mirror's pool sees only
+block operations), in the engine's free order.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ from typing import Any
 
 from app.analysis.worker_client import WorkerClient, _hub
 from blockpool.analysis.feeder import ShadowFeeder, shadow_specs
+from blockpool.analysis.views import shadow_rows, shadows_of
+from blockpool.mirror.shadow_feed import MirrorShadowFeed
 from blockpool.shadow import ShadowSpec
 
 logger = logging.getLogger("blockpool.analysis")
 
-__all__ = ["ProcessShadowFeeder", "ShadowFeeder", "make_feeder", "shadow_specs"]
+__all__ = ["MirrorShadows", "ProcessShadowFeeder", "ShadowFeeder", "make_feeder", "shadow_specs"]
 
 
 class ProcessShadowFeeder(ShadowFeeder, WorkerClient):
@@ -121,3 +127,47 @@ def make_feeder(
     if mode == "process":
         return ProcessShadowFeeder(specs, base_capacity, block_size, num_groups, max_lag)
     return ShadowFeeder(specs, base_capacity, block_size, num_groups)
+
+
+class MirrorShadows:
+    """What-if on a mirror: shadows in the engine's free order at every
+    factor (other policies at 1x), fed from the engine's request records
+    (``blockpool.mirror.shadow_feed``), their view beside the engine's own
+    prefix-cache counters."""
+
+    def __init__(self, settings: Any, free_order: str, engine: str | None) -> None:
+        factors = sorted({1.0, *settings.shadow_factors})
+        specs = [ShadowSpec(free_order, f) for f in factors]
+        specs += [ShadowSpec(p, 1.0) for p in settings.shadow_policies if p != free_order]
+        self.capacity = settings.num_blocks - 1
+        mode = "inline" if settings.shadow_mode == "inline" else "process"
+        self.feeder = make_feeder(
+            list(dict.fromkeys(specs)),
+            self.capacity,
+            settings.block_size,
+            settings.num_groups,
+            mode,
+            settings.shadow_max_lag,
+        )
+        self.feed = MirrorShadowFeed(self.feeder, free_order, engine)
+
+    def start(self) -> None:
+        self.feeder.start()
+
+    def stop(self) -> None:
+        self.feeder.stop()
+
+    def flush(self, stats: Any) -> None:
+        """Tick time: the accesses since the last flush to the shadows;
+        ``stats``: the engine's prefix-cache counters now."""
+        real = (stats.queries, stats.hits)
+        self.feeder.flush(real)
+        self.feeder.settle(real)
+
+    def view(self, stats: Any) -> dict[str, Any]:
+        out = shadows_of(self.feeder, self.capacity, stats)
+        out["fed"] = self.feed.describe()
+        return out
+
+    def stream_rows(self) -> list[list[Any]]:
+        return shadow_rows(self.feeder)

@@ -235,8 +235,9 @@ async def history_export(request: Request, engine: EngineDep) -> StreamingRespon
     gzip``) when the request's ``Accept-Encoding`` allows it."""
     rec = _recorder(engine)
     header, segments, final, view = rec.export_parts()
+    mirrored = rec.export_requests()  # a mirror's engine requests (none elsewhere)
     name = f"blockpool-recording-{int(time.time())}.jsonl"
-    lines = charged_lines(request, export_lines(header, segments, final, view))
+    lines = charged_lines(request, export_lines(header, segments, final, view, mirrored))
     disposition = {
         "Content-Disposition": f'attachment; filename="{name}"',
         "Vary": "Accept-Encoding",
@@ -260,9 +261,10 @@ async def history_export_gz(request: Request, engine: EngineDep) -> StreamingRes
     (``blockpool replay`` reads it as it is)."""
     rec = _recorder(engine)
     header, segments, final, view = rec.export_parts()
+    mirrored = rec.export_requests()
     name = f"blockpool-recording-{int(time.time())}.jsonl.gz"
     return StreamingResponse(
-        gzip_stream(charged_lines(request, export_lines(header, segments, final, view))),
+        gzip_stream(charged_lines(request, export_lines(header, segments, final, view, mirrored))),
         media_type="application/gzip",
         headers={"Content-Disposition": f'attachment; filename="{name}"'},
     )

@@ -52,6 +52,8 @@ from blockpool.analysis.engine_misses import EngineMisses
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.apply import Divergence, Gap, MirrorApplier
 from blockpool.mirror.auth import StreamKey
+from blockpool.mirror.shadow_feed import MirrorShadowFeed
+from blockpool.mirror.traffic import TrafficLog
 
 logger = logging.getLogger("blockpool.mirror")
 
@@ -93,6 +95,9 @@ class MirrorClient:
         self.status.backlog = self._backlog
         self.max_backlog = max_backlog
         self.book = RequestBook()
+        # the engine's requests as a trace (GET /api/mirror/trace, the export)
+        self.traffic = TrafficLog()
+        self.what_if: MirrorShadowFeed | None = None  # (feed_shadows)
         self.applier = MirrorApplier(engine.runtime)
         self._beat_digest: wire.Digest | None = None  # the last beat's, checked
         host = engine.analysis  # its eviction memory where it is inline, else one of its own
@@ -119,6 +124,10 @@ class MirrorClient:
         self.rebuild_for: wire.Hello | None = None  # the newest handshake handed to rebuild
         if hello is not None:
             self._hello(hello)
+
+    def feed_shadows(self, feed: MirrorShadowFeed) -> None:
+        """What-if on the mirror: ``feed`` hears every batch's request records."""
+        self.what_if = feed
 
     def story(self, rid: str) -> dict[str, Any]:
         """The engine's request ``rid`` as a request story (NotFound: never heard of)."""
@@ -380,6 +389,8 @@ class MirrorClient:
         st.engine_steps, st.engine_cost_ns = beat.steps, beat.cost_ns
         if beat.cost_us is not None:
             st.engine_cost_us = beat.cost_us
+        if self.what_if is not None:  # idle: the what-if may start from its counters
+            self.what_if.begin(beat.stats)
         if self.applier.synced and beat.ops > self.applier.next_op:
             self._lost(f"the engine is at operation {beat.ops}, the mirror {self.applier.next_op}")
 
@@ -417,6 +428,9 @@ class MirrorClient:
         st = self.status
         st.engine_drops = batch.drops
         first = self.book.apply(batch.requests, batch.seq)
+        self.traffic.apply(batch.requests)
+        if self.what_if is not None:
+            self.what_if.apply(batch.requests, batch.stats, batch.seq)
         if not self.applier.synced:
             # the requests' hash chains: a resync's prefix tree needs them (learnt
             # by the writer, before the restore); the snapshot covers the rest

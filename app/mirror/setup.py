@@ -26,6 +26,7 @@ from typing import Any
 
 import zmq
 
+from app.analysis.shadows import MirrorShadows
 from app.core.settings import Settings
 from app.mirror.client import MirrorClient
 from app.mirror.guard import ReadOnlyMirror
@@ -34,6 +35,7 @@ from app.mirror.status import REFUSED_WHY, figures_of
 from blockpool.core.free_order import FREE_ORDERS
 from blockpool.mirror.auth import SecretError, StreamKey
 from blockpool.mirror.protocol import MAX_BATCH_BYTES, TOPIC, Hello, ProtocolError, decode
+from blockpool.mirror.traffic import engine_facts, request_lines
 
 HASH_NAMES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 DEFAULT_MODEL_NAME = Settings.model_fields["model_name"].default
@@ -159,6 +161,8 @@ def install(
         rebuilds=rebuilds,
     )
     app.state.mirror = client
+    if hello is not None:
+        _what_if_and_export(app, client, hello)
     app.state.stream.follow_mirror(client.status.stream_header)
     app.state.metrics_sources["mirror"] = figures_of(client.status)
     app.state.startup_hooks.append(client.start)
@@ -166,3 +170,23 @@ def install(
     app.include_router(router)
     app.add_middleware(ReadOnlyMirror)
     return client
+
+
+def _what_if_and_export(app: Any, client: MirrorClient, hello: Hello) -> None:
+    """The shadows fed from the engine's requests in its free order, and
+    the export told what the engine is and what it served."""
+    s = app.state.settings
+    analysis = app.state.engine.analysis
+    if analysis is None:
+        return
+    facts = engine_facts(hello)
+    tokens_per_id = hello.hash_block_size
+    if analysis.recorder is not None:
+        analysis.recorder.describe_engine(
+            facts, lambda since: request_lines(client.traffic, tokens_per_id, since)
+        )
+    if s.shadow_mode != "off" and s.enable_caching:
+        order = hello.free_order if hello.free_order in FREE_ORDERS else s.free_order
+        shadows = MirrorShadows(s, order, f"vLLM {hello.vllm_version}")
+        analysis.show_mirror_shadows(shadows)
+        client.feed_shadows(shadows.feed)

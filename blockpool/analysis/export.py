@@ -1,15 +1,18 @@
-"""A recording as JSON lines: the header (the pool's settings), every
-keyframe and operation in order (each operation with its events), then a
-``final`` keyframe of the state at export time.  ``replay.replay_file``
-replays such a file and checks it.  Events are written losslessly (hashes
-stay ints, or hex for raw digests).
+"""A recording as JSON lines: the header (the pool's settings, its free
+order included, and on a mirror the engine's facts), every keyframe and
+operation in order (each operation with its events), a mirror's engine
+requests (``request`` rows: ``blockpool/common/traffic_format.py``; replay
+skips them, ``blockpool trace`` reads them), then a ``final`` keyframe of
+the state at export time.  ``replay.replay_file`` replays such a file and
+checks it.  Events are written losslessly (hashes stay ints, or hex for raw
+digests).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -32,6 +35,7 @@ POOL_SETTINGS = (
     "hash_seed",
     "enable_caching",
     "enable_events",
+    "free_order",
     "metrics_sample_rate",
     "metrics_seed",
     "max_ids_per_call",
@@ -40,8 +44,15 @@ POOL_SETTINGS = (
 )
 
 
-def header_json(engine: PoolRuntime, first_seq: int, last_seq: int) -> dict[str, Any]:
-    """The export's first line: the format and the pool's settings."""
+def header_json(
+    engine: PoolRuntime,
+    first_seq: int,
+    last_seq: int,
+    engine_facts: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The export's first line: the format, the pool's settings and, on a
+    mirror, what the engine is (``engine_facts``: vLLM version, blocks,
+    block size, hash function, free order...; None elsewhere)."""
     s = engine.config
     return {
         "type": "header",
@@ -54,6 +65,7 @@ def header_json(engine: PoolRuntime, first_seq: int, last_seq: int) -> dict[str,
         },
         "first_seq": first_seq,
         "last_seq": last_seq,
+        "engine": engine_facts,
     }
 
 
@@ -72,15 +84,21 @@ def entry_json(entry: Entry, view: EventsView) -> dict[str, Any]:
 
 
 def export_lines(
-    header: dict[str, Any], segments: list[Segment], final: Keyframe, view: EventsView
+    header: dict[str, Any],
+    segments: list[Segment],
+    final: Keyframe,
+    view: EventsView,
+    requests: Iterable[str] = (),
 ) -> Iterator[str]:
-    """JSON lines (each ends with a newline)."""
+    """JSON lines (each ends with a newline); ``requests``: a mirror's
+    request rows, already lines, written before the final keyframe."""
     dumps = json.dumps
     yield dumps(header) + "\n"
     for seg in segments:
         yield dumps({"type": "keyframe", **keyframe_json(seg.keyframe)}) + "\n"
         for entry in seg.entries():
             yield dumps(entry_json(entry, view)) + "\n"
+    yield from requests
     yield dumps({"type": "final", **keyframe_json(final)}) + "\n"
 
 

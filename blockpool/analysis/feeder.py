@@ -143,6 +143,14 @@ class ShadowFeeder(FeedProgress):
         self.latest_real = real
         self.updated = time.time()
 
+    def settle(self, real: tuple[int, int]) -> None:
+        """Nothing pending nor in flight: the shadows have seen every access,
+        so ``real`` (the real pool's counters now) ends the span they are
+        compared over.  A mirror's: its engine's counters arrive with its
+        batches, after the records that fed the shadows."""
+        if not self.pending and not self.outstanding:
+            self.latest_real = real
+
     def restart(self, real: tuple[int, int]) -> None:
         """Every shadow empty again (e.g. after the real pool restarted)."""
         self.pending = []

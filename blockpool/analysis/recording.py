@@ -29,7 +29,7 @@ import bisect
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from blockpool.analysis.export import header_json
@@ -77,6 +77,19 @@ class Recorder:
         self.segments: deque[Segment] = deque()
         self.segments.append(Segment(self._snapshot()))
         self.sizer = ExportSizer(engine, clock)
+        # a mirror's: what the engine is, and its requests since a time as lines
+        self.engine_facts: dict[str, Any] | None = None
+        self._requests: Callable[[float], Iterable[str]] | None = None
+
+    def describe_engine(
+        self, facts: dict[str, Any], requests: Callable[[float], Iterable[str]] | None = None
+    ) -> None:
+        """A mirror's recording: ``facts`` (what the engine is: vLLM version,
+        blocks, block size, hash function, free order...) go in the export's
+        header; ``requests(since)``, the engine's requests that arrived since
+        then as ``request`` lines, in the export before its final keyframe."""
+        self.engine_facts = dict(facts)
+        self._requests = requests
 
     def _snapshot(self) -> Keyframe:
         t0 = time.perf_counter()
@@ -255,5 +268,12 @@ class Recorder:
         final = snapshot(self.engine, self.seq, self.clock())
         return header, segs, final, EventsView(self.engine.events)
 
+    def export_requests(self) -> Iterable[str]:
+        """On the engine's loop, with ``export_parts``: a mirror's engine
+        requests over the recording's span, as lines (none elsewhere)."""
+        if self._requests is None:
+            return ()
+        return self._requests(self.first_ts)
+
     def _header(self) -> dict[str, Any]:
-        return header_json(self.engine, self.first_seq, self.seq)
+        return header_json(self.engine, self.first_seq, self.seq, self.engine_facts)

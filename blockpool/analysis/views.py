@@ -185,11 +185,16 @@ def regret(an: Analysis, limit: int) -> dict[str, Any]:
 
 def shadows(an: Analysis) -> dict[str, Any]:
     engine = an.rt
-    st = engine.manager.stats
+    return shadows_of(an.feeder, engine.pool.num_gpu_blocks - 1, engine.manager.stats)
+
+
+def shadows_of(f: Any, capacity: int, st: Any) -> dict[str, Any]:
+    """What the shadows fed by ``f`` (None: none) say, beside the real pool
+    of ``capacity`` usable blocks and prefix-cache counters ``st``."""
     out: dict[str, Any] = {
-        "enabled": an.feeder is not None,
+        "enabled": f is not None,
         "real": {
-            "capacity": engine.pool.num_gpu_blocks - 1,
+            "capacity": capacity,
             "queries_tokens": st.queries,
             "hits_tokens": st.hits,
             "hit_rate": st.hit_rate,
@@ -197,7 +202,6 @@ def shadows(an: Analysis) -> dict[str, Any]:
         "shadows": [],
         "curve": {},
     }
-    f = an.feeder
     if f is None:
         return out
     out.update(f.snapshot())
@@ -228,21 +232,7 @@ def stream_section(an: Analysis) -> dict[str, Any]:
     m = an.misses
     rates = an.rates()
     f = an.feeder
-    sh = []
-    if f is not None:
-        for r in f.latest or []:
-            sh.append(
-                [
-                    r["name"],
-                    r["policy"],
-                    r["factor"],
-                    r["capacity"],
-                    _finite(r["hit_rate"]),
-                    r["queries"],
-                    r["hits"],
-                    r["evictions"],
-                ]
-            )
+    sh = shadow_rows(f)
     return {
         "ts": time.time(),
         "misses": {name: m.blocks[code] for code, name in enumerate(REASONS, start=1)},
@@ -263,6 +253,25 @@ def stream_section(an: Analysis) -> dict[str, Any]:
             else None
         ),
     }
+
+
+def shadow_rows(f: Any) -> list[list[Any]]:
+    """The stream's compact rows of the shadows fed by ``f`` (None: none)."""
+    if f is None:
+        return []
+    return [
+        [
+            r["name"],
+            r["policy"],
+            r["factor"],
+            r["capacity"],
+            _finite(r["hit_rate"]),
+            r["queries"],
+            r["hits"],
+            r["evictions"],
+        ]
+        for r in f.latest or []
+    ]
 
 
 def _finite(v: float | None) -> float | None:

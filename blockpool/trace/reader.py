@@ -14,7 +14,14 @@ every prompt token (they start above the largest prompt token).
 A recording (``GET /api/history/export``: a ``blockpool-recording`` header,
 keyframes, operations) is read for its successful ``admit`` operations: the
 prompt is the admitted token ids, the arrival the operation's time, the
-output length the tokens later appended to that request.
+output length the tokens later appended to that request.  A mirror's
+recording (its header names the engine) is read for its ``request`` rows,
+and a mirror's traffic (``GET /api/mirror/trace``, a
+``blockpool-mirror-trace`` header) for its rows: the engine's requests
+with one hash id a block (``traffic.py``).
+
+A file may be gzip-compressed (``.gz`` or not: told by its first bytes);
+decompressed it may hold at most ``MAX_FILE_BYTES``.
 
 The whole file is validated before anything is returned: a bad row raises
 :class:`TraceError` naming its line and field, and nothing is half read.
@@ -29,9 +36,11 @@ formats in ``mooncake.py`` and ``recording.py``.
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Any
 
+from blockpool.common.traffic_format import TRAFFIC_FORMAT
 from blockpool.trace.limits import (
     DEFAULT_LIMITS,
     MAX_ID,
@@ -43,6 +52,10 @@ from blockpool.trace.limits import (
 from blockpool.trace.mooncake import parse_mooncake, parse_mooncake_row
 from blockpool.trace.recording import RECORDING_FORMAT, parse_recording
 from blockpool.trace.requests import TOKENS_PER_ID, Trace, TraceRequest
+from blockpool.trace.traffic import parse_traffic
+
+MAX_FILE_BYTES = 8 << 30  # a trace file, decompressed, at most
+GZIP_MAGIC = b"\x1f\x8b"
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -72,10 +85,42 @@ def _first_row(text: str) -> Any:
     return None
 
 
+def gunzip(data: bytes, max_bytes: int) -> bytes:
+    """A gzip file's content (TraceError when it is not gzip, or holds
+    more than ``max_bytes``)."""
+    d = zlib.decompressobj(31)
+    out: list[bytes] = []
+    size = 0
+    try:
+        chunk = d.decompress(data, max_bytes + 1)
+        while True:
+            size += len(chunk)
+            out.append(chunk)
+            if size > max_bytes:
+                raise TraceError(f"gzip-compressed, and more than {max_bytes} bytes decompressed")
+            if not d.unconsumed_tail:
+                break
+            chunk = d.decompress(d.unconsumed_tail, max_bytes + 1 - size)
+    except zlib.error as exc:
+        raise TraceError(f"gzip-compressed, but cannot be decompressed: {exc}") from None
+    if not d.eof:
+        raise TraceError("gzip-compressed, but cut off before its end")
+    return b"".join(out)
+
+
 def parse_trace(
-    text: str | bytes, tokens_per_id: int = TOKENS_PER_ID, limits: TraceLimits = DEFAULT_LIMITS
+    text: str | bytes,
+    tokens_per_id: int = TOKENS_PER_ID,
+    limits: TraceLimits = DEFAULT_LIMITS,
+    gzip_max_bytes: int | None = None,
 ) -> Trace:
-    """A Mooncake trace or a recording, told apart by the first line."""
+    """A Mooncake trace, a recording or a mirror's traffic, told apart by
+    the first line; gzip-compressed bytes only with ``gzip_max_bytes``
+    (what they may hold decompressed)."""
+    if isinstance(text, bytes) and text[:2] == GZIP_MAGIC:
+        if gzip_max_bytes is None:
+            raise TraceError("gzip-compressed: decompress it first")
+        text = gunzip(text, gzip_max_bytes)
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -85,15 +130,21 @@ def parse_trace(
     lines = text.splitlines()
     if isinstance(first, dict) and first.get("format") == RECORDING_FORMAT:
         return parse_recording(lines, limits)
+    if isinstance(first, dict) and first.get("format") == TRAFFIC_FORMAT:
+        return parse_traffic(lines, limits)
     return parse_mooncake(lines, tokens_per_id, limits)
 
 
 def read_trace(
     path: str | Path, tokens_per_id: int = TOKENS_PER_ID, limits: TraceLimits = DEFAULT_LIMITS
 ) -> Trace:
-    """Read and validate a trace file (TraceError when it cannot be read)."""
+    """Read and validate a trace file, gzip-compressed or not (TraceError
+    when it cannot be read)."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return parse_trace(data, tokens_per_id, limits)
+    if len(data) > MAX_FILE_BYTES:
+        raise TraceError(f"{path}: more than {MAX_FILE_BYTES} bytes")
+    return parse_trace(data, tokens_per_id, limits, MAX_FILE_BYTES)

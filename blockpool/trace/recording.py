@@ -1,6 +1,9 @@
 """The service's recordings (``GET /api/history/export``) read as a trace:
 each successful ``admit`` is a request (its token ids the prompt, the
-operation's time its arrival), the tokens later appended to it its outputs."""
+operation's time its arrival), the tokens later appended to it its outputs.
+A mirror's recording (its header names the engine: its pool only ever saw
+block operations) is read for the engine's requests it carries
+(``traffic.py``)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from blockpool.trace.limits import (
     show_value,
 )
 from blockpool.trace.requests import TOKENS_PER_ID, Trace, TraceRequest
+from blockpool.trace.traffic import parse_recording_requests
 
 RECORDING_FORMAT = "blockpool-recording"
 
@@ -54,13 +58,16 @@ def parse_recording(lines: Iterable[str | bytes], limits: TraceLimits = DEFAULT_
     cap = limits.max_tokens_per_request
     t0: float | None = None
     header = False
-    for n, row in json_lines(lines):
+    rows = json_lines(lines)
+    for n, row in rows:
         if not isinstance(row, dict):
             raise TraceError("a row must be a JSON object", n)
         kind = row.get("type")
         if not header:
             if kind != "header" or row.get("format") != RECORDING_FORMAT:
                 raise TraceError(f"not a {RECORDING_FORMAT} (no header line first)", n)
+            if isinstance(row.get("engine"), dict):  # a mirror's: the engine's requests
+                return parse_recording_requests(row, rows, limits)
             header = True
             continue
         if kind != "op" or not row.get("ok"):

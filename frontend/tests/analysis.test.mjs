@@ -152,6 +152,25 @@ test("what-if in words: against vLLM's order at 1x", () => {
   assert.match(made[1].text, /60\.0%, \+10\.0 pt/);
 });
 
+test("what-if on a mirror: against the engine's own free order at 1x", () => {
+  const curve = {
+    policies: [
+      { policy: "uncached_first", points: [{ factor: 1, capacity: 63, hit_rate: 0.2 }, { factor: 4, capacity: 252, hit_rate: 0.35 }] },
+      { policy: "s3fifo", points: [{ factor: 1, capacity: 63, hit_rate: 0.25 }] },
+    ],
+    factors: [1, 4],
+    real: { hit_rate: 0.2 },
+  };
+  const lines = whatIf(curve, "uncached_first");
+  assert.deepEqual(
+    lines.map((l) => [l.kind, l.policy, l.factor]),
+    [["base", "uncached_first", 1], ["capacity", "uncached_first", 4], ["policy", "s3fifo", 1]],
+  );
+  assert.match(lines[1].text, /^4× the blocks \(252\): 35\.0%, \+15\.0 pt\.$/);
+  // under vLLM 0.16's order the same curve has no baseline of its own: the real pool's
+  assert.equal(whatIf(curve)[0].policy, "real");
+});
+
 test("request bars: one per block, the reasons of GET /api/requests/{id}", () => {
   const req = rest.request;
   const cells = blockCells(req, BS);

@@ -74,6 +74,12 @@ class Shadows(Out):
     resyncs: int | None = None
     error: str | None = None
     worker: dict[str, Any] | None = None
+    fed: dict[str, Any] | None = Field(
+        default=None,
+        description="on a mirror, how the shadows are fed: from the engine's requests' hash "
+        "chains, in its free order (text, free_order, requests_fed, not_fed); null on a "
+        "served pool (its own requests)",
+    )
 
 
 class Keyframe(Out):

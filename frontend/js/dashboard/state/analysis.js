@@ -377,14 +377,16 @@ const pctStr = (/** @type {number | null | undefined} */ x) => (x === null || x 
 /**
  * The curve in words: "Now (1×): 88.2%", then "2× the blocks (16,382):
  * 88.4%, +0.2 pt" and "Evicting s3fifo at 1×: 88.6%, +0.4 pt".  The baseline
- * is vLLM's own order at 1× in the shadows (the same requests, counted the
- * same way); the real pool when there is none.
+ * is the pool's own free order at 1× in the shadows (the same requests,
+ * counted the same way): `own`, vLLM 0.16's append_all unless told (a
+ * mirror's shadows run in its engine's order); the real pool when there is none.
  * @param {Curve} curve
+ * @param {string} [ownPolicy]
  */
-export function whatIf(curve) {
+export function whatIf(curve, ownPolicy = "append_all") {
   /** @type {{kind: string, policy: string, factor: number, delta: number, text: string}[]} */
   const out = [];
-  const own = curve.policies.find((p) => p.policy === "append_all");
+  const own = curve.policies.find((p) => p.policy === ownPolicy);
   const at1 = own && own.points.find((p) => p.factor === 1);
   const base = at1 ? at1.hit_rate : curve.real ? curve.real.hit_rate : null;
   if (base === null || base === undefined) return out;
@@ -410,7 +412,7 @@ export function whatIf(curve) {
     }
   }
   for (const pol of curve.policies) {
-    if (pol.policy === "append_all") continue;
+    if (pol.policy === ownPolicy) continue;
     const p = pol.points.find((q) => q.factor === 1);
     if (!p) continue;
     out.push({

@@ -81,14 +81,17 @@ export class WhatIfPanel {
     const realRate = curve.real ? curve.real.hit_rate : undefined; // none before the real pool's first query
     const marks = realRate !== undefined ? [{ x: 1, y: realRate, rgb: [230, 237, 243], label: `real ${pct(realRate)}` }] : [];
     chart.setData(xs, ys, marks);
-    const lines = whatIf(curve);
+    // a mirror's shadows: fed from its engine's requests, in the engine's free order
+    const fed = d.fed || null;
+    const own = fed && fed.free_order ? fed.free_order : "append_all";
+    const lines = whatIf(curve, own);
     this.text.replaceChildren(
       ...lines.map((l) =>
         h("li", { class: l.kind === "base" ? "base" : trend(l.delta, "same"), "data-kind": l.kind, "data-policy": l.policy, "data-factor": String(l.factor) }, l.text),
       ),
     );
     await this._bound();
-    const base = (curve.policies.find((p) => p.policy === "append_all")?.points || []).find((p) => p.factor === 1);
+    const base = (curve.policies.find((p) => p.policy === own)?.points || []).find((p) => p.factor === 1);
     const rows = [];
     curve.policies.forEach((p, i) => {
       for (const q of p.points) {
@@ -109,9 +112,11 @@ export class WhatIfPanel {
     });
     this.body.replaceChildren(...rows);
     const since = d.since ? clock(d.since) : "—";
+    const how = fed ? `${fed.text} (${fed.blocks}) · ` : "";
+    this.foot.title = fed ? `not fed: ${int(fed.not_fed.skips_cache)} skipping the prefix cache, ${int(fed.not_fed.not_heard)} first scheduled before the mirror heard them, ${int(fed.not_fed.forgotten)} let go` : "";
     setText(
       this.foot,
-      `same requests since ${since} · real pool ${curve.real ? pct(curve.real.hit_rate) : "—"} over that span · shadows lag ${int(d.lag_accesses ?? 0)} accesses${d.error ? ` · error: ${d.error}` : ""}`,
+      `${how}same requests since ${since} · real pool ${curve.real ? pct(curve.real.hit_rate) : "—"} over that span · shadows lag ${int(d.lag_accesses ?? 0)} accesses${d.error ? ` · error: ${d.error}` : ""}`,
     );
   }
 }
