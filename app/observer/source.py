@@ -90,6 +90,7 @@ class Source:
         self.unknown_fields: dict[str, int] = {}  # field name -> times (kept in extra)
         self.unknown_fields_total = 0
         self.bad_messages = 0
+        self.replay_layouts: dict[str, int] = {}  # replay replies read, by layout
         self.last_batch_ts: float | None = None  # the publisher's clock
         self.last_batch_at: float | None = None  # ours
         self.last_message_at: float | None = None  # ours: any live message

@@ -112,6 +112,7 @@ def source_health(s: Any) -> dict[str, Any]:
         "replay_failures": t.replay_failures,
         "last_replay_failure": t.last_failure,
         "replaying": t.replaying,
+        "replay_layouts": dict(s.replay_layouts),
         "pending": len(t.pending),
         "restarts": t.restarts,
         "decode_errors": t.decode_errors,

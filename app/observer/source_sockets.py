@@ -51,6 +51,32 @@ class Source(Protocol):
     disconnects: int
     bad_messages: int
     last_message_at: float | None
+    replay_layouts: dict[str, int]
+
+
+REPLAY_V016 = "v016"
+"""vLLM 0.16's replay reply as a DEALER reads it: ``b""``, seq, payload
+(the end marker ``b""``, ``END_SEQ``, ``b""``); blockpool's publisher too."""
+REPLAY_TOPIC = "topic"
+"""vLLM 0.24 on: ``b""``, topic, seq, payload -- the end marker
+``b""``, ``b""``, ``END_SEQ``, ``b""`` (its topic frame is empty)."""
+
+
+def replay_layout(frames: list[bytes], topic: bytes) -> str | None:
+    """Which layout one replay reply has (``REPLAY_V016`` / ``REPLAY_TOPIC``),
+    None when it has neither: the empty delimiter, an 8-byte seq, and in
+    the 4-frame form a topic under the one subscribed to (empty on the end
+    marker).  Told per reply: an observer may follow publishers of both
+    releases, and a publisher may be upgraded while followed."""
+    if not frames or frames[0] != b"":
+        return None
+    if len(frames) == 3 and len(frames[1]) == 8:
+        return REPLAY_V016
+    if len(frames) == 4 and len(frames[2]) == 8:
+        end = frames[2] == END_SEQ
+        if (end and frames[1] == b"") or (not end and frames[1].startswith(topic)):
+            return REPLAY_TOPIC
+    return None
 
 
 class SourceSockets:
@@ -199,6 +225,22 @@ class SourceSockets:
         )
         return True
 
+    def _replay_reply(self, frames: list[bytes]) -> tuple[bytes, bytes] | None:
+        """(seq, payload) of one replay reply, in either layout (``replay_layout``),
+        told apart per reply; None (counted as ``bad_frames``) for anything else."""
+        layout = replay_layout(frames, self.src.topic)
+        if layout is None:
+            self.src.bad_messages += 1
+            self.src.poison.add(
+                "bad_frames",
+                f"replay reply of {len(frames)} frame(s), neither '' / seq / payload "
+                "(vLLM 0.16) nor '' / topic / seq / payload (vLLM 0.24 on)",
+            )
+            return None
+        counts = self.src.replay_layouts
+        counts[layout] = counts.get(layout, 0) + 1
+        return frames[-2], frames[-1]
+
     def _live(self, frames: list[bytes]) -> int | None:
         if self._bad_frames(frames):
             return None
@@ -223,14 +265,16 @@ class SourceSockets:
         if self._replay_outstanding != tracker.replay_gen or not tracker.replaying:
             tracker.stale_replies += 1
             return None
-        if self._bad_frames(frames):
+        reply = self._replay_reply(frames)
+        if reply is None:
             return None
+        seq_bytes, payload = reply
         self._replay_deadline = time.monotonic() + self.src.replay_timeout
-        if frames[1] == END_SEQ:
+        if seq_bytes == END_SEQ:
             self._replay_outstanding = None
             return tracker.on_replay_end()
         out_of_range = tracker.replay_out_of_range
-        start = tracker.on_replay(int.from_bytes(frames[1], "big"), frames[2])
+        start = tracker.on_replay(int.from_bytes(seq_bytes, "big"), payload)
         if tracker.replay_out_of_range != out_of_range:
             self.src.poison.add("replay_out_of_range", tracker.last_failure or "")
         return start
