@@ -42,6 +42,11 @@ def add_observe_parser(sub: Any) -> None:
         help="the dashboard of instance NAME (a blockpool serve --mirror of that engine; "
         "repeatable): its card on the fleet page links it",
     )  # fmt: skip
+    o.add_argument(
+        "--max-message-bytes", dest="max_batch_bytes", type=int, metavar="BYTES",
+        help="the byte cap on every message (live and replayed): a frame over it closes its "
+        "connection before it is read (ZMQ_MAXMSGSIZE)",
+    )  # fmt: skip
     o.add_argument("--dp-size", type=int, help="data-parallel ranks per endpoint: ports +0..N-1")
     o.add_argument("--topic", help="topic prefix to subscribe to ('' = all)")
     o.add_argument(

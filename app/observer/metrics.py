@@ -63,6 +63,9 @@ PER_POOL: dict[str, tuple[str, str]] = {
     "replay_out_of_range": ("c", "Replayed seqs past the live stream (given up)."),
     "last_batch_age_seconds": ("g", AGE_HELP),
     "stale": ("g", STALE_HELP),
+    "refused_messages": ("c", "Live messages of a second publisher connection (refused)."),
+    "refused_publishers": ("c", "Second publisher connections whose messages were refused."),
+    "publisher_changes": ("c", "A new connection took over after the publisher's closed."),
 }
 
 
@@ -100,6 +103,9 @@ def readings(s: Source, now: float) -> dict[str, float]:
         "replay_out_of_range": t.replay_out_of_range,
         "last_batch_age_seconds": s.last_batch_age(now),
         "stale": s.stale(now),
+        "refused_messages": s.refused_messages,
+        "refused_publishers": s.refused_publishers,
+        "publisher_changes": s.publisher_changes,
     }
 
 

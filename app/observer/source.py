@@ -91,6 +91,9 @@ class Source:
         self.unknown_fields_total = 0
         self.bad_messages = 0
         self.replay_layouts: dict[str, int] = {}  # replay replies read, by layout
+        self.refused_messages = 0  # live messages of a second publisher connection
+        self.refused_publishers = 0  # such connections
+        self.publisher_changes = 0  # a new connection took over from a closed one
         self.last_batch_ts: float | None = None  # the publisher's clock
         self.last_batch_at: float | None = None  # ours
         self.last_message_at: float | None = None  # ours: any live message

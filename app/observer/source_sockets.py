@@ -52,6 +52,10 @@ class Source(Protocol):
     bad_messages: int
     last_message_at: float | None
     replay_layouts: dict[str, int]
+    max_batch_bytes: int
+    refused_messages: int
+    refused_publishers: int
+    publisher_changes: int
 
 
 REPLAY_V016 = "v016"
@@ -87,6 +91,10 @@ class SourceSockets:
         self.src = src
         self._wake = asyncio.Event()
         self._peers: set[int] = set()  # the fds of the connections the monitor reported
+        # the connection (its fd) whose live messages are applied: the first to
+        # send, until the monitor reports it closed (``_admit``)
+        self._publisher: int | None = None
+        self._refused: set[int] = set()  # connections refused while it holds
         self._replay_outstanding: int | None = None  # tracker.replay_gen of our request
         self._replay_deadline = 0.0
         self._replay_paused_until = 0.0
@@ -136,6 +144,7 @@ class SourceSockets:
     def _new_dealer(self, ctx: zmq.asyncio.Context) -> zmq.asyncio.Socket:
         dealer = ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, self.src.max_batch_bytes)
         dealer.setsockopt(zmq.RCVHWM, 0)  # a replay may be long: never drop it
         assert self.src.spec.replay_endpoint is not None
         dealer.connect(self.src.spec.replay_endpoint)
@@ -146,6 +155,9 @@ class SourceSockets:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, self.src.rcvhwm)
         sub.setsockopt(zmq.SUBSCRIBE, self.src.topic)
+        # a frame over the cap closes its connection before it is read (libzmq
+        # checks the size each frame announces): it is never held in memory
+        sub.setsockopt(zmq.MAXMSGSIZE, self.src.max_batch_bytes)
         monitor = sub.get_monitor_socket(
             zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
         )
@@ -171,9 +183,12 @@ class SourceSockets:
                 if sub in ready:
                     for _ in range(2000):
                         try:
-                            frames = await sub.recv_multipart(flags=zmq.NOBLOCK)
+                            parts = await sub.recv_multipart(flags=zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
+                        if not await self._admit(parts[0].get(zmq.SRCFD), monitor):
+                            continue
+                        frames = [part.bytes for part in parts]
                         start = self._guarded(self._live, frames)
                         if start is not None and dealer is not None:
                             dealer = await self._request(ctx, poller, dealer, start)
@@ -197,6 +212,8 @@ class SourceSockets:
                 dealer.close(linger=0)
             self.src.connected = False
             self._peers.clear()
+            self._publisher = None
+            self._refused.clear()
 
     async def _monitor(self, monitor: zmq.asyncio.Socket) -> None:
         for _ in range(100):
@@ -213,8 +230,40 @@ class SourceSockets:
                 self._peers.add(fd)
             elif event == zmq.EVENT_DISCONNECTED and fd in self._peers:
                 self._peers.discard(fd)
+                self._refused.discard(fd)
                 self.src.disconnects += 1
+                if fd == self._publisher:
+                    self._publisher = None  # the next connection to send takes over
             self.src.connected = bool(self._peers)
+
+    async def _admit(self, fd: int, monitor: zmq.asyncio.Socket) -> bool:
+        """One publisher per instance: whether a live message that came over
+        connection ``fd`` is the instance's.  The first connection to send is
+        the publisher's until the monitor reports it closed; the next one to
+        send then takes over (a restarted engine connects anew, and its seq
+        going back resets the map).  Another connection's messages meanwhile
+        are refused unread and counted -- a second process on a ``--bind``
+        address can neither wipe the map nor add to it."""
+        if fd == self._publisher:
+            return True
+        if self._publisher is not None:
+            await self._monitor(monitor)  # its close may be on its way
+        if self._publisher is None:
+            if self.src.tracker.received:
+                self.src.publisher_changes += 1
+            self._publisher = fd
+            self._refused.discard(fd)
+            return True
+        self.src.refused_messages += 1
+        if fd not in self._refused:
+            self._refused.add(fd)
+            self.src.refused_publishers += 1
+            logger.warning(
+                "%s: refused the messages of a second publisher connection: the instance "
+                "has one publisher, connected first (refused connections so far: %d)",
+                self.src.name, self.src.refused_publishers,
+            )  # fmt: skip
+        return False
 
     def _bad_frames(self, frames: list[bytes]) -> bool:
         if len(frames) == 3 and len(frames[1]) == 8:
