@@ -53,8 +53,10 @@ class Source:
         max_batch_hashes: int | None = None,
         max_batch_events: int | None = None,
         max_batch_tokens: int | None = None,
+        dashboard_url: str | None = None,
     ) -> None:
         self.spec = spec
+        self.dashboard_url = dashboard_url  # the engine's own dashboard (a serve --mirror)
         self.name = spec.name
         self.topic = topic.encode()
         self.replay_timeout = replay_timeout

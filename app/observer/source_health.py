@@ -87,6 +87,7 @@ def source_health(s: Any) -> dict[str, Any]:
         "name": s.name,
         "endpoint": s.spec.endpoint,
         "mode": "bind" if s.spec.bind else "connect",
+        "dashboard_url": s.dashboard_url,
         "replay_endpoint": s.spec.replay_endpoint,
         "data_parallel_rank": s.spec.data_parallel_rank,
         "ranks_seen": sorted(s.ranks_seen),
