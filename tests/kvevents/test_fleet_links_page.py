@@ -12,11 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
+import zmq
 
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
+from tests.kvevents.helpers import Workload, positional, truth
 from tests.support.cli import start_cli_observer, stop_cli_server
 from tests.support.ports import free_port
-from tests.support.wait import CLIENT_TIMEOUT
+from tests.support.wait import CLIENT_TIMEOUT, eventually
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "kvevents"
@@ -42,13 +44,16 @@ COUNT_STREAM = """
 """
 
 
+BIND = f"tcp://127.0.0.1:{free_port()}"  # where b's publishers connect (--bind)
+
+
 @pytest.fixture(scope="module")
 def observer() -> Iterator[str]:
     port = free_port()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     args = [
         f"a=tcp://127.0.0.1:{free_port()}",
-        f"b=tcp://127.0.0.1:{free_port()}",
+        "--bind", f"b={BIND}",
         "--dashboard", f"a={LINK}", "--log-level", "warning",
     ]  # fmt: skip
     proc = start_cli_observer(port, ARTIFACTS / "observer-links.log", *args)
@@ -56,6 +61,14 @@ def observer() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_cli_server(proc)
+
+
+def subscribed_pub(ctx: zmq.Context[Any]) -> zmq.Socket[Any]:
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(BIND)
+    assert pub.poll(60_000) and pub.recv()[:1] == b"\x01", "no subscription"
+    return pub
 
 
 @pytest.mark.browser
@@ -111,3 +124,40 @@ def test_the_dashboard_link_stays_on_its_card_once_the_stream_speaks(
         finally:
             browser.close()
     assert errors == []
+
+
+@pytest.mark.browser
+def test_a_refused_second_publisher_shows_on_its_card(observer: str) -> None:
+    w = Workload(seed=501)
+    first, forged = w.batches(2)
+    ctx = zmq.Context()
+    try:
+        pub, stranger = subscribed_pub(ctx), subscribed_pub(ctx)
+        pub.send_multipart([b"", (0).to_bytes(8, "big"), positional(first)])
+
+        def card() -> dict[str, Any]:
+            fleet = httpx.get(observer + "/api/fleet", timeout=CLIENT_TIMEOUT).json()
+            one: dict[str, Any] = next(i for i in fleet["instances"] if i["name"] == "b")
+            return one
+
+        eventually(lambda: card()["last_seq"] == 0, 60, "the publisher's batch")
+        stranger.send_multipart([b"", (0).to_bytes(8, "big"), positional(forged)])
+        eventually(lambda: card()["refused_messages"] == 1, 60, "the refusal")
+        assert card()["keys"] == len(truth([first])) > 0  # the forged batch not applied
+        require_chromium()
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(observer + "/")
+                line = '#instances .instance[data-name="b"] .reason.refused'
+                page.wait_for_selector(line, state="visible", timeout=60_000)
+                text = page.inner_text(line)
+                assert "1 message(s) from 1 other publisher connection(s) refused" in text
+            finally:
+                browser.close()
+    finally:
+        ctx.destroy(linger=0)
+    w.check()
