@@ -229,6 +229,7 @@ class VllmSubscriber:
         self.sub.setsockopt(zmq.SUBSCRIBE, topic)
         self.sub.connect(endpoint)
         self.replay_endpoint = replay
+        self.replay_frames: int | None = None  # frames of the last replay reply
         self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
         self.received: list[tuple[bytes, int, KVEventBatch]] = []
 
@@ -268,8 +269,10 @@ class VllmSubscriber:
             while True:
                 if not dealer.poll(int(timeout * 1000)):
                     raise AssertionError("the replay did not end")
-                empty, seq_bytes, payload = dealer.recv_multipart()
-                assert empty == b""
+                frames = dealer.recv_multipart()
+                self.replay_frames = len(frames)  # 3: vLLM 0.16's layout, 4: vLLM >= 0.24's
+                empty, seq_bytes, payload = frames[0], frames[-2], frames[-1]
+                assert empty == b"" and len(frames) in (3, 4)
                 if seq_bytes == END_SEQ:
                     assert payload == b""
                     return out
