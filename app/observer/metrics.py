@@ -14,6 +14,7 @@ from app.core.figures import totals
 from app.observer.fleet import Fleet
 from app.observer.hub import HUB_HELP, FleetHub
 from app.observer.source import Source
+from app.observer.source_sockets import REPLAY_LAYOUTS
 
 AGE_HELP = (
     "Seconds since the instance's last batch was applied (since the observer started "
@@ -150,6 +151,15 @@ class ObserverCollector(Collector):
                 labels=["pool", "kind"],
             ),
             {s.name: dict(s.poison.counts) for s in sources},
+        )
+        yield labelled(
+            CounterMetricFamily(
+                p + "replay_replies",
+                "Replay replies read, by layout: v016 (vLLM 0.16's 3 frames), topic (vLLM "
+                "0.24 on's 4).",
+                labels=["pool", "layout"],
+            ),
+            {s.name: {k: s.replay_layouts.get(k, 0) for k in REPLAY_LAYOUTS} for s in sources},
         )
         hub = self.hub
         yield GaugeMetricFamily(p + "ws_clients", "Websocket clients.", value=len(hub.fan))

@@ -65,6 +65,8 @@ REPLAY_TOPIC = "topic"
 """vLLM 0.24 on: ``b""``, topic, seq, payload -- the end marker
 ``b""``, ``b""``, ``END_SEQ``, ``b""`` (its topic frame is empty)."""
 
+REPLAY_LAYOUTS = (REPLAY_V016, REPLAY_TOPIC)
+
 
 def replay_layout(frames: list[bytes], topic: bytes) -> str | None:
     """Which layout one replay reply has (``REPLAY_V016`` / ``REPLAY_TOPIC``),

@@ -63,6 +63,11 @@ def test_a_second_publisher_can_neither_wipe_nor_forge_the_view() -> None:
                 first = (await h.get("/metrics")).text
                 for name in ("refused_messages", "refused_publishers", "publisher_changes"):
                     assert metric(first, f"blockpool_observer_{name}_total", "e") == 0
+                for layout in ("v016", "topic"):
+                    replies = (
+                        f'blockpool_observer_replay_replies_total{{layout="{layout}",pool="e"}} '
+                    )
+                    assert f"{replies}0.0" in first
                 async with connecting_pub(endpoint) as pub:
                     for i in range(20):
                         send(pub, i, positional(real[i]))
