@@ -85,6 +85,16 @@ def replay_layout(frames: list[bytes], topic: bytes) -> str | None:
     return None
 
 
+def source_fd(frame: zmq.Frame) -> int | None:
+    """The connection a received message came over (libzmq's ZMQ_SRCFD, the
+    connection's file descriptor); None where libzmq cannot say."""
+    try:
+        fd = frame.get(zmq.SRCFD)
+    except (zmq.ZMQError, AttributeError, ValueError):
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None
+
+
 class SourceSockets:
     """The socket side of one ``Source``: what it reads goes to the
     source's tracker; connection and task state are kept on the source."""
@@ -188,7 +198,7 @@ class SourceSockets:
                             parts = await sub.recv_multipart(flags=zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        if not await self._admit(parts[0].get(zmq.SRCFD), monitor):
+                        if not await self._admit(source_fd(parts[0]), monitor):
                             continue
                         frames = [part.bytes for part in parts]
                         start = self._guarded(self._live, frames)
@@ -230,23 +240,25 @@ class SourceSockets:
                 if fd not in self._peers:
                     self.src.connects += 1
                 self._peers.add(fd)
-            elif event == zmq.EVENT_DISCONNECTED and fd in self._peers:
-                self._peers.discard(fd)
-                self._refused.discard(fd)
-                self.src.disconnects += 1
+            elif event == zmq.EVENT_DISCONNECTED:
                 if fd == self._publisher:
                     self._publisher = None  # the next connection to send takes over
+                self._refused.discard(fd)
+                if fd in self._peers:
+                    self._peers.discard(fd)
+                    self.src.disconnects += 1
             self.src.connected = bool(self._peers)
 
-    async def _admit(self, fd: int, monitor: zmq.asyncio.Socket) -> bool:
+    async def _admit(self, fd: int | None, monitor: zmq.asyncio.Socket) -> bool:
         """One publisher per instance: whether a live message that came over
         connection ``fd`` is the instance's.  The first connection to send is
         the publisher's until the monitor reports it closed; the next one to
         send then takes over (a restarted engine connects anew, and its seq
         going back resets the map).  Another connection's messages meanwhile
         are refused unread and counted -- a second process on a ``--bind``
-        address can neither wipe the map nor add to it."""
-        if fd == self._publisher:
+        address can neither wipe the map nor add to it.  (A libzmq that no
+        longer names the connection, ``fd`` None: every message is taken.)"""
+        if fd is None or fd == self._publisher:
             return True
         if self._publisher is not None:
             await self._monitor(monitor)  # its close may be on its way
