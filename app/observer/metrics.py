@@ -14,7 +14,7 @@ from app.core.figures import totals
 from app.observer.fleet import Fleet
 from app.observer.hub import HUB_HELP, FleetHub
 from app.observer.source import Source
-from app.observer.source_sockets import REPLAY_LAYOUTS
+from blockpool.kvevents.replay_frames import REPLAY_LAYOUTS
 
 AGE_HELP = (
     "Seconds since the instance's last batch was applied (since the observer started "

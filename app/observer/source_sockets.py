@@ -8,6 +8,12 @@ No message can end the loop's task: each is handled under its own guard
 should the socket loop fail anyway it is restarted with a doubling backoff
 (counted in the source's ``task_restarts``; ``task`` says ``restarting``
 meanwhile and health is then not ``ok``).
+
+Replay replies are read in either release's layout (``replay_frames.py``).
+One publisher per instance: the live messages of the first connection to
+send are applied, another connection's refused and counted, until the
+first's close hands over (``_admit``).  Every frame meets the byte cap
+(``ZMQ_MAXMSGSIZE``) before it is read.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from blockpool.kvevents.config import END_SEQ, SourceSpec
 from blockpool.kvevents.poison import PoisonCounter
+from blockpool.kvevents.replay_frames import replay_layout
 from blockpool.kvevents.tracker import SeqTracker
 
 logger = logging.getLogger("blockpool.observer")
@@ -56,33 +63,6 @@ class Source(Protocol):
     refused_messages: int
     refused_publishers: int
     publisher_changes: int
-
-
-REPLAY_V016 = "v016"
-"""vLLM 0.16's replay reply as a DEALER reads it: ``b""``, seq, payload
-(the end marker ``b""``, ``END_SEQ``, ``b""``); blockpool's publisher too."""
-REPLAY_TOPIC = "topic"
-"""vLLM 0.24 on: ``b""``, topic, seq, payload -- the end marker
-``b""``, ``b""``, ``END_SEQ``, ``b""`` (its topic frame is empty)."""
-
-REPLAY_LAYOUTS = (REPLAY_V016, REPLAY_TOPIC)
-
-
-def replay_layout(frames: list[bytes], topic: bytes) -> str | None:
-    """Which layout one replay reply has (``REPLAY_V016`` / ``REPLAY_TOPIC``),
-    None when it has neither: the empty delimiter, an 8-byte seq, and in
-    the 4-frame form a topic under the one subscribed to (empty on the end
-    marker).  Told per reply: an observer may follow publishers of both
-    releases, and a publisher may be upgraded while followed."""
-    if not frames or frames[0] != b"":
-        return None
-    if len(frames) == 3 and len(frames[1]) == 8:
-        return REPLAY_V016
-    if len(frames) == 4 and len(frames[2]) == 8:
-        end = frames[2] == END_SEQ
-        if (end and frames[1] == b"") or (not end and frames[1].startswith(topic)):
-            return REPLAY_TOPIC
-    return None
 
 
 def source_fd(frame: zmq.Frame) -> int | None:

@@ -3,10 +3,11 @@ request ``[identity, b"", start_seq (8 bytes)]`` gets every buffered batch
 whose seq >= start, a slice at a time, then ``END_SEQ``; a replay to a peer
 that went away is abandoned and counted.
 
-Each reply is laid out as the release the publisher speaks for: vLLM 0.16's
-``[b"", seq, payload]`` (end ``[b"", END_SEQ, b""]``), or -- given ``topic``,
-the ``"map"`` form's -- vLLM 0.24 on's ``[b"", topic, seq, payload]`` (end
-``[b"", b"", END_SEQ, b""]``)."""
+Each reply is laid out as the release the publisher speaks for
+(``replay_frames.py``): vLLM 0.16's ``[b"", seq, payload]`` (end
+``[b"", END_SEQ, b""]``), or -- given ``topic``, the ``"map"`` form's --
+vLLM 0.24 on's ``[b"", topic, seq, payload]`` (end ``[b"", b"", END_SEQ,
+b""]``)."""
 
 from __future__ import annotations
 

@@ -14,12 +14,12 @@ import pytest
 import zmq
 
 from app.core.settings import Settings
-from app.observer.source_sockets import REPLAY_TOPIC, REPLAY_V016, replay_layout
 from app.pool.engine import Engine, TickData
 from blockpool import BlockStored, KVEventBatch
 from blockpool.kvevents.config import KVEventsConfig
 from blockpool.kvevents.publisher import KVEventPublisher
 from blockpool.kvevents.publisher_counts import PUBLISHER_HELP
+from blockpool.kvevents.replay_frames import REPLAY_TOPIC, REPLAY_V016, replay_layout
 from tests.kvevents.helpers import (
     END_SEQ,
     VllmSubscriber,

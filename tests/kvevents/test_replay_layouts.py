@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from app.observer.source_sockets import REPLAY_TOPIC, REPLAY_V016, replay_layout
+from blockpool.kvevents.replay_frames import REPLAY_TOPIC, REPLAY_V016, replay_layout
 from tests.kvevents.helpers import END_SEQ, Workload, fake_publisher, positional, truth
 from tests.kvevents.test_observer import observing, settled
 

