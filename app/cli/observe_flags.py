@@ -27,7 +27,9 @@ def add_observe_parser(sub: Any) -> None:
     o.add_argument(
         "--bind", dest="bind_endpoints", action="append", metavar="ENDPOINT",
         help="[name=]tcp://host:port to bind (repeatable), for publishers that connect: vLLM "
-        "does when its kv-events endpoint is a concrete host (tcp://this-host:5557)",
+        "does when its kv-events endpoint is a concrete host (tcp://this-host:5557). One "
+        "publisher per address: the first connection to send, until it closes; another's "
+        "messages are refused and counted (bind an address only the engines reach)",
     )  # fmt: skip
     o.add_argument(
         "--max-hashes", type=int,
