@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from blockpool.core.admission import cdiv, hit_limit
+from blockpool.core.free_order import APPEND_ALL, UNCACHED_FIRST, FreeOrder, check_free_order
 from blockpool.trace.keys import BlockKeys, trace_chains
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult, capacity_blocks
@@ -96,7 +97,7 @@ class _Stack:
         self.caps = caps  # result indices
         self.usable = usable  # usable blocks (_BIG: unbounded)
         self.bound = [0] * len(caps)  # the queue's head in G, per capacity
-        self.empties = list(usable)  # never-used blocks left, per capacity
+        self.empties = list(usable)  # hashless blocks in the queue (never used, or partial)
         self.hits = [0] * len(caps)  # hit blocks, per capacity
         self.last = [0] * len(caps)  # cached blocks holding the last token, per capacity
         self.live: BoolArray = np.zeros(length, dtype=np.bool_)  # entries not moved up
@@ -187,10 +188,19 @@ class OnePassCurve:
     """Exact sequence-mode counts for many capacities, one pass over the trace."""
 
     def __init__(
-        self, trace: Trace, block_size: int, capacities_tokens: Sequence[int | None]
+        self,
+        trace: Trace,
+        block_size: int,
+        capacities_tokens: Sequence[int | None],
+        free_order: FreeOrder = APPEND_ALL,
+        *,
+        record_hits: bool = False,
     ) -> None:
         self.trace = trace
         self.block_size = block_size
+        self.free_order = check_free_order(free_order)
+        # uncached_first: a freed hashless block goes to the queue's head (module doc)
+        self._head_uncached = free_order == UNCACHED_FIRST
         self.keys = BlockKeys(trace, block_size)
         self.results: list[CapacityResult] = []
         self.usable: list[int | None] = []
@@ -208,6 +218,10 @@ class OnePassCurve:
         self._most = 0  # the largest capacity's usable blocks
         self.splits = 0  # stacks copied (refusals and copies)
         self.copy_splits = 0  # of which: capacities touching different copies
+        # per capacity, each request's hit blocks (-1: refused), when asked
+        self.request_hits: list[list[int]] | None = (
+            [[] for _ in self.results] if record_hits else None
+        )
 
     @property
     def stacks(self) -> int:
@@ -252,8 +266,8 @@ class OnePassCurve:
                 res.prompt_tokens = prompt_tokens
                 res.admitted = admitted
                 res.hit_tokens = k * bs
-                if stack.empties[i]:  # a never-used block left: nothing was evicted
-                    res.evictions = 0
+                if stack.empties[i] and not self._head_uncached:
+                    res.evictions = 0  # a never-used block left: nothing was evicted
                 else:
                     b = stack.bound[i]
                     cached = int(np.count_nonzero(live[b:top]))  # unhashed ones too
@@ -294,10 +308,13 @@ class OnePassCurve:
                 stack.prune()
 
     def _refuse(self, caps: Iterable[int], num_tokens: int) -> None:
+        record = self.request_hits
         for c in caps:
             r = self.results[c]
             r.refused += 1
             r.refused_tokens += num_tokens
+            if record is not None:
+                record[c].append(-1)
 
     def _part(self, stack: _Stack, take: set[int]) -> _Stack:
         part = stack.split(take, self.pos)
@@ -383,6 +400,10 @@ class OnePassCurve:
                 (idx,) = groups
                 chosen[j] = (idx, copies)
 
+        if self.request_hits is not None:
+            for c, k in zip(stack.caps, hits, strict=True):
+                self.request_hits[c].append(k)
+
         # --- update G: hits move to the top, the rest are new entries
         if stack.stored is not None and seen < num_full:
             stack.stored[chain[seen:]] = True
@@ -397,9 +418,14 @@ class OnePassCurve:
                 live[mine[:k_top]] = False
         hi = top + num_blocks - 1  # block j lands at hi - j
         partial = 1 if num_blocks > num_full else 0
-        if partial:
-            stack.parts.append(top)
-        live[top : top + num_blocks] = True
+        if self._head_uncached:  # the partial block goes to the head: never in G
+            live[top + partial : top + num_blocks] = True
+            back = partial  # ... and is the next hashless block reused
+        else:
+            if partial:
+                stack.parts.append(top)
+            live[top : top + num_blocks] = True
+            back = 0
         for j, (idx, copies) in chosen.items():
             copies[idx] = hi - j
         last = num_full - 1
@@ -425,7 +451,8 @@ class OnePassCurve:
                 if old_last >= b:
                     lt[i] += 1
 
-        # --- per capacity: pops from the head (never-used blocks first)
+        # --- per capacity: pops from the head (the hashless blocks first:
+        # never-used ones, and under uncached_first the freed partial ones)
         acc = stack.acc
         acc[0] += 1
         acc[1] += partial
@@ -437,12 +464,11 @@ class OnePassCurve:
             hk[i] += k
             x = num_blocks - k
             e = empties[i]
-            if e:
-                if e >= x:
-                    empties[i] = e - x
-                    continue
-                empties[i] = 0
-                x -= e
+            if e >= x:
+                empties[i] = e - x + back
+                continue
+            empties[i] = back
+            x -= e
             b = bound[i]
             c = int(count_nonzero(live[b : b + x]))
             bound[i] = b + x if c == x else _advance(live, b + x, x - c)
@@ -453,9 +479,10 @@ def one_pass_curve(
     block_size: int,
     capacities_tokens: Sequence[int | None],
     progress: Callable[[int, int], None] | None = None,
+    free_order: FreeOrder = APPEND_ALL,
 ) -> list[CapacityResult]:
     """Sequence-mode results at every capacity, from one pass (see the module)."""
-    curve = OnePassCurve(trace, block_size, capacities_tokens)
+    curve = OnePassCurve(trace, block_size, capacities_tokens, free_order)
     results = curve.run(progress)
     for r in results:
         r.extra["stacks"] = curve.stacks
