@@ -195,6 +195,7 @@ class OnePassCurve:
         free_order: FreeOrder = APPEND_ALL,
         *,
         record_hits: bool = False,
+        chains: Sequence[IntArray] | None = None,
     ) -> None:
         self.trace = trace
         self.block_size = block_size
@@ -202,6 +203,7 @@ class OnePassCurve:
         # uncached_first: a freed hashless block goes to the queue's head (module doc)
         self._head_uncached = free_order == UNCACHED_FIRST
         self.keys = BlockKeys(trace, block_size)
+        self._chains = chains  # trace_chains(trace, block_size), when the caller has them
         self.results: list[CapacityResult] = []
         self.usable: list[int | None] = []
         for cap in capacities_tokens:
@@ -231,7 +233,7 @@ class OnePassCurve:
         reqs = self.trace.requests
         total = len(reqs)
         bs = self.block_size
-        chains = trace_chains(self.trace, bs)
+        chains = self._chains if self._chains is not None else trace_chains(self.trace, bs)
         lens = np.fromiter((r.input_length for r in reqs), np.int64, total)
         if self.results:
             # a key is numbered after its parent's: a chain's last key is its largest

@@ -244,7 +244,7 @@ def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["trace", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "(default sha256)" in out and "(default append_all" in out
+    assert "(default sha256)" in out and "(default uncached_first" in out
 
 
 def test_plot_draws_a_png(trace_file: Path, tmp_path: Path) -> None:
