@@ -361,7 +361,7 @@ def parse_policies(text: str, mode: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _usable(blocks: int, bs: int, layout: KVLayout | None) -> int:
+def usable_tokens_of(blocks: int, bs: int, layout: KVLayout | None) -> int:
     """Tokens every KV-cache group can hold in ``blocks`` (the null block left out)."""
     return (blocks - 1) // (1 if layout is None else layout.num_groups) * bs
 
@@ -372,7 +372,7 @@ def target_json(t: TargetAnswer, bs: int, layout: KVLayout | None) -> dict[str, 
             return None
         bb = block_bytes_of(layout, bs)
         used = None if bb is None else b * bb
-        return {"blocks": b, "usable_tokens": _usable(b, bs, layout), "bytes": used}
+        return {"blocks": b, "usable_tokens": usable_tokens_of(b, bs, layout), "bytes": used}
 
     out: dict[str, Any] = {
         "hit_rate": t.target,
@@ -571,7 +571,7 @@ def target_lines(plan: Plan, block_size: int) -> list[str]:
     def say(b: int | None) -> str:
         if b is None:
             return "not reached"
-        s = f"{b:,} blocks = {_usable(b, block_size, layout):,} usable tokens"
+        s = f"{b:,} blocks = {usable_tokens_of(b, block_size, layout):,} usable tokens"
         bb = block_bytes_of(layout, block_size)
         if bb is not None:
             s += f" = {b * bb / GIB:.2f} GiB per GPU"
