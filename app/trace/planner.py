@@ -384,6 +384,8 @@ def target_json(t: TargetAnswer, bs: int, layout: KVLayout | None) -> dict[str, 
         out["optimal_reason"] = t.optimal_reason
     if t.search is not None:
         out["search"] = t.search
+    if t.floor_blocks is not None:  # no smaller pool is an answer: it refuses requests
+        out["smallest_pool_refusing_nothing"] = size(t.floor_blocks)
     return out
 
 

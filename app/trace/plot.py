@@ -59,13 +59,14 @@ _MANTISSAS = (
     (1.0, 2.0, 5.0),
     (1.0, 2.0, 3.0, 5.0),
     (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0),
+    (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0),
 )
 
 
 def log_ticks(lo: float, hi: float, least: int = 4, most: int = 8) -> list[float]:
     """Round values inside ``lo .. hi`` for a log axis: powers of ten, else 1-2-5,
-    1-2-3-5, then every 1, 1.5, 2, 3, 4, 5, 6, 8 -- the first of these with at
-    least ``least`` values (thinned evenly to ``most``)."""
+    1-2-3-5, 1-1.5-2-3-4-5-6-8, then steps of a half -- the first of these
+    with at least ``least`` values (thinned evenly to ``most``)."""
     if not (0 < lo <= hi) or not math.isfinite(hi):
         return []
     out: list[float] = []

@@ -95,6 +95,8 @@ class TargetAnswer:
     unbounded_hit_rate: float
     optimal_reason: str | None = None  # why no optimum is searched (KV-cache groups)
     search: str | None = None  # how the LRU size was searched, where it is not exact
+    # sizes searched from here up: the smallest pool refusing no request (None: from 2)
+    floor_blocks: int | None = None
 
 
 def _smallest(
@@ -136,16 +138,18 @@ def smallest_capacity(
     """The fewest blocks at which LRU (the one-pass curve, under ``free_order``)
     and the optimum reach ``target`` (a hit-token fraction of all prompt tokens).
 
-    One pass of the curve answers ``per_pass`` sizes at once: a log grid from
-    the smallest pool refusing nothing to one where the optimum never evicts,
-    then passes over evenly spaced sizes inside the bracket found, until it is
-    one block wide (a handful of passes: each narrows it ``per_pass + 1``
-    times).  Only when that smallest pool already reaches the target is the
-    range below it searched (pools refusing requests; log grid, then the
-    bracket).  Exact where the curve rises monotonically: without refusals
-    and duplicate copies, the cached blocks of a smaller pool are always among
-    a larger one's (the inclusion property, docs/sizing.md), so its hits are
-    too.  ``progress``: passes done (of the most a search can take)."""
+    Only pools refusing no request are answers (``floor_blocks``, the largest
+    prompt's blocks and the null block, and up): a smaller pool turns the
+    longest prompts away, and by not storing them can even hit more than a
+    larger one -- a size no operator can deploy.  One pass of the curve
+    answers ``per_pass`` sizes at once: a log grid from that floor to a pool
+    where the optimum never evicts, then passes over evenly spaced sizes
+    inside the bracket found, until it is one block wide (a handful of
+    passes: each narrows it ``per_pass + 1`` times).  The optimum, never below
+    LRU, is bisected under LRU's answer (one heap pass a size).  Exact where
+    the curve rises: without refusals and duplicate copies a smaller pool's
+    cached blocks are always among a larger one's (the inclusion property,
+    docs/sizing.md), and so are its hits.  ``progress``: passes done."""
     if not 0 < target <= 1:
         raise ValueError(f"--target-hit-rate must be in (0, 1], got {target}")
     opt = optimal if optimal is not None else OptimalCurve(trace, block_size)
@@ -173,20 +177,19 @@ def smallest_capacity(
 
     rate = unbounded / prompt if prompt else 0.0
     if unbounded < need:
-        return TargetAnswer(target, None, None, rate)
+        return TargetAnswer(target, None, None, rate, floor_blocks=lo)
     lru_b = _smallest(lru, lo, hi, need, per_pass)
-    if lru_b == lo and lo > 2:  # reached with nothing refused: maybe below, refusing some
-        lru_b = _smallest(lru, 2, lo, need, per_pass)
-    # the optimum is never below LRU: it reaches the target at lru_b at the latest;
-    # one size a pass (a heap over the trace), so a bisection above ``lo``
+    # the optimum is never below LRU: it reaches the target at lru_b at the latest
     top = hi if lru_b is None else lru_b
-    if top <= lo or best([lo])[0] >= need:
-        opt_b = _smallest(best, 2, min(top, lo), need, 16)
+    if best([lo])[0] >= need:
+        opt_b: int | None = lo
+    elif best([top])[0] < need:
+        opt_b = None
     else:
         opt_b = _bisect(lambda b: best([b])[0], lo, top, need)
     if progress is not None:
         progress(rounds[0], rounds[0])
-    return TargetAnswer(target, lru_b, opt_b, rate)
+    return TargetAnswer(target, lru_b, opt_b, rate, floor_blocks=lo)
 
 
 def _bisect(hits_at: Callable[[int], int], below: int, above: int, need: int) -> int:

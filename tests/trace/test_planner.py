@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
+from blockpool.core.free_order import UNCACHED_FIRST
 from blockpool.trace import OnePassCurve, parse_mooncake
 from blockpool.trace.capacity import (
     layout_from_config,
@@ -141,7 +142,7 @@ def test_log_grid_and_target_search() -> None:
     assert ans.optimal_blocks <= ans.lru_blocks
 
     def lru_rate(b: int) -> float:
-        (r,) = OnePassCurve(trace, 16, [b * 16]).run()
+        (r,) = OnePassCurve(trace, 16, [b * 16], UNCACHED_FIRST).run()  # the default
         return r.hit_rate
 
     assert lru_rate(ans.lru_blocks) >= 0.3 > lru_rate(ans.lru_blocks - 1)
