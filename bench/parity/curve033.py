@@ -51,11 +51,11 @@ def replay(num_blocks: int, reqs: list[Any], block_size: int) -> dict[str, Any]:
     evict = pool._maybe_evict_cached_block
 
     def counted(block: Any) -> bool:
-        gone = evict(block)
+        gone = bool(evict(block))
         evicted[0] += gone
         return gone
 
-    pool._maybe_evict_cached_block = counted  # type: ignore[method-assign]
+    pool._maybe_evict_cached_block = counted
     hits: list[int] = []
     t0 = time.perf_counter()
     for req in reqs:

@@ -139,7 +139,7 @@ def test_the_plot_fits_its_axes_to_the_data(trace: Trace, tmp_path: Path) -> Non
     assert len([t for t in ax.get_xticklabels() if t.get_text()]) >= 3
     (star,) = [ln for ln in ax.get_lines() if ln.get_marker() == "*"]
     assert plan.target is not None and plan.target.lru_blocks is not None
-    assert star.get_xdata()[0] == (plan.target.lru_blocks - 1) * 16  # type: ignore[index]
+    assert star.get_xdata()[0] == (plan.target.lru_blocks - 1) * 16
     import matplotlib.pyplot as plt
 
     plt.close(fig)
