@@ -1,39 +1,57 @@
-"""The whole hit-rate curve of a sequence replay in one pass.
+"""The whole hit-rate curve of a sequence replay in one pass, under either
+free order.
 
 Where it applies: ``--mode sequence`` (requests one at a time, prompt blocks
-only, all freed in reverse before the next), vLLM 0.16's free order
-(``append_all``: every freed block to the queue's tail), caching on.  Not
-in timed mode (blocks are held across requests) nor with another free order
-(``uncached_first`` puts unhashed blocks at the head): there, replay one pool
-per capacity (``sequence.replay_pools`` / ``timed``).
+only, all freed in reverse before the next), caching on, vLLM 0.16's free
+order (``append_all``: every freed block to the queue's tail) or vLLM >=
+0.24's (``uncached_first``: a freed block without a hash -- the partial tail
+block -- to the head).  Not in timed mode (blocks are held across requests):
+there, replay one pool per capacity (``timed``).
 
-Why one pass is exact.  Between two requests every block but the null block
-is free, so a pool of ``M = blocks - 1`` usable blocks *is* its free queue:
-``M`` blocks, head = next reused.  A request removes its ``k`` hits from the
-queue, pops ``P - k`` blocks from the head and appends its ``P`` blocks in
-reverse.  So the queue is always the last ``M`` entries of one sequence ``G``
-of block contents (hashed, or empty: the pool's never-used blocks and the
-partial tail blocks) in which each request moves its hits to the end and
-appends its other blocks: Mattson's LRU stack.  ``G`` does not depend on
-``M``; a capacity is a boundary in it, a block is cached at ``M`` when it
-sits above the boundary, and the ``P - k`` pops are the boundary moving up
-over that many live entries (the hashed ones among them are the evictions).
-A freed child always lands before its parent in the queue, so the cached
-blocks of a chain are a prefix of it and their positions in ``G`` fall
-along the chain: the hits at every capacity are one binary search each.
+Why one pass is exact under ``append_all``.  Between two requests every
+block but the null block is free, so a pool of ``M = blocks - 1`` usable
+blocks *is* its free queue: ``M`` blocks, head = next reused.  A request
+removes its ``k`` hits from the queue, pops ``P - k`` blocks from the head
+and appends its ``P`` blocks in reverse.  So the queue is always the last
+``M`` entries of one sequence ``G`` of block contents (hashed, or empty: the
+pool's never-used blocks and the partial tail blocks) in which each request
+moves its hits to the end and appends its other blocks: Mattson's LRU
+stack.  ``G`` does not depend on ``M``; a capacity is a boundary in it, a
+block is cached at ``M`` when it sits above the boundary, and the ``P - k``
+pops are the boundary moving up over that many live entries (the hashed
+ones among them are the evictions).  A freed child always lands before its
+parent in the queue, so the cached blocks of a chain are a prefix of it and
+their positions in ``G`` fall along the chain: the hits at every capacity
+are one binary search each.
 
-Where capacities part.  (1) A request with more blocks than ``M`` is refused
-at ``M`` and changes nothing there, while larger pools take it.  (2) Two
-cached copies of one hash (a prompt ending on a block boundary stores its
-last block again: it is never a hit) -- a later hit touches the *first
-stored* copy still cached, which can differ by capacity.  In both cases the
-capacities involved no longer share ``G``: the stack is copied and each
-group goes on alone (:meth:`OnePassCurve.stacks` counts them).  Each copy
-splits a set of capacities in two, so there are at most ``len(capacities)``
-stacks, and the result stays exact for every capacity asked for.  A copy
-shares the first stack's key -> position map (positions are the same in
-every stack; a refused request leaves its own empty) and corrects it only
-where the first stack last stored a key in a request the copy refused.
+Under ``uncached_first`` (the proof in full: docs/sizing.md).  The queue is
+always ``H`` (``h`` hashless blocks: never used, or freed partial ones) then
+``C`` (the hashed ones, least recent first): a pop takes the head, a freed
+hashless block goes before ``H``, a hashed one after ``C``.  ``G`` now holds
+the hashed entries only, ``C`` is the live entries above the boundary, and a
+request's ``P - k`` pops take ``min(h, P - k)`` hashless blocks and evict
+``e = max(0, P - k - h)`` entries of ``C`` from its head; then ``h`` becomes
+``max(h - (P - k), 0) + p`` (``p``: its partial block, 0 or 1).  Afterwards
+``C`` holds the chain's ``F`` full blocks and the newest ``min(|C| - k,
+M - P)`` of its other entries.  Both terms grow with ``M`` when ``C`` does
+(``|C| - k`` counts the live entries above the boundary outside the chain),
+so a smaller pool's cached blocks stay among a larger one's: the inclusion
+property holds, the boundaries share one ``G``, and only ``h`` is kept per
+capacity.  The prefix rule and the binary search are unchanged.
+
+Where capacities part (either order).  (1) A request with more blocks than
+``M`` is refused at ``M`` and changes nothing there, while larger pools take
+it.  (2) Two cached copies of one hash (a prompt ending on a block boundary
+stores its last block again: it is never a hit) -- a later hit touches the
+*first stored* copy still cached, which can differ by capacity.  In both
+cases the capacities involved no longer share ``G``: the stack is copied
+and each group goes on alone (:meth:`OnePassCurve.stacks` counts them).
+Each copy splits a set of capacities in two, so there are at most
+``len(capacities)`` stacks, and the result stays exact for every capacity
+asked for.  A copy shares the first stack's key -> position map (positions
+are the same in every stack; a refused request leaves its own empty) and
+corrects it only where the first stack last stored a key in a request the
+copy refused.
 
 Evictions are counted at the end: every hashed entry a capacity stored was
 hit once, was evicted, or is still in its queue.
