@@ -178,7 +178,8 @@ def main(args: argparse.Namespace) -> int:
         doc = {"file": args.path, **report.to_json(), **plan.info(args.block_size)}
         print(json.dumps({**doc, "wall_seconds": wall}))
     elif args.csv:
-        sys.stdout.write(planner.render_csv(report.results, plan, report.mode))
+        csv_text = planner.render_csv(report.results, plan, report.mode, report.free_order)
+        sys.stdout.write(csv_text)
     else:
         print(render(report, args.path, plan, wall))
     return 0

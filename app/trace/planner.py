@@ -548,19 +548,28 @@ def table_lines(results: list[CapacityResult], plan: Plan | None) -> list[str]:
     return ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
 
 
-def render_csv(results: list[CapacityResult], plan: Plan | None, mode: str) -> str:
-    """One row per capacity; rates as fractions 0-1, sizes in tokens, blocks, bytes."""
+def render_csv(
+    results: list[CapacityResult], plan: Plan | None, mode: str, free_order: str | None = None
+) -> str:
+    """One row per capacity; rates as fractions 0-1, sizes in tokens, blocks, bytes
+    (and the replay's free order, when given)."""
     cols = columns(results, plan)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     why = [] if plan is None or plan.groups is None else [NO_OPTIMUM]
-    w.writerow([n for _, n, _ in cols] + ["preemptions", "mode"] + ["optimal_reason"] * len(why))
+    order = [] if free_order is None else [free_order]
+    w.writerow(
+        [n for _, n, _ in cols]
+        + ["preemptions", "mode"]
+        + ["free_order"] * len(order)
+        + ["optimal_reason"] * len(why)
+    )
     for r in results:
         vals = []
         for _, _, f in cols:
             v = f(r)
             vals.append("inf" if v is None else v)
-        w.writerow([*vals, r.preemptions, mode, *why])
+        w.writerow([*vals, r.preemptions, mode, *order, *why])
     return buf.getvalue()
 
 

@@ -195,6 +195,7 @@ def test_cli_sweep_csv_and_target(trace_file: Path, capsys: pytest.CaptureFixtur
     out = capsys.readouterr()
     assert out.err == ""  # no progress bar when not a terminal
     rows = list(csv.DictReader(io.StringIO(out.out)))
+    assert {r["free_order"] for r in rows} == {"uncached_first"}
     blocks = [int(r["blocks"]) for r in rows]
     assert blocks == sorted(blocks) and blocks[0] == 4 and blocks[-1] == 64 and len(rows) >= 5
     for r in rows:
