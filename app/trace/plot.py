@@ -51,7 +51,7 @@ def _tokens(v: float, _pos: Any = None) -> str:
 
 
 def _gib(v: float, _pos: Any = None) -> str:
-    return f"{v:.3g}"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
 
 _MANTISSAS = (

@@ -104,11 +104,13 @@ def test_the_header_and_the_json_give_the_whole_runs_time(
 def test_the_plot_fits_its_axes_to_the_data(trace: Trace, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from app.trace import planner
-    from app.trace.plot import curve_figure, log_ticks
+    from app.trace.plot import _gib, curve_figure, log_ticks
     from blockpool.trace.capacity import flat_bytes, parse_capacity_list
     from blockpool.trace.replay import replay_trace
 
     assert log_ticks(3.3, 100) == [5.0, 10.0, 20.0, 50.0, 100.0]
+    assert [_gib(v) for v in (0.5, 1.5, 20.0, 1000.0, 2000.0)] == ["0.5", "1.5", "20", "1,000",
+                                                                   "2,000"]  # fmt: skip
     assert len(log_ticks(27, 45)) >= 4  # a narrow range still gets several
     layout = flat_bytes(1 << 16)  # 64 KiB a token: 1 MiB a block of 16
     caps = parse_capacity_list("200MiB,300MiB,400MiB,600MiB", 16, layout)
@@ -135,7 +137,7 @@ def test_the_plot_fits_its_axes_to_the_data(trace: Trace, tmp_path: Path) -> Non
     assert len(shown) >= 3, shown
     per_token_gib = (1 << 16) / (1 << 30)
     for text in shown:  # GiB values inside the plotted range
-        assert x_lo * per_token_gib <= float(text) <= x_hi * per_token_gib
+        assert x_lo * per_token_gib <= float(text.replace(",", "")) <= x_hi * per_token_gib
     assert len([t for t in ax.get_xticklabels() if t.get_text()]) >= 3
     (star,) = [ln for ln in ax.get_lines() if ln.get_marker() == "*"]
     assert plan.target is not None and plan.target.lru_blocks is not None
