@@ -130,3 +130,22 @@ def test_per_request_hits_equal_vllm_033s_block_pool(tmp_path: Path) -> None:
             assert r16.hit_tokens != r.hit_tokens, key
     assert theirs["60"]["refused"] > 0 and theirs["150"]["evictions"] > 0
     assert theirs["inf"]["evictions"] == 0
+
+
+@given(trace=traces(), bs=st.sampled_from([1, 2, 4]), data=st.data())
+def test_a_larger_pool_never_hits_less_on_any_request(
+    trace: Trace, bs: int, data: st.DataObject
+) -> None:
+    # the inclusion property (docs/sizing.md): among pools refusing nothing, a
+    # smaller pool's cached blocks are among a larger one's, request by request
+    floor = max(-(-r.input_length // bs) for r in trace.requests) + 1  # blocks
+    extra = sorted(set(data.draw(st.lists(st.integers(0, 30), min_size=2, max_size=5))))
+    caps: list[int | None] = [(floor + e) * bs for e in extra]
+    curve = OnePassCurve(trace, bs, caps, UNCACHED_FIRST, record_hits=True)
+    results = curve.run()
+    assert curve.request_hits is not None
+    for small, large in zip(curve.request_hits, curve.request_hits[1:]):
+        assert all(a <= b for a, b in zip(small, large, strict=True))
+    assert all(r.refused == 0 for r in results)
+    hits = [r.hit_tokens for r in results]
+    assert hits == sorted(hits)
