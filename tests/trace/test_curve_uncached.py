@@ -144,7 +144,7 @@ def test_a_larger_pool_never_hits_less_on_any_request(
     curve = OnePassCurve(trace, bs, caps, UNCACHED_FIRST, record_hits=True)
     results = curve.run()
     assert curve.request_hits is not None
-    for small, large in zip(curve.request_hits, curve.request_hits[1:]):
+    for small, large in zip(curve.request_hits, curve.request_hits[1:], strict=False):
         assert all(a <= b for a, b in zip(small, large, strict=True))
     assert all(r.refused == 0 for r in results)
     hits = [r.hit_tokens for r in results]
