@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.support.ports import free_port
 from tests.support.wait import CLIENT_TIMEOUT, eventually
@@ -37,13 +38,25 @@ def promtool(*args: str | Path, cwd: Path | None = None) -> subprocess.Completed
 
 
 @contextlib.contextmanager
-def prometheus_server() -> Iterator[httpx.Client]:
-    """A real Prometheus on 127.0.0.1 (a free port, an empty TSDB, no scrape
-    target): a client on its HTTP API.  Stopped by its PID afterwards."""
+def prometheus_server(jobs: dict[str, str] | None = None) -> Iterator[httpx.Client]:
+    """A real Prometheus on 127.0.0.1 (a free port, an empty TSDB) scraping
+    ``jobs`` (job name -> host:port) every second: a client on its HTTP API,
+    once it is ready and every target is up.  Stopped by its PID afterwards."""
     exe = binary("prometheus")
+    jobs = jobs or {}
     with tempfile.TemporaryDirectory(prefix="bp-prom-") as tmp:
         cfg = Path(tmp) / "prometheus.yml"
-        cfg.write_text("global:\n  scrape_interval: 1m\n")
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+                    "scrape_configs": [
+                        {"job_name": job, "static_configs": [{"targets": [target]}]}
+                        for job, target in jobs.items()
+                    ],
+                }
+            )
+        )
         port = free_port()
         log = open(Path(tmp) / "prometheus.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
@@ -64,8 +77,13 @@ def prometheus_server() -> Iterator[httpx.Client]:
             except httpx.TransportError:
                 return False
 
+        def up() -> bool:
+            active = client.get("/api/v1/targets").json()["data"]["activeTargets"]
+            return len(active) == len(jobs) and all(a["health"] == "up" for a in active)
+
         try:
             eventually(ready, 120, "prometheus to be ready", poll=0.2)
+            eventually(up, 120, f"every target up: {jobs}", poll=0.5)
             yield client
         finally:
             client.close()

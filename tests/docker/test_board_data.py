@@ -19,13 +19,12 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from tests.docker.prometheus_bin import binary
+from tests.docker.prometheus_bin import prometheus_server
 from tests.docker.test_boards import BESIDE, board, board_exprs, templated, var_query, variables
 from tests.support.cli import ROOT, cli_env, stop_cli_server, wait_healthy
 from tests.support.ports import free_port
-from tests.support.wait import CLIENT_TIMEOUT, eventually
+from tests.support.wait import eventually
 
 MODEL = "test-model"
 NEEDS_A_MIRROR = {
@@ -55,12 +54,10 @@ def _child(cmd: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:
 def stack() -> Iterator[tuple[httpx.Client, dict[str, str]]]:
     """serve --demo (a small pool: evictions, regrets) + observe + Prometheus
     scraping both every second; a client on Prometheus's API and the jobs."""
-    exe = binary("prometheus")
     procs: list[subprocess.Popen[bytes]] = []
-    client: httpx.Client | None = None
     with tempfile.TemporaryDirectory(prefix="bp-board-") as tmp:
         t = Path(tmp)
-        app, obs, prom = free_port(), free_port(), free_port()
+        app, obs = free_port(), free_port()
         pub, rep = free_port(), free_port()
         try:
             procs.append(_child([
@@ -73,44 +70,11 @@ def stack() -> Iterator[tuple[httpx.Client, dict[str, str]]]:
                 "observe", f"app=tcp://127.0.0.1:{pub}", "--replay", f"tcp://127.0.0.1:{rep}",
             ], obs, t / "observe.log"))  # fmt: skip
             jobs = {"blockpool": f"127.0.0.1:{app}", "blockpool-observer": f"127.0.0.1:{obs}"}
-            cfg = {
-                "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-                "scrape_configs": [
-                    {"job_name": job, "static_configs": [{"targets": [target]}]}
-                    for job, target in jobs.items()
-                ],
-            }
-            (t / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-            with (t / "prometheus.log").open("wb") as out:
-                procs.append(subprocess.Popen(
-                    [
-                        exe, f"--config.file={t}/prometheus.yml", f"--storage.tsdb.path={t}/data",
-                        f"--web.listen-address=127.0.0.1:{prom}",
-                    ],
-                    stdout=out, stderr=subprocess.STDOUT,
-                ))  # fmt: skip
-            client = httpx.Client(base_url=f"http://127.0.0.1:{prom}", timeout=CLIENT_TIMEOUT)
-
-            def up() -> bool:
-                assert procs[-1].poll() is None, (t / "prometheus.log").read_text()[-2000:]
-                try:
-                    r = client.get("/api/v1/targets").json()
-                except httpx.TransportError:
-                    return False
-                active = r["data"]["activeTargets"]
-                return len(active) == 2 and all(a["health"] == "up" for a in active)
-
-            eventually(up, 120, "both targets up in Prometheus", poll=0.5)
-            yield client, jobs
+            with prometheus_server(jobs) as client:
+                yield client, jobs
         finally:
-            if client is not None:
-                client.close()
             for p in reversed(procs):
-                if p.args[0] == exe:
-                    p.terminate()
-                    p.wait(30)
-                else:
-                    stop_cli_server(p)
+                stop_cli_server(p)
 
 
 def query(client: httpx.Client, expr: str) -> list[dict[str, Any]]:
