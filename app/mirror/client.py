@@ -45,6 +45,7 @@ import zmq
 import zmq.asyncio
 
 from app.core.errors import NotFound
+from app.mirror.queues import EngineQueues
 from app.mirror.requests import RequestBook
 from app.mirror.status import MirrorStatus
 from app.mirror.story import engine_story
@@ -93,6 +94,7 @@ class MirrorClient:
         self.status.backlog = self._backlog
         self.max_backlog = max_backlog
         self.book = RequestBook()
+        self.queues = EngineQueues()  # the engine's running and waiting requests
         self.applier = MirrorApplier(engine.runtime)
         host = engine.analysis  # its eviction memory where it is inline, else one of its own
         self.misses = EngineMisses.observing(engine.runtime, host.inline if host else None)
@@ -278,8 +280,10 @@ class MirrorClient:
                 await self._apply_group(batches)
                 batches = []
             if isinstance(msg, wire.Hello):
+                self.queues.heard(msg.seq, time.time())
                 self._hello(msg)
             elif isinstance(msg, wire.Beat):
+                self.queues.heard(msg.seq, msg.ts)
                 self._beat(msg)
             else:
                 st.bad_messages += 1
@@ -300,6 +304,7 @@ class MirrorClient:
         self._old_boots.append(self.boot)
         self.boot = boot
         st.engine_restarts += 1
+        self.queues.restart()  # the new run holds no request of the old one's
         st.problem("the engine restarted (a new boot): resyncing from a snapshot")
         logger.warning("mirror: the engine restarted; resyncing")
         self._unsync()
@@ -395,6 +400,7 @@ class MirrorClient:
         st = self.status
         st.engine_drops = batch.drops
         first = self.book.apply(batch.requests, batch.seq)
+        self.queues.batch(batch.seq, batch.ts, batch.requests)
         if not self.applier.synced:
             # the requests' hash chains: a resync's prefix tree needs them (learnt
             # by the writer, before the restore); the snapshot covers the rest
@@ -512,6 +518,7 @@ class MirrorClient:
             if self.boot is not None:
                 self._old_boots.append(self.boot)
                 st.engine_restarts += 1
+                self.queues.restart()
             self.boot = snap.boot
         st.resynced(snap.seq)
         st.seen()  # the engine answered (signed, where keyed)

@@ -161,6 +161,10 @@ def install(
     app.state.mirror = client
     app.state.stream.follow_mirror(client.status.stream_header)
     app.state.metrics_sources["mirror"] = figures_of(client.status)
+    app.state.metrics_collector.mirror = True  # no vLLM name beside the engine's own
+    engine = app.state.engine
+    engine.request_counts = client.queues.counts  # the engine's requests, or None
+    engine.request_history = client.queues
     app.state.startup_hooks.append(client.start)
     app.state.shutdown_hooks.append(client.stop)
     app.include_router(router)

@@ -57,10 +57,23 @@ def config(engine: Engine) -> dict[str, Any]:
     return out
 
 
+def headline(engine: Engine) -> dict[str, Any]:
+    """``pool_summary`` with the requests the service knows of: on a mirror
+    the engine's (None where not known, ``requests_reason`` says why).  REST's
+    summary and every stream frame's header carry it."""
+    reqs = engine.request_counts()
+    return {
+        **pool_summary(engine.runtime),
+        "running_requests": reqs["running"],
+        "waiting_requests": reqs["waiting"],
+        "requests_reason": reqs["reason"],
+    }
+
+
 def summary(engine: Engine) -> dict[str, Any]:
     c = engine.counters
     return {
-        **pool_summary(engine.runtime),
+        **headline(engine),
         "groups": list(engine.manager.group_ids),
         "tokens": analysis_views.tokens(engine.runtime),
         "counters": {

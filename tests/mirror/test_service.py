@@ -48,8 +48,8 @@ async def test_the_service_mirrors_the_engine_exactly_and_read_only(rig: Rig) ->
         # the engine's prefix-cache counters, as /metrics exports them
         text = (await api.get("/metrics")).text
         stats = engine.rt.manager.stats
-        assert metric(text, "vllm:prefix_cache_hits_total") == stats.hits > 0
-        assert metric(text, "vllm:prefix_cache_queries_total") == stats.queries
+        assert metric(text, "blockpool_engine_prefix_cache_hits_total") == stats.hits > 0
+        assert metric(text, "blockpool_engine_prefix_cache_queries_total") == stats.queries
 
         st = await api.ok("GET", "/api/mirror")
         assert st["connected"] and st["exact"] and st["synced"] and not st["stale"]
@@ -158,7 +158,8 @@ async def test_the_metrics_carry_the_engines_model_name(rig: Rig) -> None:
         rig.engine.drive(5)
         await until(lambda: client.applier.synced)
         text = (await api.get("/metrics")).text
-        samples = [x for x in text.splitlines() if x.startswith("vllm:prefix_cache_queries_total{")]
+        name = "blockpool_engine_prefix_cache_queries_total{"
+        samples = [x for x in text.splitlines() if x.startswith(name)]
         assert samples and all('model_name="tiny-llama"' in x for x in samples)
         cfg = await api.ok("GET", "/api/config")
         assert cfg["model_name"] == "tiny-llama"

@@ -102,7 +102,18 @@ class Summary(Out):
     hash_map_keys: int
     groups: Ids
     prefix_cache: PrefixCache
-    running_requests: int
+    running_requests: int | None = Field(
+        description="requests holding blocks; on a mirror the engine's running queue "
+        "(null: not known, requests_reason says why)"
+    )
+    waiting_requests: int | None = Field(
+        None,
+        description="requests queued, not running; on a mirror the engine's waiting queue "
+        "(null: not known)",
+    )
+    requests_reason: str | None = Field(
+        None, description="why running_requests / waiting_requests are null (null: known)"
+    )
     tokens: Tokens
     counters: dict[str, Any] = Field(description="operations, blocks and requests since start")
     event_log: EventLogInfo
