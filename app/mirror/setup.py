@@ -37,6 +37,13 @@ from blockpool.mirror.protocol import MAX_BATCH_BYTES, TOPIC, Hello, ProtocolErr
 
 HASH_NAMES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 DEFAULT_MODEL_NAME = Settings.model_fields["model_name"].default
+# figures a mirror cannot know (Engine.unknown): the views say them null, with this
+UNKNOWN = {
+    "tokens": "a mirror is told the engine's blocks, not its tokens: how full its "
+    "partial blocks are is not known here",
+    "request_owners": "a mirror is told block operations without the request that made "
+    "them: whose block was evicted is not known here",
+}
 REBUILD_MIN_S = 5.0  # a service is rebuilt at most once in this long (an engine flapping)
 
 
@@ -165,6 +172,7 @@ def install(
     engine = app.state.engine
     engine.request_counts = client.queues.counts  # the engine's requests, or None
     engine.request_history = client.queues
+    engine.unknown.update(UNKNOWN)
     app.state.startup_hooks.append(client.start)
     app.state.shutdown_hooks.append(client.stop)
     app.include_router(router)

@@ -91,6 +91,9 @@ class Engine:
         # a mirror's: the engine's requests at a past moment and between two
         # (EngineQueues.at / .between); None: the runtime's own requests say it
         self.request_history: Any = None
+        # figures this service cannot know, by name -> why (a mirror's: UNKNOWN
+        # in app/mirror/setup.py); the views say them null with the reason
+        self.unknown: dict[str, str] = {}
         self.listeners: list[TickListener] = []
         self.started_at = time.time()
         self.tick_no = 0

@@ -205,7 +205,8 @@ class EngineCollector(Collector):
         for name, n in sorted(c.events.items()):
             kv.add_metric([name], n)
         yield kv
-        yield from analysis_prom.token_families(e.runtime)
+        if "tokens" not in e.unknown:  # absent where not known (a mirror's)
+            yield from analysis_prom.token_families(e.runtime)
         yield from analysis_prom.families(e.analysis)
         for part, source in self.extra.items():
             for key, reading in sorted(source().items()):

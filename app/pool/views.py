@@ -57,6 +57,13 @@ def config(engine: Engine) -> dict[str, Any]:
     return out
 
 
+def tokens(engine: Engine) -> dict[str, Any]:
+    """Token usage beside block usage (null figures with ``reason`` where the
+    service cannot know them: ``Engine.unknown``)."""
+    out: dict[str, Any] = analysis_views.tokens(engine.runtime, engine.unknown.get("tokens"))
+    return out
+
+
 def headline(engine: Engine) -> dict[str, Any]:
     """``pool_summary`` with the requests the service knows of: on a mirror
     the engine's (None where not known, ``requests_reason`` says why).  REST's
@@ -75,7 +82,7 @@ def summary(engine: Engine) -> dict[str, Any]:
     return {
         **headline(engine),
         "groups": list(engine.manager.group_ids),
-        "tokens": analysis_views.tokens(engine.runtime),
+        "tokens": tokens(engine),
         "counters": {
             "operations": c.ops,
             "operations_refused": c.ops_failed,

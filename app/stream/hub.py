@@ -26,7 +26,6 @@ from app.stream import protocol as p
 from app.stream.ring import ALL, Ring, Variant, select_header
 from app.web.broadcast import BroadcastCounts, Broadcaster, Subscriber
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from blockpool.analysis import views as analysis_views
 
 if TYPE_CHECKING:
     from app.pool.engine import Engine, TickData
@@ -185,8 +184,7 @@ class StreamHub:
     def _counts(self) -> dict[str, Any]:
         from app.pool import views
 
-        rt = self.engine.runtime
-        counts = {**views.headline(self.engine), "tokens": analysis_views.tokens(rt)}
+        counts = {**views.headline(self.engine), "tokens": views.tokens(self.engine)}
         mirror = self.mirror_now()
         if mirror is not None:
             counts["mirror"] = mirror

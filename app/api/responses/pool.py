@@ -77,12 +77,17 @@ class PrefixCache(Out):
 
 
 class Tokens(Out):
-    held: int
+    """Token usage beside block usage.  On a mirror (told blocks, never
+    tokens) held, tail_waste, usage_ratio and fill_ratio are null and
+    ``reason`` says why."""
+
+    held: int | None
     slots_reserved: int
-    tail_waste: int
+    tail_waste: int | None
     capacity: int
-    usage_ratio: float
-    fill_ratio: float
+    usage_ratio: float | None
+    fill_ratio: float | None
+    reason: str | None = Field(None, description="why the null figures are not known")
 
 
 class EventLogInfo(Out):
