@@ -75,7 +75,7 @@ class EngineQueues:
             self.unknown_reason = None
             self.known_since = ts
         else:
-            self._lose(
+            self.unknown_reason = (
                 f"the mirror joined the engine after its batch {seq}: the requests it "
                 "admitted before are not known here"
             )
@@ -88,7 +88,7 @@ class EngineQueues:
                 self.unknown_reason = None
                 self.known_since = ts
             else:
-                self._lose(
+                self.unknown_reason = (
                     f"the mirror joined the engine at its batch {seq}: the requests it "
                     "admitted before are not known here"
                 )
