@@ -32,6 +32,7 @@ from typing import Any
 from blockpool.mirror.protocol import Arrive, Finished, Preempted, Record, Scheduled
 
 WAITING, RUNNING = "waiting", "running"
+COUNTS = ("running", "waiting", "admitted", "finished", "refused")
 MAX_LIVE = 1_000_000  # requests held at once: past it the counts are not known
 MAX_CHANGES = 200_000  # changes kept for past moments (oldest go first)
 
@@ -144,10 +145,18 @@ class EngineQueues:
     # ------------------------------------------------------------- reading
 
     def counts(self) -> dict[str, Any]:
-        """``running`` and ``waiting`` now (None: not known, ``reason`` says why)."""
+        """``running`` and ``waiting`` now, the requests ``admitted`` (first
+        scheduled) and ``finished`` (None: not known, ``reason`` says why)."""
         if self.unknown_reason is not None:
-            return {"running": None, "waiting": None, "reason": self.unknown_reason}
-        return {"running": self.running, "waiting": self.waiting, "reason": None}
+            return {k: None for k in COUNTS} | {"reason": self.unknown_reason}
+        return {
+            "running": self.running,
+            "waiting": self.waiting,
+            "admitted": self.started,  # since the engine's run started
+            "finished": self.ended,
+            "refused": None,  # vLLM queues a request, it refuses none for lack of blocks
+            "reason": None,
+        }
 
     def _covers(self, ts: float) -> str | None:
         """Why the changes kept cannot say the state at ``ts`` (None: they can)."""

@@ -113,10 +113,14 @@ class Engine:
             rt.recorder = self.analysis.recorder
 
     def _own_request_counts(self) -> dict[str, Any]:
-        """Requests holding blocks, and those the workloads queued."""
+        """Requests holding blocks, those the workloads queued, and the totals."""
+        c = self.counters
         return {
             "running": len(self.manager.requests),
             "waiting": sum(f() for f in self.waiting_sources),
+            "admitted": c.requests_admitted,
+            "finished": c.requests_finished,
+            "refused": c.requests_refused,
             "reason": None,
         }
 

@@ -184,10 +184,6 @@ class EngineCollector(Collector):
             ("blockpool_operations", "Operations applied by the engine.", c.ops),
             ("blockpool_operations_refused", "Operations refused (nothing changed).",
              c.ops_failed),
-            ("blockpool_requests_admitted", "Requests admitted.", c.requests_admitted),
-            ("blockpool_requests_refused", "Requests refused for lack of blocks.",
-             c.requests_refused),
-            ("blockpool_requests_finished", "Requests finished.", c.requests_finished),
             ("blockpool_resets", "Prefix-cache resets done.", c.resets),
             ("blockpool_resets_refused", "Prefix-cache resets refused.", c.resets_refused),
             ("blockpool_event_log_dropped", "KV events dropped from the bounded log.",
@@ -199,6 +195,14 @@ class EngineCollector(Collector):
             ("blockpool_eviction_samples", "Eviction samples taken.", e.samples.last_seq),
         ):  # fmt: skip
             yield CounterMetricFamily(name, doc, value=value)
+        for name, doc, key in (
+            ("blockpool_requests_admitted",
+             "Requests admitted (on a mirror: the engine's first schedulings).", "admitted"),
+            ("blockpool_requests_refused", "Requests refused for lack of blocks.", "refused"),
+            ("blockpool_requests_finished", "Requests finished.", "finished"),
+        ):  # fmt: skip
+            if reqs[key] is not None:  # absent where not known (a mirror's)
+                yield CounterMetricFamily(name, doc, value=reqs[key])
         kv = CounterMetricFamily(
             "blockpool_kv_events", "KV events emitted, by type.", labels=["type"]
         )

@@ -79,6 +79,7 @@ def headline(engine: Engine) -> dict[str, Any]:
 
 def summary(engine: Engine) -> dict[str, Any]:
     c = engine.counters
+    reqs = engine.request_counts()
     return {
         **headline(engine),
         "groups": list(engine.manager.group_ids),
@@ -93,9 +94,10 @@ def summary(engine: Engine) -> dict[str, Any]:
             "evictions": c.evictions,
             "resets": c.resets,
             "resets_refused": c.resets_refused,
-            "requests_admitted": c.requests_admitted,
-            "requests_refused": c.requests_refused,
-            "requests_finished": c.requests_finished,
+            # on a mirror the engine's (None: not known, requests_reason says why)
+            "requests_admitted": reqs["admitted"],
+            "requests_refused": reqs["refused"],
+            "requests_finished": reqs["finished"],
             "events": dict(c.events),
         },
         "event_log": {

@@ -16,9 +16,15 @@ pytestmark = pytest.mark.anyio
 
 def test_the_queues_follow_vllms_scheduler_moves() -> None:
     q = EngineQueues()
-    assert q.counts() == {"running": None, "waiting": None, "reason": q.unknown_reason}
+    assert q.counts() == {
+        "running": None, "waiting": None, "admitted": None, "finished": None,
+        "refused": None, "reason": q.unknown_reason,
+    }  # fmt: skip
     q.heard(0, 100.0)  # the engine's handshake: no batch made yet
-    assert q.counts() == {"running": 0, "waiting": 0, "reason": None}
+    assert q.counts() == {
+        "running": 0, "waiting": 0, "admitted": 0, "finished": 0, "refused": None,
+        "reason": None,
+    }  # fmt: skip
     q.batch(1, 101.0, [Arrive("a", 101.0, 64, []), Arrive("b", 101.0, 64, [])])
     assert (q.running, q.waiting) == (0, 2)
     q.batch(2, 102.0, [Scheduled("a", 102.0, 0), Scheduled("b", 102.0, 32)])
@@ -31,6 +37,7 @@ def test_the_queues_follow_vllms_scheduler_moves() -> None:
     q.batch(5, 105.0, [Finished("c", 105.0, 64)])  # aborted while waiting
     assert (q.running, q.waiting, q.ended) == (1, 0, 2)
     assert set(q.state) == {"b"}
+    assert (q.counts()["admitted"], q.counts()["finished"]) == (2, 2)
     # the past, from the changes kept
     assert q.at(100.5) == {"running": 0, "waiting": 0, "reason": None}
     assert q.at(103.0) == {"running": 1, "waiting": 2, "reason": None}
@@ -52,7 +59,8 @@ def test_a_mirror_that_joined_late_or_missed_a_batch_does_not_know() -> None:
     assert late.counts()["running"] is None
     late.restart()  # a new run of the engine: it holds nothing of the old one's
     late.batch(1, 12.0, [Arrive("y", 12.0, 32, [])])
-    assert late.counts() == {"running": 0, "waiting": 1, "reason": None}
+    got = late.counts()
+    assert (got["running"], got["waiting"], got["reason"]) == (0, 1, None)
 
     gap = EngineQueues()
     gap.heard(0, 1.0)
@@ -84,12 +92,18 @@ async def test_the_mirror_says_the_engines_running_requests(rig: Rig) -> None:
         summary = await api.ok("GET", "/api/summary")
         assert summary["running_requests"] == held
         assert summary["waiting_requests"] == 0 and summary["requests_reason"] is None
+        counters, theirs = summary["counters"], engine.rt.counters
+        assert counters["requests_admitted"] == theirs.requests_admitted > 0
+        assert counters["requests_finished"] == theirs.requests_finished > 0
+        assert counters["requests_refused"] is None  # vLLM refuses none: not a 0
         rates = await api.ok("GET", "/api/pool/rates")
         assert (rates["requests_running"], rates["requests_waiting"]) == (held, 0)
         text = (await api.get("/metrics")).text
         assert metric(text, "blockpool_engine_num_requests_running") == held
         assert metric(text, "blockpool_engine_num_requests_waiting") == 0
         assert metric(text, "blockpool_engine_requests_known") == 1
+        assert metric(text, "blockpool_requests_admitted_total") == theirs.requests_admitted
+        assert "blockpool_requests_refused_total" not in text
         # no series under a name vLLM's engine exposes beside it
         assert not [x for x in text.splitlines() if x.startswith("vllm:")]
 
@@ -127,6 +141,8 @@ async def test_a_mirror_started_mid_run_says_it_does_not_know(rig: Rig) -> None:
         summary = await api.ok("GET", "/api/summary")
         assert summary["running_requests"] is None and summary["waiting_requests"] is None
         assert "joined the engine" in summary["requests_reason"]
+        assert summary["counters"]["requests_admitted"] is None
+        assert summary["counters"]["requests_finished"] is None
         rates = await api.ok("GET", "/api/pool/rates")
         assert rates["requests_running"] is None and rates["requests_reason"]
         text = (await api.get("/metrics")).text
