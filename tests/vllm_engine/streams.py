@@ -13,7 +13,8 @@ from tests.vllm_engine.engine import block_tokens
 
 class Stream(threading.Thread):
     """A streaming completion of ``max_tokens`` tokens (EOS ignored): ``first``
-    is set at its first chunk (or its failure), ``ids`` the ids the client got."""
+    is set at its first chunk (or its failure), ``ids`` the ids the client got;
+    ``abort`` closes it (the client goes away: vLLM aborts the request)."""
 
     def __init__(self, url: str, n: int, max_tokens: int, blocks: int = 2) -> None:
         super().__init__(daemon=True, name=f"stream-{n}")
@@ -21,6 +22,7 @@ class Stream(threading.Thread):
         self.prompt = [t for b in range(blocks) for t in block_tokens(50_000 + 100 * n + b)]
         self.max_tokens = max_tokens
         self.first = threading.Event()
+        self.stop = threading.Event()
         self.ids: set[str] = set()
         self.chunks = 0
         self.error: BaseException | None = None
@@ -41,6 +43,8 @@ class Stream(threading.Thread):
             ):
                 r.raise_for_status()
                 for line in r.iter_lines():
+                    if self.stop.is_set():
+                        return  # the response closed: the connection with it
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     self.ids.add(json.loads(line[6:])["id"])
@@ -52,8 +56,18 @@ class Stream(threading.Thread):
             self.first.set()
 
 
-def start_streams(url: str, count: int, max_tokens: int) -> list[Stream]:
-    streams = [Stream(url, n, max_tokens) for n in range(count)]
+def abort(streams: list[Stream]) -> None:
+    """Every stream closed by its client, and its thread ended."""
+    for s in streams:
+        s.stop.set()
+    for s in streams:
+        s.join(600)
+        assert not s.is_alive()
+
+
+def start_streams(url: str, count: int, max_tokens: int, first: int = 0) -> list[Stream]:
+    """``count`` streams of distinct prompts (numbered from ``first``)."""
+    streams = [Stream(url, first + n, max_tokens) for n in range(count)]
     for s in streams:
         s.start()
     return streams

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tests.support.wait import eventually
-from tests.vllm_engine.engine import metric_sum
-from tests.vllm_engine.streams import start_streams
+from tests.vllm_engine.engine import block_tokens, metric_sum
+from tests.vllm_engine.streams import Stream, abort, start_streams
 
 pytestmark = pytest.mark.vllm_engine
 
@@ -39,7 +39,7 @@ def test_running_and_waiting_are_the_engines(mirrored: dict[str, Any]) -> None:
     mirror = rig["mirror"].url
     eventually(lambda: client.get(mirror + "/api/mirror").json()["synced"], 240, "a synced mirror")
     assert counts(rig)[1] == (0, 0)  # known (not null) before any request: none
-    before = client.get(mirror + "/api/history").json()["last_seq"]
+    before = mark(rig, 0)
 
     streams = start_streams(rig["engine"].url, STREAMS, max_tokens=900)
     eventually(lambda: sum(s.first.is_set() for s in streams) >= MAX_NUM_SEQS, 240, "4 streaming")
@@ -51,25 +51,60 @@ def test_running_and_waiting_are_the_engines(mirrored: dict[str, Any]) -> None:
         return c if (c[0], c[1]) == expect and c[2] == expect[0] and c == counts(rig) else None
 
     got = eventually(quiescent, 240, "the mirror's counts equal to the engine's")
-    in_flight = [s for s in streams if s.is_alive()]
-    assert len([s for s in in_flight if s.chunks]) == MAX_NUM_SEQS, got  # streaming now
+    streaming = [s for s in streams if s.chunks]
+    assert len(streaming) == MAX_NUM_SEQS and all(s.is_alive() for s in streaming), got
     assert not [s.error for s in streams if s.error is not None]
 
-    for s in streams:
-        s.join(600)
-    assert all(not s.is_alive() and s.error is None and s.chunks > 0 for s in streams)
-    eventually(lambda: counts(rig) == ((0, 0), (0, 0), (0, 0)), 120, "none running")
+    # the clients go away: vLLM aborts the six (running and waiting), gone on both
+    abort(streams)
+    eventually(lambda: counts(rig) == ((0, 0), (0, 0), (0, 0)), 240, "none running")
+    middle = mark(rig, 1)
+    reqs = diff(rig, before, middle)
+    # the six, and the request that marks the end of the span (its last operation)
+    assert len(reqs["ended"]) == STREAMS + 1 and len(reqs["started"]) >= MAX_NUM_SEQS + 1, reqs
+    assert_ids(streaming, reqs["started"])
+    assert_ids(streaming, reqs["ended"])
 
-    after = client.get(mirror + "/api/history").json()["last_seq"]
-    diff = client.get(
-        mirror + "/api/history/diff", params={"from": before, "to": after, "limit": 100}
-    ).json()
-    reqs = diff["requests"]
+    # requests that run to their end: each started and ended once in the diff
+    short = start_streams(rig["engine"].url, MAX_NUM_SEQS, max_tokens=4, first=100)
+    for s in short:
+        s.join(600)
+    assert all(s.error is None and s.chunks > 0 for s in short)
+    eventually(lambda: counts(rig) == ((0, 0), (0, 0), (0, 0)), 240, "none running")
+    after = mark(rig, 2)
+    reqs = diff(rig, middle, after)
+    assert len(reqs["started"]) == len(reqs["ended"]) == MAX_NUM_SEQS + 1, reqs
+    assert_ids(short, reqs["started"])
+    assert_ids(short, reqs["ended"])
+
+
+def mark(rig: dict[str, Any], n: int) -> int:
+    """A one-token request, all of it applied by the mirror: the recorded
+    moment of its last operation (after every record of what came before)."""
+    client, mirror = rig["client"], rig["mirror"].url
+    rig["engine"].complete(client, block_tokens(90_000 + n) + block_tokens(90_100 + n))
+    eventually(lambda: counts(rig) == ((0, 0), (0, 0), (0, 0)), 240, "the mark done")
+    # its records taken, and nothing received left to apply: its operations recorded
+    eventually(lambda: client.get(mirror + "/api/mirror").json()["backlog"] == 0, 240, "applied")
+    seq: int = client.get(mirror + "/api/history").json()["last_seq"]
+    return seq
+
+
+def diff(rig: dict[str, Any], a: int, b: int) -> dict[str, Any]:
+    """The mirror's diff between two recorded moments: its requests part."""
+    got = rig["client"].get(
+        rig["mirror"].url + "/api/history/diff", params={"from": a, "to": b, "limit": 100}
+    )
+    reqs: dict[str, Any] = got.json()["requests"]
     assert reqs["source"] == "engine" and reqs["reason"] is None, reqs
-    assert len(reqs["started"]) == len(reqs["ended"]) == STREAMS, reqs
-    assert reqs["running_from"] == reqs["running_to"] == 0
-    # vLLM's internal ids: the id each client got, and a suffix
-    client_ids = [next(iter(s.ids)) for s in streams]
-    for cid in client_ids:
-        assert len([r for r in reqs["started"] if r.startswith(cid)]) == 1, (cid, reqs)
-        assert len([r for r in reqs["ended"] if r.startswith(cid)]) == 1, (cid, reqs)
+    assert reqs["running_to"] == 0, reqs
+    return reqs
+
+
+def assert_ids(streams: list[Stream], internal: list[str]) -> None:
+    """Each stream's request once in ``internal`` (vLLM's ids: the id the
+    client got, and a suffix)."""
+    for s in streams:
+        assert len(s.ids) == 1, s.ids
+        cid = next(iter(s.ids))
+        assert len([r for r in internal if r.startswith(cid + "-")]) == 1, (cid, internal)

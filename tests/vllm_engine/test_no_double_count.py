@@ -31,7 +31,7 @@ from tests.support.prometheus import (
 )
 from tests.support.wait import eventually
 from tests.vllm_engine.engine import block_tokens, free_port, metric_sum
-from tests.vllm_engine.streams import start_streams
+from tests.vllm_engine.streams import abort, start_streams
 
 pytestmark = pytest.mark.vllm_engine
 
@@ -89,16 +89,15 @@ def test_no_series_double_counts_vllms(mirrored: dict[str, Any], prom: Prometheu
     )
 
     # traffic: four long streams at once, and prompts sharing a prefix (hits)
-    streams = start_streams(engine.url, 4, max_tokens=600)
+    streams = start_streams(engine.url, 4, max_tokens=900, first=200)
     eventually(lambda: all(s.first.is_set() for s in streams), 240, "streaming")
     shared = [t for b in range(3) for t in block_tokens(70_000 + b)]
     for i in range(12):
         engine.complete(client, shared + block_tokens(71_000 + i))
     mid = time.time()
     eventually(lambda: _scraped_since(prom, mid), 60, "a scrape while streaming")
-    assert any(s.is_alive() for s in streams), "the streams ended before a scrape"
-    for s in streams:
-        s.join(600)
+    assert all(s.is_alive() for s in streams), "the streams ended before a scrape"
+    abort(streams)  # the clients go away: vLLM aborts them
     assert all(s.error is None for s in streams)
 
     # after the traffic: the mirror caught up, and scraped so
