@@ -54,6 +54,11 @@ class Regret(Out):
     top_prefixes: list[dict[str, Any]]
     recent: list[dict[str, Any]]
     worker: dict[str, Any] | None
+    requests_reason: str | None = Field(
+        None,
+        description="why owner_request / last_request are null (a mirror is told blocks "
+        "without the requests that made them); null where they are known",
+    )
 
 
 class Shadows(Out):
