@@ -88,12 +88,13 @@ def test_no_series_double_counts_vllms(mirrored: dict[str, Any], prom: Prometheu
         lambda: client.get(mirrored["mirror"].url + "/api/mirror").json()["synced"], 240, "synced"
     )
 
-    # traffic: four long streams at once, and prompts sharing a prefix (hits)
-    streams = start_streams(engine.url, 4, max_tokens=900, first=200)
-    eventually(lambda: all(s.first.is_set() for s in streams), 240, "streaming")
+    # traffic: prompts sharing a prefix (hits, requests that succeed), then
+    # long streams in flight while Prometheus scrapes (running > 0)
     shared = [t for b in range(3) for t in block_tokens(70_000 + b)]
     for i in range(12):
         engine.complete(client, shared + block_tokens(71_000 + i))
+    streams = start_streams(engine.url, 3, max_tokens=900, first=200)
+    eventually(lambda: all(s.first.is_set() for s in streams), 240, "streaming")
     mid = time.time()
     eventually(lambda: _scraped_since(prom, mid), 60, "a scrape while streaming")
     assert all(s.is_alive() for s in streams), "the streams ended before a scrape"
