@@ -158,6 +158,10 @@ class EngineQueues:
             "reason": None,
         }
 
+    def running_ids(self) -> list[str]:
+        """The requests running now, oldest arrival first."""
+        return [rid for rid, st in self.state.items() if st == RUNNING]
+
     def _covers(self, ts: float) -> str | None:
         """Why the changes kept cannot say the state at ``ts`` (None: they can)."""
         if self.unknown_reason is not None:

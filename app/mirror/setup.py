@@ -29,6 +29,7 @@ import zmq
 from app.core.settings import Settings
 from app.mirror.client import MirrorClient
 from app.mirror.guard import ReadOnlyMirror
+from app.mirror.requests import running_page
 from app.mirror.routes import router
 from app.mirror.status import REFUSED_WHY, figures_of
 from blockpool.core.free_order import FREE_ORDERS
@@ -173,6 +174,13 @@ def install(
     engine.request_counts = client.queues.counts  # the engine's requests, or None
     engine.request_history = client.queues
     engine.unknown.update(UNKNOWN)
+    queues, book, bs = client.queues, client.book, engine.settings.block_size
+
+    def listing(offset: int, limit: int) -> dict[str, Any]:
+        known = queues.counts()["running"] is not None
+        return running_page(book, queues.running_ids() if known else None, bs, offset, limit)
+
+    engine.request_listing = listing
     app.state.startup_hooks.append(client.start)
     app.state.shutdown_hooks.append(client.stop)
     app.include_router(router)

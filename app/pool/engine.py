@@ -91,6 +91,8 @@ class Engine:
         # a mirror's: the engine's requests at a past moment and between two
         # (EngineQueues.at / .between); None: the runtime's own requests say it
         self.request_history: Any = None
+        # a mirror's GET /api/requests (offset, limit): the engine's running requests
+        self.request_listing: Callable[[int, int], dict[str, Any]] | None = None
         # figures this service cannot know, by name -> why (a mirror's: UNKNOWN
         # in app/mirror/setup.py); the views say them null with the reason
         self.unknown: dict[str, str] = {}

@@ -371,6 +371,8 @@ def verify(engine: Engine, rid: str) -> dict[str, Any]:
 
 
 def requests(engine: Engine, offset: int, limit: int) -> dict[str, Any]:
+    if engine.request_listing is not None:  # a mirror's: the engine's running requests
+        return engine.request_listing(offset, limit)
     reqs = engine.manager.requests
     items = [
         {

@@ -98,6 +98,15 @@ async def test_the_mirror_says_the_engines_running_requests(rig: Rig) -> None:
         assert counters["requests_refused"] is None  # vLLM refuses none: not a 0
         rates = await api.ok("GET", "/api/pool/rates")
         assert (rates["requests_running"], rates["requests_waiting"]) == (held, 0)
+        # the running panel: the engine's running requests, their prefix hits
+        page = await api.ok("GET", "/api/requests", params={"limit": 1000})
+        assert page["total"] == held and page["reason"]
+        assert {i["request_id"] for i in page["items"]} == set(engine.rt.manager.requests)
+        for item in page["items"]:
+            managed = engine.rt.manager.requests[item["request_id"]]
+            assert item["num_hit_blocks"] == managed.num_hit_blocks
+            assert item["num_prompt_tokens"] == managed.request.num_prompt_tokens
+            assert item["num_tokens"] is None and item["num_blocks"] is None  # not told
         text = (await api.get("/metrics")).text
         assert metric(text, "blockpool_engine_num_requests_running") == held
         assert metric(text, "blockpool_engine_num_requests_waiting") == 0
@@ -145,6 +154,8 @@ async def test_a_mirror_started_mid_run_says_it_does_not_know(rig: Rig) -> None:
         assert summary["counters"]["requests_finished"] is None
         rates = await api.ok("GET", "/api/pool/rates")
         assert rates["requests_running"] is None and rates["requests_reason"]
+        page = await api.ok("GET", "/api/requests")
+        assert page["total"] is None and page["items"] == [] and page["reason"]
         text = (await api.get("/metrics")).text
         assert "blockpool_engine_num_requests_running" not in text  # absent, not 0
         assert metric(text, "blockpool_engine_requests_known") == 0
