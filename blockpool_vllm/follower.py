@@ -8,8 +8,13 @@ and ``flush`` hands the operations since the last flush to a sender as one
 which is how it is tested without vLLM.
 
 Cost on the engine's thread, per scheduler step, is O(what the step did):
-an append per pool call, and at ``flush`` the digest updated over the blocks
-the step named (``PoolDigest``), never a walk over the pool.  A snapshot is
+an append per pool call, never a walk over the pool.  The digest over the
+blocks the step named (``PoolDigest``) is brought up to date at ``flush``,
+or -- ``defer_digest``, what the plugin does -- off the engine's thread:
+``catch_up``, from the sender's thread, reads the pool while the engine is
+between batches (during its forward pass) and throws the reading away when
+a pool call ran meanwhile; the digest then rides on the next batch (or
+beat) for the boundary it was taken at.  A snapshot is
 copied a slice per step (``Capture``), and by the sender's thread while the
 engine is idle.  Nothing here blocks on I/O: a full sender queue drops the
 batch and counts it (the mirror sees the gap and resyncs).  The time each
@@ -21,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from array import array
+from collections import deque
 from collections.abc import Callable
 from time import perf_counter_ns as _now
 from typing import Any
@@ -55,7 +61,58 @@ WRAPPED = (
 UNSUPPORTED_METHODS = ("cache_partial_block", "unpin_blocks", "move_block_hashes")
 COSTS_KEPT = 2048  # the last steps' costs, for the quantiles
 CAPTURE_BUDGET_S = 0.0008  # a step's share of copying a snapshot
-IDLE_AFTER_S = 0.05  # no step for this long: the sender's thread copies instead
+IDLE_AFTER_S = 0.05
+# catch_up lets the engine's thread in every few hundred blocks it reads (a
+# sleep, not sleep(0): a thread releasing the interpreter takes it back at
+# once unless it waits a little); the engine waits ~0.3 ms for it at most
+PAUSE_S = 0.00002  # no step for this long: the sender's thread copies instead
+
+
+# what a usual call leaves in ``PoolFollower.ops`` (a tuple), for ``resolve``
+_ALLOCATE, _FREE, _TOUCH, _CACHE = 0, 1, 2, 3
+_BY_KIND: tuple[type[Allocate] | type[Free] | type[Touch], ...] = (Allocate, Free, Touch)
+
+
+def resolve(entries: list[Any]) -> tuple[list[Op], list[int]]:
+    """The operations of one flush as the wire has them, and the block ids
+    they named (-1: a reset, -2: a call not followed) for the digest.  The
+    usual calls were kept as the blocks they gave (``(kind, blocks)``, or for
+    a cache call ``(_CACHE, window, hashes after, request's hash chain, offset,
+    group)``) and are read here -- off the engine's thread when deferred.  A
+    block's id never changes, and what was kept was copied at the call."""
+    ops: list[Op] = []
+    touched: list[int] = []
+    for e in entries:
+        if e.__class__ is tuple:
+            kind = e[0]
+            if kind == _CACHE:
+                _, window, after, chain, off, group = e
+                ids: list[int] = []
+                hashes: list[bytes] = []
+                first = -1
+                for i, h in enumerate(after):
+                    if h is None:
+                        continue
+                    if first < 0:
+                        first = i
+                    ids.append(window[i].block_id)
+                    hashes.append(bytes(h)[:-4])
+                at = off + first - 1  # the parent's place in the chain kept
+                parent = bytes(chain[at]) if at >= 0 else None
+                ops.append(Cache(int(group), parent, ids, hashes))
+            else:
+                ids = [b.block_id for b in e[1]]
+                ops.append(_BY_KIND[kind](ids))
+            touched.extend(ids)
+        else:
+            ops.append(e)
+            if isinstance(e, Reset):
+                touched.append(-1)
+            elif isinstance(e, Unsupported):
+                touched.append(-2)
+            else:
+                touched.extend(e.ids)
+    return ops, touched
 
 
 class PoolFollower:
@@ -67,15 +124,20 @@ class PoolFollower:
         digest_every: int = 1,
         stats: Callable[[], tuple[int, int, int]] | None = None,
         boot: str = "",
+        defer_digest: bool = False,
     ) -> None:
         self.pool = pool
+        self.defer_digest = defer_digest
         self.offer = offer  # hands a batch to the sender; False: dropped
         self.digest_every = max(1, digest_every)
         self.stats = stats or (lambda: (0, 0, 0))
         self.boot = boot
-        self.ops: list[Op] = []
+        # the calls since the last flush: typed operations, or (for the usual
+        # calls) what ``resolve`` turns into them -- the blocks, not their ids
+        self.ops: list[Any] = []
         self.requests: list[Record] = []
-        self.touched: list[int] = []  # block ids the calls since the last flush named
+        # a batch's reset or unsupported call: its digest is taken at its flush
+        self._sync_due = False
         self.op_count = 0  # operations recorded since the start
         self.first_op = 0  # the index of self.ops[0]
         self.seq = 0  # batches made
@@ -88,6 +150,14 @@ class PoolFollower:
         self.costs = array("d", bytes(8 * COSTS_KEPT))  # µs per step, a ring
         self.cost_max_us = 0.0
         self.digest = PoolDigest(pool)  # O(pool), once, at start
+        self.digest_ops = 0  # the digest is of the pool after this many operations
+        self.flushed_ops = 0  # operations up to the last flush (a batch boundary)
+        self.pending: list[list[int]] = []  # deferred: flushed blocks not in the digest yet
+        self.verified: Digest | None = None  # deferred: taken off the engine's thread
+        self.inflight: deque[Batch] = deque()  # deferred: offered, not prepared by the sender yet
+        self.digests_taken = 0  # deferred digests taken by catch_up
+        self.digests_discarded = 0  # ... and readings thrown away (the engine moved)
+        self._digest_lock = threading.Lock()  # catch_up vs. the engine's own update
         # snapshots: asked for by the sender (any thread), copied here
         self.want_snapshot = False
         self.capture: Capture | None = None
@@ -102,7 +172,6 @@ class PoolFollower:
     def _wrap(self) -> None:
         pool = self.pool
         ops = self.ops
-        touched = self.touched
         lock = self._lock
         # the originals, in the order of WRAPPED
         get_new_blocks, free_blocks, touch, cache_full_blocks, evict_blocks, reset_prefix_cache = (
@@ -122,9 +191,7 @@ class PoolFollower:
                     ret = get_new_blocks(num_blocks)
                 t = _now()
                 if ret:
-                    ids = [b.block_id for b in ret]
-                    ops.append(Allocate(ids))
-                    touched.extend(ids)
+                    ops.append((_ALLOCATE, ret[:]))  # ids read later (resolve)
                     self.op_count += 1
                 self._step_ns += _now() - t
                 return ret
@@ -145,9 +212,7 @@ class PoolFollower:
                     free_blocks(blocks)
                 t = _now()
                 if blocks:
-                    ids = [b.block_id for b in blocks]
-                    ops.append(Free(ids))
-                    touched.extend(ids)
+                    ops.append((_FREE, blocks))
                     self.op_count += 1
                 self._step_ns += _now() - t
             finally:
@@ -167,9 +232,7 @@ class PoolFollower:
                     touch(blocks)
                 t = _now()
                 if blocks:
-                    ids = [b.block_id for b in blocks]
-                    ops.append(Touch(ids))
-                    touched.extend(ids)
+                    ops.append((_TOUCH, blocks))
                     self.op_count += 1
                 self._step_ns += _now() - t
             finally:
@@ -203,30 +266,19 @@ class PoolFollower:
                 else:
                     cache_full_blocks(*args, kv_cache_group_id, *rest, **kw)
                 t = _now()
-                ids: list[int] = []
-                hashes: list[bytes] = []
-                first = -1
-                for i, (blk, old) in enumerate(zip(window, before, strict=True)):
-                    new_hash = blk.block_hash
-                    if new_hash is None or new_hash == old:
-                        continue
-                    if old is not None:
-                        self._unsupported("a cached block re-hashed (partial-block caching)")
-                        return
-                    if first < 0:
-                        first = num_cached_blocks + i
-                    ids.append(blk.block_id)
-                    hashes.append(bytes(new_hash)[:-4])
-                if ids:
-                    parent = None
-                    if first > 0:
-                        if block_size != hash_block_size:
-                            self._unsupported("a group whose block size is not the hash block size")
-                            return
-                        parent = bytes(request.block_hashes[first - 1])
-                    ops.append(Cache(int(kv_cache_group_id), parent, ids, hashes))
-                    touched.extend(ids)
+                after = [b.block_hash for b in window]
+                n_new = len(after) - after.count(None)
+                if n_new and before.count(None) == len(before) and block_size == hash_block_size:
+                    # the usual call: blocks hashed for the first time (resolve reads the rest)
+                    start = num_cached_blocks - 1 if num_cached_blocks > 0 else 0
+                    chain = request.block_hashes[start:num_full_blocks]
+                    off, group = num_cached_blocks - start, kv_cache_group_id
+                    ops.append((_CACHE, window, after, chain, off, group))
                     self.op_count += 1
+                elif n_new:
+                    self._cache_slowly(
+                        request, window, before, num_cached_blocks, block_size, kv_cache_group_id
+                    )
                 self._step_ns += _now() - t
             finally:
                 self.epoch += 1
@@ -245,7 +297,6 @@ class PoolFollower:
                     evict_blocks(arg)
                 if ids:
                     ops.append(Evict(ids))
-                    touched.extend(ids)
                     self.op_count += 1
             finally:
                 self.epoch += 1
@@ -257,7 +308,7 @@ class PoolFollower:
                 if done:
                     self._abandon_capture()
                     ops.append(Reset())
-                    touched.append(-1)
+                    self._sync_due = True
                     self.op_count += 1
                 return done
             finally:
@@ -278,6 +329,41 @@ class PoolFollower:
             if original is not None:
                 setattr(pool, name, self._flagging(name, original))
 
+    def _cache_slowly(
+        self,
+        request: Any,
+        window: list[Any],
+        before: list[Any],
+        num_cached_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+    ) -> None:
+        """A cache call over blocks some of which held a hash already (or a
+        group whose block size is not the hash block size): read at once."""
+        ids: list[int] = []
+        hashes: list[bytes] = []
+        first = -1
+        for i, (blk, old) in enumerate(zip(window, before, strict=True)):
+            new_hash = blk.block_hash
+            if new_hash is None or new_hash == old:
+                continue
+            if old is not None:
+                self._unsupported("a cached block re-hashed (partial-block caching)")
+                return
+            if first < 0:
+                first = num_cached_blocks + i
+            ids.append(blk.block_id)
+            hashes.append(bytes(new_hash)[:-4])
+        if ids:
+            parent = None
+            if first > 0:
+                if block_size != self.pool.hash_block_size:
+                    self._unsupported("a group whose block size is not the hash block size")
+                    return
+                parent = bytes(request.block_hashes[first - 1])
+            self.ops.append(Cache(int(kv_cache_group_id), parent, ids, hashes))
+            self.op_count += 1
+
     def _flagging(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kw: Any) -> Any:
             self.epoch += 1
@@ -294,7 +380,7 @@ class PoolFollower:
             self.problems.append(what)
         self._abandon_capture()
         self.ops.append(Unsupported(what[:2000]))
-        self.touched.append(-2)
+        self._sync_due = True
         self.op_count += 1
 
     def _abandon_capture(self) -> None:
@@ -332,7 +418,72 @@ class PoolFollower:
         return batch
 
     def _batch(self, force_digest: bool) -> Batch:
-        touched = self.touched
+        raw = self.ops[:]
+        self.ops.clear()
+        self.flushed_ops = self.op_count
+        self.step += 1
+        self.seq += 1
+        deferred = self.defer_digest and not force_digest and not self._sync_due
+        digest = None
+        if deferred:  # the operations and the digest: the sender's thread (prepare, catch_up)
+            digest, self.verified = self.verified, None
+            ops = raw
+        else:
+            ops, touched = resolve(raw)
+            with self._digest_lock:
+                for queued in list(self.inflight):  # not prepared yet: their blocks too
+                    touched.extend(resolve(queued.ops)[1])
+                self._update_digest(touched)
+            self._sync_due = False
+            if force_digest or self.step % self.digest_every == 0 or self.defer_digest:
+                digest = Digest(self.op_count, self.digest.value)
+        batch = Batch(
+            seq=self.seq,
+            step=self.step,
+            ts=time.time(),
+            first_op=self.first_op,
+            ops=ops,
+            requests=self.requests[:],
+            stats=self.stats(),
+            drops=self.drops,
+            digest=digest,
+            boot=self.boot,
+        )
+        self.requests.clear()
+        self.first_op = self.op_count
+        if deferred:
+            self.inflight.append(batch)
+        if not self.offer(batch):
+            self.drops += 1
+            if deferred:  # never prepared by the sender: its blocks are read here
+                batch.ops, touched = resolve(batch.ops)
+                if touched:
+                    self.pending.append(touched)
+                self.inflight.pop()
+        return batch
+
+    def prepare(self, batch: Batch) -> Batch:
+        """The sender's thread, before it sends ``batch``: its operations as
+        the wire has them (ids and hashes read from the blocks the calls
+        gave), and their blocks handed to the digest's catch_up."""
+        inflight = self.inflight
+        if inflight and inflight[0] is batch:
+            try:
+                batch.ops, touched = resolve(batch.ops)
+            except Exception:  # never expected: the engine's next flush re-reads every block
+                touched = [-2]
+                self._sync_due = True
+            if touched:
+                self.pending.append(touched)  # first: catch_up waits for no batch in flight
+            inflight.popleft()
+        return batch
+
+    def _update_digest(self, touched: list[int]) -> None:
+        """The digest brought up to date on this thread (the engine's), over
+        the blocks of the batches the sender's thread had not read yet too."""
+        for ids in self.pending:
+            touched.extend(ids)
+        self.pending.clear()
         if touched:
             if -2 in touched:  # something not followed: every block re-read
                 self.digest.refresh()
@@ -341,30 +492,54 @@ class PoolFollower:
                 self.digest.after_reset()  # (after: update reads the old links)
             else:
                 self.digest.update(touched)
-            touched.clear()
-        self.step += 1
-        self.seq += 1
-        digest = None
-        if force_digest or self.step % self.digest_every == 0:
-            digest = Digest(self.op_count, self.digest.value)
-        batch = Batch(
-            seq=self.seq,
-            step=self.step,
-            ts=time.time(),
-            first_op=self.first_op,
-            ops=self.ops[:],
-            requests=self.requests[:],
-            stats=self.stats(),
-            drops=self.drops,
-            digest=digest,
-            boot=self.boot,
-        )
-        self.ops.clear()
-        self.requests.clear()
-        self.first_op = self.op_count
-        if not self.offer(batch):
-            self.drops += 1
-        return batch
+        self.digest_ops = self.op_count
+
+    # ------------------------------------------------ the deferred digest
+
+    def catch_up(self) -> bool:
+        """From the sender's thread (``defer_digest``): the digest brought up
+        to the last flush, if the engine is between batches -- no pool call
+        running, none since the flush -- and stays so while the pool is read;
+        else nothing changes (False).  The digest taken rides on the next
+        batch; a snapshot asked for starts here, at the same boundary."""
+        if not self.pending:
+            return False
+        with self._digest_lock:
+            e0 = self.epoch
+            target = self.flushed_ops
+            if e0 & 1 or self.op_count != target or self.inflight or not self.pending:
+                return False
+            n = len(self.pending)
+            ids = [i for part in self.pending[:n] for i in part]
+            if -2 in ids:  # every block to re-read: the engine's next flush does it
+                return False
+
+            def pause() -> bool:  # the engine may want the interpreter: let it in
+                time.sleep(PAUSE_S)
+                return self.epoch == e0
+
+            try:
+                staged = self.digest.stage(ids, pause)
+            except Exception:  # the engine moved (Interrupted), or the pool changed under it
+                staged = None
+            if staged is None or self.epoch != e0 or self.op_count != target:
+                self.digests_discarded += 1
+                return False
+            self.digest.commit(staged)
+            del self.pending[:n]
+            self.digest_ops = target
+            self.verified = Digest(target, self.digest.value)
+            self.digests_taken += 1
+        if self.want_snapshot:
+            self._start_capture_between_steps()
+        return True
+
+    def latest_digest(self) -> Digest | None:
+        """The newest digest and the boundary it is of (for a beat)."""
+        with self._digest_lock:
+            if self.digest_ops != self.flushed_ops or self.pending or self.inflight:
+                return None  # the engine moved since: the next catch_up has it
+            return Digest(self.digest_ops, self.digest.value)
 
     def cost_quantiles(self) -> tuple[float, float, float] | None:
         """The follower's time per step on the engine's thread (µs): p50 and
@@ -379,8 +554,8 @@ class PoolFollower:
 
     def _start_capture(self) -> Capture | None:
         """A copy of the pool as it is now (between steps: no pending call)."""
-        if self.ops or self.touched:
-            return None
+        if self.ops or self.digest_ops != self.op_count:
+            return None  # mid-step, or the digest is not of this moment yet
         return Capture(
             self.pool,
             ops=self.op_count,
@@ -410,6 +585,9 @@ class PoolFollower:
         calls recorded since the last flush are flushed first)."""
         if self.ops or self.requests:
             self._batch(False)
+        with self._digest_lock:
+            touched = [i for queued in list(self.inflight) for i in resolve(queued.ops)[1]]
+            self._update_digest(touched)
         cap = self._start_capture()
         assert cap is not None
         cap.advance(float("inf"))
@@ -425,24 +603,37 @@ class PoolFollower:
             return done.snapshot(self.problems)
         if self.capture is None:
             self.want_snapshot = True
+            if self.defer_digest:
+                self.catch_up()  # between steps: the digest, then the copy, start here
         if time.monotonic() - self.last_flush < IDLE_AFTER_S or self.epoch & 1:
             return None
+        if (
+            self.capture is None
+            and self.captured is None
+            and not self._start_capture_between_steps()
+        ):
+            return None
         with self._lock:
-            if self.epoch & 1:
-                return None
-            if self.capture is None and self.captured is None:
-                e0 = self.epoch
-                cap = self._start_capture()
-                if cap is None:
-                    return None
-                self.capture = cap
-                if self.epoch != e0:  # a call began meanwhile: it may not have seen it
-                    self.capture = None
-                    return None
-                self.want_snapshot = False
             cap = self.capture
             if cap is not None:
                 cap.advance(0.002)
                 if cap.done:
                     self.captured, self.capture = cap, None
         return None
+
+    def _start_capture_between_steps(self) -> bool:
+        """From the sender's thread: a copy started now, if no pool call runs
+        (one that begins meanwhile may not have seen it: undone)."""
+        with self._digest_lock, self._lock:
+            if self.epoch & 1 or self.capture is not None or self.captured is not None:
+                return False
+            e0 = self.epoch
+            cap = self._start_capture()
+            if cap is None:
+                return False
+            self.capture = cap
+            if self.epoch != e0:
+                self.capture = None
+                return False
+            self.want_snapshot = False
+            return True

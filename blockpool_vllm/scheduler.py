@@ -15,7 +15,11 @@ Environment (read here, in the engine, never by blockpool's library):
   advised; ``*`` binds every interface)
 * ``BLOCKPOOL_MIRROR_CONTROL``    the snapshot endpoint (default: the next port)
 * ``BLOCKPOOL_MIRROR_DIGEST_EVERY``  the pool's digest on every Nth batch (1: each;
-  it costs O(blocks the step touched))
+  it costs O(blocks the step touched)); only with the next set to 0
+* ``BLOCKPOOL_MIRROR_DEFER_DIGEST``  1 (the default): the digest is taken off the
+  engine's thread, by the sender's while the engine is between batches (its
+  forward pass), and rides on the next batch or beat; 0: on the engine's
+  thread at every flush
 * ``BLOCKPOOL_MIRROR_QUEUE``      batches queued for the sender before drops (4096)
 * ``BLOCKPOOL_MIRROR_NAME``       the engine's name in the handshake
 * ``BLOCKPOOL_MIRROR_TOKEN_FILE`` a file whose first line (16 characters or more)
@@ -162,6 +166,8 @@ class _Mirrored:
             digest_every=int(os.environ.get("BLOCKPOOL_MIRROR_DIGEST_EVERY", "1")),
             boot=boot,
             stats=lambda: (totals[0], totals[1], totals[2]),
+            # the digest off the engine's thread (0: on it, at each flush)
+            defer_digest=os.environ.get("BLOCKPOOL_MIRROR_DEFER_DIGEST", "1") != "0",
         )
         free = mgr.free
 
@@ -225,6 +231,9 @@ class _Mirrored:
             follower.stats,
             lambda: (follower.step, follower.cost_ns),
             cost_us=follower.cost_quantiles,
+            digest=follower.latest_digest,
+            background=follower.catch_up,
+            prepare=follower.prepare,
             control_endpoint=control,
             key=key,
             max_queue=int(os.environ.get("BLOCKPOOL_MIRROR_QUEUE", "4096")),

@@ -108,6 +108,9 @@ class Sender:
         cost: Callable[[], tuple[int, int]] = lambda: (0, 0),
         *,
         cost_us: Callable[[], tuple[float, float, float] | None] = lambda: None,
+        digest: Callable[[], wire.Digest | None] = lambda: None,
+        background: Callable[[], object] = lambda: None,
+        prepare: Callable[[wire.Batch], wire.Batch] = lambda b: b,
         control_endpoint: str | None = None,
         key: StreamKey | None = None,
         max_queue: int = 4096,
@@ -125,6 +128,9 @@ class Sender:
         self._stats = stats
         self._cost = cost  # (steps, ns): the follower's own cost on the engine's thread
         self._cost_us = cost_us  # its p50, p99, max per step (µs)
+        self._digest = digest  # the engine's newest digest, for a beat
+        self._background = background  # the follower's work off the engine's thread
+        self._prepare = prepare  # a batch's operations read from the blocks (the follower)
         self._key = key
         self._hwm = hwm
         self.retry_s = retry_s
@@ -228,6 +234,7 @@ class Sender:
             restarts=self.restarts,
             bad_requests=self.bad_requests,
             boot=self._hello().boot,  # the run of the plugin (a mirror drops others')
+            digest=self._digest(),
         )
 
     def _handled(self, batch: wire.Batch) -> None:
@@ -377,6 +384,7 @@ class Sender:
             else:
                 self._send_batches(pub, item)
                 self._last_sent = time.monotonic()
+            self._background()  # the engine is likely in its forward pass now
             if time.monotonic() - self._last_sent >= BEAT_EVERY_S:
                 self._last_sent = time.monotonic()
                 self._publish(pub, self.beat())
@@ -390,7 +398,7 @@ class Sender:
             if item is None:
                 raise _Stop
             try:
-                self._publish(pub, item)
+                self._publish(pub, self._prepare(item))
             except BaseException:
                 self.dropped += 1  # this batch is lost (the mirror sees the gap)
                 self._handled(item)

@@ -96,6 +96,7 @@ class MirrorClient:
         self.book = RequestBook()
         self.queues = EngineQueues()  # the engine's running and waiting requests
         self.applier = MirrorApplier(engine.runtime)
+        self._beat_digest: wire.Digest | None = None  # the last beat's, checked
         host = engine.analysis  # its eviction memory where it is inline, else one of its own
         self.misses = EngineMisses.observing(engine.runtime, host.inline if host else None)
         if host is not None:  # the dashboard's miss reasons are the engine's requests'
@@ -285,6 +286,9 @@ class MirrorClient:
             elif isinstance(msg, wire.Beat):
                 self.queues.heard(msg.seq, msg.ts)
                 self._beat(msg)
+                d = msg.digest
+                if d is not None and self.applier.synced and d != self._beat_digest:
+                    await self._check_beat_digest(d)
             else:
                 st.bad_messages += 1
         if batches:
@@ -384,9 +388,27 @@ class MirrorClient:
         if self.applier.synced and beat.ops > self.applier.next_op:
             self._lost(f"the engine is at operation {beat.ops}, the mirror {self.applier.next_op}")
 
+    async def _check_beat_digest(self, d: wire.Digest) -> None:
+        """An idle engine's digest (a busy one's ride on its batches), checked
+        by the writer against the mirror's own at the same boundary."""
+        st = self.status
+        try:
+            checked = await self.engine.submit(lambda: self.applier.check_digest(d))
+        except Divergence as exc:
+            st.divergences += 1
+            st.problem(str(exc))
+            self._unsync()
+            logger.warning("mirror: %s; resyncing", exc)
+            return
+        if checked:
+            self._beat_digest = d  # the same one, beat after beat, is checked once
+            st.digests_checked += 1
+            st.digests_checked_since_sync += 1
+
     def _unsync(self) -> None:
         """The runtime is no longer the engine's: the next turn asks for a snapshot."""
         self.applier.synced = False
+        self._beat_digest = None
         self.status.lost()
 
     def _lost(self, why: str) -> None:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.trace import planner
+from app.trace import cli_fleet, planner
 from app.trace.cli_sched import add_scheduler_arguments, scheduler_lines, timed_config
 from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS
 from blockpool.core.hashing import HASH_FUNCTIONS
@@ -58,6 +58,7 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--no-progress", dest="progress", action="store_false")
     add_scheduler_arguments(t)
     planner.add_planner_args(t)
+    cli_fleet.add_fleet_args(t)
 
 
 def add_serve_flags(s: argparse.ArgumentParser) -> None:
@@ -105,6 +106,8 @@ def render(report: TraceReport, path: str, plan: planner.Plan | None = None) -> 
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.replicas is not None:
+        return cli_fleet.main(args)
     try:
         layout = planner.layout_of(args)
         groups = planner.groups_of(layout, args.block_size)

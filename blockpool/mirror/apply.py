@@ -12,6 +12,7 @@ Synchronous and single-threaded: the service calls it from its one writer.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -25,6 +26,8 @@ from blockpool.runtime.config import UNCAPPED
 from blockpool.runtime.errors import Conflict, OperationError
 from blockpool.runtime.ops import AllocateOp, CacheOp, EvictOp, FreeOp, ResetOp, TouchOp
 from blockpool.runtime.runtime import PoolRuntime
+
+BOUNDARIES_KEPT = 4096  # batch boundaries whose digest the mirror keeps
 
 
 class Divergence(Conflict):
@@ -55,6 +58,9 @@ class MirrorApplier:
     def __init__(self, rt: PoolRuntime) -> None:
         self.rt = rt
         self.digest = PoolDigest(rt.pool)  # the mirror's own, kept as operations apply
+        # its digest at the last batch boundaries (operations -> digest): the
+        # engine takes its own off its thread and sends it a batch or two later
+        self.boundaries: OrderedDict[int, str] = OrderedDict()
         self.next_op = 0  # the index of the next operation to apply
         self.synced = False  # a snapshot (or the start) fixed next_op
         # hash -> its parent's hash (None: a first block), from the cache
@@ -102,14 +108,28 @@ class MirrorApplier:
         finally:
             self._follow(touched)
         self.set_stats(batch.stats)
-        checked = False
+        self._boundary()
         d = batch.digest
-        if d is not None and d.ops == self.next_op:
-            mine = self.digest.value
-            if mine != d.value:
-                raise Divergence(f"digest after {d.ops} operations differs from the engine's")
-            checked = True
-        return Applied(len(ops), checked)
+        return Applied(len(ops), d is not None and self.check_digest(d))
+
+    def _boundary(self) -> None:
+        """The digest at this batch boundary, kept a while."""
+        b = self.boundaries
+        b[self.next_op] = self.digest.value
+        b.move_to_end(self.next_op)
+        while len(b) > BOUNDARIES_KEPT:
+            b.popitem(last=False)
+
+    def check_digest(self, d: wire.Digest) -> bool:
+        """The engine's digest after ``d.ops`` operations against the mirror's
+        own then (Divergence when they differ); False when the mirror has no
+        digest of that boundary (one before its last sync, or too old)."""
+        mine = self.boundaries.get(d.ops)
+        if mine is None:
+            return False
+        if mine != d.value:
+            raise Divergence(f"digest after {d.ops} operations differs from the engine's")
+        return True
 
     def set_stats(self, stats: tuple[int, int, int]) -> None:
         self.rt.manager.stats = PrefixCacheStats(*stats)
@@ -195,3 +215,5 @@ class MirrorApplier:
         self.digest.refresh()
         self.next_op = snap.ops
         self.synced = True
+        self.boundaries.clear()  # digests of before the snapshot prove nothing now
+        self._boundary()

@@ -29,9 +29,9 @@ queue's sentinels have block id -1), the map's ``_cache``.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import compress
-from typing import Any
+from typing import Any, NamedTuple
 
 MASK = (1 << 64) - 1
 NOT_QUEUED = -2
@@ -40,6 +40,23 @@ NOT_QUEUED = -2
 # say theirs in the handshake (``SCHEME``) and compare digests only when equal.
 SCHEME = f"tuplehash-v1:{hash((1, -2, 3, 1 << 70, -(1 << 65))) & MASK:x}"
 _from_bytes = int.from_bytes
+_REFRESH_CHUNK = 65_536
+PAUSE_EVERY = 256  # blocks read between two calls of stage's pause
+
+
+class Interrupted(Exception):
+    """A staged reading stopped by its pause (the pool may have changed)."""
+
+
+# one block as staged: (id, value, prev, next, key)
+Row = tuple[int, int, int, int, "bytes | None"]
+
+
+class Staged(NamedTuple):
+    """What ``PoolDigest.stage`` read: the blocks' rows and the new total."""
+
+    rows: list[Row]
+    total: int
 
 
 def _link(b: Any) -> int:
@@ -106,32 +123,67 @@ class PoolDigest:
 
     def refresh(self) -> None:
         """Every block re-read (after a reset, a restore: O(pool))."""
-        self.total = len(self.pool.blocks)
-        self.values[0] = 0
-        self._reread(range(1, len(self.pool.blocks)), full=True)
+        n = len(self.pool.blocks)
+        self.total = n
+        self.values[:] = array("Q", bytes(8 * len(self.values)))  # none counted yet
+        for lo in range(1, n, _REFRESH_CHUNK):
+            rows: list[Row] = []
+            total = self._read_rows(range(lo, min(n, lo + _REFRESH_CHUNK)), self.total, rows)
+            self.commit(Staged(rows, total))
 
     def after_reset(self) -> None:
         """A prefix-cache reset cleared every hash and moved no block: the
         blocks that held a hash are re-read (a C-speed scan finds them)."""
-        self._reread(list(compress(range(len(self.keys)), self.keys)))
+        rows: list[Row] = []
+        total = self._read_rows(list(compress(range(len(self.keys)), self.keys)), self.total, rows)
+        self.commit(Staged(rows, total))
 
     def update(self, ids: Iterable[int]) -> None:
-        """The blocks named by the pool calls since the last update changed:
-        re-read them, then the blocks whose links to them changed (their
+        """The blocks named by the pool calls since the last update changed
+        (see ``stage``): the digest brought up to date."""
+        self.commit(self.stage(ids))
+
+    def commit(self, staged: Staged) -> None:
+        """Take what ``stage`` read (nothing read it since: see ``stage``)."""
+        values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
+        for bid, v, prev, nxt, key in staged.rows:
+            values[bid] = v
+            sprev[bid] = prev
+            snext[bid] = nxt
+            skeys[bid] = key
+        self.total = staged.total
+
+    def stage(self, ids: Iterable[int], pause: Callable[[], bool] | None = None) -> Staged:
+        """Read what the blocks named by the pool calls since the last update
+        are now -- them, then the blocks whose links to them changed (their
         neighbours in the queue before and after, where a link differs) and
-        the other blocks under a key they left or share."""
+        the other blocks under a key they left or share -- without changing
+        this digest: ``commit`` takes the result.  So another thread can read
+        while the pool may change under it, and throw the result away when
+        it did (``blockpool_vllm``'s follower, off the engine's thread).
+        ``pause``, called every ``PAUSE_EVERY`` blocks, may let the pool's
+        owner run and says whether to go on (else ``Interrupted``)."""
         blocks = self.pool.blocks
         n = len(blocks)
         cache = self.pool.cached_block_hash_to_block._cache
         values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
         total = self.total
+        rows: list[Row] = []
+        add = rows.append
         done: set[int] = set()
         more: list[int] = []
         keys: list[bytes] = []
+        left = PAUSE_EVERY
         for bid in ids:
             if bid in done or not 0 < bid < n:
                 continue
             done.add(bid)
+            if pause is not None:
+                left -= 1
+                if not left:
+                    left = PAUSE_EVERY
+                    if not pause():
+                        raise Interrupted
             b = blocks[bid]
             p, x = b.prev_free_block, b.next_free_block
             prev = NOT_QUEUED if p is None else p.block_id
@@ -168,11 +220,7 @@ class PoolDigest:
                 keys.append(okey)  # a key it left: the blocks after it moved up
             v &= MASK
             total += v - values[bid]
-            values[bid] = v
-            sprev[bid] = prev
-            snext[bid] = nxt
-            skeys[bid] = key
-        self.total = total & MASK
+            add((bid, v, prev, nxt, key))
         for key in keys:
             e = cache.get(key)
             if e is None:
@@ -182,17 +230,32 @@ class PoolDigest:
             else:
                 more.append(e.block_id)
         if more:
-            self._reread({bid for bid in more if bid not in done})
+            total = self._read_rows({bid for bid in more if bid not in done}, total, rows, pause)
+        return Staged(rows, total & MASK)
 
-    def _reread(self, ids: Iterable[int], full: bool = False) -> None:
-        """Re-read blocks (the hot loop: block_value and _read, inlined)."""
+    def _read_rows(
+        self,
+        ids: Iterable[int],
+        total: int,
+        rows: list[Row],
+        pause: Callable[[], bool] | None = None,
+    ) -> int:
+        """Read blocks into ``rows`` (the hot loop: block_value and _read,
+        inlined); the total with their new values instead of their old."""
         blocks = self.pool.blocks
         cache = self.pool.cached_block_hash_to_block._cache
-        values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
-        total = self.total
+        values = self.values
+        add = rows.append
+        left = PAUSE_EVERY
         for bid in ids:
             if bid <= 0:
                 continue
+            if pause is not None:
+                left -= 1
+                if not left:
+                    left = PAUSE_EVERY
+                    if not pause():
+                        raise Interrupted
             b = blocks[bid]
             p, x = b.prev_free_block, b.next_free_block
             prev = NOT_QUEUED if p is None else p.block_id
@@ -212,11 +275,6 @@ class PoolDigest:
                     pos = -1
                 v = hash((bid, b.ref_cnt, prev, nxt, pos, _from_bytes(key, "little")))
             v &= MASK
-            if not full:
-                total -= values[bid]
-            total += v
-            values[bid] = v
-            sprev[bid] = prev
-            snext[bid] = nxt
-            skeys[bid] = key
-        self.total = total & MASK
+            total += v - values[bid]
+            add((bid, v, prev, nxt, key))
+        return total & MASK

@@ -36,7 +36,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-PROTOCOL = 2
+PROTOCOL = 3
 TOPIC = b"blockpool-mirror"
 # Sizes in bytes, per message kind: a step's batch, a request to the control
 # socket, a snapshot (only ever read from the engine's control socket).
@@ -211,6 +211,9 @@ class Beat(msgspec.Struct, tag="beat"):
     cost_us: tuple[float, float, float] | None = None
     restarts: Count = 0
     bad_requests: Count = 0
+    # the engine's newest digest and the batch boundary it is of (an idle
+    # engine's proof; a busy one's rides on its batches)
+    digest: Digest | None = None
 
 
 class Snapshot(msgspec.Struct, tag="snapshot"):

@@ -41,6 +41,7 @@ class FollowedEngine:
         num_blocks: int = 64,
         free_order: str = "append_all",
         send: Callable[[Batch], bool] | None = None,
+        defer_digest: bool = False,
     ) -> None:
         self.rt = PoolRuntime(config(num_blocks, free_order))
         self.batches: list[Batch] = []
@@ -53,7 +54,7 @@ class FollowedEngine:
                 return False
             if self.send is not None:
                 return self.send(b)
-            self.batches.append(b)
+            self.batches.append(self.follower.prepare(b))  # what the sender's thread does
             return True
 
         self.follower = PoolFollower(
@@ -61,6 +62,7 @@ class FollowedEngine:
             offer,
             digest_every=1,
             stats=lambda: (st.stats.requests, st.stats.queries, st.stats.hits),
+            defer_digest=defer_digest,
         )
         self.rng = random.Random(7)
         self.prefixes = [[self.rng.randrange(1000) for _ in range(BLOCK * 3)] for _ in range(4)]

@@ -1,0 +1,110 @@
+"""Sequence mode over a fleet: each request routed, then replayed on its
+replica's own exact pool (a :class:`~blockpool.trace.sequence.SequenceDriver`
+over a real ``BlockPool``, the single-pool replay's code).
+
+The router looks at the replicas' real pools just before the request runs
+(``cached_blocks`` walks ``get_cached_block`` as the replay's lookup will).
+``assignment[i]`` is the replica of request ``i``, ``hits[i]`` its hit
+blocks there (-1: refused), for checks and for a per-request view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from blockpool.core.admission import cdiv, hit_limit
+from blockpool.core.block_hasher import get_request_block_hasher
+from blockpool.core.free_order import APPEND_ALL, FreeOrder
+from blockpool.core.hashing import BlockHash, HashFn
+from blockpool.trace.fleet.routers import Router
+from blockpool.trace.keys import make_request
+from blockpool.trace.reader import Trace
+from blockpool.trace.results import CapacityResult
+from blockpool.trace.sequence import SequenceDriver, make_pool, unbounded_blocks
+from blockpool.trace.sequence_groups import GroupRequest
+
+
+class SequenceReplica:
+    """One replica: its pool, its driver, and the prompt blocks routed to it."""
+
+    def __init__(self, driver: SequenceDriver, floor: list[int]) -> None:
+        self.driver = driver
+        self.floor = floor  # shared: the fewest prompt blocks routed to any replica
+        self.routed_blocks = 0
+        self.routed_requests = 0
+        self.routed_tokens = 0
+        self._gids = [0]
+
+    def cached_blocks(self, hashes: Sequence[BlockHash], max_hit: int) -> int:
+        get = self.driver.pool.get_cached_block
+        gids = self._gids
+        k = 0
+        while k < max_hit and get(hashes[k], gids) is not None:
+            k += 1
+        return k
+
+    @property
+    def load_blocks(self) -> int:
+        return self.routed_blocks - self.floor[0]
+
+    @property
+    def in_flight(self) -> int:
+        return self.load_blocks
+
+
+class FleetSequence:
+    """``replicas`` pools of ``blocks`` each (None: never evicts) behind ``router``."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        block_size: int,
+        replicas: int,
+        blocks: int | None,
+        hash_fn: HashFn,
+        router: Router,
+        free_order: FreeOrder = APPEND_ALL,
+        capacity_tokens: int | None = None,
+    ) -> None:
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        self.trace = trace
+        self.block_size = block_size
+        self.hash_fn = hash_fn
+        self.router = router
+        n = blocks if blocks is not None else unbounded_blocks(trace, block_size)
+        self.replicas: list[SequenceReplica] = []
+        self.floor = [0]
+        for _ in range(replicas):
+            pool = make_pool(n, block_size, free_order)
+            res = CapacityResult(capacity_tokens, blocks)
+            self.replicas.append(SequenceReplica(SequenceDriver(pool, block_size, res), self.floor))
+        self.assignment: list[int] = []
+        self.hits: list[int] = []
+
+    def run(self, progress: Callable[[int, int], None] | None = None) -> list[CapacityResult]:
+        bs = self.block_size
+        trace = self.trace
+        hasher = get_request_block_hasher(bs, self.hash_fn)
+        replicas = self.replicas
+        route = self.router.route
+        total = len(trace.requests)
+        for i, req in enumerate(trace.requests):
+            r = make_request(trace, req, str(i), hasher)
+            hashes = r.block_hashes
+            n = req.input_length
+            blocks = cdiv(n, bs)
+            j = route(req, hashes, hit_limit(n, bs, n // bs), blocks, replicas)
+            rep = replicas[j]
+            low = rep.routed_blocks == self.floor[0]
+            rep.routed_blocks += blocks
+            if low:
+                self.floor[0] = min(r.routed_blocks for r in replicas)
+            rep.routed_requests += 1
+            rep.routed_tokens += n
+            view = GroupRequest(r.request_id, r.all_token_ids, hashes, r.lora_request)
+            self.hits.append(rep.driver.step(n, view, hashes))
+            self.assignment.append(j)
+            if progress is not None and (i & 15 == 15 or i + 1 == total):
+                progress(i + 1, total)
+        return [rep.driver.result for rep in replicas]
