@@ -50,6 +50,8 @@ import { blockCells, cellAt, cellCounts, describeCell, renderBars } from "../ren
  * @property {{running?: boolean, miss_reasons?: boolean, engine?: boolean, recording?: {operations_found?: number, first_seq?: number, last_seq?: number} | null}} [sources]
  * @property {number} [earlier_lives]
  * @property {{finished_requests_kept: number, recording_max_ops: number}} limits
+ * @property {string | null} [client_id] on a mirror, looked up by the client's id: that id
+ * @property {string[]} [engine_ids] on a mirror: vLLM's requests made of that client id (n > 1: several)
  */
 
 const clock = (/** @type {number | null | undefined} */ ts) => (ts === null || ts === undefined ? "—" : new Date(ts * 1000).toTimeString().slice(0, 8));
@@ -79,8 +81,10 @@ export class RequestView {
     this.opts = opts;
     this.rid = null;
     this.story = null;
+    /** @type {{client: string, ids: string[]} | null} the client's id and vLLM's requests made of it (a mirror) */
+    this.family = null;
     this.seq = 0;
-    this.input = h("input", { id: "rv-id", class: "search", placeholder: "request id", spellcheck: "false", "aria-label": "request id", title: "a request id: its blocks, hits, misses and times" });
+    this.input = h("input", { id: "rv-id", class: "search", placeholder: "request id", spellcheck: "false", "aria-label": "request id", title: "a request id: its blocks, hits, misses and times (on a mirror: vLLM's id, or the id the client got back, cmpl-…)" });
     this.status = h("span", { id: "rv-status", class: "muted" }, "");
     this.body = h("div", { id: "rv-body", class: "rv-body", style: "padding: 0 10px 8px" }, h("p", { class: "muted" }, "Search a request id, or click one in the block detail, the running list, the regret table or the event log."));
     const form = h("form", { id: "rv-form", class: "diff-form", style: "padding: 6px 10px" }, this.input, h("button", { type: "submit" }, "Show"));
@@ -134,6 +138,8 @@ export class RequestView {
       const s = await api("GET", `/api/requests/${encodeURIComponent(rid)}/story`, undefined, { quiet: true });
       if (seq !== this.seq) return;
       this.story = s;
+      if (s.client_id && s.engine_ids) this.family = { client: s.client_id, ids: s.engine_ids };
+      else if (!this.family || !this.family.ids.includes(s.request_id)) this.family = null;
       this.render(s);
       setText(this.status, `as of ${clock(Date.now() / 1000)}`);
       this.el.dataset.state = s.state;
@@ -157,6 +163,29 @@ export class RequestView {
     if (rids.length) return this.show(rids[0]);
     setText(this.status, "");
     this.body.replaceChildren(h("p", { class: "muted", id: "rv-error" }, `no running request holds hash ${hex.slice(0, 16)} now (a KV event names hashes, not requests)`));
+  }
+
+  /**
+   * On a mirror, found by the client's id: vLLM's requests made of it (one
+   * per sample when n > 1), each a button showing its story.
+   * @param {RequestStory} s
+   */
+  familyLine(s) {
+    const f = this.family;
+    if (!f) return [];
+    const many = f.ids.length > 1;
+    return [
+      h(
+        "div",
+        { class: "summary", id: "rv-family", "data-client": f.client, title: "vLLM gives each request it is handed the client's id, the prompt's index and 8 characters of its own; with n > 1 each sample is a request of its own" },
+        h("span", null, "client's id ", h("b", { class: "mono" }, f.client), ` → vLLM's request${many ? `s (${f.ids.length}, one per sample)` : ""}:`),
+        ...f.ids.map((id) =>
+          id === s.request_id
+            ? h("span", { class: "mono", "data-engine-id": id, "aria-current": "true" }, h("b", null, id))
+            : h("button", { type: "button", class: "small mono", "data-engine-id": id, onclick: () => this.show(id, { scroll: false }) }, id),
+        ),
+      ),
+    ];
   }
 
   /** @param {RequestStory} s */
@@ -222,6 +251,7 @@ export class RequestView {
     );
     this.body.replaceChildren(
       summary,
+      ...this.familyLine(s),
       times,
       h("div", { class: "an-sub" }, "blocks ", h("span", { class: "muted" }, "· click: show it in the block detail")),
       strip,
