@@ -106,7 +106,7 @@ export class HealthBar {
     // the figures a narrow top bar leaves out, on the stream item's hover
     const stateItem = cell.state.parentElement;
     if (stateItem) {
-      stateItem.title = `${explain("stream")}\n\nreconnects ${int(c.reconnects)} · gaps resumed ${int(c.gapsResumed)} · in ${(this.framesPs || 0).toFixed(0)} frames/s, ${bytes(this.bps || 0)}/s · ${this.fps.toFixed(0)} fps`;
+      stateItem.title = `${explain("stream")}\n\nseq ${m.seq === null ? "—" : int(m.seq)} · drops ${int(server.drops_total ?? 0)} · reconnects ${int(c.reconnects)} · gaps resumed ${int(c.gapsResumed)} · in ${(this.framesPs || 0).toFixed(0)} frames/s, ${bytes(this.bps || 0)}/s · ${this.fps.toFixed(0)} fps`;
     }
     const mp = this.perf.map; // set before the bar exists (main.js)
     if (mp) cell.fps.title = `map draw: last ${mp.lastMs.toFixed(2)} ms, max ${mp.maxMs.toFixed(1)} ms`;

@@ -74,6 +74,7 @@ export class MirrorItem {
       this.item.remove(); // not a mirror: nothing to show, ever
       return;
     }
+    document.body.dataset.mirror = "1"; // the panels say "not known on a mirror" from now on
     if (this.onMirror) this.onMirror();
     this.timer = setInterval(() => this.poll(), POLL_MS);
     this.poll();

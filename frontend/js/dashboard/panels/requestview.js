@@ -9,6 +9,10 @@ import { api } from "../../common/api.js";
 import { h, setText } from "../../common/dom.js";
 import { dur, int } from "../../common/format.js";
 import { REASON_LABEL } from "../state/analysis.js";
+import { unknownEl } from "./unknown.js";
+
+/** Why a mirrored engine's request has no decode times. */
+const NO_DECODE = "the engine's plugin tells a request's arrival, first scheduling, preemptions and finish, not its decode steps (nor the blocks they add)";
 import { blockCells, cellAt, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
 
 /**
@@ -194,6 +198,7 @@ export class RequestView {
     const t = s.times || {};
     const t0 = t.first_attempt_at ?? t.admitted_at;
     const misses = Object.entries(s.misses || {}).sort((a, b) => b[1] - a[1]);
+    const told = Boolean(s.sources && s.sources.engine); // a mirrored engine's request: no decode steps told
     const summary = h(
       "div",
       { class: "summary", id: "rv-summary" },
@@ -209,9 +214,17 @@ export class RequestView {
         ["first tried", t.first_attempt_at, s.admissions_refused ? `${s.admissions_refused} refusal(s) while it waited` : ""],
         ["admitted", t.admitted_at, s.preemptions ? `${int(s.preemptions)} preemption(s)` : ""],
         ["first decode", t.first_decode_at, ""],
-        ["last decode", t.last_decode_at, s.decode ? `${int(s.decode.steps)} steps, ${int(s.decode.tokens)} tokens, ${int(s.decode.new_blocks)} new blocks` : ""],
+        ["last decode", t.last_decode_at, s.decode ? (told ? `${int(s.decode.tokens)} tokens generated` : `${int(s.decode.steps)} steps, ${int(s.decode.tokens)} tokens, ${int(s.decode.new_blocks)} new blocks`) : ""],
         ["finished", t.finished_at, ""],
-      ]).map(([k, ts, note]) => h("tr", { "data-time": k }, h("th", null, k), h("td", { class: "mono" }, clock(ts), h("span", { class: "muted" }, after(ts, t0))), h("td", { class: "muted" }, note))),
+      ]).map(([k, ts, note]) =>
+        h(
+          "tr",
+          { "data-time": k },
+          h("th", null, k),
+          told && k.endsWith("decode") ? h("td", null, unknownEl(NO_DECODE)) : h("td", { class: "mono" }, clock(ts), h("span", { class: "muted" }, after(ts, t0))),
+          h("td", { class: "muted" }, note),
+        ),
+      ),
     );
     const cells = blockCells(s, (this.opts.blockSize && this.opts.blockSize()) || 16);
     const line = h("div", { class: "rq-hover mono", id: "rv-hover" }, "hover a bar: that block");

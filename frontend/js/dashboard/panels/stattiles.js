@@ -104,7 +104,7 @@ function setReason(key, reason, lead = "at this moment") {
     delete tile.dataset.reason;
     tile.title = tile.dataset.help ?? "";
   }
-  tile.classList.toggle("unknown", Boolean(reason) && lead !== "at this moment");
+  tile.classList.toggle("unknown", Boolean(reason) && lead !== "at this moment" && lead !== "no figure");
 }
 
 /**
@@ -185,7 +185,7 @@ export function updateStats(model, history, map) {
   const values = operatorValues(last, hd, pct, int, onMirror() ? MIRROR_WHY.requests : null);
   for (const [k, v] of Object.entries(values)) {
     setStat(k, v.text, v.value);
-    if (v.reason !== undefined) setReason(k, v.reason, unknownText());
+    if (v.reason !== undefined) setReason(k, v.reason, v.text === "—" ? "no figure" : unknownText());
   }
   setSinceLabel(sinceLabel(last));
   setStat("keys", int(hd.hash_map_keys), hd.hash_map_keys);

@@ -17,6 +17,9 @@ export const OPERATOR_TILES = [
   ["waiting", "waiting", "vllm:num_requests_waiting: requests of the demo or a trace replay that arrived but are not admitted yet (too few free blocks, or the workload's running limit)"],
 ];
 
+/** Why a hit rate has no value (as Grafana's rate() ratio has none then). */
+export const NO_RATE = "no rate: under two samples in the window, or no prompt token looked up in it (hits / queries = 0 / 0)";
+
 const finite = (/** @type {unknown} */ v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
 
 /**
@@ -41,9 +44,10 @@ export function operatorValues(point, header, pct, int, mirrorWhy = null) {
   const hd = header || {};
   const pc = hd.prefix_cache || { queries_tokens: 0, hits_tokens: 0 };
   const since = finite(p.hit_rate_since) ?? (pc.queries_tokens ? pc.hits_tokens / pc.queries_tokens : null);
-  const rate = (/** @type {number | null | undefined} */ v) => {
+  /** @type {(v: number | null | undefined) => {value: number | null, text: string, reason?: string}} */
+  const rate = (v) => {
     const f = finite(v);
-    return { value: f, text: f === null ? "—" : pct(f) };
+    return f === null ? { value: null, text: "—", reason: NO_RATE } : { value: f, text: pct(f) };
   };
   const told = "requests_reason" in hd; // the server says whether it knows them
   const why = hd.requests_reason || (told ? "the server does not know it" : mirrorWhy);
