@@ -107,7 +107,8 @@ def test_the_evicted_miss_charts_show_the_stories_evictions(
                         """() => { const m = window.__bp.panels.misses;
                           const sum = (c) => (c.ys[0] || []).reduce((a, v) => a + (v || 0), 0);
                           return {ago: sum(m.ago.chart), pos: sum(m.pos.chart),
-                            agoEmpty: !m.ago.chart.emptyEl.hidden, posEmpty: !m.pos.chart.emptyEl.hidden,
+                            agoEmpty: !m.ago.chart.emptyEl.hidden,
+                            posEmpty: !m.pos.chart.emptyEl.hidden,
                             agoTitle: document.getElementById('miss-ago-title').textContent,
                             posTitle: document.getElementById('miss-pos-title').textContent}; }"""
                     )
@@ -182,7 +183,8 @@ def test_a_story_by_the_clients_id_on_the_page(browser: Any, mirror: Mirrored, w
         )
         # decode steps are not told by the plugin: not known, never "—" as if none
         decode = p.js(
-            """() => [...document.querySelectorAll('#rv-times tr[data-time$=decode] [data-unknown]')]
+            """() => [...document.querySelectorAll(
+                '#rv-times tr[data-time$=decode] [data-unknown]')]
               .map((e) => [e.textContent, e.title])"""
         )
         assert len(decode) == 2 and all(t == "not known on a mirror" for t, _ in decode), decode
@@ -212,7 +214,8 @@ LABELS_JS = """() => {
   const lagItem = document.querySelector('#health [data-h=lag]');
   const mirror = document.querySelector('[data-h=mirror]');
   const tile = (k) => { const t = document.querySelector(`.stat[data-stat=${k}]`);
-    return {text: t.querySelector('.value').textContent, reason: t.dataset.reason || '', title: t.title}; };
+    return {text: t.querySelector('.value').textContent, reason: t.dataset.reason || '',
+            title: t.title}; };
   const note = document.getElementById('tokens-note');
   const legend = [...document.querySelectorAll('#chart-tokens .mc-item')].map((e) =>
     ({text: e.textContent, unknown: e.dataset.unknown || '', title: e.title}));
@@ -220,7 +223,8 @@ LABELS_JS = """() => {
     facts: facts.textContent, factsCut: facts.scrollWidth > facts.clientWidth + 1 ||
       fr.right > window.innerWidth || fr.height === 0,
     healthCut: health.scrollWidth > health.clientWidth + 1,
-    lagLabel: lagItem.querySelector('i').textContent, lagTitle: lagItem.title + lagItem.querySelector('b').title,
+    lagLabel: lagItem.querySelector('i').textContent,
+    lagTitle: lagItem.title + lagItem.querySelector('b').title,
     mirrorText: mirror.textContent, mirrorTitle: mirror.title,
     running: tile('requests'), waiting: tile('waiting'),
     note: note.textContent, noteTitle: note.title, legend,
@@ -239,7 +243,7 @@ def test_unknowns_are_said_and_the_lags_labelled(
             what="the mirror item and the token note",
         )
         # the pool's description whole
-        assert "64 blocks × 4 tok · sha256 · 1 group · caching on" in got["facts"], got
+        assert "64 blocks \u00d7 4 tok · sha256 · 1 group · caching on" in got["facts"], got
         assert not got["factsCut"], got
         assert not got["healthCut"], got
         # three lags, each saying what it measures
@@ -291,8 +295,9 @@ STALE_JS = """() => {
       visible(e) && e.tagName !== 'BUTTON' && e.tagName !== 'OPTION' &&
       /^live$/i.test(e.textContent.trim())).map((e) => e.id || e.className);
   return {engine: document.body.dataset.engine, banner: banner.hidden ? null : banner.textContent,
-    bannerShown: visible(banner), stats: filter('#stats'), charts: filter('.charts'), side: filter('.side'),
-    mode: document.getElementById('tl-mode').textContent, stream: document.getElementById('h-state').textContent,
+    bannerShown: visible(banner), stats: filter('#stats'), charts: filter('.charts'),
+    side: filter('.side'), mode: document.getElementById('tl-mode').textContent,
+    stream: document.getElementById('h-state').textContent,
     live};
 }"""
 
