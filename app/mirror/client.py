@@ -48,7 +48,7 @@ from app.core.errors import NotFound
 from app.mirror.queues import EngineQueues
 from app.mirror.requests import RequestBook
 from app.mirror.status import MirrorStatus
-from app.mirror.story import engine_story
+from app.mirror.story import story_of
 from blockpool.analysis.engine_misses import EngineMisses
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.apply import Divergence, Gap, MirrorApplier
@@ -132,15 +132,17 @@ class MirrorClient:
         self.what_if = feed
 
     def story(self, rid: str) -> dict[str, Any]:
-        """The engine's request ``rid`` as a request story (NotFound: never heard of)."""
-        r = self.book.requests.get(rid)
-        if r is None:
+        """The engine's request ``rid`` as a request story, by vLLM's id or the
+        client's (NotFound: never heard of)."""
+        told = story_of(self.engine, self.book, rid)
+        if told is None:
             raise NotFound(
-                f"the engine's plugin told of no request {rid!r} (the mirror keeps the last "
+                f"the engine's plugin told of no request {rid!r}, by vLLM's id or the client's "
+                f"(the mirror keeps the last "
                 f"{self.book.capacity} requests it heard of)",
                 request_id=rid,
             )
-        return engine_story(self.engine, self.book, r)
+        return told
 
     # ------------------------------------------------------------ lifecycle
 

@@ -8,10 +8,18 @@ decode steps: a block's ``block_ids`` is the block holding its hash in the
 mirrored pool now (none once it is gone); a missed block's reason is the
 one its first scheduling was classified with (blockpool/analysis/engine_misses.py;
 ``sources.miss_reasons`` says whether it was).
+
+A story is found by vLLM's internal id or by the id the client got back
+(``by_client_id``): vLLM >= 0.11 gives each request it is handed the
+client's id (per prompt: ``cmpl-X-0``) plus ``-`` and 8 hex characters,
+and with ``n`` > 1 each sample is a request of its own, ``{k}_`` before
+that; the story is then the first such request's, and ``engine_ids`` names
+them all.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from blockpool.common.keys import key64
@@ -37,6 +45,27 @@ def _text(op: str, value: int | None) -> str:
     if op == REQ_PREEMPTED:
         return "preempted: its blocks freed, it waits again"
     return f"finished at {value} tokens"
+
+
+def by_client_id(book: RequestBook, rid: str) -> list[str]:
+    """The engine's requests (oldest first) that vLLM made of the client's
+    request ``rid``: ``rid`` itself where the engine told of it, else each
+    ``[{k}_]{rid}[-{i}]-{8 hex}`` it did (see the module doc)."""
+    if rid in book.requests:
+        return [rid]
+    made = re.compile(r"(?:\d+_)?" + re.escape(rid) + r"(?:-\d+)?-[0-9a-f]{8}")
+    return [x for x in book.requests if made.fullmatch(x)]
+
+
+def story_of(engine: Engine, book: RequestBook, rid: str) -> dict[str, Any] | None:
+    """``rid``'s story, by the engine's id or the client's (None: not heard of)."""
+    found = by_client_id(book, rid)
+    if not found:
+        return None
+    told = engine_story(engine, book, book.requests[found[0]])
+    told["engine_ids"] = found
+    told["client_id"] = None if found == [rid] else rid
+    return told
 
 
 def holders(engine: Engine) -> dict[int, int]:

@@ -35,6 +35,15 @@ the runtime's observer; else a ring of its own, kept the same way -- this
 object is then one of the runtime's observers (``EngineMisses.observing``).
 Synchronous: the service's one writer calls ``classify`` (before it
 applies the step) and the runtime tells the observer of every change.
+
+The evicted misses' age and queue travel (``evicted_misses`` of ``view``,
+the page's two charts) are taken when a request is classified, from the
+ring's record of each evicted block: how long before the miss it was
+evicted, and -- through the log of free batches, for evictions by reuse --
+where it had entered the free queue and the allocations between.  An own
+ring's free batches are this observer's to log (as ``Analysis`` logs them).
+A block evicted in the request's own step (``in_step``) has no record yet:
+neither chart counts it.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blockpool.analysis.common import h64
+from blockpool.analysis.common import COUNT_BUCKETS, SECONDS_BUCKETS, Hist, h64
 from blockpool.analysis.evictions import EvictionRing
 from blockpool.analysis.free_batches import FreeBatches
 from blockpool.common.miss_reasons import (
@@ -99,10 +108,17 @@ class EngineMisses(Quiet):
         self.ring = (
             ring if ring is not None else EvictionRing(rt.columns, remembered, FreeBatches())
         )
+        self.batches = self.ring.batches  # an own ring's: logged here (``on_freed``)
         self.tally = MissTally()
         self.blocks = self.tally.blocks  # per code (0 = hit)
         self.tokens = [0] * NUM_CODES
         self.admissions = 0
+        # evicted misses: how long ago, how far the block had travelled
+        self.ago = Hist(SECONDS_BUCKETS)
+        self.miss_pos = Hist(COUNT_BUCKETS)
+        self.miss_allocs = Hist(COUNT_BUCKETS)
+        if self.records:
+            self._rebase()
 
     @classmethod
     def observing(
@@ -120,6 +136,28 @@ class EngineMisses(Quiet):
         return misses
 
     # ---------------------------------------- the runtime's notifications
+
+    def _rebase(self) -> None:
+        """The free queue as the columns stamp it now is one batch (as
+        ``Analysis.rebase``: start-up, a resync)."""
+        cols = self.rt.columns
+        free = self.rt.pool.get_num_free_blocks()
+        alloc = self.rt.counters.blocks_allocated
+        self.batches.note_freed(cols.next_stamp - cols.num_blocks, free, 0, alloc, self.clock())
+
+    def on_freed(self, first_stamp: int, now: float | None = None) -> None:
+        if self.records:
+            rt = self.rt
+            count = rt.columns.next_stamp - first_stamp
+            if count > 0:
+                nf_before = rt.pool.get_num_free_blocks() - count
+                self.batches.note_freed(
+                    first_stamp, count, nf_before, rt.counters.blocks_allocated,
+                    now or self.clock(),
+                )  # fmt: skip
+
+    def on_finish(self, rid: str, managed: ManagedRequest, first_stamp: int) -> None:
+        self.on_freed(first_stamp)
 
     def on_allocate(self, ids: list[int]) -> None:
         if self.records:
@@ -152,13 +190,23 @@ class EngineMisses(Quiet):
 
     def on_reset(self) -> None:
         if self.records:
-            self.ring.record_reset(self.clock(), self.rt.counters.blocks_allocated)
+            rt = self.rt
+            now = self.clock()
+            self.ring.record_reset(now, rt.counters.blocks_allocated)
+            # the columns' resync stamps the whole queue, in order, from next_stamp
+            self.batches.note_freed(
+                rt.columns.next_stamp, rt.pool.get_num_free_blocks(), 0,
+                rt.counters.blocks_allocated, now,
+            )  # fmt: skip
 
     def on_resync(self) -> None:
         """An eviction remembered of a hash cached again now is forgotten
         (as ``Analysis.on_resync`` does for the ring it shares)."""
         ring = self.ring
-        if not self.records or not ring.evicted:
+        if not self.records:
+            return
+        self._rebase()
+        if not ring.evicted:
             return
         cols = self.rt.columns
         cached = set(cols.hash64[np.flatnonzero(cols.hashed)].tolist())
@@ -186,12 +234,15 @@ class EngineMisses(Quiet):
         num_hit = min(hit_tokens // bs, full)
         codes = [0] * total
         details: dict[int, dict[str, Any]] = {}
+        evicted: list[int] = []  # ring serials of the evicted misses
         if skips_cache:
             for j in range(num_hit, full):
                 codes[j] = SKIPPED
                 details[j] = {"cached": cached(key0(hashes[j])) is not None}
         elif num_hit < full:
-            self._misses(hashes, num_hit, full, (prompt - 1) // bs, when, codes, details)
+            self._misses(hashes, num_hit, full, (prompt - 1) // bs, when, codes, details, evicted)
+            if evicted:
+                self._travel(evicted, when)
         for j in range(full, total):  # the partial tail (or hashes not sent)
             codes[j] = FLOOR
             tail = prompt - j * bs
@@ -213,15 +264,17 @@ class EngineMisses(Quiet):
         now: float,
         codes: list[int],
         details: dict[int, dict[str, Any]],
+        evicted: list[int],
     ) -> None:
-        """Blocks ``i .. full`` (``i``: the first miss)."""
+        """Blocks ``i .. full`` (``i``: the first miss); ``evicted`` gets the
+        ring serials of the evicted ones."""
         cached = self.rt.pool.cached_block_hash_to_block.get_one_block
         if cached(key0(hashes[i])) is not None:
             codes[i] = LAST_TOKEN if i == max_hit else EVICTED
             if codes[i] == EVICTED:
                 details[i] = {"in_step": True}
         else:
-            codes[i] = self._history(hashes[i], now, details, i)
+            codes[i] = self._history(hashes[i], now, details, i, evicted)
         if codes[i] == COLD:
             codes[i:full] = [COLD] * (full - i)
             return
@@ -229,12 +282,14 @@ class EngineMisses(Quiet):
             if cached(key0(hashes[j])) is not None:
                 codes[j] = CHAIN_BROKEN
                 continue
-            codes[j] = self._history(hashes[j], now, details, j)
+            codes[j] = self._history(hashes[j], now, details, j, evicted)
             if codes[j] == COLD:
                 codes[j:full] = [COLD] * (full - j)
                 return
 
-    def _history(self, h: bytes, now: float, details: dict[int, Any], i: int) -> int:
+    def _history(
+        self, h: bytes, now: float, details: dict[int, Any], i: int, evicted: list[int]
+    ) -> int:
         """A hash not cached now: what the eviction memory says of it."""
         ring = self.ring
         serial = ring.eviction(h64(h))
@@ -247,7 +302,21 @@ class EngineMisses(Quiet):
             "evicted_ago_seconds": max(0.0, now - ring.r_ts[j]),
             "block_id": int(ring.r_bid[j]),
         }
-        return RESET_DROP if cause == RESET else EVICTED
+        if cause == RESET:
+            return RESET_DROP
+        evicted.append(serial)
+        return EVICTED
+
+    def _travel(self, serials: list[int], now: float) -> None:
+        """The evicted misses' age and, for evictions by reuse, their queue
+        travel (the log of free batches; as ``Misses.process``)."""
+        st, al, ts, ca = self.ring.ring_arrays(serials)
+        self.ago.observe_many(np.maximum(now - ts, 0.0))
+        if self.batches.fb_len:
+            ok, pos, between, _ = self.batches.travel(st, al, ts)
+            ok &= ca == REUSE
+            self.miss_pos.observe_many(pos[ok])
+            self.miss_allocs.observe_many(between[ok])
 
     # ----------------------------------------------------------------- views
 
@@ -273,6 +342,11 @@ class EngineMisses(Quiet):
                     "share": self.blocks[c] / missed if missed else 0.0,
                 }
                 for c, name in enumerate(REASONS, start=1)
+            },
+            "evicted_misses": {
+                "ago_seconds": self.ago.as_json(),
+                "queue_position_when_freed": self.miss_pos.as_json(),
+                "allocations_between": self.miss_allocs.as_json(),
             },
             "engine_requests": True,
             "dropped_hashes_remembered": self.ring.evicted_remembered(),

@@ -6,7 +6,7 @@ import { test } from "node:test";
 
 import { AnalysisSeries, TokenSeries } from "../js/dashboard/state/analysis.js";
 import { seedSeries, seedTokens } from "../js/dashboard/state/analysisseed.js";
-import { operatorValues, sinceLabel, usageText } from "../js/dashboard/state/operatortiles.js";
+import { NO_RATE, operatorValues, sinceLabel, usageText } from "../js/dashboard/state/operatortiles.js";
 import { decodeFrame } from "../js/dashboard/wire/protocol.js";
 import { loadScenario, toArrayBuffer } from "./fixtures.mjs";
 
@@ -82,4 +82,24 @@ test("the operator tiles: windows, since start, running, waiting; a missing figu
   assert.equal(sinceLabel({ hit_rate_resets: 0 }), "since start");
   assert.equal(sinceLabel({ hit_rate_resets: 2 }), "since reset");
   assert.equal(sinceLabel({}), null);
+});
+
+test("the operator tiles on a mirror: running and waiting the engine's, or not known with the reason", () => {
+  const pct = (x) => `${(x * 100).toFixed(1)}%`;
+  const int = (n) => String(n);
+  // a server that follows the engine's queues: its figures, zero included
+  const known = operatorValues({ waiting: 9 }, { running_requests: 3, waiting_requests: 0, requests_reason: null }, pct, int, "older");
+  assert.deepEqual([known.requests.text, known.waiting.text, known.requests.reason], ["3", "0", undefined]);
+  // ... that does not know them: null with its reason, never a 0
+  const told = operatorValues({}, { running_requests: null, waiting_requests: null, requests_reason: "the plugin is too old" }, pct, int, "older");
+  assert.deepEqual([told.requests.text, told.requests.reason, told.waiting.reason], ["not known", "the plugin is too old", "the plugin is too old"]);
+  // an older server on a mirror sends a default 0 and no reason: not known, the page's reason
+  const old = operatorValues({ waiting: 0 }, { running_requests: 0 }, pct, int, "older");
+  assert.deepEqual([old.requests.text, old.requests.reason, old.waiting.text, old.waiting.reason], ["not known", "older", "not known", "older"]);
+  // not a mirror: the server's figures as they are
+  const plain = operatorValues({ waiting: 0 }, { running_requests: 0 }, pct, int);
+  assert.deepEqual([plain.requests.text, plain.waiting.text, plain.requests.reason], ["0", "0", undefined]);
+  // a hit rate with no value says why (0 / 0, or under two samples)
+  assert.equal(plain.hit1m.text, "—");
+  assert.equal(plain.hit1m.reason, NO_RATE);
 });

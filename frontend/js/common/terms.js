@@ -22,6 +22,7 @@ export const TERMS = {
   stream: { help: "the websocket that feeds this page: live, syncing (waiting for a snapshot), retrying or token needed" },
   seq: { help: "sequence number of the last frame (stream) or event (KV events): gaps in it are detected and resumed" },
   lag: { help: "how long a frame took from the server's tick to this page (stream); for the analysis: operations not yet analysed" },
+  "frame lag": { help: "how long the latest frame took from the server's tick to this page (the stream). Not the engine's: on a mirror, the mirror item's 'applied' is the engine's step to the mirror's pool and 'page' the engine's step to this page" },
   drops: { help: "frames the server dropped for clients too slow to read them (all clients)" },
   resyncs: { help: "snapshots this page needed after the first of a connection / the server's total" },
   reconnects: { help: "times this page reconnected its websocket" },
@@ -29,7 +30,7 @@ export const TERMS = {
   in: { help: "frames and bytes per second arriving on the websocket" },
   fps: { help: "frames this page drew per second (the map redraws only what changed)" },
   trace: { help: "a production trace (Mooncake JSON lines) replayed at its timestamps instead of the demo: its name, the share of its requests arrived, and the trace's own prefix hit rate (hit / prompt tokens)" },
-  analysis: { help: "the analysis worker: 'lag N ops' = pool operations it has not analysed yet; its panels trail the live pool by that much" },
+  analysis: { help: "the analysis worker: 'lag N ops' = pool operations it has not analysed yet (a count of operations, not a time); its panels trail the live pool by that much" },
   // the LRU free queue
   "lru free queue": { help: "free blocks in the order they will be handed out: head (position 0) first; a block freed is put at the tail", vllm: "FreeKVCacheBlockQueue" },
   pos: { help: "position in the free queue: 0 = head, the next block handed out (a position, not a block id)" },

@@ -28,7 +28,7 @@ export class HealthBar {
     const items = [
       ["state", "stream"],
       ["seq", "seq"],
-      ["lag", "lag"],
+      ["lag", "frame lag"],
       ["drops", "drops"],
       ["resyncs", "resyncs"],
       ["reconnects", "reconnects"],
@@ -58,6 +58,9 @@ export class HealthBar {
     let state = c.state;
     let label = state;
     if (state === "open") label = m.seq === null ? "syncing" : "live";
+    // a mirror whose engine tells nothing new: the page is stale, not live (mirroritem.js)
+    const engineStale = document.body.dataset.engine === "stale";
+    if (state === "open" && engineStale) label = "stale (engine)";
     if (state === "retrying") label = `retry in ${Math.max(0, (c.nextRetryAt - now) / 1000).toFixed(1)}s`;
     if (state === "auth") label = "token needed";
     if (state === "open" && m.seq === null) state = "syncing";
@@ -66,7 +69,13 @@ export class HealthBar {
     // banner, no greyed panels until a stream that was live is lost
     const first = !this.everLive && (state === "syncing" || state === "connecting" || state === "idle");
     setText(cell.state, first && label !== "syncing" ? "connecting" : label);
-    this.root.dataset.state = state;
+    this.root.dataset.state = state === "open" && engineStale ? "engine-stale" : state;
+    const mode = document.getElementById("tl-mode"); // time travel's live mark (its history mark stays)
+    if (mode && mode.dataset.mode === "live") {
+      const want = engineStale ? "stale" : "live";
+      if (mode.textContent !== want) mode.textContent = want;
+      mode.dataset.engine = engineStale ? "stale" : "live";
+    }
     document.body.dataset.stream = state === "open" ? "live" : first ? "loading" : state;
     const banner = document.getElementById("stale-banner");
     if (banner) {
@@ -82,6 +91,7 @@ export class HealthBar {
     }
     setText(cell.seq, m.seq === null ? "—" : int(m.seq));
     setText(cell.lag, c.lagMs === null ? "—" : `${int(c.lagMs)}ms`);
+    cell.lag.title = "frame lag: the server's tick to this page (the stream), for the latest frame";
     /** @type {Partial<import("../wire/protocol.js").StreamStats>} */
     const server = c.server || {};
     setText(cell.drops, int(server.drops_total ?? 0));
@@ -96,7 +106,7 @@ export class HealthBar {
     // the figures a narrow top bar leaves out, on the stream item's hover
     const stateItem = cell.state.parentElement;
     if (stateItem) {
-      stateItem.title = `${explain("stream")}\n\nreconnects ${int(c.reconnects)} · gaps resumed ${int(c.gapsResumed)} · in ${(this.framesPs || 0).toFixed(0)} frames/s, ${bytes(this.bps || 0)}/s · ${this.fps.toFixed(0)} fps`;
+      stateItem.title = `${explain("stream")}\n\nseq ${m.seq === null ? "—" : int(m.seq)} · drops ${int(server.drops_total ?? 0)} · reconnects ${int(c.reconnects)} · gaps resumed ${int(c.gapsResumed)} · in ${(this.framesPs || 0).toFixed(0)} frames/s, ${bytes(this.bps || 0)}/s · ${this.fps.toFixed(0)} fps`;
     }
     const mp = this.perf.map; // set before the bar exists (main.js)
     if (mp) cell.fps.title = `map draw: last ${mp.lastMs.toFixed(2)} ms, max ${mp.maxMs.toFixed(1)} ms`;

@@ -4,6 +4,12 @@
 // the engine's, the lag, resyncs and divergences, and the lag from the
 // engine's step to this page (the stream frames' `mirror` header, see
 // wire/mirrorlag.js).  Absent on any other service.
+//
+// When the engine stops telling (silent, refused, the mirror behind it, a
+// restart into another pool) the whole page is stale, not only this item:
+// body[data-engine="stale"] dims the tiles, the panels and the charts, a
+// banner under the top bar says since when the figures are old, and the
+// page's "live" marks say "stale" (health.js reads it).
 
 import { api, getToken } from "../../common/api.js";
 import { $, h, setText } from "../../common/dom.js";
@@ -13,6 +19,24 @@ import { int } from "../../common/format.js";
 const msText = (/** @type {number | null} */ ms) => (ms === null ? "—" : `${Math.round(ms)}ms`);
 
 const POLL_MS = 1000;
+
+/** The mirror's states in which the engine is not telling the page anything new. */
+const STALE_STATES = new Set(["stale", "refused", "behind", "rebuilding", "restart_needed"]);
+
+/** @param {number} ts unix seconds */
+const clock = (ts) => new Date(ts * 1000).toTimeString().slice(0, 8);
+
+/**
+ * The page is stale (the engine says nothing new) or not: the banner and body[data-engine].
+ * @param {string | null} why the banner's words (null: the engine is followed)
+ */
+export function markEngine(why) {
+  const banner = document.getElementById("engine-banner");
+  document.body.dataset.engine = why ? "stale" : "live";
+  if (!banner) return;
+  banner.hidden = !why;
+  if (why && banner.textContent !== why) banner.textContent = why;
+}
 
 export class MirrorItem {
   /**
@@ -50,6 +74,7 @@ export class MirrorItem {
       this.item.remove(); // not a mirror: nothing to show, ever
       return;
     }
+    document.body.dataset.mirror = "1"; // the panels say "not known on a mirror" from now on
     if (this.onMirror) this.onMirror();
     this.timer = setInterval(() => this.poll(), POLL_MS);
     this.poll();
@@ -67,6 +92,7 @@ export class MirrorItem {
         return;
       }
       this.show("err", "unreachable", String(err.message || err));
+      markEngine(`The mirror's state is unreachable (${err.message || err}): the figures below may be old.`);
       return;
     }
     document.body.dataset.mirror = "1";
@@ -109,12 +135,18 @@ export class MirrorItem {
         level = "warn";
         text = `${name} · not exact`;
     }
-    if (st.lag_ms !== null && st.connected) text += ` · ${int(st.lag_ms)}ms`;
+    // the engine's step to the mirror's pool (the page's own lag is "page", beside it)
+    if (st.lag_ms !== null && st.connected) text += ` · applied ${int(st.lag_ms)}ms`;
+    this.markPage(st, text);
+    // resyncs: after the first sync (a server with `syncs` counts them so;
+    // an older one counted joining the engine as a resync too)
+    const resyncs = "syncs" in st ? st.resyncs : Math.max(0, st.resyncs - 1);
     const title = [
       `following ${st.endpoint} (engine ${eng.engine_id || "?"})`,
       `operations applied ${int(st.ops_applied)} · digests checked ${int(st.digests_checked)}`,
-      `divergences ${int(st.divergences)} · gaps ${int(st.gaps)} · resyncs ${int(st.resyncs)} · engine drops ${int(st.engine_drops)}`,
-      `lag p50 ${st.lag_p50_ms === null ? "—" : `${st.lag_p50_ms.toFixed(1)}ms`} · p99 ${st.lag_p99_ms === null ? "—" : `${st.lag_p99_ms.toFixed(1)}ms`}`,
+      `divergences ${int(st.divergences)} · gaps ${int(st.gaps)} · resyncs ${int(resyncs)} (after the first sync) · engine drops ${int(st.engine_drops)}`,
+      `applied: the engine's step to the mirror's pool, ${st.lag_ms === null ? "not known yet" : `${int(st.lag_ms)}ms for the latest batch`} · p50 ${st.lag_p50_ms === null ? "—" : `${st.lag_p50_ms.toFixed(1)}ms`} · p99 ${st.lag_p99_ms === null ? "—" : `${st.lag_p99_ms.toFixed(1)}ms`}`,
+      "page: the engine's step to this page (hover it) · the top bar's frame lag: the server's tick to this page · analysis lag: operations the analysis has not yet read",
       ...(st.state === "behind" ? [`behind: ${int(st.backlog)} messages waiting, the oldest ${int(st.backlog_ms)}ms`] : []),
       st.plugin_step_us
         ? `plugin per engine step p50 ${st.plugin_step_us.p50.toFixed(0)}µs · p99 ${st.plugin_step_us.p99.toFixed(0)}µs · max ${st.plugin_step_us.max.toFixed(0)}µs`
@@ -124,6 +156,29 @@ export class MirrorItem {
       ...(st.last_problem ? [`last problem: ${st.last_problem}`] : []),
     ].join("\n");
     this.show(level, text, title);
+  }
+
+  /**
+   * The whole page stale while the engine tells nothing new (see the module doc).
+   * @param {{state: string, seconds_since_message?: number | null, backlog?: number, backlog_ms?: number | null}} st GET /api/mirror
+   * @param {string} text the item's words
+   */
+  markPage(st, text) {
+    if (!STALE_STATES.has(st.state)) {
+      markEngine(null);
+      return;
+    }
+    const ago = st.seconds_since_message;
+    const since = ago === null || ago === undefined ? "" : ` as of ${clock(Date.now() / 1000 - ago)} (${int(ago)} s ago)`;
+    /** @type {Record<string, string>} */
+    const what = {
+      stale: `The engine has said nothing for ${ago === null || ago === undefined ? "a while" : `${int(ago)} s`}`,
+      refused: "The engine's messages are refused (not signed with the mirror's secret)",
+      behind: `The mirror is behind the engine (${int(st.backlog ?? 0)} messages wait)`,
+      rebuilding: "The engine restarted as another pool: the mirror is rebuilding",
+      restart_needed: "The engine restarted as another pool: restart the mirror",
+    };
+    markEngine(`STALE · ${what[st.state]}: every figure on this page is the engine's${since}, not live · ${text}`);
   }
 
   /** The engine-to-page lag beside the item's text: the latest, and the p50 on hover. */

@@ -9,6 +9,10 @@ import { api } from "../../common/api.js";
 import { h, setText } from "../../common/dom.js";
 import { dur, int } from "../../common/format.js";
 import { REASON_LABEL } from "../state/analysis.js";
+import { unknownEl } from "./unknown.js";
+
+/** Why a mirrored engine's request has no decode times. */
+const NO_DECODE = "the engine's plugin tells a request's arrival, first scheduling, preemptions and finish, not its decode steps (nor the blocks they add)";
 import { blockCells, cellAt, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
 
 /**
@@ -50,6 +54,8 @@ import { blockCells, cellAt, cellCounts, describeCell, renderBars } from "../ren
  * @property {{running?: boolean, miss_reasons?: boolean, engine?: boolean, recording?: {operations_found?: number, first_seq?: number, last_seq?: number} | null}} [sources]
  * @property {number} [earlier_lives]
  * @property {{finished_requests_kept: number, recording_max_ops: number}} limits
+ * @property {string | null} [client_id] on a mirror, looked up by the client's id: that id
+ * @property {string[]} [engine_ids] on a mirror: vLLM's requests made of that client id (n > 1: several)
  */
 
 const clock = (/** @type {number | null | undefined} */ ts) => (ts === null || ts === undefined ? "—" : new Date(ts * 1000).toTimeString().slice(0, 8));
@@ -79,8 +85,10 @@ export class RequestView {
     this.opts = opts;
     this.rid = null;
     this.story = null;
+    /** @type {{client: string, ids: string[]} | null} the client's id and vLLM's requests made of it (a mirror) */
+    this.family = null;
     this.seq = 0;
-    this.input = h("input", { id: "rv-id", class: "search", placeholder: "request id", spellcheck: "false", "aria-label": "request id", title: "a request id: its blocks, hits, misses and times" });
+    this.input = h("input", { id: "rv-id", class: "search", placeholder: "request id", spellcheck: "false", "aria-label": "request id", title: "a request id: its blocks, hits, misses and times (on a mirror: vLLM's id, or the id the client got back, cmpl-…)" });
     this.status = h("span", { id: "rv-status", class: "muted" }, "");
     this.body = h("div", { id: "rv-body", class: "rv-body", style: "padding: 0 10px 8px" }, h("p", { class: "muted" }, "Search a request id, or click one in the block detail, the running list, the regret table or the event log."));
     const form = h("form", { id: "rv-form", class: "diff-form", style: "padding: 6px 10px" }, this.input, h("button", { type: "submit" }, "Show"));
@@ -134,6 +142,8 @@ export class RequestView {
       const s = await api("GET", `/api/requests/${encodeURIComponent(rid)}/story`, undefined, { quiet: true });
       if (seq !== this.seq) return;
       this.story = s;
+      if (s.client_id && s.engine_ids) this.family = { client: s.client_id, ids: s.engine_ids };
+      else if (!this.family || !this.family.ids.includes(s.request_id)) this.family = null;
       this.render(s);
       setText(this.status, `as of ${clock(Date.now() / 1000)}`);
       this.el.dataset.state = s.state;
@@ -159,12 +169,36 @@ export class RequestView {
     this.body.replaceChildren(h("p", { class: "muted", id: "rv-error" }, `no running request holds hash ${hex.slice(0, 16)} now (a KV event names hashes, not requests)`));
   }
 
+  /**
+   * On a mirror, found by the client's id: vLLM's requests made of it (one
+   * per sample when n > 1), each a button showing its story.
+   * @param {RequestStory} s
+   */
+  familyLine(s) {
+    const f = this.family;
+    if (!f) return [];
+    const many = f.ids.length > 1;
+    return [
+      h(
+        "div",
+        { class: "summary", id: "rv-family", "data-client": f.client, title: "vLLM gives each request it is handed the client's id, the prompt's index and 8 characters of its own; with n > 1 each sample is a request of its own" },
+        h("span", null, "client's id ", h("b", { class: "mono" }, f.client), ` → vLLM's request${many ? `s (${f.ids.length}, one per sample)` : ""}:`),
+        ...f.ids.map((id) =>
+          id === s.request_id
+            ? h("span", { class: "mono", "data-engine-id": id, "aria-current": "true" }, h("b", null, id))
+            : h("button", { type: "button", class: "small mono", "data-engine-id": id, onclick: () => this.show(id, { scroll: false }) }, id),
+        ),
+      ),
+    ];
+  }
+
   /** @param {RequestStory} s */
   render(s) {
     /** @type {Record<string, number | null | undefined>} */
     const t = s.times || {};
     const t0 = t.first_attempt_at ?? t.admitted_at;
     const misses = Object.entries(s.misses || {}).sort((a, b) => b[1] - a[1]);
+    const told = Boolean(s.sources && s.sources.engine); // a mirrored engine's request: no decode steps told
     const summary = h(
       "div",
       { class: "summary", id: "rv-summary" },
@@ -180,9 +214,17 @@ export class RequestView {
         ["first tried", t.first_attempt_at, s.admissions_refused ? `${s.admissions_refused} refusal(s) while it waited` : ""],
         ["admitted", t.admitted_at, s.preemptions ? `${int(s.preemptions)} preemption(s)` : ""],
         ["first decode", t.first_decode_at, ""],
-        ["last decode", t.last_decode_at, s.decode ? `${int(s.decode.steps)} steps, ${int(s.decode.tokens)} tokens, ${int(s.decode.new_blocks)} new blocks` : ""],
+        ["last decode", t.last_decode_at, s.decode ? (told ? `${int(s.decode.tokens)} tokens generated` : `${int(s.decode.steps)} steps, ${int(s.decode.tokens)} tokens, ${int(s.decode.new_blocks)} new blocks`) : ""],
         ["finished", t.finished_at, ""],
-      ]).map(([k, ts, note]) => h("tr", { "data-time": k }, h("th", null, k), h("td", { class: "mono" }, clock(ts), h("span", { class: "muted" }, after(ts, t0))), h("td", { class: "muted" }, note))),
+      ]).map(([k, ts, note]) =>
+        h(
+          "tr",
+          { "data-time": k },
+          h("th", null, k),
+          told && k.endsWith("decode") ? h("td", null, unknownEl(NO_DECODE)) : h("td", { class: "mono" }, clock(ts), h("span", { class: "muted" }, after(ts, t0))),
+          h("td", { class: "muted" }, note),
+        ),
+      ),
     );
     const cells = blockCells(s, (this.opts.blockSize && this.opts.blockSize()) || 16);
     const line = h("div", { class: "rq-hover mono", id: "rv-hover" }, "hover a bar: that block");
@@ -222,6 +264,7 @@ export class RequestView {
     );
     this.body.replaceChildren(
       summary,
+      ...this.familyLine(s),
       times,
       h("div", { class: "an-sub" }, "blocks ", h("span", { class: "muted" }, "· click: show it in the block detail")),
       strip,

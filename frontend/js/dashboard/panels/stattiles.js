@@ -8,6 +8,7 @@ import { int, pct, rate } from "../../common/format.js";
 import { COLORS, rgbCss } from "../../common/palette.js";
 import { explain } from "../../common/terms.js";
 import { OPERATOR_TILES, operatorValues, sinceLabel, usageText } from "../state/operatortiles.js";
+import { MIRROR_WHY, onMirror, unknownText } from "./unknown.js";
 
 /** @typedef {"alloc_per_s" | "evict_per_s"} RateKey */
 
@@ -87,20 +88,23 @@ function setStat(key, text, value, share) {
 }
 
 /**
- * A tile with no figure at the moment shown: "—", and why on hover (data-reason).
+ * A tile with no figure: "—" at the moment shown, or "not known" (on a
+ * mirror) -- and why on hover (data-reason; `lead` before it).
  * @param {string} key
  * @param {string | undefined} reason
+ * @param {string} [lead]
  */
-function setReason(key, reason) {
+function setReason(key, reason, lead = "at this moment") {
   const el = $(`stat-${key}`);
   const tile = /** @type {HTMLElement} */ (el.closest(".stat")); // stat() puts the value in its tile
   if (reason) {
     tile.dataset.reason = reason;
-    tile.title = `${tile.dataset.help}\n\nat this moment: ${reason}`;
+    tile.title = `${tile.dataset.help}\n\n${lead}: ${reason}`;
   } else if (tile.dataset.reason !== undefined) {
     delete tile.dataset.reason;
     tile.title = tile.dataset.help ?? "";
   }
+  tile.classList.toggle("unknown", Boolean(reason) && lead !== "at this moment" && lead !== "no figure");
 }
 
 /**
@@ -127,7 +131,9 @@ export function momentStats(st, model) {
   setStat("usage", pct(sm.usage), sm.usage);
   setStat("usage01", usageText(sm.usage), sm.usage);
   setStat("keys", int(sm.hash_map_keys), sm.hash_map_keys);
-  setStat("requests", int(sm.running_requests), sm.running_requests);
+  const running = sm.running_requests ?? null; // null on a mirror that does not know it (the reason said)
+  setStat("requests", running === null ? "—" : int(running), running);
+  setReason("requests", running === null ? sm.requests_reason || (onMirror() ? MIRROR_WHY.requests : "not recorded then") : "");
   // the windows, since-start and waiting as the server computed them then
   // (its series point at the moment), or none with the reason
   /** @type {import("../state/history.js").MomentTiles} */
@@ -168,7 +174,7 @@ export function updateStats(model, history, map) {
   }
   const c = hd.blocks;
   const total = Math.max(1, model.n - 1);
-  for (const key of ["hit1m", "hit5m", "hit", "waiting", "alloc", "evict"]) setReason(key, "");
+  for (const key of ["hit1m", "hit5m", "hit", "waiting", "alloc", "evict", "requests"]) setReason(key, "");
   setStat("in_use", int(c.in_use), c.in_use, pct(c.in_use / total, 0));
   setStat("cached", int(c.cached), c.cached, pct(c.cached / total, 0));
   setStat("empty", int(c.empty), c.empty, pct(c.empty / total, 0));
@@ -176,7 +182,11 @@ export function updateStats(model, history, map) {
   setStat("usage01", usageText(hd.usage), hd.usage);
   const pts = model.points;
   const last = pts[pts.length - 1];
-  for (const [k, v] of Object.entries(operatorValues(last, hd, pct, int))) setStat(k, v.text, v.value);
+  const values = operatorValues(last, hd, pct, int, onMirror() ? MIRROR_WHY.requests : null);
+  for (const [k, v] of Object.entries(values)) {
+    setStat(k, v.text, v.value);
+    if (v.reason !== undefined) setReason(k, v.reason, v.text === "—" ? "no figure" : unknownText());
+  }
   setSinceLabel(sinceLabel(last));
   setStat("keys", int(hd.hash_map_keys), hd.hash_map_keys);
   const recent = pts.slice(-20);

@@ -40,6 +40,7 @@ export function barPaths(opts) {
  * @property {boolean} [spanGaps]
  * @property {(v: number) => string} [fmt] its legend value
  * @property {string} [help] its legend's hover text (else the glossary's for its label)
+ * @property {string | null} [unknown] why the series is not known (its legend says "not known", the reason on hover)
  */
 
 /**
@@ -547,8 +548,13 @@ export class MiniChart {
     for (let k = 0; k < o.series.length; k++) {
       const s = o.series[k];
       const v = i >= 0 && this.ys[k] ? this.ys[k][i] : null;
-      const text = v === null || v === undefined ? "—" : (s.fmt || compact)(v);
+      const text = s.unknown ? "not known" : v === null || v === undefined ? "—" : (s.fmt || compact)(v);
       if (this.items[k].textContent !== text) this.items[k].textContent = text;
+      const item = /** @type {HTMLElement} */ (this.items[k].parentElement);
+      if (s.unknown) item.dataset.unknown = s.unknown;
+      else delete item.dataset.unknown;
+      const title = s.unknown ? `not known: ${s.unknown}` : s.help || explain(s.label);
+      if (item.title !== title) item.title = title;
     }
   }
 }

@@ -105,15 +105,16 @@ export function policyRgb(policy, i = 0) {
 /**
  * A frame's `tokens` (docs/protocol.md: token-level usage).
  * @typedef {object} TokenUsage
- * @property {number} held
+ * @property {number | null} held null: not known (`reason` says why)
  * @property {number} slots_reserved
- * @property {number} tail_waste
+ * @property {number | null} tail_waste
  * @property {number} capacity
- * @property {number} usage_ratio
- * @property {number} fill_ratio
+ * @property {number | null} usage_ratio
+ * @property {number | null} fill_ratio
+ * @property {string | null} [reason] why the null figures are not known
  */
 
-/** @typedef {{ts: number, held: number, reserved: number, waste: number, capacity: number}} TokenPoint */
+/** @typedef {{ts: number, held: number | null, reserved: number, waste: number | null, capacity: number}} TokenPoint */
 
 const sumOf = (/** @type {Record<string, number> | null | undefined} */ o) => REASONS.reduce((a, r) => a + (Number(o && o[r]) || 0), 0);
 

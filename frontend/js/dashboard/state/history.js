@@ -11,7 +11,7 @@ const STATE_CODE = { null: 0, in_use: 1, cached: 2, empty: 3 };
  * @typedef {object} HistoryState
  * @property {{state: string[], ref_cnt: number[], hash64: (string | null)[]}} blocks per block
  * @property {{seq: number, ts: number}} at
- * @property {{blocks: {in_use: number, cached: number, empty: number}, running_requests: number, num_blocks: number, usage: number, hash_map_keys: number}} summary
+ * @property {{blocks: {in_use: number, cached: number, empty: number}, running_requests: number | null, requests_reason?: string | null, num_blocks: number, usage: number, hash_map_keys: number}} summary
  * @property {number} keyframe_seq
  * @property {number} replayed_ops
  * @property {{block_ids: number[], total: number}} queue the free queue's head (its first `limit` ids) and its length

@@ -17,35 +17,53 @@ export const OPERATOR_TILES = [
   ["waiting", "waiting", "vllm:num_requests_waiting: requests of the demo or a trace replay that arrived but are not admitted yet (too few free blocks, or the workload's running limit)"],
 ];
 
+/** Why a hit rate has no value (as Grafana's rate() ratio has none then). */
+export const NO_RATE = "no rate: under two samples in the window, or no prompt token looked up in it (hits / queries = 0 / 0)";
+
 const finite = (/** @type {unknown} */ v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
 
 /**
  * The tiles' values from the latest series point (`hit_rate_1m`, `…_5m`,
  * `hit_rate_since`, `waiting`) and the frame header (`running_requests`,
- * `prefix_cache` for a server without the point fields).
- * -> {key: {value, text}} with text "—" where there is no figure.
+ * `waiting_requests`, `requests_reason`, `prefix_cache` for a server without
+ * the point fields).
+ * -> {key: {value, text, reason?}} with text "—" where there is no figure;
+ * running and waiting not known (null, with the server's `requests_reason`)
+ * have `reason` and text "not known".  `mirrorWhy`: on a mirror, the reason
+ * for a server that sends no `requests_reason` at all (an older one, whose
+ * running and waiting are defaults, not the engine's).
  * @param {{hit_rate_1m?: number | null, hit_rate_5m?: number | null, hit_rate_since?: number | null, waiting?: number | null} | null | undefined} point
- * @param {{running_requests?: number, prefix_cache?: {queries_tokens: number, hits_tokens: number}} | null | undefined} header
+ * @param {{running_requests?: number | null, waiting_requests?: number | null, requests_reason?: string | null, prefix_cache?: {queries_tokens: number, hits_tokens: number}} | null | undefined} header
  * @param {(x: number) => string} pct
  * @param {(n: number) => string} int
- * @returns {Record<string, {value: number | null, text: string}>}
+ * @param {string | null} [mirrorWhy]
+ * @returns {Record<string, {value: number | null, text: string, reason?: string}>}
  */
-export function operatorValues(point, header, pct, int) {
+export function operatorValues(point, header, pct, int, mirrorWhy = null) {
   const p = point || {};
   const hd = header || {};
   const pc = hd.prefix_cache || { queries_tokens: 0, hits_tokens: 0 };
   const since = finite(p.hit_rate_since) ?? (pc.queries_tokens ? pc.hits_tokens / pc.queries_tokens : null);
-  const rate = (/** @type {number | null | undefined} */ v) => {
+  /** @type {(v: number | null | undefined) => {value: number | null, text: string, reason?: string}} */
+  const rate = (v) => {
     const f = finite(v);
-    return { value: f, text: f === null ? "—" : pct(f) };
+    return f === null ? { value: null, text: "—", reason: NO_RATE } : { value: f, text: pct(f) };
   };
-  const waiting = finite(p.waiting);
+  const told = "requests_reason" in hd; // the server says whether it knows them
+  const why = hd.requests_reason || (told ? "the server does not know it" : mirrorWhy);
+  /** @type {(v: number | null | undefined, given: boolean) => {value: number | null, text: string, reason?: string}} */
+  const count = (v, given) => {
+    if ((told && given && v === null) || (!told && mirrorWhy)) return { value: null, text: "not known", reason: why || "" };
+    const f = finite(v);
+    return { value: f, text: f === null ? "—" : int(f) };
+  };
+  const waitingGiven = "waiting_requests" in hd;
   return {
     hit1m: rate(p.hit_rate_1m),
     hit5m: rate(p.hit_rate_5m),
     hit: rate(since),
-    requests: { value: hd.running_requests ?? null, text: hd.running_requests === undefined ? "—" : int(hd.running_requests) },
-    waiting: { value: waiting, text: waiting === null ? "—" : int(waiting) },
+    requests: count(hd.running_requests, "running_requests" in hd),
+    waiting: count(waitingGiven ? hd.waiting_requests : p.waiting, waitingGiven || "waiting" in p),
   };
 }
 

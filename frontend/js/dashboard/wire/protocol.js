@@ -153,7 +153,9 @@ const DTYPES = {
  * @property {number} [num_free_blocks]
  * @property {number} [usage]
  * @property {number} [hash_map_keys]
- * @property {number} [running_requests]
+ * @property {number | null} [running_requests] null: not known (a mirror; requests_reason says why)
+ * @property {number | null} [waiting_requests] null: not known
+ * @property {string | null} [requests_reason] why running / waiting are not known (null: known)
  * @property {PrefixCacheCounts} [prefix_cache]
  * @property {import("../state/analysis.js").TokenUsage} [tokens]
  * @property {import("../state/analysis.js").AnalysisSection} [analysis]

@@ -3,6 +3,7 @@
 // from REST every few seconds the eviction-to-re-store gap histogram and the
 // most regretted prefixes.
 
+import { MIRROR_WHY, onMirror, unknownEl } from "../unknown.js";
 import { REASON_RGB } from "../../state/analysis.js";
 import { freshWindow, histChart, quiet, rateFmt, timeColumns } from "./analysisparts.js";
 import { $, h, setText } from "../../../common/dom.js";
@@ -54,11 +55,13 @@ export class RegretPanel {
   }
 
   /**
-   * A request id that opens its story (set `onStory`), or a dash.
+   * A request id that opens its story (set `onStory`); none: "not known"
+   * with why on hover (`why`: the server's reason).
    * @param {string | null | undefined} rid
+   * @param {string | null} [why]
    */
-  storyLink(rid) {
-    if (!rid) return "—";
+  storyLink(rid, why = null) {
+    if (!rid) return unknownEl(why || (onMirror() ? MIRROR_WHY.owners : "the analysis kept no request for it"), "not known");
     return h("a", { href: "#", "data-story": rid, onclick: (/** @type {MouseEvent} */ ev) => (ev.preventDefault(), this.onStory && this.onStory(rid)) }, rid);
   }
 
@@ -74,7 +77,7 @@ export class RegretPanel {
           h("td", { class: "mono toks" }, r.first_tokens.length ? `${r.first_tokens.slice(0, 4).join(" ")}${r.first_tokens.length > 4 ? " …" : ""}` : r.root),
           h("td", { class: "num" }, int(r.regrets)),
           h("td", { class: "num" }, dur(r.mean_gap_seconds)),
-          h("td", { class: "mono" }, this.storyLink(r.owner_request), h("span", { class: "muted" }, " → "), this.storyLink(r.last_request)),
+          h("td", { class: "mono" }, this.storyLink(r.owner_request, d.requests_reason), h("span", { class: "muted" }, " → "), this.storyLink(r.last_request, d.requests_reason)),
         ),
       );
       if (!rows.length) rows.push(h("tr", { class: "empty" }, h("td", { colspan: 4, class: "muted" }, "no regretted prefix yet")));
