@@ -65,7 +65,11 @@ IDLE_AFTER_S = 0.05
 # catch_up lets the engine's thread in every few hundred blocks it reads (a
 # sleep, not sleep(0): a thread releasing the interpreter takes it back at
 # once unless it waits a little); the engine waits ~0.3 ms for it at most
-PAUSE_S = 0.00002  # no step for this long: the sender's thread copies instead
+PAUSE_S = 0.00002
+# batches whose blocks catch_up has not read yet, at most: beyond, the engine's
+# flush brings the digest up to date itself (a sender starved of the CPU
+# never lets the work pile up)
+MAX_BEHIND = 16  # no step for this long: the sender's thread copies instead
 
 
 # what a usual call leaves in ``PoolFollower.ops`` (a tuple), for ``resolve``
@@ -157,6 +161,7 @@ class PoolFollower:
         self.inflight: deque[Batch] = deque()  # deferred: offered, not prepared by the sender yet
         self.digests_taken = 0  # deferred digests taken by catch_up
         self.digests_discarded = 0  # ... and readings thrown away (the engine moved)
+        self.digests_on_engine = 0  # deferred, yet taken here (a reset, or catch_up behind)
         self._digest_lock = threading.Lock()  # catch_up vs. the engine's own update
         # snapshots: asked for by the sender (any thread), copied here
         self.want_snapshot = False
@@ -423,7 +428,14 @@ class PoolFollower:
         self.flushed_ops = self.op_count
         self.step += 1
         self.seq += 1
-        deferred = self.defer_digest and not force_digest and not self._sync_due
+        deferred = (
+            self.defer_digest
+            and not force_digest
+            and not self._sync_due
+            and len(self.pending) + len(self.inflight) < MAX_BEHIND
+        )
+        if self.defer_digest and not deferred:
+            self.digests_on_engine += 1
         digest = None
         if deferred:  # the operations and the digest: the sender's thread (prepare, catch_up)
             digest, self.verified = self.verified, None
