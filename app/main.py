@@ -121,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.shutdown_hooks = []
     if settings.kv_events_publisher:
         _add_kv_event_publisher(app, engine, settings)
-    registry = make_registry(engine, extra)
+    registry, app.state.metrics_collector = make_registry(engine, extra)
 
     app.include_router(routes_pool.router)
     app.include_router(routes_inspect.router)

@@ -289,6 +289,14 @@ class _Mirrored:
             now = time.time()
             for new in out.scheduled_new_reqs:
                 m.request(Scheduled(str(new.req_id), now, int(new.num_computed_tokens)))
+            # preempted requests scheduled again (vLLM's resumed_req_ids, besides the new
+            # ones but for the v2 model runner): running again, as the mirror counts them
+            cached: Any = getattr(out, "scheduled_cached_reqs", None)
+            resumed = getattr(cached, "resumed_req_ids", None)
+            if resumed:
+                for rid, done in zip(cached.req_ids, cached.num_computed_tokens, strict=False):
+                    if rid in resumed:
+                        m.request(Scheduled(str(rid), now, int(done)))
             m._step_ns += time.perf_counter_ns() - t
             m.flush()
         return out

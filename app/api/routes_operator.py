@@ -33,8 +33,10 @@ async def rates(engine: EngineDep) -> dict[str, Any]:
     st = engine.manager.stats
     out: dict[str, Any] = engine.hit_window.summary(st.hits, st.queries)
     out["usage"] = float(engine.pool.get_usage())
-    out["requests_running"] = len(engine.manager.requests)
-    out["requests_waiting"] = sum(f() for f in engine.waiting_sources)
+    reqs = engine.request_counts()  # a mirror's: the engine's, or None with the reason
+    out["requests_running"] = reqs["running"]
+    out["requests_waiting"] = reqs["waiting"]
+    out["requests_reason"] = reqs["reason"]
     return out
 
 

@@ -27,7 +27,9 @@ def add_observe_parser(sub: Any) -> None:
     o.add_argument(
         "--bind", dest="bind_endpoints", action="append", metavar="ENDPOINT",
         help="[name=]tcp://host:port to bind (repeatable), for publishers that connect: vLLM "
-        "does when its kv-events endpoint is a concrete host (tcp://this-host:5557)",
+        "does when its kv-events endpoint is a concrete host (tcp://this-host:5557). One "
+        "publisher per address: the first connection to send, until it closes; another's "
+        "messages are refused and counted (bind an address only the engines reach)",
     )  # fmt: skip
     o.add_argument(
         "--max-hashes", type=int,
@@ -41,6 +43,11 @@ def add_observe_parser(sub: Any) -> None:
         "--dashboard", dest="dashboards", action="append", metavar="NAME=URL",
         help="the dashboard of instance NAME (a blockpool serve --mirror of that engine; "
         "repeatable): its card on the fleet page links it",
+    )  # fmt: skip
+    o.add_argument(
+        "--max-message-bytes", dest="max_batch_bytes", type=int, metavar="BYTES",
+        help="the byte cap on every message (live and replayed): a frame over it closes its "
+        "connection before it is read (ZMQ_MAXMSGSIZE)",
     )  # fmt: skip
     o.add_argument("--dp-size", type=int, help="data-parallel ranks per endpoint: ports +0..N-1")
     o.add_argument("--topic", help="topic prefix to subscribe to ('' = all)")

@@ -45,6 +45,7 @@ import zmq
 import zmq.asyncio
 
 from app.core.errors import NotFound
+from app.mirror.queues import EngineQueues
 from app.mirror.requests import RequestBook
 from app.mirror.status import MirrorStatus
 from app.mirror.story import engine_story
@@ -98,6 +99,7 @@ class MirrorClient:
         # the engine's requests as a trace (GET /api/mirror/trace, the export)
         self.traffic = TrafficLog()
         self.what_if: MirrorShadowFeed | None = None  # (feed_shadows)
+        self.queues = EngineQueues()  # the engine's running and waiting requests
         self.applier = MirrorApplier(engine.runtime)
         self._beat_digest: wire.Digest | None = None  # the last beat's, checked
         host = engine.analysis  # its eviction memory where it is inline, else one of its own
@@ -288,8 +290,10 @@ class MirrorClient:
                 await self._apply_group(batches)
                 batches = []
             if isinstance(msg, wire.Hello):
+                self.queues.heard(msg.seq, time.time())
                 self._hello(msg)
             elif isinstance(msg, wire.Beat):
+                self.queues.heard(msg.seq, msg.ts)
                 self._beat(msg)
                 d = msg.digest
                 if d is not None and self.applier.synced and d != self._beat_digest:
@@ -313,6 +317,7 @@ class MirrorClient:
         self._old_boots.append(self.boot)
         self.boot = boot
         st.engine_restarts += 1
+        self.queues.restart()  # the new run holds no request of the old one's
         st.problem("the engine restarted (a new boot): resyncing from a snapshot")
         logger.warning("mirror: the engine restarted; resyncing")
         self._unsync()
@@ -431,6 +436,7 @@ class MirrorClient:
         self.traffic.apply(batch.requests)
         if self.what_if is not None:
             self.what_if.apply(batch.requests, batch.stats, batch.seq)
+        self.queues.batch(batch.seq, batch.ts, batch.requests)
         if not self.applier.synced:
             # the requests' hash chains: a resync's prefix tree needs them (learnt
             # by the writer, before the restore); the snapshot covers the rest
@@ -548,6 +554,7 @@ class MirrorClient:
             if self.boot is not None:
                 self._old_boots.append(self.boot)
                 st.engine_restarts += 1
+                self.queues.restart()
             self.boot = snap.boot
         st.resynced(snap.seq)
         st.seen()  # the engine answered (signed, where keyed)

@@ -158,3 +158,39 @@ def _counts(reasons: list[str | None]) -> dict[str, int]:
         if x is not None:
             out[x] = out.get(x, 0) + 1
     return out
+
+
+LISTING_REASON = (
+    "a mirror is told a request's prompt and its prefix hit, not the tokens it made "
+    "since nor the blocks it holds"
+)
+
+
+def running_page(
+    book: RequestBook, running: list[str] | None, block_size: int, offset: int, limit: int
+) -> dict[str, Any]:
+    """``GET /api/requests`` on a mirror: the engine's running requests
+    (``running``: their ids, None where not known) as the book heard of them."""
+    if running is None:
+        return {"total": None, "offset": offset, "limit": limit, "items": [],
+                "reason": "the engine's running requests are not known here"}  # fmt: skip
+    items = []
+    for rid in running[offset : offset + limit]:
+        r = book.requests.get(rid)
+        hit = r["hit_tokens"] if r is not None else None
+        items.append(
+            {
+                "request_id": rid,
+                "num_tokens": None,
+                "num_blocks": None,
+                "num_hit_blocks": None if hit is None else hit // block_size,
+                "num_prompt_tokens": r["prompt_tokens"] if r is not None else None,
+            }
+        )
+    return {
+        "total": len(running),
+        "offset": offset,
+        "limit": limit,
+        "items": items,
+        "reason": LISTING_REASON,
+    }

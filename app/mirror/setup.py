@@ -30,6 +30,7 @@ from app.analysis.shadows import MirrorShadows
 from app.core.settings import Settings
 from app.mirror.client import MirrorClient
 from app.mirror.guard import ReadOnlyMirror
+from app.mirror.requests import running_page
 from app.mirror.routes import router
 from app.mirror.status import REFUSED_WHY, figures_of
 from blockpool.core.free_order import FREE_ORDERS
@@ -39,6 +40,13 @@ from blockpool.mirror.traffic import engine_facts, request_lines
 
 HASH_NAMES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 DEFAULT_MODEL_NAME = Settings.model_fields["model_name"].default
+# figures a mirror cannot know (Engine.unknown): the views say them null, with this
+UNKNOWN = {
+    "tokens": "a mirror is told the engine's blocks, not its tokens: how full its "
+    "partial blocks are is not known here",
+    "request_owners": "a mirror is told block operations without the request that made "
+    "them: whose block was evicted is not known here",
+}
 REBUILD_MIN_S = 5.0  # a service is rebuilt at most once in this long (an engine flapping)
 
 
@@ -165,6 +173,18 @@ def install(
         _what_if_and_export(app, client, hello)
     app.state.stream.follow_mirror(client.status.stream_header)
     app.state.metrics_sources["mirror"] = figures_of(client.status)
+    app.state.metrics_collector.mirror = True  # no vLLM name beside the engine's own
+    engine = app.state.engine
+    engine.request_counts = client.queues.counts  # the engine's requests, or None
+    engine.request_history = client.queues
+    engine.unknown.update(UNKNOWN)
+    queues, book, bs = client.queues, client.book, engine.settings.block_size
+
+    def listing(offset: int, limit: int) -> dict[str, Any]:
+        known = queues.counts()["running"] is not None
+        return running_page(book, queues.running_ids() if known else None, bs, offset, limit)
+
+    engine.request_listing = listing
     app.state.startup_hooks.append(client.start)
     app.state.shutdown_hooks.append(client.stop)
     app.include_router(router)

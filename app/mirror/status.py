@@ -67,7 +67,8 @@ class MirrorStatus:
     ops_applied: int = 0
     digests_checked: int = 0
     divergences: int = 0
-    resyncs: int = 0
+    syncs: int = 0  # snapshots restored (the first sync included)
+    resyncs: int = 0  # ... after the first: the first sync is no resync
     resync_failures: int = 0
     snapshot_timeouts: int = 0
     refused_replies: int = 0  # snapshot replies whose signature did not verify
@@ -105,7 +106,8 @@ class MirrorStatus:
         self.last_problem_at = time.time()
 
     def resynced(self, seq: int) -> None:
-        self.resyncs += 1
+        self.syncs += 1
+        self.resyncs = self.syncs - 1
         self.synced = True
         self.digests_checked_since_sync = 0
         self.last_seq = seq
@@ -241,6 +243,7 @@ class MirrorStatus:
             "problem": self.shape_problem,
             "digests_checked_since_sync": self.digests_checked_since_sync,
             "divergences": self.divergences,
+            "syncs": self.syncs,
             "resyncs": self.resyncs,
             "rebuilds": self.rebuilds,
             "resync_failures": self.resync_failures,
@@ -281,7 +284,7 @@ FIGURES_HELP = {
     "stale": "1 while the engine is silent",
     "behind": "1 while the mirror's oldest unapplied message is older than the lag bound",
     "backlog": "messages received and not yet applied",
-    "resyncs_total": "snapshots restored",
+    "resyncs_total": "snapshots restored after the first sync (gaps, divergences, restarts)",
     "rebuilds_total": "services rebuilt for an engine restarted as another pool",
     "gaps_total": "batches or operations that never arrived",
     "divergences_total": "digests or operations that disagreed with the engine's",

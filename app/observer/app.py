@@ -52,6 +52,7 @@ FRONTEND: Path = frontend_dir() or BESIDE
 
 def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
     settings = settings or ObserverSettings()
+    links = settings.dashboard_urls()  # each engine's own dashboard (--dashboard)
     sources = [
         Source(
             spec,
@@ -68,6 +69,7 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
             max_batch_hashes=settings.max_batch_hashes,
             max_batch_events=settings.max_batch_events,
             max_batch_tokens=settings.max_batch_tokens,
+            dashboard_url=links.get(spec.name),
         )
         for spec in settings.sources()
     ]

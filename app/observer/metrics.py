@@ -14,6 +14,7 @@ from app.core.figures import totals
 from app.observer.fleet import Fleet
 from app.observer.hub import HUB_HELP, FleetHub
 from app.observer.source import Source
+from blockpool.kvevents.replay_frames import REPLAY_LAYOUTS
 
 AGE_HELP = (
     "Seconds since the instance's last batch was applied (since the observer started "
@@ -63,6 +64,9 @@ PER_POOL: dict[str, tuple[str, str]] = {
     "replay_out_of_range": ("c", "Replayed seqs past the live stream (given up)."),
     "last_batch_age_seconds": ("g", AGE_HELP),
     "stale": ("g", STALE_HELP),
+    "refused_messages": ("c", "Live messages of a second publisher connection (refused)."),
+    "refused_publishers": ("c", "Second publisher connections whose messages were refused."),
+    "publisher_changes": ("c", "A new connection took over after the publisher's closed."),
 }
 
 
@@ -100,6 +104,9 @@ def readings(s: Source, now: float) -> dict[str, float]:
         "replay_out_of_range": t.replay_out_of_range,
         "last_batch_age_seconds": s.last_batch_age(now),
         "stale": s.stale(now),
+        "refused_messages": s.refused_messages,
+        "refused_publishers": s.refused_publishers,
+        "publisher_changes": s.publisher_changes,
     }
 
 
@@ -144,6 +151,15 @@ class ObserverCollector(Collector):
                 labels=["pool", "kind"],
             ),
             {s.name: dict(s.poison.counts) for s in sources},
+        )
+        yield labelled(
+            CounterMetricFamily(
+                p + "replay_replies",
+                "Replay replies read, by layout: v016 (vLLM 0.16's 3 frames), topic (vLLM "
+                "0.24 on's 4).",
+                labels=["pool", "layout"],
+            ),
+            {s.name: {k: s.replay_layouts.get(k, 0) for k in REPLAY_LAYOUTS} for s in sources},
         )
         hub = self.hub
         yield GaugeMetricFamily(p + "ws_clients", "Websocket clients.", value=len(hub.fan))

@@ -100,16 +100,13 @@ async def health(request: Request) -> dict[str, Any]:
 @router.get("/fleet", dependencies=[Auth], summary="Every pool: stream health and map summary")
 async def fleet_view(request: Request, fleet: FleetDep) -> dict[str, Any]:
     hub: FleetHub = request.app.state.hub
-    links = request.app.state.settings.dashboard_urls()  # each engine's own dashboard
     return {
         "role": "observer",
         "seq": hub.seq,
         "started_at": fleet.started_at,
         "topic": request.app.state.settings.topic,
         "cannot_know": list(CANNOT_KNOW),
-        "instances": [
-            {**s.health(), "dashboard_url": links.get(s.name)} for s in fleet.sources.values()
-        ],
+        "instances": [s.health() for s in fleet.sources.values()],
         "stream": hub.stats(),
     }
 

@@ -53,8 +53,10 @@ class Source:
         max_batch_hashes: int | None = None,
         max_batch_events: int | None = None,
         max_batch_tokens: int | None = None,
+        dashboard_url: str | None = None,
     ) -> None:
         self.spec = spec
+        self.dashboard_url = dashboard_url  # the engine's own dashboard (a serve --mirror)
         self.name = spec.name
         self.topic = topic.encode()
         self.replay_timeout = replay_timeout
@@ -90,6 +92,10 @@ class Source:
         self.unknown_fields: dict[str, int] = {}  # field name -> times (kept in extra)
         self.unknown_fields_total = 0
         self.bad_messages = 0
+        self.replay_layouts: dict[str, int] = {}  # replay replies read, by layout
+        self.refused_messages = 0  # live messages of a second publisher connection
+        self.refused_publishers = 0  # such connections
+        self.publisher_changes = 0  # a new connection took over from a closed one
         self.last_batch_ts: float | None = None  # the publisher's clock
         self.last_batch_at: float | None = None  # ours
         self.last_message_at: float | None = None  # ours: any live message

@@ -8,6 +8,12 @@ No message can end the loop's task: each is handled under its own guard
 should the socket loop fail anyway it is restarted with a doubling backoff
 (counted in the source's ``task_restarts``; ``task`` says ``restarting``
 meanwhile and health is then not ``ok``).
+
+Replay replies are read in either release's layout (``replay_frames.py``).
+One publisher per instance: the live messages of the first connection to
+send are applied, another connection's refused and counted, until the
+first's close hands over (``_admit``).  Every frame meets the byte cap
+(``ZMQ_MAXMSGSIZE``) before it is read.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from blockpool.kvevents.config import END_SEQ, SourceSpec
 from blockpool.kvevents.poison import PoisonCounter
+from blockpool.kvevents.replay_frames import replay_layout
 from blockpool.kvevents.tracker import SeqTracker
 
 logger = logging.getLogger("blockpool.observer")
@@ -51,6 +58,21 @@ class Source(Protocol):
     disconnects: int
     bad_messages: int
     last_message_at: float | None
+    replay_layouts: dict[str, int]
+    max_batch_bytes: int
+    refused_messages: int
+    refused_publishers: int
+    publisher_changes: int
+
+
+def source_fd(frame: zmq.Frame) -> int | None:
+    """The connection a received message came over (libzmq's ZMQ_SRCFD, the
+    connection's file descriptor); None where libzmq cannot say."""
+    try:
+        fd = frame.get(zmq.SRCFD)
+    except (zmq.ZMQError, AttributeError, ValueError):
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None
 
 
 class SourceSockets:
@@ -61,6 +83,10 @@ class SourceSockets:
         self.src = src
         self._wake = asyncio.Event()
         self._peers: set[int] = set()  # the fds of the connections the monitor reported
+        # the connection (its fd) whose live messages are applied: the first to
+        # send, until the monitor reports it closed (``_admit``)
+        self._publisher: int | None = None
+        self._refused: set[int] = set()  # connections refused while it holds
         self._replay_outstanding: int | None = None  # tracker.replay_gen of our request
         self._replay_deadline = 0.0
         self._replay_paused_until = 0.0
@@ -110,6 +136,7 @@ class SourceSockets:
     def _new_dealer(self, ctx: zmq.asyncio.Context) -> zmq.asyncio.Socket:
         dealer = ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, self.src.max_batch_bytes)
         dealer.setsockopt(zmq.RCVHWM, 0)  # a replay may be long: never drop it
         assert self.src.spec.replay_endpoint is not None
         dealer.connect(self.src.spec.replay_endpoint)
@@ -120,6 +147,9 @@ class SourceSockets:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, self.src.rcvhwm)
         sub.setsockopt(zmq.SUBSCRIBE, self.src.topic)
+        # a frame over the cap closes its connection before it is read (libzmq
+        # checks the size each frame announces): it is never held in memory
+        sub.setsockopt(zmq.MAXMSGSIZE, self.src.max_batch_bytes)
         monitor = sub.get_monitor_socket(
             zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
         )
@@ -145,9 +175,12 @@ class SourceSockets:
                 if sub in ready:
                     for _ in range(2000):
                         try:
-                            frames = await sub.recv_multipart(flags=zmq.NOBLOCK)
+                            parts = await sub.recv_multipart(flags=zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
+                        if not await self._admit(source_fd(parts[0]), monitor):
+                            continue
+                        frames = [part.bytes for part in parts]
                         start = self._guarded(self._live, frames)
                         if start is not None and dealer is not None:
                             dealer = await self._request(ctx, poller, dealer, start)
@@ -171,6 +204,8 @@ class SourceSockets:
                 dealer.close(linger=0)
             self.src.connected = False
             self._peers.clear()
+            self._publisher = None
+            self._refused.clear()
 
     async def _monitor(self, monitor: zmq.asyncio.Socket) -> None:
         for _ in range(100):
@@ -185,10 +220,44 @@ class SourceSockets:
                 if fd not in self._peers:
                     self.src.connects += 1
                 self._peers.add(fd)
-            elif event == zmq.EVENT_DISCONNECTED and fd in self._peers:
-                self._peers.discard(fd)
-                self.src.disconnects += 1
+            elif event == zmq.EVENT_DISCONNECTED:
+                if fd == self._publisher:
+                    self._publisher = None  # the next connection to send takes over
+                self._refused.discard(fd)
+                if fd in self._peers:
+                    self._peers.discard(fd)
+                    self.src.disconnects += 1
             self.src.connected = bool(self._peers)
+
+    async def _admit(self, fd: int | None, monitor: zmq.asyncio.Socket) -> bool:
+        """One publisher per instance: whether a live message that came over
+        connection ``fd`` is the instance's.  The first connection to send is
+        the publisher's until the monitor reports it closed; the next one to
+        send then takes over (a restarted engine connects anew, and its seq
+        going back resets the map).  Another connection's messages meanwhile
+        are refused unread and counted -- a second process on a ``--bind``
+        address can neither wipe the map nor add to it.  (A libzmq that no
+        longer names the connection, ``fd`` None: every message is taken.)"""
+        if fd is None or fd == self._publisher:
+            return True
+        if self._publisher is not None:
+            await self._monitor(monitor)  # its close may be on its way
+        if self._publisher is None:
+            if self.src.tracker.received:
+                self.src.publisher_changes += 1
+            self._publisher = fd
+            self._refused.discard(fd)
+            return True
+        self.src.refused_messages += 1
+        if fd not in self._refused:
+            self._refused.add(fd)
+            self.src.refused_publishers += 1
+            logger.warning(
+                "%s: refused the messages of a second publisher connection: the instance "
+                "has one publisher, connected first (refused connections so far: %d)",
+                self.src.name, self.src.refused_publishers,
+            )  # fmt: skip
+        return False
 
     def _bad_frames(self, frames: list[bytes]) -> bool:
         if len(frames) == 3 and len(frames[1]) == 8:
@@ -198,6 +267,22 @@ class SourceSockets:
             "bad_frames", f"{len(frames)} frame(s), not topic / 8-byte seq / payload"
         )
         return True
+
+    def _replay_reply(self, frames: list[bytes]) -> tuple[bytes, bytes] | None:
+        """(seq, payload) of one replay reply, in either layout (``replay_layout``),
+        told apart per reply; None (counted as ``bad_frames``) for anything else."""
+        layout = replay_layout(frames, self.src.topic)
+        if layout is None:
+            self.src.bad_messages += 1
+            self.src.poison.add(
+                "bad_frames",
+                f"replay reply of {len(frames)} frame(s), neither '' / seq / payload "
+                "(vLLM 0.16) nor '' / topic / seq / payload (vLLM 0.24 on)",
+            )
+            return None
+        counts = self.src.replay_layouts
+        counts[layout] = counts.get(layout, 0) + 1
+        return frames[-2], frames[-1]
 
     def _live(self, frames: list[bytes]) -> int | None:
         if self._bad_frames(frames):
@@ -223,14 +308,16 @@ class SourceSockets:
         if self._replay_outstanding != tracker.replay_gen or not tracker.replaying:
             tracker.stale_replies += 1
             return None
-        if self._bad_frames(frames):
+        reply = self._replay_reply(frames)
+        if reply is None:
             return None
+        seq_bytes, payload = reply
         self._replay_deadline = time.monotonic() + self.src.replay_timeout
-        if frames[1] == END_SEQ:
+        if seq_bytes == END_SEQ:
             self._replay_outstanding = None
             return tracker.on_replay_end()
         out_of_range = tracker.replay_out_of_range
-        start = tracker.on_replay(int.from_bytes(frames[1], "big"), frames[2])
+        start = tracker.on_replay(int.from_bytes(seq_bytes, "big"), payload)
         if tracker.replay_out_of_range != out_of_range:
             self.src.poison.add("replay_out_of_range", tracker.last_failure or "")
         return start

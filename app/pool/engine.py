@@ -85,6 +85,17 @@ class Engine:
         self.series: deque[dict[str, float]] = deque(maxlen=SERIES_CAPACITY)
         self.hit_window = HitWindow()  # hit rate 1m / 5m as Prometheus' rate() (windowed.py)
         self.waiting_sources: list[Callable[[], int]] = []  # workloads' queued requests
+        # running and waiting requests (None: not known, "reason" says why); a
+        # mirror's are the engine's (app/mirror/queues.py)
+        self.request_counts: Callable[[], dict[str, Any]] = self._own_request_counts
+        # a mirror's: the engine's requests at a past moment and between two
+        # (EngineQueues.at / .between); None: the runtime's own requests say it
+        self.request_history: Any = None
+        # a mirror's GET /api/requests (offset, limit): the engine's running requests
+        self.request_listing: Callable[[int, int], dict[str, Any]] | None = None
+        # figures this service cannot know, by name -> why (a mirror's: UNKNOWN
+        # in app/mirror/setup.py); the views say them null with the reason
+        self.unknown: dict[str, str] = {}
         self.listeners: list[TickListener] = []
         self.started_at = time.time()
         self.tick_no = 0
@@ -102,6 +113,18 @@ class Engine:
             # a jump of the pool only), and records
             rt.observe(self.analysis.observer)
             rt.recorder = self.analysis.recorder
+
+    def _own_request_counts(self) -> dict[str, Any]:
+        """Requests holding blocks, those the workloads queued, and the totals."""
+        c = self.counters
+        return {
+            "running": len(self.manager.requests),
+            "waiting": sum(f() for f in self.waiting_sources),
+            "admitted": c.requests_admitted,
+            "finished": c.requests_finished,
+            "refused": c.requests_refused,
+            "reason": None,
+        }
 
     # ------------------------------------------------- the runtime's state
 
@@ -293,6 +316,7 @@ class Engine:
         dt = max(now - t0, 1e-9)
         dq = stats.queries - q0
         counts = self.columns.counts
+        reqs = self.request_counts()
         point = {
             "ts": time.time(),
             "in_use": float(counts[1]),
@@ -303,8 +327,8 @@ class Engine:
             "hit_rate_total": stats.hit_rate,
             "alloc_per_s": (c.blocks_allocated - alloc0) / dt,
             "evict_per_s": (c.evictions - evict0) / dt,
-            "requests": float(len(self.manager.requests)),
-            "waiting": float(sum(f() for f in self.waiting_sources)),
+            "requests": _or_nan(reqs["running"]),
+            "waiting": _or_nan(reqs["waiting"]),
             **self.hit_window.point(stats.hits, stats.queries, c.resets),
         }
         self._last_point_counters = (
@@ -351,3 +375,8 @@ class Engine:
             except Exception:
                 logger.exception("tick listener failed")
         return data
+
+
+def _or_nan(v: int | None) -> float:
+    """A series figure: NaN where it is not known (the series' JSON says null)."""
+    return float("nan") if v is None else float(v)

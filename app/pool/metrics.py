@@ -1,9 +1,18 @@
 """Prometheus ``/metrics``: read from the engine at scrape time.
 
-vLLM's names where the meaning matches (with its ``model_name`` and
-``engine`` labels, so vLLM's Grafana KV-cache panels work against us); ours
-under ``blockpool_``.  Base units, ``_total`` only on counters, never an id
-as a label.
+A service of its own pool (``serve``, ``--demo``, a trace replay) says the
+pool's figures under vLLM's names where the meaning matches (with vLLM's
+``model_name`` and ``engine`` labels, so vLLM's Grafana KV-cache panels
+work against it): no vLLM engine is beside it.
+
+A mirror (``serve --mirror``) never does: scraped next to its engine, a
+``vllm:`` series of its own would be summed into every query of vLLM's
+dashboard (they aggregate by ``model_name`` across instances, so a label
+of ours would not keep it apart).  It says the engine's figures as it
+follows them under ``blockpool_engine_`` (``MIRROR_NAMES``), labelled as
+vLLM labels them, so one PromQL ``on (model_name)`` joins the two; a figure
+not known on the mirror is absent, never 0.  Ours are under ``blockpool_``
+in both.  Base units, ``_total`` only on counters, never an id as a label.
 """
 
 from __future__ import annotations
@@ -29,6 +38,20 @@ if TYPE_CHECKING:
 
 StatsSource = Callable[[], dict[str, float]]
 
+# vLLM's name -> a mirror's (the engine's figure as the mirror follows it, or
+# the mirror's own measure of the mirrored pool: the sampled block histograms)
+MIRROR_NAMES = {
+    "vllm:kv_cache_usage_perc": "blockpool_engine_kv_cache_usage_perc",
+    "vllm:prefix_cache_queries": "blockpool_engine_prefix_cache_queries",
+    "vllm:prefix_cache_hits": "blockpool_engine_prefix_cache_hits",
+    "vllm:num_requests_running": "blockpool_engine_num_requests_running",
+    "vllm:num_requests_waiting": "blockpool_engine_num_requests_waiting",
+    "vllm:cache_config_info": "blockpool_engine_cache_config_info",
+    "vllm:kv_block_lifetime_seconds": "blockpool_kv_block_lifetime_seconds",
+    "vllm:kv_block_idle_before_evict_seconds": "blockpool_kv_block_idle_before_evict_seconds",
+    "vllm:kv_block_reuse_gap_seconds": "blockpool_kv_block_reuse_gap_seconds",
+}
+
 
 class EngineCollector(Collector):
     def __init__(self, engine: Engine, extra: dict[str, StatsSource] | None = None) -> None:
@@ -36,24 +59,30 @@ class EngineCollector(Collector):
         # name -> source of our own gauges/counters from other parts (stream,
         # demo, publisher): {"stream": lambda: {"clients": 3, ...}}
         self.extra = extra if extra is not None else {}
+        self.mirror = False  # a mirror's names (MIRROR_NAMES): set by app/mirror/setup.py
+
+    def _name(self, vllm_name: str) -> str:
+        return MIRROR_NAMES[vllm_name] if self.mirror else vllm_name
 
     def collect(self) -> Iterator[Metric]:
         e = self.engine
         labels = ["model_name", "engine"]
         lv = [e.settings.model_name, "0"]
+        own = self._name
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=labels)
+        def gauge(vllm_name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(own(vllm_name), doc, labels=labels)
             g.add_metric(lv, value)
             return g
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=labels)
+        def counter(vllm_name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(own(vllm_name), doc, labels=labels)
             c.add_metric(lv, value)
             return c
 
         stats = e.manager.stats
         c = e.counters
+        reqs = e.request_counts()
         yield gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
             e.pool.get_usage(),
@@ -68,21 +97,32 @@ class EngineCollector(Collector):
             "Prefix cache hits, in terms of number of cached tokens.",
             stats.hits,
         )
-        yield gauge(
-            "vllm:num_requests_running",
-            "Number of requests running: admitted and holding blocks (every REST-admitted "
-            "request, until finished).",
-            len(e.manager.requests),
-        )
-        yield gauge(
-            "vllm:num_requests_waiting",
-            "Number of requests waiting: arrived in the service's own workloads (demo, "
-            "trace replay) and not admitted yet (too few free blocks: not_enough_blocks, "
-            "or the workload's running limit). REST clients queue their own.",
-            sum(f() for f in e.waiting_sources),
-        )
+        if reqs["running"] is not None:  # absent where not known (a mirror's: see below)
+            yield gauge(
+                "vllm:num_requests_running",
+                "Number of requests running: on a mirror the engine's running queue; "
+                "else admitted and holding blocks (every REST-admitted request, until "
+                "finished).",
+                reqs["running"],
+            )
+        if reqs["waiting"] is not None:
+            yield gauge(
+                "vllm:num_requests_waiting",
+                "Number of requests waiting: on a mirror the engine's waiting queue; else "
+                "arrived in the service's own workloads (demo, trace replay) and not "
+                "admitted yet (too few free blocks: not_enough_blocks, or the workload's "
+                "running limit). REST clients queue their own.",
+                reqs["waiting"],
+            )
+        if self.mirror:
+            yield GaugeMetricFamily(
+                "blockpool_engine_requests_known",
+                "1 while the engine's running and waiting requests are known on the mirror "
+                "(0: it joined a busy engine or missed a batch; GET /api/pool/rates says why)",
+                value=float(reqs["running"] is not None),
+            )
         info = GaugeMetricFamily(
-            "vllm:cache_config_info",
+            own("vllm:cache_config_info"),
             "Information of the LLMEngine CacheConfig",
             labels=[
                 "block_size", "num_gpu_blocks", "enable_prefix_caching",
@@ -102,7 +142,7 @@ class EngineCollector(Collector):
             1.0,
         )
         yield info
-        for name, key, doc in (
+        for vllm_name, key, doc in (
             ("vllm:kv_block_lifetime_seconds", "lifetime",
              "Histogram of KV cache block lifetime from allocation to eviction. Sampled."),
             ("vllm:kv_block_idle_before_evict_seconds", "idle",
@@ -111,7 +151,7 @@ class EngineCollector(Collector):
              "Histogram of time gaps between consecutive KV cache block accesses. Sampled."),
         ):  # fmt: skip
             h = e.histograms[key]
-            fam = HistogramMetricFamily(name, doc, labels=labels)
+            fam = HistogramMetricFamily(own(vllm_name), doc, labels=labels)
             fam.add_metric(
                 lv,
                 [(_le(b), float(n)) for b, n in h.cumulative()],
@@ -144,10 +184,6 @@ class EngineCollector(Collector):
             ("blockpool_operations", "Operations applied by the engine.", c.ops),
             ("blockpool_operations_refused", "Operations refused (nothing changed).",
              c.ops_failed),
-            ("blockpool_requests_admitted", "Requests admitted.", c.requests_admitted),
-            ("blockpool_requests_refused", "Requests refused for lack of blocks.",
-             c.requests_refused),
-            ("blockpool_requests_finished", "Requests finished.", c.requests_finished),
             ("blockpool_resets", "Prefix-cache resets done.", c.resets),
             ("blockpool_resets_refused", "Prefix-cache resets refused.", c.resets_refused),
             ("blockpool_event_log_dropped", "KV events dropped from the bounded log.",
@@ -159,13 +195,22 @@ class EngineCollector(Collector):
             ("blockpool_eviction_samples", "Eviction samples taken.", e.samples.last_seq),
         ):  # fmt: skip
             yield CounterMetricFamily(name, doc, value=value)
+        for name, doc, key in (
+            ("blockpool_requests_admitted",
+             "Requests admitted (on a mirror: the engine's first schedulings).", "admitted"),
+            ("blockpool_requests_refused", "Requests refused for lack of blocks.", "refused"),
+            ("blockpool_requests_finished", "Requests finished.", "finished"),
+        ):  # fmt: skip
+            if reqs[key] is not None:  # absent where not known (a mirror's)
+                yield CounterMetricFamily(name, doc, value=reqs[key])
         kv = CounterMetricFamily(
             "blockpool_kv_events", "KV events emitted, by type.", labels=["type"]
         )
         for name, n in sorted(c.events.items()):
             kv.add_metric([name], n)
         yield kv
-        yield from analysis_prom.token_families(e.runtime)
+        if "tokens" not in e.unknown:  # absent where not known (a mirror's)
+            yield from analysis_prom.token_families(e.runtime)
         yield from analysis_prom.families(e.analysis)
         for part, source in self.extra.items():
             for key, reading in sorted(source().items()):
@@ -182,7 +227,10 @@ def _le(bound: float) -> str:
     return text
 
 
-def make_registry(engine: Engine, extra: dict[str, StatsSource]) -> CollectorRegistry:
+def make_registry(
+    engine: Engine, extra: dict[str, StatsSource]
+) -> tuple[CollectorRegistry, EngineCollector]:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(engine, extra))
-    return registry
+    collector = EngineCollector(engine, extra)
+    registry.register(collector)
+    return registry, collector

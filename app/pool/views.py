@@ -57,12 +57,33 @@ def config(engine: Engine) -> dict[str, Any]:
     return out
 
 
-def summary(engine: Engine) -> dict[str, Any]:
-    c = engine.counters
+def tokens(engine: Engine) -> dict[str, Any]:
+    """Token usage beside block usage (null figures with ``reason`` where the
+    service cannot know them: ``Engine.unknown``)."""
+    out: dict[str, Any] = analysis_views.tokens(engine.runtime, engine.unknown.get("tokens"))
+    return out
+
+
+def headline(engine: Engine) -> dict[str, Any]:
+    """``pool_summary`` with the requests the service knows of: on a mirror
+    the engine's (None where not known, ``requests_reason`` says why).  REST's
+    summary and every stream frame's header carry it."""
+    reqs = engine.request_counts()
     return {
         **pool_summary(engine.runtime),
+        "running_requests": reqs["running"],
+        "waiting_requests": reqs["waiting"],
+        "requests_reason": reqs["reason"],
+    }
+
+
+def summary(engine: Engine) -> dict[str, Any]:
+    c = engine.counters
+    reqs = engine.request_counts()
+    return {
+        **headline(engine),
         "groups": list(engine.manager.group_ids),
-        "tokens": analysis_views.tokens(engine.runtime),
+        "tokens": tokens(engine),
         "counters": {
             "operations": c.ops,
             "operations_refused": c.ops_failed,
@@ -73,9 +94,10 @@ def summary(engine: Engine) -> dict[str, Any]:
             "evictions": c.evictions,
             "resets": c.resets,
             "resets_refused": c.resets_refused,
-            "requests_admitted": c.requests_admitted,
-            "requests_refused": c.requests_refused,
-            "requests_finished": c.requests_finished,
+            # on a mirror the engine's (None: not known, requests_reason says why)
+            "requests_admitted": reqs["admitted"],
+            "requests_refused": reqs["refused"],
+            "requests_finished": reqs["finished"],
             "events": dict(c.events),
         },
         "event_log": {
@@ -349,6 +371,8 @@ def verify(engine: Engine, rid: str) -> dict[str, Any]:
 
 
 def requests(engine: Engine, offset: int, limit: int) -> dict[str, Any]:
+    if engine.request_listing is not None:  # a mirror's: the engine's running requests
+        return engine.request_listing(offset, limit)
     reqs = engine.manager.requests
     items = [
         {

@@ -26,8 +26,6 @@ from app.stream import protocol as p
 from app.stream.ring import ALL, Ring, Variant, select_header
 from app.web.broadcast import BroadcastCounts, Broadcaster, Subscriber
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from blockpool.analysis import views as analysis_views
-from blockpool.runtime.summary import pool_summary
 
 if TYPE_CHECKING:
     from app.pool.engine import Engine, TickData
@@ -184,8 +182,9 @@ class StreamHub:
         return p.encode(p.CONFIG, self.seq, header)
 
     def _counts(self) -> dict[str, Any]:
-        rt = self.engine.runtime
-        counts = {**pool_summary(rt), "tokens": analysis_views.tokens(rt)}
+        from app.pool import views
+
+        counts = {**views.headline(self.engine), "tokens": views.tokens(self.engine)}
         mirror = self.mirror_now()
         if mirror is not None:
             counts["mirror"] = mirror

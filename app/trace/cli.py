@@ -11,16 +11,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from app.trace import cli_fleet, planner
 from app.trace.cli_sched import add_scheduler_arguments, scheduler_lines, timed_config
-from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS
+from blockpool.core.free_order import FREE_ORDERS
 from blockpool.core.hashing import HASH_FUNCTIONS
 from blockpool.trace import TraceError, parse_capacities, read_trace
 from blockpool.trace.optimal import OptimalCurve
-from blockpool.trace.replay import MODES, TraceReport, replay_trace
+from blockpool.trace.replay import (
+    DEFAULT_FREE_ORDER,
+    MODES,
+    TraceReport,
+    free_order_label,
+    replay_trace,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -39,9 +46,9 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--capacity-blocks", default=None, help="comma list of pool sizes in blocks")
     t.add_argument("--hash", dest="hash_name", choices=sorted(HASH_FUNCTIONS), default="sha256",
                    help="block hash function (default sha256)")  # fmt: skip
-    t.add_argument("--free-order", choices=FREE_ORDERS, default=APPEND_ALL,
-                   help="where freed blocks enter the free queue "
-                   "(default append_all: vLLM 0.16)")  # fmt: skip
+    t.add_argument("--free-order", choices=FREE_ORDERS, default=DEFAULT_FREE_ORDER,
+                   help="where freed blocks enter the free queue (default uncached_first: "
+                   "vLLM >= 0.24; append_all: vLLM 0.16)")  # fmt: skip
     t.add_argument("--speed", type=float, default=1.0, help="timed: arrivals x speed (1)")
     t.add_argument("--step-ms", type=float, default=20.0, help="timed: ms per step (20)")
     t.add_argument("--max-running", type=int, default=256, help="timed: running limit (256)")
@@ -53,9 +60,11 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--json", action="store_true", help="print one JSON document")
     t.add_argument(
         "--progress", dest="progress", action="store_true", default=None,
-        help="progress bar on stderr (default: when stderr is a terminal)",
+        help="a progress bar on stderr even when it is not a terminal (default: a bar "
+        "on a terminal, elsewhere a line every few seconds)",
     )  # fmt: skip
-    t.add_argument("--no-progress", dest="progress", action="store_false")
+    t.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress on stderr")  # fmt: skip
     add_scheduler_arguments(t)
     planner.add_planner_args(t)
     cli_fleet.add_fleet_args(t)
@@ -82,12 +91,27 @@ def _fmt_cap(v: int | None) -> str:
     return "inf" if v is None else str(v)
 
 
-def render(report: TraceReport, path: str, plan: planner.Plan | None = None) -> str:
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.2f}s"
+    m, s = divmod(seconds, 60)
+    return f"{int(m)}m{s:04.1f}s"
+
+
+def render(
+    report: TraceReport,
+    path: str,
+    plan: planner.Plan | None = None,
+    wall_seconds: float | None = None,
+) -> str:
+    took = f"replay {_duration(report.seconds)}"
+    if wall_seconds is not None:  # the whole command: reading, optimum, target search
+        took += f", all {_duration(wall_seconds)}"
     lines = [
         f"trace: {path} ({report.info['requests']} requests, tokens per id "
         f"{report.info['tokens_per_id']})",
         f"mode: {report.mode}, block size {report.block_size}, hash {report.hash_fn}, "
-        f"free order {report.free_order}; {report.seconds:.2f}s",
+        f"free order {free_order_label(report.free_order)}; {took}",
         report.note + (f" ({report.info['stacks']} stack(s))" if "stacks" in report.info else ""),
         "",
     ]
@@ -108,6 +132,7 @@ def render(report: TraceReport, path: str, plan: planner.Plan | None = None) -> 
 def main(args: argparse.Namespace) -> int:
     if args.replicas is not None:
         return cli_fleet.main(args)
+    started = time.perf_counter()
     try:
         layout = planner.layout_of(args)
         groups = planner.groups_of(layout, args.block_size)
@@ -137,14 +162,12 @@ def main(args: argparse.Namespace) -> int:
         if args.mode == "sequence":
             planner.run_policies(plan, trace, args.block_size, report.results, progress)
         if args.target_hit_rate is not None:
-            if args.mode != "sequence" or args.free_order != APPEND_ALL:
-                raise ValueError(
-                    "--target-hit-rate searches sequence-mode replays with vLLM 0.16's "
-                    "free order (append_all) only"
-                )
+            if args.mode != "sequence":
+                raise ValueError("--target-hit-rate searches sequence-mode replays only")
             planner.find_target(
-                plan, trace, args.block_size, args.target_hit_rate, progress, args.hash_name
-            )
+                plan, trace, args.block_size, args.target_hit_rate, progress, args.hash_name,
+                args.free_order,
+            )  # fmt: skip
         if args.plot:
             from app.trace.plot import plot_curve
 
@@ -153,10 +176,13 @@ def main(args: argparse.Namespace) -> int:
         where = f"{args.path}: " if isinstance(exc, TraceError) else ""
         print(f"blockpool trace: {where}{exc}", file=sys.stderr)
         return 2
+    wall = time.perf_counter() - started
     if args.json:
-        print(json.dumps({"file": args.path, **report.to_json(), **plan.info(args.block_size)}))
+        doc = {"file": args.path, **report.to_json(), **plan.info(args.block_size)}
+        print(json.dumps({**doc, "wall_seconds": wall}))
     elif args.csv:
-        sys.stdout.write(planner.render_csv(report.results, plan, report.mode))
+        csv_text = planner.render_csv(report.results, plan, report.mode, report.free_order)
+        sys.stdout.write(csv_text)
     else:
-        print(render(report, args.path, plan))
+        print(render(report, args.path, plan, wall))
     return 0

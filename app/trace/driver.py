@@ -39,6 +39,7 @@ from app.core.errors import Conflict, InvalidInput, OperationError
 from app.core.figures import Figures, counter, helps, rest_view, totals
 from app.pool.workload_task import WorkloadTask
 from app.trace.limits import TraceRefused, check_trace
+from blockpool.core.free_order import check_free_order
 from blockpool.trace import Trace
 from blockpool.trace.engine import StepModel
 from blockpool.trace.planner import bound_at
@@ -131,13 +132,14 @@ class TraceDriver(WorkloadTask[int]):
         self._reset()
         self.bound = None
         pool = self.engine.pool
-        args = (trace, pool.hash_block_size, pool.num_gpu_blocks)
+        args = (trace, pool.hash_block_size, pool.num_gpu_blocks, pool.free_order)
         threading.Thread(target=self._bound, args=args, daemon=True).start()
 
-    def _bound(self, trace: Trace, block_size: int, num_blocks: int) -> None:
-        """LRU against the offline optimum for the what-if panel, off the loop."""
+    def _bound(self, trace: Trace, block_size: int, num_blocks: int, free_order: str) -> None:
+        """LRU (the pool's own free order) against the offline optimum for the
+        what-if panel, off the loop."""
         try:
-            bound = bound_at(trace, block_size, num_blocks)
+            bound = bound_at(trace, block_size, num_blocks, check_free_order(free_order))
         except Exception:  # a bound is a hint: never the replay's failure
             logger.exception("trace bound")
             return

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from blockpool.core.attention import GroupSpec
+from blockpool.core.free_order import FreeOrder
 from blockpool.core.hashing import get_hash_fn_by_name
 from blockpool.trace.capacity import (
     KV_CACHE_DTYPES,
@@ -52,6 +53,7 @@ from blockpool.trace.planner import (
     sweep_range,
 )
 from blockpool.trace.reader import Trace
+from blockpool.trace.replay import DEFAULT_FREE_ORDER
 from blockpool.trace.results import CapacityResult
 from blockpool.trace.sequence_groups import (
     REASONS_NOTE,
@@ -61,6 +63,7 @@ from blockpool.trace.sequence_groups import (
 )
 
 GIB = 1 << 30
+PROGRESS_EVERY_S = 5.0  # a progress line this often when stderr is not a terminal
 
 
 def add_planner_args(t: argparse.ArgumentParser) -> None:
@@ -150,52 +153,81 @@ def add_planner_args(t: argparse.ArgumentParser) -> None:
         metavar="PNG",
         help="draw LRU, the optimum and the unbounded ceiling (the plot extra)",
     )
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
 # ------------------------------------------------------------------ progress
 
 
 class Progress:
-    """One bar per phase on stderr: its label, rate and ETA (None: off)."""
+    """Progress of each phase on stderr (None: off).
 
-    def __init__(self, stream: TextIO | None) -> None:
+    On a terminal, one bar per phase redrawn in place (label, rate, ETA).
+    Anywhere else (a log, a pipe, CI), a plain line every ``every`` seconds
+    per phase -- done/total, rate, elapsed, ETA -- and a last one when a
+    phase that printed ends, so a long run is never silent.  ``clock``:
+    seconds (``time.monotonic``)."""
+
+    def __init__(
+        self,
+        stream: TextIO | None,
+        tty: bool = True,
+        every: float = PROGRESS_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.stream = stream
+        self.tty = tty
+        self.every = every
+        self.clock = clock
 
     def bar(self, label: str, unit: str = "req") -> Callable[[int, int], None] | None:
         stream = self.stream
         if stream is None:
             return None
-        t0 = time.monotonic()
-        last = [0.0]
+        clock, tty, every = self.clock, self.tty, self.every
+        t0 = clock()
+        last = [t0 if not tty else t0 - 1.0]
+        printed = [False]
 
         def show(done: int, total: int) -> None:
-            now = time.monotonic()
-            if done < total and now - last[0] < 0.1:
+            now = clock()
+            end = done >= total
+            if end and not tty and not printed[0]:
+                return  # a phase over before its first line: nothing to say
+            if not end and now - last[0] < (0.1 if tty else every):
                 return
             last[0] = now
             el = now - t0
             frac = done / total if total else 1.0
             rate = done / el if el > 0 else 0.0
-            eta = (total - done) / rate if rate > 0 else 0.0
-            bar = "#" * int(frac * 24)
-            stream.write(
-                f"\r{label} [{bar:<24}] {done}/{total} {unit} {rate:,.0f}/s "
-                f"{el:5.1f}s ETA {eta:4.1f}s"
-            )
-            if done >= total:
-                stream.write("\n")
+            eta = (total - done) / rate if rate > 0 else None
+            left = "not known" if eta is None else f"{eta:.1f}s"
+            if tty:
+                bar = "#" * int(frac * 24)
+                stream.write(
+                    f"\r{label} [{bar:<24}] {done}/{total} {unit} {rate:,.0f}/s "
+                    f"{el:5.1f}s ETA {left}"
+                )
+                if end:
+                    stream.write("\n")
+            else:
+                printed[0] = True
+                stream.write(
+                    f"{label}: {done:,}/{total:,} {unit} ({100 * frac:.0f}%), {rate:,.1f} "
+                    f"{unit}/s, {el:.1f}s elapsed, " + ("done\n" if end else f"ETA {left}\n")
+                )
             stream.flush()
 
         return show
 
 
 def progress_for(args: argparse.Namespace, stream: TextIO | None = None) -> Progress:
+    """Progress on stderr unless ``--quiet`` / ``--no-progress``: a bar on a
+    terminal, a line every few seconds elsewhere (``--progress``: the bar)."""
     stream = sys.stderr if stream is None else stream
-    if getattr(args, "quiet", False) or (getattr(args, "csv", False) and args.progress is None):
+    if getattr(args, "quiet", False) or args.progress is False:
         return Progress(None)
-    on = args.progress if args.progress is not None else stream.isatty()
-    return Progress(stream if on else None)
+    return Progress(stream, tty=bool(args.progress) or stream.isatty())
 
 
 # ---------------------------------------------------------------- capacities
@@ -289,6 +321,7 @@ class Plan:
     seconds: dict[str, float] = field(default_factory=dict)
     groups: list[GroupSpec] | None = None  # sliding-window KV-cache groups (None: plain)
     mode: str = "sequence"  # timed mode classifies its misses over groups too
+    optimal: OptimalCurve | None = None  # built once, for the table and the target
 
     def info(self, block_size: int) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -328,7 +361,7 @@ def parse_policies(text: str, mode: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _usable(blocks: int, bs: int, layout: KVLayout | None) -> int:
+def usable_tokens_of(blocks: int, bs: int, layout: KVLayout | None) -> int:
     """Tokens every KV-cache group can hold in ``blocks`` (the null block left out)."""
     return (blocks - 1) // (1 if layout is None else layout.num_groups) * bs
 
@@ -339,7 +372,7 @@ def target_json(t: TargetAnswer, bs: int, layout: KVLayout | None) -> dict[str, 
             return None
         bb = block_bytes_of(layout, bs)
         used = None if bb is None else b * bb
-        return {"blocks": b, "usable_tokens": _usable(b, bs, layout), "bytes": used}
+        return {"blocks": b, "usable_tokens": usable_tokens_of(b, bs, layout), "bytes": used}
 
     out: dict[str, Any] = {
         "hit_rate": t.target,
@@ -351,6 +384,8 @@ def target_json(t: TargetAnswer, bs: int, layout: KVLayout | None) -> dict[str, 
         out["optimal_reason"] = t.optimal_reason
     if t.search is not None:
         out["search"] = t.search
+    if t.floor_blocks is not None:  # no smaller pool is an answer: it refuses requests
+        out["smallest_pool_refusing_nothing"] = size(t.floor_blocks)
     return out
 
 
@@ -394,7 +429,7 @@ def run_policies(
     over KV-cache groups only the unbounded ceiling (which bounds them too)."""
     t0 = time.perf_counter()
     keys = BlockKeys(trace, block_size)
-    opt = OptimalCurve(trace, block_size, keys)
+    opt = plan.optimal = OptimalCurve(trace, block_size, keys)
     plan.unbounded_hit_tokens = group_unbounded_hit_tokens(trace, block_size, opt)
     usable = [c.usable_blocks for c in plan.caps]
     if "optimal" in plan.policies:
@@ -513,19 +548,28 @@ def table_lines(results: list[CapacityResult], plan: Plan | None) -> list[str]:
     return ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
 
 
-def render_csv(results: list[CapacityResult], plan: Plan | None, mode: str) -> str:
-    """One row per capacity; rates as fractions 0-1, sizes in tokens, blocks, bytes."""
+def render_csv(
+    results: list[CapacityResult], plan: Plan | None, mode: str, free_order: str | None = None
+) -> str:
+    """One row per capacity; rates as fractions 0-1, sizes in tokens, blocks, bytes
+    (and the replay's free order, when given)."""
     cols = columns(results, plan)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     why = [] if plan is None or plan.groups is None else [NO_OPTIMUM]
-    w.writerow([n for _, n, _ in cols] + ["preemptions", "mode"] + ["optimal_reason"] * len(why))
+    order = [] if free_order is None else [free_order]
+    w.writerow(
+        [n for _, n, _ in cols]
+        + ["preemptions", "mode"]
+        + ["free_order"] * len(order)
+        + ["optimal_reason"] * len(why)
+    )
     for r in results:
         vals = []
         for _, _, f in cols:
             v = f(r)
             vals.append("inf" if v is None else v)
-        w.writerow([*vals, r.preemptions, mode, *why])
+        w.writerow([*vals, r.preemptions, mode, *order, *why])
     return buf.getvalue()
 
 
@@ -538,7 +582,7 @@ def target_lines(plan: Plan, block_size: int) -> list[str]:
     def say(b: int | None) -> str:
         if b is None:
             return "not reached"
-        s = f"{b:,} blocks = {_usable(b, block_size, layout):,} usable tokens"
+        s = f"{b:,} blocks = {usable_tokens_of(b, block_size, layout):,} usable tokens"
         bb = block_bytes_of(layout, block_size)
         if bb is not None:
             s += f" = {b * bb / GIB:.2f} GiB per GPU"
@@ -567,15 +611,19 @@ def find_target(
     target: float,
     progress: Progress,
     hash_name: str = "sha256",
+    free_order: FreeOrder = DEFAULT_FREE_ORDER,
 ) -> None:
     t0 = time.perf_counter()
-    bar = progress.bar("target", "rounds")
+    bar = progress.bar("target", "passes")
     if plan.groups is not None:
         plan.target = smallest_group_capacity(
-            trace, plan.groups, target, get_hash_fn_by_name(hash_name), progress=bar
-        )
+            trace, plan.groups, target, get_hash_fn_by_name(hash_name), progress=bar,
+            free_order=free_order,
+        )  # fmt: skip
     else:
-        plan.target = smallest_capacity(trace, block_size, target, progress=bar)
+        plan.target = smallest_capacity(
+            trace, block_size, target, plan.optimal, bar, free_order=free_order
+        )
     plan.seconds["target"] = time.perf_counter() - t0
 
 

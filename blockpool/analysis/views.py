@@ -21,15 +21,28 @@ if TYPE_CHECKING:
     from blockpool.runtime.runtime import PoolRuntime
 
 
-def tokens(engine: PoolRuntime) -> dict[str, Any]:
+def tokens(engine: PoolRuntime, unknown: str | None = None) -> dict[str, Any]:
     """Token-level usage beside block-level usage: a request's partial tail
     block reserves ``block_size`` slots but holds fewer tokens.  Blocks held
-    only through the raw block API count as full (their fill is unknown)."""
+    only through the raw block API count as full (their fill is unknown).
+    ``unknown``: why the pool's fill cannot be known at all (a mirror's pool
+    is told blocks, never tokens): the token figures are None, ``reason``
+    says it (slots reserved and the capacity are blocks x block size)."""
     bs = engine.config.block_size
     in_use = engine.columns.counts[1]
     reserved = in_use * bs
     held = reserved - engine.tail_waste
     capacity = (engine.pool.num_gpu_blocks - 1) * bs
+    if unknown is not None:
+        return {
+            "held": None,
+            "slots_reserved": reserved,
+            "tail_waste": None,
+            "capacity": capacity,
+            "usage_ratio": None,
+            "fill_ratio": None,
+            "reason": unknown,
+        }
     return {
         "held": held,
         "slots_reserved": reserved,
@@ -37,6 +50,7 @@ def tokens(engine: PoolRuntime) -> dict[str, Any]:
         "capacity": capacity,
         "usage_ratio": held / capacity if capacity else 0.0,
         "fill_ratio": held / reserved if reserved else 1.0,
+        "reason": None,
     }
 
 

@@ -11,7 +11,9 @@ The wire, as vLLM's subscribers read it:
 * an optional ROUTER socket on ``replay_endpoint`` answers a request
   ``[identity, b"", start_seq (8 bytes)]`` with every buffered batch whose
   seq >= start as ``[identity, b"", seq, payload]``, then
-  ``[identity, b"", END_SEQ (-1), b""]``.
+  ``[identity, b"", END_SEQ (-1), b""]`` -- with ``events_format="map"``
+  as the current vLLM answers: ``[identity, b"", topic, seq, payload]``,
+  then ``[identity, b"", b"", END_SEQ, b""]`` (``replay_router.py``).
 
 What differs from vLLM, and why:
 
@@ -216,7 +218,8 @@ class KVEventPublisher:
             ctx.term()
 
     def _loop(self, pub: zmq.Socket[Any], router: zmq.Socket[Any] | None) -> None:
-        replays = ReplayRouter(self._buffer, self.counts)
+        current = self.config.events_format == "map"  # replies laid out as vLLM >= 0.24's
+        replays = ReplayRouter(self._buffer, self.counts, self._topic if current else None)
         jobs = replays.jobs
         deadline: float | None = None
         while True:

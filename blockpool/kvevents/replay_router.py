@@ -1,7 +1,13 @@
 """The KV-event publisher's replay ROUTER, served between publishes: a
 request ``[identity, b"", start_seq (8 bytes)]`` gets every buffered batch
 whose seq >= start, a slice at a time, then ``END_SEQ``; a replay to a peer
-that went away is abandoned and counted."""
+that went away is abandoned and counted.
+
+Each reply is laid out as the release the publisher speaks for
+(``replay_frames.py``): vLLM 0.16's ``[b"", seq, payload]`` (end
+``[b"", END_SEQ, b""]``), or -- given ``topic``, the ``"map"`` form's --
+vLLM 0.24 on's ``[b"", topic, seq, payload]`` (end ``[b"", b"", END_SEQ,
+b""]``)."""
 
 from __future__ import annotations
 
@@ -36,10 +42,19 @@ class ReplayRouter:
     """The replays in progress, answered from the publisher's ``buffer``
     of (seq, payload)."""
 
-    def __init__(self, buffer: deque[tuple[int, bytes]], counts: PublisherCounts) -> None:
+    def __init__(
+        self,
+        buffer: deque[tuple[int, bytes]],
+        counts: PublisherCounts,
+        topic: bytes | None = None,
+    ) -> None:
         self.buffer = buffer
         self.counts = counts
         self.jobs: deque[ReplayJob] = deque()
+        # the frames between the delimiter and the seq: none (vLLM 0.16), or
+        # the topic (vLLM 0.24 on; empty on the end marker)
+        self._before_seq: tuple[bytes, ...] = () if topic is None else (topic,)
+        self._before_end: tuple[bytes, ...] = () if topic is None else (b"",)
 
     def take_requests(self, router: zmq.Socket[Any]) -> None:
         for _ in range(64):
@@ -69,13 +84,16 @@ class ReplayRouter:
                 while job.pos < len(job.items) and sent < REPLAY_SLICE:
                     seq, payload = job.items[job.pos]
                     router.send_multipart(
-                        (job.client, b"", seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK
+                        (job.client, b"", *self._before_seq, seq.to_bytes(8, "big"), payload),
+                        flags=zmq.NOBLOCK,
                     )
                     job.pos += 1
                     sent += 1
                     self.counts.replay_batches_sent += 1
                 if job.pos >= len(job.items):
-                    router.send_multipart((job.client, b"", END_SEQ, b""), flags=zmq.NOBLOCK)
+                    router.send_multipart(
+                        (job.client, b"", *self._before_end, END_SEQ, b""), flags=zmq.NOBLOCK
+                    )
                     continue  # done
             except zmq.Again:
                 pass  # the peer's queue is full: go on next turn

@@ -1,39 +1,57 @@
-"""The whole hit-rate curve of a sequence replay in one pass.
+"""The whole hit-rate curve of a sequence replay in one pass, under either
+free order.
 
 Where it applies: ``--mode sequence`` (requests one at a time, prompt blocks
-only, all freed in reverse before the next), vLLM 0.16's free order
-(``append_all``: every freed block to the queue's tail), caching on.  Not
-in timed mode (blocks are held across requests) nor with another free order
-(``uncached_first`` puts unhashed blocks at the head): there, replay one pool
-per capacity (``sequence.replay_pools`` / ``timed``).
+only, all freed in reverse before the next), caching on, vLLM 0.16's free
+order (``append_all``: every freed block to the queue's tail) or vLLM >=
+0.24's (``uncached_first``: a freed block without a hash -- the partial tail
+block -- to the head).  Not in timed mode (blocks are held across requests):
+there, replay one pool per capacity (``timed``).
 
-Why one pass is exact.  Between two requests every block but the null block
-is free, so a pool of ``M = blocks - 1`` usable blocks *is* its free queue:
-``M`` blocks, head = next reused.  A request removes its ``k`` hits from the
-queue, pops ``P - k`` blocks from the head and appends its ``P`` blocks in
-reverse.  So the queue is always the last ``M`` entries of one sequence ``G``
-of block contents (hashed, or empty: the pool's never-used blocks and the
-partial tail blocks) in which each request moves its hits to the end and
-appends its other blocks: Mattson's LRU stack.  ``G`` does not depend on
-``M``; a capacity is a boundary in it, a block is cached at ``M`` when it
-sits above the boundary, and the ``P - k`` pops are the boundary moving up
-over that many live entries (the hashed ones among them are the evictions).
-A freed child always lands before its parent in the queue, so the cached
-blocks of a chain are a prefix of it and their positions in ``G`` fall
-along the chain: the hits at every capacity are one binary search each.
+Why one pass is exact under ``append_all``.  Between two requests every
+block but the null block is free, so a pool of ``M = blocks - 1`` usable
+blocks *is* its free queue: ``M`` blocks, head = next reused.  A request
+removes its ``k`` hits from the queue, pops ``P - k`` blocks from the head
+and appends its ``P`` blocks in reverse.  So the queue is always the last
+``M`` entries of one sequence ``G`` of block contents (hashed, or empty: the
+pool's never-used blocks and the partial tail blocks) in which each request
+moves its hits to the end and appends its other blocks: Mattson's LRU
+stack.  ``G`` does not depend on ``M``; a capacity is a boundary in it, a
+block is cached at ``M`` when it sits above the boundary, and the ``P - k``
+pops are the boundary moving up over that many live entries (the hashed
+ones among them are the evictions).  A freed child always lands before its
+parent in the queue, so the cached blocks of a chain are a prefix of it and
+their positions in ``G`` fall along the chain: the hits at every capacity
+are one binary search each.
 
-Where capacities part.  (1) A request with more blocks than ``M`` is refused
-at ``M`` and changes nothing there, while larger pools take it.  (2) Two
-cached copies of one hash (a prompt ending on a block boundary stores its
-last block again: it is never a hit) -- a later hit touches the *first
-stored* copy still cached, which can differ by capacity.  In both cases the
-capacities involved no longer share ``G``: the stack is copied and each
-group goes on alone (:meth:`OnePassCurve.stacks` counts them).  Each copy
-splits a set of capacities in two, so there are at most ``len(capacities)``
-stacks, and the result stays exact for every capacity asked for.  A copy
-shares the first stack's key -> position map (positions are the same in
-every stack; a refused request leaves its own empty) and corrects it only
-where the first stack last stored a key in a request the copy refused.
+Under ``uncached_first`` (the proof in full: docs/sizing.md).  The queue is
+always ``H`` (``h`` hashless blocks: never used, or freed partial ones) then
+``C`` (the hashed ones, least recent first): a pop takes the head, a freed
+hashless block goes before ``H``, a hashed one after ``C``.  ``G`` now holds
+the hashed entries only, ``C`` is the live entries above the boundary, and a
+request's ``P - k`` pops take ``min(h, P - k)`` hashless blocks and evict
+``e = max(0, P - k - h)`` entries of ``C`` from its head; then ``h`` becomes
+``max(h - (P - k), 0) + p`` (``p``: its partial block, 0 or 1).  Afterwards
+``C`` holds the chain's ``F`` full blocks and the newest ``min(|C| - k,
+M - P)`` of its other entries.  Both terms grow with ``M`` when ``C`` does
+(``|C| - k`` counts the live entries above the boundary outside the chain),
+so a smaller pool's cached blocks stay among a larger one's: the inclusion
+property holds, the boundaries share one ``G``, and only ``h`` is kept per
+capacity.  The prefix rule and the binary search are unchanged.
+
+Where capacities part (either order).  (1) A request with more blocks than
+``M`` is refused at ``M`` and changes nothing there, while larger pools take
+it.  (2) Two cached copies of one hash (a prompt ending on a block boundary
+stores its last block again: it is never a hit) -- a later hit touches the
+*first stored* copy still cached, which can differ by capacity.  In both
+cases the capacities involved no longer share ``G``: the stack is copied
+and each group goes on alone (:meth:`OnePassCurve.stacks` counts them).
+Each copy splits a set of capacities in two, so there are at most
+``len(capacities)`` stacks, and the result stays exact for every capacity
+asked for.  A copy shares the first stack's key -> position map (positions
+are the same in every stack; a refused request leaves its own empty) and
+corrects it only where the first stack last stored a key in a request the
+copy refused.
 
 Evictions are counted at the end: every hashed entry a capacity stored was
 hit once, was evicted, or is still in its queue.
@@ -50,6 +68,7 @@ import numpy as np
 import numpy.typing as npt
 
 from blockpool.core.admission import cdiv, hit_limit
+from blockpool.core.free_order import APPEND_ALL, UNCACHED_FIRST, FreeOrder, check_free_order
 from blockpool.trace.keys import BlockKeys, trace_chains
 from blockpool.trace.reader import Trace
 from blockpool.trace.results import CapacityResult, capacity_blocks
@@ -96,7 +115,7 @@ class _Stack:
         self.caps = caps  # result indices
         self.usable = usable  # usable blocks (_BIG: unbounded)
         self.bound = [0] * len(caps)  # the queue's head in G, per capacity
-        self.empties = list(usable)  # never-used blocks left, per capacity
+        self.empties = list(usable)  # hashless blocks in the queue (never used, or partial)
         self.hits = [0] * len(caps)  # hit blocks, per capacity
         self.last = [0] * len(caps)  # cached blocks holding the last token, per capacity
         self.live: BoolArray = np.zeros(length, dtype=np.bool_)  # entries not moved up
@@ -187,11 +206,22 @@ class OnePassCurve:
     """Exact sequence-mode counts for many capacities, one pass over the trace."""
 
     def __init__(
-        self, trace: Trace, block_size: int, capacities_tokens: Sequence[int | None]
+        self,
+        trace: Trace,
+        block_size: int,
+        capacities_tokens: Sequence[int | None],
+        free_order: FreeOrder = APPEND_ALL,
+        *,
+        record_hits: bool = False,
+        chains: Sequence[IntArray] | None = None,
     ) -> None:
         self.trace = trace
         self.block_size = block_size
+        self.free_order = check_free_order(free_order)
+        # uncached_first: a freed hashless block goes to the queue's head (module doc)
+        self._head_uncached = free_order == UNCACHED_FIRST
         self.keys = BlockKeys(trace, block_size)
+        self._chains = chains  # trace_chains(trace, block_size), when the caller has them
         self.results: list[CapacityResult] = []
         self.usable: list[int | None] = []
         for cap in capacities_tokens:
@@ -208,6 +238,10 @@ class OnePassCurve:
         self._most = 0  # the largest capacity's usable blocks
         self.splits = 0  # stacks copied (refusals and copies)
         self.copy_splits = 0  # of which: capacities touching different copies
+        # per capacity, each request's hit blocks (-1: refused), when asked
+        self.request_hits: list[list[int]] | None = (
+            [[] for _ in self.results] if record_hits else None
+        )
 
     @property
     def stacks(self) -> int:
@@ -217,7 +251,7 @@ class OnePassCurve:
         reqs = self.trace.requests
         total = len(reqs)
         bs = self.block_size
-        chains = trace_chains(self.trace, bs)
+        chains = self._chains if self._chains is not None else trace_chains(self.trace, bs)
         lens = np.fromiter((r.input_length for r in reqs), np.int64, total)
         if self.results:
             # a key is numbered after its parent's: a chain's last key is its largest
@@ -252,8 +286,8 @@ class OnePassCurve:
                 res.prompt_tokens = prompt_tokens
                 res.admitted = admitted
                 res.hit_tokens = k * bs
-                if stack.empties[i]:  # a never-used block left: nothing was evicted
-                    res.evictions = 0
+                if stack.empties[i] and not self._head_uncached:
+                    res.evictions = 0  # a never-used block left: nothing was evicted
                 else:
                     b = stack.bound[i]
                     cached = int(np.count_nonzero(live[b:top]))  # unhashed ones too
@@ -294,10 +328,13 @@ class OnePassCurve:
                 stack.prune()
 
     def _refuse(self, caps: Iterable[int], num_tokens: int) -> None:
+        record = self.request_hits
         for c in caps:
             r = self.results[c]
             r.refused += 1
             r.refused_tokens += num_tokens
+            if record is not None:
+                record[c].append(-1)
 
     def _part(self, stack: _Stack, take: set[int]) -> _Stack:
         part = stack.split(take, self.pos)
@@ -383,6 +420,10 @@ class OnePassCurve:
                 (idx,) = groups
                 chosen[j] = (idx, copies)
 
+        if self.request_hits is not None:
+            for c, k in zip(stack.caps, hits, strict=True):
+                self.request_hits[c].append(k)
+
         # --- update G: hits move to the top, the rest are new entries
         if stack.stored is not None and seen < num_full:
             stack.stored[chain[seen:]] = True
@@ -397,9 +438,14 @@ class OnePassCurve:
                 live[mine[:k_top]] = False
         hi = top + num_blocks - 1  # block j lands at hi - j
         partial = 1 if num_blocks > num_full else 0
-        if partial:
-            stack.parts.append(top)
-        live[top : top + num_blocks] = True
+        if self._head_uncached:  # the partial block goes to the head: never in G
+            live[top + partial : top + num_blocks] = True
+            back = partial  # ... and is the next hashless block reused
+        else:
+            if partial:
+                stack.parts.append(top)
+            live[top : top + num_blocks] = True
+            back = 0
         for j, (idx, copies) in chosen.items():
             copies[idx] = hi - j
         last = num_full - 1
@@ -425,7 +471,8 @@ class OnePassCurve:
                 if old_last >= b:
                     lt[i] += 1
 
-        # --- per capacity: pops from the head (never-used blocks first)
+        # --- per capacity: pops from the head (the hashless blocks first:
+        # never-used ones, and under uncached_first the freed partial ones)
         acc = stack.acc
         acc[0] += 1
         acc[1] += partial
@@ -437,12 +484,11 @@ class OnePassCurve:
             hk[i] += k
             x = num_blocks - k
             e = empties[i]
-            if e:
-                if e >= x:
-                    empties[i] = e - x
-                    continue
-                empties[i] = 0
-                x -= e
+            if e >= x:
+                empties[i] = e - x + back
+                continue
+            empties[i] = back
+            x -= e
             b = bound[i]
             c = int(count_nonzero(live[b : b + x]))
             bound[i] = b + x if c == x else _advance(live, b + x, x - c)
@@ -453,9 +499,10 @@ def one_pass_curve(
     block_size: int,
     capacities_tokens: Sequence[int | None],
     progress: Callable[[int, int], None] | None = None,
+    free_order: FreeOrder = APPEND_ALL,
 ) -> list[CapacityResult]:
     """Sequence-mode results at every capacity, from one pass (see the module)."""
-    curve = OnePassCurve(trace, block_size, capacities_tokens)
+    curve = OnePassCurve(trace, block_size, capacities_tokens, free_order)
     results = curve.run(progress)
     for r in results:
         r.extra["stacks"] = curve.stacks

@@ -17,19 +17,21 @@ from dataclasses import dataclass
 from typing import cast
 
 from blockpool.core.attention import GroupSpec
-from blockpool.core.free_order import UNCACHED_FIRST
+from blockpool.core.free_order import UNCACHED_FIRST, FreeOrder
 from blockpool.core.hashing import HashFn
 from blockpool.shadow.pool import make_shadow
 from blockpool.trace.curve import OnePassCurve
-from blockpool.trace.keys import BlockKeys
+from blockpool.trace.keys import BlockKeys, trace_chains
 from blockpool.trace.optimal import OptimalCurve
 from blockpool.trace.reader import Trace
+from blockpool.trace.replay import DEFAULT_FREE_ORDER
 from blockpool.trace.sequence import SequencePools
 from blockpool.trace.sequence_groups import prompt_blocks, unbounded_group_blocks
 
 # the shadows' policies a curve can also be drawn for (LRU is the replay itself)
 SHADOW_POLICIES = ("s3fifo", UNCACHED_FIRST)
 POLICIES = ("optimal", *SHADOW_POLICIES)
+TARGET_POINTS = 48  # sizes one pass of the curve answers in a target search
 
 NO_OPTIMUM = (
     "no offline optimum over sliding-window KV-cache groups: the blocks a request holds "
@@ -93,6 +95,8 @@ class TargetAnswer:
     unbounded_hit_rate: float
     optimal_reason: str | None = None  # why no optimum is searched (KV-cache groups)
     search: str | None = None  # how the LRU size was searched, where it is not exact
+    # sizes searched from here up: the smallest pool refusing no request (None: from 2)
+    floor_blocks: int | None = None
 
 
 def _smallest(
@@ -128,37 +132,76 @@ def smallest_capacity(
     target: float,
     optimal: OptimalCurve | None = None,
     progress: Callable[[int, int], None] | None = None,
+    free_order: FreeOrder = DEFAULT_FREE_ORDER,
+    per_pass: int = TARGET_POINTS,
 ) -> TargetAnswer:
-    """The fewest blocks at which LRU (the one-pass curve) and the optimum reach
-    ``target`` (a hit-token fraction of all prompt tokens).  Found on a log grid
-    from 2 blocks up, then by bisection in the bracket: exact where the curve
-    rises monotonically, as LRU and the optimum do on real traffic."""
+    """The fewest blocks at which LRU (the one-pass curve, under ``free_order``)
+    and the optimum reach ``target`` (a hit-token fraction of all prompt tokens).
+
+    Only pools refusing no request are answers (``floor_blocks``, the largest
+    prompt's blocks and the null block, and up): a smaller pool turns the
+    longest prompts away, and by not storing them can even hit more than a
+    larger one -- a size no operator can deploy.  One pass of the curve
+    answers ``per_pass`` sizes at once: a log grid from that floor to a pool
+    where the optimum never evicts, then passes over evenly spaced sizes
+    inside the bracket found, until it is one block wide (a handful of
+    passes: each narrows it ``per_pass + 1`` times).  The optimum, never below
+    LRU, is bisected under LRU's answer (one heap pass a size).  Exact where
+    the curve rises: without refusals and duplicate copies a smaller pool's
+    cached blocks are always among a larger one's (the inclusion property,
+    docs/sizing.md), and so are its hits.  ``progress``: passes done."""
     if not 0 < target <= 1:
         raise ValueError(f"--target-hit-rate must be in (0, 1], got {target}")
     opt = optimal if optimal is not None else OptimalCurve(trace, block_size)
     prompt = trace.prompt_tokens
     unbounded = opt.hit_blocks(None) * block_size
     need = math.ceil(target * prompt)
+    chains = trace_chains(trace, block_size)
     rounds = [0]
+    lo, hi = sweep_range(trace, block_size, opt)
+    # passes: the grid, then each narrows the bracket per_pass + 1 times
+    most = 2 + math.ceil(math.log(max(2, hi - lo)) / math.log(per_pass + 1))
 
     def lru(blocks: list[int]) -> list[int]:
         rounds[0] += 1
+        curve = OnePassCurve(
+            trace, block_size, [b * block_size for b in blocks], free_order, chains=chains
+        )
+        res = curve.run()
         if progress is not None:
-            progress(rounds[0], rounds[0] + 1)
-        res = OnePassCurve(trace, block_size, [b * block_size for b in blocks]).run()
+            progress(rounds[0], max(most, rounds[0] + 1))
         return [r.hit_tokens for r in res]
 
     def best(blocks: list[int]) -> list[int]:
         return [opt.hit_blocks(b - 1) * block_size for b in blocks]
 
+    rate = unbounded / prompt if prompt else 0.0
     if unbounded < need:
-        return TargetAnswer(target, None, None, unbounded / prompt if prompt else 0.0)
-    _, hi = sweep_range(trace, block_size, opt)
-    lru_b = _smallest(lru, 2, hi, need, 16)
-    opt_b = _smallest(best, 2, hi if lru_b is None else lru_b, need, 16)
+        return TargetAnswer(target, None, None, rate, floor_blocks=lo)
+    lru_b = _smallest(lru, lo, hi, need, per_pass)
+    # the optimum is never below LRU: it reaches the target at lru_b at the latest
+    top = hi if lru_b is None else lru_b
+    if best([lo])[0] >= need:
+        opt_b: int | None = lo
+    elif best([top])[0] < need:
+        opt_b = None
+    else:
+        opt_b = _bisect(lambda b: best([b])[0], lo, top, need)
     if progress is not None:
-        progress(1, 1)
-    return TargetAnswer(target, lru_b, opt_b, unbounded / prompt if prompt else 0.0)
+        progress(rounds[0], rounds[0])
+    return TargetAnswer(target, lru_b, opt_b, rate, floor_blocks=lo)
+
+
+def _bisect(hits_at: Callable[[int], int], below: int, above: int, need: int) -> int:
+    """Smallest ``b`` in ``below + 1 .. above`` with ``hits_at(b) >= need``,
+    given ``hits_at(below) < need <= hits_at(above)`` and a rising curve."""
+    while above - below > 1:
+        mid = (below + above) // 2
+        if hits_at(mid) >= need:
+            above = mid
+        else:
+            below = mid
+    return above
 
 
 def shadow_curve(
@@ -180,11 +223,13 @@ def shadow_curve(
     return out
 
 
-def bound_at(trace: Trace, block_size: int, num_blocks: int) -> dict[str, float | int | str]:
-    """LRU, the offline optimum and the unbounded ceiling for one pool of
-    ``num_blocks`` (null block included), requests one at a time."""
+def bound_at(
+    trace: Trace, block_size: int, num_blocks: int, free_order: FreeOrder = DEFAULT_FREE_ORDER
+) -> dict[str, float | int | str]:
+    """LRU (under ``free_order``), the offline optimum and the unbounded ceiling
+    for one pool of ``num_blocks`` (null block included), requests one at a time."""
     keys = BlockKeys(trace, block_size)
-    curve = OnePassCurve(trace, block_size, [num_blocks * block_size])
+    curve = OnePassCurve(trace, block_size, [num_blocks * block_size], free_order)
     curve.keys = keys
     (lru,) = curve.run()
     opt = OptimalCurve(trace, block_size, keys)
@@ -193,6 +238,7 @@ def bound_at(trace: Trace, block_size: int, num_blocks: int) -> dict[str, float 
     ceiling = opt.hit_blocks(None) * block_size
     return {
         "model": "sequence",
+        "free_order": free_order,
         "blocks": num_blocks,
         "prompt_tokens": trace.prompt_tokens,
         "lru_hit_rate": lru.hit_tokens / prompt,
@@ -242,10 +288,13 @@ def group_hit_tokens(
     specs: Sequence[GroupSpec],
     num_blocks: Sequence[int],
     hash_fn: HashFn,
+    free_order: FreeOrder = DEFAULT_FREE_ORDER,
 ) -> list[int]:
     """Hit tokens of the exact group replay at each pool size (blocks)."""
     bs = min(s.block_size for s in specs)
-    pools = SequencePools(trace, bs, [b * bs for b in num_blocks], hash_fn, groups=specs)
+    pools = SequencePools(
+        trace, bs, [b * bs for b in num_blocks], hash_fn, free_order, groups=specs
+    )
     return [r.hit_tokens for r in pools.run()]
 
 
@@ -256,6 +305,7 @@ def smallest_group_capacity(
     hash_fn: HashFn,
     optimal: OptimalCurve | None = None,
     progress: Callable[[int, int], None] | None = None,
+    free_order: FreeOrder = DEFAULT_FREE_ORDER,
 ) -> TargetAnswer:
     """The fewest blocks at which the group replay reaches ``target`` (see
     :data:`GROUP_SEARCH` for what "fewest" means there); no optimum."""
@@ -275,7 +325,7 @@ def smallest_group_capacity(
         rounds[0] += 1
         if progress is not None:
             progress(rounds[0], rounds[0] + 1)
-        return group_hit_tokens(trace, specs, blocks, hash_fn)
+        return group_hit_tokens(trace, specs, blocks, hash_fn, free_order)
 
     _, hi = group_sweep_range(trace, specs, opt)
     found = _smallest(replay, 2, hi, need, 16)

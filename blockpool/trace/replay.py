@@ -1,8 +1,10 @@
 """One entry point: replay a trace in a mode at many capacities.
 
-Sequence mode with vLLM 0.16's free order uses the one-pass curve
-(``curve.py``); everywhere else -- timed mode, another free order, or when
-asked to -- each capacity gets its own real pool.  So does a layout of
+Sequence mode uses the one-pass curve (``curve.py``) under either free
+order; everywhere else -- timed mode, or when asked to -- each capacity gets
+its own real pool.  The default free order is the newest vLLM's
+(``uncached_first``, vLLM >= 0.24); vLLM 0.16's ``append_all`` is one
+argument away, and every report says which it replayed.  So does a layout of
 other KV-cache groups than one full-attention group (``groups``: a sliding
 window, a hybrid model), in sequence mode only: there the blocks a request
 holds depend on its hit, which the one-pass curve cannot follow.
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blockpool.core.attention import GroupSpec
-from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS, FreeOrder
+from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS, UNCACHED_FIRST, FreeOrder
 from blockpool.core.hashing import get_hash_fn_by_name
 from blockpool.trace.curve import OnePassCurve
 from blockpool.trace.reader import Trace
@@ -26,13 +28,20 @@ from blockpool.trace.sequence_groups import describe_groups, is_plain
 from blockpool.trace.timed import TimedConfig, replay_timed
 
 MODES = ("sequence", "timed")
-ONE_PASS_NOTE = (
-    "one pass: exact for every capacity (sequence mode, vLLM 0.16 free order append_all)"
-)
+# The free order a replay takes unless told: the newest vLLM's.
+DEFAULT_FREE_ORDER: FreeOrder = UNCACHED_FIRST
+# Which vLLM frees each way (what every report prints beside the order's name).
+FREE_ORDER_VLLM: dict[str, str] = {APPEND_ALL: "vLLM 0.16", UNCACHED_FIRST: "vLLM >= 0.24"}
+
+
+def free_order_label(free_order: str) -> str:
+    """``"uncached_first (vLLM >= 0.24)"``."""
+    return f"{free_order} ({FREE_ORDER_VLLM.get(free_order, 'not a vLLM order')})"
+
+
+ONE_PASS_NOTE = "one pass: exact for every capacity (sequence mode, free order {free_order})"
 NO_ONE_PASS = {
     "timed": "no one pass in timed mode (blocks are held across requests): one replay per capacity",
-    "free_order": "no one pass with free order {free_order!r} (only append_all keeps an LRU "
-    "stack): one replay per capacity",
     "asked": "one replay per capacity (as asked)",
     "groups": "no one pass over these KV-cache groups (a sliding window's blocks depend on "
     "its hit): one replay per capacity",
@@ -63,6 +72,7 @@ class TraceReport:
             "block_size": self.block_size,
             "hash": self.hash_fn,
             "free_order": self.free_order,
+            "free_order_vllm": FREE_ORDER_VLLM.get(self.free_order),
             "seconds": self.seconds,
             **self.info,
             "results": [
@@ -78,7 +88,7 @@ def replay_trace(
     block_size: int = 16,
     capacities_tokens: Sequence[int | None] = (None,),
     hash_name: str = "sha256",
-    free_order: FreeOrder = APPEND_ALL,
+    free_order: FreeOrder = DEFAULT_FREE_ORDER,
     timed: TimedConfig | None = None,
     one_pass: bool | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -103,10 +113,9 @@ def replay_trace(
     if grouped and mode == "timed" and not getattr(timed, "groups", ()):
         raise ValueError(NO_GROUPS_TIMED)  # timed mode takes its groups from its config
     grouped = grouped and mode == "sequence"
-    applies = mode == "sequence" and free_order == APPEND_ALL and not grouped
+    applies = mode == "sequence" and not grouped
     if one_pass and not applies:
-        why = "timed" if mode == "timed" else "groups" if grouped else "free_order"
-        raise ValueError(NO_ONE_PASS[why].format(free_order=free_order))
+        raise ValueError(NO_ONE_PASS["timed" if mode == "timed" else "groups"])
     use = applies if one_pass is None else one_pass
     t0 = time.perf_counter()
     info: dict[str, Any] = {"requests": len(trace), "tokens_per_id": trace.tokens_per_id}
@@ -114,9 +123,9 @@ def replay_trace(
         assert groups is not None
         info["kv_cache_groups"] = describe_groups(groups)
     if use:
-        curve = OnePassCurve(trace, block_size, capacities_tokens)
+        curve = OnePassCurve(trace, block_size, capacities_tokens, free_order)
         results = curve.run(progress)
-        note = ONE_PASS_NOTE
+        note = ONE_PASS_NOTE.format(free_order=free_order_label(free_order))
         info["stacks"] = curve.stacks
     else:
         if mode == "timed":
@@ -125,8 +134,7 @@ def replay_trace(
                 trace, block_size, capacities_tokens, hash_fn, free_order, timed, progress
             )
         else:
-            why = "groups" if grouped else "asked" if applies else "free_order"
-            note = NO_ONE_PASS[why].format(free_order=free_order)
+            note = NO_ONE_PASS["groups" if grouped else "asked"]
             pools = SequencePools(
                 trace, block_size, capacities_tokens, hash_fn, free_order, groups=groups
             )

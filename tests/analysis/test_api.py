@@ -158,7 +158,7 @@ async def test_token_usage(aapi: Api) -> None:
     t = (await aapi.summary())["tokens"]
     assert t == {
         "held": 0, "slots_reserved": 0, "tail_waste": 0, "capacity": 63 * 4,
-        "usage_ratio": 0.0, "fill_ratio": 1.0,
+        "usage_ratio": 0.0, "fill_ratio": 1.0, "reason": None,
     }  # fmt: skip
     await aapi.admit(A, request_id="a")  # 10 tokens in 3 blocks of 4
     t = (await aapi.summary())["tokens"]

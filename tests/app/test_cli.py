@@ -193,6 +193,6 @@ def test_model_name_flag_labels_the_metrics() -> None:
     s = settings_from(parser().parse_args(["serve", "--no-storage", "--model-name", "llama-3-8b"]))
     assert s.model_name == "llama-3-8b"
     engine = Engine(s.model_copy(update={"num_blocks": 64, "analysis_mode": "inline"}))
-    text = generate_latest(make_registry(engine, {})).decode()
+    text = generate_latest(make_registry(engine, {})[0]).decode()
     assert 'model_name="llama-3-8b"' in text and "blockpool-demo" not in text
     engine.check()

@@ -229,6 +229,7 @@ class VllmSubscriber:
         self.sub.setsockopt(zmq.SUBSCRIBE, topic)
         self.sub.connect(endpoint)
         self.replay_endpoint = replay
+        self.replay_frames: int | None = None  # frames of the last replay reply
         self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
         self.received: list[tuple[bytes, int, KVEventBatch]] = []
 
@@ -268,8 +269,10 @@ class VllmSubscriber:
             while True:
                 if not dealer.poll(int(timeout * 1000)):
                     raise AssertionError("the replay did not end")
-                empty, seq_bytes, payload = dealer.recv_multipart()
-                assert empty == b""
+                frames = dealer.recv_multipart()
+                self.replay_frames = len(frames)  # 3: vLLM 0.16's layout, 4: vLLM >= 0.24's
+                empty, seq_bytes, payload = frames[0], frames[-2], frames[-1]
+                assert empty == b"" and len(frames) in (3, 4)
                 if seq_bytes == END_SEQ:
                     assert payload == b""
                     return out
@@ -290,9 +293,14 @@ class FakePublisher:
     seq; the ROUTER serves ``self.buffer`` (seq -> payload) from a requested
     seq, after ``replay_delay`` and optionally ``during_replay()`` (to race
     live messages against the replay).  ``serve_replays=False`` leaves
-    requests unanswered (timeouts)."""
+    requests unanswered (timeouts).  ``replay_layout``: ``"v016"`` answers
+    as vLLM 0.16 does (``b""``, seq, payload), ``"topic"`` as vLLM 0.24 on
+    (``b""``, topic, seq, payload; the end marker's topic empty)."""
 
-    def __init__(self, topic: bytes = b"", endpoint: str | None = None) -> None:
+    def __init__(
+        self, topic: bytes = b"", endpoint: str | None = None, replay_layout: str = "v016"
+    ) -> None:
+        self.replay_layout = replay_layout
         self.ctx = zmq.Context()
         # an XPUB is a PUB that also hears subscriptions: wait_subscribed()
         self.pub = self.ctx.socket(zmq.XPUB)
@@ -357,9 +365,11 @@ class FakePublisher:
                     items = sorted((s, p) for s, p in self.buffer.items() if s >= seq)
                 if self.during_replay is not None:
                     self.during_replay()
+                topic = [self.topic] if self.replay_layout == "topic" else []
+                end = [b""] if self.replay_layout == "topic" else []
                 for s, p in items:
-                    router.send_multipart([client, b"", s.to_bytes(8, "big"), p])
-                router.send_multipart([client, b"", END_SEQ, b""])
+                    router.send_multipart([client, b"", *topic, s.to_bytes(8, "big"), p])
+                router.send_multipart([client, b"", *end, END_SEQ, b""])
         finally:
             router.close(linger=0)
 
@@ -378,8 +388,8 @@ class FakePublisher:
 
 
 @contextmanager
-def fake_publisher(topic: bytes = b"") -> Iterator[FakePublisher]:
-    fp = FakePublisher(topic)
+def fake_publisher(topic: bytes = b"", replay_layout: str = "v016") -> Iterator[FakePublisher]:
+    fp = FakePublisher(topic, replay_layout=replay_layout)
     try:
         yield fp
     finally:

@@ -19,6 +19,7 @@ from blockpool import BlockStored, KVEventBatch
 from blockpool.kvevents.config import KVEventsConfig
 from blockpool.kvevents.publisher import KVEventPublisher
 from blockpool.kvevents.publisher_counts import PUBLISHER_HELP
+from blockpool.kvevents.replay_frames import REPLAY_TOPIC, REPLAY_V016, replay_layout
 from tests.kvevents.helpers import (
     END_SEQ,
     VllmSubscriber,
@@ -384,5 +385,48 @@ def test_a_loopback_endpoint_under_auto_connects_and_the_log_says_so(
         text = caplog.text
         assert f"KV events: PUB connect tcp://127.0.0.1:{port}" in text
         assert "a subscriber must bind this address" in text
+    finally:
+        pub.stop()
+
+
+@pytest.mark.parametrize(("events_format", "frames"), [("v016", 3), ("map", 4)])
+def test_the_replay_is_laid_out_as_the_release_the_form_speaks_for(
+    events_format: str, frames: int
+) -> None:
+    """vLLM 0.16's replies are three frames; the current vLLM's (the "map"
+    form) four, the topic before the seq and an empty one on the end marker --
+    and the observer reads both."""
+    port, replay_port = free_port(), free_port()
+    cfg = KVEventsConfig(
+        endpoint=f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
+        bind="bind", events_format=events_format, topic="kv",  # type: ignore[arg-type]
+    )  # fmt: skip
+    pub = KVEventPublisher(cfg)
+    pub.start()
+    try:
+        sub, first = connect(pub, topic=b"kv")
+        pub.publish_events(2.0, [STORED])
+        assert sub.sub.poll(10_000)
+        sub.sub.recv_multipart()
+        replay = sub.replay(first)
+        assert [s for s, _ in replay] == list(range(first, pub.last_published_seq + 1))
+        assert sub.replay_frames == frames  # the end marker's layout
+        ctx = zmq.Context()
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(f"tcp://127.0.0.1:{replay_port}")
+        try:
+            dealer.send_multipart([b"", pub.last_published_seq.to_bytes(8, "big")])
+            assert dealer.poll(10_000)
+            one = dealer.recv_multipart()
+            assert replay_layout(one, b"kv") == {3: REPLAY_V016, 4: REPLAY_TOPIC}[frames]
+            assert one[-1] == replay[-1][1] and (frames == 3 or one[1] == b"kv")
+            assert dealer.poll(10_000)
+            end = dealer.recv_multipart()
+            assert end[-2] == END_SEQ and replay_layout(end, b"kv") == replay_layout(one, b"kv")
+        finally:
+            dealer.close(linger=0)
+            ctx.term()
+        sub.close()
     finally:
         pub.stop()

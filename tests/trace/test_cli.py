@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
+from blockpool.core.free_order import UNCACHED_FIRST
 from blockpool.trace import one_pass_curve, read_trace
 from blockpool.trace.sequence import pool_accepts_free_order
 from tests.trace.helpers import row, rows_to_lines
@@ -40,7 +41,8 @@ def test_json_document_per_capacity(trace_file: Path, capsys: pytest.CaptureFixt
     assert doc["mode"] == "sequence" and doc["one_pass"] is True
     results = doc["results"]
     assert isinstance(results, list) and len(results) == 3
-    want = one_pass_curve(read_trace(trace_file), 16, [2048, 8192, None])
+    assert doc["free_order"] == "uncached_first" and doc["free_order_vllm"] == "vLLM >= 0.24"
+    want = one_pass_curve(read_trace(trace_file), 16, [2048, 8192, None], free_order=UNCACHED_FIRST)
     for got, w in zip(results, want, strict=True):
         assert got["capacity_tokens"] == w.capacity_tokens
         assert got["blocks"] == w.blocks

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from blockpool import BlockPool, check_invariants, sha256
+from blockpool.core.free_order import FREE_ORDERS, FreeOrder
 from blockpool.trace import Trace
 from blockpool.trace.engine import StepModel
 from blockpool.trace.fleet import FleetJob, FleetSpec, make_router, run_job, run_sweep
@@ -16,7 +17,7 @@ from blockpool.trace.fleet.routers import ROUTERS, parse_routers, session_key
 from blockpool.trace.fleet.sequence import FleetSequence
 from blockpool.trace.fleet.targets import smallest_fleet
 from blockpool.trace.fleet.timed import FleetTimed
-from blockpool.trace.replay import replay_trace
+from blockpool.trace.replay import DEFAULT_FREE_ORDER, replay_trace
 from blockpool.trace.results import CapacityResult
 from blockpool.trace.scheduled import run_scheduled
 from blockpool.trace.scheduler import SchedulerConfig
@@ -36,9 +37,18 @@ def sub_trace(trace: Trace, indices: list[int]) -> Trace:
     return Trace(reqs, trace.tokens_per_id, trace.source)
 
 
-def fleet_seq(trace: Trace, n: int, blocks: int, router: str) -> FleetSequence:
+def fleet_seq(
+    trace: Trace, n: int, blocks: int, router: str, free_order: FreeOrder = DEFAULT_FREE_ORDER
+) -> FleetSequence:
     seq = FleetSequence(
-        trace, BS, n, blocks, sha256, make_router(router, trace), capacity_tokens=blocks * BS
+        trace,
+        BS,
+        n,
+        blocks,
+        sha256,
+        make_router(router, trace),
+        free_order=free_order,
+        capacity_tokens=blocks * BS,
     )
     seq.run()
     for rep in seq.replicas:
@@ -50,13 +60,16 @@ def counts(r: CapacityResult) -> tuple[Any, ...]:
     return (r.prompt_tokens, r.hit_tokens, r.evictions, r.refused, r.admitted, dict(r.miss_reasons))
 
 
+@pytest.mark.parametrize("free_order", FREE_ORDERS)
 @pytest.mark.parametrize("router", ROUTERS)
-def test_one_replica_is_the_single_pool_replay(router: str) -> None:
+def test_one_replica_is_the_single_pool_replay(router: str, free_order: FreeOrder) -> None:
     # the aggregate against the one-pass curve (another algorithm), per capacity
-    single = replay_trace(TRACE, block_size=BS, capacities_tokens=[c * BS for c in CAPS])
+    single = replay_trace(
+        TRACE, block_size=BS, capacities_tokens=[c * BS for c in CAPS], free_order=free_order
+    )
     assert single.one_pass
     # per request against the single-pool replay on a real pool
-    pools = SequencePools(TRACE, BS, [c * BS for c in CAPS], sha256)
+    pools = SequencePools(TRACE, BS, [c * BS for c in CAPS], sha256, free_order=free_order)
     per_request: list[list[int]] = [[] for _ in CAPS]
     for d, log in zip(pools.drivers, per_request, strict=True):
         step = d.step
@@ -69,7 +82,7 @@ def test_one_replica_is_the_single_pool_replay(router: str) -> None:
         d.step = logged  # type: ignore[method-assign,assignment]
     pools.run()
     for k, cap in enumerate(CAPS):
-        seq = fleet_seq(TRACE, 1, cap, router)
+        seq = fleet_seq(TRACE, 1, cap, router, free_order)
         assert seq.assignment == [0] * len(TRACE)
         assert seq.hits == per_request[k]
         assert counts(seq.replicas[0].driver.result) == counts(single.results[k])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
+from blockpool.core.free_order import UNCACHED_FIRST
 from blockpool.trace import OnePassCurve, parse_mooncake
 from blockpool.trace.capacity import (
     layout_from_config,
@@ -141,7 +142,7 @@ def test_log_grid_and_target_search() -> None:
     assert ans.optimal_blocks <= ans.lru_blocks
 
     def lru_rate(b: int) -> float:
-        (r,) = OnePassCurve(trace, 16, [b * 16]).run()
+        (r,) = OnePassCurve(trace, 16, [b * 16], UNCACHED_FIRST).run()  # the default
         return r.hit_rate
 
     assert lru_rate(ans.lru_blocks) >= 0.3 > lru_rate(ans.lru_blocks - 1)
@@ -194,6 +195,7 @@ def test_cli_sweep_csv_and_target(trace_file: Path, capsys: pytest.CaptureFixtur
     out = capsys.readouterr()
     assert out.err == ""  # no progress bar when not a terminal
     rows = list(csv.DictReader(io.StringIO(out.out)))
+    assert {r["free_order"] for r in rows} == {"uncached_first"}
     blocks = [int(r["blocks"]) for r in rows]
     assert blocks == sorted(blocks) and blocks[0] == 4 and blocks[-1] == 64 and len(rows) >= 5
     for r in rows:
@@ -244,7 +246,7 @@ def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["trace", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "(default sha256)" in out and "(default append_all" in out
+    assert "(default sha256)" in out and "(default uncached_first" in out
 
 
 def test_plot_draws_a_png(trace_file: Path, tmp_path: Path) -> None:

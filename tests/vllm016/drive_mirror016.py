@@ -122,6 +122,9 @@ def main() -> int:
             st = outs.scheduler_stats
             if st is not None and st.prefix_cache_stats is not None:
                 hits += st.prefix_cache_stats.hits
+        # the scheduler's queues once the step's records are out (batch follower.seq)
+        print(json.dumps({"seq": follower.seq, "running": len(sched.running),
+                          "waiting": len(sched.waiting)}), flush=True)  # fmt: skip
     batch = follower.flush(force_digest=True)
     assert batch is not None and batch.digest is not None
     print(json.dumps({"ops": follower.op_count, "digest": batch.digest.value, "hits": hits,

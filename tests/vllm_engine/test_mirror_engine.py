@@ -126,9 +126,9 @@ def test_prefix_cache_counters_equal_the_engines_metrics(rig: dict[str, Any]) ->
         mine = client.get(rig["mirror"].url + "/metrics").text
         theirs = client.get(engine.url + "/metrics").text
         return (
-            metric_sum(mine, "vllm:prefix_cache_hits_total"),
+            metric_sum(mine, "blockpool_engine_prefix_cache_hits_total"),
             metric_sum(theirs, "vllm:prefix_cache_hits_total"),
-            metric_sum(mine, "vllm:prefix_cache_queries_total"),
+            metric_sum(mine, "blockpool_engine_prefix_cache_queries_total"),
             metric_sum(theirs, "vllm:prefix_cache_queries_total"),
         )
 

@@ -54,6 +54,11 @@ class Regret(Out):
     top_prefixes: list[dict[str, Any]]
     recent: list[dict[str, Any]]
     worker: dict[str, Any] | None
+    requests_reason: str | None = Field(
+        None,
+        description="why owner_request / last_request are null (a mirror is told blocks "
+        "without the requests that made them); null where they are known",
+    )
 
 
 class Shadows(Out):
@@ -132,7 +137,9 @@ class HistoryState(Out):
         default=None,
         description="the stat tiles then: usage, hit_rate_1m, hit_rate_5m, hit_rate_since "
         "(since_label), waiting from the server's series point at the moment (point_ts); "
-        "null figures with a reason when the moment is older than that series",
+        "null figures with a reason when the moment is older than that series.  On a "
+        "mirror also running (the engine's then; null with running_reason), and the "
+        "summary's running_requests / waiting_requests / requests_reason are the engine's",
     )
 
 
@@ -147,7 +154,12 @@ class HistoryDiff(Out):
     entered: list[dict[str, Any]]
     blocks_changed_total: int
     blocks_changed: list[dict[str, Any]]
-    requests: dict[str, Any]
+    requests: dict[str, Any] = Field(
+        description="started, ended (request ids), running_from, running_to.  On a mirror "
+        "the engine's (source: engine): started = first scheduled in between, ended = "
+        "finished in between; null figures with a reason where the mirror cannot know "
+        "(it joined a busy engine, missed a batch, or the moment is older than it keeps)"
+    )
     ops: dict[str, Any]
     events: dict[str, int]
     replayed_ops: int

@@ -35,9 +35,16 @@ class PoolRates(Out):
     samples: int
     sample_seconds: float
     usage: float = Field(description="vllm:kv_cache_usage_perc: the 0-1 fraction")
-    requests_running: int = Field(description="vllm:num_requests_running: holding blocks")
-    requests_waiting: int = Field(
-        description="vllm:num_requests_waiting: the service's workloads' arrivals not admitted yet"
+    requests_running: int | None = Field(
+        description="vllm:num_requests_running: holding blocks; on a mirror the engine's "
+        "running queue (null: not known, requests_reason says why)"
+    )
+    requests_waiting: int | None = Field(
+        description="vllm:num_requests_waiting: the service's workloads' arrivals not admitted "
+        "yet; on a mirror the engine's waiting queue (null: not known)"
+    )
+    requests_reason: str | None = Field(
+        None, description="why requests_running / requests_waiting are null (null: known)"
     )
 
 

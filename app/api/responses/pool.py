@@ -77,12 +77,17 @@ class PrefixCache(Out):
 
 
 class Tokens(Out):
-    held: int
+    """Token usage beside block usage.  On a mirror (told blocks, never
+    tokens) held, tail_waste, usage_ratio and fill_ratio are null and
+    ``reason`` says why."""
+
+    held: int | None
     slots_reserved: int
-    tail_waste: int
+    tail_waste: int | None
     capacity: int
-    usage_ratio: float
-    fill_ratio: float
+    usage_ratio: float | None
+    fill_ratio: float | None
+    reason: str | None = Field(None, description="why the null figures are not known")
 
 
 class EventLogInfo(Out):
@@ -102,7 +107,18 @@ class Summary(Out):
     hash_map_keys: int
     groups: Ids
     prefix_cache: PrefixCache
-    running_requests: int
+    running_requests: int | None = Field(
+        description="requests holding blocks; on a mirror the engine's running queue "
+        "(null: not known, requests_reason says why)"
+    )
+    waiting_requests: int | None = Field(
+        None,
+        description="requests queued, not running; on a mirror the engine's waiting queue "
+        "(null: not known)",
+    )
+    requests_reason: str | None = Field(
+        None, description="why running_requests / waiting_requests are null (null: known)"
+    )
     tokens: Tokens
     counters: dict[str, Any] = Field(description="operations, blocks and requests since start")
     event_log: EventLogInfo

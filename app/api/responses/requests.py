@@ -21,19 +21,24 @@ class Admitted(Out):
 
 
 class RequestItem(Out):
+    """A running request.  On a mirror (the engine's running requests) the
+    tokens it made since and the blocks it holds are not told: null."""
+
     request_id: str
-    num_tokens: int
-    num_blocks: int
-    num_hit_blocks: int
+    num_tokens: int | None
+    num_blocks: int | None
+    num_hit_blocks: int | None
+    num_prompt_tokens: int | None = Field(None, description="on a mirror: its prompt's length")
 
 
 class Requests(Out):
-    """A page of the running requests."""
+    """A page of the running requests (on a mirror the engine's)."""
 
-    total: int
+    total: int | None = Field(description="null: not known (a mirror that joined a busy engine)")
     offset: int
     limit: int
     items: list[RequestItem]
+    reason: str | None = Field(None, description="why figures are null (a mirror's)")
 
 
 class RequestBlock(Out):

@@ -14,11 +14,12 @@ from collections.abc import Callable, Sequence
 
 from blockpool.core.admission import cdiv, hit_limit
 from blockpool.core.block_hasher import get_request_block_hasher
-from blockpool.core.free_order import APPEND_ALL, FreeOrder
+from blockpool.core.free_order import FreeOrder
 from blockpool.core.hashing import BlockHash, HashFn
 from blockpool.trace.fleet.routers import Router
 from blockpool.trace.keys import make_request
 from blockpool.trace.reader import Trace
+from blockpool.trace.replay import DEFAULT_FREE_ORDER
 from blockpool.trace.results import CapacityResult
 from blockpool.trace.sequence import SequenceDriver, make_pool, unbounded_blocks
 from blockpool.trace.sequence_groups import GroupRequest
@@ -63,7 +64,7 @@ class FleetSequence:
         blocks: int | None,
         hash_fn: HashFn,
         router: Router,
-        free_order: FreeOrder = APPEND_ALL,
+        free_order: FreeOrder = DEFAULT_FREE_ORDER,
         capacity_tokens: int | None = None,
     ) -> None:
         if replicas < 1:

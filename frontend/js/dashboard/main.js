@@ -5,7 +5,7 @@
 // globals: testhooks.js, loaded only by the tests and the benchmark, puts
 // them on window.__bp.
 
-import { get, getToken, onApiError } from "../common/api.js";
+import { api, get, getToken, onApiError } from "../common/api.js";
 import { $, setText } from "../common/dom.js";
 import { explainAll } from "../common/terms.js";
 import { STATE_NAMES } from "./wire/protocol.js";
@@ -36,6 +36,7 @@ import { TraceItem } from "./panels/traceitem.js";
 import { TreePanel } from "./panels/treeview.js";
 import { boot, showFacts } from "./boot.js";
 import { cadence, onScreen, pollAnalysis } from "./cadence.js";
+import { openUrlMoment } from "./urlmoment.js";
 
 const model = new PoolModel();
 const tree = new PrefixTree();
@@ -142,6 +143,8 @@ const history = new TimeTravel(model, map, {
   highlight: (ids) => map.setHighlight("hash", ids),
   visible: () => onScreen.has("tt-panel"),
 });
+// /?at=<time>: the page opens in time travel at that moment (Grafana's data links)
+openUrlMoment(history, model, (path) => api("GET", path, undefined, { quiet: true }));
 
 /**
  * The panels that follow a recorded moment (or the live pool again: null).

@@ -80,6 +80,10 @@ export function renderInstances(container, instances, selected, onSelect) {
             `${int(inst.poison_total)} poison message(s) refused: ` +
             Object.entries(inst.poison || {}).map(([k, n]) => `${k} ${int(n)}`).join(", "))
         : null,
+      inst.refused_messages
+        ? h("div", { class: "reason refused", title: "over --bind, the instance's publisher is the connection that sent first; another's messages are refused (docs/observer.md)" },
+            `${int(inst.refused_messages)} message(s) from ${int(inst.refused_publishers)} other publisher connection(s) refused`)
+        : null,
       inst.silence_hint ? h("div", { class: "reason silence" }, inst.silence_hint) : null,
     );
     container.append(card);
