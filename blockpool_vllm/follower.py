@@ -156,7 +156,7 @@ class PoolFollower:
         self.digest = PoolDigest(pool)  # O(pool), once, at start
         self.digest_ops = 0  # the digest is of the pool after this many operations
         self.flushed_ops = 0  # operations up to the last flush (a batch boundary)
-        self.pending: list[list[int]] = []  # deferred: flushed blocks not in the digest yet
+        self.pending: list[array[int]] = []  # deferred: flushed blocks not in the digest yet
         self.verified: Digest | None = None  # deferred: taken off the engine's thread
         self.inflight: deque[Batch] = deque()  # deferred: offered, not prepared by the sender yet
         self.digests_taken = 0  # deferred digests taken by catch_up
@@ -425,7 +425,6 @@ class PoolFollower:
     def _batch(self, force_digest: bool) -> Batch:
         raw = self.ops[:]
         self.ops.clear()
-        self.flushed_ops = self.op_count
         self.step += 1
         self.seq += 1
         deferred = (
@@ -470,8 +469,10 @@ class PoolFollower:
             if deferred:  # never prepared by the sender: its blocks are read here
                 batch.ops, touched = resolve(batch.ops)
                 if touched:
-                    self.pending.append(touched)
+                    self.pending.append(array("i", touched))
                 self.inflight.pop()
+        # last: catch_up reads nothing before this batch's blocks are in flight or pending
+        self.flushed_ops = self.op_count
         return batch
 
     def prepare(self, batch: Batch) -> Batch:
@@ -485,8 +486,8 @@ class PoolFollower:
             except Exception:  # never expected: the engine's next flush re-reads every block
                 touched = [-2]
                 self._sync_due = True
-            if touched:
-                self.pending.append(touched)  # first: catch_up waits for no batch in flight
+            if touched:  # (an array: nothing for the garbage collector to walk)
+                self.pending.append(array("i", touched))  # first: catch_up waits for it
             inflight.popleft()
         return batch
 
@@ -522,7 +523,9 @@ class PoolFollower:
             if e0 & 1 or self.op_count != target or self.inflight or not self.pending:
                 return False
             n = len(self.pending)
-            ids = [i for part in self.pending[:n] for i in part]
+            ids = array("i")
+            for part in self.pending[:n]:
+                ids.extend(part)
             if -2 in ids:  # every block to re-read: the engine's next flush does it
                 return False
 
