@@ -65,7 +65,11 @@ IDLE_AFTER_S = 0.05
 # catch_up lets the engine's thread in every few hundred blocks it reads (a
 # sleep, not sleep(0): a thread releasing the interpreter takes it back at
 # once unless it waits a little); the engine waits ~0.3 ms for it at most
-PAUSE_S = 0.00002  # no step for this long: the sender's thread copies instead
+PAUSE_S = 0.00002
+# batches whose blocks catch_up has not read yet, at most: beyond, the engine's
+# flush brings the digest up to date itself (a sender starved of the CPU
+# never lets the work pile up)
+MAX_BEHIND = 16  # no step for this long: the sender's thread copies instead
 
 
 # what a usual call leaves in ``PoolFollower.ops`` (a tuple), for ``resolve``
@@ -152,11 +156,12 @@ class PoolFollower:
         self.digest = PoolDigest(pool)  # O(pool), once, at start
         self.digest_ops = 0  # the digest is of the pool after this many operations
         self.flushed_ops = 0  # operations up to the last flush (a batch boundary)
-        self.pending: list[list[int]] = []  # deferred: flushed blocks not in the digest yet
+        self.pending: list[array[int]] = []  # deferred: flushed blocks not in the digest yet
         self.verified: Digest | None = None  # deferred: taken off the engine's thread
         self.inflight: deque[Batch] = deque()  # deferred: offered, not prepared by the sender yet
         self.digests_taken = 0  # deferred digests taken by catch_up
         self.digests_discarded = 0  # ... and readings thrown away (the engine moved)
+        self.digests_on_engine = 0  # deferred, yet taken here (a reset, or catch_up behind)
         self._digest_lock = threading.Lock()  # catch_up vs. the engine's own update
         # snapshots: asked for by the sender (any thread), copied here
         self.want_snapshot = False
@@ -420,10 +425,16 @@ class PoolFollower:
     def _batch(self, force_digest: bool) -> Batch:
         raw = self.ops[:]
         self.ops.clear()
-        self.flushed_ops = self.op_count
         self.step += 1
         self.seq += 1
-        deferred = self.defer_digest and not force_digest and not self._sync_due
+        deferred = (
+            self.defer_digest
+            and not force_digest
+            and not self._sync_due
+            and len(self.pending) + len(self.inflight) < MAX_BEHIND
+        )
+        if self.defer_digest and not deferred:
+            self.digests_on_engine += 1
         digest = None
         if deferred:  # the operations and the digest: the sender's thread (prepare, catch_up)
             digest, self.verified = self.verified, None
@@ -458,8 +469,10 @@ class PoolFollower:
             if deferred:  # never prepared by the sender: its blocks are read here
                 batch.ops, touched = resolve(batch.ops)
                 if touched:
-                    self.pending.append(touched)
+                    self.pending.append(array("i", touched))
                 self.inflight.pop()
+        # last: catch_up reads nothing before this batch's blocks are in flight or pending
+        self.flushed_ops = self.op_count
         return batch
 
     def prepare(self, batch: Batch) -> Batch:
@@ -473,8 +486,8 @@ class PoolFollower:
             except Exception:  # never expected: the engine's next flush re-reads every block
                 touched = [-2]
                 self._sync_due = True
-            if touched:
-                self.pending.append(touched)  # first: catch_up waits for no batch in flight
+            if touched:  # (an array: nothing for the garbage collector to walk)
+                self.pending.append(array("i", touched))  # first: catch_up waits for it
             inflight.popleft()
         return batch
 
@@ -510,7 +523,9 @@ class PoolFollower:
             if e0 & 1 or self.op_count != target or self.inflight or not self.pending:
                 return False
             n = len(self.pending)
-            ids = [i for part in self.pending[:n] for i in part]
+            ids = array("i")
+            for part in self.pending[:n]:
+                ids.extend(part)
             if -2 in ids:  # every block to re-read: the engine's next flush does it
                 return False
 

@@ -420,7 +420,17 @@ def plugin_reported(sched: Any) -> dict[str, Any]:
         except Exception as e:  # a report only
             got[name] = f"unreadable: {e!r}"
     follower = getattr(sched, "_mirror", None)
-    for attr in ("cost_ns", "step", "seq", "op_count", "drops", "digest_every"):
+    for attr in (
+        "cost_ns",
+        "step",
+        "seq",
+        "op_count",
+        "drops",
+        "digest_every",
+        "digests_taken",
+        "digests_discarded",
+        "digests_on_engine",
+    ):
         v = getattr(follower, attr, None)
         if isinstance(v, int | float):
             got[f"follower.{attr}"] = v

@@ -48,14 +48,24 @@ class Interrupted(Exception):
     """A staged reading stopped by its pause (the pool may have changed)."""
 
 
-# one block as staged: (id, value, prev, next, key)
-Row = tuple[int, int, int, int, "bytes | None"]
+class Rows:
+    """Blocks as read: id, value, links and key, in columns (arrays: nothing
+    here for the garbage collector to walk, however many blocks)."""
+
+    __slots__ = ("ids", "keys", "next", "prev", "values")
+
+    def __init__(self) -> None:
+        self.ids = array("i")
+        self.values = array("Q")
+        self.prev = array("i")
+        self.next = array("i")
+        self.keys: list[bytes | None] = []
 
 
 class Staged(NamedTuple):
     """What ``PoolDigest.stage`` read: the blocks' rows and the new total."""
 
-    rows: list[Row]
+    rows: Rows
     total: int
 
 
@@ -127,14 +137,14 @@ class PoolDigest:
         self.total = n
         self.values[:] = array("Q", bytes(8 * len(self.values)))  # none counted yet
         for lo in range(1, n, _REFRESH_CHUNK):
-            rows: list[Row] = []
+            rows = Rows()
             total = self._read_rows(range(lo, min(n, lo + _REFRESH_CHUNK)), self.total, rows)
             self.commit(Staged(rows, total))
 
     def after_reset(self) -> None:
         """A prefix-cache reset cleared every hash and moved no block: the
         blocks that held a hash are re-read (a C-speed scan finds them)."""
-        rows: list[Row] = []
+        rows = Rows()
         total = self._read_rows(list(compress(range(len(self.keys)), self.keys)), self.total, rows)
         self.commit(Staged(rows, total))
 
@@ -146,7 +156,8 @@ class PoolDigest:
     def commit(self, staged: Staged) -> None:
         """Take what ``stage`` read (nothing read it since: see ``stage``)."""
         values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
-        for bid, v, prev, nxt, key in staged.rows:
+        r = staged.rows
+        for bid, v, prev, nxt, key in zip(r.ids, r.values, r.prev, r.next, r.keys, strict=True):
             values[bid] = v
             sprev[bid] = prev
             snext[bid] = nxt
@@ -168,8 +179,14 @@ class PoolDigest:
         cache = self.pool.cached_block_hash_to_block._cache
         values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
         total = self.total
-        rows: list[Row] = []
-        add = rows.append
+        rows = Rows()
+        add_id, add_value, add_prev, add_next, add_key = (
+            rows.ids.append,
+            rows.values.append,
+            rows.prev.append,
+            rows.next.append,
+            rows.keys.append,
+        )
         done: set[int] = set()
         more: list[int] = []
         keys: list[bytes] = []
@@ -220,7 +237,11 @@ class PoolDigest:
                 keys.append(okey)  # a key it left: the blocks after it moved up
             v &= MASK
             total += v - values[bid]
-            add((bid, v, prev, nxt, key))
+            add_id(bid)
+            add_value(v)
+            add_prev(prev)
+            add_next(nxt)
+            add_key(key)
         for key in keys:
             e = cache.get(key)
             if e is None:
@@ -237,7 +258,7 @@ class PoolDigest:
         self,
         ids: Iterable[int],
         total: int,
-        rows: list[Row],
+        rows: Rows,
         pause: Callable[[], bool] | None = None,
     ) -> int:
         """Read blocks into ``rows`` (the hot loop: block_value and _read,
@@ -245,7 +266,13 @@ class PoolDigest:
         blocks = self.pool.blocks
         cache = self.pool.cached_block_hash_to_block._cache
         values = self.values
-        add = rows.append
+        add_id, add_value, add_prev, add_next, add_key = (
+            rows.ids.append,
+            rows.values.append,
+            rows.prev.append,
+            rows.next.append,
+            rows.keys.append,
+        )
         left = PAUSE_EVERY
         for bid in ids:
             if bid <= 0:
@@ -276,5 +303,9 @@ class PoolDigest:
                 v = hash((bid, b.ref_cnt, prev, nxt, pos, _from_bytes(key, "little")))
             v &= MASK
             total += v - values[bid]
-            add((bid, v, prev, nxt, key))
+            add_id(bid)
+            add_value(v)
+            add_prev(prev)
+            add_next(nxt)
+            add_key(key)
         return total & MASK

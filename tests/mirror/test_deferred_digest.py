@@ -19,6 +19,7 @@ from blockpool.mirror.apply import Divergence
 from blockpool.mirror.digest import Interrupted, pool_digest
 from blockpool.mirror.protocol import Digest
 from blockpool.runtime.ops import AllocateOp, FreeOp
+from blockpool_vllm.follower import MAX_BEHIND
 from tests.mirror.test_apply import assert_same, mirror_of, wire
 from tests.mirror.workload import FollowedEngine
 
@@ -189,4 +190,16 @@ def test_a_reading_stops_when_its_pause_says_the_engine_moved() -> None:
     assert len(calls) == 2 and f.digest.value == before  # nothing taken
     assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.apply(FreeOp(block_ids=got["block_ids"]))
+    engine.rt.check()
+
+
+def test_a_sender_that_never_catches_up_leaves_the_digest_to_the_engine() -> None:
+    engine = FollowedEngine(defer_digest=True)
+    f = engine.follower
+    for _ in range(120):  # no catch_up at all: the sender's thread starved
+        engine.step()
+        assert len(f.pending) <= MAX_BEHIND
+    assert f.digests_on_engine > 0
+    f.flush(force_digest=True)
+    assert f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
