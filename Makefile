@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install run test test-fast lint lint-js fmt bench bench-vllm bench-mirror-rate bench-gpu bench-gpu-016 vllm-envs soak browser clean plot-curve
+.PHONY: demo-check install run test test-fast lint lint-js fmt bench bench-vllm bench-mirror-rate bench-gpu bench-gpu-016 vllm-envs soak browser clean plot-curve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,14 @@ browser:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium is missing: install Debian's chromium package (browser tests fail without it)"; fi; }
+
+## The compose demo run for real (root; scripts/demo_check/): installs Debian's
+## docker.io, mmdebstrap and prometheus when missing, starts its own dockerd on its
+## own socket, builds the images from docker/Dockerfile, brings the stack up and
+## probes it (page, API, loadgen, scrape targets, every Grafana query), down -v.
+DEMO_CHECK_ARGS ?=
+demo-check: $(STAMP)
+	$(PY) -m scripts.demo_check $(DEMO_CHECK_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/bench_pool.py
