@@ -29,7 +29,9 @@ BUILTINS = {
 # $var, ${var}, ${var:format}, [[var]]
 VAR_REF = re.compile(r"\$([A-Za-z_]\w*)|\$\{(\w+)(?::(\w+))?\}|\[\[(\w+)(?::(\w+))?\]\]")
 LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?:(.*),\s*)?([a-zA-Z_]\w*)\s*\)\s*$", re.DOTALL)
-REGEX_SPECIAL = re.compile(r"([\\^$*+?.()|{}\[\]])")
+# Grafana's prometheusSpecialRegexEscape: written into a PromQL string, so
+# each escape is itself escaped ("a.b" -> "a\\\\.b", the regex a\\.b).
+REGEX_SPECIAL = re.compile(r"([$^*{}\[\]'+?.()|])")
 
 # (label, match[] selector or None) -> the label's values Prometheus holds
 LabelValues = Callable[[str, str | None], list[str]]
@@ -86,9 +88,10 @@ def _format(values: list[str], multi: bool, fmt: str | None) -> str:
     if fmt == "raw":
         return ",".join(values)
     if fmt == "regex" or multi:
-        escaped = [REGEX_SPECIAL.sub(r"\\\1", v) for v in values]
+        escaped = [REGEX_SPECIAL.sub(r"\\\\\1", v.replace("\\", "\\" * 4)) for v in values]
         return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
-    return values[0] if values else ""
+    # prometheusRegularEscape
+    return values[0].replace("\\", "\\\\").replace("'", "\\\\'") if values else ""
 
 
 class Variables:

@@ -51,7 +51,9 @@ def tool(name: str) -> Path:
     return path
 
 
-COMPOSE_VARS = ("BLOCKPOOL_", "LOADGEN_", "GRAFANA_", "PROMETHEUS_", "TORCH_", "COMPOSE_", "DOCKER_")
+COMPOSE_VARS = (
+    "BLOCKPOOL_", "LOADGEN_", "GRAFANA_", "PROMETHEUS_", "TORCH_", "COMPOSE_", "DOCKER_",
+)  # fmt: skip
 
 
 def run_tool(
