@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from scripts.demo_check import images
+from scripts.demo_check import images, wheels
 from scripts.demo_check.daemon import Daemon
 from scripts.demo_check.phases import Phases, say
-from scripts.demo_check.probes import CheckFailed, Stack
+from scripts.demo_check.probes import CheckFailed, Stack, VllmStack
 
 ROOT = images.ROOT
 DOCKER_DIR = ROOT / "docker"
@@ -30,6 +30,7 @@ PACKAGES = {"dockerd": "docker.io", "mmdebstrap": "mmdebstrap", "promtool": "pro
 COMPOSE = Path(sys.executable).parent / "docker-compose"  # the dev extra's Compose v5
 # Counters that must be there at 0 before anything happened (F3).
 AT_ZERO = ["blockpool_observer_poison_messages_total"]
+VLLM_JOBS = ("vllm", "blockpool-mirror", "blockpool-observer-vllm")
 
 
 def install_missing() -> None:
@@ -98,6 +99,8 @@ def main() -> int:
                     help="the Debian rootfs tar of the local base image")  # fmt: skip
     ap.add_argument("--torch", action="store_true",
                     help="with torch (compose's TORCH_VERSION, TORCH_INDEX_URL)")  # fmt: skip
+    ap.add_argument("--vllm", action="store_true",
+                    help="the vllm profile too (a real engine)")  # fmt: skip
     ap.add_argument("--screenshot", type=Path, help="save the page, as the stack serves it")
     ap.add_argument("--dashboard-wait", type=float, default=240,
                     help="seconds for every dashboard query to have data")  # fmt: skip
@@ -112,17 +115,28 @@ def main() -> int:
     phases = Phases()
     daemon = Daemon(args.state, args.run)
     compose: Compose | None = None
+    index: wheels.WheelIndex | None = None
     failed: str | None = None
     try:
         with phases.phase("install what is missing"):
             install_missing()
         with phases.phase("own dockerd"):
             daemon.start()
-        ports = {
-            v: str(free_port())
-            for v in ("BLOCKPOOL_APP_PORT", "BLOCKPOOL_OBSERVER_PORT", "PROMETHEUS_PORT")
-        }
+        names = ["BLOCKPOOL_APP_PORT", "BLOCKPOOL_OBSERVER_PORT", "PROMETHEUS_PORT"]
+        if args.vllm:
+            names += [
+                "BLOCKPOOL_VLLM_PORT",
+                "BLOCKPOOL_MIRROR_PORT",
+                "BLOCKPOOL_OBSERVER_VLLM_PORT",
+            ]
+        ports = {v: str(free_port()) for v in names}
         env = dict(ports)
+        if args.vllm:
+            env["COMPOSE_PROFILES"] = "vllm"
+            torch = wheels.local_wheels("torch-2.13.0+cpu-*.whl")
+            if torch and "TORCH_INDEX_URL" not in os.environ:
+                index = wheels.WheelIndex(torch[:1])
+                env["TORCH_INDEX_URL"] = index.url
         if not args.torch:
             env["TORCH_VERSION"] = ""  # no torch: the pool runs without K/V storage
         with phases.phase("base image and Prometheus image"):
@@ -146,8 +160,16 @@ def main() -> int:
             stack.check_app()
             stack.check_observer()
             stack.check_loadgen(lambda: c.logs("loadgen"))
+        if args.vllm:
+            vllm = VllmStack(
+                engine=f"http://127.0.0.1:{ports['BLOCKPOOL_VLLM_PORT']}",
+                mirror=f"http://127.0.0.1:{ports['BLOCKPOOL_MIRROR_PORT']}",
+                observer=f"http://127.0.0.1:{ports['BLOCKPOOL_OBSERVER_VLLM_PORT']}",
+            )
+            with phases.phase("probe: vLLM, its mirror, its observer, the trace replay"):
+                vllm.check(lambda: c.logs("vllm-load"))
         with phases.phase("probe: Prometheus targets and counters at 0"):
-            stack.check_targets()
+            stack.check_targets(VLLM_JOBS if args.vllm else ())
             stack.check_counters_at_zero(AT_ZERO)
         with phases.phase("probe: every dashboard query has data"):
             stack.check_dashboards(DOCKER_DIR / "grafana", args.dashboard_wait)
@@ -165,6 +187,8 @@ def main() -> int:
     finally:
         if compose is not None:
             _teardown(compose)
+        if index is not None:
+            index.close()
         with phases.phase("stop own dockerd"):
             daemon.stop()
         phases.report()

@@ -5,6 +5,7 @@ any, is never touched; the data root persists between runs (the image cache).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -29,6 +30,19 @@ class Daemon:
         self.pidfile = run / "dockerd.pid"
         self.log = state / "dockerd.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._lock: int | None = None
+
+    def lock(self) -> None:
+        """One demo-check at a time on a machine: a second one would stop the
+        first one's daemon (its pidfile) and share its state."""
+        self.run.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.run / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RuntimeError(f"another demo-check holds {self.run / 'lock'}") from None
+        self._lock = fd
 
     @property
     def host(self) -> str:
@@ -56,6 +70,7 @@ class Daemon:
         dockerd = shutil.which("dockerd")
         if dockerd is None:
             raise RuntimeError("dockerd is missing (Debian's docker.io)")
+        self.lock()
         old = self._left_over()
         if old is not None:
             say(f"a previous run's dockerd (pid {old}) is still up: stopping it")
@@ -94,6 +109,15 @@ class Daemon:
         say(f"stopping dockerd pid {self.proc.pid}")
         _stop_pid(self.proc.pid, 30)
         self.proc.wait()
+        self._unmount_left()
+
+    def _unmount_left(self) -> None:
+        """What dockerd leaves mounted under its exec root when it exits (its
+        default network namespace): unmounted, so that nothing of ours stays."""
+        root = str(self.run) + "/"
+        mounts = [ln.split()[1] for ln in Path("/proc/mounts").read_text().splitlines()]
+        for point in sorted((m for m in mounts if m.startswith(root)), reverse=True):
+            subprocess.run(["umount", "--lazy", point], check=False)
 
 
 def _stop_pid(pid: int, grace_s: float) -> None:

@@ -6,6 +6,7 @@ Dockerfiles (build args only)."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -21,7 +22,13 @@ LOCAL_LABEL = "org.blockpool.local-base"
 # What the Dockerfile needs of its python:*-slim base, from Debian's packages.
 BASE_PACKAGES = "python3,python3-venv,python-is-python3,ca-certificates,passwd,netbase"
 EXTRA_CAS = Path("/usr/local/share/ca-certificates")
-LOCAL_PROMETHEUS = "blockpool-local/prometheus:2.42-debian"
+PROMETHEUS_DOCKERFILE = LOCAL / "Dockerfile.prometheus"
+
+
+def local_prometheus() -> str:
+    """The stand-in's tag: a new one whenever its Dockerfile changes."""
+    digest = hashlib.sha256(PROMETHEUS_DOCKERFILE.read_bytes()).hexdigest()[:12]
+    return f"blockpool-local/prometheus:2.42-debian-{digest}"
 
 
 def base_image() -> str:
@@ -80,10 +87,13 @@ def ensure_prometheus(d: Daemon, wanted: str, base: str) -> str:
     if has_image(d, wanted):
         say(f"prometheus {wanted}: present")
         return wanted
-    if not has_image(d, LOCAL_PROMETHEUS):
-        say(f"prometheus {wanted}: not present, building {LOCAL_PROMETHEUS} (Debian's package)")
+    local = local_prometheus()
+    if has_image(d, local):
+        say(f"prometheus {wanted}: not present, {local} is")
+    else:
+        say(f"prometheus {wanted}: not present, building {local} (Debian's package)")
         d.docker(
             "build", "--network", "host", "--build-arg", f"BASE={base}",
-            "-f", str(LOCAL / "Dockerfile.prometheus"), "-t", LOCAL_PROMETHEUS, str(LOCAL),
+            "-f", str(PROMETHEUS_DOCKERFILE), "-t", local, str(LOCAL),
         )  # fmt: skip
-    return LOCAL_PROMETHEUS
+    return local

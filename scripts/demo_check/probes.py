@@ -125,11 +125,11 @@ class Stack:
             raise ValueError(f"{path} {params}: {code} {body[:300]}")
         return doc["data"]
 
-    def check_targets(self) -> None:
+    def check_targets(self, more_jobs: tuple[str, ...] = ()) -> None:
         def targets() -> str | None:
             active = self.prom("/api/v1/targets", state="active")["activeTargets"]
             jobs = {t["labels"]["job"] for t in active}
-            missing = {"blockpool", "blockpool-observer"} - jobs
+            missing = {"blockpool", "blockpool-observer", *more_jobs} - jobs
             if missing:
                 return f"no target for {sorted(missing)}"
             down = [
@@ -206,3 +206,51 @@ class Stack:
 
         wait_for(f"{total} dashboard queries answered with data", answered, deadline_s)
         return total
+
+
+@dataclass
+class VllmStack:
+    """The ``vllm`` profile: the engine, the mirror of its pool, the observer
+    of its KV events, the trace replay that drives it."""
+
+    engine: str
+    mirror: str
+    observer: str
+
+    def check(self, replay_logs: Callable[[], str]) -> None:
+        def models() -> str | None:
+            code, body = get(self.engine + "/v1/models")
+            ids = [m["id"] for m in json.loads(body)["data"]] if code == 200 else []
+            return None if "tiny" in ids else f"{code} {body[:200]}"
+
+        wait_for("vLLM /v1/models serves the tiny model", models, 120)
+        seen: dict[str, int] = {}
+
+        def replay() -> str | None:
+            lines = [ln for ln in replay_logs().splitlines() if "[vllm-replay] t=" in ln]
+            if not lines:
+                return "no stats line yet"
+            seen.update({k: int(v) for k, v in re.findall(r"(\w+)=(\d+)(?=\s|$)", lines[-1])})
+            if seen.get("errors", 0):
+                raise CheckFailed(f"the trace replay reports errors: {lines[-1]}")
+            if seen.get("ok", 0) < 10 or seen.get("cached_tokens", 0) <= 0:
+                return f"not yet 10 completions with prefix hits: {lines[-1]}"
+            return None
+
+        wait_for("the trace replay drives vLLM without errors, with prefix hits", replay, 240)
+        say(f"    vllm-replay: {seen}")
+
+        def mirrored() -> str | None:
+            code, body = get(self.mirror + "/api/mirror")
+            m = json.loads(body) if code == 200 else {}
+            return None if m.get("exact") is True else f"{code} {body[:400]}"
+
+        wait_for("serve --mirror: the engine's pool, exact", mirrored, 120)
+
+        def observed() -> str | None:
+            code, body = get(self.observer + "/api/health")
+            h = json.loads(body) if code == 200 else {}
+            ok = h.get("status") == "ok" and h.get("connected") == 1 and h.get("exact") == 1
+            return None if ok else f"{code} {body[:300]}"
+
+        wait_for("the observer follows vLLM's KV events, exact", observed, 120)

@@ -19,6 +19,9 @@ DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 COMPOSE_LOCAL = DOCKER / "compose.local.yaml"  # machines without a registry
 DOCKERFILES = [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cuda"]
+# The `vllm` profile's engine, and the Debian stand-in for prom/prometheus
+# that make demo-check builds where no registry is reachable.
+OTHER_DOCKERFILES = [DOCKER / "Dockerfile.vllm", DOCKER / "local" / "Dockerfile.prometheus"]
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "blockpool.json"
 PROMETHEUS_YML = DOCKER / "prometheus" / "prometheus.yml"
 DATASOURCES = DOCKER / "grafana" / "provisioning" / "datasources"
