@@ -149,7 +149,7 @@ def main() -> int:
         with phases.phase("build the project's images (docker/Dockerfile)"):
             compose("build")
         with phases.phase("up --wait"):
-            compose("up", "-d", "--wait", "--wait-timeout", "600")
+            compose("up", "-d", "--wait", "--wait-timeout", "900" if args.vllm else "600")
         stack = Stack(
             app=f"http://127.0.0.1:{ports['BLOCKPOOL_APP_PORT']}",
             observer=f"http://127.0.0.1:{ports['BLOCKPOOL_OBSERVER_PORT']}",

@@ -25,6 +25,9 @@ def local_wheels(pattern: str) -> list[Path]:
     return out
 
 
+PORT = 35629
+
+
 class WheelIndex:
     """Serves ``wheels`` as a simple index until ``close``."""
 
@@ -36,7 +39,10 @@ class WheelIndex:
             (root / "simple" / project).mkdir(parents=True, exist_ok=True)
             (root / "simple" / project / w.name).symlink_to(w.resolve())
         handler = functools.partial(_Quiet, directory=str(root))
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        try:  # the same URL every run: it is a build arg, part of the layers' cache key
+            self._server = http.server.ThreadingHTTPServer(("127.0.0.1", PORT), handler)
+        except OSError:
+            self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/simple"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
