@@ -118,3 +118,32 @@ def test_prometheus_scrapes_the_observer_by_its_service_name() -> None:
             return (await c.get("/metrics", headers={"host": target})).status_code
 
     assert asyncio.run(bare_scrape()) == 403
+
+
+def test_the_vllm_profile_is_scraped_by_the_names_its_services_answer_to() -> None:
+    model = compose_model("vllm")
+    services = model["services"]
+    assert {"vllm", "mirror", "observer-vllm", "vllm-load"} <= set(services)
+    assert {n: p for n, p in published(model).items() if n not in PORTS} == {
+        "vllm": 8650, "mirror": 8003, "observer-vllm": 8004
+    }  # fmt: skip
+    engine = services["vllm"]
+    assert engine["build"]["dockerfile"] == "docker/Dockerfile.vllm"
+    assert int(engine["shm_size"]) >= 160 * 1024 * 1024  # vLLM's shared-memory queue
+    assert engine["environment"]["BLOCKPOOL_MIRROR_ENDPOINT"] == "tcp://*:5590"
+    assert services["mirror"]["command"][:3] == ["serve", "--mirror", "tcp://vllm:5590"]
+    assert services["vllm-load"]["environment"]["VLLM_URL"] == "http://vllm:8650"
+    # every scrape job of the profile reaches a service that lets its name in
+    prom = yaml.safe_load(PROMETHEUS_YML.read_text())
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    for job, service, var in (
+        ("blockpool-mirror", "mirror", "BLOCKPOOL_ALLOWED_HOSTS"),
+        ("blockpool-observer-vllm", "observer-vllm", "BLOCKPOOL_OBSERVER_ALLOWED_HOSTS"),
+        ("vllm", "vllm", None),
+    ):
+        (sd,) = jobs[job]["dns_sd_configs"]
+        assert sd["names"] == [service], job
+        if var:
+            assert json.loads(services[service]["environment"][var]) == [service], job
+    # and without the profile, none of it runs
+    assert not {"vllm", "mirror", "observer-vllm", "vllm-load"} & set(compose_model()["services"])
