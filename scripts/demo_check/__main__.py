@@ -102,6 +102,8 @@ def main() -> int:
     ap.add_argument("--vllm", action="store_true",
                     help="the vllm profile too (a real engine)")  # fmt: skip
     ap.add_argument("--screenshot", type=Path, help="save the page, as the stack serves it")
+    ap.add_argument("--dashboards", type=Path, default=DOCKER_DIR / "grafana",
+                    help="the folder whose dashboard JSON files are checked")  # fmt: skip
     ap.add_argument("--dashboard-wait", type=float, default=240,
                     help="seconds for every dashboard query to have data")  # fmt: skip
     args = ap.parse_args()
@@ -172,7 +174,8 @@ def main() -> int:
             stack.check_targets(VLLM_JOBS if args.vllm else ())
             stack.check_counters_at_zero(AT_ZERO)
         with phases.phase("probe: every dashboard query has data"):
-            stack.check_dashboards(DOCKER_DIR / "grafana", args.dashboard_wait)
+            profiles = ("vllm",) if args.vllm else ()
+            stack.check_dashboards(args.dashboards, args.dashboard_wait, profiles)
         if args.screenshot:
             with phases.phase("screenshot of the page"):
                 screenshot(stack.app, args.screenshot)

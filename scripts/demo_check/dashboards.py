@@ -33,6 +33,10 @@ LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?:(.*),\s*)?([a-zA-Z_]\w*)\s*\
 # each escape is itself escaped ("a.b" -> "a\\\\.b", the regex a\\.b).
 REGEX_SPECIAL = re.compile(r"([$^*{}\[\]'+?.()|])")
 
+# Series only a compose profile's services export: a query that selects one
+# is checked when that profile runs (``serve --mirror`` needs a real engine).
+PROFILE_METRICS = {"vllm": ("blockpool_mirror_",)}
+
 # (label, match[] selector or None) -> the label's values Prometheus holds
 LabelValues = Callable[[str, str | None], list[str]]
 
@@ -154,6 +158,14 @@ class Variables:
             return m.group(0)
 
         return VAR_REF.sub(one, expr)
+
+
+def needs_profile(expr: str) -> str | None:
+    """The profile whose services export what ``expr`` selects, if any."""
+    for profile, prefixes in PROFILE_METRICS.items():
+        if any(p in expr for p in prefixes):
+            return profile
+    return None
 
 
 def unresolved(expr: str) -> list[str]:

@@ -132,3 +132,9 @@ def test_value_formats(values: list[str], multi: bool, fmt: str | None, want: st
     ]}}  # fmt: skip
     ref = "${v:raw}" if fmt == "raw" else "$v"
     assert dashboards.Variables(doc, fake_label_values).substitute(ref) == want
+
+
+def test_queries_of_series_only_a_profile_exports_wait_for_that_profile() -> None:
+    assert dashboards.needs_profile('max(blockpool_mirror_exact{job=~"$job"})') == "vllm"
+    assert dashboards.needs_profile("rate(blockpool_evictions_total[1m])") is None
+    assert dashboards.needs_profile("vllm:kv_cache_usage_perc") is None  # the app exports it
