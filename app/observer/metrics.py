@@ -150,7 +150,7 @@ class ObserverCollector(Collector):
                 "Poison messages (or parts of them) refused, by kind.",
                 labels=["pool", "kind"],
             ),
-            {s.name: dict(s.poison.counts) for s in sources},
+            {s.name: s.poison.by_kind() for s in sources},
         )
         yield labelled(
             CounterMetricFamily(

@@ -16,6 +16,14 @@ from __future__ import annotations
 import logging
 import time
 
+# Every kind above: the metrics export each at 0 from the start, so that a
+# dashboard shows "0", not "No data", until the first poison message.
+KINDS = (
+    "bad_frames", "too_large", "too_deep", "not_msgpack", "not_a_batch",
+    "malformed_event", "bad_number", "non_finite_ts", "extra_cut", "internal_error",
+    "replay_out_of_range",
+)  # fmt: skip
+
 
 class PoisonCounter:
     def __init__(self, name: str, logger: logging.Logger, interval: float = 60.0) -> None:
@@ -29,6 +37,10 @@ class PoisonCounter:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+    def by_kind(self) -> dict[str, int]:
+        """Every known kind (0 when none yet), then any other counted."""
+        return {**dict.fromkeys(KINDS, 0), **self.counts}
 
     def add(self, kind: str, detail: str, n: int = 1) -> None:
         count = self.counts[kind] = self.counts.get(kind, 0) + n

@@ -17,7 +17,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
+COMPOSE_LOCAL = DOCKER / "compose.local.yaml"  # machines without a registry
 DOCKERFILES = [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cuda"]
+# The `vllm` profile's engine, and the Debian stand-in for prom/prometheus
+# that make demo-check builds where no registry is reachable.
+OTHER_DOCKERFILES = [DOCKER / "Dockerfile.vllm", DOCKER / "local" / "Dockerfile.prometheus"]
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "blockpool.json"
 PROMETHEUS_YML = DOCKER / "prometheus" / "prometheus.yml"
 DATASOURCES = DOCKER / "grafana" / "provisioning" / "datasources"
@@ -50,22 +54,30 @@ def tool(name: str) -> Path:
     return path
 
 
-def run_tool(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    # The compose file's defaults, not whatever this shell exports.
-    env = {
-        k: v for k, v in os.environ.items()
-        if not k.startswith(("BLOCKPOOL_", "LOADGEN_", "GRAFANA_", "COMPOSE_", "DOCKER_"))
-    }  # fmt: skip
+COMPOSE_VARS = (
+    "BLOCKPOOL_", "LOADGEN_", "GRAFANA_", "PROMETHEUS_", "TORCH_", "COMPOSE_", "DOCKER_",
+)  # fmt: skip
+
+
+def run_tool(
+    *args: str | Path, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    # The compose file's defaults (and ``env``), not whatever this shell exports.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(COMPOSE_VARS)} | (env or {})
     return subprocess.run(
         [str(a) for a in args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
-def compose_model(*profiles: str) -> dict[str, Any]:
-    args: list[str | Path] = [tool("docker-compose"), "-f", COMPOSE]
+def compose_model(
+    *profiles: str, env: dict[str, str] | None = None, files: tuple[Path, ...] = (COMPOSE,)
+) -> dict[str, Any]:
+    args: list[str | Path] = [tool("docker-compose")]
+    for f in files:
+        args += ["-f", f]
     for p in profiles:
         args += ["--profile", p]
-    proc = run_tool(*args, "config", "--format", "json")
+    proc = run_tool(*args, "config", "--format", "json", env=env)
     assert proc.returncode == 0, proc.stderr
     model: dict[str, Any] = json.loads(proc.stdout)
     return model

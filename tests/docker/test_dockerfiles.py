@@ -14,6 +14,7 @@ from app.main import FRONTEND
 from tests.docker.helpers import (
     DOCKER,
     DOCKERFILES,
+    OTHER_DOCKERFILES,
     ROOT,
     final_stage,
     instructions,
@@ -23,7 +24,7 @@ from tests.docker.helpers import (
 )
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", DOCKERFILES + OTHER_DOCKERFILES, ids=lambda p: p.name)
 def test_hadolint(dockerfile: Path) -> None:
     proc = run_tool(tool("hadolint"), dockerfile)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 
-from tests.docker.helpers import DOCKERFILES, ROOT, instructions
+from tests.docker.helpers import DOCKERFILES, OTHER_DOCKERFILES, ROOT, instructions
 
 
 def _pattern_regex(pattern: str) -> re.Pattern[str]:
@@ -73,7 +73,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
                  "bench/results/r.json", ".hypothesis/x", "docker/compose.yaml"):  # fmt: skip
         assert dockerignored(path, pats), f"{path} would be sent to the builder"
     # ... and every file a Dockerfile copies gets through.
-    for dockerfile in DOCKERFILES:
+    for dockerfile in [*DOCKERFILES, OTHER_DOCKERFILES[0]]:  # the root's context
         for word, args in instructions(dockerfile):
             if word != "COPY" or "--from" in args:
                 continue

@@ -15,6 +15,7 @@ import json
 import math
 from typing import Any
 
+import httpx
 import msgpack
 import websockets
 
@@ -22,6 +23,7 @@ from app.core.settings import ObserverSettings
 from app.observer.app import create_observer_app
 from app.observer.source import Source
 from blockpool.kvevents.config import SourceSpec
+from blockpool.kvevents.poison import KINDS
 from tests.kvevents.helpers import Workload, await_for, fake_publisher, positional, truth
 from tests.kvevents.observer_live import client, serving, ws_ticks
 from tests.support.ports import free_port
@@ -166,3 +168,40 @@ def test_skipped_events_make_the_pool_inexact_until_a_clear() -> None:
     assert t.exact and s.state.copies() == truth(batches[2:])
     s.state.check()
     w.check()
+
+
+def test_every_poison_kind_is_exported_at_zero_before_any_message() -> None:
+    """F3: a dashboard's poison panel shows 0, not "No data", from the start;
+    a kind counted later is exported at its count beside the zeros."""
+    settings = ObserverSettings(endpoints=["p=tcp://127.0.0.1:1"])
+    app = create_observer_app(settings)
+    s: Source = app.state.fleet.sources["p"]
+
+    async def scrape() -> str:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            r = await c.get("/metrics")
+            assert r.status_code == 200, r.text
+            return r.text
+
+    def samples(text: str) -> dict[str, float]:
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("blockpool_observer_poison_messages_total{"):
+                labels, value = line.rsplit(" ", 1)
+                out[labels] = float(value)
+        return out
+
+    before = samples(asyncio.run(scrape()))
+    assert before == {
+        f'blockpool_observer_poison_messages_total{{kind="{k}",pool="p"}}': 0.0 for k in KINDS
+    }
+    s.poison.add("too_deep", "a test")
+    s.poison.add("something_new", "a kind no release knows", 2)
+    after = samples(asyncio.run(scrape()))
+    changed = {k: v for k, v in after.items() if before.get(k) != v}
+    assert changed == {
+        'blockpool_observer_poison_messages_total{kind="too_deep",pool="p"}': 1.0,
+        'blockpool_observer_poison_messages_total{kind="something_new",pool="p"}': 2.0,
+    }
+    assert s.poison.total == 3 and s.poison.counts == {"too_deep": 1, "something_new": 2}
