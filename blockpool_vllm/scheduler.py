@@ -167,7 +167,7 @@ class _Mirrored:
             boot=boot,
             stats=lambda: (totals[0], totals[1], totals[2]),
             # the digest off the engine's thread (0: on it, at each flush)
-            defer_digest=os.environ.get("BLOCKPOOL_MIRROR_DEFER_DIGEST", "1") != "0",
+            defer_digest=os.environ.get("BLOCKPOOL_MIRROR_DEFER_DIGEST", "0") == "1",
         )
         free = mgr.free
 

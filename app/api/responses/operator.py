@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from app.api.responses import Out
+from app.api.responses.pool import Tokens
 
 
 class HitWindowFigure(Out):
@@ -55,7 +56,7 @@ class RecentSection(Out):
     hit_blocks: int
     regrets: int
     evictions: int
-    tokens: dict[str, float]
+    tokens: Tokens
     tokens_ts: float
 
 
