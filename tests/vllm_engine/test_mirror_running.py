@@ -38,7 +38,14 @@ def test_running_and_waiting_are_the_engines(mirrored: dict[str, Any]) -> None:
     rig, client = mirrored, mirrored["client"]
     mirror = rig["mirror"].url
     eventually(lambda: client.get(mirror + "/api/mirror").json()["synced"], 240, "a synced mirror")
-    assert counts(rig)[1] == (0, 0)  # known (not null) before any request: none
+    # known (not null) before any request, once a beat or handshake of the
+    # engine's said it has sent no batch yet: none
+    def known() -> bool:
+        s = client.get(mirror + "/api/summary").json()
+        return (s["running_requests"], s["waiting_requests"]) == (0, 0)
+
+    eventually(known, 60, "the mirror's counts known: 0 and 0")
+    assert counts(rig)[1] == (0, 0)
     before = mark(rig, 0)
 
     streams = start_streams(rig["engine"].url, STREAMS, max_tokens=900)
