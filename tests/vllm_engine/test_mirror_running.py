@@ -38,6 +38,7 @@ def test_running_and_waiting_are_the_engines(mirrored: dict[str, Any]) -> None:
     rig, client = mirrored, mirrored["client"]
     mirror = rig["mirror"].url
     eventually(lambda: client.get(mirror + "/api/mirror").json()["synced"], 240, "a synced mirror")
+
     # known (not null) before any request, once a beat or handshake of the
     # engine's said it has sent no batch yet: none
     def known() -> bool:
