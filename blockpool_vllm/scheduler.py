@@ -16,10 +16,10 @@ Environment (read here, in the engine, never by blockpool's library):
 * ``BLOCKPOOL_MIRROR_CONTROL``    the snapshot endpoint (default: the next port)
 * ``BLOCKPOOL_MIRROR_DIGEST_EVERY``  the pool's digest on every Nth batch (1: each;
   it costs O(blocks the step touched)); only with the next set to 0
-* ``BLOCKPOOL_MIRROR_DEFER_DIGEST``  1 (the default): the digest is taken off the
-  engine's thread, by the sender's while the engine is between batches (its
-  forward pass), and rides on the next batch or beat; 0: on the engine's
-  thread at every flush
+* ``BLOCKPOOL_MIRROR_DEFER_DIGEST``  0 (the default): the digest is brought up to
+  date on the engine's thread at every flush; 1: taken off it, by the sender's
+  thread while the engine is between batches (its forward pass), riding on a
+  later batch or beat (worth it where forward passes are long: README)
 * ``BLOCKPOOL_MIRROR_QUEUE``      batches queued for the sender before drops (4096)
 * ``BLOCKPOOL_MIRROR_NAME``       the engine's name in the handshake
 * ``BLOCKPOOL_MIRROR_TOKEN_FILE`` a file whose first line (16 characters or more)
