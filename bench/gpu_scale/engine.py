@@ -434,6 +434,9 @@ def plugin_reported(sched: Any) -> dict[str, Any]:
         v = getattr(follower, attr, None)
         if isinstance(v, int | float):
             got[f"follower.{attr}"] = v
+    quantiles = getattr(follower, "cost_quantiles", None)
+    if callable(quantiles):  # its own time on the engine's thread, the last steps (µs)
+        got["follower.cost_us_p50_p99_max"] = quantiles()
     sender = getattr(sched, "_mirror_sender", None)
     for attr in ("sent", "dropped", "snapshots"):
         v = getattr(sender, attr, None)

@@ -195,8 +195,10 @@ def child_argv(args: argparse.Namespace, variant: str, async_sched: bool, warmup
     return argv
 
 
-def spawn(argv: list[str], endpoint: str, out: Path) -> dict[str, Any]:
+def spawn(argv: list[str], endpoint: str, out: Path, defer_digest: bool = False) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_MIRROR")}
+    if defer_digest:  # the plugin's digest off the engine's thread (the plain run ignores it)
+        env["BLOCKPOOL_MIRROR_DEFER_DIGEST"] = "1"
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("PYTHONHASHSEED", "0")
     done = subprocess.run(
@@ -391,7 +393,7 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
                     out = Path(tmp) / f"{variant}-{int(async_sched)}-{rnd}.json"
                     argv = child_argv(args, variant, async_sched, warmup)
                     sys.stderr.write(f"running {variant} ({'async' if async_sched else 'sync'})\n")
-                    doc = spawn(argv, endpoint, out)
+                    doc = spawn(argv, endpoint, out, args.defer_digest)
                     if sub is not None:
                         doc["subscriber"] = stop_subscriber(sub)
                     # the plugin run warms up exactly as long as the plain one did
@@ -416,6 +418,7 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
             "min_prompt",
             "max_prompt",
             "subscriber",
+            "defer_digest",
         )
     }
     return {
@@ -524,6 +527,11 @@ def parser() -> argparse.ArgumentParser:
         "--subscriber",
         action="store_true",
         help="drain the plugin's stream with a SUB socket in a subprocess",
+    )
+    p.add_argument(
+        "--defer-digest",
+        action="store_true",
+        help="the plugin with BLOCKPOOL_MIRROR_DEFER_DIGEST=1 (its digest off the engine's thread)",
     )
     p.add_argument("--json", help="write every figure here")
     p.add_argument(
