@@ -65,7 +65,11 @@ async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
 
 
 @route(
-    router.get, "/misses/requests/{request_id}", r.RequestMisses, "One request's misses", ReadAuth
+    router.get,
+    "/misses/requests/{request_id}",
+    r.RequestMissReport,
+    "One request's misses",
+    ReadAuth,
 )
 async def request_misses(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Each prompt block: hit, or the reason it missed with its detail.

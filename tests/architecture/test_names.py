@@ -24,20 +24,11 @@ REASON = "Shared name:"
 
 # The trace restructure (blockpool/trace/, app/trace/) renames its side of
 # these pairs (renamed by the trace restructure): empty this set when it lands.
-TRACE_RESTRUCTURE = {"Engine", "Histogram", "TraceStats"}
+TRACE_RESTRUCTURE = {"Engine", "Histogram"}
 KNOWN_CLASSES: set[str] = TRACE_RESTRUCTURE | {
-    "Batch",
-    "Finished",
-    "Gap",
-    "Keyframe",
-    "Moment",
-    "PrefixTree",
     "ProtocolError",
     "Request",
-    "RequestMisses",
-    "Reset",
     "Source",
-    "TickData",
 }
 KNOWN_BASENAMES: set[str] = {
     "auth",

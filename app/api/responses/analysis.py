@@ -24,7 +24,7 @@ class Misses(Out):
     worker: dict[str, Any] | None = Field(description="the analysis worker's lag (worker mode)")
 
 
-class RequestMisses(Out):
+class RequestMissReport(Out):
     """One request's blocks: hit, or the reason each missed."""
 
     request_id: str
@@ -87,7 +87,7 @@ class Shadows(Out):
     )
 
 
-class Keyframe(Out):
+class HistoryKeyframe(Out):
     seq: int
     ts: float
 
@@ -104,7 +104,7 @@ class History(Out):
     bytes_held: int | None = None
     dropped_ops: int | None = None
     dropped_segments: int | None = None
-    keyframes: list[Keyframe] = []
+    keyframes: list[HistoryKeyframe] = []
     keyframes_taken: int | None = None
     keyframe_seconds_total: float | None = None
     horizon: dict[str, Any] | None = Field(
@@ -115,7 +115,7 @@ class History(Out):
     limits: dict[str, int] | None = None
 
 
-class Moment(Out):
+class HistoryMoment(Out):
     seq: int
     ts: float | None
 
@@ -123,7 +123,7 @@ class Moment(Out):
 class HistoryState(Out):
     """The pool right after a recorded operation."""
 
-    at: Moment
+    at: HistoryMoment
     keyframe_seq: int
     replayed_ops: int
     replay_mismatches: int
@@ -146,8 +146,8 @@ class HistoryState(Out):
 class HistoryDiff(Out):
     """What changed between two recorded moments."""
 
-    from_: Moment = Field(alias="from")
-    to: Moment
+    from_: HistoryMoment = Field(alias="from")
+    to: HistoryMoment
     evicted_total: int
     evicted: list[Any]
     entered_total: int

@@ -160,7 +160,7 @@ class Evicted(Out):
     not_cached: Ids
 
 
-class Reset(Out):
+class CacheReset(Out):
     """The prefix cache was cleared."""
 
     reset: bool
