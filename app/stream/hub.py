@@ -29,7 +29,7 @@ from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 if TYPE_CHECKING:
     from app.pool.engine import Engine, TickData
-    from app.stream.limits import TokenBucket
+    from app.stream.intake import TokenBucket
 
 QUEUE_FRAMES = 32
 MAX_EVENTS_PER_FRAME = 4000

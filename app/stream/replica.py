@@ -60,7 +60,7 @@ class PoolReplica:
         elif frame.kind == p.SNAPSHOT:
             missing = [name for name in self.block_columns if name not in frame.columns]
             if missing:
-                raise p.ProtocolError(f"the snapshot lacks the columns {missing}")
+                raise p.FrameError(f"the snapshot lacks the columns {missing}")
             for name in self.block_columns:
                 setattr(self, name, frame.columns[name])
             self.header = frame.header

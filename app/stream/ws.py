@@ -32,7 +32,7 @@ from app.api.responses import returns
 from app.api.responses.stream import Ticket
 from app.stream import protocol as p
 from app.stream.hub import Client, StreamHub
-from app.stream.limits import TokenBucket, parse_message, parse_seq
+from app.stream.intake import TokenBucket, parse_message, parse_seq
 from app.web import ws_endpoint
 from app.web.ws_endpoint import CLOSE_POLICY, Verdict
 

@@ -25,16 +25,11 @@ REASON = "Shared name:"
 # The trace restructure (blockpool/trace/, app/trace/) renames its side of
 # these pairs (renamed by the trace restructure): empty this set when it lands.
 TRACE_RESTRUCTURE = {"Engine", "Histogram"}
-KNOWN_CLASSES: set[str] = TRACE_RESTRUCTURE | {
-    "ProtocolError",
-    "Request",
-    "Source",
-}
+KNOWN_CLASSES: set[str] = set(TRACE_RESTRUCTURE)
 KNOWN_BASENAMES: set[str] = {
     "auth",
     "config",
     "errors",
-    "limits",
     "metrics",
     "pool",
     "requests",

@@ -150,6 +150,6 @@ def test_a_config_frame_without_a_declared_column_is_refused_by_the_replica() ->
     cfg = config("e1")
     cfg.header["block_columns"] = [*cfg.header["block_columns"], ["extra", "u8"]]
     m.apply(cfg)
-    with pytest.raises(p.ProtocolError, match="extra"):
+    with pytest.raises(p.FrameError, match="extra"):
         m.apply(snapshot(10))
     assert m.seq is None and len(m.state) == 0  # nothing applied
