@@ -17,9 +17,9 @@ from app.api.costly import CostlyExport, CostlyRead, charged_lines
 from app.api.deps import EngineDep, ReadAuth
 from app.api.responses import analysis as r
 from app.api.responses import route
-from app.core.errors import Conflict, InvalidInput, NotFound
 from app.pool.engine import Engine
 from app.pool.moment_tiles import moment_tiles
+from app.shared.errors import Conflict, InvalidInput, NotFound
 from app.web.errors import ERROR_RESPONSES
 from blockpool.analysis import moments
 from blockpool.analysis.export import export_lines

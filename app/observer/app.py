@@ -36,14 +36,14 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from app.core.frontend_files import BESIDE, frontend_dir
-from app.core.settings import ObserverSettings
 from app.observer.auth import Auth, TokenGate
 from app.observer.fleet import Fleet
 from app.observer.hub import FleetHub
 from app.observer.metrics import ObserverCollector
 from app.observer.routes import router
 from app.observer.source import Source
+from app.shared.frontend_files import BESIDE, frontend_dir
+from app.shared.settings import ObserverSettings
 from app.web import assembly, ws_endpoint
 
 logger = logging.getLogger("blockpool.observer")

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.analysis.host import AnalysisHost
-from app.core.errors import OperationError, Unavailable
-from app.core.settings import Settings
 from app.pool.windowed import HitWindow
+from app.shared.errors import OperationError, Unavailable
+from app.shared.settings import Settings
 from blockpool import KVCacheEvent, KVCacheEvictionEvent
 from blockpool.runtime import PoolRuntime, RuntimeConfig
 from blockpool.runtime.ops import Op

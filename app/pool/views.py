@@ -12,7 +12,7 @@ from collections import Counter
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from app.core.errors import Conflict, InvalidInput, NotFound
+from app.shared.errors import Conflict, InvalidInput, NotFound
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.analysis import views as analysis_views
 from blockpool.common.keys import key64, key_group

@@ -31,7 +31,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
-from app.core.auth import BEARER_B64_PREFIX, SUBPROTOCOL
+from app.shared.auth import BEARER_B64_PREFIX, SUBPROTOCOL
 from app.stream.protocol import DELTA, Frame, decode
 from app.stream.replica import FrameGap, PoolReplica
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.core.auth import TicketBook
-from app.core.figures import Figures, counter, helps, totals
+from app.shared.auth import TicketBook
+from app.shared.figures import Figures, counter, helps, totals
 from app.stream import protocol as p
 from app.stream.ring import ALL, Ring, Variant, select_header
 from app.web.broadcast import BroadcastCounts, Broadcaster, Subscriber

@@ -4,7 +4,7 @@ Query: ``channels`` (comma list of blocks, events, series, samples, analysis;
 default all), ``resume_from`` (the first seq the client still needs) with
 ``epoch`` (the server epoch those seqs belong to), ``compress=zlib`` (frames
 compressed once per tick, shared by every such client).  When the server
-protects reads, the credentials of ``app.core.auth`` (a ``bearer.`` or ``ticket.``
+protects reads, the credentials of ``app.shared.auth`` (a ``bearer.`` or ``ticket.``
 subprotocol, ``Authorization``, or — discouraged — ``?token=``).
 
 Client messages (JSON text, at most ``ws_max_message_bytes``, checked before

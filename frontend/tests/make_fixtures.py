@@ -40,10 +40,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import app.stream.hub as hub_module  # noqa: E402
-from app.core.settings import Settings  # noqa: E402
 from app.pool.engine import Engine  # noqa: E402
 from app.pool.schemas import AdmitOp, AllocateOp, CacheOp, FinishOp, FreeOp, ResetOp  # noqa: E402
 from app.pool.views import request as request_view  # noqa: E402
+from app.shared.settings import Settings  # noqa: E402
 from app.stream import protocol as p  # noqa: E402
 from app.stream.hub import StreamHub  # noqa: E402
 from app.stream.replica import PoolReplica  # noqa: E402

@@ -12,8 +12,8 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from app.core.settings import Settings
 from app.main import create_app
+from app.shared.settings import Settings
 from app.stream.replica import PoolReplica
 from tests.support.ports import free_port
 

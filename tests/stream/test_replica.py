@@ -113,9 +113,9 @@ def test_events_accumulate_in_order() -> None:
 def test_the_config_frame_declares_the_block_columns_frames_carry() -> None:
     """What the config frame's ``block_columns`` names is what a snapshot and
     a delta carry (names, dtypes, order), and what the replica keeps."""
-    from app.core.settings import Settings
     from app.pool.engine import Engine
     from app.pool.schemas import AdmitOp
+    from app.shared.settings import Settings
     from app.stream.hub import StreamHub
 
     engine = Engine(Settings(num_blocks=32, block_size=4, hash_fn="sha256", hash_seed="0"))
