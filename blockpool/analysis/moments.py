@@ -20,7 +20,7 @@ from typing import Any
 
 from blockpool.analysis.recording import Recorder
 from blockpool.analysis.segment import Entry, EventsView, unpack
-from blockpool.common.keys import key64, key_group
+from blockpool.common.keys import key_group, key_hex
 from blockpool.core.events import BlockRemoved, BlockStored
 from blockpool.core.snapshot import block_keys, map_entries
 from blockpool.runtime.columns import STATE_NAMES
@@ -117,10 +117,6 @@ def rebuild(kf: Keyframe, entries: list[Entry], config: RuntimeConfig | dict[str
 # ------------------------------------------------------------------ views
 
 
-def _h(key: bytes | None) -> str | None:
-    return None if key is None else f"{key64(key):016x}"
-
-
 def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
     e = m.engine
     pool = e.pool
@@ -130,7 +126,7 @@ def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
         if len(entries) >= limit:
             break
         ids = list(entry) if entry.__class__ is dict else [entry.block_id]
-        entries.append({"hash64": _h(key), "group_id": key_group(key), "block_ids": ids})
+        entries.append({"hash64": key_hex(key), "group_id": key_group(key), "block_ids": ids})
     reqs = [
         {
             "request_id": rid,
@@ -156,7 +152,7 @@ def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
         out["blocks"] = {
             "state": [STATE_NAMES[int(s)] for s in cols.state.tolist()],
             "ref_cnt": cols.ref_cnt.tolist(),
-            "hash64": [_h(k) for k in block_keys(pool)],
+            "hash64": [key_hex(k) for k in block_keys(pool)],
         }
     return out
 
@@ -177,13 +173,17 @@ def diff_json(
     for i, k in enumerate(kb):
         if k is not None:
             where_b.setdefault(k, i)
-    evicted = [{"hash64": _h(k), "block_id": i} for k, i in where_a.items() if k not in where_b]
-    entered = [{"hash64": _h(k), "block_id": i} for k, i in where_b.items() if k not in where_a]
+    evicted = [
+        {"hash64": key_hex(k), "block_id": i} for k, i in where_a.items() if k not in where_b
+    ]
+    entered = [
+        {"hash64": key_hex(k), "block_id": i} for k, i in where_b.items() if k not in where_a
+    ]
     changed = [
         {
             "block_id": i,
-            "from": {"ref_cnt": ra[i], "hash64": _h(ka[i])},
-            "to": {"ref_cnt": rb[i], "hash64": _h(kb[i])},
+            "from": {"ref_cnt": ra[i], "hash64": key_hex(ka[i])},
+            "to": {"ref_cnt": rb[i], "hash64": key_hex(kb[i])},
         }
         for i in range(1, len(ka))
         if ka[i] != kb[i] or ra[i] != rb[i]
