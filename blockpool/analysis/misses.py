@@ -30,9 +30,11 @@ from blockpool.common.miss_reasons import (
     FLOOR,
     NUM_CODES,
     REASONS,
+    REUSE,
     MissTally,
+    RequestMisses,
+    Tag,
 )
-from blockpool.common.reasons import REUSE, RequestMisses, Tag
 
 if TYPE_CHECKING:
     from blockpool import BlockPool, HashFn

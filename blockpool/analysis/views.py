@@ -12,8 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from blockpool.analysis.common import hex64
-from blockpool.common.miss_reasons import CODE_NAMES, REASONS
-from blockpool.common.reasons import CAUSES, RequestMisses, evicted_count
+from blockpool.common.miss_reasons import CAUSES, CODE_NAMES, REASONS, RequestMisses, evicted_count
 from blockpool.runtime.errors import NotFound
 
 if TYPE_CHECKING:
