@@ -25,7 +25,11 @@ class StorageBytes(Out):
     total_bytes: int
 
 
-class StorageFacts(Out):
+class ConfigStorage(Out):
+    """The config's ``storage``: the storage's ``MemoryFacts``
+    (blockpool/storage/memory.py) with the bytes per kind of block
+    (``MemoryBreakdown``), what sized it and its counters."""
+
     device: str
     dtype: str
     num_layers: int
@@ -59,7 +63,7 @@ class Config(Out):
     auth_required_for_writes: bool
     auth_required_for_reads: bool
     limits: Limits
-    storage: StorageFacts | None = Field(description="null when K/V storage is off")
+    storage: ConfigStorage | None = Field(description="null when K/V storage is off")
 
 
 class BlockCounts(Out):
