@@ -20,7 +20,7 @@ from app.api.responses import route
 from app.pool.engine import Engine
 from app.pool.moment_tiles import moment_tiles
 from app.shared.errors import Conflict, InvalidInput, NotFound
-from app.web.errors import ERROR_RESPONSES
+from app.web.error_shape import ERROR_RESPONSES
 from blockpool.analysis import moments
 from blockpool.analysis.export import export_lines
 from blockpool.analysis.recording import Recorder

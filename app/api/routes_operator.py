@@ -14,7 +14,7 @@ from app.api.responses import operator as r
 from app.api.responses import route
 from app.pool import request_story
 from app.shared.errors import Conflict
-from app.web.errors import ERROR_RESPONSES
+from app.web.error_shape import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["operator"], responses=ERROR_RESPONSES)
 

@@ -13,7 +13,7 @@ from app.api.responses import returns, route
 from app.pool import views
 from app.pool.schemas import AdmitBody, AppendBody, AppendOp, BatchRequest, FinishOp
 from app.shared.errors import OperationError, TooLarge
-from app.web.errors import ERROR_RESPONSES, body_of
+from app.web.error_shape import ERROR_RESPONSES, body_of
 from blockpool.runtime.trial import BatchRefused, apply_all
 
 router = APIRouter(prefix="/api", tags=["requests"], responses=ERROR_RESPONSES)

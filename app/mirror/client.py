@@ -45,7 +45,7 @@ import zmq
 import zmq.asyncio
 
 from app.mirror.queues import EngineQueues
-from app.mirror.requests import RequestBook
+from app.mirror.request_book import RequestBook
 from app.mirror.status import MirrorStatus
 from app.mirror.story import story_of
 from app.shared.errors import NotFound

@@ -29,7 +29,7 @@ import zmq
 from app.analysis.shadows import MirrorShadows
 from app.mirror.client import MirrorClient
 from app.mirror.guard import ReadOnlyMirror
-from app.mirror.requests import running_page
+from app.mirror.request_book import running_page
 from app.mirror.routes import router
 from app.mirror.status import REFUSED_WHY, figures_of
 from app.shared.settings import Settings

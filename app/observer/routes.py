@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
-from app.observer.auth import Auth
+from app.observer.bearer import Auth
 from app.observer.fleet import CANNOT_KNOW, Fleet
 from app.observer.hub import FleetHub
 from app.observer.source import Source

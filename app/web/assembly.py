@@ -25,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 import blockpool
 from app.shared.serving import DEFAULT_BODY_TIMEOUT_S, BodyDeadline
 from app.web import docs as api_docs
-from app.web import errors as api_errors
+from app.web import error_shape as api_errors
 from app.web.auth_first import AuthBeforeBody
 from app.web.same_origin import SameOriginGuard
 

@@ -12,7 +12,7 @@ import pytest
 
 from app.cli import parser
 from app.cli.settings import settings_from
-from app.observer.auth import token_ok
+from app.observer.bearer import token_ok
 from app.shared import auth
 from app.shared.settings import Settings
 from tests.app.conftest import Api, assert_error, make_app, running

@@ -26,14 +26,7 @@ REASON = "Shared name:"
 # these pairs (renamed by the trace restructure): empty this set when it lands.
 TRACE_RESTRUCTURE = {"Engine", "Histogram"}
 KNOWN_CLASSES: set[str] = set(TRACE_RESTRUCTURE)
-KNOWN_BASENAMES: set[str] = {
-    "auth",
-    "config",
-    "errors",
-    "metrics",
-    "pool",
-    "requests",
-}
+KNOWN_BASENAMES: set[str] = set()
 
 
 def _files() -> list[Path]:
