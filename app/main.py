@@ -147,7 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def _add_kv_event_publisher(app: FastAPI, engine: Engine, settings: Settings) -> None:
     """Publish the engine's KV events over ZMQ as vLLM does (started and
     stopped with the app; its counters under ``blockpool_kvevents_*``)."""
-    from app.shared.figures import Figures
+    from blockpool.common.figures import Figures
     from blockpool.kvevents.publisher import KVEventPublisher
     from blockpool.kvevents.publisher_counts import PUBLISHER_HELP
 

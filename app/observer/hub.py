@@ -20,9 +20,9 @@ from typing import Any
 
 from app.observer.fleet import Fleet
 from app.observer.source import Source
-from app.shared.figures import counter, helps, totals
 from app.shared.tasks import cancel_and_wait
 from app.web.broadcast import BroadcastCounts, Broadcaster, Subscriber
+from blockpool.common.figures import counter, helps, totals
 from blockpool.kvevents.event_json import event_json
 
 logger = logging.getLogger("blockpool.observer")

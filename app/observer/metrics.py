@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 from app.observer.fleet import Fleet
 from app.observer.hub import HUB_HELP, FleetHub
 from app.observer.source import Source
-from app.shared.figures import totals
+from blockpool.common.figures import totals
 from blockpool.kvevents.replay_frames import REPLAY_LAYOUTS
 
 AGE_HELP = (

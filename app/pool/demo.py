@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from app.pool.schemas import AdmitOp, AppendOp, FinishOp
 from app.pool.workload_task import WorkloadTask
 from app.shared.errors import OperationError
-from app.shared.figures import Figures, counter, helps, rest_view, totals
+from blockpool.common.figures import Figures, counter, helps, rest_view, totals
 
 if TYPE_CHECKING:
     from app.pool.engine import Engine

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.shared.auth import TicketBook
-from app.shared.figures import Figures, counter, helps, totals
 from app.stream import protocol as p
 from app.stream.ring import ALL, Ring, Variant, select_header
 from app.web.broadcast import BroadcastCounts, Broadcaster, Subscriber
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from blockpool.common.figures import Figures, counter, helps, totals
 from blockpool.common.keys import hash_hex, hex64
 
 if TYPE_CHECKING:

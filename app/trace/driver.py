@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from app.pool.workload_task import WorkloadTask
 from app.shared.errors import Conflict, InvalidInput, OperationError
-from app.shared.figures import Figures, counter, helps, rest_view, totals
 from app.trace.limits import TraceRefused, check_trace
+from blockpool.common.figures import Figures, counter, helps, rest_view, totals
 from blockpool.core.free_order import check_free_order
 from blockpool.trace import Trace
 from blockpool.trace.engine import StepModel
