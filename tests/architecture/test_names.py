@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("blockpool", "app", "blockpool_vllm")
 REASON = "Shared name:"
 
-# The trace restructure (blockpool/trace/, app/trace/) renames its side of
-# these pairs (renamed by the trace restructure): empty this set when it lands.
+# Renamed by the trace restructure (blockpool/trace/, app/trace/), which owns
+# their trace side: blockpool/trace/engine.py's Engine (beside
+# app/pool/engine.py's) and blockpool/trace/fleet/stepfit.py's Histogram
+# (beside blockpool/common/histogram.py's).  Empty this set when it lands.
 TRACE_RESTRUCTURE = {"Engine", "Histogram"}
 KNOWN_CLASSES: set[str] = set(TRACE_RESTRUCTURE)
 KNOWN_BASENAMES: set[str] = set()
