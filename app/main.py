@@ -29,7 +29,7 @@ from app.api.deps import require_read
 from app.pool import storage_link
 from app.pool.demo import DemoWorkload
 from app.pool.engine import Engine
-from app.pool.prom import StatsSource, make_registry
+from app.pool.scrape import StatsSource, make_registry
 from app.shared.auth import install_log_redaction
 from app.shared.frontend_files import BESIDE, frontend_dir
 from app.shared.settings import Settings
