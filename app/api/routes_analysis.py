@@ -67,7 +67,7 @@ async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
 @route(
     router.get,
     "/misses/requests/{request_id}",
-    r.RequestMissReport,
+    r.RequestMisses,
     "One request's misses",
     ReadAuth,
 )
@@ -125,7 +125,7 @@ def _seq(rec: Recorder, at: str, what: str) -> int:
     return seq
 
 
-async def _moment(request: Request, engine: Engine, seq: int) -> moments.Moment:
+async def _moment(request: Request, engine: Engine, seq: int) -> moments.RebuiltMoment:
     rec = _recorder(engine)
     seg = rec.segment_for(seq)
     assert seg is not None

@@ -49,7 +49,7 @@ async def hash_map(
     return views.hash_map(engine, offset, limit, hash, block_id, multi_only)
 
 
-@route(router.get, "/prefix-tree", r.PrefixTreeView, "Cached prefixes as a tree", CostlyRead)
+@route(router.get, "/prefix-tree", r.PrefixTree, "Cached prefixes as a tree", CostlyRead)
 async def prefix_tree(
     engine: EngineDep, limit: Annotated[int, Query(ge=1, le=200_000)] = 20_000
 ) -> dict[str, Any]:

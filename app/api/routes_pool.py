@@ -68,7 +68,7 @@ async def evict(op: EvictBody, engine: EngineDep) -> dict[str, Any]:
     return await run(engine, op)
 
 
-@route(router.post, "/pool/reset", r.CacheReset, "reset_prefix_cache()", WriteAuth)
+@route(router.post, "/pool/reset", r.Reset, "reset_prefix_cache()", WriteAuth)
 async def reset(engine: EngineDep) -> dict[str, Any]:
     """409 ``reset_refused`` with the number of held blocks when any block is
     held: a refused reset never looks like success."""

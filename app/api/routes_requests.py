@@ -64,7 +64,7 @@ async def verify(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     return verified
 
 
-@route(router.post, "/requests/{request_id}/finish", r.RequestFinished, "Finish", WriteAuth)
+@route(router.post, "/requests/{request_id}/finish", r.Finished, "Finish", WriteAuth)
 async def finish(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Frees the request's blocks in reverse (its shared prefix is evicted last)."""
     return await run(engine, FinishOp(request_id=request_id))
@@ -72,7 +72,7 @@ async def finish(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
 
 @router.post(
     "/batch",
-    responses=returns(r.BatchResults),
+    responses=returns(r.Batch),
     dependencies=[WriteAuth],
     tags=["batch"],
     summary="Many operations",

@@ -27,7 +27,7 @@ from blockpool.runtime.columns import STATE_NAMES
 from blockpool.runtime.config import UNCAPPED, RuntimeConfig
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.runtime import PoolRuntime
-from blockpool.runtime.state import Keyframe, restore
+from blockpool.runtime.state import RuntimeKeyframe, restore
 from blockpool.runtime.summary import pool_summary
 
 
@@ -71,7 +71,7 @@ def parse_moment(recorder: Recorder, at: str) -> int:
 
 
 @dataclass
-class Moment:
+class RebuiltMoment:
     engine: PoolRuntime
     seq: int
     ts: float
@@ -81,7 +81,7 @@ class Moment:
     seconds: float
 
 
-def state_at(recorder: Recorder, seq: int, config: RuntimeConfig) -> Moment:
+def state_at(recorder: Recorder, seq: int, config: RuntimeConfig) -> RebuiltMoment:
     """The state after op ``seq`` (held by the recording), rebuilt."""
     seg = recorder.segment_for(seq)
     if seg is None:
@@ -92,7 +92,9 @@ def state_at(recorder: Recorder, seq: int, config: RuntimeConfig) -> Moment:
     return rebuild(seg.keyframe, seg.entries(0, seq - seg.keyframe.seq), config)
 
 
-def rebuild(kf: Keyframe, entries: list[Entry], config: RuntimeConfig | dict[str, Any]) -> Moment:
+def rebuild(
+    kf: RuntimeKeyframe, entries: list[Entry], config: RuntimeConfig | dict[str, Any]
+) -> RebuiltMoment:
     t0 = time.perf_counter()
     engine = make_runtime(config)
     restore(engine, kf)
@@ -103,7 +105,7 @@ def rebuild(kf: Keyframe, entries: list[Entry], config: RuntimeConfig | dict[str
         if ok != rec_ok or (ok and jsonish(payload) != rec_payload):
             bad += 1
     last = entries[-1] if entries else None
-    return Moment(
+    return RebuiltMoment(
         engine,
         last[0] if last else kf.seq,
         last[1] if last else kf.ts,
@@ -117,7 +119,7 @@ def rebuild(kf: Keyframe, entries: list[Entry], config: RuntimeConfig | dict[str
 # ------------------------------------------------------------------ views
 
 
-def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
+def state_json(m: RebuiltMoment, limit: int, include_blocks: bool) -> dict[str, Any]:
     e = m.engine
     pool = e.pool
     queue = [b.block_id for b in pool.free_block_queue]
@@ -158,7 +160,7 @@ def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
 
 
 def diff_json(
-    a: Moment, b: Moment, between: list[Entry], view: EventsView, limit: int
+    a: RebuiltMoment, b: RebuiltMoment, between: list[Entry], view: EventsView, limit: int
 ) -> dict[str, Any]:
     """What changed from moment ``a`` to moment ``b``."""
     ka = block_keys(a.engine.pool)

@@ -1,6 +1,6 @@
 """The miss reasons: their names (the one list), their codes, the tally
 every classifier counts them in (the service's analysis, the trace replays),
-one request's miss reasons (``RequestMisses``), and the eviction causes an
+one request's miss reasons (``RequestMissCodes``), and the eviction causes an
 ``evicted`` miss points back to.
 
 What each reason means: ``blockpool/analysis/miss_classifier.py``; ``skipped``
@@ -145,7 +145,7 @@ def evicted_count(evictions: list[int]) -> int:
 
 
 @dataclass
-class RequestMisses:
+class RequestMissCodes:
     """Hit / miss reason per prompt block of one admitted request."""
 
     request_id: str

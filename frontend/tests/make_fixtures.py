@@ -285,7 +285,7 @@ def analysis(out: Path) -> None:
     first, last = rec.first_seq, rec.seq
     mid = (first + last) // 2
 
-    def moment(seq: int) -> moments.Moment:
+    def moment(seq: int) -> moments.RebuiltMoment:
         seg = rec.segment_for(seq)
         assert seg is not None
         entries = seg.entries(0, seq - seg.keyframe.seq)

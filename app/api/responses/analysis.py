@@ -24,7 +24,7 @@ class Misses(Out):
     worker: dict[str, Any] | None = Field(description="the analysis worker's lag (worker mode)")
 
 
-class RequestMissReport(Out):
+class RequestMisses(Out):
     """One request's blocks: hit, or the reason each missed."""
 
     request_id: str
@@ -87,7 +87,7 @@ class Shadows(Out):
     )
 
 
-class HistoryKeyframe(Out):
+class Keyframe(Out):
     seq: int
     ts: float
 
@@ -104,7 +104,7 @@ class History(Out):
     bytes_held: int | None = None
     dropped_ops: int | None = None
     dropped_segments: int | None = None
-    keyframes: list[HistoryKeyframe] = []
+    keyframes: list[Keyframe] = []
     keyframes_taken: int | None = None
     keyframe_seconds_total: float | None = None
     horizon: dict[str, Any] | None = Field(
@@ -115,7 +115,7 @@ class History(Out):
     limits: dict[str, int] | None = None
 
 
-class HistoryMoment(Out):
+class Moment(Out):
     seq: int
     ts: float | None
 
@@ -123,7 +123,7 @@ class HistoryMoment(Out):
 class HistoryState(Out):
     """The pool right after a recorded operation."""
 
-    at: HistoryMoment
+    at: Moment
     keyframe_seq: int
     replayed_ops: int
     replay_mismatches: int
@@ -146,8 +146,8 @@ class HistoryState(Out):
 class HistoryDiff(Out):
     """What changed between two recorded moments."""
 
-    from_: HistoryMoment = Field(alias="from")
-    to: HistoryMoment
+    from_: Moment = Field(alias="from")
+    to: Moment
     evicted_total: int
     evicted: list[Any]
     entered_total: int

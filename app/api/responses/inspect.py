@@ -70,7 +70,7 @@ class TreeNode(Out):
     block_ids: Ids
 
 
-class PrefixTreeView(Out):
+class PrefixTree(Out):
     """Cached hashes with their parents: the tree of shared prefixes."""
 
     total: int
@@ -101,7 +101,7 @@ class Events(Out):
     items: list[Event]
 
 
-class PromHistogram(Out):
+class Histogram(Out):
     buckets: list[float | Literal["+Inf"]] = Field(description="upper bounds, the last '+Inf'")
     cumulative_counts: list[int]
     sum: float
@@ -118,7 +118,7 @@ class Samples(Out):
     next: int
     sample_rate: float
     items: list[dict[str, Any]]
-    histograms: dict[str, PromHistogram]
+    histograms: dict[str, Histogram]
 
 
 class Series(Out):

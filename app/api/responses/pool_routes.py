@@ -25,11 +25,7 @@ class StorageBytes(Out):
     total_bytes: int
 
 
-class ConfigStorage(Out):
-    """The config's ``storage``: the storage's ``MemoryFacts``
-    (blockpool/storage/memory.py) with the bytes per kind of block
-    (``MemoryBreakdown``), what sized it and its counters."""
-
+class StorageFacts(Out):
     device: str
     dtype: str
     num_layers: int
@@ -63,7 +59,7 @@ class Config(Out):
     auth_required_for_writes: bool
     auth_required_for_reads: bool
     limits: Limits
-    storage: ConfigStorage | None = Field(description="null when K/V storage is off")
+    storage: StorageFacts | None = Field(description="null when K/V storage is off")
 
 
 class BlockCounts(Out):
@@ -164,7 +160,7 @@ class Evicted(Out):
     not_cached: Ids
 
 
-class CacheReset(Out):
+class Reset(Out):
     """The prefix cache was cleared."""
 
     reset: bool

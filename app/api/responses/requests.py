@@ -89,7 +89,7 @@ class Verified(Out):
     request_id: str
 
 
-class RequestFinished(Out):
+class Finished(Out):
     """The request's blocks, freed in reverse order (per group)."""
 
     request_id: str
@@ -103,7 +103,7 @@ class BatchResult(Out):
     skipped: bool | None = Field(default=None, description="after a refusal with on_error: stop")
 
 
-class BatchResults(Out):
+class Batch(Out):
     """One result per operation, in order."""
 
     applied: int

@@ -7,7 +7,7 @@ from pydantic import Field
 from app.api.responses import Out
 
 
-class TraceRunStats(Out):
+class TraceStats(Out):
     arrived: int
     admitted: int
     finished: int
@@ -44,7 +44,7 @@ class TraceStatus(Out):
     progress: float = Field(description="0-1: requests arrived of this pass")
     requests_running: int
     requests_waiting: int
-    stats: TraceRunStats
+    stats: TraceStats
     bound: TraceBound | None = Field(
         None, description="LRU against the offline optimum on the loaded trace (null: computing)"
     )
