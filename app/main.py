@@ -26,13 +26,13 @@ from app.api import (
 )
 from app.api import routes_kvevents as kvevents_routes
 from app.api.deps import require_read
-from app.core.auth import install_log_redaction
-from app.core.frontend_files import BESIDE, frontend_dir
-from app.core.settings import Settings
 from app.pool import storage_link
 from app.pool.demo import DemoWorkload
 from app.pool.engine import Engine
-from app.pool.metrics import StatsSource, make_registry
+from app.pool.scrape import StatsSource, make_registry
+from app.shared.auth import install_log_redaction
+from app.shared.frontend_files import BESIDE, frontend_dir
+from app.shared.settings import Settings
 from app.stream import ws as stream_ws
 from app.stream.hub import StreamHub
 from app.trace.driver import TraceDriver
@@ -147,7 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def _add_kv_event_publisher(app: FastAPI, engine: Engine, settings: Settings) -> None:
     """Publish the engine's KV events over ZMQ as vLLM does (started and
     stopped with the app; its counters under ``blockpool_kvevents_*``)."""
-    from app.core.figures import Figures
+    from blockpool.common.figures import Figures
     from blockpool.kvevents.publisher import KVEventPublisher
     from blockpool.kvevents.publisher_counts import PUBLISHER_HELP
 

@@ -55,10 +55,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.core.errors import OperationError  # noqa: E402
-from app.core.settings import Settings  # noqa: E402
 from app.pool.engine import Engine  # noqa: E402
 from app.pool.schemas import AdmitOp, AppendOp, FinishOp  # noqa: E402
+from app.shared.errors import OperationError  # noqa: E402
+from app.shared.settings import Settings  # noqa: E402
 
 VOCAB = 32_000
 BS = 16

@@ -21,8 +21,8 @@ import tracemalloc
 
 import msgpack
 
-from app.core.settings import ObserverSettings
 from app.observer.source import Source
+from app.shared.settings import ObserverSettings
 from blockpool.kvevents.config import SourceSpec
 from blockpool.kvevents.decode import decode_batch
 from blockpool.kvevents.state import InstanceState

@@ -5,8 +5,8 @@
    it can; runs with 0 and 10 clients alternate; the ratio is taken both by
    wall-clock block-ops/s and by block-ops per second of *server* CPU time
    (the server's own cost, free of the 2-core machine's contention).
-2. Op -> client-mirror latency with 50 clients and 100k blocks (goal p99 <=
-   100 ms): an op is sent every 100 ms; each client notes when its mirror
+2. Op -> client-replica latency with 50 clients and 100k blocks (goal p99 <=
+   100 ms): an op is sent every 100 ms; each client notes when its replica
    shows it.
 3. Bytes per second per client at ~1,000 block changes/s (goal <= 50 KB/s),
    with a realistic mix (admits with shared prefixes, decode, finish), so

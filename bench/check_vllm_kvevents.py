@@ -41,10 +41,10 @@ sys.path.insert(0, str(ROOT))
 
 import msgspec  # noqa: E402
 
-from app.core.settings import Settings  # noqa: E402
 from app.observer.fleet import Fleet  # noqa: E402
 from app.observer.source import Source  # noqa: E402
 from app.pool.engine import Engine  # noqa: E402
+from app.shared.settings import Settings  # noqa: E402
 from blockpool import KVEventBatch  # noqa: E402
 from blockpool.kvevents.config import KVEventsConfig, SourceSpec  # noqa: E402
 from blockpool.kvevents.publisher import KVEventPublisher  # noqa: E402
@@ -161,8 +161,8 @@ async def vllm_to_observer(python: str, steps: int, seed: int) -> None:
 
 
 def ours_to_vllm(python: str, ticks: int, seed: int) -> None:
-    from app.core.errors import OperationError
     from app.pool.schemas import AdmitOp, AppendOp, FinishOp, ResetOp
+    from app.shared.errors import OperationError
 
     pub = KVEventPublisher(
         KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*",

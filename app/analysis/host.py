@@ -26,7 +26,7 @@ from blockpool.analysis.recording import Recorder
 from blockpool.runtime.observer import OpObserver, Quiet
 
 if TYPE_CHECKING:
-    from app.core.settings import Settings
+    from app.shared.settings import Settings
     from blockpool.analysis.engine_misses import EngineMisses
     from blockpool.runtime.runtime import PoolRuntime
 

@@ -20,9 +20,8 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from blockpool.analysis import views
-from blockpool.common.histogram import Histogram as Hist
-from blockpool.common.miss_reasons import REASONS
-from blockpool.common.reasons import CAUSES
+from blockpool.common.histogram import BucketHistogram as Hist
+from blockpool.common.miss_reasons import CAUSES, REASONS
 
 if TYPE_CHECKING:
     from blockpool.analysis.core import Analysis

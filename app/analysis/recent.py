@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from blockpool.runtime import PoolRuntime
 
 
-class Engine(Protocol):
+class AnalysedEngine(Protocol):
     """What the ring reads of the engine (app.pool.engine.Engine)."""
 
     @property
@@ -34,7 +34,7 @@ class Engine(Protocol):
     def unknown(self) -> dict[str, str]: ...
 
 
-class TickData(Protocol):
+class TickStamp(Protocol):
     """A tick as the engine hands it to its listeners."""
 
     @property
@@ -47,13 +47,15 @@ KEYS = ("ts", "misses", "miss_tokens", "hit_blocks", "regrets", "evictions")
 
 
 class RecentAnalysis:
-    def __init__(self, engine: Engine, capacity: int = CAPACITY, every_s: float = EVERY_S) -> None:
+    def __init__(
+        self, engine: AnalysedEngine, capacity: int = CAPACITY, every_s: float = EVERY_S
+    ) -> None:
         self.engine = engine
         self.every_s = every_s
         self.points: deque[dict[str, Any]] = deque(maxlen=capacity)
         self._at = 0.0
 
-    def on_tick(self, data: TickData) -> None:
+    def on_tick(self, data: TickStamp) -> None:
         """A tick listener (engine context): one sample a second at most."""
         if data.ts - self._at < self.every_s:
             return

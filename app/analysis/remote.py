@@ -31,7 +31,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from app.analysis.worker_client import WorkerClient, _hub
-from app.core.errors import NotFound, OperationError, Unavailable
+from app.shared.errors import NotFound, OperationError, Unavailable
 from blockpool.runtime.state import snapshot
 
 if TYPE_CHECKING:

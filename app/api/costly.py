@@ -10,7 +10,7 @@ for a client that does not present the token:
 - **per client**: a bucket of ``costly_reads_burst`` units per client,
   refilled at ``costly_reads_per_s`` units a second.  The client is its
   address as the socket gives it (forwarded headers count only from
-  ``--forwarded-allow-ips`` proxies, app/core/serving.py); every loopback address
+  ``--forwarded-allow-ips`` proxies, app/shared/serving.py); every loopback address
   (127.0.0.0/8, ::1) is one client, an IPv6 client is its /64.
 - **in all**: every tokenless client together draws on one more bucket,
   ``costly_reads_global_burst`` units refilled at
@@ -39,7 +39,7 @@ from collections.abc import Iterable, Iterator
 from fastapi import Depends, Request
 
 from app.api.deps import require_read, token_given
-from app.core.errors import OperationError
+from app.shared.errors import OperationError
 from app.web import auth_first
 
 MAX_CLIENTS = 10_000  # buckets kept (least recently used dropped first)

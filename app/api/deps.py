@@ -6,9 +6,9 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from app.core.auth import headers_token_ok
-from app.core.errors import Unauthorized
 from app.pool.engine import Engine
+from app.shared.auth import headers_token_ok
+from app.shared.errors import Unauthorized
 from app.web import auth_first
 
 

@@ -17,10 +17,10 @@ from app.api.costly import CostlyExport, CostlyRead, charged_lines
 from app.api.deps import EngineDep, ReadAuth
 from app.api.responses import analysis as r
 from app.api.responses import route
-from app.core.errors import Conflict, InvalidInput, NotFound
 from app.pool.engine import Engine
 from app.pool.moment_tiles import moment_tiles
-from app.web.errors import ERROR_RESPONSES
+from app.shared.errors import Conflict, InvalidInput, NotFound
+from app.web.error_shape import ERROR_RESPONSES
 from blockpool.analysis import moments
 from blockpool.analysis.export import export_lines
 from blockpool.analysis.recording import Recorder
@@ -65,7 +65,11 @@ async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
 
 
 @route(
-    router.get, "/misses/requests/{request_id}", r.RequestMisses, "One request's misses", ReadAuth
+    router.get,
+    "/misses/requests/{request_id}",
+    r.RequestMisses,
+    "One request's misses",
+    ReadAuth,
 )
 async def request_misses(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
     """Each prompt block: hit, or the reason it missed with its detail.
@@ -121,7 +125,7 @@ def _seq(rec: Recorder, at: str, what: str) -> int:
     return seq
 
 
-async def _moment(request: Request, engine: Engine, seq: int) -> moments.Moment:
+async def _moment(request: Request, engine: Engine, seq: int) -> moments.RebuiltMoment:
     rec = _recorder(engine)
     seg = rec.segment_for(seq)
     assert seg is not None

@@ -11,7 +11,7 @@ from app.api.responses import requests as r
 from app.api.responses import route
 from app.pool.demo import DemoWorkload
 from app.pool.schemas import DemoConfig
-from app.web.errors import ERROR_RESPONSES
+from app.web.error_shape import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api/demo", tags=["demo"], responses=ERROR_RESPONSES)
 

@@ -11,7 +11,7 @@ from app.api.deps import EngineDep, ReadAuth
 from app.api.responses import inspect as r
 from app.api.responses import returns, route
 from app.pool import storage_link, views
-from app.web.errors import ERROR_RESPONSES
+from app.web.error_shape import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["inspect"], responses=ERROR_RESPONSES)
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from app.api.deps import ReadAuth
 from app.api.responses import inspect as r
 from app.api.responses import route
-from app.web.errors import ERROR_RESPONSES
+from app.web.error_shape import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["kv-events"], responses=ERROR_RESPONSES)
 

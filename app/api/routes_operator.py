@@ -12,9 +12,9 @@ from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth
 from app.api.responses import operator as r
 from app.api.responses import route
-from app.core.errors import Conflict
 from app.pool import request_story
-from app.web.errors import ERROR_RESPONSES
+from app.shared.errors import Conflict
+from app.web.error_shape import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["operator"], responses=ERROR_RESPONSES)
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
-from app.api.responses import pool as r
+from app.api.responses import pool_routes as r
 from app.api.responses import route
 from app.pool import views
 from app.pool.schemas import (
@@ -23,7 +23,7 @@ from app.pool.schemas import (
     ResetOp,
     TouchBody,
 )
-from app.web.errors import ERROR_RESPONSES
+from app.web.error_shape import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["pool"], responses=ERROR_RESPONSES)
 

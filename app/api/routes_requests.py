@@ -10,10 +10,10 @@ from app.api.costly import CostlyRead
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
 from app.api.responses import requests as r
 from app.api.responses import returns, route
-from app.core.errors import OperationError, TooLarge
 from app.pool import views
 from app.pool.schemas import AdmitBody, AppendBody, AppendOp, BatchRequest, FinishOp
-from app.web.errors import ERROR_RESPONSES, body_of
+from app.shared.errors import OperationError, TooLarge
+from app.web.error_shape import ERROR_RESPONSES, body_of
 from blockpool.runtime.trial import BatchRefused, apply_all
 
 router = APIRouter(prefix="/api", tags=["requests"], responses=ERROR_RESPONSES)

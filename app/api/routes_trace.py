@@ -19,10 +19,10 @@ from starlette.requests import ClientDisconnect
 from app.api.deps import ReadAuth, WriteAuth
 from app.api.responses import route
 from app.api.responses.trace import TraceStatus
-from app.core.errors import InvalidInput, TooLarge
+from app.shared.errors import InvalidInput, TooLarge
 from app.trace.driver import TraceDriver
 from app.trace.limits import MAX_TOKENS_PER_ID, service_limits
-from app.web.errors import ERROR_RESPONSES
+from app.web.error_shape import ERROR_RESPONSES
 from blockpool.trace import TraceError, parse_trace
 
 logger = logging.getLogger("blockpool.trace")

@@ -12,7 +12,7 @@ from typing import Any
 
 from app.cli.server import StopRequest, run_server, url_host
 from app.cli.settings import observer_settings_from, settings_from, settings_or_none
-from app.core.settings import Settings
+from app.shared.settings import Settings
 
 logger = logging.getLogger("blockpool")
 

@@ -6,7 +6,7 @@ import argparse
 
 from pydantic_settings import BaseSettings
 
-from app.core.settings import Settings
+from app.shared.settings import Settings
 
 # What a setting left at None means, for the help text.
 NONE_MEANS = {

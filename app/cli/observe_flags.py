@@ -7,7 +7,7 @@ from typing import Any
 
 from app.cli.help_defaults import with_defaults
 from app.cli.serving_flags import TOKEN_FLAG_NOTE, add_serving_flags
-from app.core.settings import ObserverSettings
+from app.shared.settings import ObserverSettings
 
 
 def add_observe_parser(sub: Any) -> None:

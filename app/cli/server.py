@@ -45,11 +45,11 @@ def run_server(
     stop: StopRequest | None = None,
 ) -> int:
     """Serve ``app`` with uvicorn until a signal stops it, or ``stop`` is
-    requested (``limits``: the settings' connection limits, app/core/serving.py)."""
+    requested (``limits``: the settings' connection limits, app/shared/serving.py)."""
     import uvicorn
 
-    from app.core.auth import install_log_redaction
-    from app.core.serving import uvicorn_config
+    from app.shared.auth import install_log_redaction
+    from app.shared.serving import uvicorn_config
 
     config = uvicorn_config(app, host, port, log_level, limits, ws_max_size)
     install_log_redaction(getattr(limits, "token", None))  # after Config (it configures logging)

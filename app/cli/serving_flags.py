@@ -1,5 +1,5 @@
 """The flags both apps share: the token file and the connection limits
-(app/core/serving.py)."""
+(app/shared/serving.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ TOKEN_FLAG_NOTE = "; every local user sees it in ps: prefer --token-file or BLOC
 
 
 def add_serving_flags(p: argparse.ArgumentParser) -> None:
-    """The token file and the connection limits (app/core/serving.py), both apps."""
+    """The token file and the connection limits (app/shared/serving.py), both apps."""
     p.add_argument(
         "--token-file", metavar="PATH",
         help="read the bearer token from this file (its first line); the way to pass it",

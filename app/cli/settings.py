@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from app.core.settings import ObserverSettings, Settings
+from app.shared.settings import ObserverSettings, Settings
 
 S = TypeVar("S", bound=BaseSettings)
 

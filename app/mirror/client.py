@@ -44,11 +44,11 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from app.core.errors import NotFound
 from app.mirror.queues import EngineQueues
-from app.mirror.requests import RequestBook
+from app.mirror.request_book import RequestBook
 from app.mirror.status import MirrorStatus
 from app.mirror.story import story_of
+from app.shared.errors import NotFound
 from blockpool.analysis.engine_misses import EngineMisses
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.apply import Divergence, Gap, MirrorApplier

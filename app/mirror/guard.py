@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from app.core.errors import error_body
+from app.shared.errors import error_body
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 READ_ONLY_POSTS = frozenset({"/api/pool/prefix-lookup"})

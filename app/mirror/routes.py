@@ -12,8 +12,8 @@ from fastapi.responses import StreamingResponse
 from app.api.costly import CostlyExport, CostlyRead, charged_lines
 from app.api.deps import ReadAuth
 from app.api.routes_analysis import NDJSONResponse, accepts_gzip, gzip_stream
-from app.core.errors import NotFound
-from app.web.errors import ERROR_RESPONSES
+from app.shared.errors import NotFound
+from app.web.error_shape import ERROR_RESPONSES
 from blockpool.mirror.digest import pool_digest
 from blockpool.mirror.traffic import MAX_REQUESTS, engine_facts, traffic_lines
 

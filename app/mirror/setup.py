@@ -27,12 +27,12 @@ from typing import Any
 import zmq
 
 from app.analysis.shadows import MirrorShadows
-from app.core.settings import Settings
 from app.mirror.client import MirrorClient
 from app.mirror.guard import ReadOnlyMirror
-from app.mirror.requests import running_page
+from app.mirror.request_book import running_page
 from app.mirror.routes import router
 from app.mirror.status import REFUSED_WHY, figures_of
+from app.shared.settings import Settings
 from blockpool.core.free_order import FREE_ORDERS
 from blockpool.mirror.auth import SecretError, StreamKey
 from blockpool.mirror.protocol import MAX_BATCH_BYTES, TOPIC, Hello, ProtocolError, decode

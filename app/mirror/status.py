@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from app.core.figures import Figures
+from blockpool.common.figures import Figures
 from blockpool.mirror.protocol import Hello
 
 STALE_AFTER_S = 3.0  # no message (batch, beat or hello) for this long: stale

@@ -26,7 +26,7 @@ from blockpool.common.keys import key64
 from blockpool.mirror.protocol import REQ_ARRIVE, REQ_FINISHED, REQ_PREEMPTED, REQ_SCHEDULED
 
 if TYPE_CHECKING:
-    from app.mirror.requests import RequestBook
+    from app.mirror.request_book import RequestBook
     from app.pool.engine import Engine
 
 OPS = {

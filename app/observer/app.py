@@ -17,12 +17,12 @@ REST (JSON; hashes as hex strings -- 16 digits for the 64-bit int form):
 
 With a token every route but ``/api/health`` and the page needs
 ``Authorization: Bearer <token>`` (the websocket and the page may pass
-``?token=``), checked before any request body is read (``auth.TokenGate``);
+``?token=``), checked before any request body is read (``bearer.TokenGate``);
 bodies over ``max_body_bytes`` are refused with 413 unread.
 
 Here: the app (``create_observer_app``), the websocket and the page.  The
-REST routes are ``observer_routes.py``, ``/metrics`` ``observer_metrics.py``,
-the token check ``observer_auth.py``.
+REST routes are ``routes.py``, ``/metrics`` ``metrics.py``,
+the token check ``bearer.py``.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from app.core.frontend_files import BESIDE, frontend_dir
-from app.core.settings import ObserverSettings
-from app.observer.auth import Auth, TokenGate
+from app.observer.bearer import Auth, TokenGate
 from app.observer.fleet import Fleet
 from app.observer.hub import FleetHub
 from app.observer.metrics import ObserverCollector
 from app.observer.routes import router
 from app.observer.source import Source
+from app.shared.frontend_files import BESIDE, frontend_dir
+from app.shared.settings import ObserverSettings
 from app.web import assembly, ws_endpoint
 
 logger = logging.getLogger("blockpool.observer")

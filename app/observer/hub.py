@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.figures import counter, helps, totals
-from app.core.tasks import cancel_and_wait
 from app.observer.fleet import Fleet
 from app.observer.source import Source
+from app.shared.tasks import cancel_and_wait
 from app.web.broadcast import BroadcastCounts, Broadcaster, Subscriber
+from blockpool.common.figures import counter, helps, totals
 from blockpool.kvevents.event_json import event_json
 
 logger = logging.getLogger("blockpool.observer")

@@ -10,10 +10,10 @@ from typing import TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.core.figures import totals
 from app.observer.fleet import Fleet
 from app.observer.hub import HUB_HELP, FleetHub
 from app.observer.source import Source
+from blockpool.common.figures import totals
 from blockpool.kvevents.replay_frames import REPLAY_LAYOUTS
 
 AGE_HELP = (

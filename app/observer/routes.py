@@ -10,11 +10,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
-from app.core.errors import InvalidInput, NotFound
-from app.observer.auth import Auth
+from app.observer.bearer import Auth
 from app.observer.fleet import CANNOT_KNOW, Fleet
 from app.observer.hub import FleetHub
 from app.observer.source import Source
+from app.shared.errors import InvalidInput, NotFound
 from blockpool.kvevents.event_json import event_json
 from blockpool.kvevents.hashes import Hash, hash_hex, parse_hash
 from blockpool.kvevents.state import entry_json

@@ -18,9 +18,9 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from app.core.tasks import cancel_and_wait
 from app.observer.source_health import source_health
 from app.observer.source_sockets import SourceSockets
+from app.shared.tasks import cancel_and_wait
 from blockpool.kvevents.config import SourceSpec
 from blockpool.kvevents.decode import MAX_BATCH_BYTES, DecodeError, decode_batch
 from blockpool.kvevents.event_json import EventItem

@@ -37,7 +37,7 @@ from blockpool.kvevents.tracker import SeqTracker
 logger = logging.getLogger("blockpool.observer")
 
 
-class Source(Protocol):
+class SocketOwner(Protocol):
     """What the sockets read and keep of their source (``source.Source``)."""
 
     name: str
@@ -79,7 +79,7 @@ class SourceSockets:
     """The socket side of one ``Source``: what it reads goes to the
     source's tracker; connection and task state are kept on the source."""
 
-    def __init__(self, src: Source) -> None:
+    def __init__(self, src: SocketOwner) -> None:
         self.src = src
         self._wake = asyncio.Event()
         self._peers: set[int] = set()  # the fds of the connections the monitor reported

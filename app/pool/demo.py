@@ -30,10 +30,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from app.core.errors import OperationError
-from app.core.figures import Figures, counter, helps, rest_view, totals
 from app.pool.schemas import AdmitOp, AppendOp, FinishOp
 from app.pool.workload_task import WorkloadTask
+from app.shared.errors import OperationError
+from blockpool.common.figures import Figures, counter, helps, rest_view, totals
 
 if TYPE_CHECKING:
     from app.pool.engine import Engine
@@ -114,7 +114,7 @@ class DemoWorkload(WorkloadTask["DemoRequest"]):
 
     def configure(self, **changes: Any) -> None:
         """Apply the given settings, all or none: every value is checked first."""
-        from app.core.errors import InvalidInput
+        from app.shared.errors import InvalidInput
 
         rate, mix, decode, max_running = self.rate, self.mix, self.decode_tokens, self.max_running
         if changes.get("rate") is not None:

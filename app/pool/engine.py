@@ -27,21 +27,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.analysis.host import AnalysisHost
-from app.core.errors import OperationError, Unavailable
-from app.core.settings import Settings
 from app.pool.windowed import HitWindow
+from app.shared.errors import OperationError, Unavailable
+from app.shared.settings import Settings
 from blockpool import KVCacheEvent, KVCacheEvictionEvent
 from blockpool.runtime import PoolRuntime, RuntimeConfig
 from blockpool.runtime.ops import Op
 
 if TYPE_CHECKING:
-    from blockpool.common.histogram import Histogram
+    from blockpool.common.histogram import BucketHistogram
     from blockpool.core.hashing import HashFn
     from blockpool.core.manager import RequestManager
     from blockpool.core.metrics import KVCacheMetricsCollector
     from blockpool.core.pool import BlockPool
     from blockpool.runtime import BlockColumns, Counters, SeqLog
-    from blockpool.runtime.prefix_tree import PrefixTree
+    from blockpool.runtime.prefix_tree import EventPrefixTree
 
 logger = logging.getLogger("blockpool.engine")
 
@@ -153,11 +153,11 @@ class Engine:
         return self.runtime.samples
 
     @property
-    def histograms(self) -> dict[str, Histogram]:
+    def histograms(self) -> dict[str, BucketHistogram]:
         return self.runtime.histograms
 
     @property
-    def tree(self) -> PrefixTree:
+    def tree(self) -> EventPrefixTree:
         return self.runtime.tree
 
     @property

@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from app.core.errors import NotFound, OperationError
 from app.pool import views
+from app.shared.errors import NotFound, OperationError
 from blockpool.analysis.segment import unpack
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.core.settings import Settings
+from app.shared.settings import Settings
 from blockpool import ManagedRequest
 
 

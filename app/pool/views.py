@@ -12,20 +12,15 @@ from collections import Counter
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from app.core.errors import Conflict, InvalidInput, NotFound
+from app.shared.errors import Conflict, InvalidInput, NotFound
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.analysis import views as analysis_views
-from blockpool.common.keys import key64, key_group
+from blockpool.common.keys import hash_hex, hex64, key64, key_group, key_hex
 from blockpool.runtime.columns import STATE_NAMES
 from blockpool.runtime.summary import pool_summary
 
 if TYPE_CHECKING:
     from app.pool.engine import Engine
-
-
-def _h(value: int | bytes) -> str:
-    """Event hashes as hex: 16 digits for the 64-bit int form, the digest otherwise."""
-    return f"{value:016x}" if isinstance(value, int) else value.hex()
 
 
 def config(engine: Engine) -> dict[str, Any]:
@@ -133,7 +128,7 @@ def block(engine: Engine, block_id: int) -> dict[str, Any]:
         "raw_refs": int(engine.raw_refs[block_id]),
         "requests": holders,
         "block_hash": key[:-4].hex() if key is not None else None,
-        "hash64": f"{key64(key):016x}" if key is not None else None,
+        "hash64": key_hex(key),
         "group_id": key_group(key) if key is not None else None,
         "copies_under_hash": (
             len(pool.cached_block_hash_to_block.blocks_under(key)) if key is not None else 0
@@ -165,7 +160,7 @@ def queue(engine: Engine, offset: int, limit: int) -> dict[str, Any]:
                 "position": pos,
                 "block_id": b.block_id,
                 "cached": key is not None,
-                "hash64": f"{key64(key):016x}" if key is not None else None,
+                "hash64": key_hex(key),
             }
         )
     return {
@@ -203,7 +198,7 @@ def hash_map(
     for key, blocks in entries:
         if multi_only and len(blocks) < 2:
             continue
-        h64 = f"{key64(key):016x}"
+        h64 = hex64(key64(key))
         if prefix and not (key[:-4].hex().startswith(prefix) or h64.startswith(prefix)):
             continue
         if matched >= offset and len(items) < limit:
@@ -234,14 +229,14 @@ def prefix_tree(engine: Engine, limit: int) -> dict[str, Any]:
     holding each one now."""
     ids: dict[str, list[int]] = {}
     for key, blocks in engine.pool.cached_block_hash_to_block.iter_entries():
-        ids.setdefault(f"{key64(key):016x}", []).extend(b.block_id for b in blocks)
+        ids.setdefault(hex64(key64(key)), []).extend(b.block_id for b in blocks)
     nodes = []
     for h, parent in islice(engine.tree.parents.items(), limit):
-        hx = _h(h)
+        hx = hash_hex(h)
         nodes.append(
             {
                 "hash": hx,
-                "parent": None if parent is None else _h(parent),
+                "parent": None if parent is None else hash_hex(parent),
                 "block_ids": ids.get(hx, []),
             }
         )
@@ -262,8 +257,10 @@ def event_json(seq: int, ts: float, ev: KVCacheEvent) -> dict[str, Any]:
     out: dict[str, Any] = {"seq": seq, "ts": ts, "type": type(ev).__name__}
     if isinstance(ev, BlockStored):
         out.update(
-            block_hashes=[_h(h) for h in ev.block_hashes],
-            parent_block_hash=None if ev.parent_block_hash is None else _h(ev.parent_block_hash),
+            block_hashes=[hash_hex(h) for h in ev.block_hashes],
+            parent_block_hash=None
+            if ev.parent_block_hash is None
+            else hash_hex(ev.parent_block_hash),
             token_ids=ev.token_ids,
             block_size=ev.block_size,
             lora_id=ev.lora_id,
@@ -271,7 +268,7 @@ def event_json(seq: int, ts: float, ev: KVCacheEvent) -> dict[str, Any]:
             medium=ev.medium,
         )
     elif isinstance(ev, BlockRemoved):
-        out.update(block_hashes=[_h(h) for h in ev.block_hashes], medium=ev.medium)
+        out.update(block_hashes=[hash_hex(h) for h in ev.block_hashes], medium=ev.medium)
     elif isinstance(ev, AllBlocksCleared):
         pass
     return out

@@ -19,8 +19,8 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from app.core.errors import Conflict, OperationError
 from app.pool.schemas import FinishOp
+from app.shared.errors import Conflict, OperationError
 
 if TYPE_CHECKING:
     from app.pool.engine import Engine

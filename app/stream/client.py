@@ -1,4 +1,4 @@
-"""StreamClient: a websocket client that keeps a PoolMirror exact.
+"""StreamClient: a websocket client that keeps a PoolReplica exact.
 
 It connects, applies the config, snapshot and deltas, resumes from
 ``seq + 1`` after a gap (the server answers from its ring buffer, or with a
@@ -10,7 +10,7 @@ reference for the browser code.
 
     async with StreamClient("ws://127.0.0.1:8000/api/stream") as client:
         await client.wait_until(lambda m: m.seq is not None)
-        print(client.mirror.queue_order()[:10])
+        print(client.replica.queue_order()[:10])
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
-from app.core.auth import BEARER_B64_PREFIX, SUBPROTOCOL
-from app.stream.mirror import Gap, PoolMirror
+from app.shared.auth import BEARER_B64_PREFIX, SUBPROTOCOL
 from app.stream.protocol import DELTA, Frame, decode
+from app.stream.replica import FrameGap, PoolReplica
 
 
 class StreamClient:
@@ -53,7 +53,7 @@ class StreamClient:
         self.backoff = backoff
         self.on_frame = on_frame
         self.compress = compress
-        self.mirror = PoolMirror()
+        self.replica = PoolReplica()
         self.connects = 0
         self.gaps = 0
         self.frames = 0
@@ -74,7 +74,7 @@ class StreamClient:
             q["compress"] = "zlib"
         if self.channels:
             q["channels"] = ",".join(self.channels)
-        m = self.mirror
+        m = self.replica
         if m.next_seq is not None and m.epoch is not None:
             q["resume_from"] = str(m.next_seq)
             q["epoch"] = m.epoch
@@ -150,8 +150,8 @@ class StreamClient:
                 self.lose_deltas -= 1
                 continue
             try:
-                self.mirror.apply(frame)
-            except Gap as gap:
+                self.replica.apply(frame)
+            except FrameGap as gap:
                 self.gaps += 1
                 await self._resume(ws, gap.expected)
                 continue
@@ -171,12 +171,12 @@ class StreamClient:
         await ws.send(json.dumps({"type": "resume", "from": expected}))
 
     async def wait_until(
-        self, predicate: Callable[[PoolMirror], bool], timeout: float = 10.0
+        self, predicate: Callable[[PoolReplica], bool], timeout: float = 10.0
     ) -> None:
-        """Wait until ``predicate(mirror)`` holds (checked after each frame)."""
+        """Wait until ``predicate(replica)`` holds (checked after each frame)."""
 
         async def waiter() -> None:
-            while not predicate(self.mirror):
+            while not predicate(self.replica):
                 self._changed.clear()
                 await self._changed.wait()
 

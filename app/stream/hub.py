@@ -20,16 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.core.auth import TicketBook
-from app.core.figures import Figures, counter, helps, totals
+from app.shared.auth import TicketBook
 from app.stream import protocol as p
 from app.stream.ring import ALL, Ring, Variant, select_header
 from app.web.broadcast import BroadcastCounts, Broadcaster, Subscriber
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from blockpool.common.figures import Figures, counter, helps, totals
+from blockpool.common.keys import hash_hex, hex64
 
 if TYPE_CHECKING:
     from app.pool.engine import Engine, TickData
-    from app.stream.limits import TokenBucket
+    from app.stream.intake import TokenBucket
 
 QUEUE_FRAMES = 32
 MAX_EVENTS_PER_FRAME = 4000
@@ -40,14 +41,10 @@ MirrorHeader = Callable[[], dict[str, Any] | None]
 ANALYSIS_EVERY_S = 1.0  # the analysis section rides in at most one delta a second
 
 
-def _hx(h: int | bytes) -> str:
-    return f"{h:016x}" if isinstance(h, int) else h.hex()
-
-
 def _hexes(hashes: list[Any]) -> list[str]:
-    """``_hx`` of each (an event's hashes are all ints or all bytes)."""
+    """``hash_hex`` of each (an event's hashes are all ints or all bytes)."""
     if hashes and isinstance(hashes[0], int):
-        return [f"{h:016x}" for h in hashes]
+        return list(map(hex64, hashes))
     return [h.hex() for h in hashes]
 
 
@@ -60,7 +57,7 @@ def compact_event(seq: int, ev: KVCacheEvent) -> list[Any]:
             seq,
             p.EV_STORED,
             _hexes(ev.block_hashes),
-            None if ev.parent_block_hash is None else _hx(ev.parent_block_hash),
+            None if ev.parent_block_hash is None else hash_hex(ev.parent_block_hash),
             len(ev.token_ids),
             ev.block_size,
             ev.lora_name,

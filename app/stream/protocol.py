@@ -123,24 +123,24 @@ class Frame:
         return KIND_NAMES.get(self.kind, str(self.kind))
 
 
-class ProtocolError(ValueError):
+class FrameError(ValueError):
     """A frame that does not follow the protocol."""
 
 
 def decode(data: bytes) -> Frame:
     if len(data) < _HEAD.size:
-        raise ProtocolError(f"frame of {len(data)} bytes is shorter than the envelope")
+        raise FrameError(f"frame of {len(data)} bytes is shorter than the envelope")
     magic, kind, flags, seq, hlen, blen = _HEAD.unpack_from(data)
     if magic != MAGIC:
-        raise ProtocolError(f"bad magic {magic!r}")
+        raise FrameError(f"bad magic {magic!r}")
     payload = data[_HEAD.size :]
     if flags & FLAG_ZLIB:
         try:
             payload = zlib.decompress(payload)
         except zlib.error as exc:
-            raise ProtocolError(f"bad compressed payload: {exc}") from None
+            raise FrameError(f"bad compressed payload: {exc}") from None
     if len(payload) != hlen + blen:
-        raise ProtocolError("frame length does not match its envelope")
+        raise FrameError("frame length does not match its envelope")
     header = json.loads(payload[:hlen])
     body = memoryview(payload)[hlen:]
     columns: dict[str, np.ndarray] = {}

@@ -4,7 +4,7 @@ Query: ``channels`` (comma list of blocks, events, series, samples, analysis;
 default all), ``resume_from`` (the first seq the client still needs) with
 ``epoch`` (the server epoch those seqs belong to), ``compress=zlib`` (frames
 compressed once per tick, shared by every such client).  When the server
-protects reads, the credentials of ``app.core.auth`` (a ``bearer.`` or ``ticket.``
+protects reads, the credentials of ``app.shared.auth`` (a ``bearer.`` or ``ticket.``
 subprotocol, ``Authorization``, or — discouraged — ``?token=``).
 
 Client messages (JSON text, at most ``ws_max_message_bytes``, checked before
@@ -32,7 +32,7 @@ from app.api.responses import returns
 from app.api.responses.stream import Ticket
 from app.stream import protocol as p
 from app.stream.hub import Client, StreamHub
-from app.stream.limits import TokenBucket, parse_message, parse_seq
+from app.stream.intake import TokenBucket, parse_message, parse_seq
 from app.web import ws_endpoint
 from app.web.ws_endpoint import CLOSE_POLICY, Verdict
 

@@ -35,10 +35,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.core.errors import Conflict, InvalidInput, OperationError
-from app.core.figures import Figures, counter, helps, rest_view, totals
 from app.pool.workload_task import WorkloadTask
+from app.shared.errors import Conflict, InvalidInput, OperationError
 from app.trace.limits import TraceRefused, check_trace
+from blockpool.common.figures import Figures, counter, helps, rest_view, totals
 from blockpool.core.free_order import check_free_order
 from blockpool.trace import Trace
 from blockpool.trace.engine import StepModel

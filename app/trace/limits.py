@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from app.core.errors import InvalidInput
+from app.shared.errors import InvalidInput
 from blockpool.trace import Trace, TraceLimits, TraceRequest
 
 if TYPE_CHECKING:
-    from app.core.settings import Settings
+    from app.shared.settings import Settings
 
 MAX_TOKEN_ID = 2**31 - 1
 MAX_TOKENS_PER_ID = 65_536

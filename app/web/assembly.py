@@ -8,7 +8,7 @@
 - ``guard``: the same-origin guard (added last so it runs first), then the
   token check on the headers before any body is read
   (``app.web.auth_first``), then the body deadline
-  (``app.core.serving.BodyDeadline``).
+  (``app.shared.serving.BodyDeadline``).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 import blockpool
-from app.core.serving import DEFAULT_BODY_TIMEOUT_S, BodyDeadline
+from app.shared.serving import DEFAULT_BODY_TIMEOUT_S, BodyDeadline
 from app.web import docs as api_docs
-from app.web import errors as api_errors
+from app.web import error_shape as api_errors
 from app.web.auth_first import AuthBeforeBody
 from app.web.same_origin import SameOriginGuard
 

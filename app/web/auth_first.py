@@ -21,7 +21,7 @@ from fastapi import HTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.errors import OperationError
+from app.shared.errors import OperationError
 
 Check = Callable[[Request], None]
 CHECKS: dict[Callable[..., object], Check] = {}

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from app.core.figures import counter
+from blockpool.common.figures import counter
 
 T = TypeVar("T", bytes, str)
 

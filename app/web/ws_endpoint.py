@@ -20,7 +20,12 @@ from typing import TypeVar
 
 from fastapi import WebSocket, WebSocketDisconnect
 
-from app.core.auth import TicketBook, accept_subprotocol, websocket_credentials, websocket_token_ok
+from app.shared.auth import (
+    TicketBook,
+    accept_subprotocol,
+    websocket_credentials,
+    websocket_token_ok,
+)
 from app.web.broadcast import Broadcaster, Subscriber
 
 logger = logging.getLogger("blockpool.websocket")

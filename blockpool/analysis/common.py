@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from blockpool.common.histogram import COUNT_BUCKETS, SECONDS_BUCKETS
-from blockpool.common.histogram import Histogram as Hist
+from blockpool.common.histogram import BucketHistogram as Hist
 from blockpool.common.keys import digest64 as h64
 from blockpool.common.keys import hex64
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from blockpool.analysis.misses import MissTracker
-from blockpool.common.reasons import REUSE, evicted_count
+from blockpool.common.miss_reasons import REUSE, evicted_count
 
 if TYPE_CHECKING:
     from blockpool.core.manager import Admission, ManagedRequest

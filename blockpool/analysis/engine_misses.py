@@ -58,6 +58,7 @@ from blockpool.analysis.common import COUNT_BUCKETS, SECONDS_BUCKETS, Hist, h64
 from blockpool.analysis.evictions import EvictionRing
 from blockpool.analysis.free_batches import FreeBatches
 from blockpool.common.miss_reasons import (
+    CAUSES,
     CHAIN_BROKEN,
     CODE_NAMES,
     COLD,
@@ -66,11 +67,12 @@ from blockpool.common.miss_reasons import (
     LAST_TOKEN,
     NUM_CODES,
     REASONS,
+    RESET,
     RESET_DROP,
+    REUSE,
     SKIPPED,
     MissTally,
 )
-from blockpool.common.reasons import CAUSES, RESET, REUSE
 from blockpool.core.hashing import BlockHashWithGroupId
 from blockpool.runtime.observer import Quiet
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from blockpool.analysis.common import COUNT_BUCKETS, SECONDS_BUCKETS, Hist
-from blockpool.common.reasons import CAUSES, EVICT_OP, RESET, REUSE
+from blockpool.common.miss_reasons import CAUSES, EVICT_OP, RESET, REUSE
 
 if TYPE_CHECKING:
     from blockpool.analysis.free_batches import FreeBatches

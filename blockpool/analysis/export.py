@@ -19,7 +19,7 @@ import msgspec
 
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.analysis.segment import Entry, EventsView, Segment, unpack
-from blockpool.runtime.state import Keyframe, keyframe_json
+from blockpool.runtime.state import RuntimeKeyframe, keyframe_json
 
 if TYPE_CHECKING:
     from blockpool.runtime.runtime import PoolRuntime
@@ -86,7 +86,7 @@ def entry_json(entry: Entry, view: EventsView) -> dict[str, Any]:
 def export_lines(
     header: dict[str, Any],
     segments: list[Segment],
-    final: Keyframe,
+    final: RuntimeKeyframe,
     view: EventsView,
     requests: Iterable[str] = (),
 ) -> Iterator[str]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from blockpool import BlockRemoved, BlockStored
 from blockpool.analysis.export import entry_json, event_to_json
 from blockpool.analysis.segment import KINDS, Entry, EventsView, Sample, Segment
-from blockpool.runtime.state import Keyframe, keyframe_json, snapshot
+from blockpool.runtime.state import RuntimeKeyframe, keyframe_json, snapshot
 
 if TYPE_CHECKING:
     from blockpool import KVCacheEvent
@@ -244,7 +244,7 @@ def _list_bytes(n: int, items: int) -> int:
     return items + 2 * (n - 1) if n else 0
 
 
-def line_bytes(kind: str, kf: Keyframe) -> int:
+def line_bytes(kind: str, kf: RuntimeKeyframe) -> int:
     """The bytes of the keyframe's export line, exactly, without writing its
     per-block lists (a pool of 131,072 blocks: tens of MB of JSON, half a
     second of the writer's time): an int list's JSON is its repr, a hash

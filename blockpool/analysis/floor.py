@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from blockpool.common.reasons import Tag
+from blockpool.common.miss_reasons import Tag
 
 
 class FloorIndex:

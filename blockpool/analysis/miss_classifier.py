@@ -61,8 +61,8 @@ from blockpool.common.miss_reasons import (
     FLOOR,
     LAST_TOKEN,
     RESET_DROP,
+    Tag,
 )
-from blockpool.common.reasons import Tag
 
 if TYPE_CHECKING:
     from blockpool import BlockPool

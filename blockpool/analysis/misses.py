@@ -30,9 +30,11 @@ from blockpool.common.miss_reasons import (
     FLOOR,
     NUM_CODES,
     REASONS,
+    REUSE,
     MissTally,
+    RequestMissCodes,
+    Tag,
 )
-from blockpool.common.reasons import REUSE, RequestMisses, Tag
 
 if TYPE_CHECKING:
     from blockpool import BlockPool, HashFn
@@ -82,8 +84,8 @@ class MissTracker:
             pool, self.ring, self.floor, self.firsts, block_size, self.floor_shared
         )
         # requests
-        self.running: dict[str, RequestMisses] = {}
-        self.finished: OrderedDict[str, RequestMisses] = OrderedDict()
+        self.running: dict[str, RequestMissCodes] = {}
+        self.finished: OrderedDict[str, RequestMissCodes] = OrderedDict()
 
     def process(self) -> None:
         """Tick time, vectorised: the regret gaps, the evicted misses' age and
@@ -120,7 +122,7 @@ class MissTracker:
         num_hit: int,
         evicted_now: list[int],
         now: float,
-    ) -> RequestMisses:
+    ) -> RequestMissCodes:
         """Classify the prompt's blocks (after the admission, before the
         engine's columns are synced; ``evicted_now``: hashes this admission's
         allocation evicted) and update the indexes."""
@@ -169,7 +171,7 @@ class MissTracker:
             ro[root] = rid
             if len(ro) > self.size:
                 trim_dict(ro, self.size // 2)
-        rm = RequestMisses(rid, now, n, num_hit, cb, details, lora, salt, None, rec)
+        rm = RequestMissCodes(rid, now, n, num_hit, cb, details, lora, salt, None, rec)
         self.running[rid] = rm
         return rm
 
@@ -228,10 +230,10 @@ class MissTracker:
 
     # ---------------------------------------------------------------- views
 
-    def lookup(self, rid: str) -> RequestMisses | None:
+    def lookup(self, rid: str) -> RequestMissCodes | None:
         return self.running.get(rid) or self.finished.get(rid)
 
-    def block_reasons(self, rm: RequestMisses) -> list[tuple[str | None, dict[str, Any] | None]]:
+    def block_reasons(self, rm: RequestMissCodes) -> list[tuple[str | None, dict[str, Any] | None]]:
         """(reason or None for a hit, detail) per prompt block."""
         det = rm.details or {}
         out: list[tuple[str | None, dict[str, Any] | None]] = []

@@ -20,14 +20,14 @@ from typing import Any
 
 from blockpool.analysis.recording import Recorder
 from blockpool.analysis.segment import Entry, EventsView, unpack
-from blockpool.common.keys import key64, key_group
+from blockpool.common.keys import key_group, key_hex
 from blockpool.core.events import BlockRemoved, BlockStored
 from blockpool.core.snapshot import block_keys, map_entries
 from blockpool.runtime.columns import STATE_NAMES
 from blockpool.runtime.config import UNCAPPED, RuntimeConfig
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.runtime import PoolRuntime
-from blockpool.runtime.state import Keyframe, restore
+from blockpool.runtime.state import RuntimeKeyframe, restore
 from blockpool.runtime.summary import pool_summary
 
 
@@ -71,7 +71,7 @@ def parse_moment(recorder: Recorder, at: str) -> int:
 
 
 @dataclass
-class Moment:
+class RebuiltMoment:
     engine: PoolRuntime
     seq: int
     ts: float
@@ -81,7 +81,7 @@ class Moment:
     seconds: float
 
 
-def state_at(recorder: Recorder, seq: int, config: RuntimeConfig) -> Moment:
+def state_at(recorder: Recorder, seq: int, config: RuntimeConfig) -> RebuiltMoment:
     """The state after op ``seq`` (held by the recording), rebuilt."""
     seg = recorder.segment_for(seq)
     if seg is None:
@@ -92,7 +92,9 @@ def state_at(recorder: Recorder, seq: int, config: RuntimeConfig) -> Moment:
     return rebuild(seg.keyframe, seg.entries(0, seq - seg.keyframe.seq), config)
 
 
-def rebuild(kf: Keyframe, entries: list[Entry], config: RuntimeConfig | dict[str, Any]) -> Moment:
+def rebuild(
+    kf: RuntimeKeyframe, entries: list[Entry], config: RuntimeConfig | dict[str, Any]
+) -> RebuiltMoment:
     t0 = time.perf_counter()
     engine = make_runtime(config)
     restore(engine, kf)
@@ -103,7 +105,7 @@ def rebuild(kf: Keyframe, entries: list[Entry], config: RuntimeConfig | dict[str
         if ok != rec_ok or (ok and jsonish(payload) != rec_payload):
             bad += 1
     last = entries[-1] if entries else None
-    return Moment(
+    return RebuiltMoment(
         engine,
         last[0] if last else kf.seq,
         last[1] if last else kf.ts,
@@ -117,11 +119,7 @@ def rebuild(kf: Keyframe, entries: list[Entry], config: RuntimeConfig | dict[str
 # ------------------------------------------------------------------ views
 
 
-def _h(key: bytes | None) -> str | None:
-    return None if key is None else f"{key64(key):016x}"
-
-
-def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
+def state_json(m: RebuiltMoment, limit: int, include_blocks: bool) -> dict[str, Any]:
     e = m.engine
     pool = e.pool
     queue = [b.block_id for b in pool.free_block_queue]
@@ -130,7 +128,7 @@ def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
         if len(entries) >= limit:
             break
         ids = list(entry) if entry.__class__ is dict else [entry.block_id]
-        entries.append({"hash64": _h(key), "group_id": key_group(key), "block_ids": ids})
+        entries.append({"hash64": key_hex(key), "group_id": key_group(key), "block_ids": ids})
     reqs = [
         {
             "request_id": rid,
@@ -156,13 +154,13 @@ def state_json(m: Moment, limit: int, include_blocks: bool) -> dict[str, Any]:
         out["blocks"] = {
             "state": [STATE_NAMES[int(s)] for s in cols.state.tolist()],
             "ref_cnt": cols.ref_cnt.tolist(),
-            "hash64": [_h(k) for k in block_keys(pool)],
+            "hash64": [key_hex(k) for k in block_keys(pool)],
         }
     return out
 
 
 def diff_json(
-    a: Moment, b: Moment, between: list[Entry], view: EventsView, limit: int
+    a: RebuiltMoment, b: RebuiltMoment, between: list[Entry], view: EventsView, limit: int
 ) -> dict[str, Any]:
     """What changed from moment ``a`` to moment ``b``."""
     ka = block_keys(a.engine.pool)
@@ -177,13 +175,17 @@ def diff_json(
     for i, k in enumerate(kb):
         if k is not None:
             where_b.setdefault(k, i)
-    evicted = [{"hash64": _h(k), "block_id": i} for k, i in where_a.items() if k not in where_b]
-    entered = [{"hash64": _h(k), "block_id": i} for k, i in where_b.items() if k not in where_a]
+    evicted = [
+        {"hash64": key_hex(k), "block_id": i} for k, i in where_a.items() if k not in where_b
+    ]
+    entered = [
+        {"hash64": key_hex(k), "block_id": i} for k, i in where_b.items() if k not in where_a
+    ]
     changed = [
         {
             "block_id": i,
-            "from": {"ref_cnt": ra[i], "hash64": _h(ka[i])},
-            "to": {"ref_cnt": rb[i], "hash64": _h(kb[i])},
+            "from": {"ref_cnt": ra[i], "hash64": key_hex(ka[i])},
+            "to": {"ref_cnt": rb[i], "hash64": key_hex(kb[i])},
         }
         for i in range(1, len(ka))
         if ka[i] != kb[i] or ra[i] != rb[i]

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from blockpool.analysis.export import header_json
 from blockpool.analysis.export_size import ExportSizer
 from blockpool.analysis.segment import Entry, EventsView, Segment, encode
-from blockpool.runtime.state import Keyframe, snapshot
+from blockpool.runtime.state import RuntimeKeyframe, snapshot
 
 if TYPE_CHECKING:
     from blockpool.runtime.runtime import PoolRuntime
@@ -91,7 +91,7 @@ class Recorder:
         self.engine_facts = dict(facts)
         self._requests = requests
 
-    def _snapshot(self) -> Keyframe:
+    def _snapshot(self) -> RuntimeKeyframe:
         t0 = time.perf_counter()
         kf = snapshot(self.engine, self.seq, self.clock())
         t1 = time.perf_counter()
@@ -260,7 +260,7 @@ class Recorder:
 
     # -------------------------------------------------------------- export
 
-    def export_parts(self) -> tuple[dict[str, Any], list[Segment], Keyframe, EventsView]:
+    def export_parts(self) -> tuple[dict[str, Any], list[Segment], RuntimeKeyframe, EventsView]:
         """On the engine's loop: what an export needs, consistent at one
         moment (the segments' lists are copied; the final keyframe is now)."""
         header = self._header()

@@ -24,7 +24,7 @@ from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.ops import op_from_json
 from blockpool.runtime.runtime import PoolRuntime
-from blockpool.runtime.state import Keyframe, digest, keyframe_from_json, restore, snapshot
+from blockpool.runtime.state import RuntimeKeyframe, digest, keyframe_from_json, restore, snapshot
 
 
 @dataclass
@@ -206,7 +206,7 @@ def _error(recorded: Any) -> Any:
     return recorded
 
 
-def _same_state(engine: PoolRuntime, kf: Keyframe, mirror: bool) -> bool:
+def _same_state(engine: PoolRuntime, kf: RuntimeKeyframe, mirror: bool) -> bool:
     """Whether the replay's state is the keyframe's.  A mirror's prefix-cache
     counters are the engine's, copied from its batches (no operation of the
     pool's changes them): its pool, refs, hashes, queue and counters are
@@ -218,7 +218,7 @@ def _same_state(engine: PoolRuntime, kf: Keyframe, mirror: bool) -> bool:
     return want == got
 
 
-def _kf_digest(like: PoolRuntime, kf: Keyframe) -> dict[str, Any]:
+def _kf_digest(like: PoolRuntime, kf: RuntimeKeyframe) -> dict[str, Any]:
     """The digest of a keyframe's state (restored into a scratch runtime)."""
     scratch = make_runtime(like.config)
     restore(scratch, kf)

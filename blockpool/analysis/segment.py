@@ -20,7 +20,7 @@ import msgspec
 from blockpool import KVCacheEvent
 from blockpool.runtime.ops import op_from_fields
 from blockpool.runtime.seqlog import SeqLog
-from blockpool.runtime.state import Keyframe
+from blockpool.runtime.state import RuntimeKeyframe
 
 # seq, ts, msgpack of (op class name, op fields, ok, result or error body),
 # the engine event-log seq of its first event, how many events it emitted
@@ -111,7 +111,7 @@ class Segment:
         "ts",
     )
 
-    def __init__(self, keyframe: Keyframe) -> None:
+    def __init__(self, keyframe: RuntimeKeyframe) -> None:
         self.keyframe = keyframe
         self.blobs: list[bytes] = []
         self.ts = array("d")

@@ -12,8 +12,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from blockpool.analysis.common import hex64
-from blockpool.common.miss_reasons import CODE_NAMES, REASONS
-from blockpool.common.reasons import CAUSES, RequestMisses, evicted_count
+from blockpool.common.miss_reasons import (
+    CAUSES,
+    CODE_NAMES,
+    REASONS,
+    RequestMissCodes,
+    evicted_count,
+)
 from blockpool.runtime.errors import NotFound
 
 if TYPE_CHECKING:
@@ -54,7 +59,7 @@ def tokens(engine: PoolRuntime, unknown: str | None = None) -> dict[str, Any]:
     }
 
 
-def _rm_summary(rm: RequestMisses, bs: int) -> dict[str, Any]:
+def _rm_summary(rm: RequestMissCodes, bs: int) -> dict[str, Any]:
     return {
         "request_id": rm.request_id,
         "admitted_at": rm.ts,

@@ -1,6 +1,7 @@
 """Counters declared once, as dataclass fields with their help text: the same
 figures feed a part's REST view (``rest_view``), its ``/metrics`` readings
-(``totals``, with ``helps`` as HELP) and its attributes.
+(``totals``, with ``helps`` as HELP) and its attributes; ``Figures`` is a
+part's ``/metrics`` source (its readings and their HELP).
 
     @dataclass
     class Counts:
@@ -9,7 +10,8 @@ figures feed a part's REST view (``rest_view``), its ``/metrics`` readings
 
 from __future__ import annotations
 
-from dataclasses import field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -38,3 +40,14 @@ def totals(counts: Any) -> dict[str, int]:
 def helps(counts_cls: Any) -> dict[str, str]:
     """``{metric name: help}`` of the exported figures."""
     return {m: f.metadata["help"] for f in fields(counts_cls) if (m := _metric(f)) is not None}
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A part's ``/metrics`` source: its readings, and the HELP of each."""
+
+    read: Callable[[], dict[str, float]]
+    help: dict[str, str]
+
+    def __call__(self) -> dict[str, float]:
+        return self.read()

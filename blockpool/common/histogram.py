@@ -15,7 +15,7 @@ SECONDS_BUCKETS = (
 COUNT_BUCKETS = tuple(float(1 << k) for k in range(0, 23))
 
 
-class Histogram:
+class BucketHistogram:
     """Counts per bucket (a value falls in the first bucket >= it; the last
     count is +Inf), their sum and count."""
 

@@ -27,3 +27,15 @@ def key_group(key: bytes) -> int:
 def hex64(v: int) -> str:
     """A 64-bit hash as 16 hex digits."""
     return f"{v:016x}"
+
+
+def hash_hex(value: int | bytes) -> str:
+    """An event's block hash as hex: ``hex64`` of the 64-bit int form, the
+    digest's bytes otherwise."""
+    return hex64(value) if isinstance(value, int) else value.hex()
+
+
+def key_hex(key: bytes | None) -> str | None:
+    """A map key as the dashboard names it: ``hex64`` of its 64-bit cut
+    (None for no key)."""
+    return None if key is None else hex64(key64(key))

@@ -1,16 +1,21 @@
-"""The miss reasons: their names (the one list), their codes, and the tally
-every classifier counts them in (the service's analysis, the trace replays).
+"""The miss reasons: their names (the one list), their codes, the tally
+every classifier counts them in (the service's analysis, the trace replays),
+one request's miss reasons (``RequestMissCodes``), and the eviction causes an
+``evicted`` miss points back to.
 
 What each reason means: ``blockpool/analysis/miss_classifier.py``; ``skipped``
 (the engine did not look the prompt up: vLLM's ``prompt_logprobs``) is a
 mirrored engine's only (``blockpool/analysis/engine_misses.py``).  A trace replay
 (no extra keys across its requests' first blocks, one request admitted at a
-time, no reset) finds the first four, ``REPLAY_REASONS``.
+time, no reset) finds the first four, ``REPLAY_REASONS``.  An eviction's
+cause: ``reuse`` (an allocation took the block), ``evict_op`` (the evict
+operation), ``reset`` (a prefix-cache reset).
 """
 
 from __future__ import annotations
 
 from collections.abc import Container, Iterator, MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 REASONS = (
@@ -124,3 +129,36 @@ class ReasonCounts(MutableMapping[str, int]):
 
     def __repr__(self) -> str:
         return repr(dict(self))
+
+
+# ------------------------------------------------- eviction causes, one request
+
+Tag = tuple[str | None, str | None]  # (lora name, cache salt)
+CAUSES = ("reuse", "evict_op", "reset")
+REUSE, EVICT_OP, RESET = range(3)
+
+
+def evicted_count(evictions: list[int]) -> int:
+    """Evictions proper (reuse and the evict operation): a prefix-cache reset
+    drops every hash at once, which is neither pressure nor a regret."""
+    return evictions[REUSE] + evictions[EVICT_OP]
+
+
+@dataclass
+class RequestMissCodes:
+    """Hit / miss reason per prompt block of one admitted request."""
+
+    request_id: str
+    ts: float
+    num_tokens: int
+    num_hit_blocks: int
+    codes: bytes  # one per prompt block: 0 hit, else REASONS[code - 1]
+    details: dict[int, Any] | None  # block index -> detail dict, or an eviction's ring serial
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    finished_ts: float | None = None
+    rec: int = -1  # its record in the floor index
+
+    def counts(self) -> dict[str, int]:
+        c = self.codes
+        return {name: c.count(code) for code, name in enumerate(REASONS, start=1) if code in c}

@@ -2,6 +2,10 @@
 
 Where vLLM asserts, ours subclass AssertionError too, so code written against
 vLLM that expects an assertion still sees one.
+
+Shared name: ``errors`` is each layer's own exceptions (blockpool/core:
+vLLM's assertions, blockpool/runtime: an operation's refusals, app/shared:
+the service's, on the runtime's); app/web/error_shape.py maps them to HTTP.
 """
 
 from __future__ import annotations

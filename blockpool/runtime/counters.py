@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from blockpool.common.histogram import SECONDS_BUCKETS, Histogram
+from blockpool.common.histogram import SECONDS_BUCKETS, BucketHistogram
 
 # vLLM's residency buckets (seconds) for the eviction-sample histograms.
 RESIDENCY_BUCKETS = SECONDS_BUCKETS
 
-__all__ = ["RESIDENCY_BUCKETS", "Counters", "Histogram"]
+__all__ = ["RESIDENCY_BUCKETS", "BucketHistogram", "Counters"]
 
 
 @dataclass

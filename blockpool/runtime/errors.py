@@ -2,7 +2,11 @@
 
 Every refusal is raised before the pool changes, so a refused operation
 changed nothing.  The service maps each class to an HTTP status once
-(app/web/errors.py); the library knows nothing of HTTP.
+(app/web/error_shape.py); the library knows nothing of HTTP.
+
+Shared name: ``errors`` is each layer's own exceptions (blockpool/core:
+vLLM's assertions, blockpool/runtime: an operation's refusals, app/shared:
+the service's, on the runtime's); app/web/error_shape.py maps them to HTTP.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from blockpool.core.events import AllBlocksCleared, BlockRemoved, BlockStored
 Key = int | bytes  # a hash as events carry it (vLLM: ExternalBlockHash)
 
 
-class PrefixTree:
+class EventPrefixTree:
     __slots__ = ("copies", "orphans", "parents")
 
     def __init__(self) -> None:
@@ -78,7 +78,7 @@ class PrefixTree:
         return depths(self.parents)
 
 
-# The walks over a tree given as hash -> parent: PrefixTree's own and the
+# The walks over a tree given as hash -> parent: EventPrefixTree's own and the
 # observer's (whose hash map keeps each hash's parent with its entry).
 Parents = Mapping[Key, Key | None]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from blockpool.common.histogram import Histogram
+from blockpool.common.histogram import BucketHistogram
 from blockpool.core.events import BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.core.hashing import get_hash_fn_by_name, init_none_hash, int_block_hashes
 from blockpool.core.invariants import check_invariants
@@ -35,7 +35,7 @@ from blockpool.runtime.counters import RESIDENCY_BUCKETS, Counters
 from blockpool.runtime.errors import OperationError
 from blockpool.runtime.observer import Change, ChangeKind, Observers, OpObserver, notify
 from blockpool.runtime.ops import READ_ONLY, Op, handle, precheck
-from blockpool.runtime.prefix_tree import PrefixTree
+from blockpool.runtime.prefix_tree import EventPrefixTree
 from blockpool.runtime.seqlog import SeqLog
 
 
@@ -87,11 +87,11 @@ class PoolRuntime:
         self.samples: SeqLog[KVCacheEvictionEvent] = SeqLog(config.sample_log_capacity)
         self.counters = Counters()
         self.histograms = {
-            "lifetime": Histogram(RESIDENCY_BUCKETS),
-            "idle": Histogram(RESIDENCY_BUCKETS),
-            "reuse_gap": Histogram(RESIDENCY_BUCKETS),
+            "lifetime": BucketHistogram(RESIDENCY_BUCKETS),
+            "idle": BucketHistogram(RESIDENCY_BUCKETS),
+            "reuse_gap": BucketHistogram(RESIDENCY_BUCKETS),
         }
-        self.tree = PrefixTree()  # from BlockStored parents
+        self.tree = EventPrefixTree()  # from BlockStored parents
         self.paranoid = False  # check_invariants after every operation (tests)
         self.request_counter = 0
         # Empty token slots in running requests' partial tail blocks (all groups).

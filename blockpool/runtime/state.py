@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Keyframe:
+class RuntimeKeyframe:
     """The pool's snapshot plus the runtime's own state (see the module doc)."""
 
     seq: int
@@ -50,11 +50,11 @@ class Keyframe:
     tail_waste: int
 
 
-def snapshot(rt: PoolRuntime, seq: int, ts: float) -> Keyframe:
+def snapshot(rt: PoolRuntime, seq: int, ts: float) -> RuntimeKeyframe:
     """The runtime's state now (O(blocks + running requests))."""
     raw = rt.raw_refs
     nz = np.flatnonzero(raw)
-    return Keyframe(
+    return RuntimeKeyframe(
         seq=seq,
         ts=ts,
         pool=capture_pool(rt.pool, rt.manager),
@@ -66,7 +66,7 @@ def snapshot(rt: PoolRuntime, seq: int, ts: float) -> Keyframe:
     )
 
 
-def restore(rt: PoolRuntime, kf: Keyframe, *, check: bool = True) -> None:
+def restore(rt: PoolRuntime, kf: RuntimeKeyframe, *, check: bool = True) -> None:
     """Put a fresh runtime (same config) into the keyframe's state
     (``check``: the pool's invariants after it)."""
     if rt.pool.num_gpu_blocks != kf.pool.num_blocks:
@@ -103,7 +103,7 @@ def digest(rt: PoolRuntime) -> dict[str, Any]:
 # ------------------------------------------------------------------- JSON
 
 
-def keyframe_json(kf: Keyframe) -> dict[str, Any]:
+def keyframe_json(kf: RuntimeKeyframe) -> dict[str, Any]:
     return {
         "seq": kf.seq,
         "ts": kf.ts,
@@ -116,8 +116,8 @@ def keyframe_json(kf: Keyframe) -> dict[str, Any]:
     }
 
 
-def keyframe_from_json(d: dict[str, Any]) -> Keyframe:
-    return Keyframe(
+def keyframe_from_json(d: dict[str, Any]) -> RuntimeKeyframe:
+    return RuntimeKeyframe(
         seq=int(d["seq"]),
         ts=float(d["ts"]),
         pool=snapshot_from_json(d),

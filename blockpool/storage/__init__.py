@@ -21,7 +21,13 @@ pool knows nothing of tensors; the engine joins them::
 """
 
 from blockpool.storage.attention import attention, paged_attention
-from blockpool.storage.config import (
+from blockpool.storage.join import (
+    Verification,
+    expected_kv,
+    verify_request,
+    write_request_tokens,
+)
+from blockpool.storage.layout import (
     SUPPORTED_DTYPES,
     CachePlan,
     KVCacheShape,
@@ -31,12 +37,6 @@ from blockpool.storage.config import (
     plan_cache,
     resolve_device,
     resolve_dtype,
-)
-from blockpool.storage.join import (
-    Verification,
-    expected_kv,
-    verify_request,
-    write_request_tokens,
 )
 from blockpool.storage.memory import MemoryBreakdown, MemoryFacts, memory_breakdown
 from blockpool.storage.model import StandInModel

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from blockpool.storage.config import StorageError
+from blockpool.storage.layout import StorageError
 
 IndexLike = Sequence[int] | torch.Tensor
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from blockpool.storage._index import IndexLike
-from blockpool.storage.config import StorageError
+from blockpool.storage.layout import StorageError
 from blockpool.storage.tensors import KVCacheStorage
 
 

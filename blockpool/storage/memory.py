@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from blockpool.storage.config import StorageError
+from blockpool.storage.layout import StorageError
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from blockpool.storage.config import KVCacheShape, StorageError
+from blockpool.storage.layout import KVCacheShape, StorageError
 
 TokenIds = Sequence[int] | torch.Tensor
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from blockpool.storage._index import IndexLike, as_index, check_count, checked_index
-from blockpool.storage.config import (
+from blockpool.storage.layout import (
     CachePlan,
     DeviceLike,
     DtypeLike,

@@ -4,7 +4,7 @@
 
 Drives a real Engine + StreamHub (no sockets): every frame is what the hub
 would send, byte for byte.  After each frame the Python reference
-(app.stream.mirror.PoolMirror) records what a client must hold then; the JS
+(app.stream.replica.PoolReplica) records what a client must hold then; the JS
 model is checked against those expectations.
 
 Scenarios (each a folder with manifest.json + NNN-kind.bin):
@@ -40,19 +40,19 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import app.stream.hub as hub_module  # noqa: E402
-from app.core.settings import Settings  # noqa: E402
 from app.pool.engine import Engine  # noqa: E402
 from app.pool.schemas import AdmitOp, AllocateOp, CacheOp, FinishOp, FreeOp, ResetOp  # noqa: E402
 from app.pool.views import request as request_view  # noqa: E402
+from app.shared.settings import Settings  # noqa: E402
 from app.stream import protocol as p  # noqa: E402
 from app.stream.hub import StreamHub  # noqa: E402
-from app.stream.mirror import PoolMirror  # noqa: E402
+from app.stream.replica import PoolReplica  # noqa: E402
 from blockpool.analysis import moments  # noqa: E402
 from blockpool.analysis import views as analysis_views  # noqa: E402
 from blockpool.analysis.segment import EventsView  # noqa: E402
 
 
-def expectation(m: PoolMirror, full: bool) -> dict[str, Any]:
+def expectation(m: PoolReplica, full: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "seq": m.seq,
         "epoch": m.epoch,
@@ -86,13 +86,13 @@ class Recorder:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.engine = Engine(settings)
         self.hub = StreamHub(self.engine)
-        self.mirror = PoolMirror()
+        self.replica = PoolReplica()
         self.full = full
         self.items: list[dict[str, Any]] = []
 
     def emit(self, frame: bytes, note: str = "") -> None:
         decoded = p.decode(frame)
-        self.mirror.apply(decoded)
+        self.replica.apply(decoded)
         name = f"{len(self.items):03d}-{decoded.kind_name}.bin"
         (self.dir / name).write_bytes(frame)
         self.items.append(
@@ -102,7 +102,7 @@ class Recorder:
                 "seq": decoded.seq,
                 "note": note,
                 "ids": len(decoded.columns.get("ids", [])),
-                "expect": expectation(self.mirror, self.full),
+                "expect": expectation(self.replica, self.full),
             }
         )
 
@@ -285,7 +285,7 @@ def analysis(out: Path) -> None:
     first, last = rec.first_seq, rec.seq
     mid = (first + last) // 2
 
-    def moment(seq: int) -> moments.Moment:
+    def moment(seq: int) -> moments.RebuiltMoment:
         seg = rec.segment_for(seq)
         assert seg is not None
         entries = seg.entries(0, seq - seg.keyframe.seq)

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 import blockpool
-from app.core.settings import Settings
 from app.pool.engine import Engine
 from app.pool.schemas import AdmitOp, AllocateOp, AppendOp, EvictOp, FinishOp, FreeOp
+from app.shared.settings import Settings
 from tests.app.conftest import Api, make_app, running
 from tests.conftest import FIXED_SEED
 

@@ -8,9 +8,9 @@ import contextlib
 import random
 from collections.abc import Callable
 
-from app.core.errors import OperationError
 from app.pool.engine import Engine
 from app.pool.schemas import AdmitOp, AppendOp, FinishOp, PrefixLookupOp
+from app.shared.errors import OperationError
 from blockpool import check_invariants
 from blockpool.analysis.export import export_lines
 from blockpool.analysis.recording import Recorder

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from app.core.errors import OperationError
 from app.pool.engine import Engine
 from app.pool.schemas import (
     AdmitOp,
@@ -28,6 +27,7 @@ from app.pool.schemas import (
     ResetOp,
     TouchOp,
 )
+from app.shared.errors import OperationError
 from blockpool import check_invariants
 from blockpool.analysis import moments, replay
 from blockpool.analysis.recording import Recorder

@@ -161,7 +161,7 @@ def test_old_spelling_vllm016_is_append_all() -> None:
 def test_settings_take_the_old_spelling_and_refuse_unknown_policies() -> None:
     from pydantic import ValidationError
 
-    from app.core.settings import Settings
+    from app.shared.settings import Settings
 
     assert Settings(shadow_policies=["vllm016", "s3fifo"]).shadow_policies == [
         "append_all",

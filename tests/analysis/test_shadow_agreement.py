@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from app.core.errors import OperationError
 from app.pool.engine import Engine
+from app.shared.errors import OperationError
 from blockpool import (
     BlockPool,
     BlockRemoved,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from app.analysis.host import PoolJumps
-from app.core.errors import NotFound, OperationError
 from app.pool.engine import Engine
+from app.shared.errors import NotFound, OperationError
 from tests.analysis.conftest import Clock, admit, allocate, append, evict, finish, free
 from tests.app.conftest import Api, assert_error
 

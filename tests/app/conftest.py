@@ -28,9 +28,9 @@ import uvicorn
 from fastapi import FastAPI
 
 import blockpool
-from app.core.settings import Settings
 from app.main import create_app
 from app.pool.engine import Engine
+from app.shared.settings import Settings
 from tests.conftest import FIXED_SEED, map_contents
 from tests.support.ports import free_port
 

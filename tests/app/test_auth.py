@@ -12,9 +12,9 @@ import pytest
 
 from app.cli import parser
 from app.cli.settings import settings_from
-from app.core import auth
-from app.core.settings import Settings
-from app.observer.auth import token_ok
+from app.observer.bearer import token_ok
+from app.shared import auth
+from app.shared.settings import Settings
 from tests.app.conftest import Api, assert_error, make_app, running
 
 pytestmark = pytest.mark.anyio
@@ -229,7 +229,7 @@ def test_default_bind_host_is_loopback() -> None:
     assert settings_from(args).token == TOKEN
 
 
-# ------------------------------------------------- the one token check (app/core/auth.py)
+# ------------------------------------------------- the one token check (app/shared/auth.py)
 
 
 @pytest.mark.parametrize(

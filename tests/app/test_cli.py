@@ -186,7 +186,7 @@ def test_model_name_flag_labels_the_metrics() -> None:
     from prometheus_client import generate_latest
 
     from app.pool.engine import Engine
-    from app.pool.metrics import make_registry
+    from app.pool.scrape import make_registry
 
     default = settings_from(parser().parse_args(["serve", "--no-storage"]))
     assert default.model_name == "blockpool-demo"

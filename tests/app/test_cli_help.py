@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from app.cli import main, parser
-from app.core.settings import ObserverSettings, Settings
+from app.shared.settings import ObserverSettings, Settings
 
 ENTRY = re.compile(r"^  (-\S.*)$")
 

@@ -250,8 +250,8 @@ def test_a_cross_site_websocket_handshake_is_refused() -> None:
 
 
 async def test_the_observer_refuses_cross_site_and_rebinding_too() -> None:
-    from app.core.settings import ObserverSettings
     from app.observer.app import create_observer_app
+    from app.shared.settings import ObserverSettings
 
     app = create_observer_app(ObserverSettings(endpoints=["tcp://127.0.0.1:1"]))
     transport = httpx.ASGITransport(app=app)

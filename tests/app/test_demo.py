@@ -135,9 +135,9 @@ def test_the_default_demo_holds_steady_on_a_busy_machine() -> None:
     """Steps that come 8x late (a loaded machine) decode 8x the tokens: the
     default load (rate, mix, decode lengths) keeps running and waiting far
     below their caps for 5 simulated minutes, and drops nothing."""
-    from app.core.settings import Settings
     from app.pool.demo import MAX_CATCH_UP, STEP_S, DemoWorkload
     from app.pool.engine import Engine
+    from app.shared.settings import Settings
 
     engine = Engine(Settings(analysis_mode="inline", shadow_mode="off", storage=False))
     engine.paranoid = False

@@ -22,7 +22,7 @@ import websockets
 from uvicorn.logging import AccessFormatter
 
 from app.cli import main, parser
-from app.core import auth
+from app.shared import auth
 from tests.app.conftest import free_port
 from tests.app.test_cli import assert_clean_exit, serve, stop, wait_healthy
 

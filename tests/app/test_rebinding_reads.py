@@ -10,8 +10,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.core.settings import ObserverSettings
 from app.observer.app import create_observer_app
+from app.shared.settings import ObserverSettings
 from tests.app.conftest import LiveServer, assert_error, free_port, make_app, raw_answer
 
 pytestmark = pytest.mark.anyio

@@ -1,5 +1,5 @@
 """Slow and idle clients against the server as ``blockpool serve`` runs it
-(app/core/serving.py): a connection that sends nothing, one that drips its
+(app/shared/serving.py): a connection that sends nothing, one that drips its
 headers a byte at a time, one whose body stalls, one that idles after a
 response — each is answered 408 in the one error shape (or closed, when
 idle) after its timeout, while the server keeps answering everyone else.
@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from app.core.serving import uvicorn_config
+from app.shared.serving import uvicorn_config
 from tests.app.conftest import LiveServer, free_port, make_app
 
 DEADLINE_S = 60.0  # the whole test's bound (generous: loaded machines)

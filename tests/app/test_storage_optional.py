@@ -82,7 +82,7 @@ def test_the_service_imports_and_serves_without_torch(tmp_path: Path) -> None:
         sys.modules["torch"] = None
         from fastapi.testclient import TestClient
         from app.main import create_app
-        from app.core.settings import Settings
+        from app.shared.settings import Settings
         app = create_app(Settings(num_blocks=32, block_size=4))
         with TestClient(app, base_url="http://127.0.0.1:8000") as client:
             body = client.get("/api/storage").json()

@@ -7,9 +7,9 @@ blockpool/: common (leaf helpers: hash keys, histograms, the miss-reason
 codes) < core (vLLM's pool and request manager) < runtime | shadow | storage
 < analysis | kvevents | trace | mirror.  The package's ``__init__`` re-exports
 the core.
-app/: core (settings, errors, auth, serving: shared by both apps) < web (the
-HTTP assembly both apps are built from) < analysis | observer (the observer
-stands apart: it sees only core and web) < pool (the engine, its bodies,
+app/: shared (settings, errors, auth, serving: shared by both apps) < web
+(the HTTP assembly both apps are built from) < analysis | observer (the
+observer stands apart: it sees only shared and web) < pool (the engine, its bodies,
 views, workloads) < trace (the trace driver and command) < api < stream |
 mirror (the websocket and the read-only mirror sit on the api's dependencies)
 < assembly (main, cli and the modules of the cli package).
@@ -34,7 +34,7 @@ BLOCKPOOL_RANK = {
     "mirror": 3,
 }
 APP_RANK = {
-    "core": 0,
+    "shared": 0,
     "web": 1,
     "analysis": 2,
     "observer": 2,

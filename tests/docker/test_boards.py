@@ -20,10 +20,10 @@ import httpx
 import pytest
 import yaml
 
-from app.core.settings import ObserverSettings, Settings
 from app.main import create_app
 from app.mirror.status import MirrorStatus, figures_of
 from app.observer.app import create_observer_app
+from app.shared.settings import ObserverSettings, Settings
 from tests.docker.helpers import DASHBOARD, DASHBOARD_PROVIDERS, DOCKER, MODEL, TARGET_LABELS
 from tests.docker.prometheus_bin import prometheus_server
 from tests.docker.promql import Scrape, check_selector, selectors

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.core.settings import Settings
+from app.shared.settings import Settings
 from tests.docker.helpers import (
     COMPOSE,
     DOCKER,

@@ -11,8 +11,8 @@ import json
 import httpx
 import yaml
 
-from app.core.settings import ObserverSettings
 from app.observer.app import create_observer_app
+from app.shared.settings import ObserverSettings
 from tests.docker.helpers import COMPOSE, COMPOSE_LOCAL, PROMETHEUS_YML, compose_model
 
 IMAGES = {

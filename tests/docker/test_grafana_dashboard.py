@@ -17,9 +17,9 @@ import httpx
 import pytest
 import zmq
 
-from app.core.settings import ObserverSettings, Settings
 from app.main import create_app
 from app.observer.app import create_observer_app
+from app.shared.settings import ObserverSettings, Settings
 from tests.docker.helpers import DASHBOARD, MODEL, STREAM_METRICS, TARGET_LABELS, datasource
 from tests.docker.promql import NAME, Live, Scrape, check_selector, evaluate, selectors
 from tests.kvevents.helpers import Workload, await_for, free_port, positional

@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.core.settings import Settings
 from app.main import create_app
 from app.pool.schemas import BODIES, AdmitOp, AppendBody, BatchRequest
+from app.shared.settings import Settings
 from tests.docker.helpers import LOADGEN, ROOT
 
 

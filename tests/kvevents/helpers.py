@@ -405,8 +405,8 @@ await_for = eventually_async
 def engine_step(engine: Any, rng: random.Random, prefixes: list[list[int]]) -> None:
     """A few operations on an app Engine (admit / append / finish / evict /
     reset), refusals ignored -- what a tick of real traffic looks like."""
-    from app.core.errors import OperationError
     from app.pool.schemas import AdmitOp, AppendOp, EvictOp, FinishOp, ResetOp
+    from app.shared.errors import OperationError
 
     running = list(engine.manager.requests)
     for _ in range(rng.randint(1, 4)):

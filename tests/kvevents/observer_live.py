@@ -13,8 +13,8 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from app.core.settings import ObserverSettings
 from app.observer.app import create_observer_app
+from app.shared.settings import ObserverSettings
 from tests.kvevents.helpers import await_for
 from tests.support.ports import free_port
 

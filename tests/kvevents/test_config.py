@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from app.cli import parser
 from app.cli.settings import observer_settings_from, settings_from
-from app.core.settings import ObserverSettings, Settings
+from app.shared.settings import ObserverSettings, Settings
 from blockpool.kvevents.config import (
     KVEventsConfig,
     SourceSpec,

@@ -6,9 +6,9 @@ import json
 import re
 from pathlib import Path
 
-from app.core.settings import ObserverSettings
 from app.observer.app import create_observer_app
 from app.observer.metrics import ObserverCollector
+from app.shared.settings import ObserverSettings
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "observer.md").read_text()
 

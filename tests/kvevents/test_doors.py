@@ -13,8 +13,8 @@ import time
 
 import msgpack
 
-from app.core.settings import ObserverSettings
 from app.observer.source import Source
+from app.shared.settings import ObserverSettings
 from blockpool import AllBlocksCleared, BlockStored, KVCacheEvent
 from blockpool.kvevents.config import SourceSpec
 from tests.kvevents.helpers import Workload, positional, truth

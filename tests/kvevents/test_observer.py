@@ -380,7 +380,7 @@ def consecutive_ports(n: int) -> int:
 def test_data_parallel_ranks_are_expanded_like_vllm_offsets_them() -> None:
     """Two DP ranks publishing on vLLM's offset ports, observed from one
     endpoint with --dp-size 2: each rank is its own pool."""
-    from app.core.settings import ObserverSettings
+    from app.shared.settings import ObserverSettings
 
     pub_base, replay_base = consecutive_ports(2), consecutive_ports(2)
     ws = shared_workloads(2)

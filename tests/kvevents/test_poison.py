@@ -19,9 +19,9 @@ import httpx
 import msgpack
 import websockets
 
-from app.core.settings import ObserverSettings
 from app.observer.app import create_observer_app
 from app.observer.source import Source
+from app.shared.settings import ObserverSettings
 from blockpool.kvevents.config import SourceSpec
 from blockpool.kvevents.poison import KINDS
 from tests.kvevents.helpers import Workload, await_for, fake_publisher, positional, truth

@@ -13,8 +13,8 @@ import msgspec
 import pytest
 import zmq
 
-from app.core.settings import Settings
 from app.pool.engine import Engine, TickData
+from app.shared.settings import Settings
 from blockpool import BlockStored, KVEventBatch
 from blockpool.kvevents.config import KVEventsConfig
 from blockpool.kvevents.publisher import KVEventPublisher

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from app.observer.source import Source
 from blockpool.kvevents.config import SourceSpec
-from blockpool.runtime.prefix_tree import PrefixTree, breadth_first
+from blockpool.runtime.prefix_tree import EventPrefixTree, breadth_first
 from tests.kvevents.helpers import Workload, positional
 
 
@@ -14,7 +14,7 @@ def test_the_observer_and_the_runtime_tree_agree_on_the_same_events() -> None:
     w = Workload(seed=77, lora=False)
     batches = w.batches(120)
     s = Source(SourceSpec("s", "tcp://127.0.0.1:1", None, 0))
-    tree = PrefixTree()
+    tree = EventPrefixTree()
     for i, evs in enumerate(batches):
         s.feed_live(i, positional(evs))
         for ev in evs:

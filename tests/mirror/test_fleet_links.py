@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from app import cli
-from app.core.settings import ObserverSettings
 from app.observer.app import create_observer_app
+from app.shared.settings import ObserverSettings
 from tests.kvevents.observer_live import client, serving
 from tests.support.ports import free_port
 

@@ -31,7 +31,7 @@ from app.mirror import client as mirror_client
 from app.mirror import setup as mirror_setup
 from app.mirror import status as mirror_status
 from app.mirror.client import MirrorClient
-from app.mirror.requests import RequestBook
+from app.mirror.request_book import RequestBook
 from blockpool.mirror import pool_digest
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.auth import StreamKey

@@ -12,9 +12,9 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from app.core.settings import Settings
 from app.main import create_app
-from app.stream.mirror import PoolMirror
+from app.shared.settings import Settings
+from app.stream.replica import PoolReplica
 from tests.support.ports import free_port
 
 
@@ -66,21 +66,21 @@ def http(app: FastAPI) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=f"http://127.0.0.1:{app.state.port}", timeout=30)
 
 
-def assert_mirror_exact(mirror: PoolMirror, app: FastAPI) -> None:
-    """The mirror holds the pool exactly: ref counts, states, queue order, map."""
+def assert_replica_exact(replica: PoolReplica, app: FastAPI) -> None:
+    """The replica holds the pool exactly: ref counts, states, queue order, map."""
     engine = app.state.engine
     pool = engine.pool
-    assert mirror.seq == app.state.stream.seq
+    assert replica.seq == app.state.stream.seq
     refs = [0 if b.is_null else b.ref_cnt for b in pool.blocks]
-    assert mirror.ref_cnt.tolist() == refs
-    assert mirror.state.tolist() == engine.columns.state.tolist()
-    assert mirror.queue_order() == [b.block_id for b in pool.free_block_queue]
+    assert replica.ref_cnt.tolist() == refs
+    assert replica.state.tolist() == engine.columns.state.tolist()
+    assert replica.queue_order() == [b.block_id for b in pool.free_block_queue]
     truth: dict[tuple[int, int], list[int]] = {}
     for key, blocks in pool.cached_block_hash_to_block.iter_entries():
         k = (int.from_bytes(key[-12:-4], "big"), int.from_bytes(key[-4:], "big"))
         truth[k] = sorted(b.block_id for b in blocks)
-    assert mirror.hash_map() == truth
-    assert mirror.counts() == engine.columns.summary()
+    assert replica.hash_map() == truth
+    assert replica.counts() == engine.columns.summary()
 
 
 async def random_traffic(client: httpx.AsyncClient, n: int, seed: int) -> dict[str, int]:

@@ -17,7 +17,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from app.stream import protocol as p
-from app.stream.limits import parse_message, parse_seq
+from app.stream.intake import parse_message, parse_seq
 from app.stream.ring import filter_delta
 from tests.stream.live import http, live_server, random_traffic, ws_url
 from tests.support.wait import eventually_async

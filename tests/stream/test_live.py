@@ -10,8 +10,8 @@ import websockets
 
 from app.stream import protocol as p
 from app.stream.client import StreamClient
-from app.stream.mirror import PoolMirror
-from tests.stream.live import assert_mirror_exact, http, live_server, random_traffic, ws_url
+from app.stream.replica import PoolReplica
+from tests.stream.live import assert_replica_exact, http, live_server, random_traffic, ws_url
 
 
 async def _settled(app, *clients: StreamClient) -> None:  # type: ignore[no-untyped-def]
@@ -25,7 +25,7 @@ async def _settled(app, *clients: StreamClient) -> None:  # type: ignore[no-unty
         await c.wait_until(lambda m: m.seq == hub.seq, timeout=20)
 
 
-def test_mirror_equals_the_pool_after_thousands_of_random_operations() -> None:
+def test_the_replica_equals_the_pool_after_thousands_of_random_operations() -> None:
     async def main() -> None:
         async with (
             live_server(num_blocks=300) as app,
@@ -37,18 +37,18 @@ def test_mirror_equals_the_pool_after_thousands_of_random_operations() -> None:
             assert stats["ok"] > 2000
             app.state.engine.check()
             await _settled(app, c1, c2)
-            assert_mirror_exact(c1.mirror, app)
-            assert_mirror_exact(c2.mirror, app)
-            assert c1.mirror.snapshots == 1 and c1.gaps == 0
+            assert_replica_exact(c1.replica, app)
+            assert_replica_exact(c2.replica, app)
+            assert c1.replica.snapshots == 1 and c1.gaps == 0
             # KV events arrived in order, every one of them
-            seqs = [e[0] for e in c1.mirror.events]
+            seqs = [e[0] for e in c1.replica.events]
             assert seqs == sorted(seqs)
             assert seqs[-1] == app.state.engine.events.last_seq
 
     asyncio.run(main())
 
 
-def test_reset_and_evictions_reach_the_mirror() -> None:
+def test_reset_and_evictions_reach_the_replica() -> None:
     async def main() -> None:
         async with (
             live_server(num_blocks=64) as app,
@@ -62,14 +62,14 @@ def test_reset_and_evictions_reach_the_mirror() -> None:
             await h.post("/api/pool/free", json={"block_ids": ids[::-1]})
             await h.post("/api/pool/evict", json={"block_ids": [ids[0]]})
             await _settled(app, c)
-            assert_mirror_exact(c.mirror, app)
-            assert c.mirror.counts()["cached"] == 3
+            assert_replica_exact(c.replica, app)
+            assert c.replica.counts()["cached"] == 3
             assert (await h.post("/api/pool/reset")).status_code == 200
             await _settled(app, c)
-            assert_mirror_exact(c.mirror, app)
-            assert c.mirror.counts()["cached"] == 0
-            assert c.mirror.snapshots == 2  # a reset changes every block: a snapshot
-            kinds = [e[1] for e in c.mirror.events]
+            assert_replica_exact(c.replica, app)
+            assert c.replica.counts()["cached"] == 0
+            assert c.replica.snapshots == 2  # a reset changes every block: a snapshot
+            kinds = [e[1] for e in c.replica.events]
             assert kinds[-1] == p.EV_CLEARED
 
     asyncio.run(main())
@@ -108,18 +108,18 @@ def test_a_client_that_never_reads_stalls_nothing_and_later_resyncs() -> None:
                 # the engine went on and the healthy client kept up, exactly
                 await random_traffic(h, 300, seed=3)
                 await _settled(app, healthy)
-                assert_mirror_exact(healthy.mirror, app)
-                assert healthy.gaps == 0 and healthy.mirror.snapshots == 1
+                assert_replica_exact(healthy.replica, app)
+                assert healthy.gaps == 0 and healthy.replica.snapshots == 1
                 assert hub.stats()["drops_total"] >= 1
                 assert app.state.metrics_sources["stream"]()["drops_total"] >= 1
                 # the stalled client reads again: it resyncs to the exact state
-                mirror = PoolMirror()
-                while mirror.seq != hub.seq or loop.time() < deadline - 55:
-                    mirror.apply(p.decode(await asyncio.wait_for(stalled.recv(), 30)))
-                    if mirror.seq is not None and mirror.seq == hub.seq:
+                replica = PoolReplica()
+                while replica.seq != hub.seq or loop.time() < deadline - 55:
+                    replica.apply(p.decode(await asyncio.wait_for(stalled.recv(), 30)))
+                    if replica.seq is not None and replica.seq == hub.seq:
                         break
-                assert mirror.snapshots >= 1
-                assert_mirror_exact(mirror, app)
+                assert replica.snapshots >= 1
+                assert_replica_exact(replica, app)
                 app.state.engine.check()
             await stalled.close()
 
@@ -139,8 +139,8 @@ def test_a_killed_client_reconnects_and_catches_up_from_the_ring() -> None:
             await random_traffic(h, 400, seed=2)
             await _settled(app, c)
             assert c.connects >= 2
-            assert c.mirror.snapshots == 1  # caught up from the ring, no snapshot
-            assert_mirror_exact(c.mirror, app)
+            assert c.replica.snapshots == 1  # caught up from the ring, no snapshot
+            assert_replica_exact(c.replica, app)
 
     asyncio.run(main())
 
@@ -157,8 +157,8 @@ def test_a_gap_is_detected_and_resumed_from_the_ring() -> None:
             await random_traffic(h, 300, seed=5)
             await _settled(app, c)
             assert c.gaps >= 1
-            assert c.mirror.snapshots == 1
-            assert_mirror_exact(c.mirror, app)
+            assert c.replica.snapshots == 1
+            assert_replica_exact(c.replica, app)
 
     asyncio.run(main())
 
@@ -173,13 +173,13 @@ def test_server_restart_gives_a_fresh_snapshot_of_the_new_server() -> None:
             client.start()
             await random_traffic(h, 200, seed=11)
             await _settled(app, client)
-            old_epoch = client.mirror.epoch
+            old_epoch = client.replica.epoch
         async with live_server(port=port, num_blocks=120) as app2, http(app2) as h2:
             await random_traffic(h2, 100, seed=12)
             await client.wait_until(lambda m: m.epoch != old_epoch, timeout=20)
             await _settled(app2, client)
-            assert len(client.mirror.state) == 120
-            assert_mirror_exact(client.mirror, app2)
+            assert len(client.replica.state) == 120
+            assert_replica_exact(client.replica, app2)
         await client.close()
 
     asyncio.run(main())
@@ -231,6 +231,6 @@ def test_protected_reads_need_the_token_on_the_stream() -> None:
                     assert closed.rcvd is not None and closed.rcvd.code == 4401
             async with StreamClient(ws_url(app), token="t0k") as c:
                 await c.wait_until(lambda m: m.seq is not None)
-                assert_mirror_exact(c.mirror, app)
+                assert_replica_exact(c.replica, app)
 
     asyncio.run(main())

@@ -54,7 +54,7 @@ def test_header_only_frame() -> None:
 )
 def test_bad_frames_are_refused(mutate, message) -> None:  # type: ignore[no-untyped-def]
     data = p.encode(p.DELTA, 1, {}, {"ids": ("u32", np.array([1], dtype=np.uint32))})
-    with pytest.raises(p.ProtocolError, match=message):
+    with pytest.raises(p.FrameError, match=message):
         p.decode(mutate(data))
 
 

@@ -73,7 +73,7 @@ async def _probe(port: int) -> None:
     # the right token: as a subprotocol (the client's way) ...
     async with StreamClient(url, token=TOKEN) as client:
         await client.wait_until(lambda m: m.seq is not None, timeout=30)
-        assert client.mirror.counts()["null"] == 1
+        assert client.replica.counts()["null"] == 1
     # ... and, for old clients, in the query (logged redacted)
     async with websockets.connect(f"{url}?token={TOKEN}", max_size=None) as ws:
         kinds = {p.decode(await asyncio.wait_for(ws.recv(), 30)).kind for _ in range(2)}

@@ -1,5 +1,5 @@
 """What every route returns, as pydantic models (one module per router:
-pool, inspect, requests, analysis), for the docs (``/docs``,
+pool_routes, inspect, requests, analysis, operator, stream, trace), for the docs (``/docs``,
 ``/openapi.json``) and for the schema checks of the suite.
 
 The models document; they do not re-shape: each route declares its model with

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from app.api.responses import Ids, Out
-from app.api.responses.pool import StorageBytes
+from app.api.responses.pool_routes import StorageBytes
 
 
 class Block(Out):

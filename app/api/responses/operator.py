@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from app.api.responses import Out
-from app.api.responses.pool import Tokens
+from app.api.responses.pool_routes import Tokens
 
 
 class HitWindowFigure(Out):

@@ -1,6 +1,6 @@
 // @ts-check
 // PoolModel: applies stream frames and keeps an exact copy of the pool,
-// exactly as app/stream/mirror.py does (the reference).
+// exactly as app/stream/replica.py does (the reference).
 //
 // Columns are TypedArrays (a snapshot's views are kept as they are); a delta
 // writes its rows at `ids`.  Which columns there are comes from the config

@@ -25,12 +25,12 @@ def parse_seq(text: str | None) -> int | None:
 
 
 @dataclass(frozen=True)
-class Request:
+class ClientRequest:
     kind: str  # "resume" | "snapshot"
     from_seq: int | None = None
 
 
-def parse_message(text: str) -> Request | None:
+def parse_message(text: str) -> ClientRequest | None:
     """``{"type": "resume", "from": N}`` or ``{"type": "snapshot"}``; None for
     anything else (not JSON, nested too deep, another type, a bad ``from``)."""
     try:
@@ -41,11 +41,11 @@ def parse_message(text: str) -> Request | None:
         return None
     kind = msg.get("type")
     if kind == "snapshot":
-        return Request("snapshot")
+        return ClientRequest("snapshot")
     seq = msg.get("from")
     # type() and not isinstance(): True is an int too
     if kind == "resume" and type(seq) is int and 0 <= seq <= MAX_SEQ:
-        return Request("resume", seq)
+        return ClientRequest("resume", seq)
     return None
 
 

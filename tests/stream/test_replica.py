@@ -1,4 +1,4 @@
-"""PoolMirror applies frames exactly as docs/protocol.md says."""
+"""PoolReplica applies frames exactly as docs/protocol.md says."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from app.stream import protocol as p
-from app.stream.mirror import Gap, PoolMirror
+from app.stream.replica import FrameGap, PoolReplica
 
 N = 6
 
@@ -58,7 +58,7 @@ def config(epoch: str) -> p.Frame:
 
 
 def test_snapshot_then_deltas_give_state_queue_order_and_map() -> None:
-    m = PoolMirror()
+    m = PoolReplica()
     m.apply(config("e1"))
     m.apply(snapshot(10))
     assert m.queue_order() == [1, 2, 3, 4, 5]
@@ -73,16 +73,16 @@ def test_snapshot_then_deltas_give_state_queue_order_and_map() -> None:
 
 
 def test_gap_is_detected_and_nothing_is_applied() -> None:
-    m = PoolMirror()
+    m = PoolReplica()
     m.apply(snapshot(5))
-    with pytest.raises(Gap) as info:
+    with pytest.raises(FrameGap) as info:
         m.apply(delta(7, [1], [1], [1], [0], [0], [1]))
     assert (info.value.expected, info.value.got) == (6, 7)
     assert m.seq == 5 and m.state[1] == 3
 
 
 def test_overlap_after_resume_is_ignored_and_deltas_before_snapshot_too() -> None:
-    m = PoolMirror()
+    m = PoolReplica()
     m.apply(delta(3, [1], [1], [1], [0], [0], [1]))  # no snapshot yet
     assert m.seq is None and m.deltas == 0
     m.apply(snapshot(5))
@@ -91,7 +91,7 @@ def test_overlap_after_resume_is_ignored_and_deltas_before_snapshot_too() -> Non
 
 
 def test_a_new_epoch_forgets_the_state_until_its_snapshot() -> None:
-    m = PoolMirror()
+    m = PoolReplica()
     m.apply(config("e1"))
     m.apply(snapshot(50))
     m.apply(config("e2"))
@@ -103,7 +103,7 @@ def test_a_new_epoch_forgets_the_state_until_its_snapshot() -> None:
 
 
 def test_events_accumulate_in_order() -> None:
-    m = PoolMirror()
+    m = PoolReplica()
     m.apply(snapshot(1))
     m.apply(delta(2, [], [], [], [], [], [], [[10, 0, ["aa"], None, 4, 4, None]]))
     m.apply(delta(3, [], [], [], [], [], [], [[11, 1, ["aa"]], [12, 2]]))
@@ -112,10 +112,10 @@ def test_events_accumulate_in_order() -> None:
 
 def test_the_config_frame_declares_the_block_columns_frames_carry() -> None:
     """What the config frame's ``block_columns`` names is what a snapshot and
-    a delta carry (names, dtypes, order), and what the mirror keeps."""
-    from app.core.settings import Settings
+    a delta carry (names, dtypes, order), and what the replica keeps."""
     from app.pool.engine import Engine
     from app.pool.schemas import AdmitOp
+    from app.shared.settings import Settings
     from app.stream.hub import StreamHub
 
     engine = Engine(Settings(num_blocks=32, block_size=4, hash_fn="sha256", hash_seed="0"))
@@ -132,7 +132,7 @@ def test_the_config_frame_declares_the_block_columns_frames_carry() -> None:
     engine.tick()
     dl = p.decode(hub.ring.frames[-1].full)
     assert [[n, d] for n, d, _, _ in dl.header["columns"]] == [["ids", "u32"], *declared]
-    m = PoolMirror()
+    m = PoolReplica()
     for frame in (cfg, snap, dl):
         m.apply(frame)
     cols = engine.columns
@@ -145,11 +145,11 @@ def test_the_config_frame_declares_the_block_columns_frames_carry() -> None:
     engine.runtime.check()
 
 
-def test_a_config_frame_without_a_declared_column_is_refused_by_the_mirror() -> None:
-    m = PoolMirror()
+def test_a_config_frame_without_a_declared_column_is_refused_by_the_replica() -> None:
+    m = PoolReplica()
     cfg = config("e1")
     cfg.header["block_columns"] = [*cfg.header["block_columns"], ["extra", "u8"]]
     m.apply(cfg)
-    with pytest.raises(p.ProtocolError, match="extra"):
+    with pytest.raises(p.FrameError, match="extra"):
         m.apply(snapshot(10))
     assert m.seq is None and len(m.state) == 0  # nothing applied

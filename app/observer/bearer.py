@@ -1,7 +1,7 @@
 """The observer's bearer token (``settings.token``): when one is set, a route
 with the ``Auth`` dependency needs ``Authorization: Bearer <token>``; the
 websocket checks the same token itself, also taken as ``?token=``
-(``observer_app.py``).  The comparison is the service's one (``app.core.auth``)."""
+(``observer_app.py``).  The comparison is the service's one (``app.shared.auth``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.core.auth import headers_token_ok, token_matches
-from app.core.errors import Unauthorized, error_body
+from app.shared.auth import headers_token_ok, token_matches
+from app.shared.errors import Unauthorized, error_body
 
 OPEN_PATHS = ("/api/health",)  # what needs no token (besides the page, its files and /docs)
 

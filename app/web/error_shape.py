@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.errors import (
+from app.shared.errors import (
     Conflict,
     InvalidInput,
     NotFound,

@@ -34,7 +34,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.errors import error_body, send_error
+from app.shared.errors import error_body, send_error
 
 DEFAULT_BODY_TIMEOUT_S = 30.0
 

@@ -1,3 +1,3 @@
 """What the pool service and the observer share: settings, errors, auth,
-serving, figures, the frontend's files.
+serving, the frontend's files (counters: blockpool.common.figures).
 """

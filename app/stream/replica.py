@@ -1,9 +1,9 @@
-"""PoolMirror: applies stream frames and keeps an exact copy of the pool.
+"""PoolReplica: applies stream frames and keeps an exact copy of the pool.
 
 Pure (no I/O): the reference for the browser code and what the Python client
 uses.  After a snapshot at seq S it accepts deltas S+1, S+2, ... in order; a
-delta with another seq raises Gap, and the caller resumes from
-``mirror.next_seq`` (or asks for a snapshot).
+delta with another seq raises FrameGap, and the caller resumes from
+``replica.next_seq`` (or asks for a snapshot).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from app.stream import protocol as p
 FREE_STATES = (2, 3)
 
 
-class Gap(Exception):
+class FrameGap(Exception):
     def __init__(self, expected: int, got: int) -> None:
         super().__init__(f"expected frame {expected}, got {got}")
         self.expected = expected
         self.got = got
 
 
-class PoolMirror:
+class PoolReplica:
     def __init__(self, keep_events: int = 10_000) -> None:
         self.config: dict[str, Any] | None = None
         # the block columns the config frame names (until one came: the protocol's)
@@ -60,7 +60,7 @@ class PoolMirror:
         elif frame.kind == p.SNAPSHOT:
             missing = [name for name in self.block_columns if name not in frame.columns]
             if missing:
-                raise p.ProtocolError(f"the snapshot lacks the columns {missing}")
+                raise p.FrameError(f"the snapshot lacks the columns {missing}")
             for name in self.block_columns:
                 setattr(self, name, frame.columns[name])
             self.header = frame.header
@@ -76,7 +76,7 @@ class PoolMirror:
             if frame.seq <= self.seq:
                 return  # already applied (a resumed range overlaps)
             if frame.seq != self.seq + 1:
-                raise Gap(self.seq + 1, frame.seq)
+                raise FrameGap(self.seq + 1, frame.seq)
             c = frame.columns
             if "ids" in c:
                 ids = c["ids"].astype(np.int64)

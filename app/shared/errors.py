@@ -1,11 +1,15 @@
 """The service's errors: the library's refusals, plus the service's own.
 
-Every 4xx/5xx has one shape (app/web/errors.py maps each class to its HTTP
+Every 4xx/5xx has one shape (app/web/error_shape.py maps each class to its HTTP
 status, once):
 
 {"error": {"status": 409, "code": "not_enough_blocks",
            "message": "allocate needs 50 free blocks but only 12 are free",
            "details": {"requested": 50, "free": 12}}}
+
+Shared name: ``errors`` is each layer's own exceptions (blockpool/core:
+vLLM's assertions, blockpool/runtime: an operation's refusals, app/shared:
+the service's, on the runtime's); app/web/error_shape.py maps them to HTTP.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The settings of the pool service (``Settings``, env prefix ``BLOCKPOOL_``) and
 of the observer (``ObserverSettings``, ``BLOCKPOOL_OBSERVER_``), both on the
-connection limits of ``ServingSettings`` (app/core/serving.py)."""
+connection limits of ``ServingSettings`` (app/shared/serving.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from app.core.serving import ServingSettings
+from app.shared.serving import ServingSettings
 from blockpool.core.free_order import APPEND_ALL, FreeOrder
 from blockpool.kvevents.config import KVEventsConfig, SourceSpec, plan_sources
 from blockpool.shadow import POLICY_NAMES, policy_name
