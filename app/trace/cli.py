@@ -20,14 +20,14 @@ from app.trace.cli_sched import add_scheduler_arguments, scheduler_lines, timed_
 from blockpool.core.free_order import FREE_ORDERS
 from blockpool.core.hashing import HASH_FUNCTIONS
 from blockpool.trace import TraceError, parse_capacities, read_trace
-from blockpool.trace.optimal import OptimalCurve
-from blockpool.trace.replay import (
+from blockpool.trace.plan.report import (
     DEFAULT_FREE_ORDER,
     MODES,
     TraceReport,
     free_order_label,
     replay_trace,
 )
+from blockpool.trace.replay.optimal import OptimalCurve
 
 
 def add_parser(sub: Any) -> None:

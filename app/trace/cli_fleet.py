@@ -28,7 +28,6 @@ from app.trace.cli_sched import timed_config
 from app.trace.fleet_output import render_csv, render_json, render_table
 from blockpool.core.free_order import FREE_ORDERS
 from blockpool.trace import TraceError, parse_capacities, read_trace
-from blockpool.trace.capacity import Capacity, KVLayout
 from blockpool.trace.fleet import (
     EXECUTORS,
     ROUTERS,
@@ -40,7 +39,8 @@ from blockpool.trace.fleet import (
 from blockpool.trace.fleet.routers import DEFAULT_OVERLAP_WEIGHT, DEFAULT_SESSION_IDS
 from blockpool.trace.fleet.stepfit import fit_from_scrape, read_scrape
 from blockpool.trace.fleet.targets import FleetTarget, check_targets, smallest_fleet
-from blockpool.trace.sequence_groups import is_plain
+from blockpool.trace.replay.sequence_groups import is_plain
+from blockpool.trace.sizing.capacity import Capacity, KVLayout
 
 MAX_REPLICAS = 4096
 

@@ -1,14 +1,14 @@
 """Drive the engine from a production trace at its timestamps (instead of the demo).
 
 Requests arrive at ``timestamp / speed`` after the start and go through
-vLLM 0.16's scheduler (``blockpool.trace.scheduler``, the timed replay's),
+vLLM 0.16's scheduler (``blockpool.trace.sched.scheduler``, the timed replay's),
 synchronous, with chunked prefill: at most ``prefill_chunk`` prompt tokens of
 one request a step (its ``long_prefill_token_threshold``), at most
 ``step_tokens`` tokens a step (``max_num_batched_tokens``), at most
 ``max_running`` requests running (``max_num_seqs``); a request that cannot
 grow preempts the newest running one, recomputed later from its prompt and
 the tokens it had.  The scheduler's slots are the runtime's operations
-(``blockpool.trace.runtime_slots``): an admission looks up the whole
+(``blockpool.trace.sched.runtime_slots``): an admission looks up the whole
 prompt's cached prefix and admits that prefix and its first chunk, later
 chunks and decode tokens are appended, a finish or a preemption frees.
 
@@ -41,10 +41,10 @@ from app.pool.workload_task import WorkloadTask
 from app.trace.limits import TraceRefused, check_trace
 from blockpool.core.free_order import check_free_order
 from blockpool.trace import Trace
-from blockpool.trace.engine import StepModel
-from blockpool.trace.planner import bound_at
-from blockpool.trace.runtime_slots import RuntimeSlots, live_request
-from blockpool.trace.scheduler import Scheduler, SchedulerConfig
+from blockpool.trace.plan.planner import bound_at
+from blockpool.trace.sched.engine_core import StepModel
+from blockpool.trace.sched.runtime_slots import RuntimeSlots, live_request
+from blockpool.trace.sched.scheduler import Scheduler, SchedulerConfig
 
 if TYPE_CHECKING:
     from app.pool.engine import Engine

@@ -25,20 +25,7 @@ from typing import Any, TextIO
 from blockpool.core.attention import GroupSpec
 from blockpool.core.free_order import FreeOrder
 from blockpool.core.hashing import get_hash_fn_by_name
-from blockpool.trace.capacity import (
-    KV_CACHE_DTYPES,
-    Capacity,
-    KVLayout,
-    block_bytes_of,
-    flat_bytes,
-    groups_only,
-    parse_capacity_list,
-    parse_kv_cache_groups,
-    read_model_config,
-)
-from blockpool.trace.keys import BlockKeys
-from blockpool.trace.optimal import OptimalCurve
-from blockpool.trace.planner import (
+from blockpool.trace.plan.planner import (
     NO_OPTIMUM,
     NO_SHADOWS,
     POLICIES,
@@ -52,15 +39,28 @@ from blockpool.trace.planner import (
     smallest_group_capacity,
     sweep_range,
 )
-from blockpool.trace.reader import Trace
-from blockpool.trace.replay import DEFAULT_FREE_ORDER
-from blockpool.trace.results import CapacityResult
-from blockpool.trace.sequence_groups import (
+from blockpool.trace.plan.report import DEFAULT_FREE_ORDER
+from blockpool.trace.replay.optimal import OptimalCurve
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.replay.sequence_groups import (
     REASONS_NOTE,
     describe_groups,
     is_plain,
     name_groups,
 )
+from blockpool.trace.sizing.capacity import (
+    KV_CACHE_DTYPES,
+    Capacity,
+    KVLayout,
+    block_bytes_of,
+    flat_bytes,
+    groups_only,
+    parse_capacity_list,
+    parse_kv_cache_groups,
+    read_model_config,
+)
+from blockpool.trace.workload.keys import BlockKeys
+from blockpool.trace.workload.reader import Trace
 
 GIB = 1 << 30
 PROGRESS_EVERY_S = 5.0  # a progress line this often when stderr is not a terminal

@@ -13,13 +13,13 @@ import pytest
 from app.cli import main
 from blockpool.core.free_order import UNCACHED_FIRST
 from blockpool.trace import OnePassCurve, parse_mooncake
-from blockpool.trace.capacity import (
+from blockpool.trace.plan.planner import log_grid, smallest_capacity
+from blockpool.trace.replay.optimal import OptimalCurve
+from blockpool.trace.sizing.capacity import (
     layout_from_config,
     parse_bytes,
     parse_capacity_list,
 )
-from blockpool.trace.optimal import OptimalCurve
-from blockpool.trace.planner import log_grid, smallest_capacity
 from tests.trace.helpers import row, rows_to_lines
 
 LLAMA_8B = {

@@ -14,8 +14,8 @@ from app.cli import main
 from app.trace.planner import Progress
 from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS, UNCACHED_FIRST
 from blockpool.trace import OnePassCurve, Trace, read_trace
-from blockpool.trace.optimal import OptimalCurve
-from blockpool.trace.planner import smallest_capacity, sweep_range
+from blockpool.trace.plan.planner import smallest_capacity, sweep_range
+from blockpool.trace.replay.optimal import OptimalCurve
 from tests.trace.sched_traces import TOKENS_PER_ID, write_trace
 
 
@@ -105,8 +105,8 @@ def test_the_plot_fits_its_axes_to_the_data(trace: Trace, tmp_path: Path) -> Non
     pytest.importorskip("matplotlib")
     from app.trace import planner
     from app.trace.plot import _gib, curve_figure, log_ticks
-    from blockpool.trace.capacity import flat_bytes, parse_capacity_list
-    from blockpool.trace.replay import replay_trace
+    from blockpool.trace.plan.report import replay_trace
+    from blockpool.trace.sizing.capacity import flat_bytes, parse_capacity_list
 
     assert log_ticks(3.3, 100) == [5.0, 10.0, 20.0, 50.0, 100.0]
     assert [_gib(v) for v in (0.5, 1.5, 20.0, 1000.0, 2000.0)] == ["0.5", "1.5", "20", "1,000",

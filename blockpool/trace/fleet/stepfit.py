@@ -25,7 +25,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from blockpool.trace.engine import StepModel
+from blockpool.trace.sched.engine_core import StepModel
 
 ITERATION_TOKENS = "vllm:iteration_tokens_total"
 TTFT = "vllm:time_to_first_token_seconds"

@@ -22,9 +22,9 @@ latent cache is replicated on every rank).  The dtype under ``auto`` is the
 model's, a float32 checkpoint downcast to 16 bits (``_resolve_auto_dtype``,
 l. 1805).  ``num_blocks`` counts the null block.
 
-Several groups (sliding windows): :mod:`blockpool.trace.hf_layers` derives
+Several groups (sliding windows): :mod:`blockpool.trace.sizing.hf_layers` derives
 each layer's attention from the config as vLLM 0.16.0 builds it, and
-:mod:`blockpool.trace.kv_groups` groups the layers as ``get_kv_cache_groups``
+:mod:`blockpool.trace.sizing.kv_groups` groups the layers as ``get_kv_cache_groups``
 (l. 1210) does, with ``_get_kv_cache_groups_uniform_page_size``'s
 ``group_size`` rule (l. 1034-1042) and the hybrid manager off through
 ``unify_hybrid_kv_cache_specs`` (l. 1148).  A block of the shared pool is
@@ -56,8 +56,8 @@ from pathlib import Path
 from typing import Any
 
 from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, AttentionKind, GroupSpec
-from blockpool.trace.hf_layers import layer_attention
-from blockpool.trace.kv_groups import kv_cache_groups
+from blockpool.trace.sizing.hf_layers import layer_attention
+from blockpool.trace.sizing.kv_groups import kv_cache_groups
 
 # decimal and binary units (case-insensitive); a bare number is tokens
 _UNITS = {
