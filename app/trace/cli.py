@@ -19,15 +19,14 @@ from app.trace import cli_fleet, planner
 from app.trace.cli_sched import add_scheduler_arguments, scheduler_lines, timed_config
 from blockpool.core.free_order import FREE_ORDERS
 from blockpool.core.hashing import HASH_FUNCTIONS
-from blockpool.trace import TraceError, parse_capacities, read_trace
+from blockpool.trace import TraceError, read_trace
+from blockpool.trace.plan import capacity_plan
 from blockpool.trace.plan.report import (
     DEFAULT_FREE_ORDER,
     MODES,
     TraceReport,
     free_order_label,
-    replay_trace,
 )
-from blockpool.trace.replay.optimal import OptimalCurve
 
 
 def add_parser(sub: Any) -> None:
@@ -78,15 +77,6 @@ def add_serve_flags(s: argparse.ArgumentParser) -> None:
           help="start the trace over when it ends")  # fmt: skip
 
 
-def _capacities(args: argparse.Namespace) -> list[int | None]:
-    """``--capacity-tokens`` (``--capacity-blocks`` is :func:`_capacity_blocks`)."""
-    return parse_capacities(args.capacity_tokens) if args.capacity_tokens else []
-
-
-def _capacity_blocks(args: argparse.Namespace) -> list[int | None]:
-    return parse_capacities(args.capacity_blocks) if args.capacity_blocks else []
-
-
 def _fmt_cap(v: int | None) -> str:
     return "inf" if v is None else str(v)
 
@@ -101,7 +91,7 @@ def _duration(seconds: float) -> str:
 def render(
     report: TraceReport,
     path: str,
-    plan: planner.Plan | None = None,
+    plan: capacity_plan.Plan | None = None,
     wall_seconds: float | None = None,
 ) -> str:
     took = f"replay {_duration(report.seconds)}"
@@ -134,40 +124,13 @@ def main(args: argparse.Namespace) -> int:
         return cli_fleet.main(args)
     started = time.perf_counter()
     try:
-        layout = planner.layout_of(args)
-        groups = planner.groups_of(layout, args.block_size)
-        policies = planner.parse_policies(args.policies, args.mode)
-        caps = planner.capacities_of(args, layout, _capacities(args), _capacity_blocks(args))
+        setup = capacity_plan.prepare(planner.request_of(args))
         trace = read_trace(args.path, args.tokens_per_id)
         progress = planner.progress_for(args)
-        if args.sweep:
-            opt = OptimalCurve(trace, args.block_size)
-            caps = planner.sweep_capacities(args, caps, opt, trace, groups)
-        plan = planner.Plan(caps, layout, policies, groups=groups, mode=args.mode)
-        planner.check_groups(plan)
-        label = "one pass" if args.mode == "sequence" else args.mode
-        report = replay_trace(
-            trace,
-            mode=args.mode,
-            block_size=args.block_size,
-            capacities_tokens=[c.capacity_tokens for c in caps],
-            hash_name=args.hash_name,
-            free_order=args.free_order,
-            timed=timed_config(args, layout),
-            one_pass=args.one_pass,
-            progress=progress.bar(f"{label} ({len(caps)} capacities)"),
-            groups=groups,
-        )
-        planner.annotate(report.results, caps, groups)
-        if args.mode == "sequence":
-            planner.run_policies(plan, trace, args.block_size, report.results, progress)
-        if args.target_hit_rate is not None:
-            if args.mode != "sequence":
-                raise ValueError("--target-hit-rate searches sequence-mode replays only")
-            planner.find_target(
-                plan, trace, args.block_size, args.target_hit_rate, progress, args.hash_name,
-                args.free_order,
-            )  # fmt: skip
+        plan = setup.plan_for(trace)
+        timed = timed_config(args, setup.layout)
+        result = capacity_plan.run_plan(setup, plan, trace, timed, progress.bar)
+        report = result.report
         if args.plot:
             from app.trace.plot import plot_curve
 
@@ -178,7 +141,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     wall = time.perf_counter() - started
     if args.json:
-        doc = {"file": args.path, **report.to_json(), **plan.info(args.block_size)}
+        doc = {"file": args.path, **result.to_json()}
         print(json.dumps({**doc, "wall_seconds": wall}))
     elif args.csv:
         csv_text = planner.render_csv(report.results, plan, report.mode, report.free_order)

@@ -39,6 +39,7 @@ from blockpool.trace.fleet import (
 from blockpool.trace.fleet.routers import DEFAULT_OVERLAP_WEIGHT, DEFAULT_SESSION_IDS
 from blockpool.trace.fleet.stepfit import fit_from_scrape, read_scrape
 from blockpool.trace.fleet.targets import FleetTarget, check_targets, smallest_fleet
+from blockpool.trace.plan.capacity_plan import capacities_of, groups_of
 from blockpool.trace.replay.sequence_groups import is_plain
 from blockpool.trace.sizing.capacity import Capacity, KVLayout
 
@@ -113,7 +114,7 @@ def _free_orders(args: argparse.Namespace) -> list[str]:
 def _capacities(args: argparse.Namespace, layout: KVLayout | None) -> list[Capacity]:
     legacy = parse_capacities(args.capacity_tokens) if args.capacity_tokens else []
     legacy_b = parse_capacities(args.capacity_blocks) if args.capacity_blocks else []
-    return planner.capacities_of(args, layout, legacy, legacy_b)
+    return capacities_of(args.capacity, args.block_size, layout, legacy, legacy_b)
 
 
 def _refuse(args: argparse.Namespace) -> None:
@@ -137,8 +138,8 @@ def build(args: argparse.Namespace) -> tuple[FleetSpec, list[FleetJob], dict[str
     """The spec and jobs the flags ask for (ValueError naming the flag when bad)."""
     _refuse(args)
     check_targets(args.target_hit_rate, args.target_ttft_p99)
-    layout = planner.layout_of(args)
-    groups = planner.groups_of(layout, args.block_size)
+    layout = planner.layout_request(args).layout()
+    groups = groups_of(layout, args.block_size)
     if not is_plain(groups):
         raise ValueError("fleet planning models one full-attention KV-cache group")
     replicas = _int_list(args.replicas, "--replicas")
