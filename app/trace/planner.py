@@ -4,7 +4,7 @@ pool reaching a hit rate; the request they make
 (:class:`~blockpool.trace.plan.capacity_plan.PlanRequest`, planned in the
 library), and the table / CSV and progress they print.
 
-``app/trace/cli.py`` calls :func:`add_planner_args` and :func:`request_of`;
+``app/cli/trace.py`` calls :func:`add_planner_args` and :func:`request_of`;
 the rest of its flags (modes, hashing, timed mode) live there.
 
 A layout of sliding-window KV-cache groups has no optimum column (the
@@ -212,7 +212,7 @@ def layout_request(args: argparse.Namespace) -> LayoutRequest:
 
 
 def request_of(args: argparse.Namespace) -> PlanRequest:
-    """The plan the flags ask for (timed mode's scheduler: ``cli_sched``)."""
+    """The plan the flags ask for (timed mode's scheduler: ``app.cli.trace_sched``)."""
     return PlanRequest(
         layout=layout_request(args),
         mode=args.mode,

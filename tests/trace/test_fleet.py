@@ -317,7 +317,7 @@ def test_ray_is_not_imported_unless_chosen() -> None:
 
     code = (
         "import sys\n"
-        "from app.trace import cli_fleet, fleet_output\n"
+        "from app.cli import trace_fleet\nfrom app.trace import fleet_output\n"
         "from blockpool.trace.fleet import FleetJob, FleetSpec, run_sweep\n"
         "from tests.trace.fleet_traces import conversation_trace\n"
         "t = conversation_trace(conversations=4, one_offs=2)\n"

@@ -8,7 +8,7 @@ is replayed with every replica an exact pool of its own
 (``--executor ray --ray-address ...``).  Prints a table (or ``--csv``,
 ``--json``), draws ``--plot``, and with ``--target-hit-rate`` /
 ``--target-ttft-p99`` answers the smallest fleet of the sweep meeting them.
-Timed mode takes the scheduler flags of ``cli_sched.py``; its step model
+Timed mode takes the scheduler flags of ``trace_sched.py``; its step model
 from them, from ``--step-model`` or fitted from a saved ``/metrics`` scrape
 (``--step-model-metrics``).
 """
@@ -23,8 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from app.cli.trace_sched import timed_config
 from app.trace import planner
-from app.trace.cli_sched import timed_config
 from app.trace.fleet_output import render_csv, render_json, render_table
 from blockpool.core.free_order import FREE_ORDERS
 from blockpool.trace import TraceError, parse_capacities, read_trace

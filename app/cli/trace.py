@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.trace import cli_fleet, planner
-from app.trace.cli_sched import add_scheduler_arguments, scheduler_lines, timed_config
+from app.cli import trace_fleet
+from app.cli.trace_sched import add_scheduler_arguments, scheduler_lines, timed_config
+from app.trace import planner
 from blockpool.core.free_order import FREE_ORDERS
 from blockpool.core.hashing import HASH_FUNCTIONS
 from blockpool.trace import TraceError, read_trace
@@ -66,7 +67,7 @@ def add_parser(sub: Any) -> None:
                    help="no progress on stderr")  # fmt: skip
     add_scheduler_arguments(t)
     planner.add_planner_args(t)
-    cli_fleet.add_fleet_args(t)
+    trace_fleet.add_fleet_args(t)
 
 
 def add_serve_flags(s: argparse.ArgumentParser) -> None:
@@ -121,7 +122,7 @@ def render(
 
 def main(args: argparse.Namespace) -> int:
     if args.replicas is not None:
-        return cli_fleet.main(args)
+        return trace_fleet.main(args)
     started = time.perf_counter()
     try:
         setup = capacity_plan.prepare(planner.request_of(args))
