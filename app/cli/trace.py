@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from app.cli import trace_fleet
+from app.cli.field_flags import add_field_flags, flag_fields, from_args
 from app.cli.trace_sched import add_scheduler_arguments, scheduler_lines, timed_config
 from app.trace import planner
 from blockpool.core.free_order import FREE_ORDERS
 from blockpool.core.hashing import HASH_FUNCTIONS
 from blockpool.trace import TraceError, read_trace
 from blockpool.trace.plan import capacity_plan
+from blockpool.trace.plan.capacity_plan import LayoutRequest, PlanRequest
 from blockpool.trace.plan.report import (
     DEFAULT_FREE_ORDER,
     MODES,
@@ -66,8 +68,38 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress on stderr")  # fmt: skip
     add_scheduler_arguments(t)
-    planner.add_planner_args(t)
+    add_planner_args(t)
     trace_fleet.add_fleet_args(t)
+
+
+def add_planner_args(t: argparse.ArgumentParser) -> None:
+    """The capacity-planning flags: generated from the request's fields (the
+    capacity list, the layout's, then the planner's questions), and how the
+    answer is printed."""
+    g = t.add_argument_group("capacity planning")
+    add_field_flags(g, PlanRequest, ["capacity"])
+    add_field_flags(g, LayoutRequest)
+    add_field_flags(g, PlanRequest, [n for n in flag_fields(PlanRequest) if n != "capacity"])
+    g.add_argument("--csv", action="store_true", help="print the table as CSV")
+    g.add_argument(
+        "--plot",
+        default=None,
+        metavar="PNG",
+        help="draw LRU, the optimum and the unbounded ceiling (the plot extra)",
+    )
+    g.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def layout_request(args: argparse.Namespace) -> LayoutRequest:
+    """The KV layout the flags name."""
+    request: LayoutRequest = from_args(LayoutRequest, args)
+    return request
+
+
+def request_of(args: argparse.Namespace) -> PlanRequest:
+    """The plan the flags ask for (timed mode's scheduler: ``trace_sched``)."""
+    request: PlanRequest = from_args(PlanRequest, args, layout=layout_request(args), timed=None)
+    return request
 
 
 def add_serve_flags(s: argparse.ArgumentParser) -> None:
@@ -125,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
         return trace_fleet.main(args)
     started = time.perf_counter()
     try:
-        setup = capacity_plan.prepare(planner.request_of(args))
+        setup = capacity_plan.prepare(request_of(args))
         trace = read_trace(args.path, args.tokens_per_id)
         progress = planner.progress_for(args)
         plan = setup.plan_for(trace)

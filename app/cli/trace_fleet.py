@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from app.cli.field_flags import from_args
 from app.cli.trace_sched import timed_config
 from app.trace import planner
 from app.trace.fleet_output import render_csv, render_json, render_table
@@ -39,7 +40,7 @@ from blockpool.trace.fleet import (
 from blockpool.trace.fleet.routers import DEFAULT_OVERLAP_WEIGHT, DEFAULT_SESSION_IDS
 from blockpool.trace.fleet.stepfit import fit_from_scrape, read_scrape
 from blockpool.trace.fleet.targets import FleetTarget, check_targets, smallest_fleet
-from blockpool.trace.plan.capacity_plan import capacities_of, groups_of
+from blockpool.trace.plan.capacity_plan import LayoutRequest, capacities_of, groups_of
 from blockpool.trace.replay.sequence_groups import is_plain
 from blockpool.trace.sizing.capacity import Capacity, KVLayout
 
@@ -138,7 +139,7 @@ def build(args: argparse.Namespace) -> tuple[FleetSpec, list[FleetJob], dict[str
     """The spec and jobs the flags ask for (ValueError naming the flag when bad)."""
     _refuse(args)
     check_targets(args.target_hit_rate, args.target_ttft_p99)
-    layout = planner.layout_request(args).layout()
+    layout = from_args(LayoutRequest, args).layout()
     groups = groups_of(layout, args.block_size)
     if not is_plain(groups):
         raise ValueError("fleet planning models one full-attention KV-cache group")

@@ -1,11 +1,8 @@
-"""``blockpool trace``'s capacity-planner flags: pool sizes in memory, the
-optimal bound and other policies beside LRU, a dense sweep, the smallest
-pool reaching a hit rate; the request they make
-(:class:`~blockpool.trace.plan.capacity_plan.PlanRequest`, planned in the
-library), and the table / CSV and progress they print.
-
-``app/cli/trace.py`` calls :func:`add_planner_args` and :func:`request_of`;
-the rest of its flags (modes, hashing, timed mode) live there.
+"""What ``blockpool trace`` prints of a capacity plan
+(:class:`~blockpool.trace.plan.capacity_plan.PlanResult`, planned in the
+library): the table, the CSV, the target's and the groups' lines, and the
+progress on stderr.  The flags and the request they make are
+``app/cli/trace.py``'s.
 
 A layout of sliding-window KV-cache groups has no optimum column (the
 reason is printed in its place) and no miss reasons (hit and missed tokens).
@@ -21,104 +18,14 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from blockpool.trace.plan.capacity_plan import LayoutRequest, Plan, PlanRequest, usable_tokens_of
-from blockpool.trace.plan.planner import NO_OPTIMUM, POLICIES
+from blockpool.trace.plan.capacity_plan import Plan, usable_tokens_of
+from blockpool.trace.plan.planner import NO_OPTIMUM
 from blockpool.trace.replay.results import CapacityResult
 from blockpool.trace.replay.sequence_groups import REASONS_NOTE, name_groups
-from blockpool.trace.sizing.capacity import KV_CACHE_DTYPES, block_bytes_of
+from blockpool.trace.sizing.capacity import block_bytes_of
 
 GIB = 1 << 30
 PROGRESS_EVERY_S = 5.0  # a progress line this often when stderr is not a terminal
-
-
-def add_planner_args(t: argparse.ArgumentParser) -> None:
-    g = t.add_argument_group("capacity planning")
-    g.add_argument(
-        "--capacity",
-        default=None,
-        metavar="LIST",
-        help="comma list of pool sizes: bytes per GPU with a unit (8GiB, 500MB, 1.5TB; "
-        "needs --model-config or --bytes-per-token), tokens as a bare number, or 'inf'",
-    )
-    g.add_argument(
-        "--model-config",
-        default=None,
-        metavar="CONFIG_JSON",
-        help="a Hugging Face config.json: layers, KV heads, head size, MLA",
-    )
-    g.add_argument(
-        "--bytes-per-token",
-        type=int,
-        default=None,
-        metavar="N",
-        help="KV bytes per token on one GPU, all layers (instead of a model)",
-    )
-    g.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=["auto", *KV_CACHE_DTYPES],
-        help="KV cache element type, as vLLM's flag (default auto: the model's)",
-    )
-    g.add_argument(
-        "--tensor-parallel-size",
-        type=int,
-        default=1,
-        metavar="TP",
-        help="GPUs sharing the KV heads (default 1)",
-    )
-    g.add_argument(
-        "--disable-hybrid-kv-cache-manager",
-        action="store_true",
-        help="as vLLM's flag: sliding-window layers beside full ones become full attention",
-    )
-    g.add_argument(
-        "--disable-sliding-window",
-        action="store_true",
-        help="as vLLM's flag: every layer full attention (max_model_len capped at the window)",
-    )
-    g.add_argument(
-        "--kv-cache-groups",
-        default=None,
-        metavar="SPEC",
-        help="the KV-cache groups without a model config: comma list of full and "
-        "sliding:WINDOW, each with an optional xCOUNT (full,sliding:4096x3); with "
-        "--bytes-per-token N, N is a token's bytes in one group",
-    )
-    g.add_argument(
-        "--policies",
-        default="optimal",
-        metavar="LIST",
-        help=f"beside the replay's own LRU: {', '.join(POLICIES)} or none "
-        "(sequence mode; default optimal)",
-    )
-    g.add_argument(
-        "--sweep",
-        action="store_true",
-        help="a dense log-spaced curve (between the --capacity extremes, or "
-        "from the smallest pool refusing nothing to one that never evicts)",
-    )
-    g.add_argument(
-        "--sweep-points",
-        type=int,
-        default=32,
-        metavar="N",
-        help="capacities in a --sweep (default 32)",
-    )
-    g.add_argument(
-        "--target-hit-rate",
-        type=float,
-        default=None,
-        metavar="RATE",
-        help="also answer the smallest pool whose hit rate reaches RATE (0-1)",
-    )
-    g.add_argument("--csv", action="store_true", help="print the table as CSV")
-    g.add_argument(
-        "--plot",
-        default=None,
-        metavar="PNG",
-        help="draw LRU, the optimum and the unbounded ceiling (the plot extra)",
-    )
-    g.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
 # ------------------------------------------------------------------ progress
@@ -193,41 +100,6 @@ def progress_for(args: argparse.Namespace, stream: TextIO | None = None) -> Prog
     if getattr(args, "quiet", False) or args.progress is False:
         return Progress(None)
     return Progress(stream, tty=bool(args.progress) or stream.isatty())
-
-
-# ------------------------------------------------------------------ request
-
-
-def layout_request(args: argparse.Namespace) -> LayoutRequest:
-    """The KV layout the flags name."""
-    return LayoutRequest(
-        model_config=args.model_config,
-        bytes_per_token=args.bytes_per_token,
-        kv_cache_dtype=args.kv_cache_dtype,
-        tensor_parallel_size=args.tensor_parallel_size,
-        disable_sliding_window=getattr(args, "disable_sliding_window", False),
-        disable_hybrid_kv_cache_manager=getattr(args, "disable_hybrid_kv_cache_manager", False),
-        kv_cache_groups=getattr(args, "kv_cache_groups", None),
-    )
-
-
-def request_of(args: argparse.Namespace) -> PlanRequest:
-    """The plan the flags ask for (timed mode's scheduler: ``app.cli.trace_sched``)."""
-    return PlanRequest(
-        layout=layout_request(args),
-        mode=args.mode,
-        block_size=args.block_size,
-        capacity=args.capacity,
-        capacity_tokens=args.capacity_tokens,
-        capacity_blocks=args.capacity_blocks,
-        policies=args.policies,
-        sweep=args.sweep,
-        sweep_points=args.sweep_points,
-        target_hit_rate=args.target_hit_rate,
-        hash_name=args.hash_name,
-        free_order=args.free_order,
-        one_pass=args.one_pass,
-    )
 
 
 # ------------------------------------------------------------------- output

@@ -300,3 +300,29 @@ def test_the_library_plan_is_the_commands(
         k: v for k, v in doc.items() if k not in timings
     }
     assert "target" in got and len(got["results"]) >= 3
+
+
+def test_the_planner_flags_are_the_requests_fields() -> None:
+    """Each flag field of the request is a ``blockpool trace`` flag with the
+    field's default; a ``Literal`` gives the choices."""
+    import dataclasses
+    import typing
+
+    from app.cli import parser
+    from app.cli.field_flags import flag_fields
+    from blockpool.trace.plan.capacity_plan import LayoutRequest, PlanRequest
+    from blockpool.trace.sizing.capacity import KV_CACHE_DTYPES, KVCacheDtype
+
+    assert typing.get_args(KVCacheDtype) == ("auto", *KV_CACHE_DTYPES)
+    trace = parser()._subparsers._group_actions[0].choices["trace"]
+    actions = {a.dest: a for a in trace._actions}
+    for cls in (LayoutRequest, PlanRequest):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name in flag_fields(cls):
+            action = actions[name]
+            assert action.option_strings == [f"--{name.replace('_', '-')}"]
+            assert action.default == fields[name].default
+            assert action.help == fields[name].metadata["help"]
+    assert actions["kv_cache_dtype"].choices == ["auto", *KV_CACHE_DTYPES]
+    assert actions["sweep_points"].type is int and actions["target_hit_rate"].type is float
+    assert len(flag_fields(LayoutRequest)) == 7 and len(flag_fields(PlanRequest)) == 5

@@ -55,6 +55,7 @@ from blockpool.trace.sched.group_slots import needs_groups
 from blockpool.trace.sched.timed import TimedConfig
 from blockpool.trace.sizing.capacity import (
     Capacity,
+    KVCacheDtype,
     KVLayout,
     block_bytes_of,
     flat_bytes,
@@ -78,20 +79,58 @@ def no_bars(_label: str, _unit: str) -> ProgressFn | None:
 # ------------------------------------------------------------------ request
 
 
+def flag(text: str, metavar: str | None = None) -> dict[str, Any]:
+    """A request field's flag: its help, the placeholder its help shows
+    (type, default and choices come from the field)."""
+    return {"help": text, "metavar": metavar}
+
+
 @dataclass(frozen=True)
 class LayoutRequest:
     """The pool's KV layout: a Hugging Face ``config.json`` (``model_config``)
     as vLLM reads it, or bytes a token (``bytes_per_token``) and/or the
     KV-cache groups by name (``kv_cache_groups``: ``full,sliding:4096x3``);
-    nothing: sizes in tokens and blocks only."""
+    nothing: sizes in tokens and blocks only.  Each field is a flag of
+    ``blockpool trace`` (its metadata: :func:`flag`)."""
 
-    model_config: str | None = None
-    bytes_per_token: int | None = None
-    kv_cache_dtype: str = "auto"
-    tensor_parallel_size: int = 1
-    disable_sliding_window: bool = False
-    disable_hybrid_kv_cache_manager: bool = False
-    kv_cache_groups: str | None = None
+    model_config: str | None = field(
+        default=None,
+        metadata=flag(
+            "a Hugging Face config.json: layers, KV heads, head size, MLA", "CONFIG_JSON"
+        ),
+    )
+    bytes_per_token: int | None = field(
+        default=None,
+        metadata=flag("KV bytes per token on one GPU, all layers (instead of a model)", "N"),
+    )
+    kv_cache_dtype: KVCacheDtype = field(
+        default="auto",
+        metadata=flag("KV cache element type, as vLLM's flag (default auto: the model's)"),
+    )
+    tensor_parallel_size: int = field(
+        default=1, metadata=flag("GPUs sharing the KV heads (default 1)", "TP")
+    )
+    disable_hybrid_kv_cache_manager: bool = field(
+        default=False,
+        metadata=flag(
+            "as vLLM's flag: sliding-window layers beside full ones become full attention"
+        ),
+    )
+    disable_sliding_window: bool = field(
+        default=False,
+        metadata=flag(
+            "as vLLM's flag: every layer full attention (max_model_len capped at the window)"
+        ),
+    )
+    kv_cache_groups: str | None = field(
+        default=None,
+        metadata=flag(
+            "the KV-cache groups without a model config: comma list of full and "
+            "sliding:WINDOW, each with an optional xCOUNT (full,sliding:4096x3); with "
+            "--bytes-per-token N, N is a token's bytes in one group",
+            "SPEC",
+        ),
+    )
 
     def layout(self) -> KVLayout | None:
         """The layout asked for (ValueError naming the flag when the request
@@ -129,18 +168,45 @@ class PlanRequest:
     whatever the groups; ``inf``); none: one pool that never evicts.
     ``policies``: a comma list beside the replay's LRU
     (:data:`~blockpool.trace.plan.planner.POLICIES` or ``none``).
-    ``timed``: timed mode's scheduler (its groups come from the layout)."""
+    ``timed``: timed mode's scheduler (its groups come from the layout).
+    The planner's own flags are fields with :func:`flag` metadata; the
+    others are the replay's (``blockpool trace``'s general flags)."""
 
     layout: LayoutRequest = field(default_factory=LayoutRequest)
     mode: str = "sequence"
     block_size: int = 16
-    capacity: str | None = None
+    capacity: str | None = field(
+        default=None,
+        metadata=flag(
+            "comma list of pool sizes: bytes per GPU with a unit (8GiB, 500MB, 1.5TB; "
+            "needs --model-config or --bytes-per-token), tokens as a bare number, or 'inf'",
+            "LIST",
+        ),
+    )
     capacity_tokens: str | None = None
     capacity_blocks: str | None = None
-    policies: str = "optimal"
-    sweep: bool = False
-    sweep_points: int = 32
-    target_hit_rate: float | None = None
+    policies: str = field(
+        default="optimal",
+        metadata=flag(
+            f"beside the replay's own LRU: {', '.join(POLICIES)} or none "
+            "(sequence mode; default optimal)",
+            "LIST",
+        ),
+    )
+    sweep: bool = field(
+        default=False,
+        metadata=flag(
+            "a dense log-spaced curve (between the --capacity extremes, or "
+            "from the smallest pool refusing nothing to one that never evicts)"
+        ),
+    )
+    sweep_points: int = field(
+        default=32, metadata=flag("capacities in a --sweep (default 32)", "N")
+    )
+    target_hit_rate: float | None = field(
+        default=None,
+        metadata=flag("also answer the smallest pool whose hit rate reaches RATE (0-1)", "RATE"),
+    )
     hash_name: str = "sha256"
     free_order: FreeOrder = DEFAULT_FREE_ORDER
     one_pass: bool | None = None

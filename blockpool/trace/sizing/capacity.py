@@ -53,7 +53,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, AttentionKind, GroupSpec
 from blockpool.trace.sizing.hf_layers import layer_attention
@@ -90,6 +90,11 @@ KV_CACHE_DTYPES = {
     "int8": 1,
     "fp8_inc": 1,
 }
+# vLLM's --kv-cache-dtype: auto (the model's) or one of KV_CACHE_DTYPES
+KVCacheDtype = Literal[
+    "auto", "float32", "float", "float16", "half", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2",
+    "int8", "fp8_inc",
+]  # fmt: skip
 # the model's dtype under --dtype auto: vLLM runs a float32 checkpoint in the
 # GPU's preferred 16-bit type (config/model.py, _resolve_auto_dtype: "Downcast
 # for float32 models"), so its KV cache is 2 bytes an element too
