@@ -34,8 +34,8 @@ from bench.output import write_json
 from bench.trace_bench.conversation import write_conversation
 from blockpool.core.free_order import APPEND_ALL, UNCACHED_FIRST
 from blockpool.trace import OnePassCurve, read_trace
-from blockpool.trace.optimal import OptimalCurve
-from blockpool.trace.planner import smallest_capacity
+from blockpool.trace.plan.planner import smallest_capacity
+from blockpool.trace.replay.optimal import OptimalCurve
 
 BLOCK_SIZE = 16
 BLOCKS = [4096, 8192, 20480, 40960]

@@ -28,7 +28,7 @@ requests built and hashed outside the timing on both sides; per request the
 hit tokens and refusals must be equal (bench/trace_bench/groups.py).
 
 ``requests`` --  A timed replay of the trace (vLLM's scheduler with every
-feature off, ``blockpool.trace.timed.simple_scheduler``) is run once on our
+feature off, ``blockpool.trace.sched.timed.simple_scheduler``) is run once on our
 RequestManager and its calls
 recorded (admit with the prompt, one append per decode token, finish); the
 same calls are then replayed, alternating A/B, on our RequestManager and on

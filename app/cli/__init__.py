@@ -6,7 +6,8 @@ Flags override ``BLOCKPOOL_*`` environment settings, which override defaults.
 This package: the parser and the dispatch; the flags of each command
 (serve_flags, observe_flags, serving_flags), their generated defaults
 (help_defaults), the settings they give (settings), the commands
-(commands) and the uvicorn run (server).
+(commands) and the uvicorn run (server); ``replay`` (replay) and ``trace``
+(trace, with trace_sched: timed mode's scheduler, trace_fleet: --replicas).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from app.cli import replay as cli_replay
+from app.cli import trace as cli_trace
 from app.cli.commands import observe, serve
 from app.cli.observe_flags import add_observe_parser
 from app.cli.serve_flags import add_serve_parser
-from app.trace import cli as cli_trace
 
 __all__ = ["main", "parser"]
 
@@ -27,9 +29,7 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
     add_observe_parser(sub)
-    r = sub.add_parser("replay", help="replay a recording (GET /api/history/export), check it")
-    r.add_argument("path", help="the JSON-lines recording")
-    r.add_argument("--json", action="store_true", help="print the report as JSON")
+    cli_replay.add_parser(sub)
     cli_trace.add_parser(sub)
     return ap
 
@@ -41,9 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "observe":
         return observe(args)
     if args.command == "replay":
-        from blockpool.analysis.replay import main as replay_main
-
-        return replay_main([args.path, *(["--json"] if args.json else [])])
+        return cli_replay.main(args)
     if args.command == "trace":
         return cli_trace.main(args)
     return 2  # pragma: no cover - argparse enforces the subcommands

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from app.cli import trace as cli_trace
 from app.cli.help_defaults import with_defaults
 from app.cli.serving_flags import TOKEN_FLAG_NOTE, add_serving_flags
 from app.shared.settings import Settings
-from app.trace import cli as cli_trace
 from blockpool.core.free_order import FREE_ORDERS
 
 

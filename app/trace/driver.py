@@ -1,14 +1,14 @@
 """Drive the engine from a production trace at its timestamps (instead of the demo).
 
 Requests arrive at ``timestamp / speed`` after the start and go through
-vLLM 0.16's scheduler (``blockpool.trace.scheduler``, the timed replay's),
+vLLM 0.16's scheduler (``blockpool.trace.sched.scheduler``, the timed replay's),
 synchronous, with chunked prefill: at most ``prefill_chunk`` prompt tokens of
 one request a step (its ``long_prefill_token_threshold``), at most
 ``step_tokens`` tokens a step (``max_num_batched_tokens``), at most
 ``max_running`` requests running (``max_num_seqs``); a request that cannot
 grow preempts the newest running one, recomputed later from its prompt and
 the tokens it had.  The scheduler's slots are the runtime's operations
-(``blockpool.trace.runtime_slots``): an admission looks up the whole
+(``blockpool.trace.sched.runtime_slots``): an admission looks up the whole
 prompt's cached prefix and admits that prefix and its first chunk, later
 chunks and decode tokens are appended, a finish or a preemption frees.
 
@@ -41,10 +41,10 @@ from app.trace.limits import TraceRefused, check_trace
 from blockpool.common.figures import Figures, counter, helps, rest_view, totals
 from blockpool.core.free_order import check_free_order
 from blockpool.trace import Trace
-from blockpool.trace.engine import StepModel
-from blockpool.trace.planner import bound_at
-from blockpool.trace.runtime_slots import RuntimeSlots, live_request
-from blockpool.trace.scheduler import Scheduler, SchedulerConfig
+from blockpool.trace.plan.planner import bound_at
+from blockpool.trace.sched.engine_core import StepModel
+from blockpool.trace.sched.runtime_slots import RuntimeSlots, live_request
+from blockpool.trace.sched.scheduler import Scheduler, SchedulerConfig
 
 if TYPE_CHECKING:
     from app.pool.engine import Engine
@@ -58,7 +58,7 @@ STEP_TOKENS = 4096
 
 
 @dataclass
-class TraceStats:
+class DriverStats:
     arrived: int = counter(
         "Trace requests arrived (every pass of a looping replay).",
         metric="requests_arrived_total",
@@ -84,7 +84,7 @@ class TraceStats:
 
 
 TRACE_HELP = {
-    **helps(TraceStats),
+    **helps(DriverStats),
     "running": "1 while a trace replay runs.",
     "requests_waiting": "Trace requests arrived and not running.",
 }
@@ -100,7 +100,7 @@ class TraceDriver(WorkloadTask[int]):
         self.step_tokens = STEP_TOKENS
         self.trace: Trace | None = None
         self.name: str | None = None
-        self.stats = TraceStats()
+        self.stats = DriverStats()
         self.figures = Figures(self.metrics, TRACE_HELP)
         self.pending: deque[int] = deque()
         self.clock_ms = 0.0
@@ -147,7 +147,7 @@ class TraceDriver(WorkloadTask[int]):
             self.bound = bound
 
     def _reset(self) -> None:
-        self.stats = TraceStats()
+        self.stats = DriverStats()
         self.pending = deque(range(len(self.trace or ())))
         self.clock_ms = self._sim_ms = 0.0
         self._sched = self._slots = None

@@ -13,10 +13,11 @@ import math
 import textwrap
 from typing import Any
 
-from app.trace.planner import GIB, Plan, usable_tokens_of
+from app.trace.planner import GIB
 from blockpool.core.free_order import UNCACHED_FIRST
-from blockpool.trace.replay import TraceReport, free_order_label
-from blockpool.trace.sequence_groups import name_groups
+from blockpool.trace.plan.capacity_plan import Plan, usable_tokens_of
+from blockpool.trace.plan.report import TraceReport, free_order_label
+from blockpool.trace.replay.sequence_groups import name_groups
 
 NO_PLOT_OPTIMUM = (
     "no optimal bound over sliding-window groups: a window's hit changes which blocks "

@@ -4,7 +4,7 @@
         --tokens-per-id 64 --block-size 16 --blocks 100,200,inf
 
 Requests in file order, one at a time, the whole prompt, as
-``blockpool/trace/sequence.py`` replays them, but every step is vLLM's: the
+``blockpool/trace/replay/sequence.py`` replays them, but every step is vLLM's: the
 block hashes from vLLM's ``Request`` and request block hasher (sha256), the
 longest cached prefix by ``get_cached_block`` up to ``num_tokens - 1``
 tokens, ``touch``, ``get_new_blocks``, ``cache_full_blocks`` and

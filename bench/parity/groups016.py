@@ -5,7 +5,7 @@
 
 ``LAYOUTS.json``: ``{"name": [["full_attention", null], ["sliding_window", 128]], ...}``.
 Requests in file order, one at a time, the whole prompt, as
-``blockpool/trace/sequence_groups.py`` replays them: ``get_computed_blocks``,
+``blockpool/trace/replay/sequence_groups.py`` replays them: ``get_computed_blocks``,
 ``allocate_slots`` for the rest (``None``: refused), ``free``.  Prints one
 JSON line: per layout and pool size (blocks), each request's hit tokens (-1:
 refused), the totals, the evictions (``BlockRemoved`` events) and seconds.
@@ -36,7 +36,7 @@ from vllm.v1.request import Request
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from blockpool.trace import read_trace
-from blockpool.trace.reader import Trace
+from blockpool.trace.workload.reader import Trace
 
 Layout = list[tuple[str, int | None]]
 

@@ -7,7 +7,7 @@ wall time of the loop.  The engine loop mirrors ``EngineCore.step``
 (synchronous) and ``step_with_batch_queue`` with a queue of two
 (asynchronous), on simulated time, with a fake model runner that samples the
 trace's output tokens (``ignore_eos``); arrivals, rejections and refusals as
-``blockpool.trace.scheduled`` has them, so both sides see the same input.
+``blockpool.trace.sched.scheduled`` has them, so both sides see the same input.
 
     VENV016/bin/python bench/parity/sched016.py TRACE --num-blocks 400 \\
         --hf-home DIR [--max-num-batched-tokens 2048 --sync ...]
@@ -156,7 +156,7 @@ def make_scheduler(args: argparse.Namespace) -> Any:
 def group_specs(args: argparse.Namespace) -> list[Any]:
     """The ``--groups`` as blockpool's GroupSpecs (one full-attention group by default)."""
     from blockpool.core.attention import GroupSpec
-    from blockpool.trace.group_slots import parse_groups
+    from blockpool.trace.sched.group_slots import parse_groups
 
     return parse_groups(args.groups, args.block_size) if args.groups else [GroupSpec()]
 
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
 
     ku.init_none_hash(vsha256)
     hasher = ku.get_request_block_hasher(args.block_size, vsha256)
-    from blockpool.trace.group_slots import needs_groups, peak_blocks
+    from blockpool.trace.sched.group_slots import needs_groups, peak_blocks
 
     sched = make_scheduler(args)
     specs = group_specs(args)
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("vllm").setLevel(logging.ERROR)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from blockpool.trace import read_trace
-    from blockpool.trace.reader import Trace
+    from blockpool.trace.workload.reader import Trace
 
     trace = read_trace(args.trace, args.tokens_per_id)
     if args.requests:

@@ -11,11 +11,11 @@ from typing import Any
 from blockpool import BlockPool, init_none_hash, sha256
 from blockpool.core.block_hasher import get_request_block_hasher
 from blockpool.trace import one_pass_curve, read_trace
-from blockpool.trace.keys import make_request
-from blockpool.trace.optimal import OptimalCurve
-from blockpool.trace.reader import Trace
-from blockpool.trace.results import CapacityResult, capacity_blocks
-from blockpool.trace.sequence import SequenceDriver, unbounded_blocks
+from blockpool.trace.replay.optimal import OptimalCurve
+from blockpool.trace.replay.results import CapacityResult, capacity_blocks
+from blockpool.trace.replay.sequence import SequenceDriver, unbounded_blocks
+from blockpool.trace.workload.keys import make_request
+from blockpool.trace.workload.reader import Trace
 
 BLOCK_SIZE = 16
 CAPACITIES = [1 << 16, 1 << 18, 1 << 20, 1 << 21, 1 << 22]  # tokens

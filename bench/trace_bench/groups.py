@@ -13,10 +13,10 @@ from blockpool import BlockPool, init_none_hash, sha256
 from blockpool.core.attention import GroupSpec
 from blockpool.core.block_hasher import get_request_block_hasher
 from blockpool.trace import read_trace
-from blockpool.trace.keys import make_request
-from blockpool.trace.reader import Trace
-from blockpool.trace.results import CapacityResult
-from blockpool.trace.sequence_groups import GroupRequest, GroupSequenceDriver, max_model_len
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.replay.sequence_groups import GroupRequest, GroupSequenceDriver, max_model_len
+from blockpool.trace.workload.keys import make_request
+from blockpool.trace.workload.reader import Trace
 from trace_bench.curve import BLOCK_SIZE
 
 # (kind, window) per group, as vLLM 0.16 groups these models' layers

@@ -9,8 +9,8 @@ from typing import Any
 
 from blockpool import BlockPool, init_none_hash, sha256
 from blockpool.trace import read_trace
-from blockpool.trace.reader import Trace
-from blockpool.trace.results import CapacityResult
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.workload.reader import Trace
 from trace_bench.curve import BLOCK_SIZE
 
 # ---------------------------------------------------------------- request level
@@ -26,7 +26,7 @@ class Recorder:
     counts_misses = False
 
     def __init__(self, manager: Any) -> None:
-        from blockpool.trace.slots import LookupStats
+        from blockpool.trace.sched.slots import LookupStats
 
         self.m = manager
         self.ops: list[Op] = []
@@ -205,9 +205,9 @@ def _windows(ops: list[Op], admits: int) -> list[list[Op]]:
 
 def bench_requests(args: argparse.Namespace) -> dict[str, Any]:
     from blockpool import RequestManager
-    from blockpool.trace.engine import StepModel
-    from blockpool.trace.scheduled import run_scheduled
-    from blockpool.trace.timed import simple_scheduler
+    from blockpool.trace.sched.engine_core import StepModel
+    from blockpool.trace.sched.scheduled import run_scheduled
+    from blockpool.trace.sched.timed import simple_scheduler
 
     init_none_hash(sha256)
     trace = read_trace(args.trace)

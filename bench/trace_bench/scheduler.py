@@ -38,10 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _ours(args: argparse.Namespace, trace: Any) -> tuple[float, Any]:
     from blockpool import BlockPool, init_none_hash, sha256
-    from blockpool.trace.group_slots import parse_groups
-    from blockpool.trace.results import CapacityResult
-    from blockpool.trace.scheduled import run_scheduled
-    from blockpool.trace.scheduler import SchedulerConfig
+    from blockpool.trace.replay.results import CapacityResult
+    from blockpool.trace.sched.group_slots import parse_groups
+    from blockpool.trace.sched.scheduled import run_scheduled
+    from blockpool.trace.sched.scheduler import SchedulerConfig
 
     init_none_hash(sha256)
     blocks = args.capacity_tokens // 16
@@ -60,7 +60,7 @@ def _ours(args: argparse.Namespace, trace: Any) -> tuple[float, Any]:
 
 def bench_scheduler(args: argparse.Namespace) -> dict[str, Any]:
     from blockpool.trace import read_trace
-    from blockpool.trace.reader import Trace
+    from blockpool.trace.workload.reader import Trace
 
     sched016.write_hf_cache(args.hf_home)
     sched016.setup_offline(str(args.hf_home))

@@ -1,5 +1,5 @@
 """The name and version of a mirror's traffic as a trace (written by
-``blockpool/mirror/traffic.py``, read by ``blockpool/trace/traffic.py``)
+``blockpool/mirror/traffic.py``, read by ``blockpool/trace/workload/traffic.py``)
 and the field a recording's request rows carry it in.
 
 A traffic file is JSON lines: a header, then one Mooncake row a request

@@ -4,8 +4,10 @@ on the pool: hit rate, evictions and miss reasons per capacity.
 Pure library: no app imports, no environment reads, no asyncio.
 """
 
-from blockpool.trace.curve import OnePassCurve, one_pass_curve
-from blockpool.trace.reader import (
+from blockpool.trace.replay.curve import OnePassCurve, one_pass_curve
+from blockpool.trace.replay.results import CapacityResult, parse_capacities
+from blockpool.trace.replay.sequence import SequenceDriver, make_pool, replay_pools
+from blockpool.trace.workload.reader import (
     TOKENS_PER_ID,
     Trace,
     TraceError,
@@ -16,8 +18,6 @@ from blockpool.trace.reader import (
     parse_trace,
     read_trace,
 )
-from blockpool.trace.results import CapacityResult, parse_capacities
-from blockpool.trace.sequence import SequenceDriver, make_pool, replay_pools
 
 __all__ = [
     "TOKENS_PER_ID",

@@ -25,13 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("blockpool", "app", "blockpool_vllm")
 REASON = "Shared name:"
 
-# Renamed by the trace restructure (blockpool/trace/, app/trace/), which owns
-# their trace side: blockpool/trace/engine.py's Engine (beside
-# app/pool/engine.py's), blockpool/trace/fleet/stepfit.py's Histogram and
-# app/trace/driver.py's TraceStats (beside the response models
-# app/api/responses/inspect.py's Histogram and trace.py's TraceStats, whose
-# names are OpenAPI component names and stay).  Empty this set when it lands.
-TRACE_RESTRUCTURE = {"Engine", "Histogram", "TraceStats"}
+# (empty: the trace restructure renamed its side -- SimulatedEngineCore,
+# ScrapedHistogram, DriverStats -- and the list only shrinks)
+TRACE_RESTRUCTURE: set[str] = set()
 # Both sides keep their name, with the reason.
 OPENAPI_AND_WIRE = "OpenAPI component name; wire record in blockpool/mirror/protocol.py"
 KEPT_CLASSES: dict[str, str] = {

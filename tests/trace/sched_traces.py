@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 from blockpool.trace import read_trace
-from blockpool.trace.reader import Trace
+from blockpool.trace.workload.reader import Trace
 
 TOKENS_PER_ID = 64
 

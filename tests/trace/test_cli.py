@@ -10,7 +10,7 @@ import pytest
 from app.cli import main
 from blockpool.core.free_order import UNCACHED_FIRST
 from blockpool.trace import one_pass_curve, read_trace
-from blockpool.trace.sequence import pool_accepts_free_order
+from blockpool.trace.replay.sequence import pool_accepts_free_order
 from tests.trace.helpers import row, rows_to_lines
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from app.cli import main
 from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, GroupSpec
-from blockpool.trace.scheduler import SchedulerConfig
+from blockpool.trace.sched.scheduler import SchedulerConfig
 from tests.trace.sched_traces import TOKENS_PER_ID, write_trace
 
 
@@ -93,8 +93,8 @@ def test_a_layout_with_kv_cache_groups_runs_them_and_says_so(
     trace_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from blockpool.trace import read_trace
-    from blockpool.trace.replay import replay_trace
-    from blockpool.trace.timed import TimedConfig
+    from blockpool.trace.plan.report import replay_trace
+    from blockpool.trace.sched.timed import TimedConfig
 
     budget = ["--max-num-batched-tokens", "512"]
     # two groups: 3200 tokens as vLLM logs them = 3200 // 16 * 2 = 400 blocks

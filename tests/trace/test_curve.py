@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from blockpool import BlockPool, NotEnoughBlocksError, RequestManager, check_invariants, sha256
 from blockpool.trace import OnePassCurve, Trace, one_pass_curve, parse_mooncake, read_trace
-from blockpool.trace.keys import BlockKeys, trace_chains
-from blockpool.trace.sequence import SequencePools
+from blockpool.trace.replay.sequence import SequencePools
+from blockpool.trace.workload.keys import BlockKeys, trace_chains
 from tests.trace.helpers import HEAD50, row, rows_to_lines, traces
 
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from blockpool import check_invariants, get_request_block_hasher, sha256
 from blockpool.core.free_order import APPEND_ALL, UNCACHED_FIRST
 from blockpool.trace import OnePassCurve, Trace, parse_mooncake, read_trace
-from blockpool.trace.keys import make_request
-from blockpool.trace.sequence import SequencePools
-from blockpool.trace.sequence_groups import GroupRequest
+from blockpool.trace.replay.sequence import SequencePools
+from blockpool.trace.replay.sequence_groups import GroupRequest
+from blockpool.trace.workload.keys import make_request
 from tests.trace.helpers import HEAD50, row, rows_to_lines, traces
 from tests.trace.sched_traces import TOKENS_PER_ID, write_trace
 from tests.vllm_envs import REPO, vllm033_python

@@ -11,18 +11,18 @@ import pytest
 from blockpool import BlockPool, check_invariants, sha256
 from blockpool.core.free_order import FREE_ORDERS, FreeOrder
 from blockpool.trace import Trace
-from blockpool.trace.engine import StepModel
 from blockpool.trace.fleet import FleetJob, FleetSpec, make_router, run_job, run_sweep
 from blockpool.trace.fleet.routers import ROUTERS, parse_routers, session_key
 from blockpool.trace.fleet.sequence import FleetSequence
 from blockpool.trace.fleet.targets import smallest_fleet
 from blockpool.trace.fleet.timed import FleetTimed
-from blockpool.trace.replay import DEFAULT_FREE_ORDER, replay_trace
-from blockpool.trace.results import CapacityResult
-from blockpool.trace.scheduled import run_scheduled
-from blockpool.trace.scheduler import SchedulerConfig
-from blockpool.trace.sequence import SequencePools
-from blockpool.trace.timed import TimedConfig
+from blockpool.trace.plan.report import DEFAULT_FREE_ORDER, replay_trace
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.replay.sequence import SequencePools
+from blockpool.trace.sched.engine_core import StepModel
+from blockpool.trace.sched.scheduled import run_scheduled
+from blockpool.trace.sched.scheduler import SchedulerConfig
+from blockpool.trace.sched.timed import TimedConfig
 from tests.trace.fleet_traces import conversation_trace
 from tests.trace.helpers import HEAD50
 
@@ -317,7 +317,7 @@ def test_ray_is_not_imported_unless_chosen() -> None:
 
     code = (
         "import sys\n"
-        "from app.trace import cli_fleet, fleet_output\n"
+        "from app.cli import trace_fleet\nfrom app.trace import fleet_output\n"
         "from blockpool.trace.fleet import FleetJob, FleetSpec, run_sweep\n"
         "from tests.trace.fleet_traces import conversation_trace\n"
         "t = conversation_trace(conversations=4, one_offs=2)\n"

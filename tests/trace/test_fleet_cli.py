@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app import main
+from app.cli import main
 from blockpool.trace.fleet import ROUTERS
 from tests.trace.fleet_traces import conversation_trace
 from tests.trace.test_fleet_stepfit import scrape
@@ -128,7 +128,7 @@ def test_the_json_assignment_feeds_independent_pools(
     # what a checker outside the planner does: take each configuration's
     # routed requests from the JSON and replay each replica's on a pool alone
     from blockpool.trace import parse_mooncake
-    from blockpool.trace.replay import replay_trace
+    from blockpool.trace.plan.report import replay_trace
 
     doc = run_json(capsys, str(conv_file), "--tokens-per-id", "16", "--replicas", "3",
                    "--capacity-blocks", "40", "--assignments", "--executor", "serial")  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 
 from blockpool.trace.fleet.stepfit import (
     MAX_SCRAPE_BYTES,
-    Histogram,
+    ScrapedHistogram,
     fit_from_scrape,
     parse_histograms,
     read_scrape,
@@ -71,7 +71,7 @@ def test_series_are_summed_and_quantiles_interpolate() -> None:
     assert h.buckets == {10.0: 2.0, 20.0: 8.0, float("inf"): 8.0}
     assert h.quantile(0.25) == 10.0  # rank 2: the top of the first bucket
     assert h.quantile(0.5) == pytest.approx(10 + 10 * (4 - 2) / 6)
-    assert Histogram("e", {}).quantile(0.5) is None
+    assert ScrapedHistogram("e", {}).quantile(0.5) is None
 
 
 def test_a_scrape_without_the_histograms_is_a_clear_error(tmp_path: Path) -> None:

@@ -13,13 +13,13 @@ from blockpool import BlockPool, check_invariants, init_none_hash, sha256
 from blockpool.core.admission import cdiv
 from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, GroupSpec
 from blockpool.core.metrics import KVCacheMetricsCollector
-from blockpool.trace.group_slots import GroupSlots, parse_groups, peak_blocks
-from blockpool.trace.reader import Trace, TraceRequest
-from blockpool.trace.replay import replay_trace
-from blockpool.trace.results import CapacityResult
-from blockpool.trace.scheduled import ScheduledRun, run_scheduled
-from blockpool.trace.scheduler import SchedulerConfig
-from blockpool.trace.timed import TimedConfig
+from blockpool.trace.plan.report import replay_trace
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.sched.group_slots import GroupSlots, parse_groups, peak_blocks
+from blockpool.trace.sched.scheduled import ScheduledRun, run_scheduled
+from blockpool.trace.sched.scheduler import SchedulerConfig
+from blockpool.trace.sched.timed import TimedConfig
+from blockpool.trace.workload.reader import Trace, TraceRequest
 from tests.trace.sched_traces import write_trace
 
 ASYNC = SchedulerConfig(512, 256, True, 0, None, "fcfs", True)

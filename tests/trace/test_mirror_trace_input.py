@@ -12,7 +12,7 @@ from blockpool.core.hashing import get_hash_fn_by_name
 from blockpool.mirror.protocol import Arrive, Finished, Preempted, Scheduled
 from blockpool.mirror.traffic import TrafficLog, request_lines, traffic_lines
 from blockpool.trace import TraceError, parse_trace
-from blockpool.trace.sequence import replay_pools
+from blockpool.trace.replay.sequence import replay_pools
 
 H = [bytes([i]) * 32 for i in range(8)]
 

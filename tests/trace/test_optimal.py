@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from blockpool.shadow.pool import make_shadow
 from blockpool.trace import OnePassCurve, Trace, parse_mooncake, read_trace
-from blockpool.trace.keys import BlockKeys
-from blockpool.trace.optimal import OptimalCurve
+from blockpool.trace.replay.optimal import OptimalCurve
+from blockpool.trace.workload.keys import BlockKeys
 from tests.trace.helpers import HEAD50, row, rows_to_lines, traces
 
 

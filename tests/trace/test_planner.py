@@ -7,19 +7,20 @@ import csv
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from app.cli import main
 from blockpool.core.free_order import UNCACHED_FIRST
 from blockpool.trace import OnePassCurve, parse_mooncake
-from blockpool.trace.capacity import (
+from blockpool.trace.plan.planner import log_grid, smallest_capacity
+from blockpool.trace.replay.optimal import OptimalCurve
+from blockpool.trace.sizing.capacity import (
     layout_from_config,
     parse_bytes,
     parse_capacity_list,
 )
-from blockpool.trace.optimal import OptimalCurve
-from blockpool.trace.planner import log_grid, smallest_capacity
 from tests.trace.helpers import row, rows_to_lines
 
 LLAMA_8B = {
@@ -264,3 +265,64 @@ def test_plot_draws_a_png(trace_file: Path, tmp_path: Path) -> None:
     ]
     assert main(argv) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+SWEEP = ["--capacity-blocks", "4,64", "--sweep", "--sweep-points", "5", "--bytes-per-token",
+         "64", "--policies", "optimal,s3fifo", "--target-hit-rate", "0.2"]  # fmt: skip
+GROUPS = ["--capacity-blocks", "8,32,inf", "--kv-cache-groups", "full,sliding:64",
+          "--target-hit-rate", "0.2"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "asked"),
+    [
+        (SWEEP, {"capacity_blocks": "4,64", "sweep": True, "sweep_points": 5,
+                 "layout": {"bytes_per_token": 64}, "policies": "optimal,s3fifo",
+                 "target_hit_rate": 0.2}),
+        (GROUPS, {"capacity_blocks": "8,32,inf", "layout": {"kv_cache_groups": "full,sliding:64"},
+                  "target_hit_rate": 0.2}),
+    ],
+)  # fmt: skip
+def test_the_library_plan_is_the_commands(
+    trace_file: Path, capsys: pytest.CaptureFixture[str], flags: list[str], asked: dict[str, Any]
+) -> None:
+    """``plan_trace`` on a typed request answers what ``blockpool trace --json``
+    prints with the same flags, timings apart."""
+    from blockpool.trace import read_trace
+    from blockpool.trace.plan.capacity_plan import LayoutRequest, PlanRequest, plan_trace
+
+    assert main([*_cli(trace_file), *flags, "--json", "--quiet"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    request = PlanRequest(**{**asked, "layout": LayoutRequest(**asked["layout"])})
+    got = plan_trace(request, read_trace(str(trace_file), 64)).to_json()
+    timings = {"file", "seconds", "planner_seconds", "wall_seconds"}
+    assert {k: v for k, v in got.items() if k not in timings} == {
+        k: v for k, v in doc.items() if k not in timings
+    }
+    assert "target" in got and len(got["results"]) >= 3
+
+
+def test_the_planner_flags_are_the_requests_fields() -> None:
+    """Each flag field of the request is a ``blockpool trace`` flag with the
+    field's default; a ``Literal`` gives the choices."""
+    import dataclasses
+    import typing
+
+    from app.cli import parser
+    from app.cli.field_flags import flag_fields
+    from blockpool.trace.plan.capacity_plan import LayoutRequest, PlanRequest
+    from blockpool.trace.sizing.capacity import KV_CACHE_DTYPES, KVCacheDtype
+
+    assert typing.get_args(KVCacheDtype) == ("auto", *KV_CACHE_DTYPES)
+    trace = parser()._subparsers._group_actions[0].choices["trace"]
+    actions = {a.dest: a for a in trace._actions}
+    for cls in (LayoutRequest, PlanRequest):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name in flag_fields(cls):
+            action = actions[name]
+            assert action.option_strings == [f"--{name.replace('_', '-')}"]
+            assert action.default == fields[name].default
+            assert action.help == fields[name].metadata["help"]
+    assert actions["kv_cache_dtype"].choices == ["auto", *KV_CACHE_DTYPES]
+    assert actions["sweep_points"].type is int and actions["target_hit_rate"].type is float
+    assert len(flag_fields(LayoutRequest)) == 7 and len(flag_fields(PlanRequest)) == 5

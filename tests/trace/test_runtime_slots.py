@@ -14,10 +14,10 @@ from blockpool.core.manager import _request_block_hasher
 from blockpool.core.request import Request
 from blockpool.runtime import PoolRuntime, RuntimeConfig
 from blockpool.runtime.ops import FinishOp
-from blockpool.trace.reader import Trace
-from blockpool.trace.runtime_slots import RuntimeSlots, live_request
-from blockpool.trace.scheduler import SchedRequest, Scheduler, SchedulerConfig
-from blockpool.trace.slots import KVSlots
+from blockpool.trace.sched.runtime_slots import RuntimeSlots, live_request
+from blockpool.trace.sched.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from blockpool.trace.sched.slots import KVSlots
+from blockpool.trace.workload.reader import Trace
 from tests.trace.sched_traces import write_trace
 
 # the live driver's settings: synchronous, chunks of at most 256 tokens

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from blockpool import BlockPool, check_invariants, init_none_hash, sha256
-from blockpool.trace.engine import StepModel, fit_step_model
-from blockpool.trace.reader import Trace, TraceRequest
-from blockpool.trace.results import CapacityResult
-from blockpool.trace.scheduled import ScheduledRun, run_scheduled
-from blockpool.trace.scheduler import SchedulerConfig
-from blockpool.trace.timed import TimedConfig, replay_timed
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.sched.engine_core import StepModel, fit_step_model
+from blockpool.trace.sched.scheduled import ScheduledRun, run_scheduled
+from blockpool.trace.sched.scheduler import SchedulerConfig
+from blockpool.trace.sched.timed import TimedConfig, replay_timed
+from blockpool.trace.workload.reader import Trace, TraceRequest
 from tests.trace.sched_traces import write_trace
 
 OFF = SchedulerConfig(None, 256, False, 0, None, "fcfs", False)

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from blockpool import BlockPool, check_invariants, init_none_hash, sha256
-from blockpool.trace.group_slots import parse_groups
-from blockpool.trace.results import CapacityResult
-from blockpool.trace.scheduled import run_scheduled
-from blockpool.trace.scheduler import SchedulerConfig
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.sched.group_slots import parse_groups
+from blockpool.trace.sched.scheduled import run_scheduled
+from blockpool.trace.sched.scheduler import SchedulerConfig
 from tests.trace.sched_traces import TOKENS_PER_ID, write_trace
 from tests.vllm_envs import REPO, vllm016_python
 

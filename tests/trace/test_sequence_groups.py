@@ -19,23 +19,23 @@ from blockpool import check_invariants, sha256
 from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, GroupSpec
 from blockpool.core.block_hasher import get_request_block_hasher
 from blockpool.trace import parse_mooncake
-from blockpool.trace.keys import make_request
-from blockpool.trace.optimal import OptimalCurve
-from blockpool.trace.planner import (
+from blockpool.trace.plan.planner import (
     NO_OPTIMUM,
     group_hit_tokens,
     group_sweep_range,
     group_unbounded_hit_tokens,
     smallest_group_capacity,
 )
-from blockpool.trace.reader import Trace
-from blockpool.trace.replay import replay_trace
-from blockpool.trace.sequence import SequenceDriver, SequencePools
-from blockpool.trace.sequence_groups import (
+from blockpool.trace.plan.report import replay_trace
+from blockpool.trace.replay.optimal import OptimalCurve
+from blockpool.trace.replay.sequence import SequenceDriver, SequencePools
+from blockpool.trace.replay.sequence_groups import (
     GroupRequest,
     GroupSequenceDriver,
     vllm_token_capacity,
 )
+from blockpool.trace.workload.keys import make_request
+from blockpool.trace.workload.reader import Trace
 from tests.trace.helpers import row, rows_to_lines, traces
 
 WINDOW = [GroupSpec(SLIDING_WINDOW, 16, 33)]  # the next token needs 2 blocks

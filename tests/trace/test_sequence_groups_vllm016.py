@@ -17,9 +17,9 @@ import pytest
 
 from blockpool import check_invariants, sha256
 from blockpool.core.attention import GroupSpec
-from blockpool.trace.reader import Trace
-from blockpool.trace.sequence import SequencePools
-from blockpool.trace.sequence_groups import GroupSequenceDriver
+from blockpool.trace.replay.sequence import SequencePools
+from blockpool.trace.replay.sequence_groups import GroupSequenceDriver
+from blockpool.trace.workload.reader import Trace
 from tests.trace.sched_traces import TOKENS_PER_ID, write_trace
 from tests.vllm_envs import run_vllm016_harness
 

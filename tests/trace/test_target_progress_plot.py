@@ -14,8 +14,8 @@ from app.cli import main
 from app.trace.planner import Progress
 from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS, UNCACHED_FIRST
 from blockpool.trace import OnePassCurve, Trace, read_trace
-from blockpool.trace.optimal import OptimalCurve
-from blockpool.trace.planner import smallest_capacity, sweep_range
+from blockpool.trace.plan.planner import smallest_capacity, sweep_range
+from blockpool.trace.replay.optimal import OptimalCurve
 from tests.trace.sched_traces import TOKENS_PER_ID, write_trace
 
 
@@ -103,10 +103,10 @@ def test_the_header_and_the_json_give_the_whole_runs_time(
 
 def test_the_plot_fits_its_axes_to_the_data(trace: Trace, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from app.trace import planner
     from app.trace.plot import _gib, curve_figure, log_ticks
-    from blockpool.trace.capacity import flat_bytes, parse_capacity_list
-    from blockpool.trace.replay import replay_trace
+    from blockpool.trace.plan import capacity_plan as planner
+    from blockpool.trace.plan.report import replay_trace
+    from blockpool.trace.sizing.capacity import flat_bytes, parse_capacity_list
 
     assert log_ticks(3.3, 100) == [5.0, 10.0, 20.0, 50.0, 100.0]
     assert [_gib(v) for v in (0.5, 1.5, 20.0, 1000.0, 2000.0)] == ["0.5", "1.5", "20", "1,000",
@@ -117,11 +117,11 @@ def test_the_plot_fits_its_axes_to_the_data(trace: Trace, tmp_path: Path) -> Non
     report = replay_trace(trace, capacities_tokens=[c.capacity_tokens for c in caps])
     plan = planner.Plan(caps, layout, ["optimal"])
     planner.annotate(report.results, caps)
-    planner.run_policies(plan, trace, 16, report.results, Progress(None))
+    planner.run_policies(plan, trace, 16, report.results, Progress(None).bar)
     rates = [100 * r.hit_rate for r in report.results]
     best = [100 * r.extra["optimal_hit_rate"] for r in report.results]
     target = (min(rates) + max(rates)) / 200  # between the smallest and largest LRU rate
-    planner.find_target(plan, trace, 16, target, Progress(None))
+    planner.find_target(plan, trace, 16, target, Progress(None).bar)
     fig = curve_figure(report, plan)
     (ax,) = fig.axes
     (top,) = ax.child_axes  # the GiB axis

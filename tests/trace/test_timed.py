@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from blockpool import BlockPool, check_invariants, init_none_hash, sha256
 from blockpool.trace import Trace, one_pass_curve, parse_mooncake, read_trace
-from blockpool.trace.engine import StepModel
-from blockpool.trace.results import CapacityResult
-from blockpool.trace.scheduled import ScheduledRun, run_scheduled
-from blockpool.trace.timed import TimedConfig, replay_timed, simple_scheduler
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.sched.engine_core import StepModel
+from blockpool.trace.sched.scheduled import ScheduledRun, run_scheduled
+from blockpool.trace.sched.timed import TimedConfig, replay_timed, simple_scheduler
 from tests.trace.helpers import HEAD50, row, rows_to_lines
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from blockpool.core.free_order import FREE_ORDERS
 from blockpool.core.hashing import get_hash_fn_by_name
-from blockpool.trace.engine import StepModel
 from blockpool.trace.fleet.results import FleetJob, FleetResult
 from blockpool.trace.fleet.routers import (
     DEFAULT_OVERLAP_WEIGHT,
@@ -24,8 +23,9 @@ from blockpool.trace.fleet.routers import (
 )
 from blockpool.trace.fleet.sequence import FleetSequence
 from blockpool.trace.fleet.timed import FleetTimed
-from blockpool.trace.reader import Trace
-from blockpool.trace.timed import TimedConfig, simple_scheduler
+from blockpool.trace.sched.engine_core import StepModel
+from blockpool.trace.sched.timed import TimedConfig, simple_scheduler
+from blockpool.trace.workload.reader import Trace
 
 MODES = ("sequence", "timed")
 

@@ -2,7 +2,7 @@
 
 A configuration is ``replicas`` pools of ``blocks`` each (vLLM's
 ``num_gpu_blocks``, null block included; None: never evicts) behind one
-router.  Per replica: a :class:`~blockpool.trace.results.CapacityResult`
+router.  Per replica: a :class:`~blockpool.trace.replay.results.CapacityResult`
 (the same counts a single-pool replay reports) and the requests routed to
 it; over the fleet: the hit rate, the load balance (max / mean of requests
 and of prompt tokens routed; 1.0 is even) and, in timed mode, TTFT and
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from blockpool.trace.results import CapacityResult
+from blockpool.trace.replay.results import CapacityResult
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from blockpool.core.hashing import BlockHash
-from blockpool.trace.reader import Trace, TraceRequest
+from blockpool.trace.workload.reader import Trace, TraceRequest
 
 ROUTERS = ("round_robin", "session", "prefix_aware", "least_loaded")
 DEFAULT_OVERLAP_WEIGHT = 1.0  # Dynamo's --router-kv-overlap-score-weight default

@@ -1,5 +1,5 @@
 """Sequence mode over a fleet: each request routed, then replayed on its
-replica's own exact pool (a :class:`~blockpool.trace.sequence.SequenceDriver`
+replica's own exact pool (a :class:`~blockpool.trace.replay.sequence.SequenceDriver`
 over a real ``BlockPool``, the single-pool replay's code).
 
 The router looks at the replicas' real pools just before the request runs
@@ -17,12 +17,12 @@ from blockpool.core.block_hasher import get_request_block_hasher
 from blockpool.core.free_order import FreeOrder
 from blockpool.core.hashing import BlockHash, HashFn
 from blockpool.trace.fleet.routers import Router
-from blockpool.trace.keys import make_request
-from blockpool.trace.reader import Trace
-from blockpool.trace.replay import DEFAULT_FREE_ORDER
-from blockpool.trace.results import CapacityResult
-from blockpool.trace.sequence import SequenceDriver, make_pool, unbounded_blocks
-from blockpool.trace.sequence_groups import GroupRequest
+from blockpool.trace.plan.report import DEFAULT_FREE_ORDER
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.replay.sequence import SequenceDriver, make_pool, unbounded_blocks
+from blockpool.trace.replay.sequence_groups import GroupRequest
+from blockpool.trace.workload.keys import make_request
+from blockpool.trace.workload.reader import Trace
 
 
 class SequenceReplica:

@@ -25,7 +25,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from blockpool.trace.engine import StepModel
+from blockpool.trace.sched.engine_core import StepModel
 
 ITERATION_TOKENS = "vllm:iteration_tokens_total"
 TTFT = "vllm:time_to_first_token_seconds"
@@ -39,7 +39,7 @@ _LE = re.compile(r'(?:^|,)\s*le="(?P<le>[^"]*)"')
 
 
 @dataclass
-class Histogram:
+class ScrapedHistogram:
     """Cumulative bucket counts by upper bound (``inf`` included)."""
 
     name: str
@@ -70,9 +70,9 @@ class Histogram:
         return None
 
 
-def parse_histograms(text: str, names: tuple[str, ...]) -> dict[str, Histogram]:
+def parse_histograms(text: str, names: tuple[str, ...]) -> dict[str, ScrapedHistogram]:
     """The named histograms of a Prometheus text scrape (series summed)."""
-    out = {n: Histogram(n, {}) for n in names}
+    out = {n: ScrapedHistogram(n, {}) for n in names}
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line or line.startswith("#"):
             continue

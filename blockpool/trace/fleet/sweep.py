@@ -31,7 +31,7 @@ from typing import Any
 
 from blockpool.trace.fleet.fleet import FleetSpec, run_job
 from blockpool.trace.fleet.results import FleetJob, FleetResult
-from blockpool.trace.reader import Trace
+from blockpool.trace.workload.reader import Trace
 
 EXECUTORS = ("process", "serial", "ray")
 

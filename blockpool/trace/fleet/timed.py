@@ -6,7 +6,7 @@ At each arrival (``timestamp / speed`` ms) every replica is first run up to
 that time -- the steps that start before it -- so that the router sees each
 replica as it is when the request arrives (its real cache, its running and
 waiting requests); the request is then added to the chosen replica, as
-:func:`~blockpool.trace.scheduled.run_scheduled` adds an arrival before the
+:func:`~blockpool.trace.sched.scheduled.run_scheduled` adds an arrival before the
 next step.  One replica is exactly ``run_scheduled``'s replay (tested).
 Refusals are those of ``run_scheduled``: a prompt of ``max_model_len``
 tokens or more is rejected, one whose longest run needs more blocks than a
@@ -26,14 +26,14 @@ from blockpool.core.hashing import BlockHash, HashFn
 from blockpool.core.manager import _request_block_hasher
 from blockpool.core.pool import BlockPool
 from blockpool.core.request import LoRARequest, Request
-from blockpool.trace.engine import Engine, StepModel
 from blockpool.trace.fleet.routers import Router
-from blockpool.trace.reader import Trace
-from blockpool.trace.results import CapacityResult
-from blockpool.trace.scheduled import percentiles
-from blockpool.trace.scheduler import SchedRequest, Scheduler, SchedulerConfig
-from blockpool.trace.sequence import make_pool, unbounded_blocks
-from blockpool.trace.slots import KVSlots
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.replay.sequence import make_pool, unbounded_blocks
+from blockpool.trace.sched.engine_core import SimulatedEngineCore, StepModel
+from blockpool.trace.sched.scheduled import percentiles
+from blockpool.trace.sched.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from blockpool.trace.sched.slots import KVSlots
+from blockpool.trace.workload.reader import Trace
 
 
 def _pool(num_blocks: int, block_size: int, free_order: FreeOrder) -> BlockPool:
@@ -60,7 +60,7 @@ class TimedReplica:
         self.result = result
         self.slots = KVSlots(self.pool, block_size, config.model_len, result.misses)
         self.sched = Scheduler(self.slots, config)
-        self.engine = Engine(self.sched, model)
+        self.engine = SimulatedEngineCore(self.sched, model)
         self.usable = blocks - 1
         self.clock = 0.0
         self.finished: list[SchedRequest] = []

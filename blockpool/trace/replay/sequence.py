@@ -9,7 +9,7 @@ pool holds besides the null block is refused and changes nothing.
 :class:`SequenceDriver` drives any object with vLLM 0.16's ``BlockPool``
 methods (ours, or vLLM's own in ``bench/``); each request is hashed once for
 all the pools.  A layout of other KV-cache groups (a sliding window, a
-hybrid model) gets a :class:`~blockpool.trace.sequence_groups.GroupSequenceDriver`
+hybrid model) gets a :class:`~blockpool.trace.replay.sequence_groups.GroupSequenceDriver`
 per capacity instead (``groups``).
 """
 
@@ -26,10 +26,8 @@ from blockpool.core.block_hasher import get_request_block_hasher
 from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS, FreeOrder
 from blockpool.core.hashing import BlockHash, HashFn
 from blockpool.core.pool import BlockPool
-from blockpool.trace.keys import make_request
-from blockpool.trace.reader import Trace
-from blockpool.trace.results import CapacityResult, capacity_blocks
-from blockpool.trace.sequence_groups import (
+from blockpool.trace.replay.results import CapacityResult, capacity_blocks
+from blockpool.trace.replay.sequence_groups import (
     GroupRequest,
     GroupSequenceDriver,
     hash_block_size,
@@ -38,6 +36,8 @@ from blockpool.trace.sequence_groups import (
     removed_blocks,
     unbounded_group_blocks,
 )
+from blockpool.trace.workload.keys import make_request
+from blockpool.trace.workload.reader import Trace
 
 
 def pool_accepts_free_order() -> bool:

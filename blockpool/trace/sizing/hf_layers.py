@@ -59,7 +59,7 @@ Two steps, as in vLLM:
 (``config/model.py`` l. 608-611), so every layer is full attention, and
 ``_get_and_verify_max_len`` (l. 1920-1926) caps ``max_model_len`` at the
 window when it is below the model's own length
-(:mod:`blockpool.trace.model_len`).
+(:mod:`blockpool.trace.sizing.model_len`).
 
 Mamba, linear-attention and other non-attention layers, KV sharing across
 layers and per-type head shapes are refused with the field that shows them.
@@ -70,7 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from blockpool.trace.model_len import derived_max_model_len
+from blockpool.trace.sizing.model_len import derived_max_model_len
 
 LayerKind = Literal["full", "sliding", "chunked"]
 # one layer: ("full", None), ("sliding", window) or ("chunked", chunk size)

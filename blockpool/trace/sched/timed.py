@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from blockpool.core.attention import GroupSpec
 from blockpool.core.free_order import APPEND_ALL, FreeOrder
 from blockpool.core.hashing import HashFn
-from blockpool.trace.engine import StepModel
-from blockpool.trace.reader import Trace
-from blockpool.trace.results import CapacityResult
-from blockpool.trace.scheduled import replay_scheduled
-from blockpool.trace.scheduler import SchedulerConfig
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.sched.engine_core import StepModel
+from blockpool.trace.sched.scheduled import replay_scheduled
+from blockpool.trace.sched.scheduler import SchedulerConfig
+from blockpool.trace.workload.reader import Trace
 
 
 def simple_scheduler(max_running: int) -> SchedulerConfig:

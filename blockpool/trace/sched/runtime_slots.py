@@ -1,6 +1,6 @@
 """The scheduler's KV slots as a PoolRuntime's operations (the live replay).
 
-The calls of :class:`~blockpool.trace.slots.KVSlots`, made as runtime
+The calls of :class:`~blockpool.trace.sched.slots.KVSlots`, made as runtime
 operations through the ``apply`` the caller gives (the service's engine, so
 that its observers, stream and analysis see each change):
 
@@ -36,9 +36,9 @@ from blockpool.core.hashing import BlockHash
 from blockpool.core.manager import RequestManager
 from blockpool.runtime.errors import NotEnoughBlocks, OperationError
 from blockpool.runtime.ops import AdmitOp, AppendOp, FinishOp, Op
-from blockpool.trace.reader import Trace, TraceRequest
-from blockpool.trace.scheduler import SchedRequest
-from blockpool.trace.slots import LookupStats, MissArgs, SlotRequest
+from blockpool.trace.sched.scheduler import SchedRequest
+from blockpool.trace.sched.slots import LookupStats, MissArgs, SlotRequest
+from blockpool.trace.workload.reader import Trace, TraceRequest
 
 
 class LiveTokens:

@@ -35,13 +35,13 @@ from blockpool.core.hashing import HashFn
 from blockpool.core.manager import _request_block_hasher
 from blockpool.core.pool import BlockPool
 from blockpool.core.request import LoRARequest, Request
-from blockpool.trace.engine import Engine, StepModel
-from blockpool.trace.group_slots import GroupSlots, needs_groups, peak_blocks
-from blockpool.trace.reader import Trace
-from blockpool.trace.results import CapacityResult, capacity_blocks
-from blockpool.trace.scheduler import SchedRequest, Scheduler, SchedulerConfig
-from blockpool.trace.sequence import make_pool, unbounded_blocks
-from blockpool.trace.slots import KVSlots, SlotBackend
+from blockpool.trace.replay.results import CapacityResult, capacity_blocks
+from blockpool.trace.replay.sequence import make_pool, unbounded_blocks
+from blockpool.trace.sched.engine_core import SimulatedEngineCore, StepModel
+from blockpool.trace.sched.group_slots import GroupSlots, needs_groups, peak_blocks
+from blockpool.trace.sched.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from blockpool.trace.sched.slots import KVSlots, SlotBackend
+from blockpool.trace.workload.reader import Trace
 
 PERCENTILES = (50, 90, 99)
 
@@ -115,7 +115,7 @@ def run_scheduled(
             slots = KVSlots(pool, block_size, config.model_len, result.misses)
     max_chunk = min(config.budget, config.long_prefill_token_threshold or config.budget)
     sched = Scheduler(slots, config)
-    engine = Engine(sched, model)
+    engine = SimulatedEngineCore(sched, model)
     hasher = _request_block_hasher(pool.hash_block_size, hash_fn)
     usable = pool.num_gpu_blocks - 1
     model_len = config.model_len

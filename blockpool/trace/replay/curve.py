@@ -56,7 +56,7 @@ copy refused.
 Evictions are counted at the end: every hashed entry a capacity stored was
 hit once, was evicted, or is still in its queue.
 
-No hashing is needed: blocks are named by :class:`~blockpool.trace.keys.BlockKeys`.
+No hashing is needed: blocks are named by :class:`~blockpool.trace.workload.keys.BlockKeys`.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ import numpy.typing as npt
 
 from blockpool.core.admission import cdiv, hit_limit
 from blockpool.core.free_order import APPEND_ALL, UNCACHED_FIRST, FreeOrder, check_free_order
-from blockpool.trace.keys import BlockKeys, trace_chains
-from blockpool.trace.reader import Trace
-from blockpool.trace.results import CapacityResult, capacity_blocks
+from blockpool.trace.replay.results import CapacityResult, capacity_blocks
+from blockpool.trace.workload.keys import BlockKeys, trace_chains
+from blockpool.trace.workload.reader import Trace
 
 _BIG = 1 << 62  # an unbounded capacity's usable blocks: its never-used blocks never run out
 

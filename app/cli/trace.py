@@ -15,18 +15,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.trace import cli_fleet, planner
-from app.trace.cli_sched import add_scheduler_arguments, scheduler_lines, timed_config
+from app.cli import trace_fleet
+from app.cli.field_flags import add_field_flags, flag_fields, from_args
+from app.cli.trace_sched import add_scheduler_arguments, scheduler_lines, timed_config
+from app.trace import planner
 from blockpool.core.free_order import FREE_ORDERS
 from blockpool.core.hashing import HASH_FUNCTIONS
-from blockpool.trace import TraceError, parse_capacities, read_trace
-from blockpool.trace.optimal import OptimalCurve
-from blockpool.trace.replay import (
+from blockpool.trace import TraceError, read_trace
+from blockpool.trace.plan import capacity_plan
+from blockpool.trace.plan.capacity_plan import LayoutRequest, PlanRequest
+from blockpool.trace.plan.report import (
     DEFAULT_FREE_ORDER,
     MODES,
     TraceReport,
     free_order_label,
-    replay_trace,
 )
 
 
@@ -66,8 +68,38 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress on stderr")  # fmt: skip
     add_scheduler_arguments(t)
-    planner.add_planner_args(t)
-    cli_fleet.add_fleet_args(t)
+    add_planner_args(t)
+    trace_fleet.add_fleet_args(t)
+
+
+def add_planner_args(t: argparse.ArgumentParser) -> None:
+    """The capacity-planning flags: generated from the request's fields (the
+    capacity list, the layout's, then the planner's questions), and how the
+    answer is printed."""
+    g = t.add_argument_group("capacity planning")
+    add_field_flags(g, PlanRequest, ["capacity"])
+    add_field_flags(g, LayoutRequest)
+    add_field_flags(g, PlanRequest, [n for n in flag_fields(PlanRequest) if n != "capacity"])
+    g.add_argument("--csv", action="store_true", help="print the table as CSV")
+    g.add_argument(
+        "--plot",
+        default=None,
+        metavar="PNG",
+        help="draw LRU, the optimum and the unbounded ceiling (the plot extra)",
+    )
+    g.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def layout_request(args: argparse.Namespace) -> LayoutRequest:
+    """The KV layout the flags name."""
+    request: LayoutRequest = from_args(LayoutRequest, args)
+    return request
+
+
+def request_of(args: argparse.Namespace) -> PlanRequest:
+    """The plan the flags ask for (timed mode's scheduler: ``trace_sched``)."""
+    request: PlanRequest = from_args(PlanRequest, args, layout=layout_request(args), timed=None)
+    return request
 
 
 def add_serve_flags(s: argparse.ArgumentParser) -> None:
@@ -76,15 +108,6 @@ def add_serve_flags(s: argparse.ArgumentParser) -> None:
     _flag = s.add_argument
     _flag("--trace-loop", dest="trace_loop", action="store_true", default=None,
           help="start the trace over when it ends")  # fmt: skip
-
-
-def _capacities(args: argparse.Namespace) -> list[int | None]:
-    """``--capacity-tokens`` (``--capacity-blocks`` is :func:`_capacity_blocks`)."""
-    return parse_capacities(args.capacity_tokens) if args.capacity_tokens else []
-
-
-def _capacity_blocks(args: argparse.Namespace) -> list[int | None]:
-    return parse_capacities(args.capacity_blocks) if args.capacity_blocks else []
 
 
 def _fmt_cap(v: int | None) -> str:
@@ -101,7 +124,7 @@ def _duration(seconds: float) -> str:
 def render(
     report: TraceReport,
     path: str,
-    plan: planner.Plan | None = None,
+    plan: capacity_plan.Plan | None = None,
     wall_seconds: float | None = None,
 ) -> str:
     took = f"replay {_duration(report.seconds)}"
@@ -131,43 +154,16 @@ def render(
 
 def main(args: argparse.Namespace) -> int:
     if args.replicas is not None:
-        return cli_fleet.main(args)
+        return trace_fleet.main(args)
     started = time.perf_counter()
     try:
-        layout = planner.layout_of(args)
-        groups = planner.groups_of(layout, args.block_size)
-        policies = planner.parse_policies(args.policies, args.mode)
-        caps = planner.capacities_of(args, layout, _capacities(args), _capacity_blocks(args))
+        setup = capacity_plan.prepare(request_of(args))
         trace = read_trace(args.path, args.tokens_per_id)
         progress = planner.progress_for(args)
-        if args.sweep:
-            opt = OptimalCurve(trace, args.block_size)
-            caps = planner.sweep_capacities(args, caps, opt, trace, groups)
-        plan = planner.Plan(caps, layout, policies, groups=groups, mode=args.mode)
-        planner.check_groups(plan)
-        label = "one pass" if args.mode == "sequence" else args.mode
-        report = replay_trace(
-            trace,
-            mode=args.mode,
-            block_size=args.block_size,
-            capacities_tokens=[c.capacity_tokens for c in caps],
-            hash_name=args.hash_name,
-            free_order=args.free_order,
-            timed=timed_config(args, layout),
-            one_pass=args.one_pass,
-            progress=progress.bar(f"{label} ({len(caps)} capacities)"),
-            groups=groups,
-        )
-        planner.annotate(report.results, caps, groups)
-        if args.mode == "sequence":
-            planner.run_policies(plan, trace, args.block_size, report.results, progress)
-        if args.target_hit_rate is not None:
-            if args.mode != "sequence":
-                raise ValueError("--target-hit-rate searches sequence-mode replays only")
-            planner.find_target(
-                plan, trace, args.block_size, args.target_hit_rate, progress, args.hash_name,
-                args.free_order,
-            )  # fmt: skip
+        plan = setup.plan_for(trace)
+        timed = timed_config(args, setup.layout)
+        result = capacity_plan.run_plan(setup, plan, trace, timed, progress.bar)
+        report = result.report
         if args.plot:
             from app.trace.plot import plot_curve
 
@@ -178,7 +174,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     wall = time.perf_counter() - started
     if args.json:
-        doc = {"file": args.path, **report.to_json(), **plan.info(args.block_size)}
+        doc = {"file": args.path, **result.to_json()}
         print(json.dumps({**doc, "wall_seconds": wall}))
     elif args.csv:
         csv_text = planner.render_csv(report.results, plan, report.mode, report.free_order)

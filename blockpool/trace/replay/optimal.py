@@ -64,8 +64,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from blockpool.trace.keys import BlockKeys
-from blockpool.trace.reader import Trace
+from blockpool.trace.workload.keys import BlockKeys
+from blockpool.trace.workload.reader import Trace
 
 _NEVER = np.iinfo(np.int64).max
 

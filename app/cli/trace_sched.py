@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from blockpool.core.attention import GroupSpec
-from blockpool.trace.capacity import KVLayout
-from blockpool.trace.engine import StepModel
-from blockpool.trace.group_slots import needs_groups
-from blockpool.trace.scheduler import POLICIES, SchedulerConfig
-from blockpool.trace.sequence_groups import name_groups
-from blockpool.trace.timed import TimedConfig
+from blockpool.trace.replay.sequence_groups import name_groups
+from blockpool.trace.sched.engine_core import StepModel
+from blockpool.trace.sched.group_slots import needs_groups
+from blockpool.trace.sched.scheduler import POLICIES, SchedulerConfig
+from blockpool.trace.sched.timed import TimedConfig
+from blockpool.trace.sizing.capacity import KVLayout
 
 SCHEDULERS = ("vllm", "simple")
 MAX_STEP_MODEL_BYTES = 4 * 1024 * 1024

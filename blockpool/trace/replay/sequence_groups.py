@@ -1,7 +1,7 @@
 """Sequence mode over KV-cache groups: sliding-window and hybrid models.
 
 A model whose pool is one full-attention group is replayed by the one-pass
-curve or :class:`~blockpool.trace.sequence.SequenceDriver`.  Any other
+curve or :class:`~blockpool.trace.replay.sequence.SequenceDriver`.  Any other
 layout -- several groups (full attention plus sliding windows, or two
 full-attention groups) or a sliding window alone -- is replayed here with
 vLLM 0.16.0's ``KVCacheManager`` logic over one real pool per capacity
@@ -43,9 +43,9 @@ from blockpool.core.admission import cdiv
 from blockpool.core.attention import GroupSpec
 from blockpool.core.coordinator import KVCacheCoordinator
 from blockpool.core.hashing import BlockHash
-from blockpool.trace.capacity import vllm_kv_cache_tokens
-from blockpool.trace.reader import Trace
-from blockpool.trace.results import CapacityResult
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.sizing.capacity import vllm_kv_cache_tokens
+from blockpool.trace.workload.reader import Trace
 
 REASONS_NOTE = (
     "miss reasons are not classified for sliding-window groups (a window's hit is not a "

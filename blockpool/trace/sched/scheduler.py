@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from blockpool.core.hashing import BlockHash
-from blockpool.trace.slots import SlotBackend
+from blockpool.trace.sched.slots import SlotBackend
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 POLICIES = ("fcfs", "priority")
@@ -249,10 +249,10 @@ class StepPlan:
 
 
 class Scheduler:
-    """The scheduler above a :class:`~blockpool.trace.slots.SlotBackend`
+    """The scheduler above a :class:`~blockpool.trace.sched.slots.SlotBackend`
     (``KVSlots``); driven by ``add``, ``schedule`` and ``update`` (an
-    :class:`~blockpool.trace.engine.Engine` does that as vLLM's engine core
-    does; a live driver can call ``Engine.step`` at its own pace)."""
+    :class:`~blockpool.trace.sched.engine_core.SimulatedEngineCore` does that as vLLM's engine core
+    does; a live driver can call ``SimulatedEngineCore.step`` at its own pace)."""
 
     def __init__(self, slots: SlotBackend, config: SchedulerConfig) -> None:
         self.slots = slots

@@ -20,12 +20,12 @@ from typing import Any
 from blockpool.core.attention import GroupSpec
 from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS, UNCACHED_FIRST, FreeOrder
 from blockpool.core.hashing import get_hash_fn_by_name
-from blockpool.trace.curve import OnePassCurve
-from blockpool.trace.reader import Trace
-from blockpool.trace.results import CapacityResult
-from blockpool.trace.sequence import SequencePools, make_pool
-from blockpool.trace.sequence_groups import describe_groups, is_plain
-from blockpool.trace.timed import TimedConfig, replay_timed
+from blockpool.trace.replay.curve import OnePassCurve
+from blockpool.trace.replay.results import CapacityResult
+from blockpool.trace.replay.sequence import SequencePools, make_pool
+from blockpool.trace.replay.sequence_groups import describe_groups, is_plain
+from blockpool.trace.sched.timed import TimedConfig, replay_timed
+from blockpool.trace.workload.reader import Trace
 
 MODES = ("sequence", "timed")
 # The free order a replay takes unless told: the newest vLLM's.

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from blockpool.trace.scheduler import SchedRequest, Scheduler, StepPlan
+from blockpool.trace.sched.scheduler import SchedRequest, Scheduler, StepPlan
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def _lstsq(rows: list[tuple[float, float, float]], use: list[bool]) -> list[floa
     return out
 
 
-class Engine:
+class SimulatedEngineCore:
     """Steps a :class:`Scheduler` as vLLM's engine core does."""
 
     def __init__(self, scheduler: Scheduler, step_model: StepModel | None = None) -> None:

@@ -8,7 +8,7 @@ is replayed with every replica an exact pool of its own
 (``--executor ray --ray-address ...``).  Prints a table (or ``--csv``,
 ``--json``), draws ``--plot``, and with ``--target-hit-rate`` /
 ``--target-ttft-p99`` answers the smallest fleet of the sweep meeting them.
-Timed mode takes the scheduler flags of ``cli_sched.py``; its step model
+Timed mode takes the scheduler flags of ``trace_sched.py``; its step model
 from them, from ``--step-model`` or fitted from a saved ``/metrics`` scrape
 (``--step-model-metrics``).
 """
@@ -23,12 +23,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from app.cli.field_flags import from_args
+from app.cli.trace_sched import timed_config
 from app.trace import planner
-from app.trace.cli_sched import timed_config
 from app.trace.fleet_output import render_csv, render_json, render_table
 from blockpool.core.free_order import FREE_ORDERS
 from blockpool.trace import TraceError, parse_capacities, read_trace
-from blockpool.trace.capacity import Capacity, KVLayout
 from blockpool.trace.fleet import (
     EXECUTORS,
     ROUTERS,
@@ -40,7 +40,9 @@ from blockpool.trace.fleet import (
 from blockpool.trace.fleet.routers import DEFAULT_OVERLAP_WEIGHT, DEFAULT_SESSION_IDS
 from blockpool.trace.fleet.stepfit import fit_from_scrape, read_scrape
 from blockpool.trace.fleet.targets import FleetTarget, check_targets, smallest_fleet
-from blockpool.trace.sequence_groups import is_plain
+from blockpool.trace.plan.capacity_plan import LayoutRequest, capacities_of, groups_of
+from blockpool.trace.replay.sequence_groups import is_plain
+from blockpool.trace.sizing.capacity import Capacity, KVLayout
 
 MAX_REPLICAS = 4096
 
@@ -113,7 +115,7 @@ def _free_orders(args: argparse.Namespace) -> list[str]:
 def _capacities(args: argparse.Namespace, layout: KVLayout | None) -> list[Capacity]:
     legacy = parse_capacities(args.capacity_tokens) if args.capacity_tokens else []
     legacy_b = parse_capacities(args.capacity_blocks) if args.capacity_blocks else []
-    return planner.capacities_of(args, layout, legacy, legacy_b)
+    return capacities_of(args.capacity, args.block_size, layout, legacy, legacy_b)
 
 
 def _refuse(args: argparse.Namespace) -> None:
@@ -137,8 +139,8 @@ def build(args: argparse.Namespace) -> tuple[FleetSpec, list[FleetJob], dict[str
     """The spec and jobs the flags ask for (ValueError naming the flag when bad)."""
     _refuse(args)
     check_targets(args.target_hit_rate, args.target_ttft_p99)
-    layout = planner.layout_of(args)
-    groups = planner.groups_of(layout, args.block_size)
+    layout = from_args(LayoutRequest, args).layout()
+    groups = groups_of(layout, args.block_size)
     if not is_plain(groups):
         raise ValueError("fleet planning models one full-attention KV-cache group")
     replicas = _int_list(args.replicas, "--replicas")

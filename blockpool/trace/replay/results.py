@@ -12,7 +12,7 @@ block: never hashed).
 ``regret_blocks``: blocks stored again after an eviction at this capacity.
 A replay over sliding-window groups classifies no miss (``classified``
 off): its JSON has ``miss_reasons`` and ``regret_blocks`` null and says why
-(``blockpool/trace/sequence_groups.py``).
+(``blockpool/trace/replay/sequence_groups.py``).
 """
 
 from __future__ import annotations

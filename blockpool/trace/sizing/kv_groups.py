@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from blockpool.core.admission import cdiv
 from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, AttentionKind
-from blockpool.trace.hf_layers import LayerSpec
+from blockpool.trace.sizing.hf_layers import LayerSpec
 
 
 @dataclass(frozen=True)

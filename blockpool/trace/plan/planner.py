@@ -20,13 +20,13 @@ from blockpool.core.attention import GroupSpec
 from blockpool.core.free_order import UNCACHED_FIRST, FreeOrder
 from blockpool.core.hashing import HashFn
 from blockpool.shadow.pool import make_shadow
-from blockpool.trace.curve import OnePassCurve
-from blockpool.trace.keys import BlockKeys, trace_chains
-from blockpool.trace.optimal import OptimalCurve
-from blockpool.trace.reader import Trace
-from blockpool.trace.replay import DEFAULT_FREE_ORDER
-from blockpool.trace.sequence import SequencePools
-from blockpool.trace.sequence_groups import prompt_blocks, unbounded_group_blocks
+from blockpool.trace.plan.report import DEFAULT_FREE_ORDER
+from blockpool.trace.replay.curve import OnePassCurve
+from blockpool.trace.replay.optimal import OptimalCurve
+from blockpool.trace.replay.sequence import SequencePools
+from blockpool.trace.replay.sequence_groups import prompt_blocks, unbounded_group_blocks
+from blockpool.trace.workload.keys import BlockKeys, trace_chains
+from blockpool.trace.workload.reader import Trace
 
 # the shadows' policies a curve can also be drawn for (LRU is the replay itself)
 SHADOW_POLICIES = ("s3fifo", UNCACHED_FIRST)

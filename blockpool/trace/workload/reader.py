@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from blockpool.common.traffic_format import TRAFFIC_FORMAT
-from blockpool.trace.limits import (
+from blockpool.trace.workload.limits import (
     DEFAULT_LIMITS,
     MAX_ID,
     MAX_LINE_BYTES,
@@ -49,10 +49,10 @@ from blockpool.trace.limits import (
     TraceLimits,
     loads_line,
 )
-from blockpool.trace.mooncake import parse_mooncake, parse_mooncake_row
-from blockpool.trace.recording import RECORDING_FORMAT, parse_recording
-from blockpool.trace.requests import TOKENS_PER_ID, Trace, TraceRequest
-from blockpool.trace.traffic import parse_traffic
+from blockpool.trace.workload.mooncake import parse_mooncake, parse_mooncake_row
+from blockpool.trace.workload.recording import RECORDING_FORMAT, parse_recording
+from blockpool.trace.workload.requests import TOKENS_PER_ID, Trace, TraceRequest
+from blockpool.trace.workload.traffic import parse_traffic
 
 MAX_FILE_BYTES = 8 << 30  # a trace file, decompressed, at most
 GZIP_MAGIC = b"\x1f\x8b"

@@ -18,7 +18,7 @@ import numpy.typing as npt
 from blockpool.core.block_hasher import get_request_block_hasher
 from blockpool.core.hashing import BlockHash, HashFn
 from blockpool.core.request import LoRARequest, Request
-from blockpool.trace.reader import Trace, TraceRequest
+from blockpool.trace.workload.reader import Trace, TraceRequest
 
 
 class BlockKeys:

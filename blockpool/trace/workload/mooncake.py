@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from blockpool.trace.limits import (
+from blockpool.trace.workload.limits import (
     DEFAULT_LIMITS,
     MAX_ID,
     Totals,
@@ -15,7 +15,7 @@ from blockpool.trace.limits import (
     json_lines,
     show_value,
 )
-from blockpool.trace.requests import TOKENS_PER_ID, Trace, TraceRequest
+from blockpool.trace.workload.requests import TOKENS_PER_ID, Trace, TraceRequest
 
 
 def _int_field(row: dict[str, Any], name: str, line: int, minimum: int, maximum: int) -> int:

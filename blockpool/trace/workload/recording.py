@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from blockpool.trace.limits import (
+from blockpool.trace.workload.limits import (
     DEFAULT_LIMITS,
     MAX_ID,
     Totals,
@@ -20,8 +20,8 @@ from blockpool.trace.limits import (
     json_lines,
     show_value,
 )
-from blockpool.trace.requests import TOKENS_PER_ID, Trace, TraceRequest
-from blockpool.trace.traffic import parse_recording_requests
+from blockpool.trace.workload.requests import TOKENS_PER_ID, Trace, TraceRequest
+from blockpool.trace.workload.traffic import parse_recording_requests
 
 RECORDING_FORMAT = "blockpool-recording"
 

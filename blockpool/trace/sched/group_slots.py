@@ -1,6 +1,6 @@
 """KV slots per request over several KV-cache groups (full attention and
 sliding windows), as vLLM 0.16's ``KVCacheManager`` allocates them for a
-hybrid model: the scheduler's :class:`~blockpool.trace.slots.SlotBackend` on
+hybrid model: the scheduler's :class:`~blockpool.trace.sched.slots.SlotBackend` on
 a :class:`~blockpool.core.coordinator.KVCacheCoordinator`.
 
 * ``lookup`` is ``get_computed_blocks``: the coordinator's longest hit no
@@ -46,9 +46,9 @@ from blockpool.core.coordinator import KVCacheCoordinator
 from blockpool.core.hashing import BlockHash
 from blockpool.core.metrics import KVCacheMetricsCollector
 from blockpool.core.pool import BlockPool
-from blockpool.trace.capacity import parse_kv_cache_groups
-from blockpool.trace.sequence_groups import is_plain
-from blockpool.trace.slots import LookupStats, MissArgs, SlotRequest, miss_args
+from blockpool.trace.replay.sequence_groups import is_plain
+from blockpool.trace.sched.slots import LookupStats, MissArgs, SlotRequest, miss_args
+from blockpool.trace.sizing.capacity import parse_kv_cache_groups
 
 
 def needs_groups(specs: Sequence[GroupSpec]) -> bool:

@@ -22,9 +22,9 @@ latent cache is replicated on every rank).  The dtype under ``auto`` is the
 model's, a float32 checkpoint downcast to 16 bits (``_resolve_auto_dtype``,
 l. 1805).  ``num_blocks`` counts the null block.
 
-Several groups (sliding windows): :mod:`blockpool.trace.hf_layers` derives
+Several groups (sliding windows): :mod:`blockpool.trace.sizing.hf_layers` derives
 each layer's attention from the config as vLLM 0.16.0 builds it, and
-:mod:`blockpool.trace.kv_groups` groups the layers as ``get_kv_cache_groups``
+:mod:`blockpool.trace.sizing.kv_groups` groups the layers as ``get_kv_cache_groups``
 (l. 1210) does, with ``_get_kv_cache_groups_uniform_page_size``'s
 ``group_size`` rule (l. 1034-1042) and the hybrid manager off through
 ``unify_hybrid_kv_cache_specs`` (l. 1148).  A block of the shared pool is
@@ -53,11 +53,11 @@ import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW, AttentionKind, GroupSpec
-from blockpool.trace.hf_layers import layer_attention
-from blockpool.trace.kv_groups import kv_cache_groups
+from blockpool.trace.sizing.hf_layers import layer_attention
+from blockpool.trace.sizing.kv_groups import kv_cache_groups
 
 # decimal and binary units (case-insensitive); a bare number is tokens
 _UNITS = {
@@ -90,6 +90,11 @@ KV_CACHE_DTYPES = {
     "int8": 1,
     "fp8_inc": 1,
 }
+# vLLM's --kv-cache-dtype: auto (the model's) or one of KV_CACHE_DTYPES
+KVCacheDtype = Literal[
+    "auto", "float32", "float", "float16", "half", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2",
+    "int8", "fp8_inc",
+]  # fmt: skip
 # the model's dtype under --dtype auto: vLLM runs a float32 checkpoint in the
 # GPU's preferred 16-bit type (config/model.py, _resolve_auto_dtype: "Downcast
 # for float32 models"), so its KV cache is 2 bytes an element too

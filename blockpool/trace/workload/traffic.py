@@ -12,9 +12,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from blockpool.common.traffic_format import REQUEST_ROW, TRAFFIC_FORMAT
-from blockpool.trace.limits import DEFAULT_LIMITS, Totals, TraceError, TraceLimits, json_lines
-from blockpool.trace.mooncake import parse_mooncake_row
-from blockpool.trace.requests import Trace, TraceRequest
+from blockpool.trace.workload.limits import (
+    DEFAULT_LIMITS,
+    Totals,
+    TraceError,
+    TraceLimits,
+    json_lines,
+)
+from blockpool.trace.workload.mooncake import parse_mooncake_row
+from blockpool.trace.workload.requests import Trace, TraceRequest
 
 
 def _tokens_per_id(v: Any, limits: TraceLimits, where: str) -> int:
