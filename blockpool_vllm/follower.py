@@ -62,12 +62,10 @@ UNSUPPORTED_METHODS = ("cache_partial_block", "unpin_blocks", "move_block_hashes
 COSTS_KEPT = 2048  # the last steps' costs, for the quantiles
 CAPTURE_BUDGET_S = 0.0008  # a step's share of copying a snapshot
 IDLE_AFTER_S = 0.05
-# catch_up reads a chunk of blocks at a time and lets the engine's thread in
-# between two (a sleep, not sleep(0): a thread releasing the interpreter takes
-# it back at once unless it waits a little); the engine waits one chunk's
-# reading for it at most (~0.1 ms)
+# catch_up lets the engine's thread in every few hundred blocks it reads (a
+# sleep, not sleep(0): a thread releasing the interpreter takes it back at
+# once unless it waits a little); the engine waits ~0.3 ms for it at most
 PAUSE_S = 0.00002
-CATCH_UP_CHUNK = 128
 # batches whose blocks catch_up has not read yet, at most: beyond, the engine's
 # flush brings the digest up to date itself (a sender starved of the CPU
 # never lets the work pile up)
@@ -164,10 +162,6 @@ class PoolFollower:
         self.digests_taken = 0  # deferred digests taken by catch_up
         self.digests_discarded = 0  # ... and readings thrown away (the engine moved)
         self.digests_on_engine = 0  # deferred, yet taken here (a reset, or catch_up behind)
-        # catch_up's backlog: ``pending`` merged into one array, and its blocks not read yet
-        self._merged: array[int] | None = None
-        self._unread: set[int] = set()
-        self._generation = 0  # the engine's own updates of the digest (they void a reading)
         self._digest_lock = threading.Lock()  # catch_up vs. the engine's own update
         # snapshots: asked for by the sender (any thread), copied here
         self.want_snapshot = False
@@ -500,7 +494,6 @@ class PoolFollower:
     def _update_digest(self, touched: list[int]) -> None:
         """The digest brought up to date on this thread (the engine's), over
         the blocks of the batches the sender's thread had not read yet too."""
-        self._generation += 1
         for ids in self.pending:
             touched.extend(ids)
         self.pending.clear()
@@ -518,71 +511,37 @@ class PoolFollower:
 
     def catch_up(self) -> bool:
         """From the sender's thread (``defer_digest``): the digest brought up
-        to the last flush, while the engine is between batches -- no pool
-        call running, none since the flush.  The blocks to read are taken a
-        chunk at a time (``CATCH_UP_CHUNK``), each read while the engine
-        stays still and kept (the digest's rows of those blocks brought up to
-        date), the interpreter let go between chunks; a chunk the engine
-        interrupted is thrown away and read again later, so a long backlog
-        drains over several forward passes instead of starting over each
-        time.  When none is left the digest is of the last flush's boundary
-        (True): it rides on the next batch; a snapshot asked for starts here,
-        at the same boundary."""
+        to the last flush, if the engine is between batches -- no pool call
+        running, none since the flush -- and stays so while the pool is read;
+        else nothing changes (False).  The digest taken rides on the next
+        batch; a snapshot asked for starts here, at the same boundary."""
         if not self.pending:
             return False
-        with self._digest_lock:  # the backlog as one list, each block once
-            if not self.pending:
-                return False
-            if len(self.pending) > 1 or self.pending[0] is not self._merged:
-                ids = array("i", dict.fromkeys(i for part in self.pending for i in part))
-                self.pending[:] = [ids]
-                self._merged, self._unread = ids, set(ids)
-            merged, unread = self._merged, self._unread
-            generation = self._generation
-        first = True
-        while True:
-            if not first:
-                time.sleep(PAUSE_S)  # the engine may want the interpreter: let it in
-            first = False
+        with self._digest_lock:
             e0 = self.epoch
             target = self.flushed_ops
-            if e0 & 1 or self.op_count != target or self.inflight:
+            if e0 & 1 or self.op_count != target or self.inflight or not self.pending:
                 return False
-            if not merged:
-                break
-            if -2 in unread:  # every block to re-read: the engine's next flush does it
+            n = len(self.pending)
+            ids = array("i")
+            for part in self.pending[:n]:
+                ids.extend(part)
+            if -2 in ids:  # every block to re-read: the engine's next flush does it
                 return False
-            chunk = merged[:CATCH_UP_CHUNK]
-            unread.difference_update(chunk)
 
-            def pause(e0: int = e0) -> bool:  # the engine may want the interpreter: let it in
+            def pause() -> bool:  # the engine may want the interpreter: let it in
                 time.sleep(PAUSE_S)
                 return self.epoch == e0
 
-            try:  # (no lock held: the engine's own update meanwhile voids the reading)
-                staged = self.digest.stage(chunk, pause, later=unread)
+            try:
+                staged = self.digest.stage(ids, pause)
             except Exception:  # the engine moved (Interrupted), or the pool changed under it
                 staged = None
-            with self._digest_lock:
-                if (
-                    staged is None
-                    or self.epoch != e0
-                    or self.op_count != target
-                    or self._generation != generation
-                    or not self.pending
-                    or self.pending[0] is not merged
-                ):
-                    unread.update(chunk)
-                    self.digests_discarded += 1
-                    return False
-                self.digest.commit(staged)
-                del merged[:CATCH_UP_CHUNK]
-                if not merged:
-                    del self.pending[0]
-        with self._digest_lock:
-            target = self.flushed_ops
-            if self.epoch & 1 or self.op_count != target or self.inflight or self.pending:
+            if staged is None or self.epoch != e0 or self.op_count != target:
+                self.digests_discarded += 1
                 return False
+            self.digest.commit(staged)
+            del self.pending[:n]
             self.digest_ops = target
             self.verified = Digest(target, self.digest.value)
             self.digests_taken += 1

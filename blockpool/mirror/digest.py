@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from itertools import compress, repeat
 from operator import attrgetter, is_, ne
 from typing import Any, Literal, NamedTuple
@@ -179,7 +179,6 @@ class PoolDigest:
         self,
         ids: Iterable[int],
         pause: Callable[[], bool] | None = None,
-        later: Collection[int] = (),
     ) -> Staged:
         """Read what the blocks named by the pool calls since the last update
         are now -- them, then the blocks whose links to them changed (their
@@ -189,11 +188,7 @@ class PoolDigest:
         while the pool may change under it, and throw the result away when
         it did (``blockpool_vllm``'s follower, off the engine's thread).
         ``pause``, called every ``PAUSE_EVERY`` blocks, may let the pool's
-        owner run and says whether to go on (else ``Interrupted``).  ``later``:
-        blocks named too, to be staged by a later call (a reading in parts):
-        one of them found here as a neighbour or a key's other block is read
-        here as a named block itself (its own changed links followed too),
-        so that the links kept stay those of one moment on both sides.
+        owner run and says whether to go on (else ``Interrupted``).
 
         The reading runs a column at a time (``_columns``: ``map`` over the
         blocks, the loops in C), not a block at a time: what one block costs
@@ -206,9 +201,9 @@ class PoolDigest:
         rows = Rows()
         done = set(named)
         chunks = 0
-        while named:
-            more: list[int] = []
-            left_keys: list[bytes | None] = []
+        more: list[int] = []
+        left_keys: list[bytes | None] = []
+        if named:
             for lo in range(0, len(named), PAUSE_EVERY):
                 if chunks and pause is not None and not pause():
                     raise Interrupted
@@ -234,19 +229,11 @@ class PoolDigest:
                 else:
                     more.append(e.block_id)
             found = [bid for bid in set(more) if bid > 0 and bid not in done]
-            named = [bid for bid in found if bid in later] if later else []
-            plain = [bid for bid in found if bid not in later] if later else found
-            done.update(found)
-            for lo in range(0, len(plain), PAUSE_EVERY):  # read as they are, links unfollowed
+            for lo in range(0, len(found), PAUSE_EVERY):  # read as they are, links unfollowed
                 if chunks and pause is not None and not pause():
                     raise Interrupted
                 chunks += 1
-                prevs, nexts, _, _ = self._columns(plain[lo : lo + PAUSE_EVERY], rows)
-                if later:  # a block it now links to is named later: read it as named, now
-                    for bid in (*prevs, *nexts):
-                        if bid in later and bid not in done:
-                            done.add(bid)
-                            named.append(bid)
+                self._columns(found[lo : lo + PAUSE_EVERY], rows)
         total = self.total + sum(rows.values) - sum(map(self.values.__getitem__, rows.ids))
         return Staged(rows, total & MASK)
 

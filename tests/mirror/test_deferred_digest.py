@@ -15,7 +15,6 @@ import threading
 
 import pytest
 
-import blockpool_vllm.follower as follower_mod
 from blockpool.mirror.apply import Divergence
 from blockpool.mirror.digest import Interrupted, pool_digest
 from blockpool.mirror.protocol import Digest
@@ -202,51 +201,5 @@ def test_a_sender_that_never_catches_up_leaves_the_digest_to_the_engine() -> Non
         assert len(f.pending) <= MAX_BEHIND
     assert f.digests_on_engine > 0
     f.flush(force_digest=True)
-    assert f.digest.value == pool_digest(engine.rt.pool)
-    engine.rt.check()
-
-
-@pytest.mark.parametrize("free_order", ORDERS)
-def test_a_backlog_read_in_parts_while_the_engine_moves_ends_at_the_pools_digest(
-    free_order: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """catch_up reads a chunk at a time and keeps each chunk it read while the
-    engine stood still; the engine steps between chunks (here: after the
-    first chunk of some calls).  Blocks named again by later steps, blocks
-    read as a neighbour before their own turn: whenever a reading completes,
-    the digest is the pool's at the boundary it names."""
-    monkeypatch.setattr(follower_mod, "CATCH_UP_CHUNK", 3)
-    engine = FollowedEngine(num_blocks=96, free_order=free_order, defer_digest=True)
-    f = engine.follower
-    stage = f.digest.stage
-    calls = [0]
-    step_after: list[int] = []
-
-    def staged_then_maybe_a_step(ids: object, *args: object, **kw: object) -> object:
-        out = stage(ids, *args, **kw)  # type: ignore[arg-type]
-        calls[0] += 1
-        if calls[0] in step_after:  # the engine's next step, between two chunks
-            engine.step()
-        return out
-
-    f.digest.stage = staged_then_maybe_a_step  # type: ignore[method-assign]
-    completed = partial = 0
-    for i in range(300):
-        engine.step()
-        if i % 4 == 3:
-            continue  # the sender's thread missed this forward pass
-        step_after[:] = [calls[0] + 2] if i % 3 == 0 else []
-        if f.catch_up():
-            completed += 1
-            assert f.verified is not None and f.verified.ops == f.op_count
-            assert f.digest.value == pool_digest(engine.rt.pool) == f.verified.value
-        elif step_after:
-            partial += 1
-    assert completed >= 60 and partial >= 30
-    assert f.digests_discarded >= 30  # the chunk the engine's step interrupted
-    f.digest.stage = stage  # type: ignore[method-assign]
-    f.flush()
-    while f.pending:
-        assert f.catch_up()
     assert f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
