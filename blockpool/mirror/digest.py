@@ -29,11 +29,9 @@ queue's sentinels have block id -1), the map's ``_cache``.
 from __future__ import annotations
 
 from array import array
-from collections import deque
 from collections.abc import Callable, Iterable
-from itertools import compress, repeat
-from operator import attrgetter, is_, ne
-from typing import Any, Literal, NamedTuple
+from itertools import compress
+from typing import Any, NamedTuple
 
 MASK = (1 << 64) - 1
 NOT_QUEUED = -2
@@ -44,16 +42,6 @@ SCHEME = f"tuplehash-v1:{hash((1, -2, 3, 1 << 70, -(1 << 65))) & MASK:x}"
 _from_bytes = int.from_bytes
 _REFRESH_CHUNK = 65_536
 PAUSE_EVERY = 256  # blocks read between two calls of stage's pause
-# the columns' readers (see PoolDigest._columns)
-_PREV = attrgetter("prev_free_block")
-_NEXT = attrgetter("next_free_block")
-_HASH = attrgetter("block_hash")
-_REF = attrgetter("ref_cnt")
-_BLOCK_ID = repeat("block_id")
-_NOT_QUEUED = repeat(NOT_QUEUED)  # getattr(None, "block_id", -2): not queued
-_LITTLE: repeat[Literal["little"]] = repeat("little")
-_DICT = repeat(dict)
-_NONE = repeat(None)
 
 
 class Interrupted(Exception):
@@ -167,19 +155,16 @@ class PoolDigest:
 
     def commit(self, staged: Staged) -> None:
         """Take what ``stage`` read (nothing read it since: see ``stage``)."""
+        values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
         r = staged.rows
-        # (each a loop in C)
-        deque(map(self.values.__setitem__, r.ids, r.values), 0)
-        deque(map(self.prev.__setitem__, r.ids, r.prev), 0)
-        deque(map(self.next.__setitem__, r.ids, r.next), 0)
-        deque(map(self.keys.__setitem__, r.ids, r.keys), 0)
+        for bid, v, prev, nxt, key in zip(r.ids, r.values, r.prev, r.next, r.keys, strict=True):
+            values[bid] = v
+            sprev[bid] = prev
+            snext[bid] = nxt
+            skeys[bid] = key
         self.total = staged.total
 
-    def stage(
-        self,
-        ids: Iterable[int],
-        pause: Callable[[], bool] | None = None,
-    ) -> Staged:
+    def stage(self, ids: Iterable[int], pause: Callable[[], bool] | None = None) -> Staged:
         """Read what the blocks named by the pool calls since the last update
         are now -- them, then the blocks whose links to them changed (their
         neighbours in the queue before and after, where a link differs) and
@@ -188,91 +173,86 @@ class PoolDigest:
         while the pool may change under it, and throw the result away when
         it did (``blockpool_vllm``'s follower, off the engine's thread).
         ``pause``, called every ``PAUSE_EVERY`` blocks, may let the pool's
-        owner run and says whether to go on (else ``Interrupted``).
-
-        The reading runs a column at a time (``_columns``: ``map`` over the
-        blocks, the loops in C), not a block at a time: what one block costs
-        is a few C-level steps, which is what keeps a step's digest within
-        the engine's budget at GPU sizes."""
-        n = len(self.pool.blocks)
-        named = [bid for bid in dict.fromkeys(ids) if 0 < bid < n]
-        sprev, snext, skeys = self.prev, self.next, self.keys
+        owner run and says whether to go on (else ``Interrupted``)."""
+        blocks = self.pool.blocks
+        n = len(blocks)
         cache = self.pool.cached_block_hash_to_block._cache
+        values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
+        total = self.total
         rows = Rows()
-        done = set(named)
-        chunks = 0
-        more: list[int] = []
-        left_keys: list[bytes | None] = []
-        if named:
-            for lo in range(0, len(named), PAUSE_EVERY):
-                if chunks and pause is not None and not pause():
-                    raise Interrupted
-                chunks += 1
-                chunk = named[lo : lo + PAUSE_EVERY]
-                prevs, nexts, keys, shared = self._columns(chunk, rows)
-                for new, kept in ((prevs, sprev), (nexts, snext)):
-                    old = list(map(kept.__getitem__, chunk))
-                    moved = list(map(ne, new, old))  # the old and the new neighbour changed
-                    more.extend(compress(new, moved))
-                    more.extend(compress(old, moved))
-                okeys = list(map(skeys.__getitem__, chunk))
-                left_keys.extend(compress(okeys, map(ne, okeys, keys)))  # the rest moved up
-                left_keys.extend(shared)  # its other blocks may have moved up
-            for key in left_keys:
-                if key is None:
-                    continue
-                e = cache.get(key)
-                if e is None:
-                    continue
-                if e.__class__ is dict:
-                    more.extend(e)
-                else:
-                    more.append(e.block_id)
-            found = [bid for bid in set(more) if bid > 0 and bid not in done]
-            for lo in range(0, len(found), PAUSE_EVERY):  # read as they are, links unfollowed
-                if chunks and pause is not None and not pause():
-                    raise Interrupted
-                chunks += 1
-                self._columns(found[lo : lo + PAUSE_EVERY], rows)
-        total = self.total + sum(rows.values) - sum(map(self.values.__getitem__, rows.ids))
-        return Staged(rows, total & MASK)
-
-    def _columns(
-        self, ids: list[int], rows: Rows
-    ) -> tuple[list[int], list[int], list[bytes | None], list[bytes]]:
-        """Blocks ``ids`` (valid, distinct) read into ``rows``; their links
-        and keys as read, and the keys they share with other blocks."""
-        pool = self.pool
-        cache = pool.cached_block_hash_to_block._cache
-        blocks = list(map(pool.blocks.__getitem__, ids))
-        prevs = list(map(getattr, map(_PREV, blocks), _BLOCK_ID, _NOT_QUEUED))
-        nexts = list(map(getattr, map(_NEXT, blocks), _BLOCK_ID, _NOT_QUEUED))
-        hashes = list(map(_HASH, blocks))
-        found = list(map(cache.get, hashes))  # (no key is None)
-        pos = [0 if same else -1 for same in map(is_, found, blocks)]
-        shared: list[bytes] = []
-        keys: list[bytes | None] = [
-            h if h is None or h.__class__ is bytes else bytes(h) for h in hashes
-        ]
-        for i in compress(range(len(ids)), map(is_, map(type, found), _DICT)):
-            pos[i] = map_position(cache, hashes[i], blocks[i])
-            key = keys[i]
-            assert key is not None
-            shared.append(key)
-        kvs = list(map(_from_bytes, [k or b"" for k in keys], _LITTLE))
-        for i in compress(range(len(ids)), map(is_, keys, _NONE)):
-            kvs[i] = -1
-        signed = array(
-            "q", map(hash, zip(ids, map(_REF, blocks), prevs, nexts, pos, kvs, strict=True))
+        add_id, add_value, add_prev, add_next, add_key = (
+            rows.ids.append,
+            rows.values.append,
+            rows.prev.append,
+            rows.next.append,
+            rows.keys.append,
         )
-        values = array("Q")
-        values.frombytes(signed.tobytes())  # & MASK, in C
-        rows.ids.extend(ids)
-        rows.values.extend(values)
-        rows.prev.extend(prevs)
-        rows.next.extend(nexts)
-        rows.keys.extend(keys)
-        return prevs, nexts, keys, shared
+        done: set[int] = set()
+        more: list[int] = []
+        keys: list[bytes] = []
+        left = PAUSE_EVERY
+        for bid in ids:
+            if bid in done or not 0 < bid < n:
+                continue
+            done.add(bid)
+            if pause is not None:
+                left -= 1
+                if not left:
+                    left = PAUSE_EVERY
+                    if not pause():
+                        raise Interrupted
+            b = blocks[bid]
+            p, x = b.prev_free_block, b.next_free_block
+            prev = NOT_QUEUED if p is None else p.block_id
+            nxt = NOT_QUEUED if x is None else x.block_id
+            old = sprev[bid]
+            if prev != old:  # both the old and the new neighbour changed links
+                if old > 0:
+                    more.append(old)
+                if prev > 0:
+                    more.append(prev)
+            old = snext[bid]
+            if nxt != old:
+                if old > 0:
+                    more.append(old)
+                if nxt > 0:
+                    more.append(nxt)
+            k = b.block_hash
+            okey = skeys[bid]
+            if k is None:
+                key = None
+                v = hash((bid, b.ref_cnt, prev, nxt, -1, -1))
+            else:
+                key = bytes(k)
+                e = cache.get(k)
+                if e is b:
+                    pos = 0
+                elif e.__class__ is dict:
+                    pos = map_position(cache, k, b)
+                    keys.append(key)  # its other blocks may have moved up
+                else:
+                    pos = -1
+                v = hash((bid, b.ref_cnt, prev, nxt, pos, _from_bytes(key, "little")))
+            if okey is not None and okey != key:
+                keys.append(okey)  # a key it left: the blocks after it moved up
+            v &= MASK
+            total += v - values[bid]
+            add_id(bid)
+            add_value(v)
+            add_prev(prev)
+            add_next(nxt)
+            add_key(key)
+        for key in keys:
+            e = cache.get(key)
+            if e is None:
+                continue
+            if e.__class__ is dict:
+                more.extend(e)
+            else:
+                more.append(e.block_id)
+        if more:
+            total = self._read_rows({bid for bid in more if bid not in done}, total, rows, pause)
+        return Staged(rows, total & MASK)
 
     def _read_rows(
         self,
@@ -281,13 +261,51 @@ class PoolDigest:
         rows: Rows,
         pause: Callable[[], bool] | None = None,
     ) -> int:
-        """Read blocks into ``rows``; the total with their new values instead
-        of their old."""
-        todo = [bid for bid in ids if bid > 0]
-        start = len(rows.ids)
-        for lo in range(0, len(todo), PAUSE_EVERY):
-            if lo and pause is not None and not pause():
-                raise Interrupted
-            self._columns(todo[lo : lo + PAUSE_EVERY], rows)
-        total += sum(rows.values[start:]) - sum(map(self.values.__getitem__, todo))
+        """Read blocks into ``rows`` (the hot loop: block_value and _read,
+        inlined); the total with their new values instead of their old."""
+        blocks = self.pool.blocks
+        cache = self.pool.cached_block_hash_to_block._cache
+        values = self.values
+        add_id, add_value, add_prev, add_next, add_key = (
+            rows.ids.append,
+            rows.values.append,
+            rows.prev.append,
+            rows.next.append,
+            rows.keys.append,
+        )
+        left = PAUSE_EVERY
+        for bid in ids:
+            if bid <= 0:
+                continue
+            if pause is not None:
+                left -= 1
+                if not left:
+                    left = PAUSE_EVERY
+                    if not pause():
+                        raise Interrupted
+            b = blocks[bid]
+            p, x = b.prev_free_block, b.next_free_block
+            prev = NOT_QUEUED if p is None else p.block_id
+            nxt = NOT_QUEUED if x is None else x.block_id
+            k = b.block_hash
+            if k is None:
+                key = None
+                v = hash((bid, b.ref_cnt, prev, nxt, -1, -1))
+            else:
+                key = bytes(k)
+                e = cache.get(k)
+                if e is b:
+                    pos = 0
+                elif e.__class__ is dict:
+                    pos = map_position(cache, k, b)
+                else:
+                    pos = -1
+                v = hash((bid, b.ref_cnt, prev, nxt, pos, _from_bytes(key, "little")))
+            v &= MASK
+            total += v - values[bid]
+            add_id(bid)
+            add_value(v)
+            add_prev(prev)
+            add_next(nxt)
+            add_key(key)
         return total & MASK
