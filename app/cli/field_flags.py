@@ -1,7 +1,9 @@
 """Flags generated from a request's fields: a dataclass field with ``help``
-(and ``metavar``) in its metadata is ``--its-name``; the type gives argparse
-its ``type`` (a ``bool`` is a switch, ``X | None`` is ``X`` with no
-default), a ``Literal`` its choices, the field its default.  So a flag's
+(and ``metavar``) in its metadata is ``--its-name`` (or the ``flag`` of its
+metadata: ``--no-chunked-prefill``); the type gives argparse its ``type`` (a
+``bool`` is a switch: one that turns it on, or off when its default is
+True; ``X | None`` is ``X`` with no default), a ``Literal`` its choices, the
+field its default.  So a flag's
 name, type, choices and default cannot drift from the request it fills."""
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Literal, Union
 def _kwargs(f: dataclasses.Field[Any], tp: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"help": f.metadata["help"]}
     if tp is bool:
-        out["action"] = "store_true"
+        out["action"] = "store_false" if f.default else "store_true"
         return out
     if typing.get_origin(tp) in (Union, types.UnionType):
         (tp,) = (a for a in typing.get_args(tp) if a is not type(None))
@@ -44,7 +46,9 @@ def add_field_flags(
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for name in flag_fields(cls) if names is None else names:
-        group.add_argument(f"--{name.replace('_', '-')}", **_kwargs(fields[name], hints[name]))
+        f = fields[name]
+        option = f.metadata.get("flag") or f"--{name.replace('_', '-')}"
+        group.add_argument(option, dest=name, **_kwargs(f, hints[name]))
 
 
 def from_args(cls: type[Any], args: argparse.Namespace, **given: Any) -> Any:

@@ -10,57 +10,90 @@ from __future__ import annotations
 
 import argparse
 import json
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from app.cli.field_flags import add_field_flags, from_args
 from blockpool.core.attention import GroupSpec
 from blockpool.trace.replay.sequence_groups import name_groups
 from blockpool.trace.sched.engine_core import StepModel
 from blockpool.trace.sched.group_slots import needs_groups
-from blockpool.trace.sched.scheduler import POLICIES, SchedulerConfig
+from blockpool.trace.sched.scheduler import Policy, SchedulerConfig
 from blockpool.trace.sched.timed import TimedConfig
 from blockpool.trace.sizing.capacity import KVLayout
 
-SCHEDULERS = ("vllm", "simple")
+Scheduler = Literal["vllm", "simple"]
+SCHEDULERS: tuple[str, ...] = typing.get_args(Scheduler)
 MAX_STEP_MODEL_BYTES = 4 * 1024 * 1024
 
 
-# timed mode's scheduler flags: (flag, add_argument's keywords)
-FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("--scheduler", {"choices": SCHEDULERS, "default": "vllm",
-                     "help": "vllm: vLLM 0.16's v1 scheduler (default); simple: it with every "
-                     "feature off (synchronous, whole prompts, no token budget)"}),
-    ("--max-num-batched-tokens", {"type": int, "default": 8192, "metavar": "N",
-                                  "help": "tokens a step may schedule (8192; 0: no budget)"}),
-    ("--no-chunked-prefill", {"dest": "chunked_prefill", "action": "store_false",
-                              "help": "a prompt runs whole or waits (vLLM's "
-                              "enable_chunked_prefill=False)"}),
-    ("--long-prefill-token-threshold", {"type": int, "default": 0, "metavar": "N",
-                                        "help": "at most N prompt tokens of one request a "
-                                        "step (0: off)"}),
-    ("--max-model-len", {"type": int, "default": None, "metavar": "N",
-                         "help": "prompts of N tokens or more are rejected (counted), outputs "
-                         "stop at N"}),
-    ("--policy", {"choices": POLICIES, "default": "fcfs", "help": "(default fcfs)"}),
-    ("--sync-scheduling", {"dest": "async_scheduling", "action": "store_false",
-                           "help": "synchronous scheduling (default: asynchronous, frees a "
-                           "step late)"}),
-    ("--step-model", {"metavar": "FILE",
-                      "help": 'JSON step times: {"base_ms", "per_prefill_token_ms", '
-                      '"per_decode_seq_ms"} or {"samples": [[prefill_tokens, decode_seqs, '
-                      'ms], ...]} to fit'}),
-    ("--step-prefill-token-ms", {"type": float, "default": 0.0, "metavar": "MS",
-                                 "help": "ms a step adds per prefill token (0; --step-ms is "
-                                 "the base)"}),
-    ("--step-decode-seq-ms", {"type": float, "default": 0.0, "metavar": "MS",
-                              "help": "ms a step adds per decoding request (0)"}),
-)  # fmt: skip
+def _flag(text: str, metavar: str | None = None, option: str | None = None) -> dict[str, Any]:
+    """A field's flag: its help, its placeholder, its option when not
+    ``--its-name`` (``field_flags``)."""
+    return {"help": text, "metavar": metavar, "flag": option}
+
+
+@dataclass(frozen=True)
+class SchedulerFlags:
+    """Timed mode's scheduler flags, one a field (name, type, default, choices
+    and help: ``field_flags``); ``timed_config`` reads them."""
+
+    scheduler: Scheduler = field(
+        default="vllm",
+        metadata=_flag(
+            "vllm: vLLM 0.16's v1 scheduler (default); simple: it with every "
+            "feature off (synchronous, whole prompts, no token budget)"
+        ),
+    )
+    max_num_batched_tokens: int = field(
+        default=8192, metadata=_flag("tokens a step may schedule (8192; 0: no budget)", "N")
+    )
+    chunked_prefill: bool = field(
+        default=True,
+        metadata=_flag(
+            "a prompt runs whole or waits (vLLM's enable_chunked_prefill=False)",
+            option="--no-chunked-prefill",
+        ),
+    )
+    long_prefill_token_threshold: int = field(
+        default=0, metadata=_flag("at most N prompt tokens of one request a step (0: off)", "N")
+    )
+    max_model_len: int | None = field(
+        default=None,
+        metadata=_flag(
+            "prompts of N tokens or more are rejected (counted), outputs stop at N", "N"
+        ),
+    )
+    policy: Policy = field(default="fcfs", metadata=_flag("(default fcfs)"))
+    async_scheduling: bool = field(
+        default=True,
+        metadata=_flag(
+            "synchronous scheduling (default: asynchronous, frees a step late)",
+            option="--sync-scheduling",
+        ),
+    )
+    step_model: str | None = field(
+        default=None,
+        metadata=_flag(
+            'JSON step times: {"base_ms", "per_prefill_token_ms", "per_decode_seq_ms"} or '
+            '{"samples": [[prefill_tokens, decode_seqs, ms], ...]} to fit',
+            "FILE",
+        ),
+    )
+    step_prefill_token_ms: float = field(
+        default=0.0,
+        metadata=_flag("ms a step adds per prefill token (0; --step-ms is the base)", "MS"),
+    )
+    step_decode_seq_ms: float = field(
+        default=0.0, metadata=_flag("ms a step adds per decoding request (0)", "MS")
+    )
 
 
 def add_scheduler_arguments(t: argparse.ArgumentParser) -> None:
     g = t.add_argument_group("timed mode: vLLM's scheduler")
-    for flag, kwargs in FLAGS:
-        g.add_argument(flag, **kwargs)
+    add_field_flags(g, SchedulerFlags)
 
 
 def _read_step_model(path: str) -> StepModel:
@@ -85,23 +118,24 @@ def timed_config(args: argparse.Namespace, layout: KVLayout | None = None) -> Ti
     replay its groups."""
     specs = () if layout is None else tuple(layout.group_specs(args.block_size))
     groups = specs if needs_groups(specs) else ()
-    if args.scheduler == "simple":
+    flags: SchedulerFlags = from_args(SchedulerFlags, args)
+    if flags.scheduler == "simple":
         return TimedConfig(args.speed, args.step_ms, args.max_running, groups=groups)
-    budget = args.max_num_batched_tokens
+    budget = flags.max_num_batched_tokens
     if budget < 0:
         raise ValueError("--max-num-batched-tokens must be >= 0 (0: no budget)")
-    if args.step_model:
-        model = _read_step_model(args.step_model)
+    if flags.step_model:
+        model = _read_step_model(flags.step_model)
     else:
-        model = StepModel(args.step_ms, args.step_prefill_token_ms, args.step_decode_seq_ms)
+        model = StepModel(args.step_ms, flags.step_prefill_token_ms, flags.step_decode_seq_ms)
     sched = SchedulerConfig(
         max_num_batched_tokens=budget or None,
         max_num_seqs=args.max_running,
-        enable_chunked_prefill=args.chunked_prefill,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        max_model_len=args.max_model_len,
-        policy=args.policy,
-        async_scheduling=args.async_scheduling,
+        enable_chunked_prefill=flags.chunked_prefill,
+        long_prefill_token_threshold=flags.long_prefill_token_threshold,
+        max_model_len=flags.max_model_len,
+        policy=flags.policy,
+        async_scheduling=flags.async_scheduling,
     )
     return TimedConfig(args.speed, args.step_ms, args.max_running, sched, model, groups)
 

@@ -2,16 +2,15 @@
 result and events, every keyframe and the final state checked against the
 file (the moments of a live recording are in ``moments.py``).
 
-    python -m blockpool.analysis.replay RECORDING.jsonl [--json]
-    blockpool replay RECORDING.jsonl [--json]
+A ReplayRequest in, a ReplayReport out (``replay_recording``); the command
+``blockpool replay RECORDING.jsonl [--json]`` (``app/cli/replay.py``) reads
+its flags and prints the report.
 """
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -192,6 +191,20 @@ def _replay_record(engine: PoolRuntime, report: ReplayReport, rec: Any, started:
     return started
 
 
+@dataclass(frozen=True)
+class ReplayRequest:
+    """A replay: the exported recording file it reads (JSON lines, or gzip)."""
+
+    path: str | Path
+
+
+def replay_recording(request: ReplayRequest) -> ReplayReport:
+    """Replay the request's recording and check it (see ReplayReport.ok);
+    OSError when it cannot be read, ValueError naming the line or record
+    of a file it cannot replay."""
+    return replay_file(request.path)
+
+
 def replay_file(path: str | Path) -> ReplayReport:
     """Replay an exported recording file and check it (see ReplayReport.ok)."""
     report, _ = replay_records(read_lines(path), str(path))
@@ -229,35 +242,3 @@ def snapshot_digest(engine: PoolRuntime) -> dict[str, Any]:
     """Round trip through a keyframe (tests: snapshot + restore is exact)."""
     kf = snapshot(engine, 0, time.time())
     return _kf_digest(engine, kf)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="blockpool replay",
-        description="Replay a blockpool recording (GET /api/history/export) and check it.",
-    )
-    ap.add_argument("path", help="the JSON-lines recording")
-    ap.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = ap.parse_args(argv)
-    try:
-        report = replay_file(args.path)
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"replay: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
-    else:
-        of = f" of {report.engine}" if report.engine else ""
-        print(
-            f"{report.path}: {report.ops} ops ({report.refused} refused), "
-            f"{report.keyframes} keyframes, free order {report.free_order}{of}, "
-            f"{report.seconds:.2f}s: "
-            + ("OK, same results, events and states" if report.ok else "MISMATCH")
-        )
-        for p in report.problems[:10]:
-            print(f"  - {p}")
-    return 0 if report.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from app.cli import main as cli_main
 from app.pool.engine import Engine
 from app.pool.schemas import (
     AdmitOp,
@@ -134,9 +135,7 @@ def test_export_replays_with_the_same_results_and_events(
     assert report.refused > 0  # refusals are replayed as refusals
     _, end = replay.replay_records(replay.read_lines(path))
     assert digest(end) == digest(e.runtime)
-    assert replay.main([str(path)]) == 0
-    from app.cli import main as cli_main
-
+    assert cli_main(["replay", str(path)]) == 0
     assert cli_main(["replay", str(path), "--json"]) == 0
 
 
@@ -166,12 +165,12 @@ def test_a_tampered_recording_is_reported(
     assert not report.ok and report.result_mismatches == 1
     assert "admit" in (report.first_problem or "")
     capsys.readouterr()
-    assert replay.main([str(path), "--json"]) == 1
+    assert cli_main(["replay", str(path), "--json"]) == 1
     printed = json.loads(capsys.readouterr().out)
     assert printed["ok"] is False and printed["result_mismatches"] == 1
     assert printed["first_problem"] == report.first_problem and printed["path"] == str(path)
     (tmp_path / "nothing.jsonl").write_text('{"type": "op"}\n')
-    assert replay.main([str(tmp_path / "nothing.jsonl")]) == 2
+    assert cli_main(["replay", str(tmp_path / "nothing.jsonl")]) == 2
 
 
 def test_the_recording_is_bounded_and_starts_at_a_keyframe(engine_factory: Factory) -> None:

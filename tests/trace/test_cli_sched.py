@@ -139,3 +139,26 @@ def test_the_scheduler_table_gives_each_capacity_in_vllms_tokens_over_groups(
     lines = capsys.readouterr().out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["capacity_tokens"])
     assert [line.split()[0] for line in lines[head + 1 : head + 3]] == ["3200", "inf"]
+
+
+def test_the_scheduler_flags_are_the_fields_of_scheduler_flags() -> None:
+    """Each field of SchedulerFlags is a ``blockpool trace`` flag with its
+    default and help; a switch whose field defaults to True turns it off."""
+    import dataclasses
+
+    from app.cli import parser
+    from app.cli.trace_sched import SchedulerFlags
+    from blockpool.trace.sched.scheduler import POLICIES
+
+    trace = parser()._subparsers._group_actions[0].choices["trace"]
+    actions = {a.dest: a for a in trace._actions}
+    for f in dataclasses.fields(SchedulerFlags):
+        action = actions[f.name]
+        option = f.metadata["flag"] or f"--{f.name.replace('_', '-')}"
+        assert action.option_strings == [option]
+        assert action.default == f.default and action.help == f.metadata["help"]
+    assert actions["chunked_prefill"].option_strings == ["--no-chunked-prefill"]
+    assert actions["async_scheduling"].option_strings == ["--sync-scheduling"]
+    assert actions["policy"].choices == list(POLICIES) == ["fcfs", "priority"]
+    assert actions["scheduler"].choices == ["vllm", "simple"]
+    assert actions["max_num_batched_tokens"].type is int

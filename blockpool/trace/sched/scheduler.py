@@ -37,13 +37,14 @@ import heapq
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 from blockpool.core.hashing import BlockHash
 from blockpool.trace.sched.slots import SlotBackend
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
-POLICIES = ("fcfs", "priority")
+Policy = Literal["fcfs", "priority"]
+POLICIES: tuple[str, ...] = get_args(Policy)
 UNBOUNDED = 1 << 62
 
 
