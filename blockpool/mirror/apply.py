@@ -24,7 +24,7 @@ from blockpool.mirror.digest import PoolDigest
 from blockpool.mirror.poolview import BadSnapshot, to_pool_snapshot
 from blockpool.runtime.config import UNCAPPED
 from blockpool.runtime.errors import Conflict, OperationError
-from blockpool.runtime.ops import AllocateOp, CacheOp, EvictOp, FreeOp, ResetOp, TouchOp
+from blockpool.runtime.ops import AllocateOp, CacheOp, EvictOp, FreeOp, Op, ResetOp, TouchOp
 from blockpool.runtime.runtime import PoolRuntime
 
 BOUNDARIES_KEPT = 4096  # batch boundaries whose digest the mirror keeps
@@ -134,7 +134,7 @@ class MirrorApplier:
     def set_stats(self, stats: tuple[int, int, int]) -> None:
         self.rt.manager.stats = PrefixCacheStats(*stats)
 
-    def _run(self, op: Any, index: int) -> dict[str, Any]:
+    def _run(self, op: Op, index: int) -> dict[str, Any]:
         rt = self.rt
         try:
             # the engine's own step: no client's caps (ids per call...), the

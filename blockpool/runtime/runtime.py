@@ -36,6 +36,7 @@ from blockpool.runtime.errors import OperationError
 from blockpool.runtime.observer import Change, ChangeKind, Observers, OpObserver, notify
 from blockpool.runtime.ops import READ_ONLY, Op, handle, precheck
 from blockpool.runtime.prefix_tree import EventPrefixTree
+from blockpool.runtime.seams import OperationRecorder, RequestStorage
 from blockpool.runtime.seqlog import SeqLog
 
 
@@ -47,7 +48,7 @@ def event_weight(ev: KVCacheEvent) -> int:
 
 
 class PoolRuntime:
-    def __init__(self, config: RuntimeConfig, storage: Any = None) -> None:
+    def __init__(self, config: RuntimeConfig, storage: RequestStorage | None = None) -> None:
         self.config = config
         # the limits of the operation being applied: the configuration's,
         # but for one executed with other caps (``execute``)
@@ -98,7 +99,7 @@ class PoolRuntime:
         self.tail_waste = 0
         self.full_dirty = True  # every block changed since the last take (a reset)
         self.hooks: OpObserver | None = None  # the observer of every change
-        self.recorder: Any = None  # keeps every operation (blockpool.analysis.recording)
+        self.recorder: OperationRecorder | None = None  # every operation (analysis.recording)
         self.after_op: Callable[[], None] | None = None  # after each operation (a wake-up)
         self._spare: PoolRuntime | None = None  # for dry runs (trial.py)
         # the operations applied since the spare was in step (trial.py); None: not in step
