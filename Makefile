@@ -31,9 +31,9 @@ test: $(STAMP) browser vllm-envs
 	$(PY) -m pytest -p no:cacheprovider --hypothesis-profile=ci \
 	  --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR)
 
-## The floor under the coverage `make test` prints (blockpool/ and app/, lines;
-## 71.1% measured on a subset of the suite, the whole suite covers more).
-COVERAGE_FLOOR ?= 70
+## The floor under the coverage `make test` prints (blockpool/ and app/, lines):
+## the whole suite held 93.7% on a fresh clone (CI, 2026-12-03), less a margin.
+COVERAGE_FLOOR ?= 90
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -x -q -m "not browser and not slow and not vllm016 and not vllm_engine"
