@@ -113,7 +113,7 @@ def _num(v: Any) -> str:
     return "inf" if v is None else str(v)
 
 
-def columns(results: list[CapacityResult], plan: Plan | None) -> list[tuple[str, str, Any]]:
+def columns(results: list[CapacityResult], plan: Plan | None) -> list[tuple[str, str, Any]]:  # noqa: ARG001 the columns' shared signature
     """(table header with its unit, CSV name, value of a result)."""
     pols = [] if plan is None else plan.policies
     cols: list[tuple[str, str, Any]] = [
@@ -189,8 +189,7 @@ def _cell(header: str, v: Any) -> str:
 def table_lines(results: list[CapacityResult], plan: Plan | None) -> list[str]:
     cols = columns(results, plan)
     rows = [[h for h, _, _ in cols]]
-    for r in results:
-        rows.append([_cell(h, f(r)) for h, _, f in cols])
+    rows.extend([_cell(h, f(r)) for h, _, f in cols] for r in results)
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
     return ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
 

@@ -101,7 +101,7 @@ def test_the_header_and_the_json_give_the_whole_runs_time(
     assert "free order append_all (vLLM 0.16); replay " in head and ", all " in head
 
 
-def test_the_plot_fits_its_axes_to_the_data(trace: Trace, tmp_path: Path) -> None:
+def test_the_plot_fits_its_axes_to_the_data(trace: Trace) -> None:
     pytest.importorskip("matplotlib")
     from app.trace.plot import _gib, curve_figure, log_ticks
     from blockpool.trace.plan import capacity_plan as planner

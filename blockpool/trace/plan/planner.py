@@ -62,7 +62,7 @@ def log_grid(lo: int, hi: int, points: int) -> list[int]:
     return sorted({round(lo * math.exp(ratio * i)) for i in range(points)} | {lo, hi})
 
 
-def sweep_range(trace: Trace, block_size: int, optimal: OptimalCurve) -> tuple[int, int]:
+def sweep_range(trace: Trace, block_size: int, optimal: OptimalCurve) -> tuple[int, int]:  # noqa: ARG001 the sizing functions' shared signature
     """(the smallest pool refusing nothing, a pool where the optimum never evicts), in blocks."""
     biggest = max((int(b) for b in optimal.num_blocks), default=1)
     lo = biggest + 1
@@ -250,7 +250,7 @@ def bound_at(
 # ---------------------------------------------------- KV-cache groups (windows)
 
 
-def group_unbounded_hit_tokens(trace: Trace, block_size: int, optimal: OptimalCurve) -> int:
+def group_unbounded_hit_tokens(trace: Trace, block_size: int, optimal: OptimalCurve) -> int:  # noqa: ARG001 the sizing functions' shared signature
     """The unbounded ceiling over any KV-cache groups sharing ``block_size``:
     the compulsory-miss bound of one full-attention group, ``sum_t min(c_t,
     h_t) * block_size`` (``c_t``: the leading blocks of request ``t`` stored
