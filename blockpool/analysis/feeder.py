@@ -93,7 +93,7 @@ class ShadowFeeder(FeedProgress):
     def running(self) -> bool:
         return self.inline is not None
 
-    def wait_idle(self, timeout: float = 10.0) -> bool:  # noqa: ARG002 the feeder protocol's signature
+    def wait_idle(self, timeout: float = 10.0) -> bool:  # noqa: ARG002 the worker-backed subclass's signature
         return True
 
     # ----------------------------------------------------- runtime hot path
@@ -163,7 +163,7 @@ class ShadowFeeder(FeedProgress):
             self.inline.restart()
             self.latest = self.inline.stats()
 
-    def check(self, timeout: float = 10.0) -> None:  # noqa: ARG002 the feeder protocol's signature
+    def check(self, timeout: float = 10.0) -> None:  # noqa: ARG002 the worker-backed subclass's signature
         """Audit every shadow (tests)."""
         if self.inline is not None:
             for pool in self.inline.pools:
