@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = (exc.name or "").partition(".")[0]
         if missing not in SERVICE_PACKAGES:
             raise
-        print(
+        print(  # noqa: T201 the command's own error message
             f"blockpool: the command needs the service extra ({missing} is not installed):\n"
             "  pip install 'blockpool[service]'",
             file=sys.stderr,

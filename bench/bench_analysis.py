@@ -125,8 +125,7 @@ def make_ops(seed: int, n_ops: int, max_running: int) -> list[Any]:
             out.extend(t)
             running[rid] = (left - len(t), conv, out)
             ops.append(AppendOp(request_id=rid, token_ids=t))
-    for rid in running:
-        ops.append(FinishOp(request_id=rid))
+    ops.extend(FinishOp(request_id=rid) for rid in running)
     return ops
 
 

@@ -250,8 +250,10 @@ async def _bandwidth(srv: Server, duration: float, n_clients: int) -> dict[str, 
                 rng.randrange(32000) for _ in range(rng.randint(50, 200))
             ]
             ops.append({"op": "admit", "request_id": rid, "token_ids": prompt})
-            for old in running[-4:]:
-                ops.append({"op": "append", "request_id": old, "token_ids": [1, 2, 3, 4]})
+            ops.extend(
+                {"op": "append", "request_id": old, "token_ids": [1, 2, 3, 4]}
+                for old in running[-4:]
+            )
             if len(running) >= 8:
                 ops.append({"op": "finish", "request_id": running.pop(0)})
             await h.post("/api/batch", json={"ops": ops, "on_error": "continue"})

@@ -148,7 +148,7 @@ class EngineQueues:
         """``running`` and ``waiting`` now, the requests ``admitted`` (first
         scheduled) and ``finished`` (None: not known, ``reason`` says why)."""
         if self.unknown_reason is not None:
-            return {k: None for k in COUNTS} | {"reason": self.unknown_reason}
+            return dict.fromkeys(COUNTS) | {"reason": self.unknown_reason}
         return {
             "running": self.running,
             "waiting": self.waiting,

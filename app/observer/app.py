@@ -77,7 +77,7 @@ def create_observer_app(settings: ObserverSettings | None = None) -> FastAPI:
     hub = FleetHub(fleet, settings.tick_hz, settings.ws_queue)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:  # noqa: ARG001 FastAPI's lifespan signature
         await fleet.start()
         await hub.start()
         try:

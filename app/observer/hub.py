@@ -50,7 +50,7 @@ class FleetHub:
         self.seq = 0
         self._error_logged_at = -1e9
         self._dirty = True
-        self._sent_log_seq = {name: 0 for name in fleet.sources}
+        self._sent_log_seq = dict.fromkeys(fleet.sources, 0)
         self._task: asyncio.Task[None] | None = None
         for s in fleet.sources.values():
             s.on_batch = self._mark

@@ -28,7 +28,7 @@ def _num(v: Any) -> float | None:
 def moment_tiles(series: list[dict[str, float]], ts: float, usage: float) -> dict[str, Any]:
     """The tiles' figures at unix time ``ts`` from ``series`` (time order)."""
     out: dict[str, Any] = {"usage": usage, "point_ts": None, "reason": None}
-    out.update({k: None for k in WINDOWED})
+    out.update(dict.fromkeys(WINDOWED))
     out["since_label"] = None
     if not series:
         out["reason"] = "the server holds no series point"

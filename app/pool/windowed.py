@@ -80,7 +80,7 @@ class HitWindow:
         self.base = (0, 0)  # (hits, queries) at the start or the last reset
         self.since_t = clock()  # when "since start" began (the clock's time)
         self.restarts = 0
-        self._rates: dict[float, float | None] = {w: None for w in self.windows_s}
+        self._rates: dict[float, float | None] = dict.fromkeys(self.windows_s)
 
     def observe(self, hits: int, queries: int, epoch: int = 0) -> None:
         """The counters now (tick time); ``epoch`` changes on a prefix-cache reset."""
@@ -93,7 +93,7 @@ class HitWindow:
             self.base = (hits, queries)
             self.since_t = now
             self.restarts += 1
-            self._rates = {w: None for w in self.windows_s}
+            self._rates = dict.fromkeys(self.windows_s)
         s = self.samples
         if s and now - s[-1][0] < self.sample_s:
             return

@@ -109,7 +109,7 @@ def plot_fleet(
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(LogLocator(base=2))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _p: ""))
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _p: ""))  # noqa: ARG005 matplotlib's formatter signature
         ax.set_xlabel(
             "fleet KV cache, all replicas (GiB)" if in_bytes else "fleet KV cache (blocks)"
         )

@@ -113,7 +113,7 @@ def _num(v: Any) -> str:
     return "inf" if v is None else str(v)
 
 
-def columns(results: list[CapacityResult], plan: Plan | None) -> list[tuple[str, str, Any]]:
+def columns(plan: Plan | None) -> list[tuple[str, str, Any]]:
     """(table header with its unit, CSV name, value of a result)."""
     pols = [] if plan is None else plan.policies
     cols: list[tuple[str, str, Any]] = [
@@ -187,10 +187,9 @@ def _cell(header: str, v: Any) -> str:
 
 
 def table_lines(results: list[CapacityResult], plan: Plan | None) -> list[str]:
-    cols = columns(results, plan)
+    cols = columns(plan)
     rows = [[h for h, _, _ in cols]]
-    for r in results:
-        rows.append([_cell(h, f(r)) for h, _, f in cols])
+    rows.extend([_cell(h, f(r)) for h, _, f in cols] for r in results)
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
     return ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
 
@@ -200,7 +199,7 @@ def render_csv(
 ) -> str:
     """One row per capacity; rates as fractions 0-1, sizes in tokens, blocks, bytes
     (and the replay's free order, when given)."""
-    cols = columns(results, plan)
+    cols = columns(plan)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     why = [] if plan is None or plan.groups is None else [NO_OPTIMUM]

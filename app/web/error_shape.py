@@ -103,16 +103,14 @@ def _json(status: int, code: str, message: str, details: dict[str, Any] | None =
 
 
 def _clean(errors: Any) -> list[dict[str, Any]]:
-    out = []
-    for e in errors:
-        out.append(
-            {
-                "loc": [str(x) for x in e.get("loc", ())],
-                "message": str(e.get("msg", "")),
-                "type": str(e.get("type", "")),
-            }
-        )
-    return out
+    return [
+        {
+            "loc": [str(x) for x in e.get("loc", ())],
+            "message": str(e.get("msg", "")),
+            "type": str(e.get("type", "")),
+        }
+        for e in errors
+    ]
 
 
 def refusal_response(exc: OperationError) -> JSONResponse:

@@ -200,7 +200,7 @@ class Driver(Run):
         req = self.reqs.pop(rid)
         how = how or self.rng.choice(["reverse"] * 6 + ["forward", "shuffle", "together"])
         if how == "together":
-            tables = [t for t in req.tables]
+            tables = list(req.tables)
             order = [b for t in tables for b in reversed(t)]
             self.both("free_blocks", BlockIds(order))
         else:

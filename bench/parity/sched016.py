@@ -199,7 +199,7 @@ def run(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
                 p += n
         return base + per_p * p + per_d * d
 
-    def schedule(now: float) -> tuple[Any, list[str], float]:
+    def schedule(now: float) -> tuple[Any, list[str], float]:  # noqa: ARG001 the scheduler callback's signature
         out = sched.schedule()
         sampling = [
             rid for rid in out.num_scheduled_tokens if not sched.requests[rid].is_prefill_chunk
@@ -227,9 +227,7 @@ def run(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
                 lookups["queries"] += pc.queries
                 lookups["hits"] += pc.hits
                 lookups["requests"] += pc.requests
-            for o in outs.outputs:
-                if o.finish_reason is not None:
-                    finished.append(o.request_id)
+            finished.extend(o.request_id for o in outs.outputs if o.finish_reason is not None)
 
     i, clock, total = 0, 0.0, len(reqs)
     t0 = time.perf_counter()

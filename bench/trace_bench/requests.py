@@ -45,8 +45,8 @@ class Recorder:
         self.stats.count(req, hit)
         return [], hit
 
-    def allocate(self, req: Any, num_new: int, num_hit: int = 0, hit: Any = (), *,
-                 cache: bool = True) -> bool:  # fmt: skip
+    def allocate(self, req: Any, num_new: int, num_hit: int = 0, hit: Any = (), *,  # noqa: ARG002 the manager's allocate signature
+                 cache: bool = True) -> bool:  # fmt: skip  # noqa: ARG002 the manager's allocate signature
         r, rid = req.hashable, req.rid
         if rid not in self.held:
             if self.blocked == (rid, self.frees):

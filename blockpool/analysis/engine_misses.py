@@ -158,7 +158,7 @@ class EngineMisses(Quiet):
                     now or self.clock(),
                 )  # fmt: skip
 
-    def on_finish(self, rid: str, managed: ManagedRequest, first_stamp: int) -> None:
+    def on_finish(self, rid: str, managed: ManagedRequest, first_stamp: int) -> None:  # noqa: ARG002 the runtime observer's protocol
         self.on_freed(first_stamp)
 
     def on_allocate(self, ids: list[int]) -> None:
@@ -166,7 +166,7 @@ class EngineMisses(Quiet):
             alloc = self.rt.counters.blocks_allocated
             self.ring.record_evictions(ids, alloc, REUSE, None, self.clock())
 
-    def on_admit(self, rid: str, op: AdmitFields, adm: Admission) -> None:
+    def on_admit(self, rid: str, op: AdmitFields, adm: Admission) -> None:  # noqa: ARG002 the runtime observer's protocol
         if self.records:
             hit = adm.num_hit_blocks
             new = [b for t in adm.block_ids for b in t[hit:]]
@@ -176,9 +176,9 @@ class EngineMisses(Quiet):
     def on_append(
         self,
         rid: str,
-        managed: ManagedRequest,
-        before_tokens: int,
-        before_cached: int,
+        managed: ManagedRequest,  # noqa: ARG002 the runtime observer's protocol
+        before_tokens: int,  # noqa: ARG002 the runtime observer's protocol
+        before_cached: int,  # noqa: ARG002 the runtime observer's protocol
         added: list[list[int]],
     ) -> None:
         new = [b for t in added for b in t]

@@ -41,7 +41,7 @@ class NoEvents(EventsView):
     def __init__(self) -> None:
         self.first, self.events = 0, []
 
-    def of(self, entry: Entry) -> list[KVCacheEvent] | None:
+    def of(self, entry: Entry) -> list[KVCacheEvent] | None:  # noqa: ARG002 overrides EventsView.of
         return []
 
 

@@ -26,12 +26,14 @@ def shadow_specs(policies: list[str], factors: list[float], grid: bool) -> list[
     policies = [policy_name(p) for p in policies]
     specs: list[ShadowSpec] = []
     if grid:
-        for p in policies or [APPEND_ALL]:
-            for f in sorted({1.0, *factors}):
-                specs.append(ShadowSpec(p, f))
+        specs.extend(
+            ShadowSpec(p, f) for p in policies or [APPEND_ALL] for f in sorted({1.0, *factors})
+        )
     else:
-        for f in sorted({*factors, *([1.0] if APPEND_ALL in policies else [])}):
-            specs.append(ShadowSpec(APPEND_ALL, f))
+        specs.extend(
+            ShadowSpec(APPEND_ALL, f)
+            for f in sorted({*factors, *([1.0] if APPEND_ALL in policies else [])})
+        )
         specs.extend(ShadowSpec(p, 1.0) for p in policies if p != APPEND_ALL)
     return list(dict.fromkeys(specs))
 
@@ -91,7 +93,7 @@ class ShadowFeeder(FeedProgress):
     def running(self) -> bool:
         return self.inline is not None
 
-    def wait_idle(self, timeout: float = 10.0) -> bool:
+    def wait_idle(self, timeout: float = 10.0) -> bool:  # noqa: ARG002 the worker-backed subclass's signature
         return True
 
     # ----------------------------------------------------- runtime hot path
@@ -161,7 +163,7 @@ class ShadowFeeder(FeedProgress):
             self.inline.restart()
             self.latest = self.inline.stats()
 
-    def check(self, timeout: float = 10.0) -> None:
+    def check(self, timeout: float = 10.0) -> None:  # noqa: ARG002 the worker-backed subclass's signature
         """Audit every shadow (tests)."""
         if self.inline is not None:
             for pool in self.inline.pools:

@@ -180,7 +180,7 @@ class MissTracker:
         rid: str,
         all_tokens: list[int],
         hashes: Any,
-        table0: list[Any],
+        table0: list[Any],  # noqa: ARG002 the observer protocol's signature
         old_cached: int,
         new_cached: int,
         now: float,

@@ -59,7 +59,7 @@ def tokens(engine: PoolRuntime, unknown: str | None = None) -> dict[str, Any]:
     }
 
 
-def _rm_summary(rm: RequestMissCodes, bs: int) -> dict[str, Any]:
+def _rm_summary(rm: RequestMissCodes) -> dict[str, Any]:
     return {
         "request_id": rm.request_id,
         "admitted_at": rm.ts,
@@ -73,7 +73,6 @@ def _rm_summary(rm: RequestMissCodes, bs: int) -> dict[str, Any]:
 
 def misses(an: Analysis, limit: int) -> dict[str, Any]:
     m = an.misses
-    bs = an.bs
     missed_blocks = sum(m.blocks[1:])
     reasons = {
         name: {
@@ -109,7 +108,7 @@ def misses(an: Analysis, limit: int) -> dict[str, Any]:
             "requests_finished_kept": len(m.finished),
             "finished_capacity": m.finished_kept,
         },
-        "recent_requests": [_rm_summary(r, bs) for r in recent[:limit]],
+        "recent_requests": [_rm_summary(r) for r in recent[:limit]],
     }
 
 
@@ -135,7 +134,7 @@ def request_misses(an: Analysis, rid: str) -> dict[str, Any]:
                 "detail": detail,
             }
         )
-    out = _rm_summary(rm, bs)
+    out = _rm_summary(rm)
     out.update(
         finished_at=rm.finished_ts,
         lora_name=rm.lora_name,
@@ -172,23 +171,22 @@ def regret(an: Analysis, limit: int) -> dict[str, Any]:
     m = an.misses.regret
     total_ev = evicted_count(an.misses.ring.evictions)
     rates = an.rates()
-    top = []
-    for r in m.top_roots(limit):
-        top.append(
-            {
-                "root": hex64(r.root),
-                "regrets": r.regrets,
-                "mean_gap_seconds": r.gap_sum / r.regrets if r.regrets else None,
-                "last_gap_seconds": r.last_gap,
-                "last_at": r.last_ts,
-                "deepest_block": r.max_depth,
-                "last_request": r.last_victim,
-                "owner_request": r.last_owner,
-                "first_tokens": r.first_tokens,
-                "lora_name": r.lora_name,
-                "cache_salt": r.cache_salt,
-            }
-        )
+    top = [
+        {
+            "root": hex64(r.root),
+            "regrets": r.regrets,
+            "mean_gap_seconds": r.gap_sum / r.regrets if r.regrets else None,
+            "last_gap_seconds": r.last_gap,
+            "last_at": r.last_ts,
+            "deepest_block": r.max_depth,
+            "last_request": r.last_victim,
+            "owner_request": r.last_owner,
+            "first_tokens": r.first_tokens,
+            "lora_name": r.lora_name,
+            "cache_salt": r.cache_salt,
+        }
+        for r in m.top_roots(limit)
+    ]
     return {
         "regrets_total": m.regrets,
         "evictions_total": total_ev,

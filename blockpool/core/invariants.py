@@ -187,11 +187,11 @@ def check_coordinator(coordinator: KVCacheCoordinator) -> None:
                     problems.append(f"{rid}: group {g} holds block {b.block_id} of another pool")
                     continue
                 held[b.block_id] += 1
-    for b in pool.blocks:
-        if not b.is_null and b.ref_cnt != held[b.block_id]:
-            problems.append(
-                f"block {b.block_id} has ref_cnt {b.ref_cnt} but {held[b.block_id]} table slot(s)"
-            )
+    problems.extend(
+        f"block {b.block_id} has ref_cnt {b.ref_cnt} but {held[b.block_id]} table slot(s)"
+        for b in pool.blocks
+        if not b.is_null and b.ref_cnt != held[b.block_id]
+    )
     if problems:
         raise InvariantError(problems, _dump(pool, pool.free_block_queue.get_all_free_blocks()))
     check_invariants(pool)

@@ -260,11 +260,9 @@ class RequestManager:
         self._require_free(num_new * len(self.group_ids) + len(evictable), "admitting the request")
 
         pool = self.pool
-        tables: list[list[KVCacheBlock]] = []
         for table in hits:
             pool.touch(table)
-        for table in hits:
-            tables.append(table + pool.get_new_blocks(num_new))
+        tables = [table + pool.get_new_blocks(num_new) for table in hits]
         num_full = req.num_tokens // self.block_size
         if pool.enable_caching:
             for gid, table in zip(self.group_ids, tables, strict=True):

@@ -234,9 +234,9 @@ class InstanceState:
             chunk = _packed(tokens[start : start + size])
             nxt: list[tuple[Hash | None, list[Hash]]] = []
             for parent, path in frontier:
-                for c in children.get(parent, ()):
-                    if entries[c].tokens == chunk:
-                        nxt.append((c, [*path, c]))
+                nxt.extend(
+                    (c, [*path, c]) for c in children.get(parent, ()) if entries[c].tokens == chunk
+                )
             if not nxt:
                 break
             frontier = nxt

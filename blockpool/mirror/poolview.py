@@ -176,8 +176,7 @@ def to_pool_snapshot(snap: Snapshot) -> tuple[PoolSnapshot, str]:
                 raise BadSnapshot("a key held by several blocks has no order")
             map_dicts[len(map_keys)] = tuple(order)
             ids = order
-        for i, bid in enumerate(ids):
-            positions[bid] = i
+        positions.update((bid, i) for i, bid in enumerate(ids))
         map_keys.append(key)
         map_ids.append(ids[0])
     total = n

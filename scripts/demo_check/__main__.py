@@ -108,7 +108,7 @@ def main() -> int:
                     help="seconds for every dashboard query to have data")  # fmt: skip
     args = ap.parse_args()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001 signal handler signature
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -200,8 +200,13 @@ def test_moments_by_time_and_seq(engine_factory: Factory, clock: Any) -> None:
     assert moments.parse_moment(rec, str(t0 + 10)) == 0  # before any op: the first keyframe
     iso = __import__("datetime").datetime.fromtimestamp(t0 + 300.0).isoformat()
     assert moments.parse_moment(rec, iso) == 5
-    for bad in ("yesterday", "-3", "2.5", "nan"):
-        with pytest.raises(ValueError):
+    for bad, why in (
+        ("yesterday", "'yesterday' is not an op seq, a Unix time or an ISO 8601 time"),
+        ("-3", "'-3' is not a moment"),
+        ("2.5", "'2.5': an op seq is a whole number"),
+        ("nan", "'nan' is not a moment"),
+    ):
+        with pytest.raises(ValueError, match=why):
             moments.parse_moment(rec, bad)
     assert rec.ts_of(2) == t0 + 120
 

@@ -93,7 +93,8 @@ def test_the_replica_answers_as_the_inline_analysis(engine_factory: Factory, clo
 
 
 def test_a_lagging_replica_restarts_from_a_new_keyframe(
-    engine_factory: Factory, clock: Clock
+    engine_factory: Factory,
+    clock: Clock,  # noqa: ARG001 fixture used for its side effect
 ) -> None:
     e = engine_factory(num_blocks=40, analysis_mode="worker", shadow_max_lag=100)
     an = e.analysis

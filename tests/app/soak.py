@@ -239,12 +239,15 @@ def deep_size(obj: Any, seen: set[int] | None = None) -> int:
         ):  # fmt: skip
             continue
         else:
-            for name in getattr(o, "__struct_fields__", ()) or ():
-                todo.append(getattr(o, name, None))
+            todo.extend(
+                getattr(o, name, None) for name in getattr(o, "__struct_fields__", ()) or ()
+            )
             for cls in type(o).__mro__:
-                for name in getattr(cls, "__slots__", ()) or ():
-                    if isinstance(name, str) and hasattr(o, name):
-                        todo.append(getattr(o, name))
+                todo.extend(
+                    getattr(o, name)
+                    for name in getattr(cls, "__slots__", ()) or ()
+                    if isinstance(name, str) and hasattr(o, name)
+                )
             d = getattr(o, "__dict__", None)
             if isinstance(d, dict):
                 todo.append(d)

@@ -207,11 +207,11 @@ async def test_allowed_hosts_and_origins_are_settings() -> None:
 
 
 async def test_bound_host_name_is_allowed() -> None:
-    guard = SameOriginGuard(lambda *a: None, bind_host="myhost.internal")  # type: ignore[arg-type,return-value]
+    guard = SameOriginGuard(lambda *a: None, bind_host="myhost.internal")  # type: ignore[arg-type,return-value]  # noqa: ARG005 a stand-in ASGI app
     assert guard.host_ok("myhost.internal:8000") and not guard.host_ok("other.internal")
-    wildcard = SameOriginGuard(lambda *a: None, bind_host="0.0.0.0")  # type: ignore[arg-type,return-value]
+    wildcard = SameOriginGuard(lambda *a: None, bind_host="0.0.0.0")  # type: ignore[arg-type,return-value]  # noqa: ARG005 a stand-in ASGI app
     assert wildcard.host_ok("192.168.1.9:8000") and not wildcard.host_ok("0.0.0.0.evil.example")
-    anyhost = SameOriginGuard(lambda *a: None, bind_host="127.0.0.1", allowed_hosts=["*"])  # type: ignore[arg-type,return-value]
+    anyhost = SameOriginGuard(lambda *a: None, bind_host="127.0.0.1", allowed_hosts=["*"])  # type: ignore[arg-type,return-value]  # noqa: ARG005 a stand-in ASGI app
     assert anyhost.host_ok("whatever.example")
 
 

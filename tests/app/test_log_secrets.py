@@ -64,7 +64,7 @@ def test_the_filter_keeps_formatters_that_read_the_arguments_working() -> None:
 
 
 def test_redaction_reaches_every_handler_and_child_logger(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture,  # noqa: ARG001 fixture captures the output
 ) -> None:
     auth.install_log_redaction()
     handler = logging.getLogger().handlers[-1] if logging.getLogger().handlers else None
@@ -125,7 +125,7 @@ def test_a_debug_log_holds_no_secret(tmp_path: Path) -> None:
     assert "given with --token" not in out
 
 
-def test_the_token_flag_is_warned_about(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_token_flag_is_warned_about(capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ARG001 fixture captures the output
     port = free_port()
     proc = serve("--port", str(port), "--num-blocks", "64", "--no-demo", "--token", TOKEN)
     try:

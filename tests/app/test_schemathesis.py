@@ -46,7 +46,7 @@ STATUSES: Counter[int] = Counter()
 
 
 @schemathesis.check
-def error_shape(ctx: Any, response: Any, case: Any) -> bool | None:
+def error_shape(ctx: Any, response: Any, case: Any) -> bool | None:  # noqa: ARG001 schemathesis' check signature
     """Every 4xx/5xx answers {"error": {status, code, message, details}}."""
     if response.status_code < 400:
         return None
@@ -89,7 +89,7 @@ def check_volume_and_engine_state(every_operation_selected: bool) -> None:
     holds, and -- when every operation's test was selected -- enough
     requests reached every operation."""
     total = sum(SENT.values())
-    print(f"schemathesis: {total} requests, statuses {dict(sorted(STATUSES.items()))}")
+    print(f"schemathesis: {total} requests, statuses {dict(sorted(STATUSES.items()))}")  # noqa: T201 the run's report
     assert not [s for s in STATUSES if s >= 500]
     engine = APP.state.engine
     engine.check()

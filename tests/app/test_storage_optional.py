@@ -26,7 +26,8 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_without_torch_storage_is_off_and_says_why(
-    no_torch: None, caplog: pytest.LogCaptureFixture
+    no_torch: None,  # noqa: ARG001 fixture used for its side effect
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.INFO, logger="blockpool"):
         app = make_app()  # storage is on by default
@@ -48,7 +49,7 @@ async def test_without_torch_storage_is_off_and_says_why(
     assert [r for r in caplog.records if "torch" in r.getMessage()] == said  # said once
 
 
-async def test_storage_off_by_setting_says_so(no_torch: None) -> None:
+async def test_storage_off_by_setting_says_so(no_torch: None) -> None:  # noqa: ARG001 fixture used for its side effect
     app = make_app(storage=False)
     assert app.state.storage_off is None  # nothing to warn about: it was asked for
     async with running(app) as api:
@@ -67,13 +68,13 @@ async def test_with_torch_storage_is_on() -> None:
         api.check()
 
 
-def test_memory_budget_without_torch_is_refused(no_torch: None) -> None:
+def test_memory_budget_without_torch_is_refused(no_torch: None) -> None:  # noqa: ARG001 fixture used for its side effect
     settings = make_settings(num_blocks=None, memory_budget_bytes=1 << 20)
     with pytest.raises(ValueError, match=r"needs torch.*blockpool\[storage\]"):
         storage_link.settle(settings)
 
 
-def test_the_service_imports_and_serves_without_torch(tmp_path: Path) -> None:
+def test_the_service_imports_and_serves_without_torch() -> None:
     """In a fresh interpreter where torch cannot be imported: the app module
     graph loads and /api/storage answers (nothing imports torch at import)."""
     script = textwrap.dedent(

@@ -129,6 +129,6 @@ async def test_serve_trace_starts_it_instead_of_the_demo(tmp_path: Path) -> None
         await api.ok("POST", "/api/trace/stop")
         api.check()
     app.state.engine.check()
+    (tmp_path / "bad.jsonl").write_text('{"timestamp": 0}\n')
     with pytest.raises(ValueError, match="line 1"):
-        (tmp_path / "bad.jsonl").write_text('{"timestamp": 0}\n')
         make_app(trace=str(tmp_path / "bad.jsonl"))

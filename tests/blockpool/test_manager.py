@@ -215,7 +215,7 @@ def test_constructor_validation() -> None:
         RequestManager(pool, block_size=6)
     with pytest.raises(ValueError, match="distinct"):
         RequestManager(pool, group_ids=(0, 0))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="distinct and non-empty"):
         RequestManager(pool, group_ids=())
     assert RequestManager(pool).block_size == 4
 

@@ -40,7 +40,7 @@ class Told:
         # before the columns are re-read: the blocks still show their old state
         self._keep("on_allocate", (list(ids), [int(self.rt.columns.ref_cnt[i]) for i in ids]))
 
-    def on_freed(self, first_stamp: int, now: float | None = None) -> None:
+    def on_freed(self, first_stamp: int, now: float | None = None) -> None:  # noqa: ARG002 the runtime observer's protocol
         self._keep("on_freed", first_stamp)
 
     def on_cache(self, hashes: Any) -> None:
@@ -55,10 +55,10 @@ class Told:
     def on_admit(self, rid: str, op: Any, adm: Any) -> None:
         self._keep("on_admit", (rid, list(op.token_ids), adm.block_ids))
 
-    def on_append(self, rid: str, managed: Any, bt: int, bc: int, added: Any) -> None:
+    def on_append(self, rid: str, managed: Any, bt: int, bc: int, added: Any) -> None:  # noqa: ARG002 the runtime observer's protocol
         self._keep("on_append", (rid, bt, added))
 
-    def on_finish(self, rid: str, managed: Any, first_stamp: int) -> None:
+    def on_finish(self, rid: str, managed: Any, first_stamp: int) -> None:  # noqa: ARG002 the runtime observer's protocol
         self._keep("on_finish", rid)
 
 

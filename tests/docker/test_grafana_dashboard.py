@@ -172,9 +172,11 @@ def dashboard() -> dict[str, Any]:
 def dashboard_exprs() -> list[tuple[str, str]]:
     """(panel title, expression) for every query of the dashboard."""
     out = []
-    for panel in dashboard()["panels"]:
-        for t in panel.get("targets", []):
-            out.append((panel["title"], t["expr"]))
+    out.extend(
+        (panel["title"], t["expr"])
+        for panel in dashboard()["panels"]
+        for t in panel.get("targets", [])
+    )
     for name, inner, _ in variable_queries():
         out.append((f"${name}", inner))
     return out

@@ -96,7 +96,7 @@ def test_a_recorded_moment_moves_tiles_queue_detail_and_charts(
     assert p.errors == []
 
 
-def test_an_error_clears_when_going_live(dashboard: Page, server: Server) -> None:
+def test_an_error_clears_when_going_live(dashboard: Page, server: Server) -> None:  # noqa: ARG001 fixture starts the server
     p = dashboard
     wait_for(lambda: p.js("() => !document.getElementById('tl-slider').disabled"))
     p.page.fill("#tl-jump", "not a moment")

@@ -261,7 +261,7 @@ def test_first_load_is_not_an_error_and_small_things_read_right(browser: Any, id
         # a story, then another: the first is gone while the second loads
         page.evaluate("() => window.__bp.requestView.show('rq-a')")
         page.wait_for_function("() => document.getElementById('rv-rid')?.textContent === 'rq-a'")
-        page.route("**/api/requests/rq-b/story", lambda route: None)  # held: never answered
+        page.route("**/api/requests/rq-b/story", lambda route: None)  # held: never answered  # noqa: ARG005 playwright's route handler signature
         page.evaluate("() => { window.__bp.requestView.show('rq-b'); }")
         page.wait_for_function(
             "() => document.getElementById('request-view').dataset.state === 'loading'"

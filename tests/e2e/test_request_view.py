@@ -74,7 +74,7 @@ def test_search_shows_the_story_of_a_finished_request(dashboard: Page, server: S
     assert p.errors == []
 
 
-def test_the_running_list_links_to_the_story(dashboard: Page, server: Server) -> None:
+def test_the_running_list_links_to_the_story(dashboard: Page, server: Server) -> None:  # noqa: ARG001 fixture starts the server
     p = dashboard
     link = "#req-body [data-story]"
     wait_for(lambda: p.js(f"() => document.querySelectorAll('{link}').length") > 0,

@@ -68,20 +68,20 @@ def test_config_defaults_are_vllms_and_ports_move_with_the_rank() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "match"),
     [
-        {"endpoint": "udp://x:1"},
-        {"endpoint": "tcp://host"},
-        {"endpoint": "tcp://host:70000"},
-        {"buffer_steps": 0},
-        {"hwm": 0},
-        {"max_queue_size": 0},
-        {"data_parallel_rank": -1},
-        {"replay_endpoint": "nope"},
+        ({"endpoint": "udp://x:1"}, "must start with tcp://"),
+        ({"endpoint": "tcp://host"}, "needs a port"),
+        ({"endpoint": "tcp://host:70000"}, "port 70000 is out of range"),
+        ({"buffer_steps": 0}, "buffer_steps must be at least 1"),
+        ({"hwm": 0}, "hwm must be at least 1"),
+        ({"max_queue_size": 0}, "max_queue_size must be at least 1"),
+        ({"data_parallel_rank": -1}, "data_parallel_rank must be >= 0"),
+        ({"replay_endpoint": "nope"}, "'nope' must start with tcp://"),
     ],
 )
-def test_bad_configs_are_refused(kwargs: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
+def test_bad_configs_are_refused(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         KVEventsConfig(**kwargs)  # type: ignore[arg-type]
 
 

@@ -157,8 +157,12 @@ def test_hash_text_forms() -> None:
     assert parse_hash("0xFF") == 255
     assert parse_hash("d:18446744073709551615") == 2**64 - 1
     assert parse_hash("01" * 16) == b"\x01" * 16
-    for bad in ("", "xyz", "0" * 17):
-        with pytest.raises(ValueError):
+    for bad, why in (
+        ("", "is not a hash"),
+        ("xyz", "is not a hash"),
+        ("0" * 17, "needs an even number of hex digits"),
+    ):
+        with pytest.raises(ValueError, match=why):
             parse_hash(bad)
     assert norm_hash("ff") == 255
     assert norm_hash("0x" + "ab" * 16) == b"\xab" * 16

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 import websockets
 
 from app.web.ws_endpoint import MAX_MESSAGE_BYTES
@@ -14,15 +15,17 @@ from tests.kvevents.helpers import await_for
 from tests.kvevents.observer_live import client, live_observer, ws_ticks
 
 
+async def _read_until_closed(ws: websockets.ClientConnection) -> None:
+    async with asyncio.timeout(30):
+        while True:
+            await ws.recv()
+
+
 async def closed_with(ws: websockets.ClientConnection) -> int:
-    try:
-        async with asyncio.timeout(30):
-            while True:
-                await ws.recv()
-    except websockets.exceptions.ConnectionClosed as exc:
-        assert exc.rcvd is not None
-        return exc.rcvd.code
-    raise AssertionError("not closed")  # pragma: no cover
+    with pytest.raises(websockets.exceptions.ConnectionClosed) as exc:
+        await _read_until_closed(ws)
+    assert exc.value.rcvd is not None
+    return exc.value.rcvd.code
 
 
 def test_oversized_and_binary_messages_close_only_their_socket() -> None:

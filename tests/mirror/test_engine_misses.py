@@ -95,7 +95,7 @@ def test_the_library_observer_gives_the_simulated_pools_reasons(free_order: str)
     assert {"cold", "evicted", "block_size_floor", "None"} <= set(compared), compared
     # the tally is MissTally's, and says what the requests were told
     for _, _, misses in (shared, alone):
-        counted = {r: 0 for r in REASONS}
+        counted = dict.fromkeys(REASONS, 0)
         for reasons in got_alone.values():
             for r in reasons:
                 if r is not None:
@@ -147,7 +147,7 @@ class Resyncs(Quiet):
     def __init__(self) -> None:
         self.told: list[str] = []
 
-    def on_allocate(self, ids: list[int]) -> None:
+    def on_allocate(self, ids: list[int]) -> None:  # noqa: ARG002 the observer protocol's signature
         self.told.append("allocate")
 
     def on_resync(self) -> None:

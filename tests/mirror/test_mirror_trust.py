@@ -94,7 +94,7 @@ async def exact_now(rig: Rig, client: MirrorClient) -> None:
 # ------------------------------------------------------------------ the secret
 
 
-async def test_a_forged_publisher_on_the_endpoint_is_refused(quick_resync: None) -> None:
+async def test_a_forged_publisher_on_the_endpoint_is_refused(quick_resync: None) -> None:  # noqa: ARG001 fixture used for its side effect
     """Whoever bound the mirror's endpoint first (no secret, or not the
     engine's) cannot size the service, change its pool or be called exact."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -127,7 +127,7 @@ async def test_a_forged_publisher_on_the_endpoint_is_refused(quick_resync: None)
         forger.close()
 
 
-async def test_an_engine_with_another_secret_is_refused_both_ways(quick_resync: None) -> None:
+async def test_an_engine_with_another_secret_is_refused_both_ways(quick_resync: None) -> None:  # noqa: ARG001 fixture used for its side effect
     rig = Rig("append_all", key=OTHER, mirror_key=SECRET)
     rig.start()
     try:
@@ -147,7 +147,7 @@ async def test_an_engine_with_another_secret_is_refused_both_ways(quick_resync: 
 
 
 async def test_a_mirror_without_the_secret_takes_a_signed_stream_unverified(
-    quick_resync: None,
+    quick_resync: None,  # noqa: ARG001 fixture used for its side effect
 ) -> None:
     """It reads what a keyed engine says (authenticated: false), but the
     engine answers signed snapshot requests only: never synced, never exact,

@@ -42,14 +42,17 @@ async def _until(ws: Any, pred: Callable[[p.Frame], bool]) -> p.Frame:
 async def _closed(ws: Any) -> tuple[int, list[dict[str, Any]]]:
     """Read until the server closes: (close code, text notices seen)."""
     notices: list[dict[str, Any]] = []
-    try:
+
+    async def read_all() -> None:
         while True:
             data = await asyncio.wait_for(ws.recv(), 30)
             if isinstance(data, str):
                 notices.append(json.loads(data))
-    except ConnectionClosed as closed:
-        assert closed.rcvd is not None, "the server did not send a close frame"
-        return closed.rcvd.code, notices
+
+    with pytest.raises(ConnectionClosed) as closed:
+        await read_all()
+    assert closed.value.rcvd is not None, "the server did not send a close frame"
+    return closed.value.rcvd.code, notices
 
 
 class Recorder:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import socket
 
+import pytest
 import websockets
 
 from app.stream import protocol as p
@@ -224,11 +225,9 @@ def test_protected_reads_need_the_token_on_the_stream() -> None:
     async def main() -> None:
         async with live_server(num_blocks=32, token="t0k", protect_reads=True) as app:
             async with websockets.connect(ws_url(app)) as ws:
-                try:
+                with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
                     await ws.recv()
-                    raise AssertionError("an unauthenticated stream must be closed")
-                except websockets.exceptions.ConnectionClosed as closed:
-                    assert closed.rcvd is not None and closed.rcvd.code == 4401
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
             async with StreamClient(ws_url(app), token="t0k") as c:
                 await c.wait_until(lambda m: m.seq is not None)
                 assert_replica_exact(c.replica, app)

@@ -59,5 +59,5 @@ def test_bad_frames_are_refused(mutate, message) -> None:  # type: ignore[no-unt
 
 
 def test_nan_is_not_sent() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not JSON compliant"):
         p.encode(p.DELTA, 1, {"x": float("nan")})

@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import httpx
+import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
@@ -52,14 +53,17 @@ def _raw_handshake(port: int, extra: bytes) -> tuple[int, int | None]:
         return status, int.from_bytes(rest[2:4], "big")
 
 
+async def _read_until_closed(ws: websockets.ClientConnection) -> None:
+    while True:
+        await asyncio.wait_for(ws.recv(), 30)
+
+
 async def _close_code(url: str, **kw: object) -> int:
     async with websockets.connect(url, max_size=None, compression=None, **kw) as ws:  # type: ignore[arg-type]
-        try:
-            while True:
-                await asyncio.wait_for(ws.recv(), 30)
-        except ConnectionClosed as closed:
-            assert closed.rcvd is not None
-            return closed.rcvd.code
+        with pytest.raises(ConnectionClosed) as closed:
+            await _read_until_closed(ws)
+        assert closed.value.rcvd is not None
+        return closed.value.rcvd.code
 
 
 async def _probe(port: int) -> None:
@@ -79,11 +83,9 @@ async def _probe(port: int) -> None:
         kinds = {p.decode(await asyncio.wait_for(ws.recv(), 30)).kind for _ in range(2)}
         assert kinds == {p.CONFIG, p.SNAPSHOT}
         await ws.send("x" * 5000)  # over ws_max_message_bytes (4096): cut off
-        try:
-            while True:
-                await asyncio.wait_for(ws.recv(), 30)
-        except ConnectionClosed as closed:
-            assert closed.rcvd is not None and closed.rcvd.code == 1009
+        with pytest.raises(ConnectionClosed) as closed:
+            await _read_until_closed(ws)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
 def test_ws_auth_against_the_real_server(tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ def test_one_replica_is_the_single_pool_replay(router: str, free_order: FreeOrde
         assert counts(seq.replicas[0].driver.result) == counts(single.results[k])
     # the trace holds hits and evictions at these sizes: the check has teeth
     assert single.results[0].evictions > 0 and single.results[0].hit_tokens > 0
-    assert len(set(r.hit_tokens for r in single.results)) == len(CAPS)
+    assert len({r.hit_tokens for r in single.results}) == len(CAPS)
 
 
 @pytest.mark.parametrize("router", ROUTERS)
@@ -269,7 +269,12 @@ def test_a_sweep_on_processes_equals_the_serial_sweep() -> None:
     serial = run_sweep(TRACE, spec, jobs, executor="serial")
     done: list[int] = []
     par = run_sweep(
-        TRACE, spec, jobs, executor="process", workers=2, done=lambda k, t: done.append(k)
+        TRACE,
+        spec,
+        jobs,
+        executor="process",
+        workers=2,
+        done=lambda k, t: done.append(k),  # noqa: ARG005 the done callback's signature
     )
     assert [r.to_json() for r in par] == [r.to_json() for r in serial]
     assert sorted(done) == list(range(1, len(jobs) + 1))

@@ -23,7 +23,7 @@ def local_ray() -> Iterator[None]:
         ray.shutdown()
 
 
-def test_a_ray_sweep_equals_the_serial_sweep(local_ray: None) -> None:
+def test_a_ray_sweep_equals_the_serial_sweep(local_ray: None) -> None:  # noqa: ARG001 fixture starts ray
     trace = conversation_trace()
     spec = FleetSpec(block_size=16)
     jobs = [
@@ -31,7 +31,7 @@ def test_a_ray_sweep_equals_the_serial_sweep(local_ray: None) -> None:
     ]
     serial = run_sweep(trace, spec, jobs, executor="serial")
     seen: list[int] = []
-    on_ray = run_sweep(trace, spec, jobs, executor="ray", done=lambda k, t: seen.append(k))
+    on_ray = run_sweep(trace, spec, jobs, executor="ray", done=lambda k, t: seen.append(k))  # noqa: ARG005 the done callback's signature
     assert [r.to_json() for r in on_ray] == [r.to_json() for r in serial]
     assert seen == list(range(1, len(jobs) + 1))
     assert ray.is_initialized()  # the sweep used the Ray it found, and left it up

@@ -141,8 +141,13 @@ def test_parse_groups() -> None:
     assert parse_groups("full, sliding:64", 16) == [
         GroupSpec(FULL_ATTENTION, 16), GroupSpec(SLIDING_WINDOW, 16, 64)
     ]  # fmt: skip
-    for bad in ("full,window=3", "sliding:0", "sliding=x", ""):
-        with pytest.raises(ValueError):
+    for bad, why in (
+        ("full,window=3", "'window=3' is not a group"),
+        ("sliding:0", "'sliding:0': a window and a count are 1"),
+        ("sliding=x", "'sliding=x' is not a group"),
+        ("", "'' is not a group"),
+    ):
+        with pytest.raises(ValueError, match=why):
             parse_groups(bad, 16)
 
 

@@ -137,7 +137,7 @@ def layouts(draw: st.DrawFn) -> list[GroupSpec]:
 def test_the_unbounded_ceiling_bounds_every_size_and_is_reached(
     trace: Trace, specs: list[GroupSpec], sizes: list[int]
 ) -> None:
-    ceiling = group_unbounded_hit_tokens(trace, 4, OptimalCurve(trace, 4))
+    ceiling = group_unbounded_hit_tokens(4, OptimalCurve(trace, 4))
     pools = SequencePools(trace, 4, [b * 4 for b in sizes] + [None], sha256, groups=specs)
     results = pools.run()
     for d in pools.drivers:
@@ -159,7 +159,7 @@ def test_sweep_range_and_target_search() -> None:
     pools = SequencePools(trace, 16, [lo * 16, (lo - 1) * 16, hi * 16], sha256, groups=HYBRID)
     at_lo, below, at_hi = pools.run()
     assert at_lo.refused == 0 < below.refused
-    assert at_hi.hit_tokens == group_unbounded_hit_tokens(trace, 16, opt)
+    assert at_hi.hit_tokens == group_unbounded_hit_tokens(16, opt)
     ans = smallest_group_capacity(trace, HYBRID, 0.3, sha256, opt)
     assert ans.optimal_blocks is None and ans.optimal_reason == NO_OPTIMUM
     assert ans.lru_blocks is not None and ans.search

@@ -39,7 +39,7 @@ def first_reaching(hits: list[int], sizes: list[int], need: int) -> int | None:
 def test_the_target_is_the_first_size_reaching_it(trace: Trace, free_order: str) -> None:
     bs = 16
     opt = OptimalCurve(trace, bs)
-    lo, hi = sweep_range(trace, bs, opt)
+    lo, hi = sweep_range(opt)
     sizes = list(range(2, hi + 1))  # every pool size, one pass
     curve = OnePassCurve(trace, bs, [b * bs for b in sizes], free_order)  # type: ignore[arg-type]
     lru = [r.hit_tokens for r in curve.run()]
@@ -101,7 +101,7 @@ def test_the_header_and_the_json_give_the_whole_runs_time(
     assert "free order append_all (vLLM 0.16); replay " in head and ", all " in head
 
 
-def test_the_plot_fits_its_axes_to_the_data(trace: Trace, tmp_path: Path) -> None:
+def test_the_plot_fits_its_axes_to_the_data(trace: Trace) -> None:
     pytest.importorskip("matplotlib")
     from app.trace.plot import _gib, curve_figure, log_ticks
     from blockpool.trace.plan import capacity_plan as planner

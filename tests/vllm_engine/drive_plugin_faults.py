@@ -126,7 +126,7 @@ def main() -> int:
         from blockpool_vllm import sender as sender_mod
 
         class Broken(sender_mod.Sender):
-            def start(self, timeout: float = 30.0) -> bool:
+            def start(self, timeout: float = 30.0) -> bool:  # noqa: ARG002 overrides the publisher's start
                 raise RuntimeError("a failure while the plugin is set up")
 
         sender_mod.Sender = Broken  # type: ignore[misc]

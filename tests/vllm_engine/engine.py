@@ -251,9 +251,7 @@ def conversation_trace(seed: int, conversations: int, turns: int) -> list[list[i
     next_id = 1
     system = list(range(next_id, next_id + 2))  # a system prompt every conversation shares
     next_id += 2
-    history: list[list[int]] = []
-    for _ in range(conversations):
-        history.append(list(system))
+    history: list[list[int]] = [list(system) for _ in range(conversations)]
     order = [c for c in range(conversations) for _ in range(turns)]
     rng.shuffle(order)
     prompts = []

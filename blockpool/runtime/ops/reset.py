@@ -15,7 +15,7 @@ class ResetOp(OpRecord, kw_only=True):
     op: Literal["reset"] = "reset"
 
 
-def reset(rt: RuntimeState, op: ResetOp) -> Outcome:
+def reset(rt: RuntimeState, op: ResetOp) -> Outcome:  # noqa: ARG001 every op handler takes its op
     pool = rt.pool
     held = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
     if not pool.reset_prefix_cache():

@@ -110,10 +110,10 @@ class RoundRobin(Router):
 
     def route(
         self,
-        req: TraceRequest,
-        hashes: Sequence[BlockHash],
-        max_hit: int,
-        prompt_blocks: int,
+        req: TraceRequest,  # noqa: ARG002 the Router protocol
+        hashes: Sequence[BlockHash],  # noqa: ARG002 the Router protocol
+        max_hit: int,  # noqa: ARG002 the Router protocol
+        prompt_blocks: int,  # noqa: ARG002 the Router protocol
         replicas: Sequence[ReplicaView],
     ) -> int:
         j = self.next % len(replicas)
@@ -143,9 +143,9 @@ class Session(Router):
     def route(
         self,
         req: TraceRequest,
-        hashes: Sequence[BlockHash],
-        max_hit: int,
-        prompt_blocks: int,
+        hashes: Sequence[BlockHash],  # noqa: ARG002 the Router protocol
+        max_hit: int,  # noqa: ARG002 the Router protocol
+        prompt_blocks: int,  # noqa: ARG002 the Router protocol
         replicas: Sequence[ReplicaView],
     ) -> int:
         key = session_key(self.trace, req, self.session_ids)
@@ -158,10 +158,10 @@ class LeastLoaded(Router):
 
     def route(
         self,
-        req: TraceRequest,
-        hashes: Sequence[BlockHash],
-        max_hit: int,
-        prompt_blocks: int,
+        req: TraceRequest,  # noqa: ARG002 the Router protocol
+        hashes: Sequence[BlockHash],  # noqa: ARG002 the Router protocol
+        max_hit: int,  # noqa: ARG002 the Router protocol
+        prompt_blocks: int,  # noqa: ARG002 the Router protocol
         replicas: Sequence[ReplicaView],
     ) -> int:
         return _least(replicas, [float(r.in_flight) for r in replicas])
@@ -177,7 +177,7 @@ class PrefixAware(Router):
 
     def route(
         self,
-        req: TraceRequest,
+        req: TraceRequest,  # noqa: ARG002 the Router protocol
         hashes: Sequence[BlockHash],
         max_hit: int,
         prompt_blocks: int,

@@ -266,7 +266,7 @@ def sweep_capacities(
     elif groups is not None:
         lo, hi = group_sweep_range(trace, groups, optimal)
     else:
-        lo, hi = sweep_range(trace, bs, optimal)
+        lo, hi = sweep_range(optimal)
     bb, ng = caps[0].block_bytes, caps[0].groups
     grid = log_grid(lo, hi, points)
     have = {c.blocks for c in caps}
@@ -395,7 +395,7 @@ def run_policies(
     t0 = time.perf_counter()
     keys = BlockKeys(trace, block_size)
     opt = plan.optimal = OptimalCurve(trace, block_size, keys)
-    plan.unbounded_hit_tokens = group_unbounded_hit_tokens(trace, block_size, opt)
+    plan.unbounded_hit_tokens = group_unbounded_hit_tokens(block_size, opt)
     usable = [c.usable_blocks for c in plan.caps]
     if "optimal" in plan.policies:
         hits = opt.hit_tokens(usable, bars("optimal", "capacities"))

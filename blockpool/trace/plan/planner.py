@@ -62,7 +62,7 @@ def log_grid(lo: int, hi: int, points: int) -> list[int]:
     return sorted({round(lo * math.exp(ratio * i)) for i in range(points)} | {lo, hi})
 
 
-def sweep_range(trace: Trace, block_size: int, optimal: OptimalCurve) -> tuple[int, int]:
+def sweep_range(optimal: OptimalCurve) -> tuple[int, int]:
     """(the smallest pool refusing nothing, a pool where the optimum never evicts), in blocks."""
     biggest = max((int(b) for b in optimal.num_blocks), default=1)
     lo = biggest + 1
@@ -158,7 +158,7 @@ def smallest_capacity(
     need = math.ceil(target * prompt)
     chains = trace_chains(trace, block_size)
     rounds = [0]
-    lo, hi = sweep_range(trace, block_size, opt)
+    lo, hi = sweep_range(opt)
     # passes: the grid, then each narrows the bracket per_pass + 1 times
     most = 2 + math.ceil(math.log(max(2, hi - lo)) / math.log(per_pass + 1))
 
@@ -250,7 +250,7 @@ def bound_at(
 # ---------------------------------------------------- KV-cache groups (windows)
 
 
-def group_unbounded_hit_tokens(trace: Trace, block_size: int, optimal: OptimalCurve) -> int:
+def group_unbounded_hit_tokens(block_size: int, optimal: OptimalCurve) -> int:
     """The unbounded ceiling over any KV-cache groups sharing ``block_size``:
     the compulsory-miss bound of one full-attention group, ``sum_t min(c_t,
     h_t) * block_size`` (``c_t``: the leading blocks of request ``t`` stored
@@ -314,7 +314,7 @@ def smallest_group_capacity(
     bs = min(s.block_size for s in specs)
     opt = optimal if optimal is not None else OptimalCurve(trace, bs)
     prompt = trace.prompt_tokens
-    ceiling = group_unbounded_hit_tokens(trace, bs, opt)
+    ceiling = group_unbounded_hit_tokens(bs, opt)
     rate = ceiling / prompt if prompt else 0.0
     need = math.ceil(target * prompt)
     if ceiling < need:

@@ -57,7 +57,7 @@ class LiveTokens:
     def block_hashes(self) -> list[BlockHash]:
         return []  # the runtime hashes the tokens it is given
 
-    def append_output_token_ids(self, token_ids: int) -> None:
+    def append_output_token_ids(self, token_ids: int) -> None:  # noqa: ARG002 vLLM's request/manager interface
         self.num_tokens += 1
 
 
@@ -138,9 +138,9 @@ class RuntimeSlots:
         req: SlotRequest,
         num_new: int,
         num_hit: int = 0,
-        hit: Sequence[KVCacheBlock] = (),
+        hit: Sequence[KVCacheBlock] = (),  # noqa: ARG002 vLLM's request/manager interface
         *,
-        cache: bool = True,
+        cache: bool = True,  # noqa: ARG002 vLLM's request/manager interface
     ) -> bool:
         live = self._tokens_of(req)
         rid = req.rid
