@@ -57,9 +57,11 @@ def problems_of(
         out.append("prefix caching is off (--enable-prefix-caching)")
     if len(groups) != 1:
         out.append(f"{len(groups)} KV-cache groups (hybrid models): the mirror follows one")
-    for g in groups:
-        if g.kind != FULL_ATTENTION:
-            out.append(f"group {g.group_id} is {g.kind}: the mirror follows full attention only")
+    out.extend(
+        f"group {g.group_id} is {g.kind}: the mirror follows full attention only"
+        for g in groups
+        if g.kind != FULL_ATTENTION
+    )
     if block_size != hash_block_size:
         out.append(f"block size {block_size} is not the hash block size {hash_block_size}")
     if kv_connector:
