@@ -310,13 +310,15 @@ def test_the_planner_flags_are_the_requests_fields() -> None:
 
     from app.cli import parser
     from app.cli.field_flags import flag_fields
+    from app.cli.trace_fleet import FleetFlags
+    from blockpool.trace.fleet import EXECUTORS
     from blockpool.trace.plan.capacity_plan import LayoutRequest, PlanRequest
     from blockpool.trace.sizing.capacity import KV_CACHE_DTYPES, KVCacheDtype
 
     assert typing.get_args(KVCacheDtype) == ("auto", *KV_CACHE_DTYPES)
     trace = parser()._subparsers._group_actions[0].choices["trace"]
     actions = {a.dest: a for a in trace._actions}
-    for cls in (LayoutRequest, PlanRequest):
+    for cls in (LayoutRequest, PlanRequest, FleetFlags):
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for name in flag_fields(cls):
             action = actions[name]
@@ -326,3 +328,6 @@ def test_the_planner_flags_are_the_requests_fields() -> None:
     assert actions["kv_cache_dtype"].choices == ["auto", *KV_CACHE_DTYPES]
     assert actions["sweep_points"].type is int and actions["target_hit_rate"].type is float
     assert len(flag_fields(LayoutRequest)) == 7 and len(flag_fields(PlanRequest)) == 5
+    assert actions["executor"].choices == list(EXECUTORS) == ["process", "serial", "ray"]
+    assert actions["workers"].type is int and actions["overlap_weight"].type is float
+    assert len(flag_fields(FleetFlags)) == 11
