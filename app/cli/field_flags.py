@@ -4,7 +4,8 @@ metadata: ``--no-chunked-prefill``); the type gives argparse its ``type`` (a
 ``bool`` is a switch: one that turns it on, or off when its default is
 True; ``bool | None`` a switch left None unless given, setting False when
 its flag is ``--no-x``; ``X | None`` is ``X`` with no default), a ``Literal``
-its choices, the
+its choices (``off`` in the metadata: a second flag, ``(option, help)``,
+that sets it False), the
 field its default.  So a flag's
 name, type, choices and default cannot drift from the request it fills."""
 
@@ -61,6 +62,9 @@ def add_field_flags(
         f = fields[name]
         option = f.metadata.get("flag") or f"--{name.replace('_', '-')}"
         group.add_argument(option, dest=name, **_kwargs(f, hints[name], option))
+        if f.metadata.get("off") is not None:  # a second switch that sets it False
+            off_option, off_help = f.metadata["off"]
+            group.add_argument(off_option, dest=name, action="store_false", help=off_help)
 
 
 def from_args(cls: type[Any], args: argparse.Namespace, **given: Any) -> Any:

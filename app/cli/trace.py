@@ -69,6 +69,29 @@ class TraceFlags:
         ),
     )
     json: bool = field(default=False, metadata=flag("print one JSON document"))
+    progress: bool | None = field(
+        default=None,
+        metadata={
+            **flag(
+                "a progress bar on stderr even when it is not a terminal (default: a bar "
+                "on a terminal, elsewhere a line every few seconds)"
+            ),
+            "off": ("--no-progress", "no progress on stderr"),
+        },
+    )
+
+
+@dataclass(frozen=True)
+class OutputFlags:
+    """How the plan's answer is printed (the capacity-planning group's last
+    flags; ``field_flags``)."""
+
+    csv: bool = field(default=False, metadata=flag("print the table as CSV"))
+    plot: str | None = field(
+        default=None,
+        metadata=flag("draw LRU, the optimum and the unbounded ceiling (the plot extra)", "PNG"),
+    )
+    quiet: bool = field(default=False, metadata=flag("no progress on stderr"))
 
 
 def add_parser(sub: Any) -> None:
@@ -79,13 +102,6 @@ def add_parser(sub: Any) -> None:
     )
     t.add_argument("path", metavar="FILE", help="Mooncake JSON lines, or a recording export")
     add_field_flags(t, TraceFlags)
-    t.add_argument(
-        "--progress", dest="progress", action="store_true", default=None,
-        help="a progress bar on stderr even when it is not a terminal (default: a bar "
-        "on a terminal, elsewhere a line every few seconds)",
-    )  # fmt: skip
-    t.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress on stderr")  # fmt: skip
     add_scheduler_arguments(t)
     add_planner_args(t)
     trace_fleet.add_fleet_args(t)
@@ -99,14 +115,7 @@ def add_planner_args(t: argparse.ArgumentParser) -> None:
     add_field_flags(g, PlanRequest, ["capacity"])
     add_field_flags(g, LayoutRequest)
     add_field_flags(g, PlanRequest, [n for n in flag_fields(PlanRequest) if n != "capacity"])
-    g.add_argument("--csv", action="store_true", help="print the table as CSV")
-    g.add_argument(
-        "--plot",
-        default=None,
-        metavar="PNG",
-        help="draw LRU, the optimum and the unbounded ceiling (the plot extra)",
-    )
-    g.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_field_flags(g, OutputFlags)
 
 
 def layout_request(args: argparse.Namespace) -> LayoutRequest:

@@ -310,7 +310,7 @@ def test_the_planner_flags_are_the_requests_fields() -> None:
 
     from app.cli import parser
     from app.cli.field_flags import flag_fields
-    from app.cli.trace import TraceFlags
+    from app.cli.trace import OutputFlags, TraceFlags
     from app.cli.trace_fleet import FleetFlags
     from blockpool.core.free_order import FREE_ORDERS
     from blockpool.core.hashing import HASH_FUNCTIONS
@@ -322,7 +322,7 @@ def test_the_planner_flags_are_the_requests_fields() -> None:
     assert typing.get_args(KVCacheDtype) == ("auto", *KV_CACHE_DTYPES)
     trace = parser()._subparsers._group_actions[0].choices["trace"]
     actions = {a.dest: a for a in trace._actions}
-    for cls in (LayoutRequest, PlanRequest, FleetFlags):
+    for cls in (LayoutRequest, PlanRequest, FleetFlags, OutputFlags):
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for name in flag_fields(cls):
             action = actions[name]
@@ -336,8 +336,9 @@ def test_the_planner_flags_are_the_requests_fields() -> None:
     assert actions["workers"].type is int and actions["overlap_weight"].type is float
     assert len(flag_fields(FleetFlags)) == 11
     general = {f.name: f for f in dataclasses.fields(TraceFlags)}
+    first = {a.dest: a for a in reversed(trace._actions)}  # --progress, not --no-progress
     for name in flag_fields(TraceFlags):
-        action = actions[name]
+        action = first[name]
         option = general[name].metadata.get("flag") or f"--{name.replace('_', '-')}"
         assert action.option_strings == [option]
         assert action.default == general[name].default
@@ -347,4 +348,6 @@ def test_the_planner_flags_are_the_requests_fields() -> None:
         FREE_ORDERS
     )
     assert actions["one_pass"].const is False and actions["one_pass"].default is None
-    assert len(flag_fields(TraceFlags)) == 12
+    off = actions["progress"]  # the second switch of one dest
+    assert off.option_strings == ["--no-progress"] and off.const is False
+    assert len(flag_fields(TraceFlags)) == 13 and len(flag_fields(OutputFlags)) == 3
