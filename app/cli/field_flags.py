@@ -2,7 +2,10 @@
 (and ``metavar``) in its metadata is ``--its-name`` (or the ``flag`` of its
 metadata: ``--no-chunked-prefill``); the type gives argparse its ``type`` (a
 ``bool`` is a switch: one that turns it on, or off when its default is
-True; ``X | None`` is ``X`` with no default), a ``Literal`` its choices, the
+True; ``bool | None`` a switch left None unless given, setting False when
+its flag is ``--no-x``; ``X | None`` is ``X`` with no default), a ``Literal``
+its choices (``off`` in the metadata: a second flag, ``(option, help)``,
+that sets it False), the
 field its default.  So a flag's
 name, type, choices and default cannot drift from the request it fills."""
 
@@ -16,13 +19,23 @@ from collections.abc import Sequence
 from typing import Any, Literal, Union
 
 
-def _kwargs(f: dataclasses.Field[Any], tp: Any) -> dict[str, Any]:
+def flag(text: str, metavar: str | None = None, option: str | None = None) -> dict[str, Any]:
+    """A field's flag metadata: its help, its placeholder, its option when
+    not ``--its-name``."""
+    return {"help": text, "metavar": metavar, "flag": option}
+
+
+def _kwargs(f: dataclasses.Field[Any], tp: Any, option: str) -> dict[str, Any]:
     out: dict[str, Any] = {"help": f.metadata["help"]}
     if tp is bool:
         out["action"] = "store_false" if f.default else "store_true"
         return out
     if typing.get_origin(tp) in (Union, types.UnionType):
         (tp,) = (a for a in typing.get_args(tp) if a is not type(None))
+        if tp is bool:  # None unless given
+            out["action"] = "store_false" if option.startswith("--no-") else "store_true"
+            out["default"] = None
+            return out
     if typing.get_origin(tp) is Literal:
         out["choices"] = list(typing.get_args(tp))
     elif tp is not str:
@@ -48,7 +61,10 @@ def add_field_flags(
     for name in flag_fields(cls) if names is None else names:
         f = fields[name]
         option = f.metadata.get("flag") or f"--{name.replace('_', '-')}"
-        group.add_argument(option, dest=name, **_kwargs(f, hints[name]))
+        group.add_argument(option, dest=name, **_kwargs(f, hints[name], option))
+        if f.metadata.get("off") is not None:  # a second switch that sets it False
+            off_option, off_help = f.metadata["off"]
+            group.add_argument(off_option, dest=name, action="store_false", help=off_help)
 
 
 def from_args(cls: type[Any], args: argparse.Namespace, **given: Any) -> Any:

@@ -12,24 +12,86 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.cli import trace_fleet
-from app.cli.field_flags import add_field_flags, flag_fields, from_args
+from app.cli.field_flags import add_field_flags, flag, flag_fields, from_args
 from app.cli.trace_sched import add_scheduler_arguments, scheduler_lines, timed_config
 from app.trace import planner
-from blockpool.core.free_order import FREE_ORDERS
-from blockpool.core.hashing import HASH_FUNCTIONS
+from blockpool.core.free_order import FreeOrder
+from blockpool.core.hashing import HashName
 from blockpool.trace import TraceError, read_trace
 from blockpool.trace.plan import capacity_plan
 from blockpool.trace.plan.capacity_plan import LayoutRequest, PlanRequest
 from blockpool.trace.plan.report import (
     DEFAULT_FREE_ORDER,
-    MODES,
+    Mode,
     TraceReport,
     free_order_label,
 )
+
+
+@dataclass(frozen=True)
+class TraceFlags:
+    """The trace command's general flags, one a field (name, type, default,
+    choices and help: ``field_flags``); read as parsed."""
+
+    mode: Mode = field(default="sequence", metadata=flag("(default sequence)"))
+    block_size: int = field(default=16, metadata=flag("tokens per block (16)"))
+    capacity_tokens: str | None = field(
+        default=None,
+        metadata=flag("comma list of pool sizes in tokens, 'inf' = never evicts (default inf)"),
+    )
+    capacity_blocks: str | None = field(
+        default=None, metadata=flag("comma list of pool sizes in blocks")
+    )
+    hash_name: HashName = field(
+        default="sha256", metadata=flag("block hash function (default sha256)", option="--hash")
+    )
+    free_order: FreeOrder = field(
+        default=DEFAULT_FREE_ORDER,
+        metadata=flag(
+            "where freed blocks enter the free queue (default uncached_first: "
+            "vLLM >= 0.24; append_all: vLLM 0.16)"
+        ),
+    )
+    speed: float = field(default=1.0, metadata=flag("timed: arrivals x speed (1)"))
+    step_ms: float = field(default=20.0, metadata=flag("timed: ms per step (20)"))
+    max_running: int = field(default=256, metadata=flag("timed: running limit (256)"))
+    tokens_per_id: int = field(default=512, metadata=flag("tokens per hash id (512)"))
+    one_pass: bool | None = field(
+        default=None,
+        metadata=flag(
+            "sequence: one real pool per capacity instead of the one-pass curve",
+            option="--no-one-pass",
+        ),
+    )
+    json: bool = field(default=False, metadata=flag("print one JSON document"))
+    progress: bool | None = field(
+        default=None,
+        metadata={
+            **flag(
+                "a progress bar on stderr even when it is not a terminal (default: a bar "
+                "on a terminal, elsewhere a line every few seconds)"
+            ),
+            "off": ("--no-progress", "no progress on stderr"),
+        },
+    )
+
+
+@dataclass(frozen=True)
+class OutputFlags:
+    """How the plan's answer is printed (the capacity-planning group's last
+    flags; ``field_flags``)."""
+
+    csv: bool = field(default=False, metadata=flag("print the table as CSV"))
+    plot: str | None = field(
+        default=None,
+        metadata=flag("draw LRU, the optimum and the unbounded ceiling (the plot extra)", "PNG"),
+    )
+    quiet: bool = field(default=False, metadata=flag("no progress on stderr"))
 
 
 def add_parser(sub: Any) -> None:
@@ -39,34 +101,7 @@ def add_parser(sub: Any) -> None:
         description=__doc__.split("\n\n")[0],
     )
     t.add_argument("path", metavar="FILE", help="Mooncake JSON lines, or a recording export")
-    t.add_argument("--mode", choices=MODES, default="sequence", help="(default sequence)")
-    t.add_argument("--block-size", type=int, default=16, help="tokens per block (16)")
-    t.add_argument(
-        "--capacity-tokens", default=None,
-        help="comma list of pool sizes in tokens, 'inf' = never evicts (default inf)",
-    )  # fmt: skip
-    t.add_argument("--capacity-blocks", default=None, help="comma list of pool sizes in blocks")
-    t.add_argument("--hash", dest="hash_name", choices=sorted(HASH_FUNCTIONS), default="sha256",
-                   help="block hash function (default sha256)")  # fmt: skip
-    t.add_argument("--free-order", choices=FREE_ORDERS, default=DEFAULT_FREE_ORDER,
-                   help="where freed blocks enter the free queue (default uncached_first: "
-                   "vLLM >= 0.24; append_all: vLLM 0.16)")  # fmt: skip
-    t.add_argument("--speed", type=float, default=1.0, help="timed: arrivals x speed (1)")
-    t.add_argument("--step-ms", type=float, default=20.0, help="timed: ms per step (20)")
-    t.add_argument("--max-running", type=int, default=256, help="timed: running limit (256)")
-    t.add_argument("--tokens-per-id", type=int, default=512, help="tokens per hash id (512)")
-    t.add_argument(
-        "--no-one-pass", dest="one_pass", action="store_false", default=None,
-        help="sequence: one real pool per capacity instead of the one-pass curve",
-    )  # fmt: skip
-    t.add_argument("--json", action="store_true", help="print one JSON document")
-    t.add_argument(
-        "--progress", dest="progress", action="store_true", default=None,
-        help="a progress bar on stderr even when it is not a terminal (default: a bar "
-        "on a terminal, elsewhere a line every few seconds)",
-    )  # fmt: skip
-    t.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress on stderr")  # fmt: skip
+    add_field_flags(t, TraceFlags)
     add_scheduler_arguments(t)
     add_planner_args(t)
     trace_fleet.add_fleet_args(t)
@@ -80,14 +115,7 @@ def add_planner_args(t: argparse.ArgumentParser) -> None:
     add_field_flags(g, PlanRequest, ["capacity"])
     add_field_flags(g, LayoutRequest)
     add_field_flags(g, PlanRequest, [n for n in flag_fields(PlanRequest) if n != "capacity"])
-    g.add_argument("--csv", action="store_true", help="print the table as CSV")
-    g.add_argument(
-        "--plot",
-        default=None,
-        metavar="PNG",
-        help="draw LRU, the optimum and the unbounded ceiling (the plot extra)",
-    )
-    g.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_field_flags(g, OutputFlags)
 
 
 def layout_request(args: argparse.Namespace) -> LayoutRequest:

@@ -19,18 +19,17 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from app.cli.field_flags import from_args
+from app.cli.field_flags import add_field_flags, from_args
 from app.cli.trace_sched import timed_config
 from app.trace import planner
 from app.trace.fleet_output import render_csv, render_json, render_table
 from blockpool.core.free_order import FREE_ORDERS
 from blockpool.trace import TraceError, parse_capacities, read_trace
 from blockpool.trace.fleet import (
-    EXECUTORS,
     ROUTERS,
     FleetJob,
     FleetSpec,
@@ -39,46 +38,88 @@ from blockpool.trace.fleet import (
 )
 from blockpool.trace.fleet.routers import DEFAULT_OVERLAP_WEIGHT, DEFAULT_SESSION_IDS
 from blockpool.trace.fleet.stepfit import fit_from_scrape, read_scrape
+from blockpool.trace.fleet.sweep import Executor
 from blockpool.trace.fleet.targets import FleetTarget, check_targets, smallest_fleet
-from blockpool.trace.plan.capacity_plan import LayoutRequest, capacities_of, groups_of
+from blockpool.trace.plan.capacity_plan import LayoutRequest, capacities_of, flag, groups_of
 from blockpool.trace.replay.sequence_groups import is_plain
 from blockpool.trace.sizing.capacity import Capacity, KVLayout
 
 MAX_REPLICAS = 4096
 
 
+@dataclass(frozen=True)
+class FleetFlags:
+    """The fleet sweep's flags, one a field (name, type, default, choices and
+    help: ``field_flags``); ``build`` and ``main`` read them as parsed."""
+
+    replicas: str | None = field(
+        default=None,
+        metadata=flag(
+            "comma list of replica counts (1,2,4,8): plan fleets, each replica "
+            "an exact pool of --capacity",
+            "LIST",
+        ),
+    )
+    router: str = field(
+        default=",".join(ROUTERS),
+        metadata=flag(f"comma list of routers: {', '.join(ROUTERS)} (default all)", "LIST"),
+    )
+    overlap_weight: float = field(
+        default=DEFAULT_OVERLAP_WEIGHT,
+        metadata=flag(
+            "prefix_aware: cost = W x uncached prompt blocks + load blocks "
+            "(Dynamo's kv-overlap-score-weight; default 1.0)",
+            "W",
+        ),
+    )
+    session_ids: int = field(
+        default=DEFAULT_SESSION_IDS,
+        metadata=flag("session: the key is a request's first N hash ids (default 1)", "N"),
+    )
+    free_orders: str | None = field(
+        default=None,
+        metadata=flag(
+            f"fleet: sweep these free orders ({', '.join(FREE_ORDERS)}; default: --free-order)",
+            "LIST",
+        ),
+    )
+    executor: Executor = field(
+        default="process",
+        metadata=flag("where the sweep's replays run (default process: local processes)"),
+    )
+    workers: int | None = field(
+        default=None,
+        metadata=flag("processes, or Ray CPUs for a local Ray (default: the CPUs)", "N"),
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata=flag(
+            "--executor ray: a cluster to join (ray://head:10001, head:6379, "
+            "auto); default: a local Ray on 127.0.0.1",
+            "ADDR",
+        ),
+    )
+    assignments: bool = field(
+        default=False,
+        metadata=flag("--json: each configuration's replica of every request, in trace order"),
+    )
+    target_ttft_p99: float | None = field(
+        default=None,
+        metadata=flag("timed: also answer the smallest fleet whose TTFT p99 is at most MS", "MS"),
+    )
+    step_model_metrics: str | None = field(
+        default=None,
+        metadata=flag(
+            "timed: fit the step model from a saved vLLM /metrics scrape "
+            "(iteration tokens and TTFT histograms)",
+            "SCRAPE",
+        ),
+    )
+
+
 def add_fleet_args(t: argparse.ArgumentParser) -> None:
     g = t.add_argument_group("fleet planning (replicas behind a router)")
-    g.add_argument("--replicas", default=None, metavar="LIST",
-                   help="comma list of replica counts (1,2,4,8): plan fleets, each replica "
-                   "an exact pool of --capacity")  # fmt: skip
-    g.add_argument("--router", default=",".join(ROUTERS), metavar="LIST",
-                   help=f"comma list of routers: {', '.join(ROUTERS)} (default all)")  # fmt: skip
-    g.add_argument("--overlap-weight", type=float, default=DEFAULT_OVERLAP_WEIGHT, metavar="W",
-                   help="prefix_aware: cost = W x uncached prompt blocks + load blocks "
-                   "(Dynamo's kv-overlap-score-weight; default 1.0)")  # fmt: skip
-    g.add_argument("--session-ids", type=int, default=DEFAULT_SESSION_IDS, metavar="N",
-                   help="session: the key is a request's first N hash ids (default 1)")  # fmt: skip
-    g.add_argument("--free-orders", default=None, metavar="LIST",
-                   help=f"fleet: sweep these free orders ({', '.join(FREE_ORDERS)}; "
-                   "default: --free-order)")  # fmt: skip
-    g.add_argument("--executor", choices=EXECUTORS, default="process",
-                   help="where the sweep's replays run (default process: local "
-                   "processes)")  # fmt: skip
-    g.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="processes, or Ray CPUs for a local Ray (default: the CPUs)")  # fmt: skip
-    g.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="--executor ray: a cluster to join (ray://head:10001, head:6379, "
-                   "auto); default: a local Ray on 127.0.0.1")  # fmt: skip
-    g.add_argument("--assignments", action="store_true",
-                   help="--json: each configuration's replica of every request, in "
-                   "trace order")  # fmt: skip
-    g.add_argument("--target-ttft-p99", type=float, default=None, metavar="MS",
-                   help="timed: also answer the smallest fleet whose TTFT p99 is at "
-                   "most MS")  # fmt: skip
-    g.add_argument("--step-model-metrics", default=None, metavar="SCRAPE",
-                   help="timed: fit the step model from a saved vLLM /metrics scrape "
-                   "(iteration tokens and TTFT histograms)")  # fmt: skip
+    add_field_flags(g, FleetFlags)
 
 
 def _int_list(text: str, flag: str) -> list[int]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from app.cli.field_flags import add_field_flags, from_args
+from app.cli.field_flags import add_field_flags, flag, from_args
 from blockpool.core.attention import GroupSpec
 from blockpool.trace.replay.sequence_groups import name_groups
 from blockpool.trace.sched.engine_core import StepModel
@@ -29,12 +29,6 @@ SCHEDULERS: tuple[str, ...] = typing.get_args(Scheduler)
 MAX_STEP_MODEL_BYTES = 4 * 1024 * 1024
 
 
-def _flag(text: str, metavar: str | None = None, option: str | None = None) -> dict[str, Any]:
-    """A field's flag: its help, its placeholder, its option when not
-    ``--its-name`` (``field_flags``)."""
-    return {"help": text, "metavar": metavar, "flag": option}
-
-
 @dataclass(frozen=True)
 class SchedulerFlags:
     """Timed mode's scheduler flags, one a field (name, type, default, choices
@@ -42,41 +36,39 @@ class SchedulerFlags:
 
     scheduler: Scheduler = field(
         default="vllm",
-        metadata=_flag(
+        metadata=flag(
             "vllm: vLLM 0.16's v1 scheduler (default); simple: it with every "
             "feature off (synchronous, whole prompts, no token budget)"
         ),
     )
     max_num_batched_tokens: int = field(
-        default=8192, metadata=_flag("tokens a step may schedule (8192; 0: no budget)", "N")
+        default=8192, metadata=flag("tokens a step may schedule (8192; 0: no budget)", "N")
     )
     chunked_prefill: bool = field(
         default=True,
-        metadata=_flag(
+        metadata=flag(
             "a prompt runs whole or waits (vLLM's enable_chunked_prefill=False)",
             option="--no-chunked-prefill",
         ),
     )
     long_prefill_token_threshold: int = field(
-        default=0, metadata=_flag("at most N prompt tokens of one request a step (0: off)", "N")
+        default=0, metadata=flag("at most N prompt tokens of one request a step (0: off)", "N")
     )
     max_model_len: int | None = field(
         default=None,
-        metadata=_flag(
-            "prompts of N tokens or more are rejected (counted), outputs stop at N", "N"
-        ),
+        metadata=flag("prompts of N tokens or more are rejected (counted), outputs stop at N", "N"),
     )
-    policy: Policy = field(default="fcfs", metadata=_flag("(default fcfs)"))
+    policy: Policy = field(default="fcfs", metadata=flag("(default fcfs)"))
     async_scheduling: bool = field(
         default=True,
-        metadata=_flag(
+        metadata=flag(
             "synchronous scheduling (default: asynchronous, frees a step late)",
             option="--sync-scheduling",
         ),
     )
     step_model: str | None = field(
         default=None,
-        metadata=_flag(
+        metadata=flag(
             'JSON step times: {"base_ms", "per_prefill_token_ms", "per_decode_seq_ms"} or '
             '{"samples": [[prefill_tokens, decode_seqs, ms], ...]} to fit',
             "FILE",
@@ -84,10 +76,10 @@ class SchedulerFlags:
     )
     step_prefill_token_ms: float = field(
         default=0.0,
-        metadata=_flag("ms a step adds per prefill token (0; --step-ms is the base)", "MS"),
+        metadata=flag("ms a step adds per prefill token (0; --step-ms is the base)", "MS"),
     )
     step_decode_seq_ms: float = field(
-        default=0.0, metadata=_flag("ms a step adds per decoding request (0)", "MS")
+        default=0.0, metadata=flag("ms a step adds per decoding request (0)", "MS")
     )
 
 

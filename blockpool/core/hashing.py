@@ -12,7 +12,7 @@ import hashlib
 import os
 import pickle
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NewType, TypeAlias, overload
+from typing import Any, Literal, NewType, TypeAlias, overload
 
 import cbor2
 
@@ -57,6 +57,9 @@ def xxhash_cbor(input: Any) -> bytes:  # noqa: A002
     """xxh3-128 of the object's canonical CBOR encoding."""
     return _xxh3_128(cbor2.dumps(input, canonical=True))
 
+
+# The hash functions' names (the keys of HASH_FUNCTIONS, sorted).
+HashName = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 
 HASH_FUNCTIONS: dict[str, HashFn] = {
     "sha256": sha256,

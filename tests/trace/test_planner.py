@@ -310,13 +310,19 @@ def test_the_planner_flags_are_the_requests_fields() -> None:
 
     from app.cli import parser
     from app.cli.field_flags import flag_fields
+    from app.cli.trace import OutputFlags, TraceFlags
+    from app.cli.trace_fleet import FleetFlags
+    from blockpool.core.free_order import FREE_ORDERS
+    from blockpool.core.hashing import HASH_FUNCTIONS
+    from blockpool.trace.fleet import EXECUTORS
     from blockpool.trace.plan.capacity_plan import LayoutRequest, PlanRequest
+    from blockpool.trace.plan.report import MODES
     from blockpool.trace.sizing.capacity import KV_CACHE_DTYPES, KVCacheDtype
 
     assert typing.get_args(KVCacheDtype) == ("auto", *KV_CACHE_DTYPES)
     trace = parser()._subparsers._group_actions[0].choices["trace"]
     actions = {a.dest: a for a in trace._actions}
-    for cls in (LayoutRequest, PlanRequest):
+    for cls in (LayoutRequest, PlanRequest, FleetFlags, OutputFlags):
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for name in flag_fields(cls):
             action = actions[name]
@@ -326,3 +332,22 @@ def test_the_planner_flags_are_the_requests_fields() -> None:
     assert actions["kv_cache_dtype"].choices == ["auto", *KV_CACHE_DTYPES]
     assert actions["sweep_points"].type is int and actions["target_hit_rate"].type is float
     assert len(flag_fields(LayoutRequest)) == 7 and len(flag_fields(PlanRequest)) == 5
+    assert actions["executor"].choices == list(EXECUTORS) == ["process", "serial", "ray"]
+    assert actions["workers"].type is int and actions["overlap_weight"].type is float
+    assert len(flag_fields(FleetFlags)) == 11
+    general = {f.name: f for f in dataclasses.fields(TraceFlags)}
+    first = {a.dest: a for a in reversed(trace._actions)}  # --progress, not --no-progress
+    for name in flag_fields(TraceFlags):
+        action = first[name]
+        option = general[name].metadata.get("flag") or f"--{name.replace('_', '-')}"
+        assert action.option_strings == [option]
+        assert action.default == general[name].default
+        assert action.help == general[name].metadata["help"]
+    assert actions["hash_name"].choices == sorted(HASH_FUNCTIONS)
+    assert actions["mode"].choices == list(MODES) and actions["free_order"].choices == list(
+        FREE_ORDERS
+    )
+    assert actions["one_pass"].const is False and actions["one_pass"].default is None
+    off = actions["progress"]  # the second switch of one dest
+    assert off.option_strings == ["--no-progress"] and off.const is False
+    assert len(flag_fields(TraceFlags)) == 13 and len(flag_fields(OutputFlags)) == 3

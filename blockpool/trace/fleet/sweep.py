@@ -25,15 +25,17 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import typing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Any
+from typing import Any, Literal
 
 from blockpool.trace.fleet.fleet import FleetSpec, run_job
 from blockpool.trace.fleet.results import FleetJob, FleetResult
 from blockpool.trace.workload.reader import Trace
 
-EXECUTORS = ("process", "serial", "ray")
+Executor = Literal["process", "serial", "ray"]
+EXECUTORS: tuple[str, ...] = typing.get_args(Executor)
 
 _WORKER_TRACE: Trace | None = None
 

@@ -13,9 +13,10 @@ holds depend on its hit, which the one-pass curve cannot follow.
 from __future__ import annotations
 
 import time
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from blockpool.core.attention import GroupSpec
 from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS, UNCACHED_FIRST, FreeOrder
@@ -27,7 +28,8 @@ from blockpool.trace.replay.sequence_groups import describe_groups, is_plain
 from blockpool.trace.sched.timed import TimedConfig, replay_timed
 from blockpool.trace.workload.reader import Trace
 
-MODES = ("sequence", "timed")
+Mode = Literal["sequence", "timed"]
+MODES: tuple[str, ...] = typing.get_args(Mode)
 # The free order a replay takes unless told: the newest vLLM's.
 DEFAULT_FREE_ORDER: FreeOrder = UNCACHED_FIRST
 # Which vLLM frees each way (what every report prints beside the order's name).
