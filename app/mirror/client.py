@@ -39,7 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
@@ -55,6 +55,9 @@ from blockpool.mirror.apply import Divergence, Gap, MirrorApplier
 from blockpool.mirror.auth import StreamKey
 from blockpool.mirror.shadow_feed import MirrorShadowFeed
 from blockpool.mirror.traffic import TrafficLog
+
+if TYPE_CHECKING:  # (the engine builds its mirror: no import at run time)
+    from app.pool.engine import Engine
 
 logger = logging.getLogger("blockpool.mirror")
 
@@ -76,7 +79,7 @@ OK, REFUSED, BAD = 0, 1, 2
 class MirrorClient:
     def __init__(
         self,
-        engine: Any,
+        engine: Engine,
         endpoint: str,
         control_endpoint: str,
         key: StreamKey | None = None,

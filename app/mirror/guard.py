@@ -6,9 +6,8 @@ trace would make it another pool.  Lookups that change nothing stay open.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.shared.errors import error_body
 
@@ -22,10 +21,10 @@ class ReadOnlyMirror:
     """ASGI middleware refusing mutations under /api/ (before any body is read),
     and marking every HTTP answer with ``x-blockpool-mirror: 1``."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] == "http"
             and scope["method"] in MUTATING
@@ -48,7 +47,7 @@ class ReadOnlyMirror:
             await self.app(scope, receive, send)
             return
 
-        async def marked(message: Any) -> None:
+        async def marked(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), MARK]}
             await send(message)

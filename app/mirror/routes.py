@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from app.api.costly import CostlyExport, CostlyRead, charged_lines
 from app.api.deps import ReadAuth
 from app.api.routes_analysis import NDJSONResponse, accepts_gzip, gzip_stream
+from app.mirror.client import MirrorClient
 from app.shared.errors import NotFound
 from app.web.error_shape import ERROR_RESPONSES
 from blockpool.mirror.digest import pool_digest
@@ -22,8 +23,8 @@ MAX_WINDOW_S = 366 * 86400.0
 router = APIRouter(prefix="/api", tags=["mirror"], responses=ERROR_RESPONSES)
 
 
-def _client(request: Request) -> Any:
-    client = getattr(request.app.state, "mirror", None)
+def _client(request: Request) -> MirrorClient:
+    client: MirrorClient | None = getattr(request.app.state, "mirror", None)
     if client is None:
         raise NotFound("this service mirrors no engine (blockpool serve --mirror ENDPOINT)")
     return client

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from fastapi import FastAPI
 
 from app.analysis.shadows import MirrorShadows
 from app.mirror.client import MirrorClient
@@ -143,7 +144,7 @@ def settings_for(hello: Hello, settings: Settings) -> Settings:
 
 
 def install(
-    app: Any,
+    app: FastAPI,
     endpoint: str,
     control_endpoint: str,
     key: StreamKey | None = None,
@@ -192,7 +193,7 @@ def install(
     return client
 
 
-def _what_if_and_export(app: Any, client: MirrorClient, hello: Hello) -> None:
+def _what_if_and_export(app: FastAPI, client: MirrorClient, hello: Hello) -> None:
     """The shadows fed from the engine's requests in its free order, and
     the export told what the engine is and what it served."""
     s = app.state.settings
