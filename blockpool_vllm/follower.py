@@ -129,9 +129,17 @@ class PoolFollower:
         stats: Callable[[], tuple[int, int, int]] | None = None,
         boot: str = "",
         defer_digest: bool = False,
+        windowed: bool = False,
     ) -> None:
         self.pool = pool
         self.defer_digest = defer_digest
+        # windowed: the scheduler's hooks say when the engine is in its forward
+        # pass (``forward_begins``, ``forward_ends``): the sender's thread works
+        # on the pool then, and lets go of it the moment the engine comes back
+        self.window = threading.Condition() if windowed else None
+        self.forwarding = False
+        self.forward_passes = 0
+        self._turn_seen = 0
         self.offer = offer  # hands a batch to the sender; False: dropped
         self.digest_every = max(1, digest_every)
         self.stats = stats or (lambda: (0, 0, 0))
@@ -507,6 +515,44 @@ class PoolFollower:
                 self.digest.update(touched)
         self.digest_ops = self.op_count
 
+    # ------------------------------------------- the engine's forward pass
+
+    def forward_begins(self) -> None:
+        """The scheduler handed a step to the model (its forward pass runs
+        now: the engine's thread waits for it, the interpreter is free)."""
+        w = self.window
+        if w is not None:
+            with w:
+                self.forwarding = True
+                self.forward_passes += 1
+                w.notify_all()
+
+    def forward_ends(self) -> None:
+        """The engine's thread is back in the scheduler (any hook's entry)."""
+        self.forwarding = False
+
+    def may_work(self) -> bool:
+        """Whether the sender's thread may work on the pool now without
+        taking the interpreter from the engine: its forward pass, or idle."""
+        return (
+            self.window is None
+            or self.forwarding
+            or time.monotonic() - self.last_flush >= IDLE_AFTER_S
+        )
+
+    def wait_turn(self, timeout: float) -> bool:
+        """From the sender's thread: wait (at most ``timeout``) for a forward
+        pass of the engine it has not worked in yet, or for idleness; whether
+        it may work now."""
+        w = self.window
+        if w is None:
+            return True
+        seen = self._turn_seen
+        with w:
+            w.wait_for(lambda: self.forward_passes != seen, timeout)
+        self._turn_seen = self.forward_passes
+        return self.may_work()
+
     # ------------------------------------------------ the deferred digest
 
     def catch_up(self) -> bool:
@@ -531,7 +577,7 @@ class PoolFollower:
 
             def pause() -> bool:  # the engine may want the interpreter: let it in
                 time.sleep(PAUSE_S)
-                return self.epoch == e0
+                return self.epoch == e0 and self.may_work()
 
             try:
                 staged = self.digest.stage(ids, pause)

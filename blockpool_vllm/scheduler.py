@@ -18,8 +18,12 @@ Environment (read here, in the engine, never by blockpool's library):
   it costs O(blocks the step touched)); only with the next set to 0
 * ``BLOCKPOOL_MIRROR_DEFER_DIGEST``  0 (the default): the digest is brought up to
   date on the engine's thread at every flush; 1: taken off it, by the sender's
-  thread while the engine is between batches (its forward pass), riding on a
-  later batch or beat (worth it where forward passes are long: README)
+  thread while the engine is between batches, riding on a later batch or beat
+  (worth it where forward passes are long: README).  Then the sender's thread
+  works only in the engine's forward passes -- from the end of ``schedule()``
+  to the scheduler's next hook -- or while it is idle, and lets go of the pool
+  the moment the engine comes back (``PoolFollower.wait_turn``); an engine
+  that never waits still has its stream every 0.25 s or 64 batches
 * ``BLOCKPOOL_MIRROR_QUEUE``      batches queued for the sender before drops (4096)
 * ``BLOCKPOOL_MIRROR_NAME``       the engine's name in the handshake
 * ``BLOCKPOOL_MIRROR_TOKEN_FILE`` a file whose first line (16 characters or more)
@@ -160,6 +164,7 @@ class _Mirrored:
             return st
 
         mgr.make_prefix_cache_stats = counted_stats
+        deferred = os.environ.get("BLOCKPOOL_MIRROR_DEFER_DIGEST", "0") == "1"
         follower = PoolFollower(
             pool,
             lambda b: sender.offer(b),
@@ -167,7 +172,10 @@ class _Mirrored:
             boot=boot,
             stats=lambda: (totals[0], totals[1], totals[2]),
             # the digest off the engine's thread (0: on it, at each flush)
-            defer_digest=os.environ.get("BLOCKPOOL_MIRROR_DEFER_DIGEST", "0") == "1",
+            defer_digest=deferred,
+            # deferred: the sender's thread works in the engine's forward passes
+            # only (the hooks below say when they run)
+            windowed=deferred,
         )
         free = mgr.free
 
@@ -234,6 +242,7 @@ class _Mirrored:
             digest=follower.latest_digest,
             background=follower.catch_up,
             prepare=follower.prepare,
+            turn=follower.wait_turn if deferred else None,
             control_endpoint=control,
             key=key,
             max_queue=int(os.environ.get("BLOCKPOOL_MIRROR_QUEUE", "4096")),
@@ -261,8 +270,10 @@ class _Mirrored:
     # -------------------------------------------------------------- hooks
 
     def add_request(self, request: Any) -> None:
-        super().add_request(request)  # type: ignore[misc]
         m = self._mirror
+        if m is not None:
+            m.forward_ends()
+        super().add_request(request)  # type: ignore[misc]
         if m is not None:
             t = time.perf_counter_ns()
             hashes = [bytes(h) for h in getattr(request, "block_hashes", ())]
@@ -282,8 +293,10 @@ class _Mirrored:
             m._step_ns += time.perf_counter_ns() - t
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         m = self._mirror
+        if m is not None:
+            m.forward_ends()
+        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         if m is not None:
             t = time.perf_counter_ns()
             now = time.time()
@@ -299,24 +312,34 @@ class _Mirrored:
                         m.request(Scheduled(str(rid), now, int(done)))
             m._step_ns += time.perf_counter_ns() - t
             m.flush()
+            m.forward_begins()  # the engine hands the step to its model now
         return out
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        m = self._mirror
+        if m is not None:
+            m.forward_ends()
         out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
-        if self._mirror is not None:
-            self._mirror.flush()
+        if m is not None:
+            m.flush()
         return out
 
     def finish_requests(self, *args: Any, **kwargs: Any) -> Any:
+        m = self._mirror
+        if m is not None:
+            m.forward_ends()
         out = super().finish_requests(*args, **kwargs)  # type: ignore[misc]
-        if self._mirror is not None:
-            self._mirror.flush()
+        if m is not None:
+            m.flush()
         return out
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
+        m = self._mirror
+        if m is not None:
+            m.forward_ends()
         out = super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
-        if self._mirror is not None:
-            self._mirror.flush(force_digest=True)
+        if m is not None:
+            m.flush(force_digest=True)
         return out
 
     def shutdown(self) -> None:

@@ -84,6 +84,11 @@ _HANDSHAKE_MS = 5000
 _HEARTBEAT_MS = 10_000
 _RESTART_BACKOFF_S = (0.05, 5.0)
 _LOG_RESTART_EVERY_S = 60.0
+# with turns, the longest wait for one (a shorter one would wake the thread in
+# the engine's busy time and take the interpreter from it)
+_TURN_WAIT_S = 0.1
+_OVERDUE_S = 0.25  # the engine never in a forward pass this long: the thread works anyway
+_OVERDUE_BATCHES = 64  # ... or this many batches queued
 
 
 def next_port(endpoint: str) -> str:
@@ -111,6 +116,7 @@ class Sender:
         digest: Callable[[], wire.Digest | None] = lambda: None,
         background: Callable[[], object] = lambda: None,
         prepare: Callable[[wire.Batch], wire.Batch] = lambda b: b,
+        turn: Callable[[float], bool] | None = None,
         control_endpoint: str | None = None,
         key: StreamKey | None = None,
         max_queue: int = 4096,
@@ -131,6 +137,10 @@ class Sender:
         self._digest = digest  # the engine's newest digest, for a beat
         self._background = background  # the follower's work off the engine's thread
         self._prepare = prepare  # a batch's operations read from the blocks (the follower)
+        # waits for the engine's forward pass (or idleness): the thread works
+        # then only, unless batches pile up (None: whenever there is work)
+        self._turn = turn
+        self._last_turn = time.monotonic()
         self._key = key
         self._hwm = hwm
         self.retry_s = retry_s
@@ -369,16 +379,39 @@ class Sender:
             self._stop.wait(backoff)
             backoff = min(backoff * 2, _RESTART_BACKOFF_S[1])
 
+    def _waited_turn(self) -> bool:
+        """Whether this loop turn may work: the engine's forward pass or
+        idleness came (waited for here, a little), or the thread has not
+        worked for ``_OVERDUE_S`` or batches pile up (an engine whose
+        thread never waits still has its stream, at the price of sharing
+        the interpreter)."""
+        if self._turn is None or self._turn(_TURN_WAIT_S):
+            self._last_turn = time.monotonic()
+            return True
+        if (
+            time.monotonic() - self._last_turn >= _OVERDUE_S
+            or self._queue.qsize() >= _OVERDUE_BATCHES
+        ):
+            self._last_turn = time.monotonic()
+            return True
+        return False
+
     def _loop(self, pub: Any, ctl: Any) -> None:
         while True:
             if self._stop.is_set():
                 raise _Stop
+            if not self._waited_turn():
+                continue
             now = time.monotonic()
             if now - self._last_hello >= HELLO_EVERY_S:
                 self._last_hello = now  # first: a failing hello does not repeat at once
                 self._publish(pub, self.hello())
-            try:
-                item = self._queue.get(timeout=0.01)
+            try:  # (with turns: what is queued now, the next turn takes the rest)
+                item = (
+                    self._queue.get(timeout=0.01)
+                    if self._turn is None
+                    else self._queue.get_nowait()
+                )
             except queue.Empty:
                 pass
             else:

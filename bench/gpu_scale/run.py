@@ -138,10 +138,16 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(int(args.warmup)):
                 driver.step(0.0, None, None)
         driver.output_cap = 0
-        warm_steps = driver.steps_run
+        warm_steps = driver.steps_run  # (the other variant's --warmup: the settling is its own)
+        # then steps at the engine's pace (the forward pass included), not
+        # measured either: what a plugin left for its thread during the quick
+        # steps above (no forward pass: it had no time of its own) is done
+        for _ in range(args.settle_steps):
+            driver.step(args.sleep_ms / 1e3, None, None)
         warm_s = time.perf_counter() - t0
         facts_before = driver.pool_facts()
         outcome_before = driver.outcome()
+        reported_before = plugin_reported(sched) if plugin else {}
         gc.collect()
         rec = Steps()
         forward = args.sleep_ms / 1e3
@@ -169,6 +175,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
             "gc_tracked_objects": len(gc.get_objects()),
             "steps": rec.__dict__,
             "plugin_reported": plugin_reported(sched) if plugin else {},
+            "plugin_reported_before": reported_before,
         }
         sched.shutdown()
         return doc
@@ -186,6 +193,7 @@ def child_argv(args: argparse.Namespace, variant: str, async_sched: bool, warmup
     argv += ["--warmup", warmup, "--max-warmup", str(args.max_warmup)]
     argv += ["--warmup-extra", str(args.warmup_extra), "--sleep-ms", str(args.sleep_ms)]
     argv += ["--warmup-max-tokens", str(args.warmup_max_tokens)]
+    argv += ["--settle-steps", str(args.settle_steps)]
     argv += ["--seed", str(args.seed), "--concurrency", str(args.concurrency)]
     argv += ["--min-prompt", str(args.min_prompt), "--max-prompt", str(args.max_prompt)]
     if args.trace:
@@ -367,6 +375,13 @@ def table(doc: dict[str, Any]) -> str:
         rep = r1.get("plugin_reported") or {}
         if rep:
             lines.append("plugin reports: " + json.dumps(rep))
+            before = r1.get("plugin_reported_before") or {}
+            measured = {
+                k: v - before[k]
+                for k, v in rep.items()
+                if isinstance(v, int) and isinstance(before.get(k), int)
+            }
+            lines.append("... of which in the measured steps: " + json.dumps(measured))
         if r1.get("subscriber"):
             lines.append("subscriber: " + json.dumps(r1["subscriber"]))
     return "\n".join(lines)
@@ -518,6 +533,12 @@ def parser() -> argparse.ArgumentParser:
         help="outputs cut to this many tokens in the warm-up (0: as planned)",
     )
     p.add_argument("--sleep-ms", type=float, default=6.0, help="the forward pass stand-in")
+    p.add_argument(
+        "--settle-steps",
+        type=int,
+        default=50,
+        help="steps with the forward pass after the warm-up, before the measured ones",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-prompt", type=int, default=1024)
     p.add_argument("--max-prompt", type=int, default=8192)

@@ -203,3 +203,28 @@ def test_a_sender_that_never_catches_up_leaves_the_digest_to_the_engine() -> Non
     f.flush(force_digest=True)
     assert f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
+
+
+def test_the_sender_reads_in_the_engines_forward_pass_and_lets_go_when_it_ends() -> None:
+    engine = FollowedEngine(num_blocks=1024, defer_digest=True, windowed=True)
+    f = engine.follower
+    engine.rt.apply(AllocateOp(num_blocks=600))
+    f.flush()  # the engine is busy (it just flushed), not in a forward pass
+    before = f.digest.value
+    assert not f.may_work() and not f.wait_turn(0.01)
+    assert not f.catch_up()  # the reading's first pause finds it so: thrown away
+    assert f.digests_discarded == 1 and f.digest.value == before and f.pending
+
+    woke: list[bool] = []
+    t = threading.Thread(target=lambda: woke.append(f.wait_turn(60.0)))
+    t.start()
+    f.forward_begins()  # the scheduler handed the step to the model
+    t.join(60)
+    assert woke == [True]  # the waiting sender woke for it
+    assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
+
+    f.forward_ends()  # the engine's thread is back in the scheduler
+    assert not f.may_work() and not f.wait_turn(0.01)  # (no new forward pass)
+    f.last_flush = 0.0  # ... and once it has been idle a while, the sender may work
+    assert f.may_work() and f.wait_turn(0.01)
+    engine.rt.check()

@@ -42,6 +42,7 @@ class FollowedEngine:
         free_order: str = "append_all",
         send: Callable[[Batch], bool] | None = None,
         defer_digest: bool = False,
+        windowed: bool = False,
     ) -> None:
         self.rt = PoolRuntime(config(num_blocks, free_order))
         self.batches: list[Batch] = []
@@ -63,6 +64,7 @@ class FollowedEngine:
             digest_every=1,
             stats=lambda: (st.stats.requests, st.stats.queries, st.stats.hits),
             defer_digest=defer_digest,
+            windowed=windowed,
         )
         self.rng = random.Random(7)
         self.prefixes = [[self.rng.randrange(1000) for _ in range(BLOCK * 3)] for _ in range(4)]
