@@ -10,11 +10,14 @@ which is how it is tested without vLLM.
 Cost on the engine's thread, per scheduler step, is O(what the step did):
 an append per pool call, never a walk over the pool.  The digest over the
 blocks the step named (``PoolDigest``) is brought up to date at ``flush``,
-or -- ``defer_digest``, what the plugin does -- off the engine's thread:
-``catch_up``, from the sender's thread, reads the pool while the engine is
-between batches (during its forward pass) and throws the reading away when
-a pool call ran meanwhile; the digest then rides on the next batch (or
-beat) for the boundary it was taken at.  A snapshot is
+or -- ``defer_digest`` -- off the engine's thread: ``catch_up``, from the
+sender's thread, reads the pool while the engine is between batches (in
+its forward pass: ``forward_begins`` .. ``forward_ends``, or idle) and
+throws the reading away when a pool call ran meanwhile; the digest then
+rides on the next batch (or beat) for the boundary it was taken at.  When
+that falls ``MAX_BEHIND`` batches behind, or after a reset or a call not
+followed, the digest is rebuilt in pieces over the next forward passes
+(``DigestSweep``): the engine's thread never reads the pool.  A snapshot is
 copied a slice per step (``Capture``), and by the sender's thread while the
 engine is idle.  Nothing here blocks on I/O: a full sender queue drops the
 batch and counts it (the mirror sees the gap and resyncs).  The time each
@@ -32,6 +35,7 @@ from time import perf_counter_ns as _now
 from typing import Any
 
 from blockpool.mirror.digest import PoolDigest
+from blockpool.mirror.digest_sweep import DigestSweep
 from blockpool.mirror.protocol import (
     Allocate,
     Batch,
@@ -69,7 +73,10 @@ PAUSE_S = 0.00002
 # batches whose blocks catch_up has not read yet, at most: beyond, the engine's
 # flush brings the digest up to date itself (a sender starved of the CPU
 # never lets the work pile up)
-MAX_BEHIND = 16  # no step for this long: the sender's thread copies instead
+MAX_BEHIND = 16  # batches not caught up with: beyond, the digest is rebuilt in pieces
+# batches whose blocks the sweep has not been told of, at most: beyond, it
+# starts again (their ids are not kept without bound)
+MAX_PENDING = 4096
 
 
 # what a usual call leaves in ``PoolFollower.ops`` (a tuple), for ``resolve``
@@ -169,7 +176,13 @@ class PoolFollower:
         self.inflight: deque[Batch] = deque()  # deferred: offered, not prepared by the sender yet
         self.digests_taken = 0  # deferred digests taken by catch_up
         self.digests_discarded = 0  # ... and readings thrown away (the engine moved)
-        self.digests_on_engine = 0  # deferred, yet taken here (a reset, or catch_up behind)
+        self.digests_on_engine = 0  # deferred, yet taken here (capture_now only)
+        # deferred: the digest rebuilt in pieces by the sender's thread
+        # (blockpool/mirror/digest_sweep.py) after it fell behind, a reset, or
+        # a call not followed -- never read on the engine's thread
+        self.sweep: DigestSweep | None = None
+        self.sweep_due = False  # set by the engine's thread, acted on by the sender's
+        self.sweeps = 0  # sweeps started
         self._digest_lock = threading.Lock()  # catch_up vs. the engine's own update
         # snapshots: asked for by the sender (any thread), copied here
         self.want_snapshot = False
@@ -435,16 +448,16 @@ class PoolFollower:
         self.ops.clear()
         self.step += 1
         self.seq += 1
-        deferred = (
-            self.defer_digest
-            and not force_digest
-            and not self._sync_due
-            and len(self.pending) + len(self.inflight) < MAX_BEHIND
-        )
-        if self.defer_digest and not deferred:
-            self.digests_on_engine += 1
+        # a digest asked for now (tools, tests: the engine's own hooks never
+        # ask but after a reset, which a sweep rebuilds) is read here
+        deferred = self.defer_digest and not (force_digest and not self._sync_due)
         digest = None
         if deferred:  # the operations and the digest: the sender's thread (prepare, catch_up)
+            if self._sync_due:  # a reset, a call not followed: every row read again, there
+                self._sync_due = False
+                self.sweep_due = True
+            elif self.sweep is None and len(self.pending) + len(self.inflight) >= MAX_BEHIND:
+                self.sweep_due = True  # too much for one moment: rebuilt in pieces
             digest, self.verified = self.verified, None
             ops = raw
         else:
@@ -452,9 +465,12 @@ class PoolFollower:
             with self._digest_lock:
                 for queued in list(self.inflight):  # not prepared yet: their blocks too
                     touched.extend(resolve(queued.ops)[1])
+                if self.sweep is not None or self.sweep_due:  # rows not valid: all read
+                    self.sweep, self.sweep_due = None, False
+                    touched.append(-2)
                 self._update_digest(touched)
             self._sync_due = False
-            if force_digest or self.step % self.digest_every == 0 or self.defer_digest:
+            if force_digest or self.step % self.digest_every == 0:
                 digest = Digest(self.op_count, self.digest.value)
         batch = Batch(
             seq=self.seq,
@@ -496,6 +512,9 @@ class PoolFollower:
                 self._sync_due = True
             if touched:  # (an array: nothing for the garbage collector to walk)
                 self.pending.append(array("i", touched))  # first: catch_up waits for it
+            if len(self.pending) > MAX_PENDING:  # never told: the sweep starts again
+                self.pending.clear()
+                self.sweep_due = True
             inflight.popleft()
         return batch
 
@@ -560,25 +579,28 @@ class PoolFollower:
         to the last flush, if the engine is between batches -- no pool call
         running, none since the flush -- and stays so while the pool is read;
         else nothing changes (False).  The digest taken rides on the next
-        batch; a snapshot asked for starts here, at the same boundary."""
-        if not self.pending:
+        batch; a snapshot asked for starts here, at the same boundary.  While
+        a sweep rebuilds the digest, each such moment takes it a piece on."""
+        if not (self.pending or self.sweep_due or self.sweep is not None):
             return False
         with self._digest_lock:
             e0 = self.epoch
             target = self.flushed_ops
-            if e0 & 1 or self.op_count != target or self.inflight or not self.pending:
-                return False
-            n = len(self.pending)
-            ids = array("i")
-            for part in self.pending[:n]:
-                ids.extend(part)
-            if -2 in ids:  # every block to re-read: the engine's next flush does it
+            if e0 & 1 or self.op_count != target or self.inflight:
                 return False
 
             def pause() -> bool:  # the engine may want the interpreter: let it in
                 time.sleep(PAUSE_S)
                 return self.epoch == e0 and self.may_work()
 
+            if self.sweep_due or self.sweep is not None:
+                return self._sweep_on(e0, target, pause)
+            if not self.pending:
+                return False
+            n = len(self.pending)
+            ids = array("i")
+            for part in self.pending[:n]:
+                ids.extend(part)
             try:
                 staged = self.digest.stage(ids, pause)
             except Exception:  # the engine moved (Interrupted), or the pool changed under it
@@ -588,11 +610,53 @@ class PoolFollower:
                 return False
             self.digest.commit(staged)
             del self.pending[:n]
-            self.digest_ops = target
-            self.verified = Digest(target, self.digest.value)
-            self.digests_taken += 1
+            self._took(target)
         if self.want_snapshot:
             self._start_capture_between_steps()
+        return True
+
+    def _took(self, target: int) -> None:
+        self.digest_ops = target
+        self.verified = Digest(target, self.digest.value)
+        self.digests_taken += 1
+
+    def _new_sweep(self) -> None:
+        """Every row invalid: the blocks named before now are moot."""
+        self.sweep_due = False  # (first: a flag set from now on starts another)
+        self.sweep = DigestSweep(self.digest)
+        self.sweeps += 1
+        self.pending.clear()
+
+    def _sweep_on(self, e0: int, target: int, pause: Callable[[], bool]) -> bool:
+        """catch_up while a sweep rebuilds the digest (``_digest_lock`` held,
+        the engine between batches): the blocks named since the last moment
+        invalidated, a batch's at a time (told again if the engine moved
+        meanwhile: invalidating twice changes nothing), then rows read until
+        the engine comes back."""
+        pending = self.pending
+        if self.sweep_due or self.sweep is None:
+            self._new_sweep()
+        sweep = self.sweep
+        assert sweep is not None
+        while pending:
+            part = pending[0]
+            if -1 in part or -2 in part:  # a reset, a call not followed: from scratch
+                self._new_sweep()
+                return False
+            try:
+                sweep.named(part)
+            except Exception:  # the pool changed under it: told again at the next moment
+                return False
+            if self.epoch != e0:
+                return False
+            del pending[0]
+            if not self.may_work():
+                return False
+        if not sweep.read(lambda: self.epoch != e0, pause):
+            return False
+        self.digest.total = sweep.total()
+        self.sweep = None
+        self._took(target)
         return True
 
     def latest_digest(self) -> Digest | None:
@@ -648,6 +712,9 @@ class PoolFollower:
             self._batch(False)
         with self._digest_lock:
             touched = [i for queued in list(self.inflight) for i in resolve(queued.ops)[1]]
+            if self.sweep is not None or self.sweep_due:  # rows not valid: all read here
+                self.sweep, self.sweep_due = None, False
+                touched.append(-2)
             self._update_digest(touched)
         cap = self._start_capture()
         assert cap is not None

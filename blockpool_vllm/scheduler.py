@@ -16,14 +16,16 @@ Environment (read here, in the engine, never by blockpool's library):
 * ``BLOCKPOOL_MIRROR_CONTROL``    the snapshot endpoint (default: the next port)
 * ``BLOCKPOOL_MIRROR_DIGEST_EVERY``  the pool's digest on every Nth batch (1: each;
   it costs O(blocks the step touched)); only with the next set to 0
-* ``BLOCKPOOL_MIRROR_DEFER_DIGEST``  0 (the default): the digest is brought up to
-  date on the engine's thread at every flush; 1: taken off it, by the sender's
-  thread while the engine is between batches, riding on a later batch or beat
-  (worth it where forward passes are long: README).  Then the sender's thread
-  works only in the engine's forward passes -- from the end of ``schedule()``
-  to the scheduler's next hook -- or while it is idle, and lets go of the pool
-  the moment the engine comes back (``PoolFollower.wait_turn``); an engine
-  that never waits still has its stream every 0.25 s or 64 batches
+* ``BLOCKPOOL_MIRROR_DEFER_DIGEST``  1 (the default): the digest is taken off the
+  engine's thread, by the sender's thread, riding on a later batch or beat;
+  the sender's thread works only in the engine's forward passes -- from the
+  end of ``schedule()`` to the scheduler's next hook -- or while it is idle,
+  and lets go of the pool the moment the engine comes back
+  (``PoolFollower.wait_turn``); behind, or after a reset, the digest is
+  rebuilt in pieces there (blockpool/mirror/digest_sweep.py).  An engine that
+  never waits still has its stream every 0.25 s or 64 batches.  0: the digest
+  is brought up to date on the engine's thread at every flush (~1-2 µs per
+  block the step touched; README)
 * ``BLOCKPOOL_MIRROR_QUEUE``      batches queued for the sender before drops (4096)
 * ``BLOCKPOOL_MIRROR_NAME``       the engine's name in the handshake
 * ``BLOCKPOOL_MIRROR_TOKEN_FILE`` a file whose first line (16 characters or more)
@@ -164,7 +166,7 @@ class _Mirrored:
             return st
 
         mgr.make_prefix_cache_stats = counted_stats
-        deferred = os.environ.get("BLOCKPOOL_MIRROR_DEFER_DIGEST", "0") == "1"
+        deferred = os.environ.get("BLOCKPOOL_MIRROR_DEFER_DIGEST", "1") != "0"
         follower = PoolFollower(
             pool,
             lambda b: sender.offer(b),

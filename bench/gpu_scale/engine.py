@@ -430,10 +430,17 @@ def plugin_reported(sched: Any) -> dict[str, Any]:
         "digests_taken",
         "digests_discarded",
         "digests_on_engine",
+        "sweeps",
     ):
         v = getattr(follower, attr, None)
         if isinstance(v, int | float):
             got[f"follower.{attr}"] = v
+    sweep = getattr(follower, "sweep", None)
+    if sweep is not None:  # a digest being rebuilt in pieces (blockpool/mirror/digest_sweep.py)
+        got["follower.sweep_rows_read"] = int(sweep.rows_read)
+        got["follower.sweep_rows_left"] = int(sweep.left)
+        got["follower.sweep_moments"] = int(sweep.moments)
+        got["follower.sweep_pieces_discarded"] = int(sweep.pieces_discarded)
     quantiles = getattr(follower, "cost_quantiles", None)
     if callable(quantiles):  # its own time on the engine's thread, the last steps (µs)
         got["follower.cost_us_p50_p99_max"] = quantiles()

@@ -203,10 +203,12 @@ def child_argv(args: argparse.Namespace, variant: str, async_sched: bool, warmup
     return argv
 
 
-def spawn(argv: list[str], endpoint: str, out: Path, defer_digest: bool = False) -> dict[str, Any]:
+def spawn(
+    argv: list[str], endpoint: str, out: Path, digest_on_engine: bool = False
+) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLOCKPOOL_MIRROR")}
-    if defer_digest:  # the plugin's digest off the engine's thread (the plain run ignores it)
-        env["BLOCKPOOL_MIRROR_DEFER_DIGEST"] = "1"
+    if digest_on_engine:  # the plugin's digest on the engine's thread (the plain run ignores it)
+        env["BLOCKPOOL_MIRROR_DEFER_DIGEST"] = "0"
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("PYTHONHASHSEED", "0")
     done = subprocess.run(
@@ -408,7 +410,7 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
                     out = Path(tmp) / f"{variant}-{int(async_sched)}-{rnd}.json"
                     argv = child_argv(args, variant, async_sched, warmup)
                     sys.stderr.write(f"running {variant} ({'async' if async_sched else 'sync'})\n")
-                    doc = spawn(argv, endpoint, out, args.defer_digest)
+                    doc = spawn(argv, endpoint, out, args.digest_on_engine)
                     if sub is not None:
                         doc["subscriber"] = stop_subscriber(sub)
                     # the plugin run warms up exactly as long as the plain one did
@@ -433,7 +435,7 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
             "min_prompt",
             "max_prompt",
             "subscriber",
-            "defer_digest",
+            "digest_on_engine",
         )
     }
     return {
@@ -536,8 +538,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--settle-steps",
         type=int,
-        default=50,
-        help="steps with the forward pass after the warm-up, before the measured ones",
+        default=400,
+        help="steps with the forward pass after the warm-up, before the measured ones "
+        "(a deferred digest that fell behind in the warm-up is rebuilt in ~300)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-prompt", type=int, default=1024)
@@ -550,9 +553,9 @@ def parser() -> argparse.ArgumentParser:
         help="drain the plugin's stream with a SUB socket in a subprocess",
     )
     p.add_argument(
-        "--defer-digest",
+        "--digest-on-engine",
         action="store_true",
-        help="the plugin with BLOCKPOOL_MIRROR_DEFER_DIGEST=1 (its digest off the engine's thread)",
+        help="the plugin with BLOCKPOOL_MIRROR_DEFER_DIGEST=0 (its digest on the engine's thread)",
     )
     p.add_argument("--json", help="write every figure here")
     p.add_argument(

@@ -10,8 +10,11 @@ block:
 * its links in the free queue (the ids of the blocks before and after it,
   -1 for the queue's ends, -2 when it is not queued), which together give
   the queue's order,
-* its place in the hash map under its key (-1: not in the map; 0 for the
-  only or first block of the key, 1, 2, ... for later duplicates).
+* its place in the hash map under its key, as a link: the id of the block
+  before it under the same key (duplicates keep their order), -1 for the
+  only or first block of the key, -2 when it is not in the map.  A link,
+  not an index: a block leaving a key changes the block after it only
+  (blockpool/mirror/digest_sweep.py depends on that).
 
 A sum of per-block values can be updated block by block: ``PoolDigest``
 keeps each block's value and its links and key as last seen, and after any
@@ -38,7 +41,9 @@ NOT_QUEUED = -2
 # The scheme: CPython's hash of a tuple of ints, the same in every 64-bit
 # CPython since 3.8 (ints are not salted, unlike str and bytes); both sides
 # say theirs in the handshake (``SCHEME``) and compare digests only when equal.
-SCHEME = f"tuplehash-v1:{hash((1, -2, 3, 1 << 70, -(1 << 65))) & MASK:x}"
+SCHEME = f"tuplehash-v2:{hash((1, -2, 3, 1 << 70, -(1 << 65))) & MASK:x}"
+NOT_MAPPED = -2  # a block's map link when it is not in the map
+FIRST = -1  # ... when it is the first (or only) block of its key
 _from_bytes = int.from_bytes
 _REFRESH_CHUNK = 65_536
 PAUSE_EVERY = 256  # blocks read between two calls of stage's pause
@@ -52,7 +57,7 @@ class Rows:
     """Blocks as read: id, value, links and key, in columns (arrays: nothing
     here for the garbage collector to walk, however many blocks)."""
 
-    __slots__ = ("ids", "keys", "next", "prev", "values")
+    __slots__ = ("ids", "keys", "links", "next", "prev", "values")
 
     def __init__(self) -> None:
         self.ids = array("i")
@@ -60,6 +65,7 @@ class Rows:
         self.prev = array("i")
         self.next = array("i")
         self.keys: list[bytes | None] = []
+        self.links = array("i")  # map links
 
 
 class Staged(NamedTuple):
@@ -73,31 +79,34 @@ def _link(b: Any) -> int:
     return NOT_QUEUED if b is None else int(b.block_id)
 
 
-def map_position(cache: dict[Any, Any], key: Any, block: Any) -> int:
-    """Where ``block`` sits in the hash map under ``key`` (-1: not there)."""
+def map_link(cache: dict[Any, Any], key: Any, block: Any) -> int:
+    """The block before ``block`` in the hash map under ``key``: its id,
+    ``FIRST`` when none is, ``NOT_MAPPED`` when ``block`` is not there."""
     v = cache.get(key)
     if v is None:
-        return -1
+        return NOT_MAPPED
     if v.__class__ is dict:
-        for i, bid in enumerate(v):
+        before = FIRST
+        for bid in v:
             if bid == block.block_id:
-                return i if v[bid] is block else -1
-        return -1
-    return 0 if v is block else -1
+                return before if v[bid] is block else NOT_MAPPED
+            before = bid
+        return NOT_MAPPED
+    return FIRST if v is block else NOT_MAPPED
 
 
-def block_value(bid: int, ref: int, prev: int, nxt: int, pos: int, key: bytes | None) -> int:
-    """One block's 64-bit share of the digest."""
+def block_value(bid: int, ref: int, prev: int, nxt: int, link: int, key: bytes | None) -> int:
+    """One block's 64-bit share of the digest (``link``: its map link)."""
     kv = -1 if key is None else _from_bytes(key, "little")
-    return hash((bid, ref, prev, nxt, pos, kv)) & MASK
+    return hash((bid, ref, prev, nxt, link, kv)) & MASK
 
 
 def _read(cache: dict[Any, Any], b: Any) -> tuple[int, int, int, int, bytes | None]:
-    """(ref, prev, next, map position, key) of one block, as it is now."""
+    """(ref, prev, next, map link, key) of one block, as it is now."""
     k = b.block_hash
     key = None if k is None else bytes(k)
-    pos = -1 if k is None else map_position(cache, k, b)
-    return b.ref_cnt, _link(b.prev_free_block), _link(b.next_free_block), pos, key
+    link = NOT_MAPPED if k is None else map_link(cache, k, b)
+    return b.ref_cnt, _link(b.prev_free_block), _link(b.next_free_block), link, key
 
 
 def format_digest(total: int) -> str:
@@ -109,8 +118,8 @@ def pool_digest(pool: Any) -> str:
     cache = pool.cached_block_hash_to_block._cache
     total = len(pool.blocks)
     for b in pool.blocks[1:]:
-        ref, prev, nxt, pos, key = _read(cache, b)
-        total += block_value(b.block_id, ref, prev, nxt, pos, key)
+        ref, prev, nxt, link, key = _read(cache, b)
+        total += block_value(b.block_id, ref, prev, nxt, link, key)
     return format_digest(total)
 
 
@@ -124,6 +133,7 @@ class PoolDigest:
         self.prev = array("i", [NOT_QUEUED]) * n
         self.next = array("i", [NOT_QUEUED]) * n
         self.keys: list[bytes | None] = [None] * n
+        self.links = array("i", [NOT_MAPPED]) * n
         self.total = n
         self.refresh()
 
@@ -155,13 +165,22 @@ class PoolDigest:
 
     def commit(self, staged: Staged) -> None:
         """Take what ``stage`` read (nothing read it since: see ``stage``)."""
-        values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
+        values, sprev, snext, skeys, slinks = (
+            self.values,
+            self.prev,
+            self.next,
+            self.keys,
+            self.links,
+        )
         r = staged.rows
-        for bid, v, prev, nxt, key in zip(r.ids, r.values, r.prev, r.next, r.keys, strict=True):
+        for bid, v, prev, nxt, key, link in zip(
+            r.ids, r.values, r.prev, r.next, r.keys, r.links, strict=True
+        ):
             values[bid] = v
             sprev[bid] = prev
             snext[bid] = nxt
             skeys[bid] = key
+            slinks[bid] = link
         self.total = staged.total
 
     def stage(self, ids: Iterable[int], pause: Callable[[], bool] | None = None) -> Staged:
@@ -180,12 +199,13 @@ class PoolDigest:
         values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
         total = self.total
         rows = Rows()
-        add_id, add_value, add_prev, add_next, add_key = (
+        add_id, add_value, add_prev, add_next, add_key, add_link = (
             rows.ids.append,
             rows.values.append,
             rows.prev.append,
             rows.next.append,
             rows.keys.append,
+            rows.links.append,
         )
         done: set[int] = set()
         more: list[int] = []
@@ -221,20 +241,21 @@ class PoolDigest:
             okey = skeys[bid]
             if k is None:
                 key = None
-                v = hash((bid, b.ref_cnt, prev, nxt, -1, -1))
+                link = NOT_MAPPED
+                v = hash((bid, b.ref_cnt, prev, nxt, NOT_MAPPED, -1))
             else:
                 key = bytes(k)
                 e = cache.get(k)
                 if e is b:
-                    pos = 0
+                    link = FIRST
                 elif e.__class__ is dict:
-                    pos = map_position(cache, k, b)
-                    keys.append(key)  # its other blocks may have moved up
+                    link = map_link(cache, k, b)
+                    keys.append(key)  # the block after it may have a new link
                 else:
-                    pos = -1
-                v = hash((bid, b.ref_cnt, prev, nxt, pos, _from_bytes(key, "little")))
+                    link = NOT_MAPPED
+                v = hash((bid, b.ref_cnt, prev, nxt, link, _from_bytes(key, "little")))
             if okey is not None and okey != key:
-                keys.append(okey)  # a key it left: the blocks after it moved up
+                keys.append(okey)  # a key it left: the block after it has a new link
             v &= MASK
             total += v - values[bid]
             add_id(bid)
@@ -242,6 +263,7 @@ class PoolDigest:
             add_prev(prev)
             add_next(nxt)
             add_key(key)
+            add_link(link)
         for key in keys:
             e = cache.get(key)
             if e is None:
@@ -266,12 +288,13 @@ class PoolDigest:
         blocks = self.pool.blocks
         cache = self.pool.cached_block_hash_to_block._cache
         values = self.values
-        add_id, add_value, add_prev, add_next, add_key = (
+        add_id, add_value, add_prev, add_next, add_key, add_link = (
             rows.ids.append,
             rows.values.append,
             rows.prev.append,
             rows.next.append,
             rows.keys.append,
+            rows.links.append,
         )
         left = PAUSE_EVERY
         for bid in ids:
@@ -290,17 +313,18 @@ class PoolDigest:
             k = b.block_hash
             if k is None:
                 key = None
-                v = hash((bid, b.ref_cnt, prev, nxt, -1, -1))
+                link = NOT_MAPPED
+                v = hash((bid, b.ref_cnt, prev, nxt, NOT_MAPPED, -1))
             else:
                 key = bytes(k)
                 e = cache.get(k)
                 if e is b:
-                    pos = 0
+                    link = FIRST
                 elif e.__class__ is dict:
-                    pos = map_position(cache, k, b)
+                    link = map_link(cache, k, b)
                 else:
-                    pos = -1
-                v = hash((bid, b.ref_cnt, prev, nxt, pos, _from_bytes(key, "little")))
+                    link = NOT_MAPPED
+                v = hash((bid, b.ref_cnt, prev, nxt, link, _from_bytes(key, "little")))
             v &= MASK
             total += v - values[bid]
             add_id(bid)
@@ -308,4 +332,5 @@ class PoolDigest:
             add_prev(prev)
             add_next(nxt)
             add_key(key)
+            add_link(link)
         return total & MASK

@@ -18,7 +18,14 @@ from array import array
 from typing import Any
 
 from blockpool.core.snapshot import PoolSnapshot
-from blockpool.mirror.digest import NOT_QUEUED, block_value, format_digest, map_position
+from blockpool.mirror.digest import (
+    FIRST,
+    NOT_MAPPED,
+    NOT_QUEUED,
+    block_value,
+    format_digest,
+    map_link,
+)
 from blockpool.mirror.protocol import Snapshot
 
 
@@ -168,7 +175,7 @@ def to_pool_snapshot(snap: Snapshot) -> tuple[PoolSnapshot, str]:
     map_keys: list[bytes] = []
     map_ids = array("q")
     map_dicts: dict[int, tuple[int, ...]] = {}
-    positions: dict[int, int] = {}
+    links: dict[int, int] = {}  # each hashed block's map link (digest.py)
     for key, ids in held.items():
         if len(ids) > 1:
             order = dup_order.get(key)
@@ -176,12 +183,13 @@ def to_pool_snapshot(snap: Snapshot) -> tuple[PoolSnapshot, str]:
                 raise BadSnapshot("a key held by several blocks has no order")
             map_dicts[len(map_keys)] = tuple(order)
             ids = order
-        positions.update((bid, i) for i, bid in enumerate(ids))
+        links.update(zip(ids, [FIRST, *ids[:-1]], strict=True))
         map_keys.append(key)
         map_ids.append(ids[0])
     total = n
     for bid in range(1, n):
-        total += block_value(bid, refs[bid], prev[bid], nxt[bid], positions.get(bid, -1), keys[bid])
+        link = links.get(bid, NOT_MAPPED)
+        total += block_value(bid, refs[bid], prev[bid], nxt[bid], link, keys[bid])
     ps = PoolSnapshot(
         refs=array("q", refs),
         keys=keys,
@@ -198,7 +206,7 @@ __all__ = [
     "BadSnapshot",
     "duplicate_keys",
     "free_ids",
-    "map_position",
+    "map_link",
     "parts_of",
     "snapshot_digest",
     "snapshot_of",

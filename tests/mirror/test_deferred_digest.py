@@ -193,15 +193,21 @@ def test_a_reading_stops_when_its_pause_says_the_engine_moved() -> None:
     engine.rt.check()
 
 
-def test_a_sender_that_never_catches_up_leaves_the_digest_to_the_engine() -> None:
+def test_a_sender_that_falls_behind_has_the_digest_rebuilt_in_pieces_never_on_the_engine() -> None:
     engine = FollowedEngine(defer_digest=True)
     f = engine.follower
+    ops_before = f.digest_ops
     for _ in range(120):  # no catch_up at all: the sender's thread starved
         engine.step()
-        assert len(f.pending) <= MAX_BEHIND
-    assert f.digests_on_engine > 0
-    f.flush(force_digest=True)
-    assert f.digest.value == pool_digest(engine.rt.pool)
+    assert f.sweep_due and f.sweep is None  # asked of the sender's thread ...
+    assert f.digests_on_engine == 0 and f.digest_ops == ops_before  # ... nothing read here
+    assert len(f.pending) > MAX_BEHIND  # the ids kept meanwhile (bounded: MAX_PENDING)
+    assert f.catch_up()  # one long moment here: the whole sweep
+    assert f.sweeps == 1 and not f.sweep_due and f.sweep is None and not f.pending
+    assert f.verified is not None and f.verified.ops == f.op_count
+    assert f.digest.value == f.verified.value == pool_digest(engine.rt.pool)
+    engine.drive(20)  # and the usual catching up from there on
+    assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
 
 

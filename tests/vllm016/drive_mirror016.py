@@ -118,6 +118,7 @@ def main() -> int:
             req_id_to_index={r: i for i, r in enumerate(ids)},
             sampled_token_ids=sampled,
         )
+        time.sleep(0.002)  # the forward pass (the plugin's thread takes its digests then)
         for outs in sched.update_from_output(out, mro).values():
             st = outs.scheduler_stats
             if st is not None and st.prefix_cache_stats is not None:

@@ -1,0 +1,175 @@
+"""A pool's digest rebuilt in pieces while the pool keeps changing.
+
+``PoolDigest.stage`` brings a digest up to date from the blocks the pool
+calls since the last reading named -- all of them read at one moment the
+pool stands still.  When those are too many for one such moment (the
+reader fell behind), or the digest's rows are no longer the pool's (a
+reset, a call not followed), ``DigestSweep`` rebuilds it over many moments
+instead, each as short as the reader likes:
+
+* every row starts *invalid*; a moment's reading makes the rows it read
+  valid, and each valid row is the block as it was at the last moment;
+* at each moment, before reading, the blocks named since the previous one
+  are invalidated, with every valid block whose row a call can have
+  changed through them: the blocks their valid rows linked to, the valid
+  blocks whose rows link to them (in the queue or, for a hash several
+  blocks hold, in the map: ``back_next``, ``back_prev``, ``back_link``),
+  and their queue neighbours now.  That is a few reads per named block,
+  never the named blocks' whole rows (a block's place in the map is a link
+  to the block before it, digest.py, so that leaving a key changes the one
+  block after it);
+* then invalid rows are read, a piece at a time (``PIECE`` blocks); a
+  piece the pool moved during is thrown away, the pieces before it kept;
+* once no row is invalid the digest is whole again: of the pool at the
+  last moment.
+
+So a reader that falls behind never needs one long moment, and the pool's
+owner never reads anything (blockpool_vllm's follower, off vLLM's thread).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Iterable
+
+from blockpool.mirror.digest import MASK, PoolDigest, Rows, Staged
+
+PIECE = 256  # rows read between two looks at whether the pool moved
+_NONE = -3
+
+
+class DigestSweep:
+    def __init__(self, digest: PoolDigest) -> None:
+        self.digest = digest
+        n = len(digest.values)
+        self.n = n
+        self.valid = bytearray(n)
+        self.valid_sum = 0  # the valid rows' values
+        self.pos = 1  # rows from here on not read yet (all invalid)
+        self.again: set[int] = set()  # rows before ``pos`` invalidated since
+        self.back_next = array("i", [_NONE]) * n  # t -> the valid row whose next is t
+        self.back_prev = array("i", [_NONE]) * n
+        self.back_link = array("i", [_NONE]) * n  # t -> the valid row whose map link is t
+        self.rows_read = 0
+        self.moments = 0  # moments it was told of (``named``)
+        self.pieces_discarded = 0  # pieces the pool moved during
+
+    @property
+    def left(self) -> int:
+        """Rows still invalid."""
+        return self.n - self.pos + len(self.again)
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= self.n and not self.again
+
+    def _invalidate(self, bid: int) -> None:
+        if bid <= 0 or not self.valid[bid]:
+            return
+        d = self.digest
+        self.valid[bid] = 0
+        self.valid_sum -= d.values[bid]
+        t = d.next[bid]
+        if t > 0 and self.back_next[t] == bid:
+            self.back_next[t] = _NONE
+        t = d.prev[bid]
+        if t > 0 and self.back_prev[t] == bid:
+            self.back_prev[t] = _NONE
+        t = d.links[bid]
+        if t > 0 and self.back_link[t] == bid:
+            self.back_link[t] = _NONE
+        self.again.add(bid)
+
+    def named(self, ids: Iterable[int]) -> None:
+        """The blocks named by the pool's calls since the last moment
+        (read now, the pool standing still): invalidated with every valid
+        row those calls may have changed (see the module doc)."""
+        d = self.digest
+        blocks = d.pool.blocks
+        n = self.n
+        valid, dprev, dnext = self.valid, d.prev, d.next
+        back_next, back_prev, back_link = self.back_next, self.back_prev, self.back_link
+        out = self._invalidate
+        self.moments += 1
+        for y in ids:
+            if not 0 < y < n:
+                continue
+            if valid[y]:
+                out(dprev[y])
+                out(dnext[y])
+                out(y)
+            t = back_next[y]
+            if t > 0:
+                out(t)
+            t = back_prev[y]
+            if t > 0:
+                out(t)
+            t = back_link[y]
+            if t > 0:
+                out(t)
+            b = blocks[y]
+            p, x = b.prev_free_block, b.next_free_block
+            if p is not None:
+                out(p.block_id)
+            if x is not None:
+                out(x.block_id)
+
+    def read(self, moved: Callable[[], bool], pause: Callable[[], bool]) -> bool:
+        """Read invalid rows, a piece at a time, until none is left (True),
+        ``moved`` says the pool moved while a piece was read (that piece
+        thrown away, False) or ``pause``, called between pieces, says to
+        stop (False)."""
+        d = self.digest
+        while not self.done:
+            ids: list[int] = []
+            again = self.again
+            while again and len(ids) < PIECE:
+                ids.append(again.pop())
+            taken_again = list(ids)
+            start = self.pos
+            if len(ids) < PIECE:
+                stop = min(self.n, start + PIECE - len(ids))
+                ids.extend(range(start, stop))
+            else:
+                stop = start
+            rows = Rows()
+            d._read_rows(ids, 0, rows)
+            if moved():
+                again.update(taken_again)  # thrown away: invalid still
+                self.pieces_discarded += 1
+                return False
+            self._commit(Staged(rows, 0))
+            self.pos = stop
+            if not self.done and not pause():
+                return False
+        return True
+
+    def _commit(self, staged: Staged) -> None:
+        d = self.digest
+        values, sprev, snext, skeys, slinks = d.values, d.prev, d.next, d.keys, d.links
+        valid, back_next, back_prev = self.valid, self.back_next, self.back_prev
+        back_link = self.back_link
+        r = staged.rows
+        added = 0
+        for bid, v, prev, nxt, key, link in zip(
+            r.ids, r.values, r.prev, r.next, r.keys, r.links, strict=True
+        ):
+            values[bid] = v
+            sprev[bid] = prev
+            snext[bid] = nxt
+            skeys[bid] = key
+            slinks[bid] = link
+            valid[bid] = 1
+            added += v
+            if nxt > 0:
+                back_next[nxt] = bid
+            if prev > 0:
+                back_prev[prev] = bid
+            if link > 0:
+                back_link[link] = bid
+        self.valid_sum += added
+        self.rows_read += len(r.ids)
+
+    def total(self) -> int:
+        """The digest's total once ``done`` (every row valid)."""
+        return (self.n + self.valid_sum) & MASK

@@ -1,0 +1,128 @@
+"""The deferred digest rebuilt in pieces (blockpool/mirror/digest_sweep.py)
+while the engine keeps calling its pool between the pieces: every digest a
+sweep ends with is the pool's at the moment it names."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from blockpool.mirror import digest_sweep
+from blockpool.mirror.digest import pool_digest
+from blockpool.runtime.ops import AllocateOp, CacheOp, FinishOp, FreeOp, ResetOp
+from blockpool_vllm import follower as follower_module
+from tests.mirror.workload import FollowedEngine
+
+
+def duplicate_hashes(engine: FollowedEngine, rng: random.Random) -> list[int]:
+    """Two blocks cached under one hash (the map's several-blocks case)."""
+    got = engine.rt.apply(AllocateOp(num_blocks=2))["block_ids"]
+    tokens = [rng.randrange(50) for _ in range(4)]
+    for bid in got:
+        engine.rt.apply(CacheOp(block_ids=[bid], token_ids=tokens))
+    return list(got)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_sweep_between_pool_calls_ends_at_the_pools_digest(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(digest_sweep, "PIECE", 3)  # many pieces, many moments between
+    rng = random.Random(seed)
+    engine = FollowedEngine(num_blocks=96, defer_digest=True)
+    engine.rng = random.Random(seed)
+    f = engine.follower
+    engine.drive(10)
+    f.sweep_due = True
+    held: list[int] = []
+    budget = [0]
+
+    def may_work() -> bool:  # the engine comes back after a few pieces
+        budget[0] -= 1
+        return budget[0] > 0
+
+    monkeypatch.setattr(f, "may_work", may_work)
+    taken = 0
+    for i in range(400):
+        engine.step()
+        if i % 7 == 3 and engine.rt.pool.get_num_free_blocks() >= 8:
+            held += duplicate_hashes(engine, rng)
+            f.flush()
+        if held and i % 3 == 1:
+            engine.rt.apply(FreeOp(block_ids=[held.pop(0)]))
+            f.flush()
+        if i % 90 == 60:
+            f.sweep_due = True  # as after a reset, or a sender that fell behind
+        budget[0] = rng.randrange(1, 6)
+        if f.catch_up():
+            assert f.verified is not None and f.verified.ops == f.op_count
+            assert f.verified.value == f.digest.value == pool_digest(engine.rt.pool)
+            taken += 1
+    assert f.sweeps >= 2 and taken >= 10
+    budget[0] = 10**9
+    engine.step()
+    f.catch_up()
+    assert not f.pending and f.sweep is None and not f.sweep_due
+    assert f.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
+
+
+def test_a_piece_read_while_the_engine_moved_is_thrown_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(digest_sweep, "PIECE", 8)
+    engine = FollowedEngine(num_blocks=64, defer_digest=True)
+    f = engine.follower
+    engine.drive(15)
+    f.sweep_due = True
+    read_rows = f.digest._read_rows
+    moves = [2]
+
+    def racing(*args: object, **kw: object) -> int:
+        out = read_rows(*args, **kw)  # type: ignore[arg-type]
+        if moves[0]:
+            moves[0] -= 1
+            engine.rt.apply(AllocateOp(num_blocks=1))  # a pool call during the piece
+        return out
+
+    monkeypatch.setattr(f.digest, "_read_rows", racing)
+    assert not f.catch_up()  # the first piece saw the engine move: thrown away
+    assert f.sweep is not None and f.sweep.rows_read == 0
+    f.flush()
+    assert not f.catch_up()
+    f.flush()
+    assert f.catch_up()  # then a moment that held
+    assert f.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
+
+
+def test_a_reset_is_read_again_off_the_engines_thread() -> None:
+    engine = FollowedEngine(num_blocks=64, defer_digest=True)
+    f = engine.follower
+    engine.drive(10)
+    assert f.catch_up() or not f.pending
+    ops_before = f.digest_ops
+    for rid in list(engine.rt.manager.requests):
+        engine.rt.apply(FinishOp(request_id=rid))
+    for bid in engine.raw:
+        engine.rt.apply(FreeOp(block_ids=[bid]))
+    engine.raw.clear()
+    engine.rt.apply(ResetOp())
+    f.flush()
+    assert f.sweep_due and f.digest_ops == ops_before  # the engine's thread read nothing
+    assert f.catch_up() and f.sweeps == 1
+    assert f.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
+
+
+def test_ids_not_told_to_the_sweep_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(follower_module, "MAX_PENDING", 5)
+    engine = FollowedEngine(num_blocks=64, defer_digest=True)
+    f = engine.follower
+    for _ in range(60):
+        engine.step()
+        assert len(f.pending) <= 6
+    assert f.sweep_due
+    assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
