@@ -87,6 +87,7 @@ _LOG_RESTART_EVERY_S = 60.0
 # with turns, the longest wait for one (a shorter one would wake the thread in
 # the engine's busy time and take the interpreter from it)
 _TURN_WAIT_S = 0.1
+_TURN_WAIT_QUEUED_S = 0.03
 _OVERDUE_S = 0.25  # the engine never in a forward pass this long: the thread works anyway
 _OVERDUE_BATCHES = 64  # ... or this many batches queued
 
@@ -385,7 +386,10 @@ class Sender:
         worked for ``_OVERDUE_S`` or batches pile up (an engine whose
         thread never waits still has its stream, at the price of sharing
         the interpreter)."""
-        if self._turn is None or self._turn(_TURN_WAIT_S):
+        # (batches waiting: a shorter wait, so that an engine gone idle has its
+        # last step's batch out once it has been so for IDLE_AFTER_S)
+        wait = _TURN_WAIT_S if self._queue.empty() else _TURN_WAIT_QUEUED_S
+        if self._turn is None or self._turn(wait):
             self._last_turn = time.monotonic()
             return True
         if (

@@ -95,6 +95,16 @@ class Rig:
             mirror_setup.wait_hello, self.endpoint, 30.0, self.mirror_key
         )
 
+    async def hello_saying(self, says: Callable[[Hello], bool]) -> Hello:
+        """The engine's handshake once it says what the test just set (one
+        built before may still be on its way): at most five handshakes."""
+        hello = await self.hello()
+        for _ in range(4):
+            if says(hello):
+                break
+            hello = await self.hello()
+        return hello
+
     def service(
         self, hello: Hello, rebuild: Callable[[Hello], None] | None = None, **overrides: Any
     ) -> tuple[FastAPI, MirrorClient]:

@@ -125,11 +125,7 @@ async def test_a_service_without_mirror_says_so() -> None:
 
 async def test_an_engine_the_mirror_cannot_follow_is_never_called_exact(rig: Rig) -> None:
     rig.engine.problems = ["2 KV-cache groups (hybrid models): the mirror follows one"]
-    hello = await rig.hello()
-    for _ in range(5):  # (a handshake built before the problems were set may be on its way)
-        if not hello.exact:
-            break
-        hello = await rig.hello()
+    hello = await rig.hello_saying(lambda h: not h.exact)
     assert not hello.exact
     app = create_app(mirror_setup.settings_for(hello, make_settings()))
     control = mirror_setup.control_for(rig.endpoint, hello)
@@ -148,7 +144,7 @@ async def test_an_engine_the_mirror_cannot_follow_is_never_called_exact(rig: Rig
 
 async def test_the_metrics_carry_the_engines_model_name(rig: Rig) -> None:
     rig.engine.model = "tiny-llama"
-    hello = await rig.hello()
+    hello = await rig.hello_saying(lambda h: h.model == "tiny-llama")
     assert hello.model == "tiny-llama"
     assert mirror_setup.settings_for(hello, make_settings()).model_name == "tiny-llama"
     # an engine that names no model: "vllm-mirror"; a --model-name given stays

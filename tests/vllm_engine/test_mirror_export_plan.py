@@ -121,8 +121,13 @@ def test_watch_export_plan_on_a_real_engine(
 
     # the engine's traffic as a trace: the planner predicts its hit counter
     work: Path = rig["work"]
-    r = client.get(url + "/api/mirror/trace")
-    assert r.status_code == 200
+
+    def exported() -> Any:  # (the last step's records may still be on their way)
+        got = client.get(url + "/api/mirror/trace")
+        assert got.status_code == 200
+        return got if json.loads(got.text.splitlines()[0])["requests"] == n else None
+
+    r = until(exported, what_for="every request in the recording")
     traffic = work / "traffic.jsonl"
     traffic.write_text(r.text)
     head = json.loads(r.text.splitlines()[0])
