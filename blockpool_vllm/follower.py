@@ -176,7 +176,7 @@ class PoolFollower:
         self.inflight: deque[Batch] = deque()  # deferred: offered, not prepared by the sender yet
         self.digests_taken = 0  # deferred digests taken by catch_up
         self.digests_discarded = 0  # ... and readings thrown away (the engine moved)
-        self.digests_on_engine = 0  # deferred, yet taken here (capture_now only)
+        self.digests_on_engine = 0  # deferred, yet taken here (asked for: force_digest)
         # deferred: the digest rebuilt in pieces by the sender's thread
         # (blockpool/mirror/digest_sweep.py) after it fell behind, a reset, or
         # a call not followed -- never read on the engine's thread
@@ -451,6 +451,8 @@ class PoolFollower:
         # a digest asked for now (tools, tests: the engine's own hooks never
         # ask but after a reset, which a sweep rebuilds) is read here
         deferred = self.defer_digest and not (force_digest and not self._sync_due)
+        if self.defer_digest and not deferred:
+            self.digests_on_engine += 1
         digest = None
         if deferred:  # the operations and the digest: the sender's thread (prepare, catch_up)
             if self._sync_due:  # a reset, a call not followed: every row read again, there

@@ -165,6 +165,11 @@ class PoolDigest:
 
     def commit(self, staged: Staged) -> None:
         """Take what ``stage`` read (nothing read it since: see ``stage``)."""
+        self.store(staged.rows)
+        self.total = staged.total
+
+    def store(self, r: Rows) -> None:
+        """Keep blocks' rows as read (the total is the caller's)."""
         values, sprev, snext, skeys, slinks = (
             self.values,
             self.prev,
@@ -172,7 +177,6 @@ class PoolDigest:
             self.keys,
             self.links,
         )
-        r = staged.rows
         for bid, v, prev, nxt, key, link in zip(
             r.ids, r.values, r.prev, r.next, r.keys, r.links, strict=True
         ):
@@ -181,7 +185,6 @@ class PoolDigest:
             snext[bid] = nxt
             skeys[bid] = key
             slinks[bid] = link
-        self.total = staged.total
 
     def stage(self, ids: Iterable[int], pause: Callable[[], bool] | None = None) -> Staged:
         """Read what the blocks named by the pool calls since the last update

@@ -145,29 +145,19 @@ class DigestSweep:
         return True
 
     def _commit(self, staged: Staged) -> None:
-        d = self.digest
-        values, sprev, snext, skeys, slinks = d.values, d.prev, d.next, d.keys, d.links
+        r = staged.rows
+        self.digest.store(r)
         valid, back_next, back_prev = self.valid, self.back_next, self.back_prev
         back_link = self.back_link
-        r = staged.rows
-        added = 0
-        for bid, v, prev, nxt, key, link in zip(
-            r.ids, r.values, r.prev, r.next, r.keys, r.links, strict=True
-        ):
-            values[bid] = v
-            sprev[bid] = prev
-            snext[bid] = nxt
-            skeys[bid] = key
-            slinks[bid] = link
+        for bid, prev, nxt, link in zip(r.ids, r.prev, r.next, r.links, strict=True):
             valid[bid] = 1
-            added += v
             if nxt > 0:
                 back_next[nxt] = bid
             if prev > 0:
                 back_prev[prev] = bid
             if link > 0:
                 back_link[link] = bid
-        self.valid_sum += added
+        self.valid_sum += sum(r.values)
         self.rows_read += len(r.ids)
 
     def total(self) -> int:

@@ -208,6 +208,10 @@ def test_a_sender_that_falls_behind_has_the_digest_rebuilt_in_pieces_never_on_th
     assert f.digest.value == f.verified.value == pool_digest(engine.rt.pool)
     engine.drive(20)  # and the usual catching up from there on
     assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
+    engine.drive(3)
+    batch = f.flush(force_digest=True)  # a digest asked for now: read here, counted
+    assert f.digests_on_engine == 1 and batch is not None and batch.digest is not None
+    assert batch.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
 
 
