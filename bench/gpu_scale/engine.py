@@ -196,6 +196,10 @@ class Steps:
     step_ns: list[int] = field(default_factory=list)  # the whole step, wall clock
     gc_ns: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # tokens scheduled
+    # how late the engine's thread came back from waiting for a forward pass
+    # (the interpreter held by another thread when it was done): 0 when it
+    # did not wait
+    late_ns: list[int] = field(default_factory=list)
 
 
 class Driver:
@@ -353,11 +357,13 @@ class Driver:
         else:
             n = 0
         t_upd = 0
+        late = 0
         if self.inflight and (len(self.inflight) >= self.depth or not sched.has_requests()):
             out, mro, done_at = self.inflight.popleft()
             wait = done_at - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
+                late = int((time.perf_counter() - done_at) * 1e9)
             t0 = now()
             result = sched.update_from_output(out, mro)
             t_upd = now() - t0
@@ -372,6 +378,7 @@ class Driver:
             rec.step_ns.append(now() - t_step)
             rec.gc_ns.append(gc_clock.in_step_ns if gc_clock is not None else 0)
             rec.tokens.append(n)
+            rec.late_ns.append(late)
 
     def pool_facts(self) -> dict[str, Any]:
         cached = getattr(self.pool, "cached_block_hash_to_block", None)

@@ -263,6 +263,7 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "add_request": summarize(steps["add_ns"]),
         "step": summarize(steps["step_ns"]),
         "gc_in_step": summarize(steps["gc_ns"]),
+        "late": summarize(steps.get("late_ns", [0])),
         "steps": n,
         "wall_s": round(wall_s, 3),
         "steps_per_s": round(n / wall_s, 2) if wall_s else 0.0,
@@ -342,6 +343,12 @@ def table(doc: dict[str, Any]) -> str:
             f"{'whole step p50 / max':<26}{a['step']['p50_ms']:>5.2f}/{a['step']['max_ms']:<5.1f}"
             f"{b['step']['p50_ms']:>5.2f}/{b['step']['max_ms']:<5.1f}"
         )
+        la, lb = a.get("late", {}), b.get("late", {})
+        if la and lb:  # back late from a forward pass (the interpreter held elsewhere)
+            lines.append(
+                f"{'late from forward p50/p99':<26}{la['p50_ms']:>5.2f}/{la['p99_ms']:<5.2f}"
+                f"{lb['p50_ms']:>5.2f}/{lb['p99_ms']:<5.2f}"
+            )
         lines.append(
             f"{'steps/s (ratio)':<26}{a['steps_per_s']:>10.1f}{b['steps_per_s']:>10.1f}"
             f"{c['throughput_ratio']:>9.3f}x"
