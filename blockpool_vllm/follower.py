@@ -51,6 +51,7 @@ from blockpool.mirror.protocol import (
     Unsupported,
 )
 from blockpool_vllm.capture import Capture
+from blockpool_vllm.pacing import Pacer
 
 # The pool methods the follower wraps: each call becomes one operation.
 WRAPPED = (
@@ -66,10 +67,6 @@ UNSUPPORTED_METHODS = ("cache_partial_block", "unpin_blocks", "move_block_hashes
 COSTS_KEPT = 2048  # the last steps' costs, for the quantiles
 CAPTURE_BUDGET_S = 0.0008  # a step's share of copying a snapshot
 IDLE_AFTER_S = 0.05
-# catch_up lets the engine's thread in every few hundred blocks it reads (a
-# sleep, not sleep(0): a thread releasing the interpreter takes it back at
-# once unless it waits a little); the engine waits ~0.3 ms for it at most
-PAUSE_S = 0.00002
 # batches whose blocks catch_up has not read yet, at most: beyond, the engine's
 # flush brings the digest up to date itself (a sender starved of the CPU
 # never lets the work pile up)
@@ -147,6 +144,9 @@ class PoolFollower:
         self.forwarding = False
         self.forward_passes = 0
         self._turn_seen = 0
+        # the sender's thread sleeps a moment every ~0.1 ms of work, so that an
+        # engine back from its forward pass waits no longer for the interpreter
+        self.pace = Pacer()
         self.offer = offer  # hands a batch to the sender; False: dropped
         self.digest_every = max(1, digest_every)
         self.stats = stats or (lambda: (0, 0, 0))
@@ -572,6 +572,7 @@ class PoolFollower:
         with w:
             w.wait_for(lambda: self.forward_passes != seen, timeout)
         self._turn_seen = self.forward_passes
+        self.pace.rested()
         return self.may_work()
 
     # ------------------------------------------------ the deferred digest
@@ -585,14 +586,17 @@ class PoolFollower:
         a sweep rebuilds the digest, each such moment takes it a piece on."""
         if not (self.pending or self.sweep_due or self.sweep is not None):
             return False
+        if not self.may_work():  # the engine is working: the digest waits for its next pass
+            return False
         with self._digest_lock:
             e0 = self.epoch
             target = self.flushed_ops
             if e0 & 1 or self.op_count != target or self.inflight:
                 return False
+            pace = self.pace
 
             def pause() -> bool:  # the engine may want the interpreter: let it in
-                time.sleep(PAUSE_S)
+                pace()
                 return self.epoch == e0 and self.may_work()
 
             if self.sweep_due or self.sweep is not None:
@@ -646,9 +650,9 @@ class PoolFollower:
                 self._new_sweep()
                 return False
             try:
-                sweep.named(part)
-            except Exception:  # the pool changed under it: told again at the next moment
-                return False
+                sweep.named(part, pause)
+            except Exception:  # the pool changed under it, or the engine came back:
+                return False  # told again at the next moment
             if self.epoch != e0:
                 return False
             del pending[0]

@@ -245,6 +245,7 @@ class _Mirrored:
             background=follower.catch_up,
             prepare=follower.prepare,
             turn=follower.wait_turn if deferred else None,
+            pace=follower.pace if deferred else None,
             control_endpoint=control,
             key=key,
             max_queue=int(os.environ.get("BLOCKPOOL_MIRROR_QUEUE", "4096")),

@@ -118,6 +118,7 @@ class Sender:
         background: Callable[[], object] = lambda: None,
         prepare: Callable[[wire.Batch], wire.Batch] = lambda b: b,
         turn: Callable[[float], bool] | None = None,
+        pace: Callable[[], bool] | None = None,
         control_endpoint: str | None = None,
         key: StreamKey | None = None,
         max_queue: int = 4096,
@@ -141,6 +142,8 @@ class Sender:
         # waits for the engine's forward pass (or idleness): the thread works
         # then only, unless batches pile up (None: whenever there is work)
         self._turn = turn
+        # between two batches: a moment's sleep when due (blockpool_vllm/pacing.py)
+        self._pace = pace
         self._last_turn = time.monotonic()
         self._key = key
         self._hwm = hwm
@@ -444,6 +447,8 @@ class Sender:
             self._handled(item)
             if not left:
                 return
+            if self._pace is not None:
+                self._pace()
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:

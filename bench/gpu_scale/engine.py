@@ -200,6 +200,9 @@ class Steps:
     # (the interpreter held by another thread when it was done): 0 when it
     # did not wait
     late_ns: list[int] = field(default_factory=list)
+    # the engine thread's CPU time in add_request + schedule + update
+    # (thread_time: not the time it waited for the interpreter or the CPU)
+    sched_cpu_ns: list[int] = field(default_factory=list)
 
 
 class Driver:
@@ -334,17 +337,23 @@ class Driver:
         if gc_clock is not None:
             gc_clock.in_step_ns = 0
         news = self._make_requests()
+        cpu = time.thread_time_ns
+        c_add = cpu()
         t0 = now()
         for r in news:
             sched.add_request(r)
         t_add = now() - t0
+        c_add = cpu() - c_add
+        c_sched = 0
         self.live += len(news)
         self.added += len(news)
         t_sched = 0
         if sched.has_requests():
+            c0 = cpu()
             t0 = now()
             out = sched.schedule()
             t_sched = now() - t0
+            c_sched = cpu() - c0
             n = int(out.total_num_scheduled_tokens)
             self.total_tokens += n
             self.fingerprint.update(repr(sorted(out.num_scheduled_tokens.items())).encode())
@@ -357,6 +366,7 @@ class Driver:
         else:
             n = 0
         t_upd = 0
+        c_upd = 0
         late = 0
         if self.inflight and (len(self.inflight) >= self.depth or not sched.has_requests()):
             out, mro, done_at = self.inflight.popleft()
@@ -364,9 +374,11 @@ class Driver:
             if wait > 0:
                 time.sleep(wait)
                 late = int((time.perf_counter() - done_at) * 1e9)
+            c0 = cpu()
             t0 = now()
             result = sched.update_from_output(out, mro)
             t_upd = now() - t0
+            c_upd = cpu() - c0
             self._took(result)
         self.max_usage = max(self.max_usage, float(sched.kv_cache_manager.usage))
         self.steps_run += 1
@@ -379,6 +391,7 @@ class Driver:
             rec.gc_ns.append(gc_clock.in_step_ns if gc_clock is not None else 0)
             rec.tokens.append(n)
             rec.late_ns.append(late)
+            rec.sched_cpu_ns.append(c_add + c_sched + c_upd)
 
     def pool_facts(self) -> dict[str, Any]:
         cached = getattr(self.pool, "cached_block_hash_to_block", None)

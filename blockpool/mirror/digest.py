@@ -46,7 +46,7 @@ NOT_MAPPED = -2  # a block's map link when it is not in the map
 FIRST = -1  # ... when it is the first (or only) block of its key
 _from_bytes = int.from_bytes
 _REFRESH_CHUNK = 65_536
-PAUSE_EVERY = 256  # blocks read between two calls of stage's pause
+PAUSE_EVERY = 64  # blocks read between two calls of a reading's pause
 
 
 class Interrupted(Exception):

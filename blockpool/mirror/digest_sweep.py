@@ -32,9 +32,10 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterable
 
-from blockpool.mirror.digest import MASK, PoolDigest, Rows, Staged
+from blockpool.mirror.digest import MASK, Interrupted, PoolDigest, Rows, Staged
 
 PIECE = 256  # rows read between two looks at whether the pool moved
+NAMED_PAUSE_EVERY = 256  # blocks named between two calls of ``named``'s pause
 _NONE = -3
 
 
@@ -80,10 +81,13 @@ class DigestSweep:
             self.back_link[t] = _NONE
         self.again.add(bid)
 
-    def named(self, ids: Iterable[int]) -> None:
+    def named(self, ids: Iterable[int], pause: Callable[[], bool] | None = None) -> None:
         """The blocks named by the pool's calls since the last moment
         (read now, the pool standing still): invalidated with every valid
-        row those calls may have changed (see the module doc)."""
+        row those calls may have changed (see the module doc).  ``pause``,
+        called every ``NAMED_PAUSE_EVERY`` blocks, says whether to go on (else
+        ``Interrupted``: the same blocks named again later change nothing
+        more)."""
         d = self.digest
         blocks = d.pool.blocks
         n = self.n
@@ -91,9 +95,16 @@ class DigestSweep:
         back_next, back_prev, back_link = self.back_next, self.back_prev, self.back_link
         out = self._invalidate
         self.moments += 1
+        left = NAMED_PAUSE_EVERY
         for y in ids:
             if not 0 < y < n:
                 continue
+            if pause is not None:
+                left -= 1
+                if not left:
+                    left = NAMED_PAUSE_EVERY
+                    if not pause():
+                        raise Interrupted
             if valid[y]:
                 out(dprev[y])
                 out(dnext[y])
@@ -133,7 +144,12 @@ class DigestSweep:
             else:
                 stop = start
             rows = Rows()
-            d._read_rows(ids, 0, rows)
+            try:
+                d._read_rows(ids, 0, rows, pause)
+            except Interrupted:  # the engine came back: this piece is read again later
+                again.update(taken_again)
+                self.pieces_discarded += 1
+                return False
             if moved():
                 again.update(taken_again)  # thrown away: invalid still
                 self.pieces_discarded += 1

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from blockpool.mirror import digest as digest_module
 from blockpool.mirror import digest_sweep
 from blockpool.mirror.digest import pool_digest
 from blockpool.runtime.ops import AllocateOp, CacheOp, FinishOp, FreeOp, ResetOp
@@ -54,7 +55,7 @@ def test_a_sweep_between_pool_calls_ends_at_the_pools_digest(
             f.flush()
         if i % 90 == 60:
             f.sweep_due = True  # as after a reset, or a sender that fell behind
-        budget[0] = rng.randrange(1, 6)
+        budget[0] = rng.randrange(2, 7)  # (+1: the first look, whether to begin at all)
         if f.catch_up():
             assert f.verified is not None and f.verified.ops == f.op_count
             assert f.verified.value == f.digest.value == pool_digest(engine.rt.pool)
@@ -126,3 +127,52 @@ def test_ids_not_told_to_the_sweep_are_bounded(monkeypatch: pytest.MonkeyPatch) 
     assert f.sweep_due
     assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
+
+
+def test_naming_and_reading_stop_when_the_engine_comes_back_and_resume_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sender's thread looks every few blocks (naming them, reading
+    rows) whether the engine came back; it stops there, and what it had
+    not finished is done at a later moment: the digest it ends with is the
+    pool's."""
+    monkeypatch.setattr(digest_sweep, "NAMED_PAUSE_EVERY", 4)
+    monkeypatch.setattr(digest_module, "PAUSE_EVERY", 4)
+    engine = FollowedEngine(num_blocks=128, defer_digest=True)
+    f = engine.follower
+    engine.drive(10)
+    assert f.catch_up() and f.sweep is None  # caught up, no sweep yet
+    f.sweep_due = True
+    looks = [0]
+    allowed = [10**9]
+
+    def may_work() -> bool:
+        looks[0] += 1
+        return looks[0] <= allowed[0]
+
+    monkeypatch.setattr(f, "may_work", may_work)
+    allowed[0] = 3  # the first look (begin), then the engine is back mid-piece
+    assert not f.catch_up()
+    sweep = f.sweep
+    assert sweep is not None and sweep.pieces_discarded == 1 and sweep.rows_read == 0
+    engine.drive(6)  # the engine's pool calls: more blocks named, ≥ 4 per batch
+    assert sum(len(p) for p in f.pending) >= 8
+    looks[0], allowed[0] = 0, 2  # now it comes back while they are named
+    assert not f.catch_up()
+    assert f.pending and f.sweep is sweep  # not all named: kept for the next moment
+    looks[0], allowed[0] = 0, 10**9
+    assert f.catch_up()  # a moment long enough: named, every row read
+    assert f.sweep is None and not f.pending
+    assert f.verified is not None and f.verified.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
+
+
+def test_the_pacer_sleeps_only_when_its_work_time_is_up() -> None:
+    from blockpool_vllm.pacing import Pacer
+
+    never = Pacer(every_ns=10**15)
+    assert not any(never() for _ in range(1000)) and never.sleeps == 0
+    always = Pacer(every_ns=0, sleep_s=0.0)
+    assert all(always() for _ in range(5)) and always.sleeps == 5
+    always.rested()
+    assert always() and always.sleeps == 6

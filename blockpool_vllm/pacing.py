@@ -1,0 +1,49 @@
+"""Letting the engine's thread back into the interpreter in time.
+
+The plugin's thread works while vLLM's engine thread waits for its forward
+pass.  When that pass ends, the engine's thread needs the interpreter (the
+GIL) back -- and it cannot say so: a thread waiting for the GIL runs no
+Python.  CPython hands it over only when the holder blocks, or after the
+switch interval (5 ms by default) when the waiter forces it; a holder that
+merely releases it for a moment (``sleep(0)``, a socket call) usually takes
+it straight back.  So the plugin's thread *paces* itself: every
+``EVERY_NS`` of work it sleeps ``SLEEP_S`` -- long enough for a waiting
+thread to be woken and take the interpreter -- and then asks whether the
+engine has come back.  The engine's wait for the interpreter is then about
+``EVERY_NS`` plus one wake-up, never the switch interval.
+"""
+
+from __future__ import annotations
+
+import time
+from time import perf_counter_ns
+
+EVERY_NS = 100_000  # work between two sleeps, at most (about)
+SLEEP_S = 0.00002  # (the kernel's timer slack makes it ~60-80 µs)
+
+
+class Pacer:
+    """Called between pieces of work on the plugin's thread: sleeps when
+    ``every_ns`` passed since the last sleep (or ``rested``)."""
+
+    __slots__ = ("every_ns", "last", "sleep_s", "sleeps")
+
+    def __init__(self, every_ns: int = EVERY_NS, sleep_s: float = SLEEP_S) -> None:
+        self.every_ns = every_ns
+        self.sleep_s = sleep_s
+        self.last = perf_counter_ns()
+        self.sleeps = 0
+
+    def __call__(self) -> bool:
+        """Sleep if due; whether it slept (the engine may have moved)."""
+        if perf_counter_ns() - self.last < self.every_ns:
+            return False
+        time.sleep(self.sleep_s)
+        self.sleeps += 1
+        self.last = perf_counter_ns()
+        return True
+
+    def rested(self) -> None:
+        """The thread just blocked (waited for a turn): the interpreter was
+        free, the count starts again."""
+        self.last = perf_counter_ns()
