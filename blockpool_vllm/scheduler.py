@@ -279,7 +279,7 @@ class _Mirrored:
         super().add_request(request)  # type: ignore[misc]
         if m is not None:
             t = time.perf_counter_ns()
-            hashes = [bytes(h) for h in getattr(request, "block_hashes", ())]
+            hashes = _as_bytes(getattr(request, "block_hashes", ()))
             skips = getattr(request, "skip_reading_prefix_cache", None)
             if skips is None:  # vLLM 0.16: prompt_logprobs skips the lookup
                 params = getattr(request, "sampling_params", None)
@@ -353,6 +353,14 @@ class _Mirrored:
             except Exception:
                 logger.exception("blockpool mirror: closing the sender failed")
         super().shutdown()  # type: ignore[misc]
+
+
+def _as_bytes(hashes: Any) -> list[bytes]:
+    """A request's block hashes as a list of bytes: copied in one call when
+    they are bytes already (vLLM's ``BlockHash``), one by one otherwise."""
+    if isinstance(hashes, list) and hashes and type(hashes[0]) is bytes:
+        return hashes[:]  # (one type throughout: vLLM's hasher makes them all)
+    return [bytes(h) for h in hashes]
 
 
 class MirrorScheduler(_Mirrored, Scheduler):  # type: ignore[misc]

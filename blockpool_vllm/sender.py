@@ -89,6 +89,9 @@ _LOG_RESTART_EVERY_S = 60.0
 _TURN_WAIT_S = 0.1
 _TURN_WAIT_QUEUED_S = 0.03
 _OVERDUE_S = 0.25  # the engine never in a forward pass this long: the thread works anyway
+# batches queued from which the thread no longer pauses between two: an
+# engine with no time of its own still has its stream, at the price of waits
+_PACED_BACKLOG = 8
 _OVERDUE_BATCHES = 64  # ... or this many batches queued
 
 
@@ -447,8 +450,8 @@ class Sender:
             self._handled(item)
             if not left:
                 return
-            if self._pace is not None:
-                self._pace()
+            if self._pace is not None and self._queue.qsize() < _PACED_BACKLOG:
+                self._pace()  # (a backlog is sent in one go: the stream keeps up)
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
