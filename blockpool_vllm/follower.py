@@ -206,25 +206,29 @@ class PoolFollower:
         hash_block_size = pool.hash_block_size
 
         def _get_new_blocks(num_blocks: int) -> Any:
+            t0 = _now()  # (the wrapper's time, the pool's own call left out)
             self.epoch += 1  # before the look at capture (poll_snapshot's check)
             cap = self.capture
             try:
                 if cap is not None:
                     with lock:
                         cap.save_head(num_blocks)
+                        t1 = _now()
                         ret = get_new_blocks(num_blocks)
                 else:
+                    t1 = _now()
                     ret = get_new_blocks(num_blocks)
                 t = _now()
                 if ret:
                     ops.append((_ALLOCATE, ret[:]))  # ids read later (resolve)
                     self.op_count += 1
-                self._step_ns += _now() - t
+                self._step_ns += _now() - t + t1 - t0
                 return ret
             finally:
                 self.epoch += 1
 
         def _free_blocks(ordered_blocks: Any) -> None:
+            t0 = _now()
             blocks = list(ordered_blocks)
             self.epoch += 1  # before the look at capture (poll_snapshot's check)
             cap = self.capture
@@ -233,18 +237,21 @@ class PoolFollower:
                     with lock:
                         cap.save_all(blocks)
                         cap.save_ends()
+                        t1 = _now()
                         free_blocks(blocks)
                 else:
+                    t1 = _now()
                     free_blocks(blocks)
                 t = _now()
                 if blocks:
                     ops.append((_FREE, blocks))
                     self.op_count += 1
-                self._step_ns += _now() - t
+                self._step_ns += _now() - t + t1 - t0
             finally:
                 self.epoch += 1
 
         def _touch(blocks: Any) -> None:
+            t0 = _now()
             blocks = list(blocks)
             self.epoch += 1  # before the look at capture (poll_snapshot's check)
             cap = self.capture
@@ -253,14 +260,16 @@ class PoolFollower:
                     with lock:
                         for b in blocks:
                             cap.save_queued(b)
+                        t1 = _now()
                         touch(blocks)
                 else:
+                    t1 = _now()
                     touch(blocks)
                 t = _now()
                 if blocks:
                     ops.append((_TOUCH, blocks))
                     self.op_count += 1
-                self._step_ns += _now() - t
+                self._step_ns += _now() - t + t1 - t0
             finally:
                 self.epoch += 1
 
@@ -274,6 +283,7 @@ class PoolFollower:
             *rest: Any,
             **kw: Any,
         ) -> None:
+            t0 = _now()
             window = blocks[num_cached_blocks:num_full_blocks]
             before = [b.block_hash for b in window]
             self.epoch += 1  # before the look at capture (poll_snapshot's check)
@@ -283,6 +293,7 @@ class PoolFollower:
                 if cap is not None:
                     with lock:
                         cap.save_all(window)
+                        t1 = _now()
                         cache_full_blocks(*args, kv_cache_group_id, *rest, **kw)
                         new = [b for b, old in zip(window, before, strict=True) if old is None]
                         cap.cached(
@@ -290,6 +301,7 @@ class PoolFollower:
                             {b.block_id for b in new},
                         )
                 else:
+                    t1 = _now()
                     cache_full_blocks(*args, kv_cache_group_id, *rest, **kw)
                 t = _now()
                 after = [b.block_hash for b in window]
@@ -305,7 +317,7 @@ class PoolFollower:
                     self._cache_slowly(
                         request, window, before, num_cached_blocks, block_size, kv_cache_group_id
                     )
-                self._step_ns += _now() - t
+                self._step_ns += _now() - t + t1 - t0
             finally:
                 self.epoch += 1
 
