@@ -1,7 +1,8 @@
 """The admission rules every pool model applies (vLLM 0.16.0's
-``KVCacheManager.get_computed_blocks`` / ``allocate_slots``), shared by the
-request manager, the shadow pools and the trace replays (sequence mode, the
-scheduler's slots, the one-pass curve):
+``KVCacheManager.get_computed_blocks`` / ``allocate_slots``), which the
+coordinator applies per attention type (for the request manager too), and
+these functions share with the shadow pools and the trace replays (sequence
+mode, the scheduler's slots, the one-pass curve):
 
 * the hit walk looks at most at the full blocks before the one holding the
   prompt's last token (that token is always computed again), and stops at

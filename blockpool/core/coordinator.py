@@ -19,6 +19,9 @@ hash and group id).
   pool has fewer free, else touch the hits (skipped ones become null
   blocks), take the new blocks and cache the full ones.
 * **Free**: each group's table in reverse, the null blocks left out.
+
+Group ``i`` of the coordinator is ``specs[i]``; the pool knows it by
+``group_ids[i]`` (``i`` unless given), the id its hashes are cached under.
 """
 
 from __future__ import annotations
@@ -53,10 +56,10 @@ class _GroupTables:
         self, rid: str, num_tokens: int, hit: Sequence[KVCacheBlock], total_computed: int
     ) -> int:
         bs = self.spec.block_size
-        required = cdiv(num_tokens, bs)
+        required = -(-num_tokens // bs)  # cdiv, inline: once per group per decode step
         held = len(self.tables.get(rid, ()))
         if rid in self.num_cached:  # running: no new hits
-            return max(required - held, 0)
+            return required - held if required > held else 0
         skipped = self.spec.skipped_tokens(total_computed) // bs
         new = max(required - max(skipped, len(hit) + held), 0)
         skip_hits = max(0, skipped - held)
@@ -116,7 +119,8 @@ class _GroupTables:
 
 
 class KVCacheCoordinator:
-    """The groups of one pool; ``specs[i]`` is group ``i``."""
+    """The groups of one pool; ``specs[i]`` is group ``i``, cached in the
+    pool under ``group_ids[i]`` (default ``i``)."""
 
     def __init__(
         self,
@@ -125,9 +129,14 @@ class KVCacheCoordinator:
         max_model_len: int,
         hash_block_size: int | None = None,
         use_eagle: bool = False,
+        *,
+        group_ids: Sequence[int] | None = None,
     ) -> None:
         if not specs:
             raise ValueError("a coordinator needs at least one KV-cache group")
+        gids = list(range(len(specs)) if group_ids is None else group_ids)
+        if len(gids) != len(specs) or len(set(gids)) != len(gids):
+            raise ValueError(f"group ids must be distinct, one per group, got {gids}")
         self.pool = pool
         self.specs = tuple(specs)
         self.max_model_len = max_model_len
@@ -135,21 +144,23 @@ class KVCacheCoordinator:
         if any(s.block_size % self.hash_block_size for s in specs):
             raise ValueError("every group's block size must be a multiple of the hash block size")
         self.use_eagle = use_eagle
-        self.groups = tuple(_GroupTables(s, i, pool) for i, s in enumerate(specs))
+        self.groups = tuple(_GroupTables(s, gid, pool) for s, gid in zip(specs, gids, strict=True))
         self._no_hits: tuple[tuple[KVCacheBlock, ...], ...] = tuple(() for _ in specs)
-        # one entry per distinct spec, with its group ids; full attention first
-        types: list[tuple[GroupSpec, list[int]]] = []
+        # one entry per distinct spec: its group indexes and the pool's ids for
+        # them; full attention first
+        types: list[tuple[GroupSpec, list[int], list[int]]] = []
         for i, s in enumerate(specs):
-            for spec, ids in types:
+            for spec, idx, ids in types:
                 if spec == s:
-                    ids.append(i)
+                    idx.append(i)
+                    ids.append(gids[i])
                     break
             else:
-                types.append((s, [i]))
+                types.append((s, [i], [gids[i]]))
         self.types = sorted(types, key=lambda t: not t[0].is_full)
-        self.alignment = lcm(*(s.block_size for s, _ in self.types))
+        self.alignment = lcm(*(t[0].block_size for t in self.types))
         if use_eagle and any(
-            not s.is_full and s.block_size != self.alignment for s, _ in self.types
+            not s.is_full and s.block_size != self.alignment for s, _, _ in self.types
         ):
             # vLLM 0.16.0 asserts this at the first such hit
             raise ValueError("eagle needs every sliding-window group at the largest block size")
@@ -168,7 +179,7 @@ class KVCacheCoordinator:
         length in tokens."""
         pool = self.pool
         if len(self.types) == 1:
-            spec, ids = self.types[0]
+            spec, _, ids = self.types[0]
             hit = spec.find_longest_cache_hit(
                 self._hashes(spec, block_hashes), max_length, ids, pool, spec.block_size,
                 self.use_eagle,
@@ -179,8 +190,8 @@ class KVCacheCoordinator:
         simple = len(self.types) == 2 and self.types[0][0].is_full
         while True:
             cur = length
-            for spec, ids in self.types:
-                known = per_group[ids[0]]
+            for spec, idx, ids in self.types:
+                known = per_group[idx[0]]
                 if spec.is_full and known is not None:
                     cur = cur // spec.block_size * spec.block_size
                     continue
@@ -189,18 +200,18 @@ class KVCacheCoordinator:
                     self.use_eagle,
                 )  # fmt: skip
                 cur = len(hit[0]) * spec.block_size
-                for gid, blocks in zip(ids, hit, strict=True):
-                    per_group[gid] = blocks
+                for i, blocks in zip(idx, hit, strict=True):
+                    per_group[i] = blocks
             if cur >= length:
                 break
             length = cur
             if simple:
                 break
-        spec, ids = self.types[0]
+        spec, idx, _ = self.types[0]
         if spec.is_full:
             keep = length // spec.block_size
-            for gid in ids:
-                kept = per_group[gid]
+            for i in idx:
+                kept = per_group[i]
                 if kept is not None:
                     del kept[keep:]
         return tuple(b if b is not None else [] for b in per_group), length
@@ -244,10 +255,9 @@ class KVCacheCoordinator:
         for g in groups:
             if g.window is not None:
                 g.remove_skipped(rid, total)
-        needed = 0
-        for g, hit in zip(groups, hits, strict=True):
-            needed += g.num_to_allocate(rid, need_slot, hit, local)
-        if needed > self.pool.get_num_free_blocks():
+        if self.get_num_blocks_to_allocate(rid, need_slot, hits, local) > (
+            self.pool.get_num_free_blocks()
+        ):
             return None
         if new_computed_blocks is not None:
             for g, hit in zip(groups, hits, strict=True):
@@ -256,6 +266,26 @@ class KVCacheCoordinator:
         if cache:
             self.cache_blocks(request, min(total + num_new_tokens, known))
         return new
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[Sequence[KVCacheBlock]] | None = None,
+        total_computed_tokens: int = 0,
+    ) -> int:
+        """The blocks that leave the free queue, all groups together, when the
+        request grows to slots for ``num_tokens`` tokens with these hits: the
+        new ones, plus the hits sitting in the queue.  Changes nothing."""
+        hits = new_computed_blocks or self._no_hits
+        if len(self.groups) == 1:  # the common case, without the loop
+            return self.groups[0].num_to_allocate(
+                request_id, num_tokens, hits[0], total_computed_tokens
+            )
+        needed = 0
+        for g, hit in zip(self.groups, hits, strict=True):
+            needed += g.num_to_allocate(request_id, num_tokens, hit, total_computed_tokens)
+        return needed
 
     def _check_hits(self, rid: str, hits: Blocks) -> None:
         """Hits come one list per group, and only to a request holding no
@@ -277,6 +307,27 @@ class KVCacheCoordinator:
     def free(self, request_id: str) -> None:
         for g in self.groups:
             g.free(request_id)
+
+    def tables_of(self, request_id: str) -> list[list[KVCacheBlock]]:
+        """The request's block tables themselves (not copies), one per group."""
+        return [g.tables[request_id] for g in self.groups]
+
+    def adopt(self, request_id: str, tables: Sequence[list[KVCacheBlock]], num_cached: int) -> None:
+        """Take ``tables`` (one per group, kept by reference) as the request's,
+        their first ``num_cached`` blocks cached; the ref counts they imply are
+        the caller's to have set (a restore writes the whole pool)."""
+        if len(tables) != len(self.groups):
+            raise ValueError(f"{len(tables)} block tables for {len(self.groups)} groups")
+        for g, table in zip(self.groups, tables, strict=True):
+            g.tables[request_id] = table
+            g.num_cached[request_id] = num_cached
+
+    def forget_all(self) -> None:
+        """Drop every request's tables without freeing a block (the pool is
+        being restored to another state)."""
+        for g in self.groups:
+            g.tables.clear()
+            g.num_cached.clear()
 
     def get_blocks(self, request_id: str) -> Blocks:
         return tuple(list(g.tables.get(request_id, ())) for g in self.groups)

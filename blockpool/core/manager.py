@@ -9,6 +9,13 @@ append_tokens: decode tokens, allocating and caching as blocks fill.
 finish: free each group's blocks in reverse, so the chain's tail is evicted
 first and the shared prefix lives longest.
 
+As in vLLM, the manager has a coordinator which has the pool: the walk, the
+block tables, allocation, caching and freeing are the
+:class:`~blockpool.core.coordinator.KVCacheCoordinator`'s (one
+full-attention group per group id); the manager keeps what is a request's:
+its ids and life cycle, its hashes, the typed errors and the prefix-cache
+statistics.
+
 All groups share one block size, a multiple of the pool's hash block size
 (coarse hashes are the concatenation of fine ones, docs/spec.md §1).
 """
@@ -17,13 +24,16 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
-from blockpool.core.admission import hit_limit, new_blocks
+from blockpool.core.attention import FULL_ATTENTION, GroupSpec
 from blockpool.core.block import KVCacheBlock
 from blockpool.core.block_hasher import HashableRequest, get_request_block_hasher, need_extra_keys
+from blockpool.core.coordinator import KVCacheCoordinator
 from blockpool.core.errors import (
     DuplicateRequestError,
     NotEnoughBlocksError,
@@ -95,7 +105,8 @@ class PrefixCacheStats:
 
 @dataclass
 class ManagedRequest:
-    """A running request: its tokens, hashes and one block table per group."""
+    """A running request: its tokens, hashes and one block table per group
+    (the coordinator's own lists, which stay readable after finish)."""
 
     request: Request
     block_tables: list[list[KVCacheBlock]]
@@ -149,6 +160,14 @@ class RequestManager:
         self.group_ids = list(group_ids)
         self.hash_fn = hash_fn
         self._hasher = _request_block_hasher(pool.hash_block_size, hash_fn)
+        spec = GroupSpec(FULL_ATTENTION, self.block_size)
+        self.coordinator = KVCacheCoordinator(
+            pool,
+            [spec] * len(self.group_ids),
+            sys.maxsize,  # no model length: a request grows as long as blocks last
+            pool.hash_block_size,
+            group_ids=self.group_ids,
+        )
         self.requests: dict[str, ManagedRequest] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self.stats = PrefixCacheStats()
@@ -181,22 +200,15 @@ class RequestManager:
         )
 
     def find_longest_cache_hit(
-        self, block_hashes: BlockHashList, num_tokens: int
+        self, block_hashes: list[BlockHash], num_tokens: int
     ) -> list[list[KVCacheBlock]]:
-        """Per group, the cached blocks of the longest hit prefix; the block
-        holding the last of ``num_tokens`` tokens is never a hit."""
-        hits: list[list[KVCacheBlock]] = [[] for _ in self.group_ids]
+        """Per group, the cached blocks of the longest hit prefix of a request
+        of ``num_tokens`` tokens with these block hashes (a request's own, at
+        the pool's hash block size); the block holding the last token is never
+        a hit."""
         if not self.pool.enable_caching:
-            return hits
-        max_blocks = hit_limit(num_tokens, self.block_size, len(block_hashes))
-        get = self.pool.get_cached_block
-        for i in range(max_blocks):
-            found = get(block_hashes[i], self.group_ids)
-            if found is None:
-                break
-            for table, block in zip(hits, found, strict=True):
-                table.append(block)
-        return hits
+            return [[] for _ in self.group_ids]
+        return list(self.coordinator.find_longest_cache_hit(block_hashes, num_tokens - 1)[0])
 
     def lookup(
         self,
@@ -207,7 +219,7 @@ class RequestManager:
     ) -> int:
         """How many leading tokens of this prompt would hit now (changes nothing)."""
         req = self.make_request("", token_ids, lora_name=lora_name, cache_salt=cache_salt)
-        return len(self.find_longest_cache_hit(self._view(req), len(token_ids))[0]) * (
+        return len(self.find_longest_cache_hit(req.block_hashes, len(token_ids))[0]) * (
             self.block_size
         )
 
@@ -219,14 +231,13 @@ class RequestManager:
             raise UnknownRequestError(f"no running request {request_id!r}")
         return managed
 
-    def _require_free(self, needed: int, what: str) -> None:
+    def _refuse(self, needed: int, what: str) -> NoReturn:
         free = self.pool.get_num_free_blocks()
-        if needed > free:
-            raise NotEnoughBlocksError(
-                f"{what} needs {needed} free block(s) but only {free} are free",
-                requested=needed,
-                free=free,
-            )
+        raise NotEnoughBlocksError(
+            f"{what} needs {needed} free block(s) but only {free} are free",
+            requested=needed,
+            free=free,
+        )
 
     # -------------------------------------------------------------- lifecycle
 
@@ -251,34 +262,34 @@ class RequestManager:
         req = self.make_request(
             request_id, token_ids, lora_name=lora_name, cache_salt=cache_salt, lora_id=lora_id
         )
-        hashes = self._view(req)
-        hits = self.find_longest_cache_hit(hashes, req.num_tokens)
+        num_tokens = req.num_tokens
+        hits = tuple(self.find_longest_cache_hit(req.block_hashes, num_tokens))
         num_hit = len(hits[0])
-        num_new = new_blocks(req.num_tokens, self.block_size, num_hit)
-        # Hit blocks that sit in the free queue leave it when touched.
-        evictable = {b.block_id for table in hits for b in table if b.ref_cnt == 0}
-        self._require_free(num_new * len(self.group_ids) + len(evictable), "admitting the request")
-
-        pool = self.pool
-        for table in hits:
-            pool.touch(table)
-        tables = [table + pool.get_new_blocks(num_new) for table in hits]
-        num_full = req.num_tokens // self.block_size
-        if pool.enable_caching:
-            for gid, table in zip(self.group_ids, tables, strict=True):
-                pool.cache_full_blocks(req, table, num_hit, num_full, self.block_size, gid)
-        managed = ManagedRequest(req, tables, max(num_full, num_hit), num_hit, hashes)
+        hit_tokens = num_hit * self.block_size
+        co = self.coordinator
+        new = co.allocate_slots(
+            req,
+            num_tokens - hit_tokens,
+            hit_tokens,
+            hits,
+            num_computed_tokens=0,
+            num_tokens=num_tokens,
+            cache=self.pool.enable_caching,
+        )
+        if new is None:
+            needed = co.get_num_blocks_to_allocate(request_id, num_tokens, hits, hit_tokens)
+            self._refuse(needed, "admitting the request")
+        num_full = num_tokens // self.block_size
+        managed = ManagedRequest(
+            req, co.tables_of(request_id), max(num_full, num_hit), num_hit, self._view(req)
+        )
         self.requests[request_id] = managed
         self._finished.pop(request_id, None)
         self.stats.requests += 1
-        self.stats.queries += req.num_tokens
-        self.stats.hits += num_hit * self.block_size
+        self.stats.queries += num_tokens
+        self.stats.hits += hit_tokens
         return Admission(
-            request_id,
-            managed.block_ids(),
-            num_hit,
-            num_hit * self.block_size,
-            num_new * len(self.group_ids),
+            request_id, managed.block_ids(), num_hit, hit_tokens, sum(len(b) for b in new)
         )
 
     def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> list[list[int]]:
@@ -288,27 +299,26 @@ class RequestManager:
         if managed is None:
             managed = self._get(request_id)  # raises the right error
         req = managed.request
-        tables = managed.block_tables
-        bs = self.block_size
-        new_total = len(req.all_token_ids) + len(token_ids)
-        need = -(-new_total // bs) - len(tables[0])
-        pool = self.pool
+        num_computed = len(req.all_token_ids)
+        new_total = num_computed + len(token_ids)
+        co = self.coordinator
+        need = co.get_num_blocks_to_allocate(request_id, new_total, None, num_computed)
         added: list[list[int]]
-        if need > 0:
-            self._require_free(need * len(tables), "appending the tokens")
+        if need:
+            if need > self.pool.get_num_free_blocks():
+                self._refuse(need, "appending the tokens")
             req.append_output_token_ids(token_ids)
-            added = []
-            for table in tables:
-                fresh = pool.get_new_blocks(need)
-                table.extend(fresh)
-                added.append([b.block_id for b in fresh])
+            new = co.allocate_slots(
+                req, len(token_ids), num_computed_tokens=num_computed, cache=False
+            )
+            assert new is not None, "counted above"
+            added = [[b.block_id for b in blocks] for blocks in new]
         else:  # a decode step inside the last block: the common case
             req.append_output_token_ids(token_ids)
-            added = [[]] if len(tables) == 1 else [[] for _ in tables]
-        num_full = new_total // bs
-        if num_full > managed.num_cached_blocks and pool.enable_caching:
-            for gid, table in zip(self.group_ids, tables, strict=True):
-                pool.cache_full_blocks(req, table, managed.num_cached_blocks, num_full, bs, gid)
+            added = [[]] if len(self.group_ids) == 1 else [[] for _ in self.group_ids]
+        num_full = new_total // self.block_size
+        if num_full > managed.num_cached_blocks and self.pool.enable_caching:
+            co.cache_blocks(req, new_total)
             managed.num_cached_blocks = num_full
         return added
 
@@ -316,16 +326,36 @@ class RequestManager:
         """Free the request's blocks (each group's in reverse); returns the ids
         freed per group, in the order they were freed."""
         managed = self._get(request_id)
-        freed: list[list[int]] = []
-        for table in managed.block_tables:
-            ordered = table[::-1]
-            self.pool.free_blocks(ordered)
-            freed.append([b.block_id for b in ordered])
+        freed = [[b.block_id for b in reversed(table)] for table in managed.block_tables]
+        self.coordinator.free(request_id)
         del self.requests[request_id]
         self._finished[request_id] = None
         if len(self._finished) > _FINISHED_MEMORY:
             self._finished.popitem(last=False)
         return freed
+
+    def restore(
+        self,
+        running: Iterable[tuple[Request, list[list[KVCacheBlock]], int, int]],
+        finished: Iterable[str],
+        stats: PrefixCacheStats,
+    ) -> None:
+        """Replace every request by ``running`` (request, block tables,
+        cached blocks, hit blocks), as a snapshot of the pool restores them:
+        the pool's ref counts are written with it, so nothing is touched or
+        freed here.  The requests hash their next tokens with this manager's
+        hasher."""
+        co = self.coordinator
+        co.forget_all()
+        self.requests = {}
+        for req, tables, num_cached, num_hit in running:
+            req._block_hasher = self._hasher
+            co.adopt(req.request_id, tables, num_cached)
+            self.requests[req.request_id] = ManagedRequest(
+                req, tables, num_cached, num_hit, self._view(req)
+            )
+        self._finished = OrderedDict.fromkeys(finished)
+        self.stats = stats
 
     def get(self, request_id: str) -> ManagedRequest:
         return self._get(request_id)

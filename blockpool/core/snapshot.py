@@ -22,7 +22,6 @@ them first) and the sampled blocks' timestamps (restored as fresh).
 from __future__ import annotations
 
 from array import array
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,19 +212,15 @@ def restore_pool(
 
 def _restore_requests(snap: PoolSnapshot, mgr: RequestManager) -> None:
     blocks = mgr.pool.blocks
-    mgr.requests = {}
+    running = []
     for rs in snap.requests:
         lora = LoRARequest(rs.lora_name, rs.lora_id) if rs.lora_name else None
         req = Request(rs.request_id, rs.prompt, lora_request=lora, cache_salt=rs.cache_salt)
         req.all_token_ids = list(rs.tokens[: rs.num_tokens])
         req.block_hashes = list(rs.hashes[: rs.num_hashes])
-        req._block_hasher = mgr._hasher
         tables = [[blocks[i] for i in t] for t in rs.tables]
-        mgr.requests[rs.request_id] = ManagedRequest(
-            req, tables, rs.num_cached, rs.num_hit, mgr._view(req)
-        )
-    mgr._finished = OrderedDict.fromkeys(snap.finished)
-    mgr.stats = PrefixCacheStats(*snap.stats)
+        running.append((req, tables, rs.num_cached, rs.num_hit))
+    mgr.restore(running, snap.finished, PrefixCacheStats(*snap.stats))
 
 
 # ----------------------------------------------------------------- compare

@@ -250,6 +250,26 @@ def test_coordinator_refuses_bad_groups() -> None:
     check_invariants(pool)
 
 
+def test_groups_are_cached_under_the_given_group_ids() -> None:
+    pool = BlockPool(16, True, 4, enable_kv_cache_events=True)
+    co = KVCacheCoordinator(pool, [FULL4, WIN8], 1 << 12, group_ids=(5, 2))
+    a = request("a", TOKENS)
+    prefill(co, a)
+    assert co.block_ids("a") == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
+    h = a.block_hashes
+    assert pool.get_cached_block(h[3], [5, 2]) == [pool.blocks[4], pool.blocks[9]]
+    assert pool.get_cached_block(h[3], [0]) is None
+    b = request("b", [*TOKENS, 99])
+    hit, n = co.find_longest_cache_hit(b.block_hashes, 20)
+    assert (ids(hit), n) == ([[1, 2, 3, 4, 5], [0, 0, 0, 9, 10]], 20)
+    check_coordinator(co)
+    with pytest.raises(ValueError, match="distinct, one per group"):
+        KVCacheCoordinator(pool, [FULL4, WIN8], 64, group_ids=(1, 1))
+    with pytest.raises(ValueError, match="distinct, one per group"):
+        KVCacheCoordinator(pool, [FULL4, WIN8], 64, group_ids=(1,))
+    check_coordinator(co)
+
+
 def test_check_coordinator_sees_a_block_no_table_holds() -> None:
     co = coordinator(8, FULL4, WIN8)
     prefill(co, request("a", list(range(8))))

@@ -24,6 +24,7 @@ from blockpool import (
     make_block_hash_with_group_id,
     sha256,
 )
+from blockpool.core.invariants import check_coordinator
 
 Snap = Callable[[BlockPool], dict[str, Any]]
 QIds = Callable[[BlockPool], list[int]]
@@ -316,3 +317,28 @@ def test_reuse_evicts_finished_requests_blocks() -> None:
     assert pool.take_events()[0] == BlockRemoved([as_int(h[1])], "GPU")
     assert m.lookup(A[:9]) == 4  # block 1 survives
     check_invariants(pool)
+
+
+def test_the_blocks_are_the_coordinators(qids: QIds) -> None:
+    """The manager keeps no block table of its own: each group's table is its
+    coordinator's, cached under the manager's group ids, and the coordinator's
+    tables explain every reference the pool counts."""
+    pool, m = setup(n=20, group_ids=(3, 7))
+    co = m.coordinator
+    assert [g.gid for g in co.groups] == [3, 7]
+    m.admit("a", A[:9])
+    m.admit("b", A[:9])
+    assert all(a is b for a, b in zip(co.tables_of("b"), m.get("b").block_tables, strict=True))
+    assert co.block_ids("b") == m.get("b").block_ids() == [[1, 2, 7], [4, 5, 8]]
+    h0 = m.block_hashes_of("a")[0]
+    assert pool.get_cached_block(h0, [3, 7]) == [pool.blocks[1], pool.blocks[4]]
+    assert pool.get_cached_block(h0, [0]) is None
+    m.append_tokens("b", [1, 2, 3, 4])
+    check_coordinator(co)
+    tables = [list(t) for t in m.get("a").block_tables]
+    managed = m.get("a")
+    assert m.finish("a") == [[3, 2, 1], [6, 5, 4]]
+    assert managed.block_tables == tables  # still readable after finish
+    assert co.block_ids("a") == [[], []]
+    assert qids(pool)[-2:] == [3, 6]
+    check_coordinator(co)

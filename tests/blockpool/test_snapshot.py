@@ -14,6 +14,7 @@ from blockpool import (
     RequestManager,
     check_invariants,
 )
+from blockpool.core.invariants import check_coordinator
 from blockpool.core.snapshot import (
     PoolSnapshot,
     SnapshotMismatch,
@@ -89,6 +90,8 @@ def test_restore_reproduces_every_later_operation() -> None:
     assert pool_digest(pool2, mgr2) == after
     check_invariants(pool)
     check_invariants(pool2)
+    check_coordinator(mgr.coordinator)
+    check_coordinator(mgr2.coordinator)
 
 
 def test_restore_into_the_same_pool_rolls_back() -> None:
@@ -99,7 +102,14 @@ def test_restore_into_the_same_pool_rolls_back() -> None:
     restore_pool(snap, pool, mgr)
     assert pool_digest(pool, mgr) == before
     assert pool.take_events() == []  # queued events went with the rollback
-    check_invariants(pool)
+    # the coordinator's tables went back too: the running requests' own lists
+    co = mgr.coordinator
+    assert {rid for g in co.groups for rid in g.tables} == set(mgr.requests)
+    for rid, managed in mgr.requests.items():
+        assert all(a is b for a, b in zip(co.tables_of(rid), managed.block_tables, strict=True))
+    check_coordinator(co)
+    workload(mgr, random.Random(8), 40, "c")  # and it runs on from there
+    check_coordinator(co)
 
 
 def test_json_round_trip_is_exact() -> None:
