@@ -118,11 +118,6 @@ class EngineMisses(Quiet):
         self.admissions = 0
         # evicted misses: how long ago, how far the block had travelled
         self.travel = MissTravel()
-        self.ago, self.miss_pos, self.miss_allocs = (
-            self.travel.ago,
-            self.travel.miss_pos,
-            self.travel.miss_allocs,
-        )
         if self.records:
             self._rebase()
 
@@ -344,9 +339,9 @@ class EngineMisses(Quiet):
                 for c, name in enumerate(REASONS, start=1)
             },
             "evicted_misses": {
-                "ago_seconds": self.ago.as_json(),
-                "queue_position_when_freed": self.miss_pos.as_json(),
-                "allocations_between": self.miss_allocs.as_json(),
+                "ago_seconds": self.travel.ago.as_json(),
+                "queue_position_when_freed": self.travel.miss_pos.as_json(),
+                "allocations_between": self.travel.miss_allocs.as_json(),
             },
             "engine_requests": True,
             "dropped_hashes_remembered": self.ring.evicted_remembered(),
