@@ -30,8 +30,9 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from app.analysis.worker_client import WorkerClient, _hub
+from app.analysis.worker_client import WorkerClient
 from app.shared.errors import NotFound, OperationError, Unavailable
+from blockpool.analysis.feeder import FeedProgress
 from blockpool.runtime.state import snapshot
 
 if TYPE_CHECKING:
@@ -42,11 +43,12 @@ REASONS_KEPT = 10_000
 QUERY_TIMEOUT_S = 30.0
 
 
-class RemoteAnalysis(WorkerClient):
+class RemoteAnalysis(FeedProgress):
     def __init__(
         self, rt: PoolRuntime, opening: dict[str, Any], recorder: Recorder, max_lag: int
     ) -> None:
-        super().__init__(max_lag)
+        self.start_progress()
+        self.worker = WorkerClient(self, max_lag)
         self.engine = rt
         self.opening = opening  # what the worker builds its replica from (Replica)
         self.recorder = recorder
@@ -73,14 +75,13 @@ class RemoteAnalysis(WorkerClient):
         kf = snapshot(e, rec.seq, time.time())
         opening = self.opening
         self.sent_seq = rec.seq
-        self.messages = 1
-        self.replies = 0
+        self.worker.replies = 0
         self.outstanding = 0
         self.since = time.time()
-        self.cid = _hub.register(self, (opening, kf), kind="ropen")
+        self.worker.open((opening, kf), kind="ropen")
 
     def stop(self) -> None:
-        super().stop()
+        self.worker.stop()
         for loop, fut in list(self._waiting.values()):
             loop.call_soon_threadsafe(_fail, fut, Unavailable("the analysis worker stopped"))
         self._waiting.clear()
@@ -96,23 +97,22 @@ class RemoteAnalysis(WorkerClient):
             return
         if self.need_resync or rec.first_seq > self.sent_seq:
             # fell too far behind (or the recording dropped unsent operations)
-            _hub.close(self.cid)
-            self.cid = 0
+            self.worker.stop()
             self.need_resync = False
             self.resyncs += 1
             self._open()
             return
         parts = rec.columns_between(self.sent_seq, rec.seq)
         n = sum(len(b) for _, b in parts)
-        with self.lock:
-            if self.outstanding + n > self.max_lag:
+        with self.worker.lock:
+            if self.outstanding + n > self.worker.max_lag:
                 self.dropped += n
                 self.need_resync = True
                 self.sent_seq = rec.seq
                 return
             self.outstanding += n
         self.sent_seq = rec.seq
-        self._send(("rops", self.cid, parts))
+        self.worker.send(("rops", self.cid, parts))
 
     def pool_jumped(self) -> None:
         """Between operations, right after the engine's pool was put into
@@ -124,16 +124,17 @@ class RemoteAnalysis(WorkerClient):
         self.flush()
         if self.need_resync or not self.cid:
             return  # the next flush reopens the replica from the state then
-        self._send(("rresync", self.cid, snapshot(self.engine, self.recorder.seq, time.time())))
+        kf = snapshot(self.engine, self.recorder.seq, time.time())
+        self.worker.send(("rresync", self.cid, kf))
 
     # -------------------------------------------------------------- replies
 
     def _reply(self, reply: dict[str, Any]) -> None:
         """Sender thread."""
-        self.replies += 1
+        self.worker.replies += 1
         if reply.get("error") and reply.get("qid") is None:
             self.error = reply["error"]
-        with self.lock:
+        with self.worker.lock:
             self.outstanding -= reply.get("n", 0)
         self.applied += reply.get("n", 0)
         if reply.get("stream") is not None:
@@ -153,7 +154,7 @@ class RemoteAnalysis(WorkerClient):
                 loop.call_soon_threadsafe(_settle, fut, reply)
 
     def _gone(self, error: str) -> None:
-        super()._gone(error)
+        self.error = error
         for loop, fut in list(self._waiting.values()):
             loop.call_soon_threadsafe(_fail, fut, Unavailable(error))
         self._waiting.clear()
@@ -171,7 +172,7 @@ class RemoteAnalysis(WorkerClient):
         fut: asyncio.Future[Any] = loop.create_future()
         qid = next(self._qids)
         self._waiting[qid] = (loop, fut)
-        self._send(("rquery", self.cid, qid, kind, args))
+        self.worker.send(("rquery", self.cid, qid, kind, args))
         try:
             reply = await asyncio.wait_for(fut, QUERY_TIMEOUT_S)
         finally:
@@ -185,10 +186,10 @@ class RemoteAnalysis(WorkerClient):
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Block until the worker answered everything sent (tests, bench)."""
-        return super().wait_idle(timeout)
+        return self.worker.wait_idle(timeout)
 
     def snapshot(self) -> dict[str, Any]:
-        return self._snapshot(
+        return self.status(
             "worker",
             lag_ops=self.outstanding + (self.recorder.seq - self.sent_seq),
             applied_ops=self.applied,

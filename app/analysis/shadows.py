@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any
 
-from app.analysis.worker_client import WorkerClient, _hub
+from app.analysis.worker_client import WorkerClient
 from blockpool.analysis.feeder import ShadowFeeder, shadow_specs
 from blockpool.analysis.views import shadow_rows, shadows_of
 from blockpool.mirror.shadow_feed import MirrorShadowFeed
@@ -28,7 +28,10 @@ logger = logging.getLogger("blockpool.analysis")
 __all__ = ["MirrorShadows", "ProcessShadowFeeder", "ShadowFeeder", "make_feeder", "shadow_specs"]
 
 
-class ProcessShadowFeeder(ShadowFeeder, WorkerClient):
+class ProcessShadowFeeder(ShadowFeeder):
+    """The shadows in the worker process: every flush is sent there through
+    this feeder's ``worker`` link."""
+
     mode = "process"
 
     def __init__(
@@ -39,8 +42,8 @@ class ProcessShadowFeeder(ShadowFeeder, WorkerClient):
         num_groups: int,
         max_lag: int,
     ) -> None:
-        WorkerClient.__init__(self, max_lag)
-        ShadowFeeder.__init__(self, specs, base_capacity, block_size, num_groups, inline=False)
+        super().__init__(specs, base_capacity, block_size, num_groups, inline=False)
+        self.worker = WorkerClient(self, max_lag)
         self.need_restart = False
 
     # ------------------------------------------------------------ lifecycle
@@ -48,19 +51,17 @@ class ProcessShadowFeeder(ShadowFeeder, WorkerClient):
     def start(self) -> None:
         if not self.cid:
             specs = [(s.policy, s.factor) for s in self.specs]
-            opening = (specs, self.base_capacity, self.block_size, self.num_groups)
-            self.messages = 1
-            self.cid = _hub.register(self, opening)
+            self.worker.open((specs, self.base_capacity, self.block_size, self.num_groups))
 
     def stop(self) -> None:
-        WorkerClient.stop(self)
+        self.worker.stop()
 
     @property
     def running(self) -> bool:
         return bool(self.cid)
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
-        return WorkerClient.wait_idle(self, timeout)
+        return self.worker.wait_idle(timeout)
 
     # ----------------------------------------------------------- tick time
 
@@ -68,8 +69,8 @@ class ProcessShadowFeeder(ShadowFeeder, WorkerClient):
         if not self.cid or self.error:
             self.dropped += len(pending)
             return
-        with self.lock:
-            over = self.outstanding + len(pending) > self.max_lag
+        with self.worker.lock:
+            over = self.outstanding + len(pending) > self.worker.max_lag
             if over:
                 self.dropped += len(pending)
                 self.need_restart = True
@@ -80,16 +81,16 @@ class ProcessShadowFeeder(ShadowFeeder, WorkerClient):
             self.resyncs += 1
             self.since = time.time()
             self.real_base = real
-            self._send(("restart", self.cid))
+            self.worker.send(("restart", self.cid))
         self.sent += len(pending)
-        self._send(("batch", self.cid, self._materialize(pending), real))
+        self.worker.send(("batch", self.cid, self._materialize(pending), real))
 
     def _reply(self, reply: dict[str, Any]) -> None:
         """Sender thread: one message was handled."""
         if reply.get("error"):
             self.error = reply["error"]
             logger.error("shadow worker: %s", self.error)
-        with self.lock:
+        with self.worker.lock:
             self.outstanding -= reply.get("n", 0)
         self.applied += reply.get("n", 0)
         if reply.get("stats") is not None:
@@ -97,18 +98,22 @@ class ProcessShadowFeeder(ShadowFeeder, WorkerClient):
             self.updated = time.time()
         if reply.get("real") is not None:
             self.latest_real = reply["real"]
-        self.replies += 1
+        self.worker.replies += 1
+
+    def _gone(self, error: str) -> None:
+        """Sender thread: the worker is gone."""
+        self.error = error
 
     def restart(self, real: tuple[int, int]) -> None:
         super().restart(real)
         if self.cid:
-            self._send(("restart", self.cid))
+            self.worker.send(("restart", self.cid))
 
     def check(self, timeout: float = 10.0) -> None:
         """Audit every shadow in the worker, after everything sent so far."""
         if not self.cid:
             return
-        self._send(("check", self.cid))
+        self.worker.send(("check", self.cid))
         if not self.wait_idle(timeout):
             raise AssertionError("the shadow worker did not answer")
         if self.error:

@@ -1,10 +1,11 @@
-"""The analysis worker process and the base of its clients.
+"""The analysis worker process and its clients' link to it.
 
 One worker process per server process (``app.analysis.worker``, started with
 ``spawn``) serves every client: the shadow feeder (``shadows.py``) and the
 remote analysis (``remote.py``).  A queue and a sender thread pickle each
 message, send it and hand the worker's one reply back to the client it is
-for (``_reply``), or tell every client the worker is gone (``_gone``).
+for (``_reply``), or tell every client the worker is gone (``_gone``).  A
+client has a ``WorkerClient``: its channel's count of messages and replies.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import multiprocessing
 import queue
 import threading
 import time
-from typing import Any
-
-from blockpool.analysis.feeder import FeedProgress
+from typing import Any, Protocol
 
 
 class _Hub:
@@ -28,7 +27,7 @@ class _Hub:
         self.conn: Any = None
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
-        self.feeders: dict[int, WorkerClient] = {}  # cid -> ShadowFeeder or RemoteAnalysis
+        self.feeders: dict[int, WorkerOwner] = {}  # cid -> ProcessShadowFeeder or RemoteAnalysis
         self.next_cid = 0
         self.error: str | None = None
 
@@ -50,7 +49,7 @@ class _Hub:
         )
         self.thread.start()
 
-    def register(self, feeder: WorkerClient, opening: tuple[Any, ...], kind: str = "open") -> int:
+    def register(self, feeder: WorkerOwner, opening: tuple[Any, ...], kind: str = "open") -> int:
         with self.lock:
             if self.proc is None or not self.proc.is_alive() or self.error:
                 self._stop_locked()
@@ -110,55 +109,50 @@ _hub = _Hub()
 atexit.register(_hub.shutdown)
 
 
-class WorkerClient(FeedProgress):
-    """One client of the worker: its channel (``cid``), the messages sent and
-    replies read (each message gets one reply), how far behind the worker is
-    (``outstanding``, at most ``max_lag``), and since when its figures count."""
+class WorkerOwner(Protocol):
+    """What a link to the worker belongs to: figures (``FeedProgress``: its
+    channel ``cid``, ``error``) and the two calls of the sender thread."""
 
-    def __init__(self, max_lag: int) -> None:
+    cid: int
+    error: str | None
+
+    def _reply(self, reply: dict[str, Any]) -> None: ...
+
+    def _gone(self, error: str) -> None: ...
+
+
+class WorkerClient:
+    """One client's link to the worker: the owner's channel (``owner.cid``),
+    the messages sent and replies read (each message gets one reply), and
+    how far behind the worker may fall (``max_lag``; ``lock`` guards the
+    owner's count of what is outstanding)."""
+
+    def __init__(self, owner: WorkerOwner, max_lag: int) -> None:
+        self.owner = owner
         self.max_lag = max_lag
         self.lock = threading.Lock()
         self.messages = 0  # sent to the worker (each gets one reply)
         self.replies = 0
-        self.start_progress()
 
-    @property
-    def running(self) -> bool:
-        return bool(self.cid)
+    def open(self, opening: tuple[Any, ...], kind: str = "open") -> None:
+        """A new channel; its opening message counts as the first sent."""
+        self.messages = 1
+        self.owner.cid = _hub.register(self.owner, opening, kind)
 
     def stop(self) -> None:
-        if self.cid:
-            _hub.close(self.cid)
-            self.cid = 0
+        if self.owner.cid:
+            _hub.close(self.owner.cid)
+            self.owner.cid = 0
 
-    def _send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, msg: tuple[Any, ...]) -> None:
         self.messages += 1
         _hub.send(msg)
-
-    def _reply(self, reply: dict[str, Any]) -> None:
-        """Sender thread: one message was handled."""
-        raise NotImplementedError
-
-    def _gone(self, error: str) -> None:
-        self.error = error
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until the worker has answered everything sent (tests, bench)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.error or self.replies >= self.messages:
+            if self.owner.error or self.replies >= self.messages:
                 return True
             time.sleep(0.005)
         return False
-
-    def _snapshot(self, mode: str, **figures: Any) -> dict[str, Any]:
-        """The status every client reports, its own ``figures`` in the middle."""
-        return {
-            "mode": mode,
-            "running": self.running,
-            "since": self.since,
-            "updated": self.updated or None,
-            **figures,
-            "resyncs": self.resyncs,
-            "error": self.error,
-        }

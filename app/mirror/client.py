@@ -39,7 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 import zmq.asyncio
@@ -51,7 +51,7 @@ from app.mirror.story import story_of
 from app.shared.errors import NotFound
 from blockpool.analysis.engine_misses import EngineMisses
 from blockpool.mirror import protocol as wire
-from blockpool.mirror.apply import Divergence, Gap, MirrorApplier
+from blockpool.mirror.apply import Applied, Divergence, Gap, MirrorApplier
 from blockpool.mirror.auth import StreamKey
 from blockpool.mirror.shadow_feed import MirrorShadowFeed
 from blockpool.mirror.traffic import TrafficLog
@@ -72,8 +72,9 @@ MAX_BACKLOG_BYTES = 256 * 1024 * 1024
 SNAPSHOT_ASK = b"snapshot?"  # what a snapshot request's mac covers, before the payload
 SNAPSHOT_REPLY = b"snapshot"  # ... and a reply's, before the nonce and the payload
 
-# what verifying and decoding one message came to
-OK, REFUSED, BAD = 0, 1, 2
+# what verifying and decoding one message came to, and whether it was signed:
+# the message; None: refused (its mac did not verify); a str: why it is unreadable
+Opened = tuple[wire.Message | str | None, bool]
 
 
 class MirrorClient:
@@ -186,7 +187,7 @@ class MirrorClient:
             oldest = self._in_hand[1]
         return n, oldest
 
-    async def _read(self, sub: Any) -> None:
+    async def _read(self, sub: zmq.asyncio.Socket) -> None:
         """Frames off ZMQ into the inbox, as they come (never decoded here)."""
         st = self.status
         try:
@@ -205,7 +206,7 @@ class MirrorClient:
                             or self._inbox_bytes > MAX_BACKLOG_BYTES
                         ):
                             self._drop_backlog()
-                    if not sub.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    if not cast(int, sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                         break
                     frames = await sub.recv_multipart()  # waiting already: no wait
                 self._arrived.set()
@@ -252,31 +253,31 @@ class MirrorClient:
             finally:
                 self._in_hand = None
 
-    async def _open_all(self, frames: list[list[bytes]], size: int) -> list[tuple[int, Any, bool]]:
+    async def _open_all(self, frames: list[list[bytes]], size: int) -> list[Opened]:
         """Verified and decoded, in order; a large group in the decoding thread."""
         if size <= INLINE_BYTES or self._decoder is None:
             return [self._open(f) for f in frames]
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._decoder, lambda: [self._open(f) for f in frames])
 
-    def _open(self, frames: list[bytes]) -> tuple[int, Any, bool]:
-        """(OK, the message, signed) | (REFUSED, None, _) | (BAD, why, _)."""
+    def _open(self, frames: list[bytes]) -> Opened:
+        """(the message, signed) | (None: refused, _) | (why it is unreadable, _)."""
         _, payload, mac = frames
         if self.key is not None and not self.key.verify(mac, wire.TOPIC, payload):
-            return REFUSED, None, False  # before a byte of it is decoded
+            return None, False  # before a byte of it is decoded
         try:
-            return OK, wire.decode(payload, wire.MAX_BATCH_BYTES), bool(mac)
+            return wire.decode(payload, wire.MAX_BATCH_BYTES), bool(mac)
         except wire.ProtocolError as exc:
-            return BAD, str(exc), bool(mac)
+            return str(exc), bool(mac)
 
-    async def _handle_group(self, opened: list[tuple[int, Any, bool]]) -> None:
+    async def _handle_group(self, opened: list[Opened]) -> None:
         st = self.status
         batches: list[tuple[wire.Batch, list[str]]] = []
-        for verdict, msg, signed in opened:
-            if verdict == REFUSED:
+        for msg, signed in opened:
+            if msg is None:
                 st.refused()
                 continue
-            if verdict == BAD:
+            if isinstance(msg, str):
                 st.bad_messages += 1
                 st.problem(msg)
                 continue
@@ -308,7 +309,7 @@ class MirrorClient:
         if batches:
             await self._apply_group(batches)
 
-    def _admit(self, msg: Any) -> bool:
+    def _admit(self, msg: wire.Message) -> bool:
         """Whether ``msg`` is of the engine run followed (a new run: a restart)."""
         boot = getattr(msg, "boot", "")
         if self.boot is None or boot == self.boot:
@@ -453,7 +454,7 @@ class MirrorClient:
     async def _apply_group(self, batches: list[tuple[wire.Batch, list[str]]]) -> None:
         """The group's batches in one writer call, each checked as it applies."""
         st = self.status
-        done: list[tuple[wire.Batch, Any]] = []
+        done: list[tuple[wire.Batch, Applied]] = []
 
         def write() -> None:
             for batch, first in batches:
@@ -489,7 +490,7 @@ class MirrorClient:
                 self._unsync()
             logger.warning("mirror: %s; resyncing", failed)
 
-    def _apply(self, batch: wire.Batch, first: list[str]) -> Any:
+    def _apply(self, batch: wire.Batch, first: list[str]) -> Applied:
         """The writer: the requests first scheduled in this step are
         classified against the pool as the step found it, then its
         operations are applied."""

@@ -54,9 +54,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blockpool.analysis.common import COUNT_BUCKETS, SECONDS_BUCKETS, Hist, h64
+from blockpool.analysis.common import h64
 from blockpool.analysis.evictions import EvictionRing
 from blockpool.analysis.free_batches import FreeBatches
+from blockpool.analysis.miss_travel import MissTravel
 from blockpool.common.miss_reasons import (
     CAUSES,
     CHAIN_BROKEN,
@@ -116,9 +117,7 @@ class EngineMisses(Quiet):
         self.tokens = [0] * NUM_CODES
         self.admissions = 0
         # evicted misses: how long ago, how far the block had travelled
-        self.ago = Hist(SECONDS_BUCKETS)
-        self.miss_pos = Hist(COUNT_BUCKETS)
-        self.miss_allocs = Hist(COUNT_BUCKETS)
+        self.travel = MissTravel()
         if self.records:
             self._rebase()
 
@@ -312,13 +311,7 @@ class EngineMisses(Quiet):
     def _travel(self, serials: list[int], now: float) -> None:
         """The evicted misses' age and, for evictions by reuse, their queue
         travel (the log of free batches; as ``Misses.process``)."""
-        st, al, ts, ca = self.ring.ring_arrays(serials)
-        self.ago.observe_many(np.maximum(now - ts, 0.0))
-        if self.batches.fb_len:
-            ok, pos, between, _ = self.batches.travel(st, al, ts)
-            ok &= ca == REUSE
-            self.miss_pos.observe_many(pos[ok])
-            self.miss_allocs.observe_many(between[ok])
+        self.travel.observe(self.ring, self.batches, serials, now)
 
     # ----------------------------------------------------------------- views
 
@@ -346,9 +339,9 @@ class EngineMisses(Quiet):
                 for c, name in enumerate(REASONS, start=1)
             },
             "evicted_misses": {
-                "ago_seconds": self.ago.as_json(),
-                "queue_position_when_freed": self.miss_pos.as_json(),
-                "allocations_between": self.miss_allocs.as_json(),
+                "ago_seconds": self.travel.ago.as_json(),
+                "queue_position_when_freed": self.travel.miss_pos.as_json(),
+                "allocations_between": self.travel.miss_allocs.as_json(),
             },
             "engine_requests": True,
             "dropped_hashes_remembered": self.ring.evicted_remembered(),

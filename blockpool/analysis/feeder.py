@@ -53,6 +53,22 @@ class FeedProgress:
         self.since = time.time()
         self.updated = 0.0
 
+    @property
+    def running(self) -> bool:
+        return bool(self.cid)
+
+    def status(self, mode: str, **figures: Any) -> dict[str, Any]:
+        """The status every feeder reports, its own ``figures`` in the middle."""
+        return {
+            "mode": mode,
+            "running": self.running,
+            "since": self.since,
+            "updated": self.updated or None,
+            **figures,
+            "resyncs": self.resyncs,
+            "error": self.error,
+        }
+
 
 class ShadowFeeder(FeedProgress):
     """Inline: the shadows live here and every flush applies at once."""
@@ -78,8 +94,7 @@ class ShadowFeeder(FeedProgress):
         self.latest_real: tuple[int, int] | None = None
         self.real_base = (0, 0)
         self.sent = 0
-        if inline:  # (a worker-backed subclass keeps these figures itself)
-            self.start_progress()
+        self.start_progress()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -178,12 +193,4 @@ class ShadowFeeder(FeedProgress):
         }
 
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "running": self.running,
-            "since": self.since,
-            "updated": self.updated or None,
-            **self.figures(),
-            "resyncs": self.resyncs,
-            "error": self.error,
-        }
+        return self.status(self.mode, **self.figures())

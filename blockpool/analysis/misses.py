@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blockpool.analysis.common import COUNT_BUCKETS, SECONDS_BUCKETS, Hist, h64, trim_dict
+from blockpool.analysis.common import Hist, h64, trim_dict
 from blockpool.analysis.evictions import EvictionRing
 from blockpool.analysis.floor import FloorIndex
 from blockpool.analysis.free_batches import FreeBatches
 from blockpool.analysis.miss_classifier import MissClassifier
+from blockpool.analysis.miss_travel import MissTravel
 from blockpool.analysis.regret import RegretTracker
 from blockpool.common.miss_reasons import (
     CODE_NAMES,
     FLOOR,
     NUM_CODES,
     REASONS,
-    REUSE,
     MissTally,
     RequestMissCodes,
     Tag,
@@ -71,9 +71,12 @@ class MissTracker:
         self.tokens = [0] * NUM_CODES
         self.admissions = 0
         # evicted misses: how long ago, how far they had travelled (at tick time)
-        self.ago = Hist(SECONDS_BUCKETS)
-        self.miss_pos = Hist(COUNT_BUCKETS)
-        self.miss_allocs = Hist(COUNT_BUCKETS)
+        self.travel = MissTravel()
+        self.ago, self.miss_pos, self.miss_allocs = (
+            self.travel.ago,
+            self.travel.miss_pos,
+            self.travel.miss_allocs,
+        )
         self.floor_shared = Hist(tuple(float(i) for i in range(1, block_size + 1)))
         self._pending_misses: list[tuple[int, float]] = []  # (ring serial, miss time)
         # extra keys / owners
@@ -97,14 +100,8 @@ class MissTracker:
             pend = [(s, t) for s, t in self._pending_misses if s >= floor]
             self._pending_misses = []
             if pend:
-                st, al, ts, ca = ring.ring_arrays([s for s, _ in pend])
                 at = np.array([t for _, t in pend], dtype=np.float64)
-                self.ago.observe_many(np.maximum(at - ts, 0.0))
-                if self.batches.fb_len:
-                    ok, pos, between, _ = self.batches.travel(st, al, ts)
-                    ok &= ca == REUSE
-                    self.miss_pos.observe_many(pos[ok])
-                    self.miss_allocs.observe_many(between[ok])
+                self.travel.observe(ring, self.batches, [s for s, _ in pend], at)
         ring.process()
 
     # ------------------------------------------------------------ requests

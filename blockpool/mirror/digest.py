@@ -32,9 +32,12 @@ queue's sentinels have block id -1), the map's ``_cache``.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from itertools import compress
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from blockpool.core.hash_map import CacheEntry
+from blockpool.mirror.pool_shape import PoolBlock, ReadPool
 
 MASK = (1 << 64) - 1
 NOT_QUEUED = -2
@@ -75,11 +78,11 @@ class Staged(NamedTuple):
     total: int
 
 
-def _link(b: Any) -> int:
+def _link(b: PoolBlock | None) -> int:
     return NOT_QUEUED if b is None else int(b.block_id)
 
 
-def map_link(cache: dict[Any, Any], key: Any, block: Any) -> int:
+def map_link(cache: Mapping[bytes, CacheEntry], key: bytes, block: PoolBlock) -> int:
     """The block before ``block`` in the hash map under ``key``: its id,
     ``FIRST`` when none is, ``NOT_MAPPED`` when ``block`` is not there."""
     v = cache.get(key)
@@ -101,7 +104,9 @@ def block_value(bid: int, ref: int, prev: int, nxt: int, link: int, key: bytes |
     return hash((bid, ref, prev, nxt, link, kv)) & MASK
 
 
-def _read(cache: dict[Any, Any], b: Any) -> tuple[int, int, int, int, bytes | None]:
+def _read(
+    cache: Mapping[bytes, CacheEntry], b: PoolBlock
+) -> tuple[int, int, int, int, bytes | None]:
     """(ref, prev, next, map link, key) of one block, as it is now."""
     k = b.block_hash
     key = None if k is None else bytes(k)
@@ -113,7 +118,7 @@ def format_digest(total: int) -> str:
     return f"{total & MASK:016x}"
 
 
-def pool_digest(pool: Any) -> str:
+def pool_digest(pool: ReadPool) -> str:
     """The digest of a pool now, from scratch (O(pool))."""
     cache = pool.cached_block_hash_to_block._cache
     total = len(pool.blocks)
@@ -126,7 +131,7 @@ def pool_digest(pool: Any) -> str:
 class PoolDigest:
     """The digest of one pool, updated block by block (see the module doc)."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: ReadPool) -> None:
         self.pool = pool
         n = len(pool.blocks)
         self.values = array("Q", bytes(8 * n))

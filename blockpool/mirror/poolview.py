@@ -15,7 +15,6 @@ blocks: everything per block, so that the engine can copy it block by block
 from __future__ import annotations
 
 from array import array
-from typing import Any
 
 from blockpool.core.snapshot import PoolSnapshot
 from blockpool.mirror.digest import (
@@ -26,6 +25,7 @@ from blockpool.mirror.digest import (
     format_digest,
     map_link,
 )
+from blockpool.mirror.pool_shape import PoolBlock, ReadPool
 from blockpool.mirror.protocol import Snapshot
 
 
@@ -33,7 +33,7 @@ class BadSnapshot(ValueError):
     """A snapshot whose parts do not make a pool."""
 
 
-def free_ids(pool: Any) -> list[int]:
+def free_ids(pool: ReadPool) -> list[int]:
     """Free block ids, head (next to go) first."""
     out: list[int] = []
     q = pool.free_block_queue
@@ -45,7 +45,7 @@ def free_ids(pool: Any) -> list[int]:
     return out
 
 
-def duplicate_keys(pool: Any) -> list[tuple[bytes, list[int]]]:
+def duplicate_keys(pool: ReadPool) -> list[tuple[bytes, list[int]]]:
     """The map's keys held by more than one block, their blocks in order."""
     return [
         (bytes(k), list(v))
@@ -54,13 +54,13 @@ def duplicate_keys(pool: Any) -> list[tuple[bytes, list[int]]]:
     ]
 
 
-def _links(b: Any) -> tuple[int, int]:
+def _links(b: PoolBlock) -> tuple[int, int]:
     p, n = b.prev_free_block, b.next_free_block
     return (NOT_QUEUED if p is None else p.block_id), (NOT_QUEUED if n is None else n.block_id)
 
 
 def snapshot_of(
-    pool: Any,
+    pool: ReadPool,
     ops: int,
     seq: int,
     ts: float,

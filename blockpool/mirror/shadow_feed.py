@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from blockpool.mirror.protocol import Arrive, Finished, Preempted, Record, Scheduled
 
@@ -36,9 +36,23 @@ MAX_WAITING = 100_000  # requests heard arriving, not yet scheduled (the oldest 
 MAX_RUNNING = 100_000  # requests fed, not yet finished (the oldest are freed)
 
 
+class ShadowSink(Protocol):
+    """What the feed calls on its feeder (a ``ShadowFeeder``)."""
+
+    def admit(self, rid: str, num_tokens: int, hashes: list[bytes]) -> None: ...
+
+    def finish(self, rid: str) -> None: ...
+
+    def restart(self, real: tuple[int, int]) -> None: ...
+
+
 class MirrorShadowFeed:
     def __init__(
-        self, feeder: Any, free_order: str, engine: str | None = None, max_held: int = MAX_WAITING
+        self,
+        feeder: ShadowSink,
+        free_order: str,
+        engine: str | None = None,
+        max_held: int = MAX_WAITING,
     ) -> None:
         self.feeder = feeder
         self.free_order = free_order

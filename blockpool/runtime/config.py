@@ -32,7 +32,7 @@ class RuntimeConfig:
     sample_log_capacity: int = 50_000
 
     @classmethod
-    def from_mapping(cls, values: Any) -> RuntimeConfig:
+    def from_mapping(cls, values: object) -> RuntimeConfig:
         """The fields this config has, taken from a mapping or an object
         with those attributes (settings); the rest keep their defaults."""
         names = [f.name for f in fields(cls)]

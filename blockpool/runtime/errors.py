@@ -35,12 +35,12 @@ class OperationError(Exception):
 
     code = "bad_request"
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "code" not in cls.__dict__:
             cls.code = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
 
-    def __init__(self, message: str, **details: Any) -> None:
+    def __init__(self, message: str, **details: object) -> None:
         super().__init__(message)
         self.message = message
         self.details = details

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -38,6 +38,8 @@ from blockpool.runtime.ops import READ_ONLY, Op, handle, precheck
 from blockpool.runtime.prefix_tree import EventPrefixTree
 from blockpool.runtime.seams import OperationRecorder, RequestStorage
 from blockpool.runtime.seqlog import SeqLog
+
+T = TypeVar("T")  # what one run of operations returns
 
 
 def event_weight(ev: KVCacheEvent) -> int:
@@ -109,7 +111,7 @@ class PoolRuntime:
 
     # ----------------------------------------------------------- operations
 
-    def run(self, fn: Callable[[], Any]) -> Any:
+    def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (one operation, or several) now and absorb its effects."""
         self.counters.ops += 1
         try:
@@ -129,8 +131,7 @@ class PoolRuntime:
 
     def apply(self, op: Op, caps: Caps | None = None) -> dict[str, Any]:
         """Apply one operation now, as a unit of its own (``caps``: see ``execute``)."""
-        result: dict[str, Any] = self.run(lambda: self.execute(op, caps))
-        return result
+        return self.run(lambda: self.execute(op, caps))
 
     def execute(self, op: Op, caps: Caps | None = None) -> dict[str, Any]:
         """Apply one operation (inside ``run``), recorded when the runtime records.

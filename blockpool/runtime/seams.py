@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from blockpool.core.manager import ManagedRequest
+from blockpool.runtime.ops import Op
 
 
 class OperationRecorder(Protocol):
@@ -19,7 +20,11 @@ class OperationRecorder(Protocol):
 
     due: bool
 
-    def record(self, op: Any, ok: bool, payload: Any, first_event: int, n_events: int) -> None: ...
+    def record(
+        self, op: Op, ok: bool, payload: dict[str, Any], first_event: int, n_events: int
+    ) -> None:
+        """``payload``: the operation's result, or its error's ``as_dict()``."""
+        ...
 
     def keyframe(self) -> None: ...
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from blockpool.runtime.counters import Counters
 if TYPE_CHECKING:
     from blockpool.runtime.runtime import PoolRuntime
 
+# random.Random's state: (version, the Mersenne Twister's words, the next gauss)
+RngState = tuple[int, tuple[int, ...], float | None]
+
 
 @dataclass
 class RuntimeKeyframe:
@@ -46,7 +49,7 @@ class RuntimeKeyframe:
     counters: dict[str, Any]
     raw_refs: list[tuple[int, int]]
     next_request: int
-    rng_state: Any
+    rng_state: RngState | None
     tail_waste: int
 
 
@@ -129,14 +132,14 @@ def keyframe_from_json(d: dict[str, Any]) -> RuntimeKeyframe:
     )
 
 
-def _rng_json(state: Any) -> Any:
+def _rng_json(state: RngState | None) -> list[object] | None:
     if state is None:
         return None
     version, internal, gauss = state
     return [version, list(internal), gauss]
 
 
-def _rng_from_json(d: Any) -> Any:
+def _rng_from_json(d: list[object] | None) -> RngState | None:
     if d is None:
         return None
-    return (d[0], tuple(d[1]), d[2])
+    return cast(RngState, (d[0], tuple(cast(list[int], d[1])), d[2]))

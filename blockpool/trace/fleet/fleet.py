@@ -64,35 +64,30 @@ def run_job(
         job.router, trace, overlap_weight=spec.overlap_weight, session_ids=spec.session_ids
     )
     cap_tokens = None if job.blocks is None else job.blocks * spec.block_size
+    fleet: FleetSequence | FleetTimed
     if spec.mode == "sequence":
-        seq = FleetSequence(
+        fleet = FleetSequence(
             trace, spec.block_size, job.replicas, job.blocks, hash_fn, router, job.free_order,
             cap_tokens,
         )  # fmt: skip
-        per = seq.run(progress)
-        return FleetResult(
-            job,
-            spec.mode,
-            per,
-            [r.routed_requests for r in seq.replicas],
-            [r.routed_tokens for r in seq.replicas],
-            assignment=seq.assignment,
-        )
-    cfg = spec.timed
-    sched = cfg.scheduler or simple_scheduler(cfg.max_running)
-    timed = FleetTimed(
-        trace, spec.block_size, job.replicas, job.blocks, hash_fn, router, sched,
-        cfg.step_model or StepModel(cfg.step_ms), cfg.speed, job.free_order, cap_tokens,
-    )  # fmt: skip
-    per = timed.run(progress)
-    ttft, queue = timed.fleet_times()
+        per = fleet.run(progress)
+        ttft = queue = None
+    else:
+        cfg = spec.timed
+        sched = cfg.scheduler or simple_scheduler(cfg.max_running)
+        fleet = FleetTimed(
+            trace, spec.block_size, job.replicas, job.blocks, hash_fn, router, sched,
+            cfg.step_model or StepModel(cfg.step_ms), cfg.speed, job.free_order, cap_tokens,
+        )  # fmt: skip
+        per = fleet.run(progress)
+        ttft, queue = fleet.fleet_times()
     return FleetResult(
         job,
         spec.mode,
         per,
-        [r.routed_requests for r in timed.replicas],
-        [r.routed_tokens for r in timed.replicas],
+        [r.routed_requests for r in fleet.replicas],
+        [r.routed_tokens for r in fleet.replicas],
         ttft,
         queue,
-        assignment=timed.assignment,
+        assignment=fleet.assignment,
     )

@@ -60,6 +60,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from blockpool.core.hashing import BlockHash
+from blockpool.core.pool import BlockPool
 from blockpool.trace.workload.reader import Trace, TraceRequest
 
 ROUTERS = ("round_robin", "session", "prefix_aware", "least_loaded")
@@ -79,6 +80,20 @@ class ReplicaView(Protocol):
 
     @property
     def in_flight(self) -> int: ...
+
+
+_ONE_GROUP = [0]  # a fleet replica's pool has one KV-cache group
+
+
+def cached_prefix(pool: BlockPool, hashes: Sequence[BlockHash], max_hit: int) -> int:
+    """Leading blocks of ``hashes[:max_hit]`` cached in ``pool`` now (one
+    group: a replica's ``cached_blocks``)."""
+    get = pool.get_cached_block
+    gids = _ONE_GROUP
+    k = 0
+    while k < max_hit and get(hashes[k], gids) is not None:
+        k += 1
+    return k
 
 
 class Router:

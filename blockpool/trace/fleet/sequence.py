@@ -16,7 +16,7 @@ from blockpool.core.admission import cdiv, hit_limit
 from blockpool.core.block_hasher import get_request_block_hasher
 from blockpool.core.free_order import FreeOrder
 from blockpool.core.hashing import BlockHash, HashFn
-from blockpool.trace.fleet.routers import Router
+from blockpool.trace.fleet.routers import Router, cached_prefix
 from blockpool.trace.plan.report import DEFAULT_FREE_ORDER
 from blockpool.trace.replay.results import CapacityResult
 from blockpool.trace.replay.sequence import SequenceDriver, make_pool, unbounded_blocks
@@ -34,15 +34,9 @@ class SequenceReplica:
         self.routed_blocks = 0
         self.routed_requests = 0
         self.routed_tokens = 0
-        self._gids = [0]
 
     def cached_blocks(self, hashes: Sequence[BlockHash], max_hit: int) -> int:
-        get = self.driver.pool.get_cached_block
-        gids = self._gids
-        k = 0
-        while k < max_hit and get(hashes[k], gids) is not None:
-            k += 1
-        return k
+        return cached_prefix(self.driver.pool, hashes, max_hit)
 
     @property
     def load_blocks(self) -> int:

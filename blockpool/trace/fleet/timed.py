@@ -25,14 +25,14 @@ from blockpool.core.free_order import APPEND_ALL, FreeOrder
 from blockpool.core.hashing import BlockHash, HashFn
 from blockpool.core.manager import _request_block_hasher
 from blockpool.core.pool import BlockPool
-from blockpool.core.request import LoRARequest, Request
-from blockpool.trace.fleet.routers import Router
+from blockpool.trace.fleet.routers import Router, cached_prefix
 from blockpool.trace.replay.results import CapacityResult
 from blockpool.trace.replay.sequence import make_pool, unbounded_blocks
 from blockpool.trace.sched.engine_core import SimulatedEngineCore, StepModel
 from blockpool.trace.sched.scheduled import percentiles
 from blockpool.trace.sched.scheduler import SchedRequest, Scheduler, SchedulerConfig
 from blockpool.trace.sched.slots import KVSlots
+from blockpool.trace.workload.keys import make_request
 from blockpool.trace.workload.reader import Trace
 
 
@@ -67,7 +67,6 @@ class TimedReplica:
         self.pending: list[SchedRequest] = []  # routed here, not scheduled yet
         self.routed_requests = 0
         self.routed_tokens = 0
-        self._gids = [0]
 
     def advance(self, t: float) -> None:
         """Run the steps that start before ``t``; an idle engine waits until ``t``."""
@@ -87,12 +86,7 @@ class TimedReplica:
             self.finished.extend(fin)
 
     def cached_blocks(self, hashes: Sequence[BlockHash], max_hit: int) -> int:
-        get = self.pool.get_cached_block
-        gids = self._gids
-        k = 0
-        while k < max_hit and get(hashes[k], gids) is not None:
-            k += 1
-        return k
+        return cached_prefix(self.pool, hashes, max_hit)
 
     @property
     def load_blocks(self) -> int:
@@ -168,14 +162,7 @@ class FleetTimed:
             t = tr.timestamp_ms / speed
             for rep in replicas:
                 rep.advance(t)
-            lora = LoRARequest(tr.lora_name, 1) if tr.lora_name else None
-            req = Request(
-                str(tr.index),
-                trace.prompt_token_ids(tr),
-                block_hasher=hasher,
-                lora_request=lora,
-                cache_salt=tr.cache_salt,
-            )
+            req = make_request(trace, tr, str(tr.index), hasher)
             n = tr.input_length
             hashes = req.block_hashes
             j = route(tr, hashes, hit_limit(n, bs, len(hashes)), cdiv(n, bs), replicas)

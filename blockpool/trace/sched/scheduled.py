@@ -34,13 +34,13 @@ from blockpool.core.free_order import APPEND_ALL
 from blockpool.core.hashing import HashFn
 from blockpool.core.manager import _request_block_hasher
 from blockpool.core.pool import BlockPool
-from blockpool.core.request import LoRARequest, Request
 from blockpool.trace.replay.results import CapacityResult, capacity_blocks
 from blockpool.trace.replay.sequence import make_pool, unbounded_blocks
 from blockpool.trace.sched.engine_core import SimulatedEngineCore, StepModel
 from blockpool.trace.sched.group_slots import GroupSlots, needs_groups, peak_blocks
 from blockpool.trace.sched.scheduler import SchedRequest, Scheduler, SchedulerConfig
 from blockpool.trace.sched.slots import KVSlots, SlotBackend
+from blockpool.trace.workload.keys import make_request
 from blockpool.trace.workload.reader import Trace
 
 PERCENTILES = (50, 90, 99)
@@ -158,14 +158,7 @@ def run_scheduled(
                     never.append(RequestRecord(tr.index, -1, 0, -1, -1.0, -1.0, -1.0))
                 done += 1
                 continue
-            lora = LoRARequest(tr.lora_name, 1) if tr.lora_name else None
-            req = Request(
-                str(tr.index),
-                trace.prompt_token_ids(tr),
-                block_hasher=hasher,
-                lora_request=lora,
-                cache_salt=tr.cache_salt,
-            )
+            req = make_request(trace, tr, str(tr.index), hasher)
             outs = trace.output_token_ids(tr) if tr.output_length else [0]
             r = SchedRequest(req, outs, out, tr.timestamp_ms / speed, tr.priority, tr.index)
             sched.add(r)

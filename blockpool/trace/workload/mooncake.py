@@ -106,6 +106,30 @@ def parse_mooncake_row(
     )
 
 
+def mooncake_requests(
+    rows: Iterable[tuple[int, Any]], tokens_per_id: int, limits: TraceLimits
+) -> list[TraceRequest]:
+    """Mooncake rows (line number, parsed row), each validated, in arrival
+    order, within the limits' totals."""
+    reqs: list[TraceRequest] = []
+    totals = Totals(limits)
+    prev_ts = 0.0
+    for n, row in rows:
+        totals.add_request(n)
+        req = parse_mooncake_row(row, n, len(reqs), tokens_per_id, limits)
+        if req.timestamp_ms < prev_ts:
+            raise TraceError(
+                f"timestamp {req.timestamp_ms:g} is before the previous row's {prev_ts:g} "
+                "(rows must be in arrival order)",
+                n,
+                "timestamp",
+            )
+        totals.add_tokens(req.input_length + req.output_length, n, "input_length")
+        prev_ts = req.timestamp_ms
+        reqs.append(req)
+    return reqs
+
+
 def parse_mooncake(
     lines: Iterable[str | bytes],
     tokens_per_id: int = TOKENS_PER_ID,
@@ -122,22 +146,7 @@ def parse_mooncake(
             "tokens_per_id",
             "max_tokens_per_id",
         )
-    reqs: list[TraceRequest] = []
-    totals = Totals(limits)
-    prev_ts = 0.0
-    for n, row in json_lines(lines):
-        totals.add_request(n)
-        req = parse_mooncake_row(row, n, len(reqs), tokens_per_id, limits)
-        if req.timestamp_ms < prev_ts:
-            raise TraceError(
-                f"timestamp {req.timestamp_ms:g} is before the previous row's {prev_ts:g} "
-                "(rows must be in arrival order)",
-                n,
-                "timestamp",
-            )
-        totals.add_tokens(req.input_length + req.output_length, n, "input_length")
-        prev_ts = req.timestamp_ms
-        reqs.append(req)
+    reqs = mooncake_requests(json_lines(lines), tokens_per_id, limits)
     if not reqs:
         raise TraceError("the trace holds no request")
     return Trace(reqs, tokens_per_id, "mooncake")

@@ -14,13 +14,12 @@ from typing import Any
 from blockpool.common.traffic_format import REQUEST_ROW, TRAFFIC_FORMAT
 from blockpool.trace.workload.limits import (
     DEFAULT_LIMITS,
-    Totals,
     TraceError,
     TraceLimits,
     json_lines,
 )
-from blockpool.trace.workload.mooncake import parse_mooncake_row
-from blockpool.trace.workload.requests import Trace, TraceRequest
+from blockpool.trace.workload.mooncake import mooncake_requests
+from blockpool.trace.workload.requests import Trace
 
 
 def _tokens_per_id(v: Any, limits: TraceLimits, where: str) -> int:
@@ -34,22 +33,7 @@ def _tokens_per_id(v: Any, limits: TraceLimits, where: str) -> int:
 def _rows(
     rows: Iterable[tuple[int, Any]], tokens_per_id: int, limits: TraceLimits, source: str
 ) -> Trace:
-    reqs: list[TraceRequest] = []
-    totals = Totals(limits)
-    prev = 0.0
-    for n, row in rows:
-        totals.add_request(n)
-        req = parse_mooncake_row(row, n, len(reqs), tokens_per_id, limits)
-        if req.timestamp_ms < prev:
-            raise TraceError(
-                f"timestamp {req.timestamp_ms:g} is before the previous row's {prev:g} "
-                "(rows must be in arrival order)",
-                n,
-                "timestamp",
-            )
-        totals.add_tokens(req.input_length + req.output_length, n, "input_length")
-        prev = req.timestamp_ms
-        reqs.append(req)
+    reqs = mooncake_requests(rows, tokens_per_id, limits)
     if not reqs:
         raise TraceError(f"the {source} holds no request (no engine request finished in it)")
     return Trace(reqs, tokens_per_id, source)
