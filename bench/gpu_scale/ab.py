@@ -1,0 +1,177 @@
+"""The plugin's cost on the engine's thread, measured in one process.
+
+``bench.gpu_scale.run`` compares two processes, plain vLLM and the plugin's
+scheduler: the fairest comparison an operator can make, but two heaps laid
+out differently, on a shared 2-core machine, differ by a few tenths of a
+millisecond a step between runs of the *same* variant.  This bench removes
+that: one ``MirrorScheduler`` (or ``MirrorAsyncScheduler``), one request
+stream, and blocks of ``--block`` steps that alternate (ABBA) between
+
+* **on**: the plugin as it runs in an engine (its hooks, the pool's calls
+  followed, its thread sending and digesting in the forward passes), and
+* **off**: vLLM's own methods called directly and the pool's unwrapped --
+  the plugin's thread still there, with nothing to do.
+
+Per step: the engine thread's CPU time in ``add_request`` + ``schedule`` +
+``update_from_output`` (``thread_time``: not the time it waited for the
+interpreter or a core), their wall time, the whole step, and the garbage
+collector's time.  The pool moves on while the plugin is off; its digest is
+then out of date (nobody checks it here: no mirror subscribes).
+
+    python -m bench.gpu_scale.ab [--async] [--block 20] [--rounds 20] [--sleep-ms 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.gpu_scale.engine import Driver, GcClock, Shape, Steps, build_scheduler
+from bench.gpu_scale.run import free_port_pair, summarize
+from bench.gpu_scale.workload import Workload
+
+HOOKS = ("add_request", "schedule", "update_from_output", "finish_requests")
+
+
+class Switch:
+    """Turns the plugin on and off under a running scheduler."""
+
+    def __init__(self, sched: Any) -> None:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        from blockpool_vllm.follower import WRAPPED
+
+        self.sched = sched
+        self.pool = sched.kv_cache_manager.block_pool
+        self.wrapped = {name: self.pool.__dict__[name] for name in WRAPPED}
+        base = AsyncScheduler if isinstance(sched, AsyncScheduler) else Scheduler
+        self.plain = {name: getattr(base, name).__get__(sched) for name in HOOKS}
+
+    def on(self) -> None:
+        self.pool.__dict__.update(self.wrapped)
+        for name in HOOKS:
+            self.sched.__dict__.pop(name, None)
+
+    def off(self) -> None:
+        for name in self.wrapped:
+            self.pool.__dict__.pop(name, None)
+        self.sched.__dict__.update(self.plain)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    shape = Shape(num_blocks=args.num_blocks, async_sched=args.async_sched)
+    port = free_port_pair()
+    with tempfile.TemporaryDirectory(prefix="gpu-scale-ab-") as tmp:
+        sched = build_scheduler(
+            shape, Path(tmp), plugin=True, endpoint=f"tcp://127.0.0.1:{port}"
+        )
+        gc.collect()
+        gc.freeze()  # as vLLM's EngineCore does once built
+        driver = Driver(
+            sched, Workload(args.seed, max_prompt=8192, min_prompt=1024), shape, 256
+        )
+        driver.output_cap = 64  # warm-up: quick steps until the pool evicts
+        while driver.evictions == 0 and driver.steps_run < args.max_warmup:
+            driver.step(0.0, None, None)
+        for _ in range(args.warmup_extra):
+            driver.step(0.0, None, None)
+        driver.output_cap = 0
+        forward = args.sleep_ms / 1e3
+        for _ in range(args.settle_steps):  # at the engine's pace, plugin on
+            driver.step(forward, None, None)
+        switch = Switch(sched)
+        steps = {"off": Steps(), "on": Steps()}
+        clocks = {"off": GcClock(), "on": GcClock()}
+        for r in range(args.rounds):
+            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                switch.on() if mode == "on" else switch.off()
+                with clocks[mode] as clock:
+                    for _ in range(args.block):
+                        driver.step(forward, steps[mode], clock)
+        switch.on()
+        follower = sched._mirror
+        doc = {
+            "bench": "gpu_scale_ab",
+            "scheduler": type(sched).__name__,
+            "num_blocks": shape.num_blocks,
+            "block": args.block,
+            "rounds": args.rounds,
+            "sleep_ms": args.sleep_ms,
+            "modes": {mode: _summary(steps[mode], clocks[mode]) for mode in steps},
+            "follower_cost_us_p50_p99_max": follower.cost_quantiles(),
+        }
+        sched.shutdown()
+    off, on = doc["modes"]["off"], doc["modes"]["on"]
+    doc["added"] = {
+        part: {q: round(on[part][q] - off[part][q], 4) for q in ("p50_ms", "mean_ms")}
+        for part in ("sched_cpu", "sched", "step")
+    }
+    doc["throughput_ratio"] = round(off["step"]["mean_ms"] / on["step"]["mean_ms"], 4)
+    return doc
+
+
+def _summary(st: Steps, clock: GcClock) -> dict[str, Any]:
+    return {
+        "steps": len(st.step_ns),
+        "sched_cpu": summarize(st.sched_cpu_ns),
+        "sched": summarize(st.sched_ns),
+        "step": summarize(st.step_ns),
+        "gc_collections": clock.summary()["collections"],
+        "gc_ms": round(sum(clock.summary()["ns"]) / 1e6, 2),
+        "tokens_per_step": round(statistics.fmean(st.tokens), 1) if st.tokens else 0.0,
+    }
+
+
+def table(doc: dict[str, Any]) -> str:
+    off, on, added = doc["modes"]["off"], doc["modes"]["on"], doc["added"]
+    lines = [
+        f"{doc['scheduler']}  {doc['num_blocks']:,} blocks  {doc['rounds']} rounds x "
+        f"{doc['block']} steps per mode (ABBA)  sleep {doc['sleep_ms']} ms",
+        f"{'per step (ms)':<30}{'off':>9}{'on':>9}{'added':>9}",
+    ]
+    lines.extend(
+        f"{label + ' ' + q[:-3]:<30}{off[part][q]:>9.3f}{on[part][q]:>9.3f}"
+        f"{added[part][q]:>+9.3f}"
+        for label, part in (
+            ("scheduler CPU (engine thread)", "sched_cpu"),
+            ("scheduler wall", "sched"),
+            ("whole step", "step"),
+        )
+        for q in ("p50_ms", "mean_ms")
+    )
+    lines.append(f"{'gc collections / ms (off)':<30}{off['gc_collections']!s:>14} {off['gc_ms']}")
+    lines.append(f"{'gc collections / ms (on)':<30}{on['gc_collections']!s:>14} {on['gc_ms']:>6}")
+    lines.append(f"throughput ratio (mean step off/on): {doc['throughput_ratio']:.3f}x")
+    lines.append(f"follower's own cost p50/p99/max us: {doc['follower_cost_us_p50_p99_max']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--async", dest="async_sched", action="store_true")
+    p.add_argument("--num-blocks", type=int, default=524_288)
+    p.add_argument("--block", type=int, default=20, help="steps per mode, each round")
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--sleep-ms", type=float, default=6.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-warmup", type=int, default=3000)
+    p.add_argument("--warmup-extra", type=int, default=300)
+    p.add_argument("--settle-steps", type=int, default=400)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    doc = run(args)
+    sys.stdout.write(table(doc) + "\n")
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
