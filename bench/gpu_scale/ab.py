@@ -69,14 +69,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     shape = Shape(num_blocks=args.num_blocks, async_sched=args.async_sched)
     port = free_port_pair()
     with tempfile.TemporaryDirectory(prefix="gpu-scale-ab-") as tmp:
-        sched = build_scheduler(
-            shape, Path(tmp), plugin=True, endpoint=f"tcp://127.0.0.1:{port}"
-        )
+        sched = build_scheduler(shape, Path(tmp), plugin=True, endpoint=f"tcp://127.0.0.1:{port}")
         gc.collect()
         gc.freeze()  # as vLLM's EngineCore does once built
-        driver = Driver(
-            sched, Workload(args.seed, max_prompt=8192, min_prompt=1024), shape, 256
-        )
+        driver = Driver(sched, Workload(args.seed, max_prompt=8192, min_prompt=1024), shape, 256)
         driver.output_cap = 64  # warm-up: quick steps until the pool evicts
         while driver.evictions == 0 and driver.steps_run < args.max_warmup:
             driver.step(0.0, None, None)
@@ -137,8 +133,7 @@ def table(doc: dict[str, Any]) -> str:
         f"{'per step (ms)':<30}{'off':>9}{'on':>9}{'added':>9}",
     ]
     lines.extend(
-        f"{label + ' ' + q[:-3]:<30}{off[part][q]:>9.3f}{on[part][q]:>9.3f}"
-        f"{added[part][q]:>+9.3f}"
+        f"{label + ' ' + q[:-3]:<30}{off[part][q]:>9.3f}{on[part][q]:>9.3f}{added[part][q]:>+9.3f}"
         for label, part in (
             ("scheduler CPU (engine thread)", "sched_cpu"),
             ("scheduler wall", "sched"),
