@@ -53,12 +53,18 @@ def test_running_and_waiting_are_the_engines(mirrored: dict[str, Any]) -> None:
     eventually(lambda: sum(s.first.is_set() for s in streams) >= MAX_NUM_SEQS, 240, "4 streaming")
     expect = ((MAX_NUM_SEQS, STREAMS - MAX_NUM_SEQS),) * 2
 
+    seen: list[Any] = []
+
     def quiescent() -> Any:
         c = counts(rig)
+        seen[:] = [c, client.get(mirror + "/api/mirror").json()]
         # the engine's scrape, the mirror's REST and /metrics at one quiescent point
         return c if (c[0], c[1]) == expect and c[2] == expect[0] and c == counts(rig) else None
 
-    got = eventually(quiescent, 240, "the mirror's counts equal to the engine's")
+    try:
+        got = eventually(quiescent, 240, "the mirror's counts equal to the engine's")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last counts and /api/mirror: {seen}") from None
     streaming = [s for s in streams if s.chunks]
     assert len(streaming) == MAX_NUM_SEQS and all(s.is_alive() for s in streaming), got
     assert not [s.error for s in streams if s.error is not None]
