@@ -76,7 +76,10 @@ MAX_BEHIND = 16  # batches not caught up with: beyond, the digest is rebuilt in 
 MAX_PENDING = 4096
 
 
-# what a usual call leaves in ``PoolFollower.ops`` (a tuple), for ``resolve``
+# what a usual call leaves in ``PoolFollower.ops``, for ``resolve``: one flat
+# tuple per call (the kind, then what it gave) -- one object for the garbage
+# collector to count, not a tuple and its lists: the engine's collector runs
+# no more often for the calls followed while the sender has not read them
 _ALLOCATE, _FREE, _TOUCH, _CACHE = 0, 1, 2, 3
 _BY_KIND: tuple[type[Allocate] | type[Free] | type[Touch], ...] = (Allocate, Free, Touch)
 
@@ -84,32 +87,34 @@ _BY_KIND: tuple[type[Allocate] | type[Free] | type[Touch], ...] = (Allocate, Fre
 def resolve(entries: list[Any]) -> tuple[list[Op], list[int]]:
     """The operations of one flush as the wire has them, and the block ids
     they named (-1: a reset, -2: a call not followed) for the digest.  The
-    usual calls were kept as the blocks they gave (``(kind, blocks)``, or for
-    a cache call ``(_CACHE, window, hashes after, request's hash chain, offset,
-    group)``) and are read here -- off the engine's thread when deferred.  A
-    block's id never changes, and what was kept was copied at the call."""
+    usual calls were kept as the blocks they gave (``(kind, *blocks)``, or for
+    a cache call ``(_CACHE, offset, group, n, *window, *hashes after,
+    *request's hash chain)``, the window and the hashes ``n`` long) and are
+    read here -- off the engine's thread when deferred.  A block's id never
+    changes, and what was kept was copied at the call."""
     ops: list[Op] = []
     touched: list[int] = []
     for e in entries:
         if e.__class__ is tuple:
             kind = e[0]
             if kind == _CACHE:
-                _, window, after, chain, off, group = e
+                off, group, n = e[1], e[2], e[3]
                 ids: list[int] = []
                 hashes: list[bytes] = []
                 first = -1
-                for i, h in enumerate(after):
+                for i in range(n):
+                    h = e[4 + n + i]
                     if h is None:
                         continue
                     if first < 0:
                         first = i
-                    ids.append(window[i].block_id)
+                    ids.append(e[4 + i].block_id)
                     hashes.append(bytes(h)[:-4])
                 at = off + first - 1  # the parent's place in the chain kept
-                parent = bytes(chain[at]) if at >= 0 else None
+                parent = bytes(e[4 + 2 * n + at]) if at >= 0 else None
                 ops.append(Cache(int(group), parent, ids, hashes))
             else:
-                ids = [b.block_id for b in e[1]]
+                ids = [b.block_id for b in e[1:]]
                 ops.append(_BY_KIND[kind](ids))
             touched.extend(ids)
         else:
@@ -220,7 +225,7 @@ class PoolFollower:
                     ret = get_new_blocks(num_blocks)
                 t = _now()
                 if ret:
-                    ops.append((_ALLOCATE, ret[:]))  # ids read later (resolve)
+                    ops.append((_ALLOCATE, *ret))  # ids read later (resolve)
                     self.op_count += 1
                 self._step_ns += _now() - t + t1 - t0
                 return ret
@@ -244,7 +249,7 @@ class PoolFollower:
                     free_blocks(blocks)
                 t = _now()
                 if blocks:
-                    ops.append((_FREE, blocks))
+                    ops.append((_FREE, *blocks))
                     self.op_count += 1
                 self._step_ns += _now() - t + t1 - t0
             finally:
@@ -267,7 +272,7 @@ class PoolFollower:
                     touch(blocks)
                 t = _now()
                 if blocks:
-                    ops.append((_TOUCH, blocks))
+                    ops.append((_TOUCH, *blocks))
                     self.op_count += 1
                 self._step_ns += _now() - t + t1 - t0
             finally:
@@ -311,7 +316,7 @@ class PoolFollower:
                     start = num_cached_blocks - 1 if num_cached_blocks > 0 else 0
                     chain = request.block_hashes[start:num_full_blocks]
                     off, group = num_cached_blocks - start, kv_cache_group_id
-                    ops.append((_CACHE, window, after, chain, off, group))
+                    ops.append((_CACHE, off, group, len(window), *window, *after, *chain))
                     self.op_count += 1
                 elif n_new:
                     self._cache_slowly(
