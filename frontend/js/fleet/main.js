@@ -73,29 +73,60 @@ const treeView = new TreeView({
 const log = new EventLog();
 const rate = new RateChart($("rate-chart"));
 
-// Draw the selected instance's copy at most every 250 ms however fast the
-// events come (ticks are 5 a second; a snapshot draws at once).
+// Draw the selected instance's copy when it changed: the hash map at most
+// every 250 ms, the tree (a build over every held hash) at most once a
+// second, however fast the events come (ticks are 5 a second).
 let drawPending = false;
+let mapDirty = true;
+let treeDirty = true;
+let treeDrawnAt = -Infinity;
+let treeTimer = false;
+/** @type {boolean | null} the exact badge last drawn */
+let drawnExact = null;
 function draw() {
   drawPending = false;
   const me = state.instances.find((i) => i.name === state.selected);
-  hashmap.show(sync.map, !!(me && me.exact && !me.stale));
+  const exact = !!(me && me.exact && !me.stale);
+  if (mapDirty || exact !== drawnExact) {
+    mapDirty = false;
+    drawnExact = exact;
+    hashmap.show(sync.map, exact);
+  }
   if (sync.map.logSeq === null) {
     $("tree").replaceChildren(h("div", { class: "muted" }, "reading…"));
     return;
   }
-  treeView.render(sync.tree, (hash) => sync.map.copies(hash));
   $("sync-state").textContent = `snapshot reads ${sync.reads} (last: ${sync.lastReason}) · event #${int(sync.map.logSeq)}`;
+  if (!treeDirty) return;
+  const wait = treeDrawnAt + 1000 - performance.now();
+  if (wait > 0) {
+    if (!treeTimer) {
+      treeTimer = true;
+      setTimeout(() => {
+        treeTimer = false;
+        scheduleDraw();
+      }, wait);
+    }
+    return;
+  }
+  treeDirty = false;
+  treeDrawnAt = performance.now();
+  treeView.render(sync.tree, (hash) => sync.map.copies(hash));
 }
 function scheduleDraw() {
   if (drawPending) return;
   drawPending = true;
   setTimeout(draw, 250);
 }
+function changed() {
+  mapDirty = true;
+  treeDirty = true;
+  scheduleDraw();
+}
 
 const sync = new InstanceSync({
   read: (name) => getJSON(`/api/fleet/${encodeURIComponent(name)}/snapshot`),
-  onChange: scheduleDraw,
+  onChange: changed,
   onError: showError,
 });
 $("tree-refresh").addEventListener("click", () => sync.reread("refresh"));

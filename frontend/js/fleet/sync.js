@@ -35,6 +35,8 @@ export class InstanceSync {
     /** snapshots read, and why (the page shows it; the tests count it) */
     this.reads = 0;
     this.lastReason = "";
+    /** when the last read failed (ms; 0: none since one succeeded) */
+    this.failedAt = 0;
   }
 
   /** @param {string | null} name */
@@ -67,12 +69,14 @@ export class InstanceSync {
     } catch (err) {
       if (generation === this.generation) {
         this.loading = false;
+        this.failedAt = Date.now();
         this.onError(err);
       }
       return;
     }
     if (generation !== this.generation) return;
     this.loading = false;
+    this.failedAt = 0;
     this.map.load(snap);
     this.tree.clear();
     this.tree.load(snap.items);
@@ -97,8 +101,13 @@ export class InstanceSync {
     }
     if (mine.length && this.applyEvents(mine)) this.onChange();
     if (this.loading) return; // a gap: reading
+    if (this.map.logSeq === null) {
+      // no snapshot: the read failed (shown); again, no more than every 2 s
+      if (this.failedAt && Date.now() - this.failedAt >= 2000) this.reread("retry after an error");
+      return;
+    }
     const me = instances.find((i) => i.name === this.name);
-    if (!me || this.map.logSeq === null) return;
+    if (!me) return;
     // the health is taken after the tick's events: a log ahead of the copy
     // lost events without a gap to show it (before a reconnect's first tick)
     if (me.event_log_seq > this.map.logSeq) this.reread("behind the log");
