@@ -1,9 +1,10 @@
 // @ts-check
-// One instance's hash map: paged, searchable, sortable -- drawn from the
-// page's own copy of the map (InstanceMap, kept by fleet/sync.js from one
+// One instance's hash map: paged, searchable, sortable, in the shared table
+// (common/hashmaptable.js) -- drawn from the page's own copy of the map (InstanceMap, kept by fleet/sync.js from one
 // snapshot and the stream's events), never read from REST page by page.
 
-import { $, clear, debounce, h, hashCell, int, tokensText } from "./dom.js";
+import { renderKeyRows } from "../common/hashmaptable.js";
+import { $, debounce, h, hashCell, int, tokensText } from "./dom.js";
 
 const PAGE = 50;
 
@@ -72,40 +73,42 @@ export class HashMapView {
     const exact = $("hm-exact");
     exact.textContent = this.exact ? "exact" : "inexact";
     exact.className = this.exact ? "badge exact" : "badge inexact";
-    clear(this.body);
     const map = this.map;
     if (!map || map.logSeq === null) {
-      this.body.append(h("tr", {}, h("td", { colspan: "7", class: "muted" }, "reading…")));
+      renderKeyRows(this.body, [], { hashCell, empty: "reading…", columns: 7 });
       $("hm-page").textContent = "";
       return;
     }
     const items = this.rows();
     if (this.offset >= items.length) this.offset = Math.max(0, Math.floor((items.length - 1) / PAGE) * PAGE);
     const page = items.slice(this.offset, this.offset + PAGE);
-    for (const it of page) {
-      const groups = Object.entries(it.groups || {}).filter(([g]) => g !== "-");
-      const media = Object.entries(it.media || {})
-        .map(([m, n]) => `${m}×${n}`)
-        .concat(groups.map(([g, n]) => `g${g}×${n}`))
-        .join(" ");
-      const lora = it.lora_name ? `${it.lora_name}${it.lora_id !== null ? ` (${it.lora_id})` : ""}` : "";
-      this.body.append(
-        h(
-          "tr",
-          { "data-hash": it.hash, onclick: () => this.onPick(it.hash), title: it.hash_int ? `int ${it.hash_int}` : "" },
-          hashCell(it.hash),
-          hashCell(it.parent),
-          h("td", { class: "num" }, int(it.copies)),
-          h("td", {}, media),
-          h("td", { class: "toks", title: (it.tokens || []).join(" ") }, tokensText(it.tokens, it.num_tokens)),
-          h("td", {}, lora),
-          h("td", { class: "num" }, `#${int(it.stored_seq)}`),
-        ),
-      );
-    }
-    if (!page.length) {
-      this.body.append(h("tr", {}, h("td", { colspan: "7", class: "muted" }, map.entries.size ? "no match" : "no cached blocks seen yet")));
-    }
+    renderKeyRows(
+      this.body,
+      page.map((it) => {
+        const groups = Object.entries(it.groups || {}).filter(([g]) => g !== "-");
+        const media = Object.entries(it.media || {})
+          .map(([m, n]) => `${m}×${n}`)
+          .concat(groups.map(([g, n]) => `g${g}×${n}`))
+          .join(" ");
+        const lora = it.lora_name ? `${it.lora_name}${it.lora_id !== null ? ` (${it.lora_id})` : ""}` : "";
+        return {
+          hash: it.hash,
+          copies: it.copies,
+          copiesAt: 1,
+          title: it.hash_int ? `int ${it.hash_int}` : "",
+          onClick: () => this.onPick(it.hash),
+          cells: [
+            hashCell(it.parent),
+            h("td", { class: "num" }, int(it.copies)),
+            h("td", {}, media),
+            h("td", { class: "toks", title: (it.tokens || []).join(" ") }, tokensText(it.tokens, it.num_tokens)),
+            h("td", {}, lora),
+            h("td", { class: "num" }, `#${int(it.stored_seq)}`),
+          ],
+        };
+      }),
+      { hashCell, empty: map.entries.size ? "no match" : "no cached blocks seen yet", columns: 7 },
+    );
     const end = this.offset + page.length;
     $("hm-page").textContent = `${items.length ? int(this.offset + 1) : 0}–${int(end)} of ${int(items.length)} (${int(map.entries.size)} keys, ${int(map.blocks)} blocks${map.truncated ? ", snapshot cut short" : ""})`;
     $("hm-prev", HTMLButtonElement).disabled = this.offset === 0;
