@@ -197,6 +197,40 @@ async def hashmap(
     }
 
 
+@router.get("/fleet/{instance}/snapshot", dependencies=[Auth], summary="One pool's whole map")
+async def snapshot(
+    fleet: FleetDep,
+    instance: str,
+    limit: Annotated[int, Query(ge=1, le=MAX_QUERY_ITEMS)] = MAX_QUERY_ITEMS,
+) -> dict[str, Any]:
+    """Every held hash (as ``/hashmap`` items, first stored first, at most 16
+    token ids each) at one moment, with ``event_log_seq``: the last event of
+    the pool's log (``/events``, the stream's per-instance ``seq``) it
+    includes.  A client applies the stream's events for the pool from
+    ``event_log_seq + 1`` on, and reads again when one is missing or
+    ``state_resets`` (the map started over without an event) moves."""
+    s = _source(fleet, instance)
+    state = s.state
+    items: list[dict[str, Any]] = []
+    for h, e in state.entries.items():
+        if len(items) >= limit:
+            break
+        item = entry_json(h, e)
+        item["tokens"] = item["tokens"][:16]
+        items.append(item)
+    return {
+        "instance": s.name,
+        "exact": s.exact(time.time()),
+        "event_log_seq": s.log.last_seq,
+        "state_resets": s.resets,
+        "max_keys": state.max_keys,
+        "total_keys": len(state.entries),
+        "blocks": state.blocks,
+        "truncated": len(items) < len(state.entries),
+        "items": items,
+    }
+
+
 @router.get("/fleet/{instance}/prefix-tree", dependencies=[Auth], summary="One pool's prefix tree")
 async def prefix_tree(
     fleet: FleetDep,

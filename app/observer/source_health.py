@@ -152,5 +152,6 @@ def source_health(s: Any) -> dict[str, Any]:
         "last_batch_ts": s.last_batch_ts,
         "last_batch_age_s": None if s.last_batch_at is None else now - s.last_batch_at,
         "event_log_seq": s.log.last_seq,
+        "state_resets": s.resets,
         **s.state.summary(),
     }

@@ -4,8 +4,10 @@ observer cannot run."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +236,149 @@ def check_page(page: Any, url: str, feds: dict[str, Fed]) -> None:
     )
     assert page.get_attribute("#stream-state", "data-state") == "open"
     assert "NaN" not in page.inner_text("body") and "undefined" not in page.inner_text("body")
+
+
+SNAPSHOT_READS = re.compile(r"/api/fleet/[^/?]+/(snapshot|hashmap|prefix-tree)\b")
+
+
+@pytest.mark.browser
+def test_fleet_page_follows_the_stream_and_rereads_only_on_a_gap(
+    observed: tuple[str, dict[str, Fed]],
+) -> None:
+    """The selected instance's hash map and tree: one snapshot, then the
+    stream's events alone (no REST read however many come); events lost on
+    the way (a tick without them, or a whole tick) read it again, once.
+    (A gap in the events' own seq: frontend/tests/fleetsync.test.mjs.)"""
+    url, feds = observed
+    wait_for(lambda: synced(url, feds), 20, "the observer to catch up")
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    reads: list[str] = []
+    # what the route does to the next tick carrying beta's events: "strip"
+    # them (the tick goes on, its seq intact) or "drop" the whole tick
+    lose: dict[str, Any] = {"how": None, "done": 0}
+
+    def route(ws: Any) -> None:
+        server = ws.connect_to_server()
+
+        def from_server(message: str | bytes) -> None:
+            if lose["how"] and isinstance(message, str):
+                msg = json.loads(message)
+                events = msg.get("events") or []
+                if any(e["instance"] == "beta" for e in events):
+                    how, lose["how"] = lose["how"], None
+                    lose["done"] += 1
+                    if how == "drop":
+                        return
+                    msg["events"] = [e for e in events if e["instance"] != "beta"]
+                    message = json.dumps(msg)
+            ws.send(message)
+
+        server.on_message(from_server)
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1100})
+            page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on(
+                "request", lambda r: reads.append(r.url) if SNAPSHOT_READS.search(r.url) else None
+            )
+            page.route_web_socket("**/api/fleet/stream", route)
+            page.goto(url + "/?instance=beta")
+            page.wait_for_function(
+                "() => document.getElementById('stream-state').dataset.state === 'open'"
+            )
+            follows(page, url, "beta")
+            assert [r.split("?")[0] for r in reads] == [f"{url}/api/fleet/beta/snapshot"]
+            assert "snapshot reads 1 (last: selected)" in page.inner_text("#sync-state")
+
+            # events flow: the views follow them, REST is not read
+            before = {i["hash"] for i in snapshot_of(url, "beta")["items"]}
+            feds["beta"].steps(12)
+            wait_for(lambda: synced(url, feds), 20, "the observer to apply beta's batches")
+            truth = follows(page, url, "beta")
+            new = [i["hash"] for i in truth["items"] if i["hash"] not in before]
+            assert new, "the steps stored new hashes"
+            page.fill("#hm-search", new[-1])
+            page.wait_for_selector(f'#hashmap tbody tr[data-hash="{new[-1]}"]')
+            page.fill("#hm-search", "")
+            assert len(reads) == 1, reads
+            assert "snapshot reads 1 " in page.inner_text("#sync-state")
+
+            # a tick loses beta's events: the health it carries says the log
+            # is ahead of the page's copy, which reads again
+            lose["how"] = "strip"
+            feds["beta"].steps(4)
+            pumped_until(page, lambda: lose["done"] == 1, "a tick with beta's events")
+            page.wait_for_function(
+                "() => document.getElementById('sync-state').textContent"
+                ".includes('snapshot reads 2 (last: behind the log)')",
+                timeout=20_000,
+            )
+            wait_for(lambda: synced(url, feds), 20, "the observer to apply beta's batches")
+            follows(page, url, "beta")
+            feds["beta"].steps(4)  # and then follows the events again, no read
+            wait_for(lambda: synced(url, feds), 20, "the observer to apply beta's batches")
+            follows(page, url, "beta")
+            assert len(reads) == 2, reads
+
+            # a whole tick lost (the hub's seq skips): a resync, read again
+            lose["how"] = "drop"
+            feds["beta"].steps(4)
+            pumped_until(page, lambda: lose["done"] == 2, "a tick with beta's events")
+            page.wait_for_function(
+                "() => document.getElementById('sync-state').textContent"
+                ".includes('snapshot reads 3 (last: resync)')",
+                timeout=20_000,
+            )
+            assert "1 resync" in page.inner_text("#stream-state")
+            wait_for(lambda: synced(url, feds), 20, "the observer to apply beta's batches")
+            follows(page, url, "beta")
+            assert [r.split("?")[0] for r in reads] == [f"{url}/api/fleet/beta/snapshot"] * 3
+        finally:
+            browser.close()
+    assert errors == []
+
+
+def pumped_until(page: Any, pred: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    """Wait for ``pred`` while Playwright's loop runs (the websocket route's
+    handler is called only then; a plain sleep would starve it)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        page.wait_for_timeout(20)
+
+
+def snapshot_of(url: str, name: str) -> dict[str, Any]:
+    return dict(httpx.get(f"{url}/api/fleet/{name}/snapshot", timeout=10).json())
+
+
+def follows(page: Any, url: str, name: str) -> dict[str, Any]:
+    """Wait until the page's hash map and tree are the observer's map (its
+    counts, its first page of rows, the tree's size); the observer's snapshot."""
+    truth = snapshot_of(url, name)
+    keys, blocks = truth["total_keys"], truth["blocks"]
+    multi = sum(1 for i in truth["items"] if i["copies"] > 1)
+    want = [i["hash"] for i in truth["items"][:50]]
+    page.wait_for_function(
+        """([keys, blocks, want]) => {
+             const foot = document.getElementById('hm-page').textContent;
+             const rows = [...document.querySelectorAll('#hashmap tbody tr[data-hash]')];
+             const tree = document.getElementById('tree-info').textContent;
+             return foot.includes(`(${keys} keys, ${blocks} blocks)`)
+               && rows.length === want.length && rows.every((r, k) => r.dataset.hash === want[k])
+               && tree.startsWith(`${keys} cached prefixes`); }""",
+        arg=[f"{keys:,}", f"{blocks:,}", want],
+        timeout=20_000,
+    )
+    page.check("#hm-multi")
+    page.wait_for_function(
+        "n => document.getElementById('hm-page').textContent.includes(` of ${n} (`)",
+        arg=f"{multi:,}",
+    )
+    page.uncheck("#hm-multi")
+    return truth

@@ -128,6 +128,23 @@ async def check_rest(h: httpx.AsyncClient, batches: dict[str, list[Any]]) -> Non
     assert deep["items"][0]["depth"] >= 1
     assert (await h.get("/api/fleet/a/hashmap", params={"sort": "x"})).status_code == 422
 
+    # the whole map at one moment, with the last event of the log it includes
+    snap = (await h.get("/api/fleet/a/snapshot")).json()
+    assert {i["hash"]: i["copies"] for i in snap["items"]} == {
+        hash_hex(k): v for k, v in want.items()
+    }
+    assert (snap["total_keys"], snap["blocks"], snap["truncated"]) == (
+        len(want), sum(want.values()), False,
+    )  # fmt: skip
+    assert snap["event_log_seq"] == a["event_log_seq"] == sum(len(b) for b in batches["a"])
+    assert snap["state_resets"] == a["state_resets"] == 0
+    stored = [i["stored_seq"] for i in snap["items"]]
+    assert stored == sorted(stored)
+    assert all(len(i["tokens"]) <= 16 for i in snap["items"])
+    two = (await h.get("/api/fleet/a/snapshot", params={"limit": 2})).json()
+    assert (len(two["items"]), two["truncated"]) == (2, True)
+    assert (await h.get("/api/fleet/nope/snapshot")).status_code == 404
+
     tree = (await h.get("/api/fleet/a/prefix-tree")).json()
     assert tree["total"] == len(want) == len(tree["nodes"])
     by_hash = {n["hash"]: n for n in tree["nodes"]}

@@ -23,7 +23,9 @@ export function getJSON(path, params = {}, { method = "GET", body } = {}) {
 /**
  * An instance as GET /api/fleet and the stream's messages list it: the
  * fields the page's own logic reads (the cards show more).
- * @typedef {{name: string, connected: boolean, exact: boolean, stale: boolean, keys: number, events: number}} FleetInstance
+ * `event_log_seq`: the last event of its log; `state_resets`: times its map
+ * started over without an event (both for the page's own copy of the map).
+ * @typedef {{name: string, connected: boolean, exact: boolean, stale: boolean, keys: number, events: number, event_log_seq: number, state_resets: number}} FleetInstance
  */
 
 /**
@@ -31,10 +33,14 @@ export function getJSON(path, params = {}, { method = "GET", body } = {}) {
  * @typedef {object} FleetEvent
  * @property {string} instance
  * @property {string} type BlockStored | BlockRemoved | AllBlocksCleared
+ * @property {number} seq its place in the pool's event log (from 1, consecutive per instance)
  * @property {number} batch_seq
  * @property {number} ts
  * @property {string[]} [block_hashes]
  * @property {string | null} [parent_block_hash]
+ * @property {number[]} [token_ids] the first 256
+ * @property {number} [block_size]
+ * @property {number | null} [lora_id]
  * @property {number} [num_tokens]
  * @property {string | null} [lora_name]
  * @property {string | null} [medium]

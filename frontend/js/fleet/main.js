@@ -1,17 +1,20 @@
 // @ts-check
 // The fleet observer page: instances with their stream health, the selected
 // instance's hash map and prefix tree, the fleet prefix view and the live
-// event log -- all from `blockpool observe`'s REST API and websocket.
+// event log -- all from `blockpool observe`'s REST API and websocket.  The
+// selected instance's map and tree follow the dashboard's sync model: one
+// snapshot, then the stream's events (fleet/sync.js), no polling.
 
 import { observeHint } from "../common/observe.js";
+import { TreeView } from "../common/treeview.js";
 import { getJSON, getToken, openStream, setToken } from "./api.js";
-import { $, clear, h, int } from "./dom.js";
+import { $, clear, h, int, tokensText } from "./dom.js";
 import { EventLog } from "./events.js";
 import { HashMapView } from "./hashmap.js";
 import { renderInstances } from "./instances.js";
 import { PrefixView } from "./prefixes.js";
 import { RateChart } from "./rate.js";
-import { TreeView } from "./tree.js";
+import { InstanceSync } from "./sync.js";
 
 /** @typedef {import("./api.js").FleetInstance} FleetInstance */
 
@@ -55,10 +58,78 @@ async function poolHint(box) {
 }
 
 const prefixes = new PrefixView({ onError: showError });
-const hashmap = new HashMapView({ onPick: (hash) => prefixes.pick(hash), onError: showError });
-const tree = new TreeView({ onPick: (hash) => prefixes.pick(hash), onError: showError });
+const hashmap = new HashMapView({ onPick: (hash) => prefixes.pick(hash) });
+const treeView = new TreeView({
+  body: $("tree"),
+  stats: $("tree-info"),
+  onChain: (hashes) => prefixes.pick(hashes[hashes.length - 1]), // the deepest: who holds that whole prefix
+  describe: (hash) => {
+    const e = sync.map.entries.get(hash);
+    if (!e) return "";
+    return `[${tokensText(e.tokens, e.num_tokens)}]${e.lora_name ? ` · ${e.lora_name}` : ""}`;
+  },
+  empty: "no cached blocks seen yet",
+});
 const log = new EventLog();
 const rate = new RateChart($("rate-chart"));
+
+// Draw the selected instance's copy when it changed: the hash map at most
+// every 250 ms, the tree (a build over every held hash) at most once a
+// second, however fast the events come (ticks are 5 a second).
+let drawPending = false;
+let mapDirty = true;
+let treeDirty = true;
+let treeDrawnAt = -Infinity;
+let treeTimer = false;
+/** @type {boolean | null} the exact badge last drawn */
+let drawnExact = null;
+function draw() {
+  drawPending = false;
+  const me = state.instances.find((i) => i.name === state.selected);
+  const exact = !!(me && me.exact && !me.stale);
+  if (mapDirty || exact !== drawnExact) {
+    mapDirty = false;
+    drawnExact = exact;
+    hashmap.show(sync.map, exact);
+  }
+  if (sync.map.logSeq === null) {
+    $("tree").replaceChildren(h("div", { class: "muted" }, "reading…"));
+    return;
+  }
+  $("sync-state").textContent = `snapshot reads ${sync.reads} (last: ${sync.lastReason}) · event #${int(sync.map.logSeq)}`;
+  if (!treeDirty) return;
+  const wait = treeDrawnAt + 1000 - performance.now();
+  if (wait > 0) {
+    if (!treeTimer) {
+      treeTimer = true;
+      setTimeout(() => {
+        treeTimer = false;
+        scheduleDraw();
+      }, wait);
+    }
+    return;
+  }
+  treeDirty = false;
+  treeDrawnAt = performance.now();
+  treeView.render(sync.tree, (hash) => sync.map.copies(hash));
+}
+function scheduleDraw() {
+  if (drawPending) return;
+  drawPending = true;
+  setTimeout(draw, 250);
+}
+function changed() {
+  mapDirty = true;
+  treeDirty = true;
+  scheduleDraw();
+}
+
+const sync = new InstanceSync({
+  read: (name) => getJSON(`/api/fleet/${encodeURIComponent(name)}/snapshot`),
+  onChange: changed,
+  onError: showError,
+});
+$("tree-refresh").addEventListener("click", () => sync.reread("refresh"));
 
 /** @param {string} name */
 function select(name) {
@@ -69,7 +140,8 @@ function select(name) {
   history.replaceState(null, "", url);
   renderInstances($("instances"), state.instances, name, select);
   hashmap.select(name);
-  tree.select(name);
+  $("tree-instance").textContent = name;
+  sync.select(name);
   log.select(name);
 }
 
@@ -85,22 +157,16 @@ function setInstances(instances) {
   renderInstances($("instances"), instances, state.selected, select);
 }
 
-// Refresh the views when events arrive: the selected instance's every 2 s at
-// most, the fleet-wide families (a walk over every pool) every 10 s at most.
-let dirty = false;
+// The fleet-wide families stay on REST: they are a walk over every pool's
+// map on the server, which the page does not hold (it copies the selected
+// instance's only).  Read on demand (the panel's refresh button) and, when
+// events came, at most every 30 s.
 let familiesDirty = false;
-setInterval(() => {
-  if (!dirty) return;
-  dirty = false;
-  familiesDirty = true;
-  hashmap.load();
-  tree.load();
-}, 2000);
 setInterval(() => {
   if (!familiesDirty) return;
   familiesDirty = false;
   prefixes.families();
-}, 10000);
+}, 30000);
 
 async function boot() {
   const fleet = await getJSON("/api/fleet");
@@ -115,8 +181,10 @@ async function boot() {
   if (first) select(first.name);
   prefixes.families();
   if (!state.stream) {
-    // what this page lost of the stream (too slow, or a gap) is counted and shown
+    // what this page lost of the stream (too slow, or a gap) is counted and
+    // shown; the selected instance's map is read again (fleet/sync.js)
     let resyncs = 0;
+    let opened = false;
     const showStream = () => {
       const box = $("stream-state");
       const s = box.dataset.state;
@@ -128,19 +196,25 @@ async function boot() {
         $("stream-state").dataset.state = s;
         showStream();
         if (s === "auth") $("token").classList.add("need");
+        if (s === "open") {
+          if (opened) sync.reread("reconnected"); // what came while away is not in the stream
+          opened = true;
+        }
       },
       onResync: () => {
-        dirty = true;
         resyncs += 1;
         showStream();
+        sync.reread("resync");
       },
       onMessage: (msg) => {
         if ("instances" in msg) setInstances(msg.instances);
         if (msg.type === "tick") {
           rate.update(msg.ts, msg.instances);
           log.add(msg.events);
-          if (msg.events.length) dirty = true;
+          sync.tick(msg.events, msg.instances);
+          if (msg.events.length) familiesDirty = true;
         }
+        scheduleDraw(); // the exact badge follows the health
       },
     });
   }

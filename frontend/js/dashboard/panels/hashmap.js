@@ -1,12 +1,14 @@
 // @ts-check
-// The hash map panel: keys (hash64, group) with their block(s), keys that
-// hold several physical copies first and highlighted, search by hash prefix
+// The hash map panel: keys (hash64, group) with their block(s) in the shared
+// table (common/hashmaptable.js), keys that hold several physical copies
+// first and highlighted, search by hash prefix
 // (the local index, numerically) or by block id.  Longer (digest) prefixes
 // go to GET /api/hashmap?hash=.
 
 import { get } from "../../common/api.js";
 import { $, h, setText } from "../../common/dom.js";
 import { int } from "../../common/format.js";
+import { renderKeyRows } from "../../common/hashmaptable.js";
 import { hex64 } from "../wire/protocol.js";
 
 const ROWS = 60;
@@ -113,34 +115,39 @@ export class HashMapPanel {
 
   /** @param {KeyRow[]} items */
   renderRows(items) {
-    const rows = items.map((it) =>
-      h(
-        "tr",
-        { class: it.ids.length > 1 ? "multi" : "", onclick: () => this.onBlocks(it.ids), title: it.digest || "" },
-        h("td", { class: "mono" }, it.hex),
-        h("td", { class: "num" }, String(it.group)),
-        h("td", { class: "num" }, String(it.ids.length)),
-        h(
-          "td",
-          { class: "ids" },
-          ...it.ids.slice(0, 6).map((id) =>
-            h(
-              "a",
-              {
-                href: "#",
-                onclick: (/** @type {MouseEvent} */ ev) => {
-                  ev.preventDefault();
-                  ev.stopPropagation();
-                  this.onSelect(id);
+    renderKeyRows(
+      this.body,
+      items.map((it) => ({
+        hash: it.hex,
+        copies: it.ids.length,
+        copiesAt: 1,
+        title: it.digest || "",
+        onClick: () => this.onBlocks(it.ids),
+        cells: [
+          h("td", { class: "num" }, String(it.group)),
+          h("td", { class: "num" }, String(it.ids.length)),
+          h(
+            "td",
+            { class: "ids" },
+            ...it.ids.slice(0, 6).map((id) =>
+              h(
+                "a",
+                {
+                  href: "#",
+                  onclick: (/** @type {MouseEvent} */ ev) => {
+                    ev.preventDefault();
+                    ev.stopPropagation();
+                    this.onSelect(id);
+                  },
                 },
-              },
-              `#${id}`,
+                `#${id}`,
+              ),
             ),
+            it.ids.length > 6 ? ` +${it.ids.length - 6}` : "",
           ),
-          it.ids.length > 6 ? ` +${it.ids.length - 6}` : "",
-        ),
-      ),
+        ],
+      })),
+      { hashCell: (hex) => h("td", { class: "mono" }, hex) },
     );
-    this.body.replaceChildren(...rows);
   }
 }
