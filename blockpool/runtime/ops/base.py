@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import msgspec
 
@@ -77,6 +77,31 @@ class OpSpec(Generic[T]):
     @property
     def read_only(self) -> bool:
         return self.change is None
+
+    def apply(self, rt: RuntimeState, op: OpRecord) -> Outcome:
+        """The handler on ``op``, a record of this operation (the registry,
+        ``SPEC_OF``, hands each record to its own spec)."""
+        return self.handler(rt, cast(T, op))
+
+
+class AnyOpSpec(Protocol):
+    """An ``OpSpec`` of whichever operation, as the registry holds them all
+    (blockpool/runtime/ops/__init__.py): its record, its change, and
+    ``apply`` on a record of that operation."""
+
+    @property
+    def record(self) -> type[OpRecord]: ...
+
+    @property
+    def change(self) -> ChangeKind | None: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def read_only(self) -> bool: ...
+
+    def apply(self, rt: RuntimeState, op: OpRecord) -> Outcome: ...
 
 
 def check_ids(rt: RuntimeState, ids: Sequence[int], what: str) -> None:
