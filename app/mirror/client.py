@@ -18,8 +18,8 @@ A new boot is an engine restarted: one resync from a snapshot; whatever an
 earlier run left queued is dropped unread (counted).  An engine restarted
 as another pool (blocks, block size, hash, free order) cannot be followed by
 this service's pool: no snapshot is asked of it; the client hands the new
-run's handshake (verified, where keyed) to ``rebuild``, and ``serve``
-rebuilds the whole service from it (app/cli/commands.py).  Without
+run's handshake (verified, where keyed) to ``rebuild`` (app/mirror/rebuild.py),
+and ``serve`` rebuilds the whole service from it (app/cli/commands.py).  Without
 ``rebuild`` (or when the handshake is of the shape the service was built
 from, one it cannot be built as) the status says to restart the mirror.
 
@@ -46,6 +46,7 @@ import zmq.asyncio
 
 from app.mirror.inbox import MAX_BACKLOG, MirrorInbox, Opened
 from app.mirror.queues import EngineQueues
+from app.mirror.rebuild import ServiceRebuild
 from app.mirror.request_book import RequestBook
 from app.mirror.snapshot_request import ask_snapshot
 from app.mirror.status import MirrorStatus
@@ -112,9 +113,7 @@ class MirrorClient:
         self._chains: list[wire.Record] = []  # request records heard while out of step
         self._retry_s = RETRY_S
         # a new pool: the service rebuilt from the engine's new handshake
-        self.rebuild = rebuild
-        self.built_from = hello  # the handshake that sized the service
-        self.rebuild_for: wire.Hello | None = None  # the newest handshake handed to rebuild
+        self.service_rebuild = ServiceRebuild(rebuild, hello)
         if hello is not None:
             self._hello(hello)
 
@@ -284,33 +283,18 @@ class MirrorClient:
             f"the engine restarted with {hello.num_gpu_blocks} blocks of {hello.block_size} "
             f"tokens ({hello.hash_fn}, {hello.free_order}); the mirror follows {n} of "
             f"{s.block_size} ({s.hash_fn}, {s.free_order}): "
-            + ("rebuilding the service" if self._rebuildable(hello) else "restart the mirror")
-        )
-
-    def _rebuildable(self, hello: wire.Hello) -> bool:
-        """Whether a service built from ``hello`` would be another pool than
-        this one (built from ``built_from``): never for the handshake this
-        service was built from, though it was not its pool's (then a rebuild
-        would build the same service again)."""
-        return self.rebuild is not None and (
-            self.built_from is None or shape_of(hello) != shape_of(self.built_from)
+            + (
+                "rebuilding the service"
+                if self.service_rebuild.possible(hello)
+                else "restart the mirror"
+            )
         )
 
     def _ask_rebuild(self, hello: wire.Hello) -> None:
         """Hand the engine's new handshake to ``rebuild`` (the message was
         taken: verified where keyed, of the engine run followed now)."""
-        if self.rebuild is None or not self._rebuildable(hello) or hello.boot != self.boot:
-            return
-        first = self.rebuild_for is None
-        self.rebuild_for = hello
-        self.status.rebuilding = True
-        if first:
-            logger.warning(
-                "mirror: the engine restarted as %d blocks of %d tokens: asking for a rebuild",
-                hello.num_gpu_blocks,
-                hello.block_size,
-            )
-        self.rebuild(hello)
+        if hello.boot == self.boot:
+            self.service_rebuild.ask(hello, self.status)
 
     def _beat(self, beat: wire.Beat) -> None:
         st = self.status
@@ -487,8 +471,3 @@ class MirrorClient:
             st.unsupported = True
         self.applier.set_stats(snap.stats)
         logger.info("mirror: in step with the engine at operation %d", snap.ops)
-
-
-def shape_of(hello: wire.Hello) -> tuple[int, int, str, str]:
-    """What a service is built as from a handshake: its pool's shape."""
-    return hello.num_gpu_blocks, hello.block_size, hello.hash_fn, hello.free_order

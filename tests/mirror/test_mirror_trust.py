@@ -396,14 +396,18 @@ async def test_an_engine_restarted_as_another_pool_asks_a_rebuild_with_its_hands
             return client.status.unauthenticated >= refused + 10
 
         await until(refusing)
-        assert asked == [] and client.rebuild_for is None and client.status.shape_problem is None
+        assert (
+            asked == []
+            and client.service_rebuild.rebuild_for is None
+            and client.status.shape_problem is None
+        )
         keyed.key = SECRET
         engine = keyed.restart(num_blocks=96)
         await until(lambda: asked)
         new = asked[-1]
         assert new.num_gpu_blocks == 96 and new.authenticated
         assert new.boot == engine.follower.boot == client.boot
-        assert client.rebuild_for == new
+        assert client.service_rebuild.rebuild_for == new
         seen = client.status.messages
         engine.drive(10)
         await until(lambda: client.status.messages >= seen + 10)  # it went on listening
@@ -427,7 +431,7 @@ async def test_no_rebuild_for_the_handshake_the_service_was_built_from(keyed: Ri
     app, client = keyed.service(odd, rebuild=asked.append)
     st = client.status.as_dict()
     assert st["state"] == "restart_needed" and "restart the mirror" in st["problem"]
-    assert asked == [] and client.rebuild_for is None
+    assert asked == [] and client.service_rebuild.rebuild_for is None
     app.state.engine.check()
 
 
