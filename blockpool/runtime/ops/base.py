@@ -12,7 +12,7 @@ service derives its request bodies and OpenAPI schemas from the records
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import msgspec
@@ -66,6 +66,11 @@ class OpSpec(Generic[T]):
     record: type[T]
     handler: Callable[[RuntimeState, T], Outcome]
     change: ChangeKind | None
+    # the handler as the registry calls it, on any record: ``SPEC_OF`` hands
+    # each record to its own spec (the handler itself: no call in between)
+    apply: Callable[[RuntimeState, OpRecord], Outcome] = field(
+        init=False, repr=False, compare=False
+    )
 
     @property
     def name(self) -> str:
@@ -78,10 +83,10 @@ class OpSpec(Generic[T]):
     def read_only(self) -> bool:
         return self.change is None
 
-    def apply(self, rt: RuntimeState, op: OpRecord) -> Outcome:
-        """The handler on ``op``, a record of this operation (the registry,
-        ``SPEC_OF``, hands each record to its own spec)."""
-        return self.handler(rt, cast(T, op))
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "apply", cast(Callable[[RuntimeState, OpRecord], Outcome], self.handler)
+        )
 
 
 class AnyOpSpec(Protocol):
