@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.analysis.worker_client import WorkerClient
 from blockpool.analysis.feeder import ShadowFeeder, shadow_specs
 from blockpool.analysis.views import shadow_rows, shadows_of
 from blockpool.mirror.shadow_feed import MirrorShadowFeed
 from blockpool.shadow import ShadowSpec
+
+if TYPE_CHECKING:
+    from app.shared.settings import Settings
+    from blockpool.core.manager import PrefixCacheStats
 
 logger = logging.getLogger("blockpool.analysis")
 
@@ -140,11 +144,11 @@ class MirrorShadows:
     (``blockpool.mirror.shadow_feed``), their view beside the engine's own
     prefix-cache counters."""
 
-    def __init__(self, settings: Any, free_order: str, engine: str | None) -> None:
+    def __init__(self, settings: Settings, free_order: str, engine: str | None) -> None:
         factors = sorted({1.0, *settings.shadow_factors})
         specs = [ShadowSpec(free_order, f) for f in factors]
         specs += [ShadowSpec(p, 1.0) for p in settings.shadow_policies if p != free_order]
-        self.capacity = settings.num_blocks - 1
+        self.capacity = settings.effective_num_blocks - 1  # (a mirror: the engine's blocks)
         mode = "inline" if settings.shadow_mode == "inline" else "process"
         self.feeder = make_feeder(
             list(dict.fromkeys(specs)),
@@ -162,14 +166,14 @@ class MirrorShadows:
     def stop(self) -> None:
         self.feeder.stop()
 
-    def flush(self, stats: Any) -> None:
+    def flush(self, stats: PrefixCacheStats) -> None:
         """Tick time: the accesses since the last flush to the shadows;
         ``stats``: the engine's prefix-cache counters now."""
         real = (stats.queries, stats.hits)
         self.feeder.flush(real)
         self.feeder.settle(real)
 
-    def view(self, stats: Any) -> dict[str, Any]:
+    def view(self, stats: PrefixCacheStats) -> dict[str, Any]:
         out = shadows_of(self.feeder, self.capacity, stats)
         out["fed"] = self.feed.describe()
         return out

@@ -98,7 +98,7 @@ def serve_mirror(args: argparse.Namespace, given: Settings, mirror: str) -> int:
         logger.info("mirror: read only, following %s", mirror)
         built = time.monotonic()
         code = _serve_app(app, args, stop)
-        new = client.rebuild_for
+        new = client.service_rebuild.rebuild_for
         if not stop.honoured or new is None:  # a signal, or a failed start
             return code
         rebuilds += 1
@@ -125,7 +125,7 @@ def serve_mirror(args: argparse.Namespace, given: Settings, mirror: str) -> int:
 
 def _stopping(stop: StopRequest) -> Callable[[Any], None]:
     """The mirror's ``rebuild``: the server stopped in order (the client
-    keeps the handshake, ``rebuild_for``)."""
+    keeps the handshake, ``service_rebuild.rebuild_for``)."""
     return lambda _hello: stop.request()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.cli.help_defaults import with_defaults
-from app.cli.serving_flags import TOKEN_FLAG_NOTE, add_serving_flags
+from app.cli.serving_flags import add_serving_flags
 from app.shared.settings import ObserverSettings
 
 
@@ -59,14 +59,12 @@ def add_observe_parser(sub: Any) -> None:
         "--replay-timeout", dest="replay_timeout_s", type=float,
         help="seconds without a replay answer before giving up",
     )  # fmt: skip
-    o.add_argument("--host", help="bind address")
-    o.add_argument("--port", type=int, help="port")
-    o.add_argument("--token", help="bearer token required by every read" + TOKEN_FLAG_NOTE)
-    add_serving_flags(o)
-    o.add_argument("--allowed-host", dest="allowed_hosts", action="append", metavar="NAME",
-                   help="a Host name browsers may use (repeatable)")  # fmt: skip
-    o.add_argument("--allowed-origin", dest="allowed_origins", action="append",
-                   metavar="ORIGIN", help="a page origin that may POST (repeatable)")  # fmt: skip
+    add_serving_flags(
+        o,
+        token_guards="every read",
+        allowed_host="a Host name browsers may use (repeatable)",
+        allowed_origin="a page origin that may POST (repeatable)",
+    )
     o.add_argument("--tick-hz", type=float, help="websocket updates per second")
     o.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"],

@@ -8,7 +8,7 @@ from typing import Any
 
 from app.cli import trace as cli_trace
 from app.cli.help_defaults import with_defaults
-from app.cli.serving_flags import TOKEN_FLAG_NOTE, add_serving_flags
+from app.cli.serving_flags import add_serving_flags
 from app.shared.settings import Settings
 from blockpool.core.free_order import FREE_ORDERS
 
@@ -43,18 +43,14 @@ def add_serve_parser(sub: Any) -> None:
     s.add_argument("--model-name", help="the model_name label on /metrics (vLLM's served model)")
     add_bool_flag(s, "storage", "storage", "torch K/V storage")
     s.add_argument("--device", dest="storage_device", help="storage device")
-    s.add_argument("--host", help="bind address")
-    s.add_argument("--port", type=int, help="port")
-    s.add_argument("--token", help="bearer token required by mutating endpoints" + TOKEN_FLAG_NOTE)
-    add_serving_flags(s)
-    s.add_argument(
-        "--allowed-host", dest="allowed_hosts", action="append", metavar="NAME",
-        help="a Host name browsers may use (repeatable; loopback names and IPs always work)",
-    )  # fmt: skip
-    s.add_argument(
-        "--allowed-origin", dest="allowed_origins", action="append", metavar="ORIGIN",
-        help="a page origin (scheme://host[:port]) that may send mutating requests (repeatable)",
-    )  # fmt: skip
+    add_serving_flags(
+        s,
+        token_guards="mutating endpoints",
+        allowed_host="a Host name browsers may use (repeatable; loopback names and IPs "
+        "always work)",
+        allowed_origin="a page origin (scheme://host[:port]) that may send mutating requests "
+        "(repeatable)",
+    )
     add_bool_flag(s, "demo", "demo", "run the demo workload")
     s.add_argument("--demo-rate", type=float, help="demo requests per second")
     cli_trace.add_serve_flags(s)

@@ -24,7 +24,7 @@ from blockpool.core.free_order import FreeOrder
 from blockpool.core.hashing import HashName
 from blockpool.trace import TraceError, read_trace
 from blockpool.trace.plan import capacity_plan
-from blockpool.trace.plan.capacity_plan import LayoutRequest, PlanRequest
+from blockpool.trace.plan.plan_request import LayoutRequest, PlanRequest
 from blockpool.trace.plan.report import (
     DEFAULT_FREE_ORDER,
     Mode,

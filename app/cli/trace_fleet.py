@@ -40,7 +40,8 @@ from blockpool.trace.fleet.routers import DEFAULT_OVERLAP_WEIGHT, DEFAULT_SESSIO
 from blockpool.trace.fleet.stepfit import fit_from_scrape, read_scrape
 from blockpool.trace.fleet.sweep import Executor
 from blockpool.trace.fleet.targets import FleetTarget, check_targets, smallest_fleet
-from blockpool.trace.plan.capacity_plan import LayoutRequest, capacities_of, flag, groups_of
+from blockpool.trace.plan.plan_request import LayoutRequest, flag
+from blockpool.trace.plan.pool_sizes import capacities_of, groups_of
 from blockpool.trace.replay.sequence_groups import is_plain
 from blockpool.trace.sizing.capacity import Capacity, KVLayout
 

@@ -1,10 +1,10 @@
 """The mirror's subscriber: keeps the engine's runtime equal to a real engine's pool.
 
 Two asyncio tasks.  The reader takes the plugin's PUB frames off ZMQ as
-they come (on the event loop: cheap) into a bounded inbox.  The processor
-takes every message waiting as one group, verifies and decodes it (in a
-worker thread of its own when the group is large, so the service answers
-while a 5 MB message is read), and hands the group's batches to the
+they come (on the event loop: cheap) into a bounded inbox (app/mirror/inbox.py).
+The processor takes every message waiting as one group, verifies and decodes
+it (in a worker thread of its own when the group is large, so the service
+answers while a 5 MB message is read), and hands the group's batches to the
 service's one writer (``Engine.submit``) as one call, where
 ``MirrorApplier`` applies and checks each (gap, divergence, digest).
 
@@ -18,13 +18,14 @@ A new boot is an engine restarted: one resync from a snapshot; whatever an
 earlier run left queued is dropped unread (counted).  An engine restarted
 as another pool (blocks, block size, hash, free order) cannot be followed by
 this service's pool: no snapshot is asked of it; the client hands the new
-run's handshake (verified, where keyed) to ``rebuild``, and ``serve``
-rebuilds the whole service from it (app/cli/commands.py).  Without
+run's handshake (verified, where keyed) to ``rebuild`` (app/mirror/rebuild.py),
+and ``serve`` rebuilds the whole service from it (app/cli/commands.py).  Without
 ``rebuild`` (or when the handshake is of the shape the service was built
 from, one it cannot be built as) the status says to restart the mirror.
 
-One place asks for snapshots (``_resync``): at start, after a gap, a
-divergence, a restart, or a backlog dropped because it grew past its bound.
+One place asks for snapshots (``_resync``, over app/mirror/snapshot_request.py):
+at start, after a gap, a divergence, a restart, or a backlog dropped because
+it grew past its bound.
 A message the processor cannot read is counted and skipped; nothing a
 stranger sends ends the tasks.
 """
@@ -34,18 +35,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
 
+from app.mirror.inbox import MAX_BACKLOG, MirrorInbox, Opened
 from app.mirror.queues import EngineQueues
+from app.mirror.rebuild import ServiceRebuild
 from app.mirror.request_book import RequestBook
+from app.mirror.snapshot_request import ask_snapshot
 from app.mirror.status import MirrorStatus
 from app.mirror.story import story_of
 from app.shared.errors import NotFound
@@ -61,20 +64,9 @@ if TYPE_CHECKING:  # (the engine builds its mirror: no import at run time)
 
 logger = logging.getLogger("blockpool.mirror")
 
-SNAPSHOT_TIMEOUT_S = 30.0  # a snapshot is copied over engine steps: seconds at GPU scale
 RETRY_S = 1.0  # the first wait after a failed resync, doubled up to RETRY_MAX_S
 CHAINS_KEPT = 20_000  # request records kept for the next resync's prefix tree
 RETRY_MAX_S = 30.0
-INLINE_BYTES = 64 * 1024  # a group this small is verified and decoded on the loop
-GROUP_MAX = 1024  # messages per group (one writer call)
-MAX_BACKLOG = 10_000  # messages received and not applied; past it: dropped, a snapshot
-MAX_BACKLOG_BYTES = 256 * 1024 * 1024
-SNAPSHOT_ASK = b"snapshot?"  # what a snapshot request's mac covers, before the payload
-SNAPSHOT_REPLY = b"snapshot"  # ... and a reply's, before the nonce and the payload
-
-# what verifying and decoding one message came to, and whether it was signed:
-# the message; None: refused (its mac did not verify); a str: why it is unreadable
-Opened = tuple[wire.Message | str | None, bool]
 
 
 class MirrorClient:
@@ -97,8 +89,9 @@ class MirrorClient:
         self.status = MirrorStatus(
             endpoint, control_endpoint, key is not None, max_lag_s, rebuilds=rebuilds
         )
-        self.status.backlog = self._backlog
-        self.max_backlog = max_backlog
+        # frames received, not yet handled (a backlog past its bound: a resync)
+        self.inbox = MirrorInbox(self.status, key, max_backlog, self._unsync)
+        self.status.backlog = self.inbox.backlog
         self.book = RequestBook()
         # the engine's requests as a trace (GET /api/mirror/trace, the export)
         self.traffic = TrafficLog()
@@ -114,20 +107,13 @@ class MirrorClient:
         self._reader: asyncio.Task[None] | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._decoder: ThreadPoolExecutor | None = None
-        # frames received, not yet handled: (frames, when received: monotonic, bytes)
-        self._inbox: deque[tuple[list[bytes], float, int]] = deque()
-        self._inbox_bytes = 0
-        self._arrived = asyncio.Event()
-        self._in_hand: tuple[int, float] | None = None  # the group being handled
         self.boot: str | None = None  # the engine run followed
         self._old_boots: deque[str] = deque(maxlen=64)
         self._retry_at = 0.0  # monotonic: no resync before (backoff)
         self._chains: list[wire.Record] = []  # request records heard while out of step
         self._retry_s = RETRY_S
         # a new pool: the service rebuilt from the engine's new handshake
-        self.rebuild = rebuild
-        self.built_from = hello  # the handshake that sized the service
-        self.rebuild_for: wire.Hello | None = None  # the newest handshake handed to rebuild
+        self.service_rebuild = ServiceRebuild(rebuild, hello)
         if hello is not None:
             self._hello(hello)
 
@@ -153,14 +139,14 @@ class MirrorClient:
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="mirror-decode")
-        self._arrived = asyncio.Event()
+        self.inbox.arrived = asyncio.Event()
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, self.max_backlog)
+        sub.setsockopt(zmq.RCVHWM, self.inbox.max_backlog)
         sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BATCH_BYTES)
         sub.setsockopt(zmq.SUBSCRIBE, wire.TOPIC)
         sub.connect(self.endpoint)
-        self._reader = asyncio.create_task(self._read(sub), name="mirror-reader")
+        self._reader = asyncio.create_task(self.inbox.read(sub), name="mirror-reader")
         self._task = asyncio.create_task(self._run(), name="mirror-subscriber")
 
     async def stop(self) -> None:
@@ -177,73 +163,21 @@ class MirrorClient:
             self._ctx.destroy(linger=0)
             self._ctx = None
 
-    # --------------------------------------------------------------- reader
-
-    def _backlog(self) -> tuple[int, float | None]:
-        """Messages received and not applied yet, and when the oldest came."""
-        n, oldest = len(self._inbox), self._inbox[0][1] if self._inbox else None
-        if self._in_hand is not None:
-            n += self._in_hand[0]
-            oldest = self._in_hand[1]
-        return n, oldest
-
-    async def _read(self, sub: zmq.asyncio.Socket) -> None:
-        """Frames off ZMQ into the inbox, as they come (never decoded here)."""
-        st = self.status
-        try:
-            while True:
-                frames = await sub.recv_multipart()
-                while True:
-                    now = time.monotonic()
-                    if len(frames) != 3 or frames[0] != wire.TOPIC:
-                        st.bad_messages += 1
-                    else:
-                        size = len(frames[1]) + len(frames[2])
-                        self._inbox.append((frames, now, size))
-                        self._inbox_bytes += size
-                        if (
-                            len(self._inbox) > self.max_backlog
-                            or self._inbox_bytes > MAX_BACKLOG_BYTES
-                        ):
-                            self._drop_backlog()
-                    if not cast(int, sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                        break
-                    frames = await sub.recv_multipart()  # waiting already: no wait
-                self._arrived.set()
-        finally:
-            sub.close(0)
-
-    def _drop_backlog(self) -> None:
-        """More waiting than the mirror can hold: dropped for a fresh snapshot."""
-        st = self.status
-        n = len(self._inbox)
-        st.backlog_dropped += n
-        self._inbox.clear()
-        self._inbox_bytes = 0
-        st.problem(f"{n} messages waiting, more than the mirror holds: dropped for a snapshot")
-        logger.warning("mirror: a backlog of %d messages dropped; resyncing", n)
-        self._unsync()
-
     # ------------------------------------------------------------ processor
 
     async def _run(self) -> None:
         st = self.status
+        inbox = self.inbox
         while True:
             if self._resync_due():
                 await self._resync()
                 continue
-            if not self._inbox:
-                self._arrived.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.5):
-                        await self._arrived.wait()
+            if not inbox.frames:
+                await inbox.wait(0.5)
                 continue
-            group = [self._inbox.popleft() for _ in range(min(GROUP_MAX, len(self._inbox)))]
-            size = sum(g[2] for g in group)
-            self._inbox_bytes -= size
-            self._in_hand = (len(group), group[0][1])
+            frames, size = inbox.take()
             try:
-                opened = await self._open_all([g[0] for g in group], size)
+                opened = await inbox.open_all(frames, size, self._decoder)
                 await self._handle_group(opened)
             except asyncio.CancelledError:
                 raise
@@ -251,24 +185,7 @@ class MirrorClient:
                 st.bad_messages += 1
                 logger.exception("mirror: a message could not be applied")
             finally:
-                self._in_hand = None
-
-    async def _open_all(self, frames: list[list[bytes]], size: int) -> list[Opened]:
-        """Verified and decoded, in order; a large group in the decoding thread."""
-        if size <= INLINE_BYTES or self._decoder is None:
-            return [self._open(f) for f in frames]
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._decoder, lambda: [self._open(f) for f in frames])
-
-    def _open(self, frames: list[bytes]) -> Opened:
-        """(the message, signed) | (None: refused, _) | (why it is unreadable, _)."""
-        _, payload, mac = frames
-        if self.key is not None and not self.key.verify(mac, wire.TOPIC, payload):
-            return None, False  # before a byte of it is decoded
-        try:
-            return wire.decode(payload, wire.MAX_BATCH_BYTES), bool(mac)
-        except wire.ProtocolError as exc:
-            return str(exc), bool(mac)
+                inbox.done()
 
     async def _handle_group(self, opened: list[Opened]) -> None:
         st = self.status
@@ -366,33 +283,18 @@ class MirrorClient:
             f"the engine restarted with {hello.num_gpu_blocks} blocks of {hello.block_size} "
             f"tokens ({hello.hash_fn}, {hello.free_order}); the mirror follows {n} of "
             f"{s.block_size} ({s.hash_fn}, {s.free_order}): "
-            + ("rebuilding the service" if self._rebuildable(hello) else "restart the mirror")
-        )
-
-    def _rebuildable(self, hello: wire.Hello) -> bool:
-        """Whether a service built from ``hello`` would be another pool than
-        this one (built from ``built_from``): never for the handshake this
-        service was built from, though it was not its pool's (then a rebuild
-        would build the same service again)."""
-        return self.rebuild is not None and (
-            self.built_from is None or shape_of(hello) != shape_of(self.built_from)
+            + (
+                "rebuilding the service"
+                if self.service_rebuild.possible(hello)
+                else "restart the mirror"
+            )
         )
 
     def _ask_rebuild(self, hello: wire.Hello) -> None:
         """Hand the engine's new handshake to ``rebuild`` (the message was
         taken: verified where keyed, of the engine run followed now)."""
-        if self.rebuild is None or not self._rebuildable(hello) or hello.boot != self.boot:
-            return
-        first = self.rebuild_for is None
-        self.rebuild_for = hello
-        self.status.rebuilding = True
-        if first:
-            logger.warning(
-                "mirror: the engine restarted as %d blocks of %d tokens: asking for a rebuild",
-                hello.num_gpu_blocks,
-                hello.block_size,
-            )
-        self.rebuild(hello)
+        if hello.boot == self.boot:
+            self.service_rebuild.ask(hello, self.status)
 
     def _beat(self, beat: wire.Beat) -> None:
         st = self.status
@@ -537,7 +439,8 @@ class MirrorClient:
         """Ask for a snapshot and put the runtime into its state (the one place)."""
         st = self.status
         try:
-            snap = await self._ask_snapshot()
+            assert self._ctx is not None
+            snap = await ask_snapshot(self._ctx, self.control_endpoint, self.key, st, self._decoder)
             if snap.num_blocks != self.engine.pool.num_gpu_blocks:
                 # its handshake (a rebuild) is awaited: the next one clears it or rebuilds
                 st.shape_problem = (
@@ -568,62 +471,3 @@ class MirrorClient:
             st.unsupported = True
         self.applier.set_stats(snap.stats)
         logger.info("mirror: in step with the engine at operation %d", snap.ops)
-
-    async def _ask_snapshot(self) -> wire.Snapshot:
-        """One signed request on a fresh DEALER; the reply signed over its nonce."""
-        st = self.status
-        assert self._ctx is not None
-        nonce = os.urandom(16)
-        payload = wire.encode(wire.SnapshotRequest(reason="resync", ts=time.time(), nonce=nonce))
-        key = self.key
-        dealer = self._ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.MAXMSGSIZE, wire.MAX_SNAPSHOT_BYTES)
-        dealer.connect(self.control_endpoint)
-        try:
-            await dealer.send_multipart([payload, key.sign(SNAPSHOT_ASK, payload) if key else b""])
-            deadline = time.monotonic() + SNAPSHOT_TIMEOUT_S
-            while (left := deadline - time.monotonic()) > 0:
-                if not await dealer.poll(int(left * 1000) + 1):
-                    break
-                frames = await dealer.recv_multipart()
-                if len(frames) != 2:
-                    st.refused_replies += 1
-                    continue
-                got = await self._open_reply(frames[0], frames[1], nonce)
-                if got is None:
-                    st.refused_replies += 1
-                    st.problem("a snapshot reply not signed over the mirror's request: refused")
-                    continue
-                return got
-            st.snapshot_timeouts += 1
-            signs = st.signed_unverified or (st.hello is not None and st.hello.authenticated)
-            if key is None and signs:
-                raise TimeoutError(
-                    f"no snapshot from {self.control_endpoint}: the engine signs its stream "
-                    "and answers signed requests only (give the mirror its secret: "
-                    "--mirror-token-file)"
-                )
-            raise TimeoutError(f"no snapshot from {self.control_endpoint}")
-        finally:
-            dealer.close(0)
-
-    async def _open_reply(self, payload: bytes, mac: bytes, nonce: bytes) -> wire.Snapshot | None:
-        """The reply verified and decoded in the decoding thread (None: refused)."""
-        key = self.key
-
-        def open_it() -> wire.Snapshot | None:
-            if key is not None and not key.verify(mac, SNAPSHOT_REPLY, nonce, payload):
-                return None
-            msg = wire.decode(payload, wire.MAX_SNAPSHOT_BYTES) if payload else None
-            if not isinstance(msg, wire.Snapshot):
-                raise wire.ProtocolError("the engine sent no snapshot")
-            return msg
-
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._decoder, open_it)
-
-
-def shape_of(hello: wire.Hello) -> tuple[int, int, str, str]:
-    """What a service is built as from a handshake: its pool's shape."""
-    return hello.num_gpu_blocks, hello.block_size, hello.hash_fn, hello.free_order

@@ -94,7 +94,7 @@ async def mirror_trace(
     ``blockpool trace FILE --block-size N --free-order ORDER`` replays it.
     Gzip-compressed when ``Accept-Encoding`` allows it."""
     client = _client(request)
-    hello = client.built_from
+    hello = client.service_rebuild.built_from
     facts = engine_facts(hello) if hello is not None else None
     tokens_per_id = (
         hello.hash_block_size if hello is not None else request.app.state.settings.block_size

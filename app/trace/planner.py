@@ -18,8 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from blockpool.trace.plan.capacity_plan import Plan, usable_tokens_of
+from blockpool.trace.plan.capacity_plan import Plan
 from blockpool.trace.plan.planner import NO_OPTIMUM
+from blockpool.trace.plan.pool_sizes import usable_tokens_of
 from blockpool.trace.replay.results import CapacityResult
 from blockpool.trace.replay.sequence_groups import REASONS_NOTE, name_groups
 from blockpool.trace.sizing.capacity import block_bytes_of

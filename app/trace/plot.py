@@ -15,7 +15,8 @@ from typing import Any
 
 from app.trace.planner import GIB
 from blockpool.core.free_order import UNCACHED_FIRST
-from blockpool.trace.plan.capacity_plan import Plan, usable_tokens_of
+from blockpool.trace.plan.capacity_plan import Plan
+from blockpool.trace.plan.pool_sizes import usable_tokens_of
 from blockpool.trace.plan.report import TraceReport, free_order_label
 from blockpool.trace.replay.sequence_groups import name_groups
 

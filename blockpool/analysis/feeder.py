@@ -14,9 +14,11 @@ block operations are invisible to them.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from blockpool.core.free_order import APPEND_ALL
+from blockpool.core.hashing import BlockHashListWithBlockSize
 from blockpool.shadow import ShadowSet, ShadowSpec, policy_name
 
 
@@ -36,6 +38,11 @@ def shadow_specs(policies: list[str], factors: list[float], grid: bool) -> list[
         )
         specs.extend(ShadowSpec(p, 1.0) for p in policies if p != APPEND_ALL)
     return list(dict.fromkeys(specs))
+
+
+# a request's block hashes as a feeder is handed them: the manager's (a list,
+# or its coarser view) or a mirror's records'; a flush slices them
+PromptHashes = Sequence[bytes] | BlockHashListWithBlockSize
 
 
 class FeedProgress:
@@ -113,10 +120,10 @@ class ShadowFeeder(FeedProgress):
 
     # ----------------------------------------------------- runtime hot path
 
-    def admit(self, rid: str, num_tokens: int, hashes: Any) -> None:
+    def admit(self, rid: str, num_tokens: int, hashes: PromptHashes) -> None:
         self.pending.append(("a", rid, num_tokens, hashes))
 
-    def append(self, rid: str, before: int, after: int, hashes: Any) -> None:
+    def append(self, rid: str, before: int, after: int, hashes: PromptHashes) -> None:
         self.pending.append(("p", rid, before, after, hashes))
 
     def finish(self, rid: str) -> None:

@@ -28,7 +28,9 @@ from app.cli import parser
 from app.cli.settings import settings_from
 from app.main import create_app
 from app.mirror import client as mirror_client
+from app.mirror import inbox as mirror_inbox
 from app.mirror import setup as mirror_setup
+from app.mirror import snapshot_request as mirror_snapshot_request
 from app.mirror import status as mirror_status
 from app.mirror.client import MirrorClient
 from app.mirror.request_book import RequestBook
@@ -59,7 +61,7 @@ async def keyed() -> AsyncIterator[Rig]:
 @pytest.fixture
 def quick_resync(monkeypatch: pytest.MonkeyPatch) -> None:
     """An engine that does not answer is given up on soon (and retried soon)."""
-    monkeypatch.setattr(mirror_client, "SNAPSHOT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(mirror_snapshot_request, "SNAPSHOT_TIMEOUT_S", 0.5)
     monkeypatch.setattr(mirror_client, "RETRY_S", 0.2)
     monkeypatch.setattr(mirror_client, "RETRY_MAX_S", 0.5)
 
@@ -286,7 +288,7 @@ async def test_a_backlog_past_its_bound_is_dropped_for_one_snapshot(
             keyed.engine.drive(1)
             await anyio.sleep(0)
         await until(lambda: client.status.backlog_dropped >= 20)
-        assert len(client._inbox) <= 10  # never held past its bound
+        assert len(client.inbox.frames) <= 10  # never held past its bound
         go.set()
         await exact_now(keyed, client)
         st = await api.ok("GET", "/api/mirror")
@@ -324,7 +326,7 @@ async def test_queued_messages_of_an_old_boot_are_discarded_not_replayed(
     """Batches of the engine that went, still queued when the mirror resyncs
     from the new engine's snapshot, are dropped unread (43bd10b applied them
     one by one: a gap and a resync each)."""
-    monkeypatch.setattr(mirror_client, "GROUP_MAX", 1)  # one message per writer call
+    monkeypatch.setattr(mirror_inbox, "GROUP_MAX", 1)  # one message per writer call
     hello = await keyed.hello()
     app, client = keyed.service(hello)
     async with running(app) as api:
@@ -340,7 +342,7 @@ async def test_queued_messages_of_an_old_boot_are_discarded_not_replayed(
 
         def heard_the_new_engine() -> bool:  # (the SUB reconnects to it: not at once)
             engine.drive(1)
-            boots = {wire.decode(frames[1]).boot for frames, _, _ in client._inbox}
+            boots = {wire.decode(frames[1]).boot for frames, _, _ in client.inbox.frames}
             return keyed.engine.follower.boot in boots
 
         await until(heard_the_new_engine)
@@ -394,14 +396,18 @@ async def test_an_engine_restarted_as_another_pool_asks_a_rebuild_with_its_hands
             return client.status.unauthenticated >= refused + 10
 
         await until(refusing)
-        assert asked == [] and client.rebuild_for is None and client.status.shape_problem is None
+        assert (
+            asked == []
+            and client.service_rebuild.rebuild_for is None
+            and client.status.shape_problem is None
+        )
         keyed.key = SECRET
         engine = keyed.restart(num_blocks=96)
         await until(lambda: asked)
         new = asked[-1]
         assert new.num_gpu_blocks == 96 and new.authenticated
         assert new.boot == engine.follower.boot == client.boot
-        assert client.rebuild_for == new
+        assert client.service_rebuild.rebuild_for == new
         seen = client.status.messages
         engine.drive(10)
         await until(lambda: client.status.messages >= seen + 10)  # it went on listening
@@ -425,7 +431,7 @@ async def test_no_rebuild_for_the_handshake_the_service_was_built_from(keyed: Ri
     app, client = keyed.service(odd, rebuild=asked.append)
     st = client.status.as_dict()
     assert st["state"] == "restart_needed" and "restart the mirror" in st["problem"]
-    assert asked == [] and client.rebuild_for is None
+    assert asked == [] and client.service_rebuild.rebuild_for is None
     app.state.engine.check()
 
 

@@ -289,7 +289,8 @@ def test_the_library_plan_is_the_commands(
     """``plan_trace`` on a typed request answers what ``blockpool trace --json``
     prints with the same flags, timings apart."""
     from blockpool.trace import read_trace
-    from blockpool.trace.plan.capacity_plan import LayoutRequest, PlanRequest, plan_trace
+    from blockpool.trace.plan.capacity_plan import plan_trace
+    from blockpool.trace.plan.plan_request import LayoutRequest, PlanRequest
 
     assert main([*_cli(trace_file), *flags, "--json", "--quiet"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -315,7 +316,7 @@ def test_the_planner_flags_are_the_requests_fields() -> None:
     from blockpool.core.free_order import FREE_ORDERS
     from blockpool.core.hashing import HASH_FUNCTIONS
     from blockpool.trace.fleet import EXECUTORS
-    from blockpool.trace.plan.capacity_plan import LayoutRequest, PlanRequest
+    from blockpool.trace.plan.plan_request import LayoutRequest, PlanRequest
     from blockpool.trace.plan.report import MODES
     from blockpool.trace.sizing.capacity import KV_CACHE_DTYPES, KVCacheDtype
 

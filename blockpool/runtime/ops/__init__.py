@@ -36,6 +36,7 @@ from blockpool.runtime.ops.admit import AdmitOp
 from blockpool.runtime.ops.allocate import AllocateOp
 from blockpool.runtime.ops.append import AppendOp
 from blockpool.runtime.ops.base import (
+    AnyOpSpec,
     OpRecord,
     OpSpec,
     Outcome,
@@ -68,7 +69,7 @@ Op = (
 )
 
 # In the order the API documents them.
-SPECS: tuple[OpSpec[Any], ...] = tuple(
+SPECS: tuple[AnyOpSpec, ...] = tuple(
     m.SPEC
     for m in (
         allocate,
@@ -84,7 +85,7 @@ SPECS: tuple[OpSpec[Any], ...] = tuple(
         finish,
     )
 )
-SPEC_OF: dict[type[OpRecord], OpSpec[Any]] = {s.record: s for s in SPECS}
+SPEC_OF: dict[type[OpRecord], AnyOpSpec] = {s.record: s for s in SPECS}
 OP_CLASSES: dict[str, type[OpRecord]] = {s.record.__name__: s.record for s in SPECS}
 OP_BY_NAME: dict[str, type[OpRecord]] = {s.name: s.record for s in SPECS}
 # Operations that never change the pool (a batch of only these needs no undo).
@@ -93,7 +94,7 @@ READ_ONLY: tuple[type[OpRecord], ...] = tuple(s.record for s in SPECS if s.read_
 
 def handle(rt: RuntimeState, op: Op) -> Outcome:
     """Apply ``op`` with its handler (``PoolRuntime._execute``)."""
-    return SPEC_OF[type(op)].handler(rt, op)
+    return SPEC_OF[type(op)].apply(rt, op)
 
 
 def precheck(rt: RuntimeState, op: Op) -> None:
@@ -117,7 +118,7 @@ def op_from_fields(name: str, fields: dict[str, Any]) -> Op:
     return op
 
 
-def op_from_json(d: Any) -> Op:
+def op_from_json(d: object) -> Op:
     """Validate untrusted JSON (a dict with ``op``) into an operation;
     ValueError naming what is wrong."""
     if not isinstance(d, dict) or not isinstance(d.get("op"), str):
@@ -140,6 +141,7 @@ __all__ = [
     "SPEC_OF",
     "AdmitOp",
     "AllocateOp",
+    "AnyOpSpec",
     "AppendOp",
     "BlockId",
     "CacheOp",

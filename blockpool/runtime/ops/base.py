@@ -12,8 +12,8 @@ service derives its request bodies and OpenAPI schemas from the records
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import msgspec
 
@@ -66,6 +66,11 @@ class OpSpec(Generic[T]):
     record: type[T]
     handler: Callable[[RuntimeState, T], Outcome]
     change: ChangeKind | None
+    # the handler as the registry calls it, on any record: ``SPEC_OF`` hands
+    # each record to its own spec (the handler itself: no call in between)
+    apply: Callable[[RuntimeState, OpRecord], Outcome] = field(
+        init=False, repr=False, compare=False
+    )
 
     @property
     def name(self) -> str:
@@ -77,6 +82,31 @@ class OpSpec(Generic[T]):
     @property
     def read_only(self) -> bool:
         return self.change is None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "apply", cast(Callable[[RuntimeState, OpRecord], Outcome], self.handler)
+        )
+
+
+class AnyOpSpec(Protocol):
+    """An ``OpSpec`` of whichever operation, as the registry holds them all
+    (blockpool/runtime/ops/__init__.py): its record, its change, and
+    ``apply`` on a record of that operation."""
+
+    @property
+    def record(self) -> type[OpRecord]: ...
+
+    @property
+    def change(self) -> ChangeKind | None: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def read_only(self) -> bool: ...
+
+    def apply(self, rt: RuntimeState, op: OpRecord) -> Outcome: ...
 
 
 def check_ids(rt: RuntimeState, ids: Sequence[int], what: str) -> None:

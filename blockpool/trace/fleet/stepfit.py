@@ -25,6 +25,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from blockpool.common.bounded_read import read_bounded
 from blockpool.trace.sched.engine_core import StepModel
 
 ITERATION_TOKENS = "vllm:iteration_tokens_total"
@@ -170,13 +171,7 @@ def _line(pairs: list[list[float]]) -> tuple[float, float]:
 
 def read_scrape(path: str) -> str:
     """A saved scrape's text (size-limited; ValueError naming the file)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SCRAPE_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(f"{path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_SCRAPE_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_SCRAPE_BYTES} bytes")
+    data = read_bounded(path, MAX_SCRAPE_BYTES)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

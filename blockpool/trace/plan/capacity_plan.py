@@ -4,8 +4,10 @@ What ``blockpool trace`` answers without ``--replicas``: the replay at each
 pool size (in memory through a model's KV layout, or in tokens and blocks),
 a dense sweep between them, the offline optimum and other policies beside
 LRU, and the smallest pool reaching a hit rate.  The command line only turns
-its flags into a :class:`PlanRequest` and renders the :class:`PlanResult`;
-the service could make the same request.
+its flags into a :class:`~blockpool.trace.plan.plan_request.PlanRequest`
+(plan_request.py: the request and its layout) and renders the
+:class:`PlanResult`; the service could make the same request.  The sizes
+replayed are pool_sizes.py's; this module holds the plan and its steps.
 
 The steps, in the order their errors are raised (a flag's error before the
 trace is read, the trace's before the replay's):
@@ -26,44 +28,37 @@ reasons (hit and missed tokens).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from blockpool.core.attention import GroupSpec
 from blockpool.core.free_order import FreeOrder
 from blockpool.core.hashing import get_hash_fn_by_name
+from blockpool.trace.plan.plan_request import PlanRequest, parse_policies
 from blockpool.trace.plan.planner import (
     NO_OPTIMUM,
     NO_SHADOWS,
-    POLICIES,
     SHADOW_POLICIES,
     TargetAnswer,
-    group_sweep_range,
     group_unbounded_hit_tokens,
-    log_grid,
     shadow_curve,
     smallest_capacity,
     smallest_group_capacity,
-    sweep_range,
+)
+from blockpool.trace.plan.pool_sizes import (
+    capacities_of,
+    groups_of,
+    sweep_capacities,
+    usable_tokens_of,
 )
 from blockpool.trace.plan.report import DEFAULT_FREE_ORDER, TraceReport, replay_trace
 from blockpool.trace.replay.optimal import OptimalCurve
 from blockpool.trace.replay.results import CapacityResult, parse_capacities
-from blockpool.trace.replay.sequence_groups import REASONS_NOTE, describe_groups, is_plain
+from blockpool.trace.replay.sequence_groups import REASONS_NOTE, describe_groups
 from blockpool.trace.sched.group_slots import needs_groups
 from blockpool.trace.sched.timed import TimedConfig
-from blockpool.trace.sizing.capacity import (
-    Capacity,
-    KVCacheDtype,
-    KVLayout,
-    block_bytes_of,
-    flat_bytes,
-    groups_only,
-    parse_capacity_list,
-    parse_kv_cache_groups,
-    read_model_config,
-)
+from blockpool.trace.sizing.capacity import Capacity, KVLayout, block_bytes_of
 from blockpool.trace.workload.keys import BlockKeys
 from blockpool.trace.workload.reader import Trace
 
@@ -76,223 +71,7 @@ def no_bars(_label: str, _unit: str) -> ProgressFn | None:
     return None
 
 
-# ------------------------------------------------------------------ request
-
-
-def flag(text: str, metavar: str | None = None) -> dict[str, Any]:
-    """A request field's flag: its help, the placeholder its help shows
-    (type, default and choices come from the field)."""
-    return {"help": text, "metavar": metavar}
-
-
-@dataclass(frozen=True)
-class LayoutRequest:
-    """The pool's KV layout: a Hugging Face ``config.json`` (``model_config``)
-    as vLLM reads it, or bytes a token (``bytes_per_token``) and/or the
-    KV-cache groups by name (``kv_cache_groups``: ``full,sliding:4096x3``);
-    nothing: sizes in tokens and blocks only.  Each field is a flag of
-    ``blockpool trace`` (its metadata: :func:`flag`)."""
-
-    model_config: str | None = field(
-        default=None,
-        metadata=flag(
-            "a Hugging Face config.json: layers, KV heads, head size, MLA", "CONFIG_JSON"
-        ),
-    )
-    bytes_per_token: int | None = field(
-        default=None,
-        metadata=flag("KV bytes per token on one GPU, all layers (instead of a model)", "N"),
-    )
-    kv_cache_dtype: KVCacheDtype = field(
-        default="auto",
-        metadata=flag("KV cache element type, as vLLM's flag (default auto: the model's)"),
-    )
-    tensor_parallel_size: int = field(
-        default=1, metadata=flag("GPUs sharing the KV heads (default 1)", "TP")
-    )
-    disable_hybrid_kv_cache_manager: bool = field(
-        default=False,
-        metadata=flag(
-            "as vLLM's flag: sliding-window layers beside full ones become full attention"
-        ),
-    )
-    disable_sliding_window: bool = field(
-        default=False,
-        metadata=flag(
-            "as vLLM's flag: every layer full attention (max_model_len capped at the window)"
-        ),
-    )
-    kv_cache_groups: str | None = field(
-        default=None,
-        metadata=flag(
-            "the KV-cache groups without a model config: comma list of full and "
-            "sliding:WINDOW, each with an optional xCOUNT (full,sliding:4096x3); with "
-            "--bytes-per-token N, N is a token's bytes in one group",
-            "SPEC",
-        ),
-    )
-
-    def layout(self) -> KVLayout | None:
-        """The layout asked for (ValueError naming the flag when the request
-        contradicts itself)."""
-        if self.model_config and self.bytes_per_token is not None:
-            raise ValueError("give --model-config or --bytes-per-token, not both")
-        groups = self.kv_cache_groups
-        if self.model_config:
-            if groups is not None:
-                raise ValueError("--kv-cache-groups is for runs without --model-config")
-            return read_model_config(
-                self.model_config,
-                self.kv_cache_dtype,
-                self.tensor_parallel_size,
-                disable_sliding_window=self.disable_sliding_window,
-                disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager,
-            )
-        for flag in ("disable_sliding_window", "disable_hybrid_kv_cache_manager"):
-            if getattr(self, flag):
-                raise ValueError(
-                    f"--{flag.replace('_', '-')} acts on a --model-config's layers "
-                    "(without one, name the groups: --kv-cache-groups full)"
-                )
-        attention = () if groups is None else parse_kv_cache_groups(groups)
-        if self.bytes_per_token is not None:
-            return flat_bytes(self.bytes_per_token, attention)
-        return None if groups is None else groups_only(attention)
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    """What to plan.  Sizes: ``capacity`` (a comma list: bytes with a unit,
-    tokens as a bare number, ``inf``), ``capacity_tokens`` and
-    ``capacity_blocks`` (comma lists of tokens and of num_gpu_blocks,
-    whatever the groups; ``inf``); none: one pool that never evicts.
-    ``policies``: a comma list beside the replay's LRU
-    (:data:`~blockpool.trace.plan.planner.POLICIES` or ``none``).
-    ``timed``: timed mode's scheduler (its groups come from the layout).
-    The planner's own flags are fields with :func:`flag` metadata; the
-    others are the replay's (``blockpool trace``'s general flags)."""
-
-    layout: LayoutRequest = field(default_factory=LayoutRequest)
-    mode: str = "sequence"
-    block_size: int = 16
-    capacity: str | None = field(
-        default=None,
-        metadata=flag(
-            "comma list of pool sizes: bytes per GPU with a unit (8GiB, 500MB, 1.5TB; "
-            "needs --model-config or --bytes-per-token), tokens as a bare number, or 'inf'",
-            "LIST",
-        ),
-    )
-    capacity_tokens: str | None = None
-    capacity_blocks: str | None = None
-    policies: str = field(
-        default="optimal",
-        metadata=flag(
-            f"beside the replay's own LRU: {', '.join(POLICIES)} or none "
-            "(sequence mode; default optimal)",
-            "LIST",
-        ),
-    )
-    sweep: bool = field(
-        default=False,
-        metadata=flag(
-            "a dense log-spaced curve (between the --capacity extremes, or "
-            "from the smallest pool refusing nothing to one that never evicts)"
-        ),
-    )
-    sweep_points: int = field(
-        default=32, metadata=flag("capacities in a --sweep (default 32)", "N")
-    )
-    target_hit_rate: float | None = field(
-        default=None,
-        metadata=flag("also answer the smallest pool whose hit rate reaches RATE (0-1)", "RATE"),
-    )
-    hash_name: str = "sha256"
-    free_order: FreeOrder = DEFAULT_FREE_ORDER
-    one_pass: bool | None = None
-    timed: TimedConfig | None = None
-
-
 # ------------------------------------------------------------------ sizes
-
-
-def groups_of(layout: KVLayout | None, block_size: int) -> list[GroupSpec] | None:
-    """The layout's KV-cache groups where they are not one full-attention group."""
-    if layout is None:
-        return None
-    specs = layout.group_specs(block_size)
-    return None if is_plain(specs) else specs
-
-
-def capacities_of(
-    capacity: str | None,
-    block_size: int,
-    layout: KVLayout | None,
-    legacy: Sequence[int | None] = (),
-    legacy_blocks: Sequence[int | None] = (),
-) -> list[Capacity]:
-    """``capacity`` and the older sizes in tokens (``legacy``) and blocks
-    (``legacy_blocks``: num_gpu_blocks, whatever the groups)."""
-    bs = block_size
-    bb = block_bytes_of(layout, bs)
-    ng = 1 if layout is None else layout.num_groups
-    caps = [] if capacity is None else parse_capacity_list(capacity, bs, layout)
-    for tokens in legacy:
-        if tokens is None:
-            caps.append(Capacity("inf", None, bs, bb, ng))
-        else:
-            if tokens // bs < 1:
-                raise ValueError(f"{tokens} tokens hold no block of {bs} tokens")
-            caps.append(Capacity(str(tokens), tokens // bs * ng, bs, bb, ng))
-    for b in legacy_blocks:
-        caps.append(Capacity("inf" if b is None else f"{b}b", b, bs, bb, ng))
-    return caps or [Capacity("inf", None, bs, bb, ng)]
-
-
-def sweep_capacities(
-    block_size: int,
-    points: int,
-    caps: list[Capacity],
-    optimal: OptimalCurve,
-    trace: Trace,
-    groups: list[GroupSpec] | None = None,
-) -> list[Capacity]:
-    """``caps`` and ``points`` log-spaced sizes between their extremes (or,
-    with fewer than two finite ones, the trace's own range)."""
-    bs = block_size
-    finite = sorted(c.blocks for c in caps if c.blocks is not None)
-    if len(finite) >= 2:
-        lo, hi = max(2, finite[0]), finite[-1]
-    elif groups is not None:
-        lo, hi = group_sweep_range(trace, groups, optimal)
-    else:
-        lo, hi = sweep_range(optimal)
-    bb, ng = caps[0].block_bytes, caps[0].groups
-    grid = log_grid(lo, hi, points)
-    have = {c.blocks for c in caps}
-    out = list(caps) + [Capacity(f"{b}b", b, bs, bb, ng) for b in grid if b not in have]
-    out.sort(key=lambda c: float("inf") if c.blocks is None else c.blocks)
-    return out
-
-
-def parse_policies(text: str, mode: str) -> list[str]:
-    names = [p.strip().lower() for p in text.split(",") if p.strip()]
-    if names == ["none"]:
-        return []
-    for n in names:
-        if n not in POLICIES and n != "lru":
-            raise ValueError(f"unknown policy {n!r} in --policies (known: {', '.join(POLICIES)})")
-    names = [n for n in names if n != "lru"]
-    if names and mode != "sequence":
-        if text == "optimal":
-            return []  # the default: only where it is a bound
-        raise ValueError("--policies compare eviction policies in sequence mode only")
-    return list(dict.fromkeys(names))
-
-
-def usable_tokens_of(blocks: int, bs: int, layout: KVLayout | None) -> int:
-    """Tokens every KV-cache group can hold in ``blocks`` (the null block left out)."""
-    return (blocks - 1) // (1 if layout is None else layout.num_groups) * bs
 
 
 # ---------------------------------------------------------------- the plan

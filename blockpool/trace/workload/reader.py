@@ -40,6 +40,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from blockpool.common.bounded_read import read_bounded
 from blockpool.common.traffic_format import TRAFFIC_FORMAT
 from blockpool.trace.workload.limits import (
     DEFAULT_LIMITS,
@@ -141,10 +142,7 @@ def read_trace(
     """Read and validate a trace file, gzip-compressed or not (TraceError
     when it cannot be read)."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise TraceError(f"{path}: more than {MAX_FILE_BYTES} bytes")
+        data = read_bounded(path, MAX_FILE_BYTES)
+    except ValueError as exc:
+        raise TraceError(str(exc)) from None
     return parse_trace(data, tokens_per_id, limits, MAX_FILE_BYTES)
