@@ -6,15 +6,15 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from app.api.declare import route
 from app.api.deps import ReadAuth
-from app.api.responses import inspect as r
-from app.api.responses import route
+from app.pool.views.inspect import KvEvents
 from app.web.error_shape import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["kv-events"], responses=ERROR_RESPONSES)
 
 
-@route(router.get, "/kv-events", r.KvEvents, "The ZMQ KV-event publisher", ReadAuth)
+@route(router.get, "/kv-events", KvEvents, "The ZMQ KV-event publisher", ReadAuth)
 async def kv_events(request: Request) -> dict[str, Any]:
     """Endpoints, sequence numbers, the replay buffer and every counter --
     ``batches_dropped`` / ``events_dropped`` count batches the engine could

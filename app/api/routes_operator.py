@@ -9,10 +9,10 @@ from fastapi import APIRouter, Path, Query, Request
 
 from app.analysis.recent import RecentAnalysis
 from app.api.costly import CostlyRead
+from app.api.declare import route
 from app.api.deps import EngineDep, ReadAuth
-from app.api.responses import operator as r
-from app.api.responses import route
 from app.pool import request_story
+from app.pool.views import operator as r
 from app.shared.errors import Conflict
 from app.web.error_shape import ERROR_RESPONSES
 

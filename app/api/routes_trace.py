@@ -16,9 +16,9 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from starlette.requests import ClientDisconnect
 
+from app.api.declare import route
 from app.api.deps import ReadAuth, WriteAuth
-from app.api.responses import route
-from app.api.responses.trace import TraceStatus
+from app.pool.views.trace import TraceStatus
 from app.shared.errors import InvalidInput, TooLarge
 from app.trace.driver import TraceDriver
 from app.trace.limits import MAX_TOKENS_PER_ID, service_limits

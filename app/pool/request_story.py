@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from app.pool import views
+from app.pool.views import requests as views
 from app.shared.errors import NotFound, OperationError
 from blockpool.analysis.segment import unpack
 
@@ -102,7 +102,7 @@ def latest_life(steps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]
 
 async def story(engine: Engine, rid: str, limit: int = 200) -> dict[str, Any]:
     s = engine.settings
-    live = views.request(engine, rid) if rid in engine.manager.requests else None
+    live = views.request(engine, rid).model_dump() if rid in engine.manager.requests else None
     misses: dict[str, Any] | None = None
     an = engine.analysis
     if an is not None:

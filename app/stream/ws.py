@@ -27,9 +27,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket
 
+from app.api.declare import returns
 from app.api.deps import ReadAuth
-from app.api.responses import returns
-from app.api.responses.stream import Ticket
+from app.pool.views.stream import Ticket
 from app.stream import protocol as p
 from app.stream.hub import Client, StreamHub
 from app.stream.intake import TokenBucket, parse_message, parse_seq

@@ -1,6 +1,6 @@
-"""Response models of the operator's routes (routes_operator.py): the hit
-rate windows, the analysis' recent history, one request's story.  Documents
-only, as app/api/responses.py explains."""
+"""What the operator's routes return: the hit rate windows, the analysis'
+recent history, one request's story (built by app/pool/windowed.py,
+app/analysis and app/pool/request_story.py as plain dicts: declared here)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import Field
 
-from app.api.responses import Out
-from app.api.responses.pool_routes import Tokens
+from app.pool.views.base import Out
+from app.pool.views.summary import Tokens
 
 
 class HitWindowFigure(Out):
