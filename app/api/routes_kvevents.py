@@ -15,7 +15,7 @@ router = APIRouter(prefix="/api", tags=["kv-events"], responses=ERROR_RESPONSES)
 
 
 @route(router.get, "/kv-events", KvEvents, "The ZMQ KV-event publisher", ReadAuth)
-async def kv_events(request: Request) -> dict[str, Any]:
+async def kv_events(request: Request) -> KvEvents:
     """Endpoints, sequence numbers, the replay buffer and every counter --
     ``batches_dropped`` / ``events_dropped`` count batches the engine could
     not queue (their seqs are left as gaps subscribers see).  ``mode`` is
@@ -28,6 +28,6 @@ async def kv_events(request: Request) -> dict[str, Any]:
     fleet_url = request.app.state.settings.fleet_url
     publisher = getattr(request.app.state, "kv_publisher", None)
     if publisher is None:
-        return {"enabled": False, "fleet_url": fleet_url}
+        return KvEvents(enabled=False, fleet_url=fleet_url)
     status: dict[str, Any] = publisher.status()
-    return {**status, "fleet_url": fleet_url}
+    return KvEvents(**status, fleet_url=fleet_url)

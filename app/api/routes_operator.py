@@ -22,7 +22,7 @@ Rid = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$
 
 
 @route(router.get, "/pool/rates", r.PoolRates, "Hit rate 1m / 5m, usage, requests", ReadAuth)
-async def rates(engine: EngineDep) -> dict[str, Any]:
+async def rates(engine: EngineDep) -> r.PoolRates:
     """The figures an operator compares with Grafana: the prefix hit rate over
     the last 1 and 5 minutes exactly as ``rate(vllm:prefix_cache_hits_total[1m])
     / rate(vllm:prefix_cache_queries_total[1m])`` computes it from samples of
@@ -37,7 +37,7 @@ async def rates(engine: EngineDep) -> dict[str, Any]:
     out["requests_running"] = reqs["running"]
     out["requests_waiting"] = reqs["waiting"]
     out["requests_reason"] = reqs["reason"]
-    return out
+    return r.PoolRates(**out)
 
 
 @route(router.get, "/analysis/recent", r.AnalysisRecent, "The analysis' recent history", ReadAuth)

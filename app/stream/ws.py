@@ -105,12 +105,12 @@ def _channels(raw: str | None) -> frozenset[str]:
 
 
 @router.post("/api/stream/ticket", responses=returns(Ticket), dependencies=[ReadAuth])
-async def stream_ticket(request: Request) -> dict[str, Any]:
+async def stream_ticket(request: Request) -> Ticket:
     """A single-use ticket for the stream, valid for ``expires_in`` seconds:
     connect with the subprotocols ``["blockpool", "ticket.<ticket>"]`` (or
     ``?ticket=``) instead of showing the token to the websocket."""
     hub: StreamHub = request.app.state.stream
-    return {"ticket": hub.tickets.issue(), "expires_in": hub.tickets.ttl_s}
+    return Ticket(ticket=hub.tickets.issue(), expires_in=hub.tickets.ttl_s)
 
 
 @router.websocket("/api/stream")
