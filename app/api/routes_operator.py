@@ -63,7 +63,7 @@ async def story(
     request: Request,
     request_id: Rid,
     limit: Annotated[int, Query(ge=2, le=10_000)] = 200,
-) -> dict[str, Any]:
+) -> r.RequestStory:
     """Its blocks (ids per group), hits, misses with reasons, and when it was
     first tried, admitted, decoded and finished -- from the running request,
     the analysis (the last finished requests) and the recording, each bounded;
@@ -71,6 +71,5 @@ async def story(
     mirror: the engine's request as its plugin told it (``sources.engine``)."""
     mirror = getattr(request.app.state, "mirror", None)
     if mirror is not None:
-        told: dict[str, Any] = mirror.story(request_id)
-        return told
+        return r.RequestStory(**mirror.story(request_id))
     return await request_story.story(engine, request_id, limit)
