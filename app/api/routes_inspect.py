@@ -11,17 +11,10 @@ from app.api.declare import returns, route
 from app.api.deps import EngineDep, ReadAuth
 from app.pool import storage_link
 from app.pool.views import inspect as views
-from app.pool.views.inspect import (
-    Block,
-    Events,
-    HashMap,
-    Health,
-    PrefixTree,
-    Queue,
-    Samples,
-    Series,
-    Storage,
-)
+from app.pool.views import logs
+from app.pool.views.inspect import Block, HashMap, PrefixTree, Queue
+from app.pool.views.logs import Events, Samples, Series
+from app.pool.views.summary import Health, Storage
 from app.web.error_shape import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["inspect"], responses=ERROR_RESPONSES)
@@ -77,7 +70,7 @@ async def events(
     """``truncated`` is true when events after ``since`` were already dropped
     from the bounded log (``dropped_total`` counts them); ``type`` (repeatable)
     keeps only those event types."""
-    return views.events(engine, since, limit, set(type) if type else None)
+    return logs.events(engine, since, limit, set(type) if type else None)
 
 
 @route(router.get, "/samples", Samples, "Eviction samples (residency)", ReadAuth)
@@ -86,12 +79,12 @@ async def samples(
     since: Since = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> Samples:
-    return views.samples(engine, since, limit)
+    return logs.samples(engine, since, limit)
 
 
 @route(router.get, "/series", Series, "Recent time-series points", ReadAuth)
 async def series(engine: EngineDep, limit: Annotated[int, Query(ge=1, le=6000)] = 600) -> Series:
-    return views.series(engine, limit)
+    return logs.series(engine, limit)
 
 
 @route(router.get, "/storage", Storage, "K/V storage memory facts", ReadAuth)

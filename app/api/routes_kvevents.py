@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 
 from app.api.declare import route
 from app.api.deps import ReadAuth
-from app.pool.views.inspect import KvEvents
+from app.pool.views.summary import KvEvents
 from app.web.error_shape import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["kv-events"], responses=ERROR_RESPONSES)

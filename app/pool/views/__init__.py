@@ -1,9 +1,10 @@
 """Every response shape, declared once: the pydantic models the routes
-declare (``/docs``, ``/openapi.json``) are what the builders here return.
+declare (``/docs``, ``/openapi.json``), and the models the handlers return.
 
-One module per family: summary (config, tokens, the summary), inspect
-(blocks, queue, hash map, logs), requests (requests, verify, demo),
-operations (what the pool's and the requests' operations return), and
-analysis, operator, trace, stream.  Long lists hold ``TypedDict`` items
-(plain dicts, no object per item) in a ``model_construct``-ed model.
+summary, inspect, logs, requests hold the models and the views that build
+them; long lists hold ``TypedDict`` items (plain dicts, no object per item)
+in a ``model_construct``-ed model.  operator, trace, stream are built where
+their data lives (request_story.py, trace/driver.py, stream/ws.py).  Still
+plain dicts beside their model: operations (the library's outcomes),
+analysis (blockpool.analysis' views) and the demo's status.
 """

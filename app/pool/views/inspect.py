@@ -1,23 +1,17 @@
 """Looking inside the pool: one block, the free queue, the hash map, the
-prefix tree, the event and sample logs, the series, storage, health.
-
-They run on the event loop between engine operations, so each view is a
-consistent picture of one moment.
-"""
+prefix tree.  Each runs on the event loop between engine operations: a
+consistent picture of one moment."""
 
 from __future__ import annotations
 
-import math
 from itertools import islice
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, with_config
 from typing_extensions import TypedDict
 
 from app.pool.views.base import ITEM, Ids, Out
-from app.pool.views.summary import StorageBytes
 from app.shared.errors import InvalidInput, NotFound
-from blockpool import BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.common.keys import hash_hex, hex64, key64, key_group, key_hex
 from blockpool.runtime.columns import STATE_NAMES
 
@@ -99,105 +93,6 @@ class PrefixTree(Out):
         False, description="some hashes' parents are not known (a mirror after a resync)"
     )
     unknown_parents: int = Field(0, description="hashes shown as roots, their parent unknown")
-
-
-@with_config(ITEM)
-class Event(TypedDict):
-    seq: int
-    ts: float
-    type: str
-    block_hashes: NotRequired[list[str]]
-    parent_block_hash: NotRequired[str | None]
-    token_ids: NotRequired[list[int]]
-    block_size: NotRequired[int]
-    lora_id: NotRequired[int | None]
-    lora_name: NotRequired[str | None]
-    medium: NotRequired[str | None]
-
-
-class Events(Out):
-    """KV events after ``since`` (``truncated``: some were already dropped)."""
-
-    since: int
-    last_seq: int
-    first_seq: int
-    truncated: bool
-    dropped_total: int
-    next: int
-    items: list[Event]
-
-
-@with_config(ITEM)
-class Histogram(TypedDict):
-    buckets: Annotated[
-        list[float | Literal["+Inf"]], Field(description="upper bounds, the last '+Inf'")
-    ]
-    cumulative_counts: list[int]
-    sum: float
-    count: int
-
-
-class Samples(Out):
-    """Eviction samples (residency) and their histograms."""
-
-    since: int
-    last_seq: int
-    truncated: bool
-    dropped_total: int
-    next: int
-    sample_rate: float
-    items: list[dict[str, Any]]
-    histograms: dict[str, Histogram]
-
-
-class Series(Out):
-    """Recent time-series points (one per tick)."""
-
-    tick_hz: float
-    points: list[dict[str, Any]]
-
-
-class Storage(Out):
-    """K/V storage facts; ``enabled: false`` with the ``reason`` when off."""
-
-    enabled: bool
-    reason: str | None = Field(default=None, description="why storage is off")
-    device: str | None = None
-    dtype: str | None = None
-    num_layers: int | None = None
-    num_kv_heads: int | None = None
-    head_size: int | None = None
-    block_size: int | None = None
-    num_blocks: int | None = None
-    bytes_per_block: int | None = None
-    bytes_allocated: int | None = None
-    bytes: StorageBytes | None = None
-    sized_by: str | None = None
-    tokens_written: int | None = None
-    verifications: int | None = None
-    verify_failures: int | None = None
-
-
-class Health(Out):
-    """The server is up."""
-
-    status: str
-    num_blocks: int
-
-
-class KvEvents(Out):
-    """The ZMQ KV-event publisher: endpoints, seqs, buffer, counters."""
-
-    enabled: bool
-    running: bool | None = None
-    endpoint: str | None = None
-    bound_endpoint: str | None = None
-    next_seq: int | None = None
-    last_seq: int | None = None
-    batches_published: int | None = None
-    batches_dropped: int | None = None
-    events_dropped: int | None = None
-    fleet_url: str | None = None  # --fleet-url: the observer's page, or null
 
 
 def block(engine: Engine, block_id: int) -> Block:
@@ -346,77 +241,3 @@ def prefix_tree(engine: Engine, limit: int) -> PrefixTree:
         partial=orphans > 0,
         unknown_parents=orphans,
     )
-
-
-def event_json(seq: int, ts: float, ev: KVCacheEvent) -> Event:
-    out: Event = {"seq": seq, "ts": ts, "type": type(ev).__name__}
-    if isinstance(ev, BlockStored):
-        out["block_hashes"] = [hash_hex(h) for h in ev.block_hashes]
-        parent = ev.parent_block_hash
-        out["parent_block_hash"] = None if parent is None else hash_hex(parent)
-        out["token_ids"] = ev.token_ids
-        out["block_size"] = ev.block_size
-        out["lora_id"] = ev.lora_id
-        out["lora_name"] = ev.lora_name
-        out["medium"] = ev.medium
-    elif isinstance(ev, BlockRemoved):
-        out["block_hashes"] = [hash_hex(h) for h in ev.block_hashes]
-        out["medium"] = ev.medium
-    return out
-
-
-def events(engine: Engine, since: int, limit: int, types: set[str] | None) -> Events:
-    entries, truncated = engine.events.since(since, limit)
-    items = [event_json(seq, ts, ev) for seq, ts, ev in entries]
-    if types:
-        items = [e for e in items if e["type"] in types]
-    return Events.model_construct(
-        since=since,
-        last_seq=engine.events.last_seq,
-        first_seq=engine.events.first_seq,
-        truncated=truncated,
-        dropped_total=engine.events.dropped,
-        next=entries[-1][0] if entries else since,
-        items=items,
-    )
-
-
-def samples(engine: Engine, since: int, limit: int) -> Samples:
-    entries, truncated = engine.samples.since(since, limit)
-    histograms: dict[str, Histogram] = {
-        name: {
-            "buckets": [b if math.isfinite(b) else "+Inf" for b, _ in h.cumulative()],
-            "cumulative_counts": [c for _, c in h.cumulative()],
-            "sum": h.sum,
-            "count": h.count,
-        }
-        for name, h in engine.histograms.items()
-    }
-    return Samples.model_construct(
-        since=since,
-        last_seq=engine.samples.last_seq,
-        truncated=truncated,
-        dropped_total=engine.samples.dropped,
-        next=entries[-1][0] if entries else since,
-        sample_rate=engine.collector.sample_rate,
-        items=[
-            {
-                "seq": seq,
-                "ts": ts,
-                "lifetime_seconds": s.lifetime_seconds,
-                "idle_seconds": s.idle_seconds,
-                "reuse_gaps_seconds": list(s.reuse_gaps_seconds),
-            }
-            for seq, ts, s in entries
-        ],
-        histograms=histograms,
-    )
-
-
-def series(engine: Engine, limit: int) -> Series:
-    pts = list(engine.series)[-limit:]
-    return Series.model_construct(tick_hz=engine.settings.tick_hz, points=[_finite(p) for p in pts])
-
-
-def _finite(p: dict[str, float]) -> dict[str, float | None]:
-    return {k: (v if math.isfinite(v) else None) for k, v in p.items()}

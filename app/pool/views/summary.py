@@ -1,4 +1,5 @@
-"""The pool and the server: configuration, token usage, the summary."""
+"""The pool and the server: configuration, storage, health, the KV-event
+publisher, token usage, the summary."""
 
 from __future__ import annotations
 
@@ -129,6 +130,49 @@ class Summary(Out):
     counters: dict[str, Any] = Field(description="operations, blocks and requests since start")
     event_log: EventLogInfo
     uptime_s: float
+
+
+class Storage(Out):
+    """K/V storage facts; ``enabled: false`` with the ``reason`` when off."""
+
+    enabled: bool
+    reason: str | None = Field(default=None, description="why storage is off")
+    device: str | None = None
+    dtype: str | None = None
+    num_layers: int | None = None
+    num_kv_heads: int | None = None
+    head_size: int | None = None
+    block_size: int | None = None
+    num_blocks: int | None = None
+    bytes_per_block: int | None = None
+    bytes_allocated: int | None = None
+    bytes: StorageBytes | None = None
+    sized_by: str | None = None
+    tokens_written: int | None = None
+    verifications: int | None = None
+    verify_failures: int | None = None
+
+
+class Health(Out):
+    """The server is up."""
+
+    status: str
+    num_blocks: int
+
+
+class KvEvents(Out):
+    """The ZMQ KV-event publisher: endpoints, seqs, buffer, counters."""
+
+    enabled: bool
+    running: bool | None = None
+    endpoint: str | None = None
+    bound_endpoint: str | None = None
+    next_seq: int | None = None
+    last_seq: int | None = None
+    batches_published: int | None = None
+    batches_dropped: int | None = None
+    events_dropped: int | None = None
+    fleet_url: str | None = None  # --fleet-url: the observer's page, or null
 
 
 def config(engine: Engine) -> Config:
