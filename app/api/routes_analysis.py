@@ -14,11 +14,11 @@ from fastapi.responses import StreamingResponse
 
 from app.analysis.host import AnalysisHost
 from app.api.costly import CostlyExport, CostlyRead, charged_lines
+from app.api.declare import route
 from app.api.deps import EngineDep, ReadAuth
-from app.api.responses import analysis as r
-from app.api.responses import route
 from app.pool.engine import Engine
 from app.pool.moment_tiles import moment_tiles
+from app.pool.views import analysis as r
 from app.shared.errors import Conflict, InvalidInput, NotFound
 from app.web.error_shape import ERROR_RESPONSES
 from blockpool.analysis import moments

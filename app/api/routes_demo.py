@@ -6,11 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from app.api.declare import route
 from app.api.deps import ReadAuth, WriteAuth
-from app.api.responses import requests as r
-from app.api.responses import route
 from app.pool.demo import DemoWorkload
 from app.pool.schemas import DemoConfig
+from app.pool.views import requests as r
 from app.web.error_shape import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api/demo", tags=["demo"], responses=ERROR_RESPONSES)

@@ -6,16 +6,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from app.api.declare import route
 from app.api.deps import ReadAuth
-from app.api.responses import inspect as r
-from app.api.responses import route
+from app.pool.views.summary import KvEvents
 from app.web.error_shape import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["kv-events"], responses=ERROR_RESPONSES)
 
 
-@route(router.get, "/kv-events", r.KvEvents, "The ZMQ KV-event publisher", ReadAuth)
-async def kv_events(request: Request) -> dict[str, Any]:
+@route(router.get, "/kv-events", KvEvents, "The ZMQ KV-event publisher", ReadAuth)
+async def kv_events(request: Request) -> KvEvents:
     """Endpoints, sequence numbers, the replay buffer and every counter --
     ``batches_dropped`` / ``events_dropped`` count batches the engine could
     not queue (their seqs are left as gaps subscribers see).  ``mode`` is
@@ -28,6 +28,6 @@ async def kv_events(request: Request) -> dict[str, Any]:
     fleet_url = request.app.state.settings.fleet_url
     publisher = getattr(request.app.state, "kv_publisher", None)
     if publisher is None:
-        return {"enabled": False, "fleet_url": fleet_url}
+        return KvEvents(enabled=False, fleet_url=fleet_url)
     status: dict[str, Any] = publisher.status()
-    return {**status, "fleet_url": fleet_url}
+    return KvEvents(**status, fleet_url=fleet_url)

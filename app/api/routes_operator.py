@@ -9,10 +9,10 @@ from fastapi import APIRouter, Path, Query, Request
 
 from app.analysis.recent import RecentAnalysis
 from app.api.costly import CostlyRead
+from app.api.declare import route
 from app.api.deps import EngineDep, ReadAuth
-from app.api.responses import operator as r
-from app.api.responses import route
 from app.pool import request_story
+from app.pool.views import operator as r
 from app.shared.errors import Conflict
 from app.web.error_shape import ERROR_RESPONSES
 
@@ -22,7 +22,7 @@ Rid = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$
 
 
 @route(router.get, "/pool/rates", r.PoolRates, "Hit rate 1m / 5m, usage, requests", ReadAuth)
-async def rates(engine: EngineDep) -> dict[str, Any]:
+async def rates(engine: EngineDep) -> r.PoolRates:
     """The figures an operator compares with Grafana: the prefix hit rate over
     the last 1 and 5 minutes exactly as ``rate(vllm:prefix_cache_hits_total[1m])
     / rate(vllm:prefix_cache_queries_total[1m])`` computes it from samples of
@@ -37,7 +37,7 @@ async def rates(engine: EngineDep) -> dict[str, Any]:
     out["requests_running"] = reqs["running"]
     out["requests_waiting"] = reqs["waiting"]
     out["requests_reason"] = reqs["reason"]
-    return out
+    return r.PoolRates(**out)
 
 
 @route(router.get, "/analysis/recent", r.AnalysisRecent, "The analysis' recent history", ReadAuth)
@@ -63,7 +63,7 @@ async def story(
     request: Request,
     request_id: Rid,
     limit: Annotated[int, Query(ge=2, le=10_000)] = 200,
-) -> dict[str, Any]:
+) -> r.RequestStory:
     """Its blocks (ids per group), hits, misses with reasons, and when it was
     first tried, admitted, decoded and finished -- from the running request,
     the analysis (the last finished requests) and the recording, each bounded;
@@ -71,6 +71,5 @@ async def story(
     mirror: the engine's request as its plugin told it (``sources.engine``)."""
     mirror = getattr(request.app.state, "mirror", None)
     if mirror is not None:
-        told: dict[str, Any] = mirror.story(request_id)
-        return told
+        return r.RequestStory(**mirror.story(request_id))
     return await request_story.story(engine, request_id, limit)

@@ -7,10 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from app.api.costly import CostlyRead
+from app.api.declare import route
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
-from app.api.responses import pool_routes as r
-from app.api.responses import route
-from app.pool import views
 from app.pool.schemas import (
     AllocateBody,
     CacheBody,
@@ -23,18 +21,21 @@ from app.pool.schemas import (
     ResetOp,
     TouchBody,
 )
+from app.pool.views import operations as r
+from app.pool.views import summary as views
+from app.pool.views.summary import Config, Summary
 from app.web.error_shape import ERROR_RESPONSES
 
 router = APIRouter(prefix="/api", tags=["pool"], responses=ERROR_RESPONSES)
 
 
-@route(router.get, "/config", r.Config, "Pool and server configuration", ReadAuth)
-async def get_config(engine: EngineDep) -> dict[str, Any]:
+@route(router.get, "/config", Config, "Pool and server configuration", ReadAuth)
+async def get_config(engine: EngineDep) -> Config:
     return views.config(engine)
 
 
-@route(router.get, "/summary", r.Summary, "Live summary of the pool", ReadAuth)
-async def get_summary(engine: EngineDep) -> dict[str, Any]:
+@route(router.get, "/summary", Summary, "Live summary of the pool", ReadAuth)
+async def get_summary(engine: EngineDep) -> Summary:
     """Blocks in use / cached-evictable / empty, usage, hit rate, counters."""
     return views.summary(engine)
 

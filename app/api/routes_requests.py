@@ -7,11 +7,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 
 from app.api.costly import CostlyRead
+from app.api.declare import returns, route
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
-from app.api.responses import requests as r
-from app.api.responses import returns, route
-from app.pool import views
 from app.pool.schemas import AdmitBody, AppendBody, AppendOp, BatchRequest, FinishOp
+from app.pool.views import operations as r
+from app.pool.views import requests as views
+from app.pool.views.requests import RequestInfo, Requests, Verified
 from app.shared.errors import OperationError, TooLarge
 from app.web.error_shape import ERROR_RESPONSES, body_of
 from blockpool.runtime.trial import BatchRefused, apply_all
@@ -35,17 +36,17 @@ async def admit(op: AdmitBody, engine: EngineDep) -> dict[str, Any]:
     return await run(engine, op)
 
 
-@route(router.get, "/requests", r.Requests, "Running requests", ReadAuth)
+@route(router.get, "/requests", Requests, "Running requests", ReadAuth)
 async def list_requests(
     engine: EngineDep,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-) -> dict[str, Any]:
+) -> Requests:
     return views.requests(engine, offset, limit)
 
 
-@route(router.get, "/requests/{request_id}", r.RequestInfo, "One request", ReadAuth)
-async def get_request(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
+@route(router.get, "/requests/{request_id}", RequestInfo, "One request", ReadAuth)
+async def get_request(engine: EngineDep, request_id: Rid) -> RequestInfo:
     """Its blocks per group, which were prefix hits, and their hashes."""
     return views.request(engine, request_id)
 
@@ -55,12 +56,12 @@ async def append(engine: EngineDep, request_id: Rid, body: AppendBody) -> dict[s
     return await run(engine, AppendOp(request_id=request_id, token_ids=body.token_ids))
 
 
-@route(router.post, "/requests/{request_id}/verify", r.Verified, "Verify its K/V", CostlyRead)
-async def verify(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
+@route(router.post, "/requests/{request_id}/verify", Verified, "Verify its K/V", CostlyRead)
+async def verify(engine: EngineDep, request_id: Rid) -> Verified:
     """Check bit for bit that the request's blocks hold the K/V the stand-in
     model computes for its tokens (prefix hits included).  409 when the
     server runs without storage."""
-    verified: dict[str, Any] = await engine.submit(lambda: views.verify(engine, request_id))
+    verified: Verified = await engine.submit(lambda: views.verify(engine, request_id))
     return verified
 
 

@@ -11,14 +11,13 @@ demo's (one workload at a time: a 409 names the one running).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from starlette.requests import ClientDisconnect
 
+from app.api.declare import route
 from app.api.deps import ReadAuth, WriteAuth
-from app.api.responses import route
-from app.api.responses.trace import TraceStatus
+from app.pool.views.trace import TraceStatus
 from app.shared.errors import InvalidInput, TooLarge
 from app.trace.driver import TraceDriver
 from app.trace.limits import MAX_TOKENS_PER_ID, service_limits
@@ -57,7 +56,7 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 @route(router.get, "", TraceStatus, "Trace replay status, progress, hit rate", ReadAuth)
-async def status(request: Request) -> dict[str, Any]:
+async def status(request: Request) -> TraceStatus:
     return _driver(request).status()
 
 
@@ -72,7 +71,7 @@ async def upload(
     request: Request,
     name: str = Query("upload", max_length=200),
     tokens_per_id: int = Query(512, ge=1, le=MAX_TOKENS_PER_ID),
-) -> dict[str, Any]:
+) -> TraceStatus:
     settings = request.app.state.settings
     body = await _body(request, settings.max_body_bytes)
     try:
@@ -93,7 +92,7 @@ async def start(
     request: Request,
     speed: float | None = Query(None, gt=0, le=10_000),
     loop: bool | None = None,
-) -> dict[str, Any]:
+) -> TraceStatus:
     driver = _driver(request)
     async with driver.transition():  # one workload at a time: 409 while the demo runs
         driver.ensure_startable()  # refused before anything changes
@@ -103,5 +102,5 @@ async def start(
 
 
 @route(router.post, "/stop", TraceStatus, "Stop it (running requests finish)", WriteAuth)
-async def stop(request: Request) -> dict[str, Any]:
+async def stop(request: Request) -> TraceStatus:
     return await _driver(request).stop_now()

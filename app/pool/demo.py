@@ -79,7 +79,7 @@ DEMO_HELP = {
 }
 
 
-class DemoWorkload(WorkloadTask["DemoRequest"]):
+class DemoWorkload(WorkloadTask["DemoRequest", dict[str, Any]]):
     def __init__(self, engine: Engine, rate: float = 8.0, seed: int = 0) -> None:
         super().__init__(engine, "demo-workload")
         self.rate = rate

@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from app.pool import views
+from app.pool.views import requests as views
+from app.pool.views.operator import RequestStory, StoryBlock, StoryDecode, StoryTimes
 from app.shared.errors import NotFound, OperationError
 from blockpool.analysis.segment import unpack
 
@@ -100,9 +101,9 @@ def latest_life(steps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]
     return steps[start:], len(finishes)
 
 
-async def story(engine: Engine, rid: str, limit: int = 200) -> dict[str, Any]:
+async def story(engine: Engine, rid: str, limit: int = 200) -> RequestStory:
     s = engine.settings
-    live = views.request(engine, rid) if rid in engine.manager.requests else None
+    live = views.request(engine, rid).model_dump() if rid in engine.manager.requests else None
     misses: dict[str, Any] | None = None
     an = engine.analysis
     if an is not None:
@@ -137,7 +138,7 @@ def _assemble(
     earlier: int,
     parts: tuple[Parts, int, int] | None,
     limit: int,
-) -> dict[str, Any]:
+) -> RequestStory:
     bs = engine.settings.block_size
     admit = next((x for x in steps if x["op"] == "admit" and x["ok"]), None)
     finish = next((x for x in steps if x["op"] == "finish" and x["ok"]), None)
@@ -179,7 +180,7 @@ def _assemble(
     n_tokens: int | None = (
         live["num_tokens"] if live else decodes[-1]["num_tokens"] if decodes else num_prompt
     )
-    blocks: list[dict[str, Any]] = []
+    blocks: list[StoryBlock] = []
     for i in range(count):
         r = reasons.get(i)
         prompt = i < n_prompt_blocks
@@ -198,7 +199,7 @@ def _assemble(
         )
     miss_counts: dict[str, int] = {}
     for b in blocks:
-        why: str | None = b["reason"]
+        why = b["reason"]
         if why is not None:
             miss_counts[why] = miss_counts.get(why, 0) + 1
     state = "running" if live else "finished" if finish or (misses and misses["finished"]) else None
@@ -210,34 +211,37 @@ def _assemble(
         head = limit // 2
         timeline = steps[:head] + steps[len(steps) - (limit - head) :]
         omitted = len(steps) - limit
-    return {
-        "request_id": rid,
-        "state": state,
-        "num_prompt_tokens": num_prompt,
-        "num_tokens": n_tokens,
-        "lora_name": (live or misses or {}).get("lora_name"),
-        "cache_salt": (live or misses or {}).get("cache_salt"),
-        "num_hit_blocks": num_hit,
-        "hit_tokens": num_hit * bs if num_hit is not None else None,
-        "misses": miss_counts,
-        "times": {
-            "first_attempt_at": steps[0]["ts"] if steps else None,
-            "admitted_at": admit["ts"] if admit else (misses or {}).get("admitted_at"),
-            "first_decode_at": decodes[0]["ts"] if decodes else None,
-            "last_decode_at": decodes[-1]["ts"] if decodes else None,
-            "finished_at": finish["ts"] if finish else (misses or {}).get("finished_at"),
-        },
-        "admissions_refused": len(refused),
-        "decode": {
-            "steps": len(decodes),
-            "tokens": sum(d["tokens"] for d in decodes),
-            "new_blocks": sum(len(d["new_block_ids"][0]) for d in decodes),
-        },
-        "blocks": blocks,
-        "timeline": timeline,
-        "timeline_omitted": omitted,
-        "earlier_lives": earlier,
-        "sources": {
+    times = StoryTimes(
+        first_attempt_at=steps[0]["ts"] if steps else None,
+        admitted_at=admit["ts"] if admit else (misses or {}).get("admitted_at"),
+        first_decode_at=decodes[0]["ts"] if decodes else None,
+        last_decode_at=decodes[-1]["ts"] if decodes else None,
+        finished_at=finish["ts"] if finish else (misses or {}).get("finished_at"),
+    )
+    decode = StoryDecode(
+        steps=len(decodes),
+        tokens=sum(d["tokens"] for d in decodes),
+        new_blocks=sum(len(d["new_block_ids"][0]) for d in decodes),
+    )
+    # model_construct: the blocks and the timeline are long, and built here
+    return RequestStory.model_construct(
+        request_id=rid,
+        state=state,
+        num_prompt_tokens=num_prompt,
+        num_tokens=n_tokens,
+        lora_name=(live or misses or {}).get("lora_name"),
+        cache_salt=(live or misses or {}).get("cache_salt"),
+        num_hit_blocks=num_hit,
+        hit_tokens=num_hit * bs if num_hit is not None else None,
+        misses=miss_counts,
+        times=times,
+        admissions_refused=len(refused),
+        decode=decode,
+        blocks=blocks,
+        timeline=timeline,
+        timeline_omitted=omitted,
+        earlier_lives=earlier,
+        sources={
             "running": live is not None,
             "miss_reasons": misses is not None,
             "recording": None
@@ -249,8 +253,8 @@ def _assemble(
                 "admission_held": admit is not None,
             },
         },
-        "limits": {
+        limits={
             "finished_requests_kept": engine.settings.miss_finished_kept,
             "recording_max_ops": engine.settings.recording_max_ops,
         },
-    }
+    )

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("blockpool.workload")
 
 R = TypeVar("R")
+S = TypeVar("S")  # its status: the response model its routes return
 
 # task name -> (what it is, how to stop it): the 409 names the other workload
 WORKLOADS = {
@@ -42,7 +43,7 @@ class _Gate:
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
-        self.members: weakref.WeakSet[WorkloadTask[Any]] = weakref.WeakSet()
+        self.members: weakref.WeakSet[WorkloadTask[Any, Any]] = weakref.WeakSet()
 
 
 _GATES: weakref.WeakKeyDictionary[Any, _Gate] = weakref.WeakKeyDictionary()
@@ -55,7 +56,7 @@ def _gate_of(engine: Any) -> _Gate:
     return gate
 
 
-class WorkloadTask(Generic[R]):
+class WorkloadTask(Generic[R, S]):
     """A driver of ``engine``; ``running`` maps the ids of the requests it
     admitted (and has not finished) to its own record of each."""
 
@@ -77,7 +78,7 @@ class WorkloadTask(Generic[R]):
         async with self._gate.lock:
             yield
 
-    def _other_running(self) -> WorkloadTask[Any] | None:
+    def _other_running(self) -> WorkloadTask[Any, Any] | None:
         for other in list(self._gate.members):
             if other is not self and other.running_task:
                 return other
@@ -96,10 +97,10 @@ class WorkloadTask(Generic[R]):
     async def stop(self, finish_running: bool = True) -> None:
         raise NotImplementedError
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> S:
         raise NotImplementedError
 
-    async def stop_now(self) -> dict[str, Any]:
+    async def stop_now(self) -> S:
         """A stop under the workload lock (the stop routes); the status after."""
         async with self.transition():
             await self.stop()

@@ -166,22 +166,23 @@ class StreamHub:
     # -------------------------------------------------------------- frames
 
     def config_frame(self) -> bytes:
-        from app.pool import views
+        from app.pool.views import summary as views
 
         header = {
             "protocol": p.VERSION,
             "epoch": self.epoch,
             "seq": self.seq,
-            "config": views.config(self.engine),
+            "config": views.config(self.engine).model_dump(exclude_unset=True),
             "channels": list(p.CHANNELS),
             "block_columns": [list(c) for c in p.BLOCK_COLUMNS],
         }
         return p.encode(p.CONFIG, self.seq, header)
 
     def _counts(self) -> dict[str, Any]:
-        from app.pool import views
+        from app.pool.views import summary as views
 
-        counts = {**views.headline(self.engine), "tokens": views.tokens(self.engine)}
+        tokens = views.tokens(self.engine).model_dump(exclude_unset=True)
+        counts = {**views.headline(self.engine), "tokens": tokens}
         mirror = self.mirror_now()
         if mirror is not None:
             counts["mirror"] = mirror

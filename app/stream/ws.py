@@ -27,9 +27,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket
 
+from app.api.declare import returns
 from app.api.deps import ReadAuth
-from app.api.responses import returns
-from app.api.responses.stream import Ticket
+from app.pool.views.stream import Ticket
 from app.stream import protocol as p
 from app.stream.hub import Client, StreamHub
 from app.stream.intake import TokenBucket, parse_message, parse_seq
@@ -105,12 +105,12 @@ def _channels(raw: str | None) -> frozenset[str]:
 
 
 @router.post("/api/stream/ticket", responses=returns(Ticket), dependencies=[ReadAuth])
-async def stream_ticket(request: Request) -> dict[str, Any]:
+async def stream_ticket(request: Request) -> Ticket:
     """A single-use ticket for the stream, valid for ``expires_in`` seconds:
     connect with the subprotocols ``["blockpool", "ticket.<ticket>"]`` (or
     ``?ticket=``) instead of showing the token to the websocket."""
     hub: StreamHub = request.app.state.stream
-    return {"ticket": hub.tickets.issue(), "expires_in": hub.tickets.ttl_s}
+    return Ticket(ticket=hub.tickets.issue(), expires_in=hub.tickets.ttl_s)
 
 
 @router.websocket("/api/stream")

@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from app.pool.views.trace import TraceBound, TraceStats, TraceStatus
 from app.pool.workload_task import WorkloadTask
 from app.shared.errors import Conflict, InvalidInput, OperationError
 from app.trace.limits import TraceRefused, check_trace
@@ -90,7 +91,7 @@ TRACE_HELP = {
 }
 
 
-class TraceDriver(WorkloadTask[int]):
+class TraceDriver(WorkloadTask[int, TraceStatus]):
     def __init__(self, engine: Engine, speed: float = 1.0, loop: bool = False) -> None:
         super().__init__(engine, "trace-replay")
         self.speed = speed
@@ -208,28 +209,26 @@ class TraceDriver(WorkloadTask[int]):
             for r in reversed(list(sched.running)):
                 sched.requeue(r)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> TraceStatus:
         s = self.stats
         total = len(self.trace) if self.trace is not None else 0
         last = self.trace.requests[-1].timestamp_ms if self.trace is not None else 0.0
-        return {
-            "loaded": self.trace is not None,
-            "name": self.name,
-            "running": self.running_task,
-            "speed": self.speed,
-            "loop": self.loop,
-            "requests": total,
-            "trace_ms": self.clock_ms,
-            "trace_end_ms": last,
-            "progress": (s.arrived - s.loops * total) / total if total else 0.0,
-            "requests_running": len(self.running),
-            "requests_waiting": len(self.waiting),
-            "stats": {
-                **rest_view(s),
-                "hit_rate": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
-            },
-            "bound": self.bound,
-        }
+        hit_rate = s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
+        return TraceStatus(
+            loaded=self.trace is not None,
+            name=self.name,
+            running=self.running_task,
+            speed=self.speed,
+            loop=self.loop,
+            requests=total,
+            trace_ms=self.clock_ms,
+            trace_end_ms=last,
+            progress=(s.arrived - s.loops * total) / total if total else 0.0,
+            requests_running=len(self.running),
+            requests_waiting=len(self.waiting),
+            stats=TraceStats(**rest_view(s), hit_rate=hit_rate),
+            bound=None if self.bound is None else TraceBound(**self.bound),
+        )
 
     def metrics(self) -> dict[str, float]:
         return {

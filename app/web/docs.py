@@ -51,7 +51,7 @@ def install(app: FastAPI, path: str = "/docs") -> None:
 
 def tidy(spec: dict[str, Any]) -> dict[str, Any]:
     """A success response documented by a model (``responses=returns(M)``,
-    app/api/responses.py) while the route still returns a plain dict gets
+    app/api/declare.py) while the route still returns a plain dict gets
     FastAPI's ``{"type": "object", "additionalProperties": true, "title": …}``
     merged beside the model's ``$ref``: keep the ``$ref`` alone."""
     for operations in spec.get("paths", {}).values():

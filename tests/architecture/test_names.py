@@ -31,9 +31,9 @@ TRACE_RESTRUCTURE: set[str] = set()
 # Both sides keep their name, with the reason.
 OPENAPI_AND_WIRE = "OpenAPI component name; wire record in blockpool/mirror/protocol.py"
 KEPT_CLASSES: dict[str, str] = {
-    "Batch": OPENAPI_AND_WIRE,  # app/api/responses/requests.py
-    "Finished": OPENAPI_AND_WIRE,  # app/api/responses/requests.py
-    "Reset": OPENAPI_AND_WIRE,  # app/api/responses/pool_routes.py
+    "Batch": OPENAPI_AND_WIRE,  # app/pool/views/operations.py
+    "Finished": OPENAPI_AND_WIRE,  # app/pool/views/operations.py
+    "Reset": OPENAPI_AND_WIRE,  # app/pool/views/operations.py
 }
 KNOWN_CLASSES: set[str] = TRACE_RESTRUCTURE | set(KEPT_CLASSES)
 KNOWN_BASENAMES: set[str] = set()

@@ -1,15 +1,16 @@
-"""Response models of the operator's routes (routes_operator.py): the hit
-rate windows, the analysis' recent history, one request's story.  Documents
-only, as app/api/responses.py explains."""
+"""What the operator's routes return: the hit rate windows, the analysis'
+recent history, one request's story (built by app/pool/windowed.py,
+app/analysis and app/pool/request_story.py as plain dicts: declared here)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, NotRequired
 
-from pydantic import Field
+from pydantic import Field, with_config
+from typing_extensions import TypedDict
 
-from app.api.responses import Out
-from app.api.responses.pool_routes import Tokens
+from app.pool.views.base import ITEM, Out
+from app.pool.views.summary import Tokens
 
 
 class HitWindowFigure(Out):
@@ -83,16 +84,21 @@ class StoryDecode(Out):
     new_blocks: int
 
 
-class StoryBlock(Out):
+@with_config(ITEM)
+class StoryBlock(TypedDict):
     index: int
-    kind: str = Field(description="prompt or decode")
+    kind: Annotated[str, Field(description="prompt or decode")]
     tokens: int | None
-    block_ids: list[int] | None = Field(description="one per group (null: not known)")
+    block_ids: Annotated[list[int] | None, Field(description="one per group (null: not known)")]
     hit: bool
-    reason: str | None = Field(description="why a prompt block missed (null: a hit, decode)")
+    reason: Annotated[
+        str | None, Field(description="why a prompt block missed (null: a hit, decode)")
+    ]
     detail: dict[str, Any] | None
     added_at: float | None
-    hash: str | None = Field(None, description="on a mirror: the block's hash, 64-bit form")
+    hash: NotRequired[
+        Annotated[str | None, Field(None, description="on a mirror: the block's hash, 64-bit form")]
+    ]
 
 
 class RequestStory(Out):

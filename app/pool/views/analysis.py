@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from app.api.responses import Out
+from app.pool.views.base import Out
 
 
 class Misses(Out):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from app.api.responses import Out
+from app.pool.views.base import Out
 
 
 class Ticket(Out):

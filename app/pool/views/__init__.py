@@ -1,0 +1,10 @@
+"""Every response shape, declared once: the pydantic models the routes
+declare (``/docs``, ``/openapi.json``), and the models the handlers return.
+
+summary, inspect, logs, requests hold the models and the views that build
+them; long lists hold ``TypedDict`` items (plain dicts, no object per item)
+in a ``model_construct``-ed model.  operator, trace, stream are built where
+their data lives (request_story.py, trace/driver.py, stream/ws.py).  Still
+plain dicts beside their model: operations (the library's outcomes),
+analysis (blockpool.analysis' views) and the demo's status.
+"""
