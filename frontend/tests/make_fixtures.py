@@ -42,7 +42,7 @@ if str(REPO) not in sys.path:
 import app.stream.hub as hub_module  # noqa: E402
 from app.pool.engine import Engine  # noqa: E402
 from app.pool.schemas import AdmitOp, AllocateOp, CacheOp, FinishOp, FreeOp, ResetOp  # noqa: E402
-from app.pool.views import request as request_view  # noqa: E402
+from app.pool.views.requests import request as request_view  # noqa: E402
 from app.shared.settings import Settings  # noqa: E402
 from app.stream import protocol as p  # noqa: E402
 from app.stream.hub import StreamHub  # noqa: E402
@@ -296,7 +296,7 @@ def analysis(out: Path) -> None:
         "misses": analysis_views.misses(an, limit=50),
         "regret": analysis_views.regret(an, limit=20),
         "shadows": analysis_views.shadows(an),
-        "request": request_view(r.engine, "A3"),
+        "request": request_view(r.engine, "A3").model_dump(mode="json", exclude_unset=True),
         "request_misses": analysis_views.request_misses(an, rid="B"),
         "history_state": {"seq": mid, **moments.state_json(ma, 1000, True)},
         "history_diff": moments.diff_json(

@@ -42,7 +42,7 @@ const DTYPES = {
 
 /**
  * The service's settings, as the config frame's `config` carries them
- * (app/pool/views.py `config`).
+ * (app/pool/views/summary.py `config`).
  * @typedef {object} PoolConfig
  * @property {number} num_blocks
  * @property {number} block_size
