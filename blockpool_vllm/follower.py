@@ -232,51 +232,45 @@ class PoolFollower:
             finally:
                 self.epoch += 1
 
-        def _free_blocks(ordered_blocks: Any) -> None:
-            t0 = _now()
-            blocks = list(ordered_blocks)
-            self.epoch += 1  # before the look at capture (poll_snapshot's check)
-            cap = self.capture
-            try:
-                if cap is not None:
-                    with lock:
-                        cap.save_all(blocks)
-                        cap.save_ends()
-                        t1 = _now()
-                        free_blocks(blocks)
-                else:
-                    t1 = _now()
-                    free_blocks(blocks)
-                t = _now()
-                if blocks:
-                    ops.append((_FREE, *blocks))
-                    self.op_count += 1
-                self._step_ns += _now() - t + t1 - t0
-            finally:
-                self.epoch += 1
+        def _blocks_call(
+            kind: int, call: Callable[[list[Any]], None], save: Callable[[Capture, list[Any]], None]
+        ) -> Callable[[Any], None]:
+            """free_blocks and touch: a call over blocks, kept as one record."""
 
-        def _touch(blocks: Any) -> None:
-            t0 = _now()
-            blocks = list(blocks)
-            self.epoch += 1  # before the look at capture (poll_snapshot's check)
-            cap = self.capture
-            try:
-                if cap is not None:
-                    with lock:
-                        for b in blocks:
-                            cap.save_queued(b)
+            def wrapper(some_blocks: Any) -> None:
+                t0 = _now()
+                blocks = list(some_blocks)
+                self.epoch += 1  # before the look at capture (poll_snapshot's check)
+                cap = self.capture
+                try:
+                    if cap is not None:
+                        with lock:
+                            save(cap, blocks)
+                            t1 = _now()
+                            call(blocks)
+                    else:
                         t1 = _now()
-                        touch(blocks)
-                else:
-                    t1 = _now()
-                    touch(blocks)
-                t = _now()
-                if blocks:
-                    ops.append((_TOUCH, *blocks))
-                    self.op_count += 1
-                self._step_ns += _now() - t + t1 - t0
-            finally:
-                self.epoch += 1
+                        call(blocks)
+                    t = _now()
+                    if blocks:
+                        ops.append((kind, *blocks))
+                        self.op_count += 1
+                    self._step_ns += _now() - t + t1 - t0
+                finally:
+                    self.epoch += 1
+
+            return wrapper
+
+        def _save_freed(cap: Capture, blocks: list[Any]) -> None:
+            cap.save_all(blocks)
+            cap.save_ends()
+
+        def _save_touched(cap: Capture, blocks: list[Any]) -> None:
+            for b in blocks:
+                cap.save_queued(b)
+
+        _free_blocks = _blocks_call(_FREE, free_blocks, _save_freed)
+        _touch = _blocks_call(_TOUCH, touch, _save_touched)
 
         def _cache_full_blocks(
             request: Any,

@@ -23,7 +23,7 @@ from app.analysis.worker import pool_view
 from blockpool.analysis import views
 from blockpool.analysis.core import Analysis
 from blockpool.analysis.recording import Recorder
-from blockpool.runtime.observer import OpObserver, Quiet
+from blockpool.runtime.observer import OpObserver
 
 if TYPE_CHECKING:
     from app.shared.settings import Settings
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from blockpool.runtime.runtime import PoolRuntime
 
 
-class PoolJumps(Quiet):
+class PoolJumps(OpObserver):
     """Worker mode: what the engine's runtime tells the analysis -- only that
     its pool jumped to another pool's state (a mirror's resync): the replica
     is sent the new state (``RemoteAnalysis.pool_jumped``)."""

@@ -62,7 +62,7 @@ class Replica:
             feeder=feeder,
             clock=self.now,
         )
-        self.rt.hooks = self.analysis
+        self.rt.observe(self.analysis)
         restore(self.rt, keyframe)
         self.analysis.rebase()
 

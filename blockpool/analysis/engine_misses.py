@@ -75,7 +75,7 @@ from blockpool.common.miss_reasons import (
     MissTally,
 )
 from blockpool.core.hashing import BlockHashWithGroupId
-from blockpool.runtime.observer import Quiet
+from blockpool.runtime.observer import OpObserver
 
 if TYPE_CHECKING:
     from blockpool.analysis.core import Analysis
@@ -92,7 +92,7 @@ def key0(h: bytes) -> BlockHashWithGroupId:
     return BlockHashWithGroupId(h + GID0)
 
 
-class EngineMisses(Quiet):
+class EngineMisses(OpObserver):
     """The engine's requests' miss reasons and their tally (see the module doc)."""
 
     def __init__(

@@ -21,9 +21,8 @@ another pool's state (``PoolRuntime.restore``: a mirror's resync from the
 engine's snapshot) is no operation: the observer is told ``on_resync`` once,
 after the columns were re-read and the recorder kept a keyframe.
 
-Several observers (the analysis, a mirror's engine misses) are one
-``Observers``: each is told, in the order they were added
-(``PoolRuntime.observe``).
+Several observers (the analysis, a mirror's engine misses) are each told, in
+the order they were added (``PoolRuntime.observe``).
 """
 
 from __future__ import annotations
@@ -82,66 +81,27 @@ class Change:
 
 
 class OpObserver(Protocol):
-    """Told of every change, in the order above (see ``Change``)."""
-
-    def on_allocate(self, ids: list[int]) -> None: ...
-
-    def on_freed(self, first_stamp: int, now: float | None = None) -> None: ...
-
-    def on_cache(self, hashes: Sequence[bytes]) -> None: ...
-
-    def on_evict(self, ids: list[int]) -> None: ...
-
-    def on_reset(self) -> None: ...
-
-    def on_admit(self, rid: str, op: AdmitFields, adm: Admission) -> None: ...
-
-    def on_append(
-        self,
-        rid: str,
-        managed: ManagedRequest,
-        before_tokens: int,
-        before_cached: int,
-        added: list[list[int]],
-    ) -> None: ...
-
-    def on_finish(self, rid: str, managed: ManagedRequest, first_stamp: int) -> None: ...
-
-    def on_resync(self) -> None: ...
-
-
-class Observers:
-    """Several observers as one: each told of every change, in order."""
-
-    def __init__(self, *observers: OpObserver) -> None:
-        self.observers: tuple[OpObserver, ...] = observers
-
-    def added(self, obs: OpObserver) -> Observers:
-        return Observers(*self.observers, obs)
+    """Told of every change, in the order above (see ``Change``).  Each
+    method does nothing here: an observer that needs a few notifications
+    subclasses this and overrides those."""
 
     def on_allocate(self, ids: list[int]) -> None:
-        for o in self.observers:
-            o.on_allocate(ids)
+        return None
 
     def on_freed(self, first_stamp: int, now: float | None = None) -> None:
-        for o in self.observers:
-            o.on_freed(first_stamp, now)
+        return None
 
     def on_cache(self, hashes: Sequence[bytes]) -> None:
-        for o in self.observers:
-            o.on_cache(hashes)
+        return None
 
     def on_evict(self, ids: list[int]) -> None:
-        for o in self.observers:
-            o.on_evict(ids)
+        return None
 
     def on_reset(self) -> None:
-        for o in self.observers:
-            o.on_reset()
+        return None
 
     def on_admit(self, rid: str, op: AdmitFields, adm: Admission) -> None:
-        for o in self.observers:
-            o.on_admit(rid, op, adm)
+        return None
 
     def on_append(
         self,
@@ -151,55 +111,13 @@ class Observers:
         before_cached: int,
         added: list[list[int]],
     ) -> None:
-        for o in self.observers:
-            o.on_append(rid, managed, before_tokens, before_cached, added)
+        return None
 
     def on_finish(self, rid: str, managed: ManagedRequest, first_stamp: int) -> None:
-        for o in self.observers:
-            o.on_finish(rid, managed, first_stamp)
+        return None
 
     def on_resync(self) -> None:
-        for o in self.observers:
-            o.on_resync()
-
-
-class Quiet:
-    """An observer told of everything that listens to nothing: a base for
-    one that needs a few of the notifications."""
-
-    def on_allocate(self, ids: list[int]) -> None:
-        pass
-
-    def on_freed(self, first_stamp: int, now: float | None = None) -> None:
-        pass
-
-    def on_cache(self, hashes: Sequence[bytes]) -> None:
-        pass
-
-    def on_evict(self, ids: list[int]) -> None:
-        pass
-
-    def on_reset(self) -> None:
-        pass
-
-    def on_admit(self, rid: str, op: AdmitFields, adm: Admission) -> None:
-        pass
-
-    def on_append(
-        self,
-        rid: str,
-        managed: ManagedRequest,
-        before_tokens: int,
-        before_cached: int,
-        added: list[list[int]],
-    ) -> None:
-        pass
-
-    def on_finish(self, rid: str, managed: ManagedRequest, first_stamp: int) -> None:
-        pass
-
-    def on_resync(self) -> None:
-        pass
+        return None
 
 
 def notify(obs: OpObserver, ch: Change, first_stamp: int) -> None:

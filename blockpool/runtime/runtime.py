@@ -33,7 +33,7 @@ from blockpool.runtime.columns import BlockColumns
 from blockpool.runtime.config import Caps, RuntimeConfig
 from blockpool.runtime.counters import RESIDENCY_BUCKETS, Counters
 from blockpool.runtime.errors import OperationError
-from blockpool.runtime.observer import Change, ChangeKind, Observers, OpObserver, notify
+from blockpool.runtime.observer import Change, ChangeKind, OpObserver, notify
 from blockpool.runtime.ops import READ_ONLY, Op, handle, precheck
 from blockpool.runtime.prefix_tree import EventPrefixTree
 from blockpool.runtime.seams import OperationRecorder, RequestStorage
@@ -100,7 +100,7 @@ class PoolRuntime:
         # Empty token slots in running requests' partial tail blocks (all groups).
         self.tail_waste = 0
         self.full_dirty = True  # every block changed since the last take (a reset)
-        self.hooks: OpObserver | None = None  # the observer of every change
+        self.observers: tuple[OpObserver, ...] = ()  # told of every change, in order
         self.recorder: OperationRecorder | None = None  # every operation (analysis.recording)
         self.after_op: Callable[[], None] | None = None  # after each operation (a wake-up)
         self._spare: PoolRuntime | None = None  # for dry runs (trial.py)
@@ -177,8 +177,8 @@ class PoolRuntime:
         first_stamp = cols.next_stamp
         for blocks in ch.freed:
             cols.stamp_freed(blocks)
-        if self.hooks is not None:
-            notify(self.hooks, ch, first_stamp)
+        for obs in self.observers:
+            notify(obs, ch, first_stamp)
         if ch.kind is ChangeKind.RESET:
             self.mark_all_dirty()
         else:
@@ -228,13 +228,7 @@ class PoolRuntime:
 
     def observe(self, obs: OpObserver) -> None:
         """Tell ``obs`` of every change too, after the observers it has."""
-        hooks = self.hooks
-        if hooks is None:
-            self.hooks = obs
-        elif isinstance(hooks, Observers):
-            self.hooks = hooks.added(obs)
-        else:
-            self.hooks = Observers(hooks, obs)
+        self.observers = (*self.observers, obs)
 
     # -------------------------------------------------------------- a jump
 
@@ -260,8 +254,8 @@ class PoolRuntime:
         rec = self.recorder
         if rec is not None:  # time travel starts a segment here (the jump is no operation)
             rec.keyframe()
-        if self.hooks is not None:
-            self.hooks.on_resync()
+        for obs in self.observers:
+            obs.on_resync()
 
     def _restore_tree(self, snap: PoolSnapshot, parents: Mapping[bytes, bytes | None]) -> None:
         """One copy per cached block, each hash under its parent where

@@ -66,7 +66,7 @@ def make() -> tuple[PoolRuntime, Told]:
     rt = PoolRuntime(RuntimeConfig(num_blocks=10, block_size=4, max_ids_per_call=8))
     rt.paranoid = True
     told = Told(rt)
-    rt.hooks = told
+    rt.observe(told)
     return rt, told
 
 
@@ -172,7 +172,7 @@ def test_the_observer_is_told_after_the_stamps_before_the_columns_are_reread() -
     rt = PoolRuntime(RuntimeConfig(num_blocks=10, block_size=4))
     rt.paranoid = True
     w = Watching(rt)
-    rt.hooks = w
+    rt.observe(w)
     rt.apply(ops.AllocateOp(num_blocks=3))
     assert w.seen[-1] == {"allocated": 0}  # step 3 before step 5
     assert rt.counters.blocks_allocated == 3

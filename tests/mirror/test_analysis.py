@@ -72,7 +72,7 @@ async def test_the_engines_misses_get_the_simulated_pools_reasons(rig: Rig) -> N
     engine.tell_requests = True
     engine.admit_alone = True
     own = Analysis(engine.rt, miss_index_size=1 << 16, miss_finished_kept=1 << 12)
-    engine.rt.hooks = own
+    engine.rt.observe(own)
     hello = await rig.hello()
     app, client = rig.service(hello, analysis_mode="inline")
     mine = app.state.engine

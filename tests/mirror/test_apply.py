@@ -255,7 +255,7 @@ def test_a_resync_resets_the_analysis_per_block_state() -> None:
     engine = FollowedEngine()
     rt, applier = mirror_of(engine)
     an = Analysis(rt, miss_index_size=4096, miss_finished_kept=16)
-    rt.hooks = an
+    rt.observe(an)
     applier.synced = True
     engine.drive(30)
     for b in engine.batches:

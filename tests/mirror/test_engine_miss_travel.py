@@ -17,7 +17,7 @@ def test_the_evicted_misses_travel_as_the_simulated_pools(free_order: str) -> No
     engine.tell_requests = True
     engine.admit_alone = True
     own = Analysis(engine.rt, miss_index_size=1 << 16, miss_finished_kept=1 << 12)
-    engine.rt.hooks = own
+    engine.rt.observe(own)
     engine.drive(300)
     own.misses.process()  # the simulated analysis' tick
     want_pos = own.misses.miss_pos.as_json()

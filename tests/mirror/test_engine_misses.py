@@ -15,7 +15,7 @@ from blockpool.common.miss_reasons import REASONS, SKIPPED
 from blockpool.mirror import MirrorApplier, decode, encode
 from blockpool.mirror.protocol import Arrive, Batch, Scheduled
 from blockpool.runtime import PoolRuntime
-from blockpool.runtime.observer import Observers, Quiet
+from blockpool.runtime.observer import OpObserver
 from blockpool.runtime.ops import AdmitOp, FinishOp
 from tests.mirror.workload import FollowedEngine, config
 
@@ -71,12 +71,12 @@ def test_the_library_observer_gives_the_simulated_pools_reasons(free_order: str)
     engine.tell_requests = True
     engine.admit_alone = True
     own = Analysis(engine.rt, miss_index_size=1 << 16, miss_finished_kept=1 << 12)
-    engine.rt.hooks = own
+    engine.rt.observe(own)
     engine.drive(200)
     shared = mirror(engine, inline=True)
     alone = mirror(engine, inline=False)
-    assert shared[2].ring is shared[0].hooks.misses.ring  # type: ignore[union-attr]
-    assert not shared[2].records and alone[2].records and alone[0].hooks is alone[2]
+    assert shared[2].ring is shared[0].observers[0].misses.ring  # type: ignore[attr-defined]
+    assert not shared[2].records and alone[2].records and alone[0].observers == (alone[2],)
     got_shared = follow(*shared, engine.batches)
     got_alone = follow(*alone, engine.batches)
     assert got_shared == got_alone  # one eviction memory or the other: the same answers
@@ -143,7 +143,7 @@ def test_a_request_that_skips_the_cache_is_skipped_not_evicted() -> None:
     engine.rt.check()
 
 
-class Resyncs(Quiet):
+class Resyncs(OpObserver):
     def __init__(self) -> None:
         self.told: list[str] = []
 
@@ -161,7 +161,7 @@ def test_a_restore_announces_the_resync_once_to_every_observer() -> None:
     first, second = Resyncs(), Resyncs()
     rt.observe(first)
     rt.observe(second)
-    assert isinstance(rt.hooks, Observers) and len(rt.hooks.observers) == 3
+    assert len(rt.observers) == 3 and rt.observers[1:] == (first, second)
     engine.batches.clear()
     snap = engine.follower.capture_now()
     assert snap is not None
