@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.analysis import prom
 from app.analysis.remote import RemoteAnalysis
-from app.analysis.shadows import MirrorShadows, make_feeder, shadow_specs
+from app.analysis.shadows import MirrorShadows, ShadowLayout, make_feeder, shadow_specs
 from app.analysis.worker import pool_view
 from blockpool.analysis import views
 from blockpool.analysis.core import Analysis
@@ -66,14 +66,10 @@ class AnalysisHost:
             feeder = None
             if s.shadow_mode != "off" and s.enable_caching:
                 specs = shadow_specs(list(s.shadow_policies), list(s.shadow_factors), s.shadow_grid)
-                feeder = make_feeder(
-                    specs,
-                    engine.pool.num_gpu_blocks - 1,
-                    s.block_size,
-                    s.num_groups,
-                    s.shadow_mode,
-                    s.shadow_max_lag,
+                layout = ShadowLayout(
+                    specs, engine.pool.num_gpu_blocks - 1, s.block_size, s.num_groups
                 )
+                feeder = make_feeder(layout, s.shadow_mode, s.shadow_max_lag)
             self.inline = Analysis(
                 engine,
                 miss_index_size=s.miss_index_size,

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from app.analysis.worker_client import WorkerClient
-from blockpool.analysis.feeder import ShadowFeeder, shadow_specs
+from blockpool.analysis.feeder import ShadowFeeder, ShadowLayout, shadow_specs
 from blockpool.analysis.views import shadow_rows, shadows_of
 from blockpool.mirror.shadow_feed import MirrorShadowFeed
 from blockpool.shadow import ShadowSpec
@@ -29,7 +29,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("blockpool.analysis")
 
-__all__ = ["MirrorShadows", "ProcessShadowFeeder", "ShadowFeeder", "make_feeder", "shadow_specs"]
+__all__ = [
+    "MirrorShadows",
+    "ProcessShadowFeeder",
+    "ShadowFeeder",
+    "ShadowLayout",
+    "make_feeder",
+    "shadow_specs",
+]
 
 
 class ProcessShadowFeeder(ShadowFeeder):
@@ -38,15 +45,8 @@ class ProcessShadowFeeder(ShadowFeeder):
 
     mode = "process"
 
-    def __init__(
-        self,
-        specs: list[ShadowSpec],
-        base_capacity: int,
-        block_size: int,
-        num_groups: int,
-        max_lag: int,
-    ) -> None:
-        super().__init__(specs, base_capacity, block_size, num_groups, inline=False)
+    def __init__(self, layout: ShadowLayout, max_lag: int) -> None:
+        super().__init__(layout, inline=False)
         self.worker = WorkerClient(self, max_lag)
         self.need_restart = False
 
@@ -124,18 +124,11 @@ class ProcessShadowFeeder(ShadowFeeder):
             raise AssertionError(self.error)
 
 
-def make_feeder(
-    specs: list[ShadowSpec],
-    base_capacity: int,
-    block_size: int,
-    num_groups: int,
-    mode: str,
-    max_lag: int,
-) -> ShadowFeeder:
+def make_feeder(layout: ShadowLayout, mode: str, max_lag: int) -> ShadowFeeder:
     """``process``: in the worker process; ``inline``: on the engine."""
     if mode == "process":
-        return ProcessShadowFeeder(specs, base_capacity, block_size, num_groups, max_lag)
-    return ShadowFeeder(specs, base_capacity, block_size, num_groups)
+        return ProcessShadowFeeder(layout, max_lag)
+    return ShadowFeeder(layout)
 
 
 class MirrorShadows:
@@ -150,14 +143,10 @@ class MirrorShadows:
         specs += [ShadowSpec(p, 1.0) for p in settings.shadow_policies if p != free_order]
         self.capacity = settings.effective_num_blocks - 1  # (a mirror: the engine's blocks)
         mode = "inline" if settings.shadow_mode == "inline" else "process"
-        self.feeder = make_feeder(
-            list(dict.fromkeys(specs)),
-            self.capacity,
-            settings.block_size,
-            settings.num_groups,
-            mode,
-            settings.shadow_max_lag,
+        layout = ShadowLayout(
+            list(dict.fromkeys(specs)), self.capacity, settings.block_size, settings.num_groups
         )
+        self.feeder = make_feeder(layout, mode, settings.shadow_max_lag)
         self.feed = MirrorShadowFeed(self.feeder, free_order, engine)
 
     def start(self) -> None:

@@ -41,7 +41,7 @@ class Replica:
 
     def __init__(self, opening: dict[str, Any], keyframe: Any) -> None:
         from blockpool.analysis.core import Analysis
-        from blockpool.analysis.feeder import ShadowFeeder, shadow_specs
+        from blockpool.analysis.feeder import ShadowFeeder, ShadowLayout, shadow_specs
         from blockpool.runtime import PoolRuntime, RuntimeConfig
         from blockpool.runtime.state import restore
 
@@ -53,7 +53,7 @@ class Replica:
         if shadows is not None and config.enable_caching:
             specs = shadow_specs(shadows["policies"], shadows["factors"], shadows["grid"])
             feeder = ShadowFeeder(
-                specs, config.num_blocks - 1, config.block_size, config.num_groups
+                ShadowLayout(specs, config.num_blocks - 1, config.block_size, config.num_groups)
             )
         self.analysis = Analysis(
             self.rt,

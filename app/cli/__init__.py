@@ -4,10 +4,11 @@
 Flags override ``BLOCKPOOL_*`` environment settings, which override defaults.
 
 This package: the parser and the dispatch; the flags of each command
-(serve_flags, observe_flags, serving_flags), their generated defaults
-(help_defaults), the settings they give (settings), the commands
-(commands) and the uvicorn run (server); ``replay`` (replay) and ``trace``
-(trace, with trace_sched: timed mode's scheduler, trace_fleet: --replicas).
+(serve_flags, observe_flags, serving_flags: tables of flag_table's rows),
+their generated defaults (help_defaults), the settings they give
+(settings), the commands (commands) and the uvicorn run (server);
+``replay`` (replay) and ``trace`` (trace, with trace_sched: timed mode's
+scheduler, trace_fleet: --replicas).
 """
 
 from __future__ import annotations

@@ -5,9 +5,73 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.cli.flag_table import LOG_LEVEL, Flag, add_flags
 from app.cli.help_defaults import with_defaults
-from app.cli.serving_flags import add_serving_flags
+from app.cli.serving_flags import serving_flags
 from app.shared.settings import ObserverSettings
+
+# the streams followed, before the flags both apps share
+STREAM_FLAGS = (
+    Flag(
+        "endpoints",
+        "[name=]tcp://host:port of a PUB socket (vLLM's kv-events-config endpoint)",
+        nargs="*",
+        metavar="ENDPOINT",
+    ),
+    Flag(
+        "--bind",
+        "[name=]tcp://host:port to bind (repeatable), for publishers that connect: vLLM "
+        "does when its kv-events endpoint is a concrete host (tcp://this-host:5557). One "
+        "publisher per address: the first connection to send, until it closes; another's "
+        "messages are refused and counted (bind an address only the engines reach)",
+        dest="bind_endpoints",
+        action="append",
+        metavar="ENDPOINT",
+    ),
+    Flag(
+        "--max-hashes",
+        "hashes held per pool at most (more are counted as overflow, not kept)",
+        type=int,
+    ),
+    Flag(
+        "--replay",
+        "the replay (ROUTER) endpoint of each ENDPOINT, in order; 'none' for one without",
+        dest="replay_endpoints",
+        action="append",
+        metavar="ENDPOINT",
+    ),
+    Flag(
+        "--dashboard",
+        "the dashboard of instance NAME (a blockpool serve --mirror of that engine; "
+        "repeatable): its card on the fleet page links it",
+        dest="dashboards",
+        action="append",
+        metavar="NAME=URL",
+    ),
+    Flag(
+        "--max-message-bytes",
+        "the byte cap on every message (live and replayed): a frame over it closes its "
+        "connection before it is read (ZMQ_MAXMSGSIZE)",
+        dest="max_batch_bytes",
+        type=int,
+        metavar="BYTES",
+    ),
+    Flag("--dp-size", "data-parallel ranks per endpoint: ports +0..N-1", type=int),
+    Flag("--topic", "topic prefix to subscribe to ('' = all)"),
+    Flag(
+        "--no-bootstrap-replay",
+        "do not ask for seq 0 on when joining mid-stream",
+        dest="bootstrap_replay",
+        action="store_false",
+        default=None,
+    ),
+    Flag(
+        "--replay-timeout",
+        "seconds without a replay answer before giving up",
+        dest="replay_timeout_s",
+        type=float,
+    ),
+)
 
 
 def add_observe_parser(sub: Any) -> None:
@@ -20,54 +84,14 @@ def add_observe_parser(sub: Any) -> None:
             "from the events alone."
         ),
     )
-    o.add_argument(
-        "endpoints", nargs="*", metavar="ENDPOINT",
-        help="[name=]tcp://host:port of a PUB socket (vLLM's kv-events-config endpoint)",
-    )  # fmt: skip
-    o.add_argument(
-        "--bind", dest="bind_endpoints", action="append", metavar="ENDPOINT",
-        help="[name=]tcp://host:port to bind (repeatable), for publishers that connect: vLLM "
-        "does when its kv-events endpoint is a concrete host (tcp://this-host:5557). One "
-        "publisher per address: the first connection to send, until it closes; another's "
-        "messages are refused and counted (bind an address only the engines reach)",
-    )  # fmt: skip
-    o.add_argument(
-        "--max-hashes", type=int,
-        help="hashes held per pool at most (more are counted as overflow, not kept)",
-    )  # fmt: skip
-    o.add_argument(
-        "--replay", dest="replay_endpoints", action="append", metavar="ENDPOINT",
-        help="the replay (ROUTER) endpoint of each ENDPOINT, in order; 'none' for one without",
-    )  # fmt: skip
-    o.add_argument(
-        "--dashboard", dest="dashboards", action="append", metavar="NAME=URL",
-        help="the dashboard of instance NAME (a blockpool serve --mirror of that engine; "
-        "repeatable): its card on the fleet page links it",
-    )  # fmt: skip
-    o.add_argument(
-        "--max-message-bytes", dest="max_batch_bytes", type=int, metavar="BYTES",
-        help="the byte cap on every message (live and replayed): a frame over it closes its "
-        "connection before it is read (ZMQ_MAXMSGSIZE)",
-    )  # fmt: skip
-    o.add_argument("--dp-size", type=int, help="data-parallel ranks per endpoint: ports +0..N-1")
-    o.add_argument("--topic", help="topic prefix to subscribe to ('' = all)")
-    o.add_argument(
-        "--no-bootstrap-replay", dest="bootstrap_replay", action="store_false", default=None,
-        help="do not ask for seq 0 on when joining mid-stream",
-    )  # fmt: skip
-    o.add_argument(
-        "--replay-timeout", dest="replay_timeout_s", type=float,
-        help="seconds without a replay answer before giving up",
-    )  # fmt: skip
-    add_serving_flags(
+    add_flags(o, STREAM_FLAGS)
+    add_flags(
         o,
-        token_guards="every read",
-        allowed_host="a Host name browsers may use (repeatable)",
-        allowed_origin="a page origin that may POST (repeatable)",
+        serving_flags(
+            token_guards="every read",
+            allowed_host="a Host name browsers may use (repeatable)",
+            allowed_origin="a page origin that may POST (repeatable)",
+        ),
     )
-    o.add_argument("--tick-hz", type=float, help="websocket updates per second")
-    o.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"],
-        help="log level (default: %(default)s)",
-    )  # fmt: skip
+    add_flags(o, (Flag("--tick-hz", "websocket updates per second", type=float), LOG_LEVEL))
     with_defaults(o, ObserverSettings)

@@ -4,46 +4,52 @@ page origins browsers may use."""
 
 from __future__ import annotations
 
-import argparse
+from app.cli.flag_table import Flag
 
 TOKEN_FLAG_NOTE = "; every local user sees it in ps: prefer --token-file or BLOCKPOOL_TOKEN"
 
 
-def add_serving_flags(
-    p: argparse.ArgumentParser, *, token_guards: str, allowed_host: str, allowed_origin: str
-) -> None:
+def serving_flags(*, token_guards: str, allowed_host: str, allowed_origin: str) -> tuple[Flag, ...]:
     """Both apps' flags, in this order: ``--host``, ``--port``, ``--token``
     (``token_guards``: what it guards), the token file and the connection
     limits, ``--allowed-host`` and ``--allowed-origin`` (their helps: each
     app's own words)."""
-    p.add_argument("--host", help="bind address")
-    p.add_argument("--port", type=int, help="port")
-    p.add_argument("--token", help=f"bearer token required by {token_guards}" + TOKEN_FLAG_NOTE)
-    p.add_argument(
-        "--token-file", metavar="PATH",
-        help="read the bearer token from this file (its first line); the way to pass it",
-    )  # fmt: skip
-    p.add_argument(
-        "--forwarded-allow-ips", metavar="IPS",
-        help="proxies (comma-separated, '*': any) whose X-Forwarded-For is trusted",
-    )  # fmt: skip
-    p.add_argument(
-        "--header-timeout", dest="header_timeout_s", type=float,
-        help="seconds a connection has to send a request's headers (then 408)",
-    )  # fmt: skip
-    p.add_argument(
-        "--body-timeout", dest="body_timeout_s", type=float,
-        help="seconds a request has to send its whole body (then 408)",
-    )  # fmt: skip
-    p.add_argument(
-        "--keep-alive", dest="keep_alive_s", type=int,
-        help="seconds an idle connection is kept open",
-    )  # fmt: skip
-    p.add_argument("--max-connections", type=int, help="connections open at once (beyond: 503)")
-    p.add_argument(
-        "--allowed-host", dest="allowed_hosts", action="append", metavar="NAME", help=allowed_host
+    return (
+        Flag("--host", "bind address"),
+        Flag("--port", "port", type=int),
+        Flag("--token", f"bearer token required by {token_guards}" + TOKEN_FLAG_NOTE),
+        Flag(
+            "--token-file",
+            "read the bearer token from this file (its first line); the way to pass it",
+            metavar="PATH",
+        ),
+        Flag(
+            "--forwarded-allow-ips",
+            "proxies (comma-separated, '*': any) whose X-Forwarded-For is trusted",
+            metavar="IPS",
+        ),
+        Flag(
+            "--header-timeout",
+            "seconds a connection has to send a request's headers (then 408)",
+            dest="header_timeout_s",
+            type=float,
+        ),
+        Flag(
+            "--body-timeout",
+            "seconds a request has to send its whole body (then 408)",
+            dest="body_timeout_s",
+            type=float,
+        ),
+        Flag(
+            "--keep-alive", "seconds an idle connection is kept open", dest="keep_alive_s", type=int
+        ),
+        Flag("--max-connections", "connections open at once (beyond: 503)", type=int),
+        Flag("--allowed-host", allowed_host, dest="allowed_hosts", action="append", metavar="NAME"),
+        Flag(
+            "--allowed-origin",
+            allowed_origin,
+            dest="allowed_origins",
+            action="append",
+            metavar="ORIGIN",
+        ),
     )
-    p.add_argument(
-        "--allowed-origin", dest="allowed_origins", action="append", metavar="ORIGIN",
-        help=allowed_origin,
-    )  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any
 
 from app.cli import trace_fleet
 from app.cli.field_flags import add_field_flags, flag, flag_fields, from_args
+from app.cli.flag_table import Flag, add_flags
 from app.cli.trace_sched import add_scheduler_arguments, scheduler_lines, timed_config
 from app.trace import planner
 from blockpool.core.free_order import FreeOrder
@@ -130,12 +131,21 @@ def request_of(args: argparse.Namespace) -> PlanRequest:
     return request
 
 
+SERVE_FLAGS = (
+    Flag("--trace", "drive the engine from this trace instead of the demo"),
+    Flag("--trace-speed", "trace arrivals x speed", type=float),
+    Flag(
+        "--trace-loop",
+        "start the trace over when it ends",
+        dest="trace_loop",
+        action="store_true",
+        default=None,
+    ),
+)
+
+
 def add_serve_flags(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--trace", help="drive the engine from this trace instead of the demo")
-    s.add_argument("--trace-speed", type=float, help="trace arrivals x speed")
-    _flag = s.add_argument
-    _flag("--trace-loop", dest="trace_loop", action="store_true", default=None,
-          help="start the trace over when it ends")  # fmt: skip
+    add_flags(s, SERVE_FLAGS)
 
 
 def _fmt_cap(v: int | None) -> str:

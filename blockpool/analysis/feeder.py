@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from blockpool.core.free_order import APPEND_ALL
@@ -77,26 +78,34 @@ class FeedProgress:
         }
 
 
+@dataclass(frozen=True)
+class ShadowLayout:
+    """The shadow pools a feeder keeps: one a spec, sized from the real
+    pool's ``base_capacity`` blocks of ``block_size`` tokens, ``num_groups``
+    KV-cache groups."""
+
+    specs: list[ShadowSpec]
+    base_capacity: int
+    block_size: int
+    num_groups: int
+
+
 class ShadowFeeder(FeedProgress):
-    """Inline: the shadows live here and every flush applies at once."""
+    """Inline: the shadows of ``layout`` live here and every flush applies at once."""
 
     mode = "inline"
 
-    def __init__(
-        self,
-        specs: list[ShadowSpec],
-        base_capacity: int,
-        block_size: int,
-        num_groups: int,
-        *,
-        inline: bool = True,
-    ) -> None:
-        self.specs = specs
-        self.base_capacity = base_capacity
-        self.block_size = block_size
-        self.num_groups = num_groups
+    def __init__(self, layout: ShadowLayout, *, inline: bool = True) -> None:
+        self.specs = layout.specs
+        self.base_capacity = layout.base_capacity
+        self.block_size = layout.block_size
+        self.num_groups = layout.num_groups
         self.pending: list[tuple[Any, ...]] = []
-        self.inline = ShadowSet(specs, base_capacity, block_size, num_groups) if inline else None
+        self.inline = (
+            ShadowSet(layout.specs, layout.base_capacity, layout.block_size, layout.num_groups)
+            if inline
+            else None
+        )
         self.latest: list[dict[str, Any]] | None = self.inline.stats() if self.inline else None
         self.latest_real: tuple[int, int] | None = None
         self.real_base = (0, 0)

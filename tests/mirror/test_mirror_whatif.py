@@ -152,11 +152,12 @@ async def test_shadows_on_a_mirror_equal_the_planner_and_the_engine(
 async def test_requests_that_skip_the_cache_or_came_before_are_not_fed() -> None:
     """A request that skips the prefix cache, and one first scheduled before
     the feed began, are counted and never reach the shadows."""
-    from blockpool.analysis.feeder import ShadowFeeder
+    from blockpool.analysis.feeder import ShadowFeeder, ShadowLayout
     from blockpool.mirror.shadow_feed import MirrorShadowFeed
     from blockpool.shadow import ShadowSpec
 
-    feeder = ShadowFeeder([ShadowSpec("uncached_first", 1.0)], 8, BLOCK, 1)
+    layout = ShadowLayout([ShadowSpec("uncached_first", 1.0)], 8, BLOCK, 1)
+    feeder = ShadowFeeder(layout)
     feed = MirrorShadowFeed(feeder, "uncached_first")
     h = [b"a" * 32, b"b" * 32]
     feed.apply([Arrive("early", 0.0, 9, h), Scheduled("early", 0.0, 0)], (1, 9, 0))
@@ -181,13 +182,13 @@ async def test_requests_that_skip_the_cache_or_came_before_are_not_fed() -> None
     feeder.check()
 
     # the engine's very first batch (seq 1): nothing came before, all is fed
-    first = ShadowFeeder([ShadowSpec("uncached_first", 1.0)], 8, BLOCK, 1)
+    first = ShadowFeeder(layout)
     feed = MirrorShadowFeed(first, "uncached_first")
     feed.apply([Arrive("a", 0.0, 9, h), Scheduled("a", 0.0, 0)], (1, 9, 0), seq=1)
     first.flush((9, 0))
     assert feed.fed == 1 and feed.not_heard == 0 and first.real_base == (0, 0)
     # a beat before any batch: the feed starts from the engine's counters then
-    third = ShadowFeeder([ShadowSpec("uncached_first", 1.0)], 8, BLOCK, 1)
+    third = ShadowFeeder(layout)
     feed = MirrorShadowFeed(third, "uncached_first")
     feed.begin((4, 40, 8))
     feed.apply([Arrive("b", 0.0, 9, h), Scheduled("b", 0.0, 0)], (5, 49, 8), seq=7)

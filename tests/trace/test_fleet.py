@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 
 from blockpool import BlockPool, check_invariants, sha256
-from blockpool.core.free_order import FREE_ORDERS, FreeOrder
+from blockpool.core.free_order import APPEND_ALL, FREE_ORDERS, FreeOrder
 from blockpool.trace import Trace
 from blockpool.trace.fleet import FleetJob, FleetSpec, make_router, run_job, run_sweep
 from blockpool.trace.fleet.routers import ROUTERS, parse_routers, session_key
 from blockpool.trace.fleet.sequence import FleetSequence
+from blockpool.trace.fleet.setup import FleetSetup
 from blockpool.trace.fleet.targets import smallest_fleet
 from blockpool.trace.fleet.timed import FleetTimed
 from blockpool.trace.plan.report import DEFAULT_FREE_ORDER, replay_trace
@@ -41,14 +42,16 @@ def fleet_seq(
     trace: Trace, n: int, blocks: int, router: str, free_order: FreeOrder = DEFAULT_FREE_ORDER
 ) -> FleetSequence:
     seq = FleetSequence(
-        trace,
-        BS,
-        n,
-        blocks,
-        sha256,
-        make_router(router, trace),
-        free_order=free_order,
-        capacity_tokens=blocks * BS,
+        FleetSetup(
+            trace,
+            BS,
+            n,
+            blocks,
+            sha256,
+            make_router(router, trace),
+            free_order=free_order,
+            capacity_tokens=blocks * BS,
+        )
     )
     seq.run()
     for rep in seq.replicas:
@@ -142,7 +145,7 @@ def test_prefix_aware_trades_the_cached_prefix_against_the_load() -> None:
     for w, want, hits in ((1.0, [0, 1, 2], [0, 0, 0]), (2.0, [0, 1, 0], [0, 0, 3]),
                           (0.0, [0, 1, 2], [0, 0, 0])):  # fmt: skip
         router = make_router("prefix_aware", trace, overlap_weight=w)
-        seq = FleetSequence(trace, 16, 3, 40, sha256, router)
+        seq = FleetSequence(FleetSetup(trace, 16, 3, 40, sha256, router, DEFAULT_FREE_ORDER))
         seq.run()
         assert (seq.assignment, seq.hits) == (want, hits), w
         for rep in seq.replicas:
@@ -193,18 +196,10 @@ def timed_single(trace: Trace, blocks: int) -> CapacityResult:
 
 
 def timed_fleet(trace: Trace, n: int, blocks: int, router: str) -> FleetTimed:
-    fleet = FleetTimed(
-        trace,
-        BS,
-        n,
-        blocks,
-        sha256,
-        make_router(router, trace),
-        SCHED,
-        STEP,
-        1.0,
-        capacity_tokens=blocks * BS,
+    setup = FleetSetup(
+        trace, BS, n, blocks, sha256, make_router(router, trace), APPEND_ALL, blocks * BS
     )
+    fleet = FleetTimed(setup, SCHED, STEP, 1.0)
     fleet.run()
     for rep in fleet.replicas:
         check_invariants(rep.pool)

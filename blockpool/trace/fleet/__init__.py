@@ -1,8 +1,9 @@
 """Fleet planning: a trace routed to N replicas, each an exact pool of its own.
 
 ``routers.py`` (round_robin, session, least_loaded, prefix_aware),
-``sequence.py`` / ``timed.py`` (the replays), ``fleet.py`` (one
-configuration), ``sweep.py`` (many, serial / on processes / on Ray),
+``sequence.py`` / ``timed.py`` (the replays, both built from a ``setup.py``
+FleetSetup), ``fleet.py`` (one configuration), ``sweep.py`` (many, serial /
+on processes / on Ray),
 ``targets.py`` (the smallest fleet meeting a target), ``stepfit.py`` (a step
 model fitted from a vLLM ``/metrics`` scrape).
 """

@@ -22,6 +22,7 @@ from blockpool.trace.fleet.routers import (
     make_router,
 )
 from blockpool.trace.fleet.sequence import FleetSequence
+from blockpool.trace.fleet.setup import FleetSetup
 from blockpool.trace.fleet.timed import FleetTimed
 from blockpool.trace.sched.engine_core import StepModel
 from blockpool.trace.sched.timed import TimedConfig, simple_scheduler
@@ -64,21 +65,19 @@ def run_job(
         job.router, trace, overlap_weight=spec.overlap_weight, session_ids=spec.session_ids
     )
     cap_tokens = None if job.blocks is None else job.blocks * spec.block_size
+    setup = FleetSetup(
+        trace, spec.block_size, job.replicas, job.blocks, hash_fn, router, job.free_order,
+        cap_tokens,
+    )  # fmt: skip
     fleet: FleetSequence | FleetTimed
     if spec.mode == "sequence":
-        fleet = FleetSequence(
-            trace, spec.block_size, job.replicas, job.blocks, hash_fn, router, job.free_order,
-            cap_tokens,
-        )  # fmt: skip
+        fleet = FleetSequence(setup)
         per = fleet.run(progress)
         ttft = queue = None
     else:
         cfg = spec.timed
         sched = cfg.scheduler or simple_scheduler(cfg.max_running)
-        fleet = FleetTimed(
-            trace, spec.block_size, job.replicas, job.blocks, hash_fn, router, sched,
-            cfg.step_model or StepModel(cfg.step_ms), cfg.speed, job.free_order, cap_tokens,
-        )  # fmt: skip
+        fleet = FleetTimed(setup, sched, cfg.step_model or StepModel(cfg.step_ms), cfg.speed)
         per = fleet.run(progress)
         ttft, queue = fleet.fleet_times()
     return FleetResult(

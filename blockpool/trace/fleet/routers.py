@@ -117,11 +117,9 @@ def _least(replicas: Sequence[ReplicaView], key: list[float]) -> int:
     return min(range(len(replicas)), key=lambda j: (key[j], replicas[j].load_blocks, j))
 
 
-class RoundRobin(Router):
-    name = "round_robin"
-
-    def __init__(self) -> None:
-        self.next = 0
+class ReplicasOnlyRouter(Router):
+    """Base of a router that looks at the replicas alone, not the request:
+    ``route`` is ``pick(replicas)``."""
 
     def route(
         self,
@@ -131,6 +129,19 @@ class RoundRobin(Router):
         prompt_blocks: int,  # noqa: ARG002 the Router protocol
         replicas: Sequence[ReplicaView],
     ) -> int:
+        return self.pick(replicas)
+
+    def pick(self, replicas: Sequence[ReplicaView]) -> int:
+        raise NotImplementedError
+
+
+class RoundRobin(ReplicasOnlyRouter):
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def pick(self, replicas: Sequence[ReplicaView]) -> int:
         j = self.next % len(replicas)
         self.next = j + 1
         return j
@@ -168,17 +179,10 @@ class Session(Router):
         return int.from_bytes(digest, "big") % len(replicas)
 
 
-class LeastLoaded(Router):
+class LeastLoaded(ReplicasOnlyRouter):
     name = "least_loaded"
 
-    def route(
-        self,
-        req: TraceRequest,  # noqa: ARG002 the Router protocol
-        hashes: Sequence[BlockHash],  # noqa: ARG002 the Router protocol
-        max_hit: int,  # noqa: ARG002 the Router protocol
-        prompt_blocks: int,  # noqa: ARG002 the Router protocol
-        replicas: Sequence[ReplicaView],
-    ) -> int:
+    def pick(self, replicas: Sequence[ReplicaView]) -> int:
         return _least(replicas, [float(r.in_flight) for r in replicas])
 
 

@@ -14,15 +14,13 @@ from collections.abc import Callable, Sequence
 
 from blockpool.core.admission import cdiv, hit_limit
 from blockpool.core.block_hasher import get_request_block_hasher
-from blockpool.core.free_order import FreeOrder
-from blockpool.core.hashing import BlockHash, HashFn
-from blockpool.trace.fleet.routers import Router, cached_prefix
-from blockpool.trace.plan.report import DEFAULT_FREE_ORDER
+from blockpool.core.hashing import BlockHash
+from blockpool.trace.fleet.routers import cached_prefix
+from blockpool.trace.fleet.setup import FleetSetup
 from blockpool.trace.replay.results import CapacityResult
 from blockpool.trace.replay.sequence import SequenceDriver, make_pool, unbounded_blocks
 from blockpool.trace.replay.sequence_groups import GroupRequest
 from blockpool.trace.workload.keys import make_request
-from blockpool.trace.workload.reader import Trace
 
 
 class SequenceReplica:
@@ -48,41 +46,28 @@ class SequenceReplica:
 
 
 class FleetSequence:
-    """``replicas`` pools of ``blocks`` each (None: never evicts) behind ``router``."""
+    """The fleet of ``setup``, each replica an exact pool replayed in sequence."""
 
-    def __init__(
-        self,
-        trace: Trace,
-        block_size: int,
-        replicas: int,
-        blocks: int | None,
-        hash_fn: HashFn,
-        router: Router,
-        free_order: FreeOrder = DEFAULT_FREE_ORDER,
-        capacity_tokens: int | None = None,
-    ) -> None:
-        if replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {replicas}")
-        self.trace = trace
-        self.block_size = block_size
-        self.hash_fn = hash_fn
-        self.router = router
+    def __init__(self, setup: FleetSetup) -> None:
+        self.setup = setup
+        trace, block_size, blocks = setup.trace, setup.block_size, setup.blocks
         n = blocks if blocks is not None else unbounded_blocks(trace, block_size)
         self.replicas: list[SequenceReplica] = []
         self.floor = [0]
-        for _ in range(replicas):
-            pool = make_pool(n, block_size, free_order)
-            res = CapacityResult(capacity_tokens, blocks)
+        for _ in range(setup.replicas):
+            pool = make_pool(n, block_size, setup.free_order)
+            res = CapacityResult(setup.capacity_tokens, blocks)
             self.replicas.append(SequenceReplica(SequenceDriver(pool, block_size, res), self.floor))
         self.assignment: list[int] = []
         self.hits: list[int] = []
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> list[CapacityResult]:
-        bs = self.block_size
-        trace = self.trace
-        hasher = get_request_block_hasher(bs, self.hash_fn)
+        setup = self.setup
+        bs = setup.block_size
+        trace = setup.trace
+        hasher = get_request_block_hasher(bs, setup.hash_fn)
         replicas = self.replicas
-        route = self.router.route
+        route = setup.router.route
         total = len(trace.requests)
         for i, req in enumerate(trace.requests):
             r = make_request(trace, req, str(i), hasher)

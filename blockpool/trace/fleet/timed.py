@@ -22,10 +22,11 @@ from collections.abc import Callable, Sequence
 
 from blockpool.core.admission import cdiv, hit_limit
 from blockpool.core.free_order import APPEND_ALL, FreeOrder
-from blockpool.core.hashing import BlockHash, HashFn
+from blockpool.core.hashing import BlockHash
 from blockpool.core.manager import _request_block_hasher
 from blockpool.core.pool import BlockPool
-from blockpool.trace.fleet.routers import Router, cached_prefix
+from blockpool.trace.fleet.routers import cached_prefix
+from blockpool.trace.fleet.setup import FleetSetup
 from blockpool.trace.replay.results import CapacityResult
 from blockpool.trace.replay.sequence import make_pool, unbounded_blocks
 from blockpool.trace.sched.engine_core import SimulatedEngineCore, StepModel
@@ -33,7 +34,6 @@ from blockpool.trace.sched.scheduled import percentiles
 from blockpool.trace.sched.scheduler import SchedRequest, Scheduler, SchedulerConfig
 from blockpool.trace.sched.slots import KVSlots
 from blockpool.trace.workload.keys import make_request
-from blockpool.trace.workload.reader import Trace
 
 
 def _pool(num_blocks: int, block_size: int, free_order: FreeOrder) -> BlockPool:
@@ -102,33 +102,22 @@ class TimedReplica:
 
 
 class FleetTimed:
-    """``replicas`` engines of ``blocks`` each (None: never evicts) behind ``router``."""
+    """The fleet of ``setup``, each replica an engine on the simulated clock."""
 
     def __init__(
         self,
-        trace: Trace,
-        block_size: int,
-        replicas: int,
-        blocks: int | None,
-        hash_fn: HashFn,
-        router: Router,
+        setup: FleetSetup,
         config: SchedulerConfig,
         step_model: StepModel | None = None,
         speed: float = 1.0,
-        free_order: FreeOrder = APPEND_ALL,
-        capacity_tokens: int | None = None,
     ) -> None:
-        if replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {replicas}")
         if not speed > 0:
             raise ValueError("speed must be > 0")
-        self.trace = trace
-        self.block_size = block_size
-        self.hash_fn = hash_fn
-        self.router = router
+        self.setup = setup
         self.config = config
         self.model = step_model or StepModel()
         self.speed = speed
+        trace, block_size, blocks = setup.trace, setup.block_size, setup.blocks
         n = blocks
         if n is None:  # as replay_scheduled sizes an unbounded pool
             n = unbounded_blocks(trace, block_size) + sum(
@@ -138,23 +127,24 @@ class FleetTimed:
             TimedReplica(
                 n,
                 block_size,
-                free_order,
+                setup.free_order,
                 config,
                 self.model,
-                CapacityResult(capacity_tokens, blocks),
+                CapacityResult(setup.capacity_tokens, blocks),
             )
-            for _ in range(replicas)
+            for _ in range(setup.replicas)
         ]
         self.assignment: list[int] = []  # -1: rejected as too long
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> list[CapacityResult]:
-        trace = self.trace
-        bs = self.block_size
-        hasher = _request_block_hasher(bs, self.hash_fn)
+        setup = self.setup
+        trace = setup.trace
+        bs = setup.block_size
+        hasher = _request_block_hasher(bs, setup.hash_fn)
         model_len = self.config.model_len
         speed = self.speed
         replicas = self.replicas
-        route = self.router.route
+        route = setup.router.route
         total = len(trace.requests)
         too_long = [0] * len(replicas)
         too_long_tokens = [0] * len(replicas)

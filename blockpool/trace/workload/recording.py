@@ -11,15 +11,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from blockpool.trace.workload.limits import (
-    DEFAULT_LIMITS,
-    MAX_ID,
-    Totals,
-    TraceError,
-    TraceLimits,
-    json_lines,
-    show_value,
-)
+from blockpool.trace.workload import limits as trace_limits
+from blockpool.trace.workload.limits import MAX_ID, TraceError, show_value
 from blockpool.trace.workload.requests import TOKENS_PER_ID, Trace, TraceRequest
 from blockpool.trace.workload.traffic import parse_recording_requests
 
@@ -50,15 +43,17 @@ def _token_list(v: Any, line: int, opname: str, nonempty: bool) -> list[int]:
     return v
 
 
-def parse_recording(lines: Iterable[str | bytes], limits: TraceLimits = DEFAULT_LIMITS) -> Trace:
+def parse_recording(
+    lines: Iterable[str | bytes], limits: trace_limits.TraceLimits = trace_limits.DEFAULT_LIMITS
+) -> Trace:
     """The admitted requests of a ``blockpool-recording`` export."""
     reqs: list[dict[str, Any]] = []
     running: dict[str, int] = {}
-    totals = Totals(limits)
+    totals = trace_limits.Totals(limits)
     cap = limits.max_tokens_per_request
     t0: float | None = None
     header = False
-    rows = json_lines(lines)
+    rows = trace_limits.json_lines(lines)
     for n, row in rows:
         if not isinstance(row, dict):
             raise TraceError("a row must be a JSON object", n)
