@@ -193,13 +193,7 @@ def config(engine: Engine) -> Config:
         tick_hz=s.tick_hz,
         auth_required_for_writes=s.token is not None,
         auth_required_for_reads=s.token is not None and s.protect_reads,
-        limits=Limits(
-            max_body_bytes=s.max_body_bytes,
-            max_ids_per_call=s.max_ids_per_call,
-            max_tokens_per_request=s.max_tokens_per_request,
-            max_batch_ops=s.max_batch_ops,
-            max_requests=s.max_requests,
-        ),
+        limits=Limits.model_validate(s, from_attributes=True),  # the settings of its names
         storage=None if facts is None else StorageFacts(**facts),
     )
 
