@@ -8,6 +8,8 @@ their data lives (request_story.py, trace/driver.py, stream/ws.py).  The
 operations' results are the library's ``TypedDict``s, declared next to each
 handler (blockpool/runtime/ops/), which the routes declare and return as
 built (``AsBuilt[...]``, app/api/declare.py); operations holds ``/batch``'s own.  Still
-plain dicts beside their model: analysis (blockpool.analysis' views) and
+plain dicts beside their model: the rest of analysis (blockpool.analysis' views;
+RequestMisses and Regret extend the shapes the library builds, RequestMissesView
+and RegretView) and
 the demo's status.
 """
