@@ -36,3 +36,18 @@ def test_the_operations_routes_declare_the_library_shapes() -> None:
     schema = doc["components"]["schemas"]["Allocated"]
     assert schema["description"] == Allocated.__doc__
     assert schema["properties"]["evicted"]["description"] == "cached blocks whose hash was dropped"
+
+
+def test_a_shape_extended_by_the_service_keeps_its_field_descriptions() -> None:
+    # pydantic reads the attribute docstrings of the class itself only: a
+    # description on a field the library's shape declares would be lost in
+    # the service's subclass (RequestMisses, Regret)
+    from app.pool.views.analysis import Regret, RequestMisses
+
+    for cls in (RequestMisses, Regret):
+        (base,) = cls.__orig_bases__
+        mode = "serialization"
+        ours = TypeAdapter(cls).json_schema(mode=mode)["properties"]
+        theirs = TypeAdapter(base).json_schema(mode=mode)["properties"]
+        for name, field in theirs.items():
+            assert ours[name].get("description") == field.get("description"), (cls, name)
