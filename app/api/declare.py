@@ -1,17 +1,49 @@
 """How a route declares its response: its success status documented by the
-model the handler returns (app/pool/views/), one auth dependency, a summary."""
+model the handler returns (app/pool/views/, or a ``TypedDict`` shape the
+handler returns as built, ``AsBuilt[Allocated]``), one auth dependency, a
+summary."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, GetCoreSchemaHandler
+from pydantic_core import CoreSchema, core_schema
 
 F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S")
+# a view (a pydantic model) or a shape (a TypedDict, blockpool/common/shapes.py)
+Model = type[BaseModel] | type[Mapping[str, Any]]
+
+if TYPE_CHECKING:
+    AsBuilt = Annotated[S, ...]
+else:
+
+    class AsBuilt:
+        """``AsBuilt[Allocated]``, a handler's return type: the response is
+        the ``TypedDict`` the handler built (mypy checks it), documented by
+        that shape's schema (``/openapi.json``) and sent as built: neither
+        validated (a model instance is not either) nor serialized by the
+        shape, the dict's plain JSON (pydantic's ``SkipValidation`` would
+        serialize it twice, to Python objects and then to JSON)."""
+
+        def __class_getitem__(cls, shape: Any) -> Any:
+            return Annotated[shape, cls()]
+
+        def __get_pydantic_core_schema__(
+            self, source: Any, handler: GetCoreSchemaHandler
+        ) -> CoreSchema:
+            # the shape is what JSON input would be checked against and what
+            # the schema documents; a Python value passes as it is
+            return core_schema.json_or_python_schema(
+                json_schema=handler(source),
+                python_schema=core_schema.any_schema(),
+                serialization=core_schema.simple_ser_schema("any"),
+            )
 
 
-def returns(model: type[BaseModel], status: int = 200) -> dict[int | str, dict[str, Any]]:
+def returns(model: Model, status: int = 200) -> dict[int | str, dict[str, Any]]:
     """``responses=`` for a route: its success status documented by ``model``."""
     doc = (model.__doc__ or model.__name__).strip().splitlines()[0]
     return {status: {"model": model, "description": doc}}
@@ -20,7 +52,7 @@ def returns(model: type[BaseModel], status: int = 200) -> dict[int | str, dict[s
 def route(
     method: Callable[..., Callable[[F], F]],
     path: str,
-    model: type[BaseModel],
+    model: Model,
     summary: str,
     auth: Any,
 ) -> Callable[[F], F]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, TypeVar, cast
 
 from fastapi import Depends, Request
 
@@ -10,6 +10,7 @@ from app.pool.engine import Engine
 from app.shared.auth import headers_token_ok
 from app.shared.errors import Unauthorized
 from app.web import auth_first
+from blockpool.runtime.ops import Op, OpRecord
 
 
 def get_engine(request: Request) -> Engine:
@@ -55,6 +56,12 @@ auth_first.register(require_write)
 auth_first.register(require_read)
 
 
-async def run(engine: Engine, op: Any) -> dict[str, Any]:
-    """Apply one operation through the engine's queue."""
-    return await engine.submit_op(op)
+R = TypeVar("R")
+
+
+async def run(engine: Engine, op: OpRecord[R]) -> R:
+    """Apply one operation through the engine's queue: its result, the shape
+    its record names (``AllocateOp`` is an ``OpRecord[Allocated]``, and its
+    handler builds an ``Allocated``; the runtime's registry holds them all as
+    plain dicts, blockpool/runtime/ops/__init__.py)."""
+    return cast(R, await engine.submit_op(cast(Op, op)))

@@ -7,14 +7,14 @@ import asyncio
 import time
 import zlib
 from collections.abc import Iterable, Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from app.analysis.host import AnalysisHost
 from app.api.costly import CostlyExport, CostlyRead, charged_lines
-from app.api.declare import route
+from app.api.declare import AsBuilt, route
 from app.api.deps import EngineDep, ReadAuth
 from app.pool.engine import Engine
 from app.pool.moment_tiles import moment_tiles
@@ -71,17 +71,19 @@ async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
     "One request's misses",
     ReadAuth,
 )
-async def request_misses(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
+async def request_misses(engine: EngineDep, request_id: Rid) -> AsBuilt[r.RequestMisses]:
     """Each prompt block: hit, or the reason it missed with its detail.
     Running requests and the most recently finished ones."""
-    return await _analysis(engine).query("request_misses", rid=request_id)
+    # blockpool.analysis.views.request_misses, ``worker`` added by the host
+    return cast(r.RequestMisses, await _analysis(engine).query("request_misses", rid=request_id))
 
 
 @route(router.get, "/regret", r.Regret, "Eviction regret", ReadAuth)
-async def regret(engine: EngineDep, limit: Limit = 20) -> dict[str, Any]:
+async def regret(engine: EngineDep, limit: Limit = 20) -> AsBuilt[r.Regret]:
     """Hashes stored again after their eviction: count, rate, gap histogram,
     the most regretted prefixes (by root block) and the latest regrets."""
-    out: dict[str, Any] = await _analysis(engine).query("regret", limit=limit)
+    # blockpool.analysis.views.regret, ``worker`` added by the host
+    out = cast(r.Regret, await _analysis(engine).query("regret", limit=limit))
     # null owner_request / last_request: why (a mirror's blocks come without requests)
     out["requests_reason"] = engine.unknown.get("request_owners")
     return out

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
 from app.api.costly import CostlyRead
-from app.api.declare import returns, route
+from app.api.declare import AsBuilt, returns, route
 from app.api.deps import EngineDep, ReadAuth, WriteAuth, run
 from app.pool.schemas import AdmitBody, AppendBody, AppendOp, BatchRequest, FinishOp
-from app.pool.views import operations as r
 from app.pool.views import requests as views
+from app.pool.views.operations import Batch, BatchResult
 from app.pool.views.requests import RequestInfo, Requests, Verified
 from app.shared.errors import OperationError, TooLarge
 from app.web.error_shape import ERROR_RESPONSES, body_of
+from blockpool.runtime.ops import Admitted, Appended, Finished
 from blockpool.runtime.trial import BatchRefused, apply_all
 
 router = APIRouter(prefix="/api", tags=["requests"], responses=ERROR_RESPONSES)
@@ -24,12 +25,12 @@ Rid = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$
 
 @router.post(
     "/requests",
-    responses=returns(r.Admitted, 201),
+    responses=returns(Admitted, 201),
     status_code=201,
     dependencies=[WriteAuth],
     summary="Admit a request",
 )
-async def admit(op: AdmitBody, engine: EngineDep) -> dict[str, Any]:
+async def admit(op: AdmitBody, engine: EngineDep) -> AsBuilt[Admitted]:
     """Hashes the full blocks, reuses the longest cached prefix (never the
     block of the last prompt token), allocates the rest and caches the full
     blocks.  409 ``not_enough_blocks`` (nothing changed) when it cannot fit."""
@@ -51,8 +52,8 @@ async def get_request(engine: EngineDep, request_id: Rid) -> RequestInfo:
     return views.request(engine, request_id)
 
 
-@route(router.post, "/requests/{request_id}/tokens", r.Appended, "Append decode tokens", WriteAuth)
-async def append(engine: EngineDep, request_id: Rid, body: AppendBody) -> dict[str, Any]:
+@route(router.post, "/requests/{request_id}/tokens", Appended, "Append decode tokens", WriteAuth)
+async def append(engine: EngineDep, request_id: Rid, body: AppendBody) -> AsBuilt[Appended]:
     return await run(engine, AppendOp(request_id=request_id, token_ids=body.token_ids))
 
 
@@ -65,20 +66,20 @@ async def verify(engine: EngineDep, request_id: Rid) -> Verified:
     return verified
 
 
-@route(router.post, "/requests/{request_id}/finish", r.Finished, "Finish", WriteAuth)
-async def finish(engine: EngineDep, request_id: Rid) -> dict[str, Any]:
+@route(router.post, "/requests/{request_id}/finish", Finished, "Finish", WriteAuth)
+async def finish(engine: EngineDep, request_id: Rid) -> AsBuilt[Finished]:
     """Frees the request's blocks in reverse (its shared prefix is evicted last)."""
     return await run(engine, FinishOp(request_id=request_id))
 
 
 @router.post(
     "/batch",
-    responses=returns(r.Batch),
+    responses=returns(Batch),
     dependencies=[WriteAuth],
     tags=["batch"],
     summary="Many operations",
 )
-async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
+async def batch(body: BatchRequest, engine: EngineDep) -> AsBuilt[Batch]:
     """Operations run in order in one engine step; the whole batch is checked
     against the limits first (413/422, nothing applied).  By default
     (``on_error: rollback``) the batch is all or nothing: if any operation
@@ -117,15 +118,15 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
             f"ops[{i}]: {exc.message} (the batch was not applied: nothing changed)", **details
         )
 
-    def apply() -> dict[str, Any]:
+    def apply() -> Batch:
         if atomic:
             try:
                 done = apply_all(engine.runtime, rops, engine.apply, dry_run_one=True)
             except BatchRefused as refused:
                 raise refusal(refused.index, refused.error) from None
-            oks = [{"ok": True, "result": r} for r in done]
+            oks: list[BatchResult] = [{"ok": True, "result": r} for r in done]
             return {"applied": len(done), "failed": 0, "errors": False, "results": oks}
-        results: list[dict[str, Any]] = []
+        results: list[BatchResult] = []
         failed = 0
         for op in rops:
             if failed and body.on_error != "continue":
@@ -139,5 +140,5 @@ async def batch(body: BatchRequest, engine: EngineDep) -> dict[str, Any]:
         applied = sum(1 for r in results if r["ok"])
         return {"applied": applied, "failed": failed, "errors": failed > 0, "results": results}
 
-    result: dict[str, Any] = await engine.submit(apply)
+    result: Batch = await engine.submit(apply)
     return result

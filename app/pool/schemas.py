@@ -68,7 +68,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-def body_model(record: type[OpRecord]) -> type[BaseModel]:
+def body_model(record: type[OpRecord[Any]]) -> type[BaseModel]:
     """The request body model of an operation record (same name and fields)."""
     hints = inspect.get_annotations(record, eval_str=True)
     for klass in record.__mro__[1:]:
@@ -92,8 +92,8 @@ def body_model(record: type[OpRecord]) -> type[BaseModel]:
     return model
 
 
-BODIES: dict[type[OpRecord], type[BaseModel]] = {s.record: body_model(s.record) for s in SPECS}
-_RECORDS: dict[type[BaseModel], type[OpRecord]] = {m: r for r, m in BODIES.items()}
+BODIES: dict[type[OpRecord[Any]], type[BaseModel]] = {s.record: body_model(s.record) for s in SPECS}
+_RECORDS: dict[type[BaseModel], type[OpRecord[Any]]] = {m: r for r, m in BODIES.items()}
 
 
 def to_op(body: BaseModel) -> Op:
@@ -106,7 +106,7 @@ def to_op(body: BaseModel) -> Op:
     return op
 
 
-R = TypeVar("R", bound=OpRecord)
+R = TypeVar("R", bound=OpRecord[Any])
 
 
 def op_body(record: type[R]) -> Any:

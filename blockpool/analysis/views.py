@@ -19,6 +19,7 @@ from blockpool.common.miss_reasons import (
     RequestMissCodes,
     evicted_count,
 )
+from blockpool.common.shapes import TypedDict, shape
 from blockpool.runtime.errors import NotFound
 
 if TYPE_CHECKING:
@@ -59,7 +60,48 @@ def tokens(engine: PoolRuntime, unknown: str | None = None) -> dict[str, Any]:
     }
 
 
-def _rm_summary(rm: RequestMissCodes) -> dict[str, Any]:
+@shape
+class RequestMissSummary(TypedDict):
+    """One request's prompt blocks: how many hit, the misses by reason."""
+
+    request_id: str
+    admitted_at: float
+    finished: bool
+    num_prompt_tokens: int
+    num_prompt_blocks: int
+    num_hit_blocks: int
+    misses: dict[str, int]
+
+
+@shape
+class RequestMissesView(RequestMissSummary):
+    """What ``request_misses`` builds: the summary and each prompt block,
+    hit or the reason it missed (the service's ``RequestMisses`` adds
+    ``worker``, app/pool/views/analysis.py)."""
+
+    finished_at: float | None
+    lora_name: str | None
+    cache_salt: str | None
+    blocks: list[dict[str, Any]]
+
+
+@shape
+class RegretView(TypedDict):
+    """What ``regret`` builds (the service's ``Regret`` adds ``worker`` and
+    ``requests_reason``, app/pool/views/analysis.py)."""
+
+    regrets_total: int
+    evictions_total: int
+    regret_ratio: float | None
+    regrets_per_s: float
+    evictions_per_s: float
+    window_seconds: float
+    gap_seconds: dict[str, Any]
+    top_prefixes: list[dict[str, Any]]
+    recent: list[dict[str, Any]]
+
+
+def _rm_summary(rm: RequestMissCodes) -> RequestMissSummary:
     return {
         "request_id": rm.request_id,
         "admitted_at": rm.ts,
@@ -112,7 +154,7 @@ def misses(an: Analysis, limit: int) -> dict[str, Any]:
     }
 
 
-def request_misses(an: Analysis, rid: str) -> dict[str, Any]:
+def request_misses(an: Analysis, rid: str) -> RequestMissesView:
     m = an.misses
     rm = m.lookup(rid)
     if rm is None:
@@ -134,14 +176,13 @@ def request_misses(an: Analysis, rid: str) -> dict[str, Any]:
                 "detail": detail,
             }
         )
-    out = _rm_summary(rm)
-    out.update(
-        finished_at=rm.finished_ts,
-        lora_name=rm.lora_name,
-        cache_salt=rm.cache_salt,
-        blocks=blocks,
-    )
-    return out
+    return {
+        **_rm_summary(rm),
+        "finished_at": rm.finished_ts,
+        "lora_name": rm.lora_name,
+        "cache_salt": rm.cache_salt,
+        "blocks": blocks,
+    }
 
 
 def block_reasons(an: Analysis, rid: str) -> list[tuple[str | None, dict[str, Any] | None]]:
@@ -167,7 +208,7 @@ def unpack_reasons(
     return [(CODE_NAMES[c], det.get(i)) for i, c in enumerate(codes)]
 
 
-def regret(an: Analysis, limit: int) -> dict[str, Any]:
+def regret(an: Analysis, limit: int) -> RegretView:
     m = an.misses.regret
     total_ev = evicted_count(an.misses.ring.evictions)
     rates = an.rates()

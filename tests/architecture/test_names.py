@@ -32,8 +32,8 @@ TRACE_RESTRUCTURE: set[str] = set()
 OPENAPI_AND_WIRE = "OpenAPI component name; wire record in blockpool/mirror/protocol.py"
 KEPT_CLASSES: dict[str, str] = {
     "Batch": OPENAPI_AND_WIRE,  # app/pool/views/operations.py
-    "Finished": OPENAPI_AND_WIRE,  # app/pool/views/operations.py
-    "Reset": OPENAPI_AND_WIRE,  # app/pool/views/operations.py
+    "Finished": OPENAPI_AND_WIRE,  # blockpool/runtime/ops/finish.py
+    "Reset": OPENAPI_AND_WIRE,  # blockpool/runtime/ops/reset.py
 }
 KNOWN_CLASSES: set[str] = TRACE_RESTRUCTURE | set(KEPT_CLASSES)
 KNOWN_BASENAMES: set[str] = set()

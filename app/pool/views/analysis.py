@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired
 
 from pydantic import Field
 
 from app.pool.views.base import Out
+from blockpool.analysis.views import RegretView, RequestMissesView
+from blockpool.common.shapes import shape
 
 
 class Misses(Out):
@@ -24,41 +26,20 @@ class Misses(Out):
     worker: dict[str, Any] | None = Field(description="the analysis worker's lag (worker mode)")
 
 
-class RequestMisses(Out):
+@shape
+class RequestMisses(RequestMissesView):
     """One request's blocks: hit, or the reason each missed."""
 
-    request_id: str
-    admitted_at: float
-    finished: bool
-    num_prompt_tokens: int
-    num_prompt_blocks: int
-    num_hit_blocks: int
-    misses: dict[str, int]
-    finished_at: float | None
-    lora_name: str | None
-    cache_salt: str | None
-    blocks: list[dict[str, Any]]
     worker: dict[str, Any] | None
 
 
-class Regret(Out):
+@shape
+class Regret(RegretView):
     """Evicted blocks asked for again: ratio, gaps, top prefixes, latest."""
 
-    regrets_total: int
-    evictions_total: int
-    regret_ratio: float | None
-    regrets_per_s: float
-    evictions_per_s: float
-    window_seconds: float
-    gap_seconds: dict[str, Any]
-    top_prefixes: list[dict[str, Any]]
-    recent: list[dict[str, Any]]
     worker: dict[str, Any] | None
-    requests_reason: str | None = Field(
-        None,
-        description="why owner_request / last_request are null (a mirror is told blocks "
-        "without the requests that made them); null where they are known",
-    )
+    requests_reason: NotRequired[str | None]
+    """why owner_request / last_request are null (a mirror is told blocks without the requests that made them); null where they are known"""  # noqa: E501 one line: the description
 
 
 class Shadows(Out):

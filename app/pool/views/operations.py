@@ -1,106 +1,30 @@
-"""What the pool's and the requests' operations return (the engine's
-bodies build them; one call, or one result of ``/batch``)."""
+"""What ``/batch`` returns: one result per operation, in order.
+
+The operations' own results are declared once, where the library builds
+them (a ``TypedDict`` next to each operation's handler, e.g.
+``blockpool.runtime.ops.allocate.Allocated``); the routes declare those.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired
 
-from pydantic import Field
-
-from app.pool.views.base import Hashes, Ids, Out, PerGroupIds
+from blockpool.common.shapes import TypedDict, shape
 
 
-class Allocated(Out):
-    """The new blocks (queue head first) and the cached ones evicted to get them."""
-
-    block_ids: Ids
-    evicted: Ids = Field(description="cached blocks whose hash was dropped")
-
-
-class Freed(Out):
-    """The blocks whose ref count reached 0 (appended to the queue's tail)."""
-
-    freed: Ids
-    now_free: Ids
-
-
-class Touched(Out):
-    """Each block's ref count after the touch."""
-
-    block_ids: Ids
-    ref_cnts: Ids
-
-
-class Cached(Out):
-    """The blocks now cached and their hashes (hex digests)."""
-
-    block_ids: Ids
-    block_hashes: Hashes
-
-
-class Evicted(Out):
-    """Blocks whose hash was dropped, and those that held none."""
-
-    evicted: Ids
-    not_cached: Ids
-
-
-class Reset(Out):
-    """The prefix cache was cleared."""
-
-    reset: bool
-
-
-class Lookup(Out):
-    """A hit in every group (block ids per group) or a miss."""
-
-    hit: bool
-    group_ids: Ids
-    block_ids: Ids | None = Field(description="one block per group on a hit, null on a miss")
-
-
-class PrefixLookup(Out):
-    """How much of the prompt would hit the cache now."""
-
-    num_tokens: int
-    num_hit_tokens: int
-    num_hit_blocks: int
-
-
-class Admitted(Out):
-    """The request's blocks per group, its prefix hit and what was computed."""
-
-    request_id: str
-    block_ids: PerGroupIds
-    num_tokens: int
-    num_hit_blocks: int
-    num_computed_tokens: int
-    num_new_blocks: int
-
-
-class Appended(Out):
-    """The blocks the new tokens needed (per group) and the new length."""
-
-    request_id: str
-    new_block_ids: PerGroupIds
-    num_tokens: int
-
-
-class Finished(Out):
-    """The request's blocks, freed in reverse order (per group)."""
-
-    request_id: str
-    freed_block_ids: PerGroupIds
-
-
-class BatchResult(Out):
+@shape
+class BatchResult(TypedDict):
     ok: bool
-    result: dict[str, Any] | None = Field(default=None, description="when ok")
-    error: dict[str, Any] | None = Field(default=None, description="the error, when refused")
-    skipped: bool | None = Field(default=None, description="after a refusal with on_error: stop")
+    result: NotRequired[dict[str, Any] | None]
+    """when ok"""
+    error: NotRequired[dict[str, Any] | None]
+    """the error, when refused"""
+    skipped: NotRequired[bool | None]
+    """after a refusal with on_error: stop"""
 
 
-class Batch(Out):
+@shape
+class Batch(TypedDict):
     """One result per operation, in order."""
 
     applied: int

@@ -2,13 +2,16 @@
 
 Each module of this package declares one operation once: its record (a
 msgspec struct: the fields with their bounds, ``op`` first, the recording's
-wire order), its handler (validates the whole operation, then changes the
-pool; a refusal raises an ``OperationError`` before any change) and its
+wire order; ``OpRecord[Result]`` names its result), its result (a
+``TypedDict``, blockpool/common/shapes.py: the one declaration of what it
+returns, the service's response model too), its handler (validates the whole
+operation, then changes the pool, builds the result; a refusal raises an
+``OperationError`` before any change) and its
 ``OpSpec`` (the handler, and the kind of change it reports, None for a
 read).  ``SPECS`` lists them; ``Op`` is their union.  The service's request
 bodies and OpenAPI schemas are derived from the records (app/pool/schemas.py).
 
-Adding an operation: a module here (record, handler, ``SPEC``), its entry in
+Adding an operation: a module here (result, record, handler, ``SPEC``), its entry in
 ``SPECS`` and ``Op``, and its test (docs/architecture.md).
 """
 
@@ -32,9 +35,9 @@ from blockpool.runtime.ops import (
     reset,
     touch,
 )
-from blockpool.runtime.ops.admit import AdmitOp
-from blockpool.runtime.ops.allocate import AllocateOp
-from blockpool.runtime.ops.append import AppendOp
+from blockpool.runtime.ops.admit import AdmitOp, Admitted
+from blockpool.runtime.ops.allocate import Allocated, AllocateOp
+from blockpool.runtime.ops.append import Appended, AppendOp
 from blockpool.runtime.ops.base import (
     AnyOpSpec,
     OpRecord,
@@ -44,15 +47,15 @@ from blockpool.runtime.ops.base import (
     check_ids,
     check_tokens,
 )
-from blockpool.runtime.ops.cache import CacheOp
-from blockpool.runtime.ops.evict import EvictOp
+from blockpool.runtime.ops.cache import Cached, CacheOp
+from blockpool.runtime.ops.evict import Evicted, EvictOp
 from blockpool.runtime.ops.fields import BlockId, ExtraKey, GroupId, HexHash, RequestId, TokenId
-from blockpool.runtime.ops.finish import FinishOp
-from blockpool.runtime.ops.free import FreeOp
-from blockpool.runtime.ops.lookup import LookupOp
-from blockpool.runtime.ops.prefix_lookup import PrefixLookupOp
-from blockpool.runtime.ops.reset import ResetOp
-from blockpool.runtime.ops.touch import TouchOp
+from blockpool.runtime.ops.finish import Finished, FinishOp
+from blockpool.runtime.ops.free import Freed, FreeOp
+from blockpool.runtime.ops.lookup import Lookup, LookupOp
+from blockpool.runtime.ops.prefix_lookup import PrefixLookup, PrefixLookupOp
+from blockpool.runtime.ops.reset import Reset, ResetOp
+from blockpool.runtime.ops.touch import Touched, TouchOp
 
 Op = (
     AllocateOp
@@ -85,14 +88,14 @@ SPECS: tuple[AnyOpSpec, ...] = tuple(
         finish,
     )
 )
-SPEC_OF: dict[type[OpRecord], AnyOpSpec] = {s.record: s for s in SPECS}
-OP_CLASSES: dict[str, type[OpRecord]] = {s.record.__name__: s.record for s in SPECS}
-OP_BY_NAME: dict[str, type[OpRecord]] = {s.name: s.record for s in SPECS}
+SPEC_OF: dict[type[OpRecord[Any]], AnyOpSpec] = {s.record: s for s in SPECS}
+OP_CLASSES: dict[str, type[OpRecord[Any]]] = {s.record.__name__: s.record for s in SPECS}
+OP_BY_NAME: dict[str, type[OpRecord[Any]]] = {s.name: s.record for s in SPECS}
 # Operations that never change the pool (a batch of only these needs no undo).
-READ_ONLY: tuple[type[OpRecord], ...] = tuple(s.record for s in SPECS if s.read_only)
+READ_ONLY: tuple[type[OpRecord[Any]], ...] = tuple(s.record for s in SPECS if s.read_only)
 
 
-def handle(rt: RuntimeState, op: Op) -> Outcome:
+def handle(rt: RuntimeState, op: Op) -> Outcome[dict[str, Any]]:
     """Apply ``op`` with its handler (``PoolRuntime._execute``)."""
     return SPEC_OF[type(op)].apply(rt, op)
 
@@ -127,7 +130,7 @@ def op_from_json(d: object) -> Op:
     if cls is None:
         raise ValueError(f"unknown operation {d['op']!r}")
     try:
-        op: Op = msgspec.convert(d, cls, strict=True)  # type: ignore[assignment]
+        op: Op = msgspec.convert(d, cls, strict=True)
     except msgspec.ValidationError as exc:
         raise ValueError(f"operation {d['op']!r}: {exc}") from None
     return op
@@ -140,27 +143,38 @@ __all__ = [
     "SPECS",
     "SPEC_OF",
     "AdmitOp",
+    "Admitted",
     "AllocateOp",
+    "Allocated",
     "AnyOpSpec",
     "AppendOp",
+    "Appended",
     "BlockId",
     "CacheOp",
+    "Cached",
     "EvictOp",
+    "Evicted",
     "ExtraKey",
     "FinishOp",
+    "Finished",
     "FreeOp",
+    "Freed",
     "GroupId",
     "HexHash",
+    "Lookup",
     "LookupOp",
     "Op",
     "OpRecord",
     "OpSpec",
+    "PrefixLookup",
     "PrefixLookupOp",
     "RequestId",
+    "Reset",
     "ResetOp",
     "RuntimeState",
     "TokenId",
     "TouchOp",
+    "Touched",
     "handle",
     "op_from_fields",
     "op_from_json",

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from blockpool.common.shapes import TypedDict, shape
 from blockpool.core.errors import NotEnoughBlocksError
 from blockpool.runtime.errors import Conflict, NotEnoughBlocks
 from blockpool.runtime.observer import Change, ChangeKind
@@ -13,7 +14,19 @@ from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState, 
 from blockpool.runtime.ops.fields import ExtraKey, RequestId, TokenId
 
 
-class AdmitOp(OpRecord, kw_only=True):
+@shape
+class Admitted(TypedDict):
+    """The request's blocks per group, its prefix hit and what was computed."""
+
+    request_id: str
+    block_ids: list[list[int]]
+    num_tokens: int
+    num_hit_blocks: int
+    num_computed_tokens: int
+    num_new_blocks: int
+
+
+class AdmitOp(OpRecord[Admitted], kw_only=True):
     """Admit a request: prefix hit, allocation, caching of its full blocks."""
 
     op: Literal["admit"] = "admit"
@@ -25,7 +38,7 @@ class AdmitOp(OpRecord, kw_only=True):
     cache_salt: ExtraKey | None = None
 
 
-def admit(rt: RuntimeState, op: AdmitOp) -> Outcome:
+def admit(rt: RuntimeState, op: AdmitOp) -> Outcome[Admitted]:
     mgr = rt.manager
     check_tokens(rt, len(op.token_ids), "admit")
     rid = op.request_id or rt.new_request_id()
@@ -49,7 +62,7 @@ def admit(rt: RuntimeState, op: AdmitOp) -> Outcome:
     c = rt.counters
     c.requests_admitted += 1
     c.blocks_touched += adm.num_hit_blocks * len(adm.block_ids)
-    result = {
+    result: Admitted = {
         "request_id": rid,
         "block_ids": adm.block_ids,
         "num_tokens": len(op.token_ids),

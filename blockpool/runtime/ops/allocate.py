@@ -6,20 +6,30 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from blockpool.common.shapes import TypedDict, shape
 from blockpool.runtime.errors import NotEnoughBlocks, TooLarge
 from blockpool.runtime.observer import Change, ChangeKind
 from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState
 from blockpool.runtime.ops.fields import Count
 
 
-class AllocateOp(OpRecord, kw_only=True):
+@shape
+class Allocated(TypedDict):
+    """The new blocks (queue head first) and the cached ones evicted to get them."""
+
+    block_ids: list[int]
+    evicted: list[int]
+    """cached blocks whose hash was dropped"""
+
+
+class AllocateOp(OpRecord[Allocated], kw_only=True):
     """get_new_blocks(num_blocks): blocks from the queue's head, ref count 1."""
 
     op: Literal["allocate"] = "allocate"
     num_blocks: Annotated[Count, msgspec.Meta(examples=[4])]
 
 
-def allocate(rt: RuntimeState, op: AllocateOp) -> Outcome:
+def allocate(rt: RuntimeState, op: AllocateOp) -> Outcome[Allocated]:
     n = op.num_blocks
     limit = rt.caps.max_ids_per_call
     if n > limit:

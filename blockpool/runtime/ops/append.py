@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from blockpool.common.shapes import TypedDict, shape
 from blockpool.core.errors import NotEnoughBlocksError
 from blockpool.runtime.errors import NotEnoughBlocks
 from blockpool.runtime.observer import Change, ChangeKind
@@ -20,7 +21,16 @@ from blockpool.runtime.ops.base import (
 from blockpool.runtime.ops.fields import RequestId, TokenId
 
 
-class AppendOp(OpRecord, kw_only=True):
+@shape
+class Appended(TypedDict):
+    """The blocks the new tokens needed (per group) and the new length."""
+
+    request_id: str
+    new_block_ids: list[list[int]]
+    num_tokens: int
+
+
+class AppendOp(OpRecord[Appended], kw_only=True):
     """Append decode tokens to a running request."""
 
     op: Literal["append"] = "append"
@@ -28,7 +38,7 @@ class AppendOp(OpRecord, kw_only=True):
     token_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1, examples=[[10, 11]])]
 
 
-def append(rt: RuntimeState, op: AppendOp) -> Outcome:
+def append(rt: RuntimeState, op: AppendOp) -> Outcome[Appended]:
     managed = managed_of(rt, op.request_id, "append")
     before_tokens = managed.num_tokens
     check_tokens(rt, before_tokens + len(op.token_ids), "append")
@@ -45,7 +55,7 @@ def append(rt: RuntimeState, op: AppendOp) -> Outcome:
     for table, new_ids in zip(managed.block_tables, added, strict=True):
         sync.append(new_ids)
         sync.append([b.block_id for b in table[before_cached : managed.num_cached_blocks]])
-    result = {
+    result: Appended = {
         "request_id": op.request_id,
         "new_block_ids": added,
         "num_tokens": managed.num_tokens,

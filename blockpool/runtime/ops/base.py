@@ -4,9 +4,11 @@ handlers share.  The field bounds are in ``fields.py``.
 
 An operation is declared once, in a module of this package: its record (the
 fields with their bounds, in the recording's wire order, ``op`` first), its
-handler, whether it is read-only and which kind of change it reports.  The
-service derives its request bodies and OpenAPI schemas from the records
-(app/pool/schemas.py).
+result (a ``TypedDict``, blockpool/common/shapes.py: the record names it,
+``OpRecord[Result]``, and the handler builds it), its handler, whether it is
+read-only and which kind of change it reports.  The service derives its
+request bodies and OpenAPI schemas from the records (app/pool/schemas.py)
+and declares the results as its response models.
 """
 
 from __future__ import annotations
@@ -33,9 +35,13 @@ if TYPE_CHECKING:
     from blockpool.runtime.observer import Change, ChangeKind
 
 
-class OpRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+R = TypeVar("R")
+
+
+class OpRecord(msgspec.Struct, Generic[R], kw_only=True, forbid_unknown_fields=True):
     """The base of every operation's record; each starts with ``op``, its
-    name (a literal with that default)."""
+    name (a literal with that default).  ``R``: what applying it returns
+    (its result's ``TypedDict``; no field, only the type)."""
 
 
 class RuntimeState(Protocol):
@@ -54,21 +60,23 @@ class RuntimeState(Protocol):
     def new_request_id(self) -> str: ...
 
 
-Outcome = tuple[dict[str, Any], "Change | None"]
-T = TypeVar("T", bound=OpRecord)
+# What a handler returns: its result (``Outcome[Allocated]``) and the change.
+# The registry holds every handler as one of ``Outcome[dict[str, Any]]``.
+Outcome = tuple[R, "Change | None"]
+T = TypeVar("T", bound="OpRecord[Any]")
 
 
 @dataclass(frozen=True)
-class OpSpec(Generic[T]):
+class OpSpec(Generic[T, R]):
     """One operation: its record class, its handler, whether it only reads,
     and the kind of change it reports (None for a read)."""
 
     record: type[T]
-    handler: Callable[[RuntimeState, T], Outcome]
+    handler: Callable[[RuntimeState, T], Outcome[R]]
     change: ChangeKind | None
     # the handler as the registry calls it, on any record: ``SPEC_OF`` hands
     # each record to its own spec (the handler itself: no call in between)
-    apply: Callable[[RuntimeState, OpRecord], Outcome] = field(
+    apply: Callable[[RuntimeState, OpRecord[Any]], Outcome[dict[str, Any]]] = field(
         init=False, repr=False, compare=False
     )
 
@@ -85,7 +93,9 @@ class OpSpec(Generic[T]):
 
     def __post_init__(self) -> None:
         object.__setattr__(
-            self, "apply", cast(Callable[[RuntimeState, OpRecord], Outcome], self.handler)
+            self,
+            "apply",
+            cast(Callable[[RuntimeState, OpRecord[Any]], Outcome[dict[str, Any]]], self.handler),
         )
 
 
@@ -95,7 +105,7 @@ class AnyOpSpec(Protocol):
     ``apply`` on a record of that operation."""
 
     @property
-    def record(self) -> type[OpRecord]: ...
+    def record(self) -> type[OpRecord[Any]]: ...
 
     @property
     def change(self) -> ChangeKind | None: ...
@@ -106,7 +116,7 @@ class AnyOpSpec(Protocol):
     @property
     def read_only(self) -> bool: ...
 
-    def apply(self, rt: RuntimeState, op: OpRecord) -> Outcome: ...
+    def apply(self, rt: RuntimeState, op: OpRecord[Any]) -> Outcome[dict[str, Any]]: ...
 
 
 def check_ids(rt: RuntimeState, ids: Sequence[int], what: str) -> None:

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from blockpool.common.shapes import TypedDict, shape
 from blockpool.core.hashing import BlockHash, hash_block_tokens
 from blockpool.core.request import LoRARequest
 from blockpool.runtime.errors import Conflict, InvalidInput
@@ -23,7 +24,15 @@ from blockpool.runtime.ops.base import (
 from blockpool.runtime.ops.fields import BlockId, ExtraKey, GroupId, HexHash, TokenId
 
 
-class CacheOp(OpRecord, kw_only=True):
+@shape
+class Cached(TypedDict):
+    """The blocks now cached and their hashes (hex digests)."""
+
+    block_ids: list[int]
+    block_hashes: list[str]
+
+
+class CacheOp(OpRecord[Cached], kw_only=True):
     """cache_full_blocks: make held blocks reachable by hash.
 
     Give ``token_ids`` (block_size per block; hashes are chained from
@@ -63,7 +72,7 @@ def _chain(rt: RuntimeState, op: CacheOp, parent: BlockHash | None, n: int) -> l
     return hashes
 
 
-def cache(rt: RuntimeState, op: CacheOp) -> Outcome:
+def cache(rt: RuntimeState, op: CacheOp) -> Outcome[Cached]:
     ids = op.block_ids
     check_ids(rt, ids, "cache")
     if len(set(ids)) != len(ids):
@@ -121,7 +130,7 @@ def cache(rt: RuntimeState, op: CacheOp) -> Outcome:
         rt.pool.cache_full_blocks(
             req, [rt.pool.null_block, *blocks], 1, len(ids) + 1, bs, op.group_id
         )
-    result = {"block_ids": list(ids), "block_hashes": [h.hex() for h in hashes]}
+    result: Cached = {"block_ids": list(ids), "block_hashes": [h.hex() for h in hashes]}
     return result, Change(ChangeKind.CACHE, sync=[ids], hashes=hashes)
 
 

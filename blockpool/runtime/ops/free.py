@@ -7,20 +7,29 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from blockpool.common.shapes import TypedDict, shape
 from blockpool.runtime.errors import Conflict
 from blockpool.runtime.observer import Change, ChangeKind
 from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState, blocks_of, check_ids
 from blockpool.runtime.ops.fields import BlockId
 
 
-class FreeOp(OpRecord, kw_only=True):
+@shape
+class Freed(TypedDict):
+    """The blocks whose ref count reached 0 (appended to the queue's tail)."""
+
+    freed: list[int]
+    now_free: list[int]
+
+
+class FreeOp(OpRecord[Freed], kw_only=True):
     """free_blocks(ordered): the first id is evicted first (free a chain in reverse)."""
 
     op: Literal["free"] = "free"
     block_ids: Annotated[list[BlockId], msgspec.Meta(examples=[[3, 2, 1]])]
 
 
-def free(rt: RuntimeState, op: FreeOp) -> Outcome:
+def free(rt: RuntimeState, op: FreeOp) -> Outcome[Freed]:
     ids = op.block_ids
     check_ids(rt, ids, "free")
     raw = rt.raw_refs

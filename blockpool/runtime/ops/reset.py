@@ -4,18 +4,26 @@ from __future__ import annotations
 
 from typing import Literal
 
+from blockpool.common.shapes import TypedDict, shape
 from blockpool.runtime.errors import ResetRefused
 from blockpool.runtime.observer import Change, ChangeKind
 from blockpool.runtime.ops.base import OpRecord, OpSpec, Outcome, RuntimeState
 
 
-class ResetOp(OpRecord, kw_only=True):
+@shape
+class Reset(TypedDict):
+    """The prefix cache was cleared."""
+
+    reset: bool
+
+
+class ResetOp(OpRecord[Reset], kw_only=True):
     """reset_prefix_cache(): refused while any block is held."""
 
     op: Literal["reset"] = "reset"
 
 
-def reset(rt: RuntimeState, op: ResetOp) -> Outcome:  # noqa: ARG001 every op handler takes its op
+def reset(rt: RuntimeState, op: ResetOp) -> Outcome[Reset]:  # noqa: ARG001 every op handler takes its op
     pool = rt.pool
     held = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
     if not pool.reset_prefix_cache():
