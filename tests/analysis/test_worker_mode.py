@@ -52,8 +52,8 @@ def test_the_replica_answers_as_the_inline_analysis(engine_factory: Factory, clo
     worker = engine_factory(num_blocks=40, analysis_mode="worker")
     # the worker's engine only records (its runtime's observer hears only a
     # jump of the pool: a mirror's resync, for the replica)
-    assert inline.runtime.hooks is inline.analysis.inline  # type: ignore[union-attr]
-    assert isinstance(worker.runtime.hooks, PoolJumps)
+    assert inline.runtime.observers == (inline.analysis.inline,)
+    assert [type(o) for o in worker.runtime.observers] == [PoolJumps]
     wan = worker.analysis
     assert wan is not None and wan.remote is not None
     wan.start()

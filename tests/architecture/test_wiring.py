@@ -4,9 +4,9 @@
   caps in force) is written by ``blockpool/runtime`` only: a jump of the pool
   is ``PoolRuntime.restore``, not fields written from outside (``full_dirty``
   is the tick's to take and clear);
-- the runtime's observer is told by the runtime only (no ``.hooks.on_...``
-  from outside, no ``getattr`` of an observer method: ``OpObserver``
-  declares them all);
+- the runtime's observers are told by the runtime only (its ``observers``
+  not read from outside -- ``PoolRuntime.observe`` adds one --, no
+  ``getattr`` of an observer method: ``OpObserver`` declares them all);
 - the wiring of the mirror goes through declared calls
   (``EngineMisses.observing``, ``AnalysisHost.show_engine_misses``,
   ``StreamHub.follow_mirror``): nothing sets ``engine_misses``,
@@ -71,9 +71,12 @@ def stored_attributes(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_the_checks_see_a_write_and_a_hook_call() -> None:
-    sample = ast.parse("rt.raw_refs[:] = 0\nrt.tree = t\nself.tree = t\nrt.hooks.on_resync()\n")
+    sample = ast.parse(
+        "rt.raw_refs[:] = 0\nrt.tree = t\nself.tree = t\nfor o in rt.observers:\n"
+        "    o.on_resync()\nself.observers = ()\nrt.observers[0].on_reset()\n"
+    )
     assert stored_attributes(sample) == [(1, "raw_refs"), (2, "tree")]
-    assert hook_calls(sample) == ["4: .hooks.on_resync"]
+    assert hook_calls(sample) == ["4: .observers", "7: .observers"]
     assert {"on_allocate", "on_reset", "on_resync"} <= OBSERVER_METHODS
 
 
@@ -87,18 +90,17 @@ def test_only_the_runtime_writes_its_state() -> None:
 
 
 def hook_calls(tree: ast.AST) -> list[str]:
-    """Calls of an observer from outside: ``x.hooks.on_...()``,
-    ``x.mark_all_dirty()``, ``getattr(x, "on_...")``."""
+    """Calls of an observer from outside: the runtime's observers read
+    (``x.observers``), ``x.mark_all_dirty()``, ``getattr(x, "on_...")``."""
     out = []
     for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "observers" and _not_self(node):
+            out.append(f"{node.lineno}: .observers")
         if not isinstance(node, ast.Call):
             continue
         f = node.func
         if isinstance(f, ast.Attribute):
-            inner = f.value
-            if isinstance(inner, ast.Attribute) and inner.attr == "hooks":
-                out.append(f"{node.lineno}: .hooks.{f.attr}")
-            elif f.attr == "mark_all_dirty" and _not_self(f):
+            if f.attr == "mark_all_dirty" and _not_self(f):
                 out.append(f"{node.lineno}: .mark_all_dirty")
         elif isinstance(f, ast.Name) and f.id in ("getattr", "hasattr", "setattr"):
             name = node.args[1] if len(node.args) >= 2 else None
