@@ -136,42 +136,46 @@ async def _moment(request: Request, engine: Engine, seq: int) -> moments.Rebuilt
         return await asyncio.to_thread(moments.rebuild, seg.keyframe, entries, engine.config)
 
 
-@route(router.get, "/history/state", r.HistoryState, "The pool at a recorded moment", CostlyRead)
+@route(
+    router.get, "/history/state", moments.HistoryState, "The pool at a recorded moment", CostlyRead
+)
 async def history_state(
     request: Request,
     engine: EngineDep,
     at: Moment,
     limit: Annotated[int, Query(ge=1, le=1_000_000)] = 1000,
     include_blocks: bool = False,
-) -> dict[str, Any]:
+) -> AsBuilt[moments.HistoryState]:
     """Rebuilt from the keyframe at or before the moment plus the operations
     after it: summary, the free queue (head first), the hash map, running
     requests; every block's state, ref count and hash with ``include_blocks``."""
     seq = _seq(_recorder(engine), at, "at")
     m = await _moment(request, engine, seq)
     out = moments.state_json(m, limit, include_blocks)
-    ts = out["at"]["ts"]
+    ts = m.ts  # the moment's time
     usage = out["summary"]["usage"]
-    out["tiles"] = moment_tiles(list(engine.series), ts, usage)
+    out["tiles"] = tiles = moment_tiles(list(engine.series), ts, usage)
     past = engine.request_history  # a mirror's: the engine's requests then
     if past is not None:
         reqs = past.at(ts)
         out["summary"]["running_requests"] = reqs["running"]
         out["summary"]["waiting_requests"] = reqs["waiting"]
         out["summary"]["requests_reason"] = reqs["reason"]
-        out["tiles"]["running"] = reqs["running"]
-        out["tiles"]["running_reason"] = reqs["reason"]
+        tiles["running"] = reqs["running"]
+        tiles["running_reason"] = reqs["reason"]
     return out
 
 
-@route(router.get, "/history/diff", r.HistoryDiff, "What changed between two moments", CostlyRead)
+@route(
+    router.get, "/history/diff", moments.HistoryDiff, "What changed between two moments", CostlyRead
+)
 async def history_diff(
     request: Request,
     engine: EngineDep,
     from_: Annotated[str, Query(alias="from", min_length=1, max_length=64)],
     to: Moment,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
-) -> dict[str, Any]:
+) -> AsBuilt[moments.HistoryDiff]:
     """Hashes evicted and entered (with the block that held them), blocks
     whose ref count or hash changed, requests started and ended, operations
     and KV events in between."""

@@ -96,56 +96,6 @@ class History(Out):
     limits: dict[str, int] | None = None
 
 
-class Moment(Out):
-    seq: int
-    ts: float | None
-
-
-class HistoryState(Out):
-    """The pool right after a recorded operation."""
-
-    at: Moment
-    keyframe_seq: int
-    replayed_ops: int
-    replay_mismatches: int
-    replay_seconds: float
-    summary: dict[str, Any]
-    queue: dict[str, Any]
-    hash_map: dict[str, Any]
-    requests: dict[str, Any]
-    blocks: dict[str, list[Any]] | None = Field(default=None, description="with include_blocks")
-    tiles: dict[str, Any] | None = Field(
-        default=None,
-        description="the stat tiles then: usage, hit_rate_1m, hit_rate_5m, hit_rate_since "
-        "(since_label), waiting from the server's series point at the moment (point_ts); "
-        "null figures with a reason when the moment is older than that series.  On a "
-        "mirror also running (the engine's then; null with running_reason), and the "
-        "summary's running_requests / waiting_requests / requests_reason are the engine's",
-    )
-
-
-class HistoryDiff(Out):
-    """What changed between two recorded moments."""
-
-    from_: Moment = Field(alias="from")
-    to: Moment
-    evicted_total: int
-    evicted: list[Any]
-    entered_total: int
-    entered: list[dict[str, Any]]
-    blocks_changed_total: int
-    blocks_changed: list[dict[str, Any]]
-    requests: dict[str, Any] = Field(
-        description="started, ended (request ids), running_from, running_to.  On a mirror "
-        "the engine's (source: engine): started = first scheduled in between, ended = "
-        "finished in between; null figures with a reason where the mirror cannot know "
-        "(it joined a busy engine, missed a batch, or the moment is older than it keeps)"
-    )
-    ops: dict[str, Any]
-    events: dict[str, int]
-    replayed_ops: int
-
-
 class ExportSize(Out):
     """What ``GET /api/history/export`` would send now: the lines exactly,
     the bytes estimated from the recording's counters (nothing written)."""
