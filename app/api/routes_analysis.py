@@ -23,7 +23,8 @@ from app.shared.errors import Conflict, InvalidInput, NotFound
 from app.web.error_shape import ERROR_RESPONSES
 from blockpool.analysis import moments
 from blockpool.analysis.export import export_lines
-from blockpool.analysis.recording import Recorder
+from blockpool.analysis.export_size import ExportSize
+from blockpool.analysis.recording import History, Recorder
 from blockpool.analysis.segment import EventsView
 
 router = APIRouter(prefix="/api", tags=["analysis"], responses=ERROR_RESPONSES)
@@ -100,8 +101,8 @@ async def shadows(engine: EngineDep) -> dict[str, Any]:
 # ------------------------------------------------------------------ history
 
 
-@route(router.get, "/history", r.History, "The recording: span and keyframes", ReadAuth)
-async def history(engine: EngineDep) -> dict[str, Any]:
+@route(router.get, "/history", History, "The recording: span and keyframes", ReadAuth)
+async def history(engine: EngineDep) -> AsBuilt[History]:
     return _recorder(engine).info()
 
 
@@ -204,8 +205,8 @@ async def history_diff(
     return out
 
 
-@route(router.get, "/history/export/size", r.ExportSize, "What the export would send now", ReadAuth)
-async def history_export_size(engine: EngineDep) -> dict[str, Any]:
+@route(router.get, "/history/export/size", ExportSize, "What the export would send now", ReadAuth)
+async def history_export_size(engine: EngineDep) -> AsBuilt[ExportSize]:
     """The lines ``GET /history/export`` would send now, and its bytes
     estimated from the recording's counters (JSON bytes per recorded byte,
     sampled as the recording grows; a keyframe's size): O(1), nothing is
