@@ -26,6 +26,7 @@ from blockpool.analysis.export import export_lines
 from blockpool.analysis.export_size import ExportSize
 from blockpool.analysis.recording import History, Recorder
 from blockpool.analysis.segment import EventsView
+from blockpool.analysis.views import Misses
 
 router = APIRouter(prefix="/api", tags=["analysis"], responses=ERROR_RESPONSES)
 
@@ -55,14 +56,16 @@ def _recorder(engine: Engine) -> Recorder:
     return an.recorder
 
 
-@route(router.get, "/misses", r.Misses, "Why prefixes missed, in aggregate", ReadAuth)
-async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
+@route(router.get, "/misses", Misses, "Why prefixes missed, in aggregate", ReadAuth)
+async def misses(engine: EngineDep, limit: Limit = 50) -> AsBuilt[Misses]:
     """Missed prompt blocks (and tokens) by reason -- last_token,
     block_size_floor, cold, evicted, extra_keys, chain_broken, reset (and on
     a mirror, skipped) -- with how long ago evicted misses had been evicted
     and how far they had travelled through the free queue, every eviction's
     travel, and recent requests."""
-    return await _analysis(engine).query("misses", limit=limit)
+    # blockpool.analysis.views.misses, ``worker`` set by the host (on a mirror,
+    # the counts are the engine's requests': EngineMisses.view)
+    return cast(Misses, await _analysis(engine).query("misses", limit=limit))
 
 
 @route(

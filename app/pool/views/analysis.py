@@ -11,21 +11,6 @@ from blockpool.analysis.views import RegretView, RequestMissesView
 from blockpool.common.shapes import shape
 
 
-class Misses(Out):
-    """Why prefixes missed, by reason, with evicted-miss and floor histograms."""
-
-    admissions: int
-    hit: dict[str, int]
-    missed: dict[str, int]
-    reasons: dict[str, dict[str, float]]
-    evicted_misses: dict[str, Any]
-    floor: dict[str, Any]
-    evictions: dict[str, Any]
-    recent_requests: list[dict[str, Any]]
-    indexes: dict[str, Any] = Field(description="what the miss indexes hold")
-    worker: dict[str, Any] | None = Field(description="the analysis worker's lag (worker mode)")
-
-
 @shape
 class RequestMisses(RequestMissesView):
     """One request's blocks: hit, or the reason each missed."""
