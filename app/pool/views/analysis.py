@@ -1,4 +1,7 @@
-"""What the analysis routes return: misses, regret, shadows, time travel."""
+"""What the analysis routes return beside the library's shapes: the
+service's RequestMisses and Regret (the library's views, and what the host
+adds), and Shadows, still a dict beside its model (app/pool/views/__init__.py
+says why)."""
 
 from __future__ import annotations
 
