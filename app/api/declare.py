@@ -1,6 +1,7 @@
 """How a route declares its response: its success status documented by the
-model the handler returns (app/pool/views/, or a ``TypedDict`` shape the
-handler returns as built, ``AsBuilt[Allocated]``), one auth dependency, a
+model the handler returns (app/pool/views/, or a library shape the handler
+returns as built, ``AsBuilt[Allocated]``: a ``TypedDict``, or a stdlib
+dataclass where the schema declares defaults), one auth dependency, a
 summary."""
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from pydantic_core import CoreSchema, core_schema
 
 F = TypeVar("F", bound=Callable[..., Any])
 S = TypeVar("S")
-# a view (a pydantic model) or a shape (a TypedDict, blockpool/common/shapes.py)
-Model = type[BaseModel] | type[Mapping[str, Any]]
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    # a view (a pydantic model) or a shape (a TypedDict or a dataclass,
+    # blockpool/common/shapes.py)
+    Model = type[BaseModel] | type[Mapping[str, Any]] | type[DataclassInstance]
     AsBuilt = Annotated[S, ...]
 else:
 
@@ -26,7 +30,8 @@ else:
         that shape's schema (``/openapi.json``) and sent as built: neither
         validated (a model instance is not either) nor serialized by the
         shape, the dict's plain JSON (pydantic's ``SkipValidation`` would
-        serialize it twice, to Python objects and then to JSON)."""
+        serialize it twice, to Python objects and then to JSON).  A
+        dataclass shape is sent as its fields, in their order."""
 
         def __class_getitem__(cls, shape: Any) -> Any:
             return Annotated[shape, cls()]

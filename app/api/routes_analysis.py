@@ -23,8 +23,10 @@ from app.shared.errors import Conflict, InvalidInput, NotFound
 from app.web.error_shape import ERROR_RESPONSES
 from blockpool.analysis import moments
 from blockpool.analysis.export import export_lines
-from blockpool.analysis.recording import Recorder
+from blockpool.analysis.export_size import ExportSize
+from blockpool.analysis.recording import History, Recorder
 from blockpool.analysis.segment import EventsView
+from blockpool.analysis.views import Misses
 
 router = APIRouter(prefix="/api", tags=["analysis"], responses=ERROR_RESPONSES)
 
@@ -54,14 +56,16 @@ def _recorder(engine: Engine) -> Recorder:
     return an.recorder
 
 
-@route(router.get, "/misses", r.Misses, "Why prefixes missed, in aggregate", ReadAuth)
-async def misses(engine: EngineDep, limit: Limit = 50) -> dict[str, Any]:
+@route(router.get, "/misses", Misses, "Why prefixes missed, in aggregate", ReadAuth)
+async def misses(engine: EngineDep, limit: Limit = 50) -> AsBuilt[Misses]:
     """Missed prompt blocks (and tokens) by reason -- last_token,
     block_size_floor, cold, evicted, extra_keys, chain_broken, reset (and on
     a mirror, skipped) -- with how long ago evicted misses had been evicted
     and how far they had travelled through the free queue, every eviction's
     travel, and recent requests."""
-    return await _analysis(engine).query("misses", limit=limit)
+    # blockpool.analysis.views.misses, ``worker`` set by the host (on a mirror,
+    # the counts are the engine's requests': EngineMisses.view)
+    return cast(Misses, await _analysis(engine).query("misses", limit=limit))
 
 
 @route(
@@ -100,8 +104,8 @@ async def shadows(engine: EngineDep) -> dict[str, Any]:
 # ------------------------------------------------------------------ history
 
 
-@route(router.get, "/history", r.History, "The recording: span and keyframes", ReadAuth)
-async def history(engine: EngineDep) -> dict[str, Any]:
+@route(router.get, "/history", History, "The recording: span and keyframes", ReadAuth)
+async def history(engine: EngineDep) -> AsBuilt[History]:
     return _recorder(engine).info()
 
 
@@ -136,42 +140,46 @@ async def _moment(request: Request, engine: Engine, seq: int) -> moments.Rebuilt
         return await asyncio.to_thread(moments.rebuild, seg.keyframe, entries, engine.config)
 
 
-@route(router.get, "/history/state", r.HistoryState, "The pool at a recorded moment", CostlyRead)
+@route(
+    router.get, "/history/state", moments.HistoryState, "The pool at a recorded moment", CostlyRead
+)
 async def history_state(
     request: Request,
     engine: EngineDep,
     at: Moment,
     limit: Annotated[int, Query(ge=1, le=1_000_000)] = 1000,
     include_blocks: bool = False,
-) -> dict[str, Any]:
+) -> AsBuilt[moments.HistoryState]:
     """Rebuilt from the keyframe at or before the moment plus the operations
     after it: summary, the free queue (head first), the hash map, running
     requests; every block's state, ref count and hash with ``include_blocks``."""
     seq = _seq(_recorder(engine), at, "at")
     m = await _moment(request, engine, seq)
     out = moments.state_json(m, limit, include_blocks)
-    ts = out["at"]["ts"]
+    ts = m.ts  # the moment's time
     usage = out["summary"]["usage"]
-    out["tiles"] = moment_tiles(list(engine.series), ts, usage)
+    out["tiles"] = tiles = moment_tiles(list(engine.series), ts, usage)
     past = engine.request_history  # a mirror's: the engine's requests then
     if past is not None:
         reqs = past.at(ts)
         out["summary"]["running_requests"] = reqs["running"]
         out["summary"]["waiting_requests"] = reqs["waiting"]
         out["summary"]["requests_reason"] = reqs["reason"]
-        out["tiles"]["running"] = reqs["running"]
-        out["tiles"]["running_reason"] = reqs["reason"]
+        tiles["running"] = reqs["running"]
+        tiles["running_reason"] = reqs["reason"]
     return out
 
 
-@route(router.get, "/history/diff", r.HistoryDiff, "What changed between two moments", CostlyRead)
+@route(
+    router.get, "/history/diff", moments.HistoryDiff, "What changed between two moments", CostlyRead
+)
 async def history_diff(
     request: Request,
     engine: EngineDep,
     from_: Annotated[str, Query(alias="from", min_length=1, max_length=64)],
     to: Moment,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
-) -> dict[str, Any]:
+) -> AsBuilt[moments.HistoryDiff]:
     """Hashes evicted and entered (with the block that held them), blocks
     whose ref count or hash changed, requests started and ended, operations
     and KV events in between."""
@@ -200,8 +208,8 @@ async def history_diff(
     return out
 
 
-@route(router.get, "/history/export/size", r.ExportSize, "What the export would send now", ReadAuth)
-async def history_export_size(engine: EngineDep) -> dict[str, Any]:
+@route(router.get, "/history/export/size", ExportSize, "What the export would send now", ReadAuth)
+async def history_export_size(engine: EngineDep) -> AsBuilt[ExportSize]:
     """The lines ``GET /history/export`` would send now, and its bytes
     estimated from the recording's counters (JSON bytes per recorded byte,
     sampled as the recording grows; a keyframe's size): O(1), nothing is

@@ -58,6 +58,7 @@ from blockpool.analysis.common import h64
 from blockpool.analysis.evictions import EvictionRing
 from blockpool.analysis.free_batches import FreeBatches
 from blockpool.analysis.miss_travel import MissTravel
+from blockpool.analysis.views import MissCounts
 from blockpool.common.miss_reasons import (
     CAUSES,
     CHAIN_BROKEN,
@@ -90,6 +91,13 @@ REMEMBERED = 65_536  # evictions an own ring remembers
 def key0(h: bytes) -> BlockHashWithGroupId:
     """The map key of hash ``h`` in group 0."""
     return BlockHashWithGroupId(h + GID0)
+
+
+class EngineMissCounts(MissCounts):
+    """``Misses``' counts of the engine's requests, over the mirror's own."""
+
+    engine_requests: bool
+    dropped_hashes_remembered: int
 
 
 class EngineMisses(OpObserver):
@@ -323,7 +331,7 @@ class EngineMisses(OpObserver):
             "hit_blocks": self.blocks[0],
         }
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> EngineMissCounts:
         """What ``GET /api/misses`` says of the engine's requests."""
         missed = sum(self.blocks[1:])
         return {

@@ -13,13 +13,14 @@ import random
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from blockpool import BlockRemoved, BlockStored
 from blockpool.analysis.export import entry_json, event_to_json
 from blockpool.analysis.segment import KINDS, Entry, EventsView, Sample, Segment
+from blockpool.common.shapes import shape
 from blockpool.runtime.state import RuntimeKeyframe, keyframe_json, snapshot
 
 if TYPE_CHECKING:
@@ -90,6 +91,21 @@ def _write_event(sm: Sample, ev: KVCacheEvent, w: int) -> None:
         rest -= n
     sm.rest_bytes[kind] += w * rest
     sm.rest_n[kind] += w
+
+
+@shape
+@dataclass
+class ExportSize:
+    """What ``GET /api/history/export`` would send now: the lines exactly,
+    the bytes estimated from the recording's counters (nothing written)."""
+
+    bytes: int
+    lines: int
+    last_seq: int
+    # the defaults are the schema's (a dataclass, not a TypedDict, to declare them)
+    estimated: bool = True
+    json_per_recorded_byte: float = 0.0
+    keyframe_bytes: int = 0
 
 
 def _ratio(num: float, den: float) -> float:
@@ -181,7 +197,7 @@ class ExportSizer:
 
     def estimate(
         self, segs: Sequence[Segment], seq: int, n_ops: int, nbytes: int, header: dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> ExportSize:
         """What ``export_lines`` would write now, without writing it: the
         lines exactly, the bytes estimated: per segment, its sampled line
         bytes per recorded byte times its recorded bytes, and its events
@@ -229,14 +245,14 @@ class ExportSizer:
             ops += written - 2 * (sm.ops_with_events - nulls) + 2 * nulls
         head = len(json.dumps(header)) + 1
         kf = sum(seg.json_bytes for seg in segs) + self._final_json
-        return {
-            "bytes": int(head + kf + ops),
-            "lines": 1 + len(segs) + 1 + n_ops,
-            "last_seq": seq,
-            "estimated": True,
-            "json_per_recorded_byte": ops / nbytes if nbytes else per_byte,
-            "keyframe_bytes": self._final_json,
-        }
+        return ExportSize(
+            bytes=int(head + kf + ops),
+            lines=1 + len(segs) + 1 + n_ops,
+            last_seq=seq,
+            estimated=True,
+            json_per_recorded_byte=ops / nbytes if nbytes else per_byte,
+            keyframe_bytes=self._final_json,
+        )
 
 
 def _list_bytes(n: int, items: int) -> int:

@@ -5,7 +5,8 @@ the last seq applied by then.  ``state_at`` restores the keyframe at or
 before it into a fresh runtime (metadata only) and re-applies the operations
 after it; the recording's ops were validated already, so replay is the
 runtime's own code path (same block ids, same events).  ``state_json`` and
-``diff_json`` are the views of a moment and of two.
+``diff_json`` are the views of a moment and of two: ``HistoryState`` and
+``HistoryDiff``, the shapes ``GET /api/history/state`` and ``/diff`` send.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NotRequired
 
 from blockpool.analysis.recording import Recorder
 from blockpool.analysis.segment import Entry, EventsView, unpack
 from blockpool.common.keys import key_group, key_hex
+from blockpool.common.shapes import TypedDict, shape
 from blockpool.core.events import BlockRemoved, BlockStored
 from blockpool.core.snapshot import block_keys, map_entries
 from blockpool.runtime.columns import STATE_NAMES
@@ -119,7 +121,55 @@ def rebuild(
 # ------------------------------------------------------------------ views
 
 
-def state_json(m: RebuiltMoment, limit: int, include_blocks: bool) -> dict[str, Any]:
+@shape
+class Moment(TypedDict):
+    seq: int
+    ts: float | None
+
+
+@shape
+class HistoryState(TypedDict):
+    """The pool right after a recorded operation."""
+
+    at: Moment
+    keyframe_seq: int
+    replayed_ops: int
+    replay_mismatches: int
+    replay_seconds: float
+    summary: dict[str, Any]
+    queue: dict[str, Any]
+    hash_map: dict[str, Any]
+    requests: dict[str, Any]
+    blocks: NotRequired[dict[str, list[Any]] | None]
+    """with include_blocks"""
+    # set by the service, which keeps the series (app/pool/moment_tiles.py)
+    tiles: NotRequired[dict[str, Any] | None]
+    """the stat tiles then: usage, hit_rate_1m, hit_rate_5m, hit_rate_since (since_label), waiting from the server's series point at the moment (point_ts); null figures with a reason when the moment is older than that series.  On a mirror also running (the engine's then; null with running_reason), and the summary's running_requests / waiting_requests / requests_reason are the engine's"""  # noqa: E501 one line: the description
+
+
+# ``from`` is a keyword: the functional form declares it
+HistoryDiffFrom = TypedDict("HistoryDiffFrom", {"from": Moment})
+
+
+@shape
+class HistoryDiff(HistoryDiffFrom):
+    """What changed between two recorded moments."""
+
+    to: Moment
+    evicted_total: int
+    evicted: list[Any]
+    entered_total: int
+    entered: list[dict[str, Any]]
+    blocks_changed_total: int
+    blocks_changed: list[dict[str, Any]]
+    requests: dict[str, Any]
+    """started, ended (request ids), running_from, running_to.  On a mirror the engine's (source: engine): started = first scheduled in between, ended = finished in between; null figures with a reason where the mirror cannot know (it joined a busy engine, missed a batch, or the moment is older than it keeps)"""  # noqa: E501 one line: the description
+    ops: dict[str, Any]
+    events: dict[str, int]
+    replayed_ops: int
+
+
+def state_json(m: RebuiltMoment, limit: int, include_blocks: bool) -> HistoryState:
     e = m.engine
     pool = e.pool
     queue = [b.block_id for b in pool.free_block_queue]
@@ -138,7 +188,7 @@ def state_json(m: RebuiltMoment, limit: int, include_blocks: bool) -> dict[str, 
         }
         for rid, r in list(e.manager.requests.items())[:limit]
     ]
-    out: dict[str, Any] = {
+    out: HistoryState = {
         "at": {"seq": m.seq, "ts": m.ts},
         "keyframe_seq": m.keyframe_seq,
         "replayed_ops": m.replayed,
@@ -161,7 +211,7 @@ def state_json(m: RebuiltMoment, limit: int, include_blocks: bool) -> dict[str, 
 
 def diff_json(
     a: RebuiltMoment, b: RebuiltMoment, between: list[Entry], view: EventsView, limit: int
-) -> dict[str, Any]:
+) -> HistoryDiff:
     """What changed from moment ``a`` to moment ``b``."""
     ka = block_keys(a.engine.pool)
     kb = block_keys(b.engine.pool)

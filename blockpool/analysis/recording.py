@@ -29,12 +29,14 @@ import bisect
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from blockpool.analysis.export import header_json
-from blockpool.analysis.export_size import ExportSizer
+from blockpool.analysis.export_size import ExportSize, ExportSizer
 from blockpool.analysis.segment import Entry, EventsView, Segment, encode
+from blockpool.common.shapes import TypedDict, shape
 from blockpool.runtime.state import RuntimeKeyframe, snapshot
 
 if TYPE_CHECKING:
@@ -46,6 +48,35 @@ KEYFRAME_BUDGET = 0.01  # at tick time, keyframes take at most this share of the
 # keyframe costs O(pool): one per num_blocks / 8 operations at most, so a
 # mirror applying a GPU engine's steps does not stall its writer on them).
 FORCED_KEYFRAME = 8
+
+
+@shape
+class Keyframe(TypedDict):
+    seq: int
+    ts: float
+
+
+@shape
+@dataclass
+class History:
+    """The recording: the span it holds, its keyframes, its limits."""
+
+    enabled: bool
+    # the defaults are the schema's (a dataclass, not a TypedDict, to declare them)
+    first_seq: int | None = None
+    last_seq: int | None = None
+    first_ts: float | None = None
+    last_ts: float | None = None
+    ops_held: int | None = None
+    bytes_held: int | None = None
+    dropped_ops: int | None = None
+    dropped_segments: int | None = None
+    keyframes: Sequence[Keyframe] = ()
+    keyframes_taken: int | None = None
+    horizon: dict[str, Any] | None = None
+    """held_seconds: the span held; seconds: how far back it reaches once full, at the current rate (null before any operation); full: its bounds reached"""  # noqa: E501 one line: the description
+    keyframe_seconds_total: float | None = None
+    limits: dict[str, int] | None = None
 
 
 class Recorder:
@@ -142,7 +173,7 @@ class Recorder:
         """Tick time: the export's size measured further (ExportSizer)."""
         self.sizer.calibrate(self.segments)
 
-    def export_size(self) -> dict[str, Any]:
+    def export_size(self) -> ExportSize:
         """What ``export_lines`` would write now, without writing it
         (ExportSizer.estimate)."""
         return self.sizer.estimate(self.segments, self.seq, self.ops, self.nbytes, self._header())
@@ -236,27 +267,27 @@ class Recorder:
             out.extend(seg.entries(after - seg.keyframe.seq, upto - seg.keyframe.seq))
         return out
 
-    def info(self) -> dict[str, Any]:
-        return {
-            "enabled": True,
-            "first_seq": self.first_seq,
-            "last_seq": self.seq,
-            "first_ts": self.first_ts,
-            "last_ts": self.last_ts(),
-            "ops_held": self.ops,
-            "bytes_held": self.nbytes,
-            "dropped_ops": self.dropped_ops,
-            "dropped_segments": self.dropped_segments,
-            "keyframes": [{"seq": s.keyframe.seq, "ts": s.keyframe.ts} for s in self.segments],
-            "keyframes_taken": self.keyframes_taken,
-            "horizon": self.horizon(),
-            "keyframe_seconds_total": self.keyframe_seconds,
-            "limits": {
+    def info(self) -> History:
+        return History(
+            enabled=True,
+            first_seq=self.first_seq,
+            last_seq=self.seq,
+            first_ts=self.first_ts,
+            last_ts=self.last_ts(),
+            ops_held=self.ops,
+            bytes_held=self.nbytes,
+            dropped_ops=self.dropped_ops,
+            dropped_segments=self.dropped_segments,
+            keyframes=[{"seq": s.keyframe.seq, "ts": s.keyframe.ts} for s in self.segments],
+            keyframes_taken=self.keyframes_taken,
+            horizon=self.horizon(),
+            keyframe_seconds_total=self.keyframe_seconds,
+            limits={
                 "max_ops": self.max_ops,
                 "max_bytes": self.max_bytes,
                 "keyframe_ops": self.keyframe_ops,
             },
-        }
+        )
 
     # -------------------------------------------------------------- export
 

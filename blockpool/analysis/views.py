@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from blockpool.analysis.common import hex64
@@ -101,6 +102,31 @@ class RegretView(TypedDict):
     recent: list[dict[str, Any]]
 
 
+@shape
+class MissCounts(TypedDict):
+    """Blocks (and tokens) hit and missed, by reason: what a mirror's
+    ``EngineMisses.view`` says of the engine's requests too."""
+
+    admissions: int
+    hit: dict[str, int]
+    missed: dict[str, int]
+    reasons: dict[str, dict[str, float]]
+    evicted_misses: dict[str, Any]
+
+
+@shape
+class Misses(MissCounts):
+    """Why prefixes missed, by reason, with evicted-miss and floor histograms."""
+
+    floor: dict[str, Any]
+    evictions: dict[str, Any]
+    recent_requests: list[Mapping[str, Any]]
+    indexes: dict[str, Any]
+    """what the miss indexes hold"""
+    worker: dict[str, Any] | None
+    """the analysis worker's lag (worker mode)"""
+
+
 def _rm_summary(rm: RequestMissCodes) -> RequestMissSummary:
     return {
         "request_id": rm.request_id,
@@ -113,7 +139,7 @@ def _rm_summary(rm: RequestMissCodes) -> RequestMissSummary:
     }
 
 
-def misses(an: Analysis, limit: int) -> dict[str, Any]:
+def misses(an: Analysis, limit: int) -> Misses:
     m = an.misses
     missed_blocks = sum(m.blocks[1:])
     reasons = {
@@ -151,6 +177,7 @@ def misses(an: Analysis, limit: int) -> dict[str, Any]:
             "finished_capacity": m.finished_kept,
         },
         "recent_requests": [_rm_summary(r) for r in recent[:limit]],
+        "worker": None,  # the service's: its analysis worker's lag
     }
 
 

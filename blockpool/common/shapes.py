@@ -4,7 +4,10 @@ one declaration of that shape.  The service's routes declare these as
 their response models: pydantic reads the class's docstring as the
 schema's description and each field's docstring as the field's (``shape``
 sets the config that asks for it; a ``ConfigDict`` is a plain dict, so
-nothing here imports pydantic).
+nothing here imports pydantic).  Where the schema declares defaults (which a
+``TypedDict`` cannot), the shape is a stdlib ``@dataclass`` marked the same
+way: pydantic reads its config, defaults and field docstrings, and sends its
+fields in their order.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ S = TypeVar("S")
 
 
 def shape(cls: type[S]) -> type[S]:
-    """Mark a ``TypedDict`` as a shape (pydantic's ``with_config``, without pydantic)."""
+    """Mark a ``TypedDict`` or a dataclass as a shape (pydantic's ``with_config``)."""
     cast(Any, cls).__pydantic_config__ = SHAPE_CONFIG
     return cls
 

@@ -61,7 +61,7 @@ def real_bytes(rec: Recorder) -> int:
 def assert_close(rec: Recorder) -> None:
     est = rec.export_size()
     real = real_bytes(rec)
-    assert abs(est["bytes"] - real) <= 0.05 * real, (est, real, (est["bytes"] - real) / real)
+    assert abs(est.bytes - real) <= 0.05 * real, (est, real, (est.bytes - real) / real)
 
 
 def test_the_estimate_follows_a_changing_mix_with_rare_ticks(engine_factory: Factory) -> None:
@@ -82,7 +82,7 @@ def test_the_estimate_follows_a_changing_mix_with_rare_ticks(engine_factory: Fac
     samples = [seg.sample.copy() for seg in rec.segments]
     again = rec.export_size()
     assert [seg.sample for seg in rec.segments] == samples
-    assert again["lines"] == sum(1 for _ in export_lines(*rec.export_parts()))
+    assert again.lines == sum(1 for _ in export_lines(*rec.export_parts()))
     check_invariants(e.runtime.pool)
 
 

@@ -263,12 +263,12 @@ def test_export_size_is_estimated_from_counters_and_gzip_replays(
     lines = _lines(*rec.export_parts())
     est = rec.export_size()
     sampled = [seg.sample.copy() for seg in rec.segments]
-    assert rec.export_size()["lines"] == est["lines"]
+    assert rec.export_size().lines == est.lines
     assert [seg.sample for seg in rec.segments] == sampled  # asking again wrote nothing more
-    assert est["estimated"] is True and est["last_seq"] == rec.seq
-    assert est["lines"] == len(lines)
+    assert est.estimated is True and est.last_seq == rec.seq
+    assert est.lines == len(lines)
     real = sum(len(x.encode()) for x in lines)
-    assert abs(est["bytes"] - real) <= 0.15 * real, (est, real)
+    assert abs(est.bytes - real) <= 0.15 * real, (est, real)
     path = tmp_path / "rec.jsonl.gz"
     path.write_bytes(b"".join(gzip_stream(iter(lines))))
     assert gzip.decompress(path.read_bytes()).decode() == "".join(lines)

@@ -1,4 +1,7 @@
-"""What the analysis routes return: misses, regret, shadows, time travel."""
+"""What the analysis routes return beside the library's shapes: the
+service's RequestMisses and Regret (the library's views, and what the host
+adds), and Shadows, still a dict beside its model (app/pool/views/__init__.py
+says why)."""
 
 from __future__ import annotations
 
@@ -9,21 +12,6 @@ from pydantic import Field
 from app.pool.views.base import Out
 from blockpool.analysis.views import RegretView, RequestMissesView
 from blockpool.common.shapes import shape
-
-
-class Misses(Out):
-    """Why prefixes missed, by reason, with evicted-miss and floor histograms."""
-
-    admissions: int
-    hit: dict[str, int]
-    missed: dict[str, int]
-    reasons: dict[str, dict[str, float]]
-    evicted_misses: dict[str, Any]
-    floor: dict[str, Any]
-    evictions: dict[str, Any]
-    recent_requests: list[dict[str, Any]]
-    indexes: dict[str, Any] = Field(description="what the miss indexes hold")
-    worker: dict[str, Any] | None = Field(description="the analysis worker's lag (worker mode)")
 
 
 @shape
@@ -66,93 +54,3 @@ class Shadows(Out):
         "chains, in its free order (text, free_order, requests_fed, not_fed); null on a "
         "served pool (its own requests)",
     )
-
-
-class Keyframe(Out):
-    seq: int
-    ts: float
-
-
-class History(Out):
-    """The recording: the span it holds, its keyframes, its limits."""
-
-    enabled: bool
-    first_seq: int | None = None
-    last_seq: int | None = None
-    first_ts: float | None = None
-    last_ts: float | None = None
-    ops_held: int | None = None
-    bytes_held: int | None = None
-    dropped_ops: int | None = None
-    dropped_segments: int | None = None
-    keyframes: list[Keyframe] = []
-    keyframes_taken: int | None = None
-    keyframe_seconds_total: float | None = None
-    horizon: dict[str, Any] | None = Field(
-        default=None,
-        description="held_seconds: the span held; seconds: how far back it reaches once "
-        "full, at the current rate (null before any operation); full: its bounds reached",
-    )
-    limits: dict[str, int] | None = None
-
-
-class Moment(Out):
-    seq: int
-    ts: float | None
-
-
-class HistoryState(Out):
-    """The pool right after a recorded operation."""
-
-    at: Moment
-    keyframe_seq: int
-    replayed_ops: int
-    replay_mismatches: int
-    replay_seconds: float
-    summary: dict[str, Any]
-    queue: dict[str, Any]
-    hash_map: dict[str, Any]
-    requests: dict[str, Any]
-    blocks: dict[str, list[Any]] | None = Field(default=None, description="with include_blocks")
-    tiles: dict[str, Any] | None = Field(
-        default=None,
-        description="the stat tiles then: usage, hit_rate_1m, hit_rate_5m, hit_rate_since "
-        "(since_label), waiting from the server's series point at the moment (point_ts); "
-        "null figures with a reason when the moment is older than that series.  On a "
-        "mirror also running (the engine's then; null with running_reason), and the "
-        "summary's running_requests / waiting_requests / requests_reason are the engine's",
-    )
-
-
-class HistoryDiff(Out):
-    """What changed between two recorded moments."""
-
-    from_: Moment = Field(alias="from")
-    to: Moment
-    evicted_total: int
-    evicted: list[Any]
-    entered_total: int
-    entered: list[dict[str, Any]]
-    blocks_changed_total: int
-    blocks_changed: list[dict[str, Any]]
-    requests: dict[str, Any] = Field(
-        description="started, ended (request ids), running_from, running_to.  On a mirror "
-        "the engine's (source: engine): started = first scheduled in between, ended = "
-        "finished in between; null figures with a reason where the mirror cannot know "
-        "(it joined a busy engine, missed a batch, or the moment is older than it keeps)"
-    )
-    ops: dict[str, Any]
-    events: dict[str, int]
-    replayed_ops: int
-
-
-class ExportSize(Out):
-    """What ``GET /api/history/export`` would send now: the lines exactly,
-    the bytes estimated from the recording's counters (nothing written)."""
-
-    bytes: int
-    lines: int
-    last_seq: int
-    estimated: bool = True
-    json_per_recorded_byte: float = 0.0
-    keyframe_bytes: int = 0
