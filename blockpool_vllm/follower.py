@@ -12,10 +12,14 @@ an append per pool call, never a walk over the pool.  The digest over the
 blocks the step named (``PoolDigest``) is brought up to date at ``flush``,
 or -- ``defer_digest`` -- off the engine's thread: ``catch_up``, from the
 sender's thread, reads the pool while the engine is between batches (in
-its forward pass: ``forward_begins`` .. ``forward_ends``, or idle) and
-throws the reading away when a pool call ran meanwhile; the digest then
-rides on the next batch (or beat) for the boundary it was taken at.  When
-that falls ``MAX_BEHIND`` batches behind, or after a reset or a call not
+its forward pass: ``forward_begins`` .. ``forward_ends``, or idle), a
+batch's blocks at a time, and keeps each batch's reading that the engine
+did not interrupt (one it did is read again at the next moment); once no
+batch is left at such a moment, the digest is the pool's and rides on the
+next batch (or beat) for the boundary it was taken at.  It plans each
+forward pass by the shortest of the last ones: no batch's reading begun
+that would end after the engine is back.  When the blocks left to read
+are more than a quarter of the pool, or after a reset or a call not
 followed, the digest is rebuilt in pieces over the next forward passes
 (``DigestSweep``): the engine's thread never reads the pool.  A snapshot is
 copied a slice per step (``Capture``), and by the sender's thread while the
@@ -67,10 +71,24 @@ UNSUPPORTED_METHODS = ("cache_partial_block", "unpin_blocks", "move_block_hashes
 COSTS_KEPT = 2048  # the last steps' costs, for the quantiles
 CAPTURE_BUDGET_S = 0.0008  # a step's share of copying a snapshot
 IDLE_AFTER_S = 0.05
+# the engine's forward passes as the sender's thread plans its work in one:
+# the shortest of the last WINDOWS_KEPT is what it counts on, and it begins no
+# batch's reading it expects to end after END_SHARE of it (what it read would
+# be thrown away, and the engine, back, would wait for the interpreter).  (It
+# keeps pausing from the start: the engine may still run Python a while after
+# the pass is handed over -- vLLM's model runner preparing it, the bench's
+# fake one sampling -- and a thread that never pauses keeps it waiting for
+# the interpreter up to the 5 ms switch interval, measured.)
+WINDOWS_KEPT = 16
+END_SHARE = 0.85
 # batches whose blocks catch_up has not read yet, at most: beyond, the engine's
 # flush brings the digest up to date itself (a sender starved of the CPU
 # never lets the work pile up)
-MAX_BEHIND = 16  # batches not caught up with: beyond, the digest is rebuilt in pieces
+MAX_BEHIND = 16  # batches pending, at most, before their blocks are counted
+# blocks pending (named by batches the digest has not read yet), at most: a
+# fraction of the pool -- beyond, a sweep reads every block once instead
+BEHIND_FRACTION = 4
+MIN_BEHIND_ROWS = 4096
 # batches whose blocks the sweep has not been told of, at most: beyond, it
 # starts again (their ids are not kept without bound)
 MAX_PENDING = 4096
@@ -149,6 +167,11 @@ class PoolFollower:
         self.forwarding = False
         self.forward_passes = 0
         self._turn_seen = 0
+        self.forward_began = 0  # perf_counter_ns at the last forward_begins
+        self.windows = array("q", bytes(8 * WINDOWS_KEPT))  # the last passes' lengths (ns)
+        self.deadline = 0  # the sender's: no batch's reading begun that would end after this
+        self.read_ns_per_block = 2_000.0  # the sender's reading speed, as last measured
+        self.windows_overrun = 0  # readings still running when the engine came back
         # the sender's thread sleeps a moment every ~0.1 ms of work, so that an
         # engine back from its forward pass waits no longer for the interpreter
         self.pace = Pacer()
@@ -177,6 +200,9 @@ class PoolFollower:
         self.digest_ops = 0  # the digest is of the pool after this many operations
         self.flushed_ops = 0  # operations up to the last flush (a batch boundary)
         self.pending: list[array[int]] = []  # deferred: flushed blocks not in the digest yet
+        # deferred: beyond this many blocks pending, the digest is rebuilt by a
+        # sweep instead (it reads each block once, however often it was named)
+        self.max_behind_rows = max(MIN_BEHIND_ROWS, len(pool.blocks) // BEHIND_FRACTION)
         self.verified: Digest | None = None  # deferred: taken off the engine's thread
         self.inflight: deque[Batch] = deque()  # deferred: offered, not prepared by the sender yet
         self.digests_taken = 0  # deferred digests taken by catch_up
@@ -469,8 +495,6 @@ class PoolFollower:
             if self._sync_due:  # a reset, a call not followed: every row read again, there
                 self._sync_due = False
                 self.sweep_due = True
-            elif self.sweep is None and len(self.pending) + len(self.inflight) >= MAX_BEHIND:
-                self.sweep_due = True  # too much for one moment: rebuilt in pieces
             digest, self.verified = self.verified, None
             ops = raw
         else:
@@ -525,11 +549,20 @@ class PoolFollower:
                 self._sync_due = True
             if touched:  # (an array: nothing for the garbage collector to walk)
                 self.pending.append(array("i", touched))  # first: catch_up waits for it
-            if len(self.pending) > MAX_PENDING:  # never told: the sweep starts again
+            if self._too_far_behind():  # more to read than the pool: read whole, in pieces
                 self.pending.clear()
                 self.sweep_due = True
             inflight.popleft()
         return batch
+
+    def _too_far_behind(self) -> bool:
+        """Whether the blocks of the batches not read yet are more than a
+        sweep reads (``MAX_BEHIND_ROWS``: a fraction of the pool), or their
+        arrays more than ``MAX_PENDING``."""
+        pending = self.pending
+        if len(pending) > MAX_PENDING:
+            return True
+        return len(pending) > MAX_BEHIND and sum(map(len, pending)) > self.max_behind_rows
 
     def _update_digest(self, touched: list[int]) -> None:
         """The digest brought up to date on this thread (the engine's), over
@@ -555,13 +588,16 @@ class PoolFollower:
         w = self.window
         if w is not None:
             with w:
+                self.forward_began = _now()
                 self.forwarding = True
                 self.forward_passes += 1
                 w.notify_all()
 
     def forward_ends(self) -> None:
         """The engine's thread is back in the scheduler (any hook's entry)."""
-        self.forwarding = False
+        if self.forwarding:
+            self.forwarding = False
+            self.windows[self.forward_passes % WINDOWS_KEPT] = _now() - self.forward_began
 
     def may_work(self) -> bool:
         """Whether the sender's thread may work on the pool now without
@@ -584,7 +620,18 @@ class PoolFollower:
             w.wait_for(lambda: self.forward_passes != seen, timeout)
         self._turn_seen = self.forward_passes
         self.pace.rested()
+        self._plan_window()
         return self.may_work()
+
+    def _plan_window(self) -> None:
+        """The sender's plan for the forward pass now running (see
+        WINDOWS_KEPT): none until the engine has made as many passes, or
+        while it is idle (not in a pass)."""
+        shortest = min(self.windows)
+        if not self.forwarding or shortest <= 0:
+            self.deadline = 0
+            return
+        self.deadline = self.forward_began + int(shortest * END_SHARE)
 
     # ------------------------------------------------ the deferred digest
 
@@ -612,24 +659,58 @@ class PoolFollower:
 
             if self.sweep_due or self.sweep is not None:
                 return self._sweep_on(e0, target, pause)
-            if not self.pending:
+            if not self._drain(e0, target, pause):
                 return False
-            n = len(self.pending)
-            ids = array("i")
-            for part in self.pending[:n]:
-                ids.extend(part)
+            self._took(target)
+        if self.want_snapshot:
+            self._start_capture_between_steps()
+        return True
+
+    def _drain(self, e0: int, target: int, pause: Callable[[], bool]) -> bool:
+        """catch_up's usual work (``_digest_lock`` held, the engine between
+        batches): the pending batches' blocks read into the digest a batch
+        at a time, each batch's reading kept once it held (the engine did
+        not move during it), so that a sender that falls behind carries on
+        where it stopped at the next moment instead of starting again.
+        Rows read at different moments make a digest of no one moment --
+        but a row that changed since it was read belongs to a block a later
+        batch names, or to one next to such a block, which the reading of
+        that batch re-reads: once no batch is pending, at a moment, every
+        row is the block as it is (blockpool/mirror/digest.py).  True once
+        none is left."""
+        pending = self.pending
+        deadline = self.deadline
+        later: dict[int, int] = {}  # how many of the parts after this one name a block
+        if len(pending) > 1:
+            for part in pending[1:]:
+                for i in part:
+                    later[i] = later.get(i, 0) + 1
+        first = True
+        while pending:
+            part = pending[0]
+            t = _now()
+            if deadline and not first and t + len(part) * self.read_ns_per_block > deadline:
+                return False  # would end after the engine is back: at its next pass
+            first = False
             try:
-                staged = self.digest.stage(ids, pause)
+                staged = self.digest.stage(part, pause, later)
             except Exception:  # the engine moved (Interrupted), or the pool changed under it
                 staged = None
             if staged is None or self.epoch != e0 or self.op_count != target:
                 self.digests_discarded += 1
+                if not self.forwarding:
+                    self.windows_overrun += 1
                 return False
             self.digest.commit(staged)
-            del self.pending[:n]
-            self._took(target)
-        if self.want_snapshot:
-            self._start_capture_between_steps()
+            del pending[0]
+            if pending:  # the next part's own blocks are not "later" for it
+                for i in pending[0]:
+                    later[i] -= 1
+            if len(part) >= 64:  # (a small batch's time is mostly fixed costs)
+                spent = (_now() - t) / len(part)
+                self.read_ns_per_block += (spent - self.read_ns_per_block) * 0.25
+            if pending and not pause():  # the engine came back: the rest at the next moment
+                return False
         return True
 
     def _took(self, target: int) -> None:

@@ -68,6 +68,7 @@ import zmq
 
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.auth import StreamKey
+from blockpool_vllm.pacing import tighten_timer_slack
 
 logger = logging.getLogger("blockpool_vllm")
 
@@ -170,6 +171,7 @@ class Sender:
         self.requests_dropped = 0  # valid requests dropped: superseded, stale, too many
         self.replies_dropped = 0  # replies a peer's queue could not take, or to peers gone
         self.restarts = 0  # the loop's restarts after an exception
+        self.timer_slack_tight = False  # the thread asked Linux for short sleeps (pacing.py)
         self.bound = False
         self.bind_failures = 0
         self.bind_error: str | None = None
@@ -268,6 +270,7 @@ class Sender:
     # ---------------------------------------------------------- thread
 
     def _main(self) -> None:
+        self.timer_slack_tight = tighten_timer_slack()  # (pacing's sleeps: as short as asked)
         ctx: Any = zmq.Context()
         try:
             with contextlib.suppress(zmq.ZMQError):

@@ -191,7 +191,12 @@ class PoolDigest:
             skeys[bid] = key
             slinks[bid] = link
 
-    def stage(self, ids: Iterable[int], pause: Callable[[], bool] | None = None) -> Staged:
+    def stage(
+        self,
+        ids: Iterable[int],
+        pause: Callable[[], bool] | None = None,
+        later: Mapping[int, int] | None = None,
+    ) -> Staged:
         """Read what the blocks named by the pool calls since the last update
         are now -- them, then the blocks whose links to them changed (their
         neighbours in the queue before and after, where a link differs) and
@@ -200,7 +205,13 @@ class PoolDigest:
         while the pool may change under it, and throw the result away when
         it did (``blockpool_vllm``'s follower, off the engine's thread).
         ``pause``, called every ``PAUSE_EVERY`` blocks, may let the pool's
-        owner run and says whether to go on (else ``Interrupted``)."""
+        owner run and says whether to go on (else ``Interrupted``).
+
+        ``later``: blocks a later ``stage`` of the same moment names (a count
+        above 0), when the blocks named since the last update are read in
+        parts: such a block is not read here as a neighbour -- reading it
+        would take its old links, which its own later reading needs to find
+        *its* neighbours whose links changed -- only as named, then."""
         blocks = self.pool.blocks
         n = len(blocks)
         cache = self.pool.cached_block_hash_to_block._cache
@@ -281,7 +292,11 @@ class PoolDigest:
             else:
                 more.append(e.block_id)
         if more:
-            total = self._read_rows({bid for bid in more if bid not in done}, total, rows, pause)
+            if later:
+                got = {bid for bid in more if bid not in done and not later.get(bid)}
+            else:
+                got = {bid for bid in more if bid not in done}
+            total = self._read_rows(got, total, rows, pause)
         return Staged(rows, total & MASK)
 
     def _read_rows(

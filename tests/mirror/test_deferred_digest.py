@@ -10,6 +10,7 @@ boundary and checks the engine's against the one of the same boundary.
 
 from __future__ import annotations
 
+import random
 import sys
 import threading
 
@@ -19,7 +20,7 @@ from blockpool.mirror.apply import Divergence
 from blockpool.mirror.digest import Interrupted, pool_digest
 from blockpool.mirror.protocol import Digest
 from blockpool.runtime.ops import AllocateOp, FreeOp
-from blockpool_vllm.follower import MAX_BEHIND
+from blockpool_vllm.follower import MAX_BEHIND, MIN_BEHIND_ROWS, WINDOWS_KEPT
 from tests.mirror.test_apply import assert_same, mirror_of, wire
 from tests.mirror.workload import FollowedEngine
 
@@ -193,17 +194,29 @@ def test_a_reading_stops_when_its_pause_says_the_engine_moved() -> None:
     engine.rt.check()
 
 
-def test_a_sender_that_falls_behind_has_the_digest_rebuilt_in_pieces_never_on_the_engine() -> None:
+def test_a_sender_that_falls_behind_reads_the_backlog_a_batch_at_a_time_and_keeps_each() -> None:
     engine = FollowedEngine(defer_digest=True)
     f = engine.follower
     ops_before = f.digest_ops
     for _ in range(120):  # no catch_up at all: the sender's thread starved
         engine.step()
-    assert f.sweep_due and f.sweep is None  # asked of the sender's thread ...
+    assert not f.sweep_due and f.sweep is None  # a backlog smaller than the pool: no sweep
     assert f.digests_on_engine == 0 and f.digest_ops == ops_before  # ... nothing read here
-    assert len(f.pending) > MAX_BEHIND  # the ids kept meanwhile (bounded: MAX_PENDING)
-    assert f.catch_up()  # one long moment here: the whole sweep
-    assert f.sweeps == 1 and not f.sweep_due and f.sweep is None and not f.pending
+    parts = len(f.pending)
+    assert parts > MAX_BEHIND
+    # the engine comes back after the sender's first batch: that batch's reading is kept
+    may_work = f.may_work
+
+    def back_after_the_first_batch() -> bool:
+        return len(f.pending) == parts  # back once the first batch's reading is kept
+
+    f.may_work = back_after_the_first_batch  # type: ignore[method-assign]
+    assert not f.catch_up()
+    assert len(f.pending) == parts - 1 and f.verified is None and f.digests_discarded == 0
+    f.may_work = may_work  # type: ignore[method-assign]
+    engine.drive(5)  # the engine moved on meanwhile: its blocks join the backlog
+    assert f.catch_up()  # the rest, at one moment: the digest is the pool's now
+    assert f.sweeps == 0 and not f.pending
     assert f.verified is not None and f.verified.ops == f.op_count
     assert f.digest.value == f.verified.value == pool_digest(engine.rt.pool)
     engine.drive(20)  # and the usual catching up from there on
@@ -212,6 +225,58 @@ def test_a_sender_that_falls_behind_has_the_digest_rebuilt_in_pieces_never_on_th
     batch = f.flush(force_digest=True)  # a digest asked for now: read here, counted
     assert f.digests_on_engine == 1 and batch is not None and batch.digest is not None
     assert batch.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
+
+
+def test_a_backlog_beyond_a_share_of_the_pool_is_swept_instead_never_on_the_engine() -> None:
+    engine = FollowedEngine(defer_digest=True)
+    f = engine.follower
+    assert f.max_behind_rows == MIN_BEHIND_ROWS  # a small pool: the floor
+    f.max_behind_rows = 200  # (as a GPU pool's quarter is to its steps)
+    ops_before = f.digest_ops
+    for _ in range(120):
+        engine.step()
+    assert f.sweep_due and f.sweep is None  # asked of the sender's thread ...
+    assert f.digests_on_engine == 0 and f.digest_ops == ops_before  # ... nothing read here
+    assert sum(map(len, f.pending)) <= 200 + max(map(len, f.pending))  # bounded meanwhile
+    assert f.catch_up()  # one long moment here: the whole sweep
+    assert f.sweeps == 1 and not f.sweep_due and f.sweep is None and not f.pending
+    assert f.verified is not None and f.verified.ops == f.op_count
+    assert f.digest.value == f.verified.value == pool_digest(engine.rt.pool)
+    engine.drive(5)
+    assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
+
+
+def test_the_sender_begins_no_batch_it_cannot_read_before_the_engine_is_back() -> None:
+    engine = FollowedEngine(defer_digest=True, windowed=True)
+    f = engine.follower
+    for _ in range(WINDOWS_KEPT):  # forward passes of about 50 ms, as the engine's hooks say
+        f.forward_begins()
+        f.forward_began -= 50_000_000
+        f.forward_ends()
+    assert min(f.windows) >= 50_000_000
+    engine.drive(6)  # three batches pending
+    parts = len(f.pending)
+    assert parts >= 3
+    f.forward_begins()
+    f._plan_window()  # (what wait_turn does once woken)
+    assert f.deadline > f.forward_began
+    f.forward_began -= 49_000_000  # most of the pass gone: time for one batch, not more
+    f._plan_window()
+    f.read_ns_per_block = 1e9  # (a reading as slow as this would never end in time)
+    assert not f.catch_up()
+    assert len(f.pending) == parts - 1 and f.digests_discarded == 0  # the first, always
+    f.forward_ends()
+    f.forward_begins()  # the next pass: planned afresh, time for all
+    f._plan_window()
+    f.read_ns_per_block = 1_000.0
+    assert f.catch_up() and not f.pending
+    assert f.digest.value == pool_digest(engine.rt.pool)
+    f.forward_ends()
+    f.last_flush = 0.0  # an idle engine: no plan, no deadline
+    f._plan_window()
+    assert f.deadline == 0
     engine.rt.check()
 
 
@@ -237,4 +302,42 @@ def test_the_sender_reads_in_the_engines_forward_pass_and_lets_go_when_it_ends()
     assert not f.may_work() and not f.wait_turn(0.01)  # (no new forward pass)
     f.last_flush = 0.0  # ... and once it has been idle a while, the sender may work
     assert f.may_work() and f.wait_turn(0.01)
+    engine.rt.check()
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("free_order", ORDERS)
+def test_backlogs_read_in_parts_cut_anywhere_always_end_at_the_pools_digest(
+    seed: int, free_order: str
+) -> None:
+    """A sender that falls behind by a random number of batches and whose
+    moments end after a random number of them: every digest it takes is
+    the pool's (the parts read at earlier moments kept, none of their
+    neighbours' old links lost)."""
+    rng = random.Random(seed)
+    engine = FollowedEngine(num_blocks=48, free_order=free_order, defer_digest=True)
+    f = engine.follower
+    may_work = f.may_work
+    taken = 0
+    for _ in range(60):
+        engine.drive(rng.randrange(1, 8))
+        left = rng.choice([0, 1, 2, 5, 10_000])
+        parts = len(f.pending)
+
+        def cut(parts: int = parts, left: int = left) -> bool:
+            return parts - len(f.pending) <= left  # back after ``left`` + 1 batches
+
+        f.may_work = cut  # type: ignore[method-assign]
+        done = f.catch_up()
+        f.may_work = may_work  # type: ignore[method-assign]
+        if done:
+            taken += 1
+            assert f.verified is not None and f.verified.ops == f.op_count
+            assert f.digest.value == f.verified.value == pool_digest(engine.rt.pool)
+        elif parts:
+            assert parts - len(f.pending) == left + 1  # those read are kept
+    assert f.sweeps == 0 and f.digests_discarded == 0
+    assert taken >= 5
+    assert f.catch_up() or not f.pending
+    assert f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
