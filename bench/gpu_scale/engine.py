@@ -451,6 +451,8 @@ def plugin_reported(sched: Any) -> dict[str, Any]:
         "digests_discarded",
         "digests_on_engine",
         "sweeps",
+        "windows_overrun",
+        "read_ns_per_block",
     ):
         v = getattr(follower, attr, None)
         if isinstance(v, int | float):
