@@ -680,11 +680,6 @@ class PoolFollower:
         none is left."""
         pending = self.pending
         deadline = self.deadline
-        later: dict[int, int] = {}  # how many of the parts after this one name a block
-        if len(pending) > 1:
-            for part in pending[1:]:
-                for i in part:
-                    later[i] = later.get(i, 0) + 1
         first = True
         while pending:
             part = pending[0]
@@ -693,7 +688,7 @@ class PoolFollower:
                 return False  # would end after the engine is back: at its next pass
             first = False
             try:
-                staged = self.digest.stage(part, pause, later)
+                staged = self.digest.stage(part, pause)
             except Exception:  # the engine moved (Interrupted), or the pool changed under it
                 staged = None
             if staged is None or self.epoch != e0 or self.op_count != target:
@@ -703,9 +698,6 @@ class PoolFollower:
                 return False
             self.digest.commit(staged)
             del pending[0]
-            if pending:  # the next part's own blocks are not "later" for it
-                for i in pending[0]:
-                    later[i] -= 1
             if len(part) >= 64:  # (a small batch's time is mostly fixed costs)
                 spent = (_now() - t) / len(part)
                 self.read_ns_per_block += (spent - self.read_ns_per_block) * 0.25

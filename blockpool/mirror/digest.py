@@ -32,7 +32,7 @@ queue's sentinels have block id -1), the map's ``_cache``.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import compress
 from typing import NamedTuple
 
@@ -114,6 +114,15 @@ def _read(
     return b.ref_cnt, _link(b.prev_free_block), _link(b.next_free_block), link, key
 
 
+def _then(first: Iterable[int], more: list[int]) -> Iterator[int]:
+    """``first``, then ``more`` -- including what is added to it meanwhile."""
+    yield from first
+    i = 0
+    while i < len(more):
+        yield more[i]
+        i += 1
+
+
 def format_digest(total: int) -> str:
     return f"{total & MASK:016x}"
 
@@ -191,12 +200,7 @@ class PoolDigest:
             skeys[bid] = key
             slinks[bid] = link
 
-    def stage(
-        self,
-        ids: Iterable[int],
-        pause: Callable[[], bool] | None = None,
-        later: Mapping[int, int] | None = None,
-    ) -> Staged:
+    def stage(self, ids: Iterable[int], pause: Callable[[], bool] | None = None) -> Staged:
         """Read what the blocks named by the pool calls since the last update
         are now -- them, then the blocks whose links to them changed (their
         neighbours in the queue before and after, where a link differs) and
@@ -207,11 +211,13 @@ class PoolDigest:
         ``pause``, called every ``PAUSE_EVERY`` blocks, may let the pool's
         owner run and says whether to go on (else ``Interrupted``).
 
-        ``later``: blocks a later ``stage`` of the same moment names (a count
-        above 0), when the blocks named since the last update are read in
-        parts: such a block is not read here as a neighbour -- reading it
-        would take its old links, which its own later reading needs to find
-        *its* neighbours whose links changed -- only as named, then."""
+        A block found that way is read as a named one is: where its own
+        links differ from its row, the blocks on both sides are read too
+        (and so on).  So what a reading takes is closed -- no row it stores
+        drops old links some other block's change is found by -- and the
+        blocks named since the last update may be read in parts, each at a
+        moment of its own (a later call's blocks are named again later):
+        a part's reading then takes the neighbours' old links with it."""
         blocks = self.pool.blocks
         n = len(blocks)
         cache = self.pool.cached_block_hash_to_block._cache
@@ -227,10 +233,10 @@ class PoolDigest:
             rows.links.append,
         )
         done: set[int] = set()
-        more: list[int] = []
-        keys: list[bytes] = []
+        more: list[int] = []  # found on the way: read after the named, the same way
+        add_more, extend_more = more.append, more.extend
         left = PAUSE_EVERY
-        for bid in ids:
+        for bid in _then(ids, more):
             if bid in done or not 0 < bid < n:
                 continue
             done.add(bid)
@@ -247,15 +253,15 @@ class PoolDigest:
             old = sprev[bid]
             if prev != old:  # both the old and the new neighbour changed links
                 if old > 0:
-                    more.append(old)
+                    add_more(old)
                 if prev > 0:
-                    more.append(prev)
+                    add_more(prev)
             old = snext[bid]
             if nxt != old:
                 if old > 0:
-                    more.append(old)
+                    add_more(old)
                 if nxt > 0:
-                    more.append(nxt)
+                    add_more(nxt)
             k = b.block_hash
             okey = skeys[bid]
             if k is None:
@@ -269,12 +275,17 @@ class PoolDigest:
                     link = FIRST
                 elif e.__class__ is dict:
                     link = map_link(cache, k, b)
-                    keys.append(key)  # the block after it may have a new link
+                    extend_more(e)  # the block after it may have a new link
                 else:
                     link = NOT_MAPPED
                 v = hash((bid, b.ref_cnt, prev, nxt, link, _from_bytes(key, "little")))
-            if okey is not None and okey != key:
-                keys.append(okey)  # a key it left: the block after it has a new link
+            if okey is not None and okey != key:  # a key it left: the block after it
+                e = cache.get(okey)  # has a new link
+                if e is not None:
+                    if e.__class__ is dict:
+                        extend_more(e)
+                    else:
+                        add_more(e.block_id)
             v &= MASK
             total += v - values[bid]
             add_id(bid)
@@ -283,20 +294,6 @@ class PoolDigest:
             add_next(nxt)
             add_key(key)
             add_link(link)
-        for key in keys:
-            e = cache.get(key)
-            if e is None:
-                continue
-            if e.__class__ is dict:
-                more.extend(e)
-            else:
-                more.append(e.block_id)
-        if more:
-            if later:
-                got = {bid for bid in more if bid not in done and not later.get(bid)}
-            else:
-                got = {bid for bid in more if bid not in done}
-            total = self._read_rows(got, total, rows, pause)
         return Staged(rows, total & MASK)
 
     def _read_rows(
