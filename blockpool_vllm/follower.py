@@ -81,10 +81,9 @@ IDLE_AFTER_S = 0.05
 # the interpreter up to the 5 ms switch interval, measured.)
 WINDOWS_KEPT = 16
 END_SHARE = 0.85
-# batches whose blocks catch_up has not read yet, at most: beyond, the engine's
-# flush brings the digest up to date itself (a sender starved of the CPU
-# never lets the work pile up)
-MAX_BEHIND = 16  # batches pending, at most, before their blocks are counted
+# batches whose blocks catch_up has not read yet: up to this many, their
+# blocks are not even counted (a sender a few passes behind catches up)
+MAX_BEHIND = 16
 # blocks pending (named by batches the digest has not read yet), at most: a
 # fraction of the pool -- beyond, a sweep reads every block once instead
 BEHIND_FRACTION = 4
@@ -556,9 +555,10 @@ class PoolFollower:
         return batch
 
     def _too_far_behind(self) -> bool:
-        """Whether the blocks of the batches not read yet are more than a
-        sweep reads (``MAX_BEHIND_ROWS``: a fraction of the pool), or their
-        arrays more than ``MAX_PENDING``."""
+        """Whether the blocks of the batches not read yet are more than
+        ``max_behind_rows`` (a fraction of the pool: a sweep reads each block
+        once, however often it was named), or their arrays more than
+        ``MAX_PENDING``."""
         pending = self.pending
         if len(pending) > MAX_PENDING:
             return True

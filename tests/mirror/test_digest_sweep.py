@@ -176,3 +176,31 @@ def test_the_pacer_sleeps_only_when_its_work_time_is_up() -> None:
     assert all(always() for _ in range(5)) and always.sleeps == 5
     always.rested()
     assert always() and always.sleeps == 6
+
+
+def test_the_pacing_thread_tightens_its_own_timer_slack_only() -> None:
+    """On Linux the thread that calls it gets a 1 µs timer slack (read back
+    through prctl); another thread keeps its own."""
+    import ctypes
+    import sys
+    import threading
+
+    from blockpool_vllm.pacing import TIMER_SLACK_NS, tighten_timer_slack
+
+    if not sys.platform.startswith("linux"):
+        assert tighten_timer_slack() is False
+        return
+    libc = ctypes.CDLL(None)
+    got: dict[str, int | bool] = {}
+
+    def thread() -> None:
+        got["before"] = libc.prctl(30, 0, 0, 0, 0)  # PR_GET_TIMERSLACK
+        got["done"] = tighten_timer_slack()
+        got["after"] = libc.prctl(30, 0, 0, 0, 0)
+
+    mine = libc.prctl(30, 0, 0, 0, 0)
+    t = threading.Thread(target=thread)
+    t.start()
+    t.join(60)
+    assert got["after"] == (TIMER_SLACK_NS if got["done"] else got["before"])
+    assert libc.prctl(30, 0, 0, 0, 0) == mine  # this thread's own: unchanged
