@@ -25,7 +25,7 @@ def mirrored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     engine = Engine(python, work, MIRRORED_BLOCKS)
     engine.start()
     mirror = Service(
-        ["serve", "--mirror", engine.mirror_endpoint, "--mirror-wait", "120"], work, "mirror"
+        ["serve", "--mirror", engine.mirror_endpoint, "--mirror-wait", "240"], work, "mirror"
     )
     observer = Service(["observe", f"engine={engine.kv_endpoint}"], work, "observer")
     try:

@@ -43,7 +43,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     engine.start()
     started = time.monotonic() - t0
     mirror = Service(
-        ["serve", "--mirror", engine.mirror_endpoint, "--mirror-wait", "120"], work, "mirror"
+        ["serve", "--mirror", engine.mirror_endpoint, "--mirror-wait", "240"], work, "mirror"
     )
     observer = Service(
         ["observe", f"engine={engine.kv_endpoint}", "--replay", engine.kv_replay_endpoint],

@@ -45,7 +45,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     engine = Engine(python, work, NUM_BLOCKS)
     engine.start()
     mirror = Service(
-        ["serve", "--mirror", engine.mirror_endpoint, "--mirror-wait", "120"], work, "mirror"
+        ["serve", "--mirror", engine.mirror_endpoint, "--mirror-wait", "240"], work, "mirror"
     )
     try:
         mirror.wait_up("/api/mirror")
