@@ -21,7 +21,8 @@ forward pass by the shortest of the last ones: no batch's reading begun
 that would end after the engine is back.  When the blocks left to read
 are more than a quarter of the pool, or after a reset or a call not
 followed, the digest is rebuilt in pieces over the next forward passes
-(``DigestSweep``): the engine's thread never reads the pool.  A snapshot is
+(``DigestSweep``), planned the same way (no piece begun that would end
+after the engine is back): the engine's thread never reads the pool.  A snapshot is
 copied a slice per step (``Capture``), and by the sender's thread while the
 engine is idle.  Nothing here blocks on I/O: a full sender queue drops the
 batch and counts it (the mirror sees the gap and resyncs).  The time each
@@ -39,7 +40,7 @@ from time import perf_counter_ns as _now
 from typing import Any
 
 from blockpool.mirror.digest import PoolDigest
-from blockpool.mirror.digest_sweep import DigestSweep
+from blockpool.mirror.digest_sweep import PIECE, DigestSweep
 from blockpool.mirror.protocol import (
     Allocate,
     Batch,
@@ -169,7 +170,11 @@ class PoolFollower:
         self.forward_began = 0  # perf_counter_ns at the last forward_begins
         self.windows = array("q", bytes(8 * WINDOWS_KEPT))  # the last passes' lengths (ns)
         self.deadline = 0  # the sender's: no batch's reading begun that would end after this
-        self.read_ns_per_block = 2_000.0  # the sender's reading speed, as last measured
+        # the sender's speeds, as last measured: reading (a batch's blocks, a
+        # sweep's rows) and invalidating (a sweep told of a batch's blocks)
+        self.read_ns_per_block = 2_000.0
+        self.sweep_ns_per_row = 2_000.0
+        self.named_ns_per_block = 1_000.0
         self.windows_overrun = 0  # readings still running when the engine came back
         # the sender's thread sleeps a moment every ~0.1 ms of work, so that an
         # engine back from its forward pass waits no longer for the interpreter
@@ -213,6 +218,7 @@ class PoolFollower:
         self.sweep: DigestSweep | None = None
         self.sweep_due = False  # set by the engine's thread, acted on by the sender's
         self.sweeps = 0  # sweeps started
+        self.sweeps_finished = 0
         self._digest_lock = threading.Lock()  # catch_up vs. the engine's own update
         # snapshots: asked for by the sender (any thread), copied here
         self.want_snapshot = False
@@ -721,18 +727,23 @@ class PoolFollower:
         """catch_up while a sweep rebuilds the digest (``_digest_lock`` held,
         the engine between batches): the blocks named since the last moment
         invalidated, a batch's at a time (told again if the engine moved
-        meanwhile: invalidating twice changes nothing), then rows read until
-        the engine comes back."""
+        meanwhile: invalidating twice changes nothing), then rows read a
+        piece at a time -- as planned for the forward pass (``deadline``):
+        the first batch and the first piece always, no other begun that is
+        expected to end after the engine is back."""
         pending = self.pending
         if self.sweep_due or self.sweep is None:
             self._new_sweep()
         sweep = self.sweep
         assert sweep is not None
+        deadline = self.deadline
+        first = True
         while pending:
             part = pending[0]
-            if -1 in part or -2 in part:  # a reset, a call not followed: from scratch
-                self._new_sweep()
-                return False
+            t = _now()
+            if deadline and not first and t + len(part) * self.named_ns_per_block > deadline:
+                return False  # at the engine's next pass
+            first = False
             try:
                 sweep.named(part, pause)
             except Exception:  # the pool changed under it, or the engine came back:
@@ -740,12 +751,28 @@ class PoolFollower:
             if self.epoch != e0:
                 return False
             del pending[0]
+            if len(part) >= 64:
+                spent = (_now() - t) / len(part)
+                self.named_ns_per_block += (spent - self.named_ns_per_block) * 0.25
             if not self.may_work():
                 return False
-        if not sweep.read(lambda: self.epoch != e0, pause):
+
+        def budget() -> int:  # rows the next piece may have
+            if not deadline:
+                return PIECE
+            return int((deadline - _now()) / self.sweep_ns_per_row)
+
+        t, rows, lost = _now(), sweep.rows_read, sweep.pieces_discarded
+        done = sweep.read(lambda: self.epoch != e0, pause, budget)
+        rows = sweep.rows_read - rows
+        if rows >= 64 and sweep.pieces_discarded == lost:
+            spent = (_now() - t) / rows
+            self.sweep_ns_per_row += (spent - self.sweep_ns_per_row) * 0.25
+        if not done:
             return False
         self.digest.total = sweep.total()
         self.sweep = None
+        self.sweeps_finished += 1
         self._took(target)
         return True
 

@@ -451,8 +451,11 @@ def plugin_reported(sched: Any) -> dict[str, Any]:
         "digests_discarded",
         "digests_on_engine",
         "sweeps",
+        "sweeps_finished",
         "windows_overrun",
         "read_ns_per_block",
+        "sweep_ns_per_row",
+        "named_ns_per_block",
     ):
         v = getattr(follower, attr, None)
         if isinstance(v, int | float):

@@ -18,8 +18,11 @@ instead, each as short as the reader likes:
   never the named blocks' whole rows (a block's place in the map is a link
   to the block before it, digest.py, so that leaving a key changes the one
   block after it);
-* then invalid rows are read, a piece at a time (``PIECE`` blocks); a
-  piece the pool moved during is thrown away, the pieces before it kept;
+* then invalid rows are read, a piece at a time (``PIECE`` blocks, or
+  fewer: a reader that knows when the owner is back says how many fit);
+  a piece the pool moved during is thrown away, the pieces before it
+  kept.  A row is read straight into the digest's columns: an invalid
+  row's are nobody's, so a piece thrown away leaves nothing to undo;
 * once no row is invalid the digest is whole again: of the pool at the
   last moment.
 
@@ -32,7 +35,18 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterable
 
-from blockpool.mirror.digest import MASK, Interrupted, PoolDigest, Rows, Staged
+from blockpool.mirror.digest import (
+    FIRST,
+    MASK,
+    NOT_MAPPED,
+    NOT_QUEUED,
+    PAUSE_EVERY,
+    Interrupted,
+    PoolDigest,
+    map_link,
+)
+
+_from_bytes = int.from_bytes
 
 PIECE = 256  # rows read between two looks at whether the pool moved
 NAMED_PAUSE_EVERY = 256  # blocks named between two calls of ``named``'s pause
@@ -125,27 +139,34 @@ class DigestSweep:
             if x is not None:
                 out(x.block_id)
 
-    def read(self, moved: Callable[[], bool], pause: Callable[[], bool]) -> bool:
+    def read(
+        self,
+        moved: Callable[[], bool],
+        pause: Callable[[], bool],
+        budget: Callable[[], int] | None = None,
+    ) -> bool:
         """Read invalid rows, a piece at a time, until none is left (True),
         ``moved`` says the pool moved while a piece was read (that piece
-        thrown away, False) or ``pause``, called between pieces, says to
-        stop (False)."""
-        d = self.digest
+        thrown away, False), ``pause``, called between pieces, says to stop
+        (False) or ``budget`` does: asked before every piece but the first,
+        it says how many rows the next may have (at most ``PIECE``; 0: stop
+        here, every piece read so far kept, False) -- a reader that knows
+        when the pool's owner comes back begins no piece it cannot finish."""
+        size = PIECE
         while not self.done:
             ids: list[int] = []
             again = self.again
-            while again and len(ids) < PIECE:
+            while again and len(ids) < size:
                 ids.append(again.pop())
             taken_again = list(ids)
             start = self.pos
-            if len(ids) < PIECE:
-                stop = min(self.n, start + PIECE - len(ids))
+            if len(ids) < size:
+                stop = min(self.n, start + size - len(ids))
                 ids.extend(range(start, stop))
             else:
                 stop = start
-            rows = Rows()
             try:
-                d._read_rows(ids, 0, rows, pause)
+                got = self._read_piece(ids, pause)
             except Interrupted:  # the engine came back: this piece is read again later
                 again.update(taken_again)
                 self.pieces_discarded += 1
@@ -154,27 +175,80 @@ class DigestSweep:
                 again.update(taken_again)  # thrown away: invalid still
                 self.pieces_discarded += 1
                 return False
-            self._commit(Staged(rows, 0))
+            self._commit(ids, got)
             self.pos = stop
-            if not self.done and not pause():
-                return False
-        return True
+            if self.done or not pause():
+                break
+            if budget is not None:
+                size = min(PIECE, budget())
+                if size <= 0:
+                    return False
+        return self.done
 
-    def _commit(self, staged: Staged) -> None:
-        r = staged.rows
-        self.digest.store(r)
+    def _read_piece(self, ids: list[int], pause: Callable[[], bool]) -> int:
+        """Read invalid rows straight into the digest's columns (the hot
+        loop: ``PoolDigest._read_rows``'s, without staging -- an invalid
+        row's columns are nobody's until it is valid, so a piece thrown
+        away leaves nothing to undo); the sum of their values."""
+        d = self.digest
+        blocks = d.pool.blocks
+        cache = d.pool.cached_block_hash_to_block._cache
+        values, sprev, snext, skeys, slinks = d.values, d.prev, d.next, d.keys, d.links
+        got = 0
+        left = PAUSE_EVERY
+        for bid in ids:
+            left -= 1
+            if not left:
+                left = PAUSE_EVERY
+                if not pause():
+                    raise Interrupted
+            b = blocks[bid]
+            p, x = b.prev_free_block, b.next_free_block
+            prev = NOT_QUEUED if p is None else p.block_id
+            nxt = NOT_QUEUED if x is None else x.block_id
+            k = b.block_hash
+            if k is None:
+                key = None
+                link = NOT_MAPPED
+                v = hash((bid, b.ref_cnt, prev, nxt, NOT_MAPPED, -1))
+            else:
+                key = bytes(k)
+                e = cache.get(k)
+                if e is b:
+                    link = FIRST
+                elif e.__class__ is dict:
+                    link = map_link(cache, k, b)
+                else:
+                    link = NOT_MAPPED
+                v = hash((bid, b.ref_cnt, prev, nxt, link, _from_bytes(key, "little")))
+            v &= MASK
+            got += v
+            values[bid] = v
+            sprev[bid] = prev
+            snext[bid] = nxt
+            skeys[bid] = key
+            slinks[bid] = link
+        return got
+
+    def _commit(self, ids: list[int], got: int) -> None:
+        """The rows ``_read_piece`` read are valid: their links kept."""
+        d = self.digest
+        sprev, snext, slinks = d.prev, d.next, d.links
         valid, back_next, back_prev = self.valid, self.back_next, self.back_prev
         back_link = self.back_link
-        for bid, prev, nxt, link in zip(r.ids, r.prev, r.next, r.links, strict=True):
+        for bid in ids:
             valid[bid] = 1
-            if nxt > 0:
-                back_next[nxt] = bid
-            if prev > 0:
-                back_prev[prev] = bid
-            if link > 0:
-                back_link[link] = bid
-        self.valid_sum += sum(r.values)
-        self.rows_read += len(r.ids)
+            t = snext[bid]
+            if t > 0:
+                back_next[t] = bid
+            t = sprev[bid]
+            if t > 0:
+                back_prev[t] = bid
+            t = slinks[bid]
+            if t > 0:
+                back_link[t] = bid
+        self.valid_sum += got
+        self.rows_read += len(ids)
 
     def total(self) -> int:
         """The digest's total once ``done`` (every row valid)."""

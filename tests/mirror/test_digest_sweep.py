@@ -77,17 +77,17 @@ def test_a_piece_read_while_the_engine_moved_is_thrown_away(
     f = engine.follower
     engine.drive(15)
     f.sweep_due = True
-    read_rows = f.digest._read_rows
+    read_piece = digest_sweep.DigestSweep._read_piece
     moves = [2]
 
-    def racing(*args: object, **kw: object) -> int:
-        out = read_rows(*args, **kw)  # type: ignore[arg-type]
+    def racing(sweep: digest_sweep.DigestSweep, *args: object, **kw: object) -> int:
+        out = read_piece(sweep, *args, **kw)  # type: ignore[arg-type]
         if moves[0]:
             moves[0] -= 1
             engine.rt.apply(AllocateOp(num_blocks=1))  # a pool call during the piece
         return out
 
-    monkeypatch.setattr(f.digest, "_read_rows", racing)
+    monkeypatch.setattr(digest_sweep.DigestSweep, "_read_piece", racing)
     assert not f.catch_up()  # the first piece saw the engine move: thrown away
     assert f.sweep is not None and f.sweep.rows_read == 0
     f.flush()
@@ -138,6 +138,7 @@ def test_naming_and_reading_stop_when_the_engine_comes_back_and_resume_later(
     pool's."""
     monkeypatch.setattr(digest_sweep, "NAMED_PAUSE_EVERY", 4)
     monkeypatch.setattr(digest_module, "PAUSE_EVERY", 4)
+    monkeypatch.setattr(digest_sweep, "PAUSE_EVERY", 4)  # (its rows read as digest.py's)
     engine = FollowedEngine(num_blocks=128, defer_digest=True)
     f = engine.follower
     engine.drive(10)
@@ -204,3 +205,56 @@ def test_the_pacing_thread_tightens_its_own_timer_slack_only() -> None:
     t.join(60)
     assert got["after"] == (TIMER_SLACK_NS if got["done"] else got["before"])
     assert libc.prctl(30, 0, 0, 0, 0) == mine  # this thread's own: unchanged
+
+
+def test_a_sweep_begins_no_piece_it_cannot_read_before_the_engine_is_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a planned forward pass the sweep reads the first piece, always
+    (progress), then pieces as large as the time left before the plan's
+    deadline allows (its measured time a row), and none once no row fits:
+    it stops with every piece it read kept -- none thrown away, the engine
+    back finds the sender waiting -- and goes on at the next moment."""
+    monkeypatch.setattr(digest_sweep, "PIECE", 16)
+    clock = [10**12]  # the follower's clock: rows read take 1 ms each
+    monkeypatch.setattr(follower_module, "_now", lambda: clock[0])
+    read_piece = digest_sweep.DigestSweep._read_piece
+
+    def timed(sweep: digest_sweep.DigestSweep, ids: list[int], pause: object) -> int:
+        clock[0] += 1_000_000 * len(ids)
+        return read_piece(sweep, ids, pause)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(digest_sweep.DigestSweep, "_read_piece", timed)
+    engine = FollowedEngine(num_blocks=256, defer_digest=True, windowed=True)
+    f = engine.follower
+    for _ in range(follower_module.WINDOWS_KEPT):  # forward passes of 50 ms
+        f.forward_begins()
+        f.forward_began -= 50_000_000
+        f.forward_ends()
+    engine.drive(8)
+    f.sweep_due = True
+    f.forward_begins()
+    f.forward_began -= 22_500_000  # 20 ms left before the plan's end (85 % of 50 ms)
+    f._plan_window()
+    assert f.deadline == clock[0] + 20_000_000
+    f.sweep_ns_per_row = 1_000_000.0  # (as measured)
+    assert not f.catch_up()
+    sweep = f.sweep
+    assert sweep is not None and not f.pending  # the batches named first
+    assert sweep.rows_read == 16 + 4  # a piece, then the 4 rows that fit: none begun after
+    assert sweep.pieces_discarded == 0 and clock[0] == f.deadline
+    assert f.sweep_ns_per_row == 1_000_000.0  # measured again: the same
+    f.forward_began -= 30_000_000
+    f.forward_ends()
+    f.forward_begins()  # the next pass, all of it left: 42.5 rows' time
+    f._plan_window()
+    assert not f.catch_up()
+    assert sweep.rows_read == 20 + 42 and sweep.pieces_discarded == 0
+    f.forward_ends()
+    f.last_flush = 0.0  # an idle engine: no deadline, the rest in one go
+    f._plan_window()
+    assert f.deadline == 0
+    assert f.catch_up() and f.sweep is None and f.sweeps_finished == 1
+    assert sweep.pieces_discarded == 0 and sweep.rows_read == 255
+    assert f.verified is not None and f.verified.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
