@@ -11,18 +11,11 @@ Cost on the engine's thread, per scheduler step, is O(what the step did):
 an append per pool call, never a walk over the pool.  The digest over the
 blocks the step named (``PoolDigest``) is brought up to date at ``flush``,
 or -- ``defer_digest`` -- off the engine's thread: ``catch_up``, from the
-sender's thread, reads the pool while the engine is between batches (in
-its forward pass: ``forward_begins`` .. ``forward_ends``, or idle), a
-batch's blocks at a time, and keeps each batch's reading that the engine
-did not interrupt (one it did is read again at the next moment); once no
-batch is left at such a moment, the digest is the pool's and rides on the
-next batch (or beat) for the boundary it was taken at.  It plans each
-forward pass by the shortest of the last ones: no batch's reading begun
-that would end after the engine is back.  When the blocks left to read
-are more than a quarter of the pool, or after a reset or a call not
-followed, the digest is rebuilt in pieces over the next forward passes
-(``DigestSweep``), planned the same way (no piece begun that would end
-after the engine is back): the engine's thread never reads the pool.  A snapshot is
+sender's thread, finds a moment the engine stands still between batches
+(in its forward pass, blockpool_vllm/forward_pass.py, or idle) and has the
+``DigestReader`` (blockpool_vllm/digest_reader.py) read the pool then; the
+digest taken rides on the next batch (or beat) for the boundary it is of.
+The engine's thread never reads the pool for it.  A snapshot is
 copied a slice per step (``Capture``), and by the sender's thread while the
 engine is idle.  Nothing here blocks on I/O: a full sender queue drops the
 batch and counts it (the mirror sees the gap and resyncs).  The time each
@@ -40,7 +33,6 @@ from time import perf_counter_ns as _now
 from typing import Any
 
 from blockpool.mirror.digest import PoolDigest
-from blockpool.mirror.digest_sweep import PIECE, DigestSweep
 from blockpool.mirror.protocol import (
     Allocate,
     Batch,
@@ -56,7 +48,8 @@ from blockpool.mirror.protocol import (
     Unsupported,
 )
 from blockpool_vllm.capture import Capture
-from blockpool_vllm.pacing import Pacer
+from blockpool_vllm.digest_reader import DigestReader
+from blockpool_vllm.forward_pass import IDLE_AFTER_S, ForwardPasses
 
 # The pool methods the follower wraps: each call becomes one operation.
 WRAPPED = (
@@ -71,27 +64,6 @@ WRAPPED = (
 UNSUPPORTED_METHODS = ("cache_partial_block", "unpin_blocks", "move_block_hashes")
 COSTS_KEPT = 2048  # the last steps' costs, for the quantiles
 CAPTURE_BUDGET_S = 0.0008  # a step's share of copying a snapshot
-IDLE_AFTER_S = 0.05
-# the engine's forward passes as the sender's thread plans its work in one:
-# the shortest of the last WINDOWS_KEPT is what it counts on, and it begins no
-# batch's reading it expects to end after END_SHARE of it (what it read would
-# be thrown away, and the engine, back, would wait for the interpreter).  (It
-# keeps pausing from the start: the engine may still run Python a while after
-# the pass is handed over -- vLLM's model runner preparing it, the bench's
-# fake one sampling -- and a thread that never pauses keeps it waiting for
-# the interpreter up to the 5 ms switch interval, measured.)
-WINDOWS_KEPT = 16
-END_SHARE = 0.85
-# batches whose blocks catch_up has not read yet: up to this many, their
-# blocks are not even counted (a sender a few passes behind catches up)
-MAX_BEHIND = 16
-# blocks pending (named by batches the digest has not read yet), at most: a
-# fraction of the pool -- beyond, a sweep reads every block once instead
-BEHIND_FRACTION = 4
-MIN_BEHIND_ROWS = 4096
-# batches whose blocks the sweep has not been told of, at most: beyond, it
-# starts again (their ids are not kept without bound)
-MAX_PENDING = 4096
 
 
 # what a usual call leaves in ``PoolFollower.ops``, for ``resolve``: one flat
@@ -161,24 +133,9 @@ class PoolFollower:
         self.pool = pool
         self.defer_digest = defer_digest
         # windowed: the scheduler's hooks say when the engine is in its forward
-        # pass (``forward_begins``, ``forward_ends``): the sender's thread works
+        # pass (``passes.begins``, ``passes.ends``): the sender's thread works
         # on the pool then, and lets go of it the moment the engine comes back
-        self.window = threading.Condition() if windowed else None
-        self.forwarding = False
-        self.forward_passes = 0
-        self._turn_seen = 0
-        self.forward_began = 0  # perf_counter_ns at the last forward_begins
-        self.windows = array("q", bytes(8 * WINDOWS_KEPT))  # the last passes' lengths (ns)
-        self.deadline = 0  # the sender's: no batch's reading begun that would end after this
-        # the sender's speeds, as last measured: reading (a batch's blocks, a
-        # sweep's rows) and invalidating (a sweep told of a batch's blocks)
-        self.read_ns_per_block = 2_000.0
-        self.sweep_ns_per_row = 2_000.0
-        self.named_ns_per_block = 1_000.0
-        self.windows_overrun = 0  # readings still running when the engine came back
-        # the sender's thread sleeps a moment every ~0.1 ms of work, so that an
-        # engine back from its forward pass waits no longer for the interpreter
-        self.pace = Pacer()
+        self.passes = ForwardPasses(windowed)
         self.offer = offer  # hands a batch to the sender; False: dropped
         self.digest_every = max(1, digest_every)
         self.stats = stats or (lambda: (0, 0, 0))
@@ -203,29 +160,16 @@ class PoolFollower:
         self.digest = PoolDigest(pool)  # O(pool), once, at start
         self.digest_ops = 0  # the digest is of the pool after this many operations
         self.flushed_ops = 0  # operations up to the last flush (a batch boundary)
-        self.pending: list[array[int]] = []  # deferred: flushed blocks not in the digest yet
-        # deferred: beyond this many blocks pending, the digest is rebuilt by a
-        # sweep instead (it reads each block once, however often it was named)
-        self.max_behind_rows = max(MIN_BEHIND_ROWS, len(pool.blocks) // BEHIND_FRACTION)
-        self.verified: Digest | None = None  # deferred: taken off the engine's thread
+        # deferred: the digest read on the sender's thread
+        self.reader = DigestReader(self.digest, self.passes)
         self.inflight: deque[Batch] = deque()  # deferred: offered, not prepared by the sender yet
-        self.digests_taken = 0  # deferred digests taken by catch_up
-        self.digests_discarded = 0  # ... and readings thrown away (the engine moved)
         self.digests_on_engine = 0  # deferred, yet taken here (asked for: force_digest)
-        # deferred: the digest rebuilt in pieces by the sender's thread
-        # (blockpool/mirror/digest_sweep.py) after it fell behind, a reset, or
-        # a call not followed -- never read on the engine's thread
-        self.sweep: DigestSweep | None = None
-        self.sweep_due = False  # set by the engine's thread, acted on by the sender's
-        self.sweeps = 0  # sweeps started
-        self.sweeps_finished = 0
         self._digest_lock = threading.Lock()  # catch_up vs. the engine's own update
         # snapshots: asked for by the sender (any thread), copied here
         self.want_snapshot = False
         self.capture: Capture | None = None
         self.captured: Capture | None = None  # a finished copy, for the sender
         self.captures_abandoned = 0
-        self.last_flush = time.monotonic()
         self._lock = threading.Lock()  # the sender copying while the engine is idle
         self._wrap()
 
@@ -475,7 +419,7 @@ class PoolFollower:
         if self.ops or self.requests or force_digest:
             batch = self._batch(force_digest)
         self._capture_step()
-        self.last_flush = time.monotonic()
+        self.passes.last_flush = time.monotonic()
         spent = self._step_ns + _now() - t
         self._step_ns = 0
         self.cost_ns += spent
@@ -499,16 +443,16 @@ class PoolFollower:
         if deferred:  # the operations and the digest: the sender's thread (prepare, catch_up)
             if self._sync_due:  # a reset, a call not followed: every row read again, there
                 self._sync_due = False
-                self.sweep_due = True
-            digest, self.verified = self.verified, None
+                self.reader.sweep_due = True
+            digest, self.reader.verified = self.reader.verified, None
             ops = raw
         else:
             ops, touched = resolve(raw)
             with self._digest_lock:
                 for queued in list(self.inflight):  # not prepared yet: their blocks too
                     touched.extend(resolve(queued.ops)[1])
-                if self.sweep is not None or self.sweep_due:  # rows not valid: all read
-                    self.sweep, self.sweep_due = None, False
+                if self.reader.sweep is not None or self.reader.sweep_due:  # rows not valid
+                    self.reader.sweep, self.reader.sweep_due = None, False  # all read
                     touched.append(-2)
                 self._update_digest(touched)
             self._sync_due = False
@@ -535,7 +479,7 @@ class PoolFollower:
             if deferred:  # never prepared by the sender: its blocks are read here
                 batch.ops, touched = resolve(batch.ops)
                 if touched:
-                    self.pending.append(array("i", touched))
+                    self.reader.pending.append(array("i", touched))
                 self.inflight.pop()
         # last: catch_up reads nothing before this batch's blocks are in flight or pending
         self.flushed_ops = self.op_count
@@ -552,30 +496,17 @@ class PoolFollower:
             except Exception:  # never expected: the engine's next flush re-reads every block
                 touched = [-2]
                 self._sync_due = True
-            if touched:  # (an array: nothing for the garbage collector to walk)
-                self.pending.append(array("i", touched))  # first: catch_up waits for it
-            if self._too_far_behind():  # more to read than the pool: read whole, in pieces
-                self.pending.clear()
-                self.sweep_due = True
+            self.reader.add(touched)  # first: catch_up waits for it
             inflight.popleft()
         return batch
-
-    def _too_far_behind(self) -> bool:
-        """Whether the blocks of the batches not read yet are more than
-        ``max_behind_rows`` (a fraction of the pool: a sweep reads each block
-        once, however often it was named), or their arrays more than
-        ``MAX_PENDING``."""
-        pending = self.pending
-        if len(pending) > MAX_PENDING:
-            return True
-        return len(pending) > MAX_BEHIND and sum(map(len, pending)) > self.max_behind_rows
 
     def _update_digest(self, touched: list[int]) -> None:
         """The digest brought up to date on this thread (the engine's), over
         the blocks of the batches the sender's thread had not read yet too."""
-        for ids in self.pending:
+        pending = self.reader.pending
+        for ids in pending:
             touched.extend(ids)
-        self.pending.clear()
+        pending.clear()
         if touched:
             if -2 in touched:  # something not followed: every block re-read
                 self.digest.refresh()
@@ -586,200 +517,46 @@ class PoolFollower:
                 self.digest.update(touched)
         self.digest_ops = self.op_count
 
-    # ------------------------------------------- the engine's forward pass
-
-    def forward_begins(self) -> None:
-        """The scheduler handed a step to the model (its forward pass runs
-        now: the engine's thread waits for it, the interpreter is free)."""
-        w = self.window
-        if w is not None:
-            with w:
-                self.forward_began = _now()
-                self.forwarding = True
-                self.forward_passes += 1
-                w.notify_all()
-
-    def forward_ends(self) -> None:
-        """The engine's thread is back in the scheduler (any hook's entry)."""
-        if self.forwarding:
-            self.forwarding = False
-            self.windows[self.forward_passes % WINDOWS_KEPT] = _now() - self.forward_began
-
-    def may_work(self) -> bool:
-        """Whether the sender's thread may work on the pool now without
-        taking the interpreter from the engine: its forward pass, or idle."""
-        return (
-            self.window is None
-            or self.forwarding
-            or time.monotonic() - self.last_flush >= IDLE_AFTER_S
-        )
-
-    def wait_turn(self, timeout: float) -> bool:
-        """From the sender's thread: wait (at most ``timeout``) for a forward
-        pass of the engine it has not worked in yet, or for idleness; whether
-        it may work now."""
-        w = self.window
-        if w is None:
-            return True
-        seen = self._turn_seen
-        with w:
-            w.wait_for(lambda: self.forward_passes != seen, timeout)
-        self._turn_seen = self.forward_passes
-        self.pace.rested()
-        self._plan_window()
-        return self.may_work()
-
-    def _plan_window(self) -> None:
-        """The sender's plan for the forward pass now running (see
-        WINDOWS_KEPT): none until the engine has made as many passes, or
-        while it is idle (not in a pass)."""
-        shortest = min(self.windows)
-        if not self.forwarding or shortest <= 0:
-            self.deadline = 0
-            return
-        self.deadline = self.forward_began + int(shortest * END_SHARE)
-
     # ------------------------------------------------ the deferred digest
 
     def catch_up(self) -> bool:
         """From the sender's thread (``defer_digest``): the digest brought up
         to the last flush, if the engine is between batches -- no pool call
-        running, none since the flush -- and stays so while the pool is read;
-        else nothing changes (False).  The digest taken rides on the next
-        batch; a snapshot asked for starts here, at the same boundary.  While
-        a sweep rebuilds the digest, each such moment takes it a piece on."""
-        if not (self.pending or self.sweep_due or self.sweep is not None):
+        running, none since the flush -- and stays so while the pool is read
+        (blockpool_vllm/digest_reader.py); else nothing changes (False).  The
+        digest taken rides on the next batch; a snapshot asked for starts
+        here, at the same boundary."""
+        reader, passes = self.reader, self.passes
+        if not reader.due:
             return False
-        if not self.may_work():  # the engine is working: the digest waits for its next pass
+        if not passes.may_work():  # the engine is working: the digest waits for its next pass
             return False
         with self._digest_lock:
             e0 = self.epoch
             target = self.flushed_ops
             if e0 & 1 or self.op_count != target or self.inflight:
                 return False
-            pace = self.pace
+            pace = passes.pace
 
             def pause() -> bool:  # the engine may want the interpreter: let it in
                 pace()
-                return self.epoch == e0 and self.may_work()
+                return self.epoch == e0 and passes.may_work()
 
-            if self.sweep_due or self.sweep is not None:
-                return self._sweep_on(e0, target, pause)
-            if not self._drain(e0, target, pause):
+            def moved() -> bool:
+                return self.epoch != e0 or self.op_count != target
+
+            if not reader.read(moved, pause):
                 return False
-            self._took(target)
+            self.digest_ops = target
+            reader.took(target)
         if self.want_snapshot:
             self._start_capture_between_steps()
-        return True
-
-    def _drain(self, e0: int, target: int, pause: Callable[[], bool]) -> bool:
-        """catch_up's usual work (``_digest_lock`` held, the engine between
-        batches): the pending batches' blocks read into the digest a batch
-        at a time, each batch's reading kept once it held (the engine did
-        not move during it), so that a sender that falls behind carries on
-        where it stopped at the next moment instead of starting again.
-        Rows read at different moments make a digest of no one moment --
-        but a row that changed since it was read belongs to a block a later
-        batch names, or to one next to such a block, which the reading of
-        that batch re-reads: once no batch is pending, at a moment, every
-        row is the block as it is (blockpool/mirror/digest.py).  True once
-        none is left."""
-        pending = self.pending
-        deadline = self.deadline
-        first = True
-        while pending:
-            part = pending[0]
-            t = _now()
-            if deadline and not first and t + len(part) * self.read_ns_per_block > deadline:
-                return False  # would end after the engine is back: at its next pass
-            first = False
-            try:
-                staged = self.digest.stage(part, pause)
-            except Exception:  # the engine moved (Interrupted), or the pool changed under it
-                staged = None
-            if staged is None or self.epoch != e0 or self.op_count != target:
-                self.digests_discarded += 1
-                if not self.forwarding:
-                    self.windows_overrun += 1
-                return False
-            self.digest.commit(staged)
-            del pending[0]
-            if len(part) >= 64:  # (a small batch's time is mostly fixed costs)
-                spent = (_now() - t) / len(part)
-                self.read_ns_per_block += (spent - self.read_ns_per_block) * 0.25
-            if pending and not pause():  # the engine came back: the rest at the next moment
-                return False
-        return True
-
-    def _took(self, target: int) -> None:
-        self.digest_ops = target
-        self.verified = Digest(target, self.digest.value)
-        self.digests_taken += 1
-
-    def _new_sweep(self) -> None:
-        """Every row invalid: the blocks named before now are moot."""
-        self.sweep_due = False  # (first: a flag set from now on starts another)
-        self.sweep = DigestSweep(self.digest)
-        self.sweeps += 1
-        self.pending.clear()
-
-    def _sweep_on(self, e0: int, target: int, pause: Callable[[], bool]) -> bool:
-        """catch_up while a sweep rebuilds the digest (``_digest_lock`` held,
-        the engine between batches): the blocks named since the last moment
-        invalidated, a batch's at a time (told again if the engine moved
-        meanwhile: invalidating twice changes nothing), then rows read a
-        piece at a time -- as planned for the forward pass (``deadline``):
-        the first batch and the first piece always, no other begun that is
-        expected to end after the engine is back."""
-        pending = self.pending
-        if self.sweep_due or self.sweep is None:
-            self._new_sweep()
-        sweep = self.sweep
-        assert sweep is not None
-        deadline = self.deadline
-        first = True
-        while pending:
-            part = pending[0]
-            t = _now()
-            if deadline and not first and t + len(part) * self.named_ns_per_block > deadline:
-                return False  # at the engine's next pass
-            first = False
-            try:
-                sweep.named(part, pause)
-            except Exception:  # the pool changed under it, or the engine came back:
-                return False  # told again at the next moment
-            if self.epoch != e0:
-                return False
-            del pending[0]
-            if len(part) >= 64:
-                spent = (_now() - t) / len(part)
-                self.named_ns_per_block += (spent - self.named_ns_per_block) * 0.25
-            if not self.may_work():
-                return False
-
-        def budget() -> int:  # rows the next piece may have
-            if not deadline:
-                return PIECE
-            return int((deadline - _now()) / self.sweep_ns_per_row)
-
-        t, rows, lost = _now(), sweep.rows_read, sweep.pieces_discarded
-        done = sweep.read(lambda: self.epoch != e0, pause, budget)
-        rows = sweep.rows_read - rows
-        if rows >= 64 and sweep.pieces_discarded == lost:
-            spent = (_now() - t) / rows
-            self.sweep_ns_per_row += (spent - self.sweep_ns_per_row) * 0.25
-        if not done:
-            return False
-        self.digest.total = sweep.total()
-        self.sweep = None
-        self.sweeps_finished += 1
-        self._took(target)
         return True
 
     def latest_digest(self) -> Digest | None:
         """The newest digest and the boundary it is of (for a beat)."""
         with self._digest_lock:
-            if self.digest_ops != self.flushed_ops or self.pending or self.inflight:
+            if self.digest_ops != self.flushed_ops or self.reader.pending or self.inflight:
                 return None  # the engine moved since: the next catch_up has it
             return Digest(self.digest_ops, self.digest.value)
 
@@ -829,8 +606,9 @@ class PoolFollower:
             self._batch(False)
         with self._digest_lock:
             touched = [i for queued in list(self.inflight) for i in resolve(queued.ops)[1]]
-            if self.sweep is not None or self.sweep_due:  # rows not valid: all read here
-                self.sweep, self.sweep_due = None, False
+            reader = self.reader
+            if reader.sweep is not None or reader.sweep_due:  # rows not valid: all read here
+                reader.sweep, reader.sweep_due = None, False
                 touched.append(-2)
             self._update_digest(touched)
         cap = self._start_capture()
@@ -850,7 +628,7 @@ class PoolFollower:
             self.want_snapshot = True
             if self.defer_digest:
                 self.catch_up()  # between steps: the digest, then the copy, start here
-        if time.monotonic() - self.last_flush < IDLE_AFTER_S or self.epoch & 1:
+        if time.monotonic() - self.passes.last_flush < IDLE_AFTER_S or self.epoch & 1:
             return None
         if (
             self.capture is None

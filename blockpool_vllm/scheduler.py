@@ -21,7 +21,7 @@ Environment (read here, in the engine, never by blockpool's library):
   the sender's thread works only in the engine's forward passes -- from the
   end of ``schedule()`` to the scheduler's next hook -- or while it is idle,
   and lets go of the pool the moment the engine comes back
-  (``PoolFollower.wait_turn``); behind, or after a reset, the digest is
+  (``ForwardPasses.wait_turn``); behind, or after a reset, the digest is
   rebuilt in pieces there (blockpool/mirror/digest_sweep.py).  An engine that
   never waits still has its stream every 0.25 s or 64 batches.  0: the digest
   is brought up to date on the engine's thread at every flush (~1-2 µs per
@@ -244,8 +244,8 @@ class _Mirrored:
             digest=follower.latest_digest,
             background=follower.catch_up,
             prepare=follower.prepare,
-            turn=follower.wait_turn if deferred else None,
-            pace=follower.pace if deferred else None,
+            turn=follower.passes.wait_turn if deferred else None,
+            pace=follower.passes.pace if deferred else None,
             control_endpoint=control,
             key=key,
             max_queue=int(os.environ.get("BLOCKPOOL_MIRROR_QUEUE", "4096")),
@@ -275,7 +275,7 @@ class _Mirrored:
     def add_request(self, request: Any) -> None:
         m = self._mirror
         if m is not None:
-            m.forward_ends()
+            m.passes.ends()
         super().add_request(request)  # type: ignore[misc]
         if m is not None:
             t = time.perf_counter_ns()
@@ -298,7 +298,7 @@ class _Mirrored:
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         m = self._mirror
         if m is not None:
-            m.forward_ends()
+            m.passes.ends()
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         if m is not None:
             t = time.perf_counter_ns()
@@ -315,13 +315,13 @@ class _Mirrored:
                         m.request(Scheduled(str(rid), now, int(done)))
             m._step_ns += time.perf_counter_ns() - t
             m.flush()
-            m.forward_begins()  # the engine hands the step to its model now
+            m.passes.begins()  # the engine hands the step to its model now
         return out
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         m = self._mirror
         if m is not None:
-            m.forward_ends()
+            m.passes.ends()
         out = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
         if m is not None:
             m.flush()
@@ -330,7 +330,7 @@ class _Mirrored:
     def finish_requests(self, *args: Any, **kwargs: Any) -> Any:
         m = self._mirror
         if m is not None:
-            m.forward_ends()
+            m.passes.ends()
         out = super().finish_requests(*args, **kwargs)  # type: ignore[misc]
         if m is not None:
             m.flush()
@@ -339,7 +339,7 @@ class _Mirrored:
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
         m = self._mirror
         if m is not None:
-            m.forward_ends()
+            m.passes.ends()
         out = super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
         if m is not None:
             m.flush(force_digest=True)

@@ -440,27 +440,29 @@ def plugin_reported(sched: Any) -> dict[str, Any]:
         except Exception as e:  # a report only
             got[name] = f"unreadable: {e!r}"
     follower = getattr(sched, "_mirror", None)
-    for attr in (
-        "cost_ns",
-        "step",
-        "seq",
-        "op_count",
-        "drops",
-        "digest_every",
-        "digests_taken",
-        "digests_discarded",
-        "digests_on_engine",
-        "sweeps",
-        "sweeps_finished",
-        "windows_overrun",
-        "read_ns_per_block",
-        "sweep_ns_per_row",
-        "named_ns_per_block",
+    reader = getattr(follower, "reader", None)  # its digest read off the engine's thread
+    for part, attrs in (
+        (follower, ("cost_ns", "step", "seq", "op_count", "drops", "digest_every")),
+        (follower, ("digests_on_engine",)),  # (a digest asked for: taken on its thread)
+        (
+            reader,
+            (
+                "digests_taken",
+                "digests_discarded",
+                "sweeps",
+                "sweeps_finished",
+                "windows_overrun",
+                "read_ns_per_block",
+                "sweep_ns_per_row",
+                "named_ns_per_block",
+            ),
+        ),
     ):
-        v = getattr(follower, attr, None)
-        if isinstance(v, int | float):
-            got[f"follower.{attr}"] = v
-    sweep = getattr(follower, "sweep", None)
+        for attr in attrs:
+            v = getattr(part, attr, None)
+            if isinstance(v, int | float):
+                got[f"follower.{attr}"] = v
+    sweep = getattr(reader, "sweep", None)
     if sweep is not None:  # a digest being rebuilt in pieces (blockpool/mirror/digest_sweep.py)
         got["follower.sweep_rows_read"] = int(sweep.rows_read)
         got["follower.sweep_rows_left"] = int(sweep.left)

@@ -20,7 +20,8 @@ from blockpool.mirror.apply import Divergence
 from blockpool.mirror.digest import Interrupted, pool_digest
 from blockpool.mirror.protocol import Digest
 from blockpool.runtime.ops import AllocateOp, FreeOp
-from blockpool_vllm.follower import MAX_BEHIND, MIN_BEHIND_ROWS, WINDOWS_KEPT
+from blockpool_vllm.digest_reader import MAX_BEHIND, MIN_BEHIND_ROWS
+from blockpool_vllm.forward_pass import KEPT
 from tests.mirror.test_apply import assert_same, mirror_of, wire
 from tests.mirror.workload import FollowedEngine
 
@@ -34,11 +35,11 @@ def test_deferred_digests_ride_later_batches_and_the_mirror_checks_each(free_ord
     taken: dict[int, str] = {}
     for i in range(240):
         engine.step()
-        if i % 3 != 2 and f.pending:  # the sender's thread comes between some steps only
+        if i % 3 != 2 and f.reader.pending:  # the sender's thread comes between some steps only
             assert f.catch_up()
             taken[f.digest_ops] = pool_digest(engine.rt.pool)
             assert f.digest.value == taken[f.digest_ops]
-            assert not f.pending
+            assert not f.reader.pending
     carried = [(b, b.digest) for b in engine.batches if b.digest is not None]
     assert len(carried) >= 100
     for b, d in carried:
@@ -58,7 +59,7 @@ def test_no_digest_is_taken_mid_step() -> None:
     engine = FollowedEngine(defer_digest=True)
     f = engine.follower
     engine.drive(20)
-    assert f.catch_up() or not f.pending
+    assert f.catch_up() or not f.reader.pending
     before, ops = f.digest.value, f.digest_ops
     got = engine.rt.apply(AllocateOp(num_blocks=2))  # a pool call of a step not flushed yet
     engine.follower.flush()
@@ -89,7 +90,8 @@ def test_a_reading_the_engine_interrupted_is_thrown_away() -> None:
 
     f.digest.stage = interrupted  # type: ignore[method-assign]
     assert not f.catch_up()
-    assert f.digests_discarded == 1 and f.digest.value == before and f.verified is None
+    assert f.reader.digests_discarded == 1 and f.reader.verified is None
+    assert f.digest.value == before
     f.digest.stage = stage  # type: ignore[method-assign]
     f.flush()
     assert f.catch_up()
@@ -118,7 +120,7 @@ def test_a_snapshot_starts_between_steps_with_the_digest_of_its_moment() -> None
     engine = FollowedEngine(num_blocks=96, defer_digest=True)
     f = engine.follower
     engine.drive(40)
-    f.last_flush = 0.0  # the engine idle: the sender's thread copies
+    f.passes.last_flush = 0.0  # the engine idle: the sender's thread copies
     snap = None
     for _ in range(1000):
         snap = f.poll_snapshot()
@@ -143,8 +145,8 @@ def test_a_threaded_engine_and_sender_agree_on_every_digest_taken() -> None:
 
     def sender() -> None:
         while not stop.is_set():
-            if f.catch_up() and f.verified is not None:
-                taken.append(f.verified)
+            if f.catch_up() and f.reader.verified is not None:
+                taken.append(f.reader.verified)
                 caught.set()
 
     old = sys.getswitchinterval()
@@ -157,7 +159,7 @@ def test_a_threaded_engine_and_sender_agree_on_every_digest_taken() -> None:
             truth[f.op_count] = pool_digest(engine.rt.pool)  # the engine's own, at each boundary
             if i % 10 == 9:  # a forward pass: the engine waits for the sender
                 caught.clear()
-                if f.pending:
+                if f.reader.pending:
                     assert caught.wait(60)
     finally:
         stop.set()
@@ -177,7 +179,7 @@ def test_a_reading_stops_when_its_pause_says_the_engine_moved() -> None:
     f = engine.follower
     got = engine.rt.apply(AllocateOp(num_blocks=600))
     f.flush()
-    ids = [i for part in f.pending for i in part]
+    ids = [i for part in f.reader.pending for i in part]
     assert len(ids) >= 600
     before = f.digest.value
     calls: list[int] = []
@@ -200,25 +202,27 @@ def test_a_sender_that_falls_behind_reads_the_backlog_a_batch_at_a_time_and_keep
     ops_before = f.digest_ops
     for _ in range(120):  # no catch_up at all: the sender's thread starved
         engine.step()
-    assert not f.sweep_due and f.sweep is None  # a backlog smaller than the pool: no sweep
+    # a backlog smaller than the pool: no sweep
+    assert not f.reader.sweep_due and f.reader.sweep is None
     assert f.digests_on_engine == 0 and f.digest_ops == ops_before  # ... nothing read here
-    parts = len(f.pending)
+    parts = len(f.reader.pending)
     assert parts > MAX_BEHIND
     # the engine comes back after the sender's first batch: that batch's reading is kept
-    may_work = f.may_work
+    may_work = f.passes.may_work
 
     def back_after_the_first_batch() -> bool:
-        return len(f.pending) == parts  # back once the first batch's reading is kept
+        return len(f.reader.pending) == parts  # back once the first batch's reading is kept
 
-    f.may_work = back_after_the_first_batch  # type: ignore[method-assign]
+    f.passes.may_work = back_after_the_first_batch  # type: ignore[method-assign]
     assert not f.catch_up()
-    assert len(f.pending) == parts - 1 and f.verified is None and f.digests_discarded == 0
-    f.may_work = may_work  # type: ignore[method-assign]
+    assert len(f.reader.pending) == parts - 1 and f.reader.verified is None
+    assert f.reader.digests_discarded == 0
+    f.passes.may_work = may_work  # type: ignore[method-assign]
     engine.drive(5)  # the engine moved on meanwhile: its blocks join the backlog
     assert f.catch_up()  # the rest, at one moment: the digest is the pool's now
-    assert f.sweeps == 0 and not f.pending
-    assert f.verified is not None and f.verified.ops == f.op_count
-    assert f.digest.value == f.verified.value == pool_digest(engine.rt.pool)
+    assert f.reader.sweeps == 0 and not f.reader.pending
+    assert f.reader.verified is not None and f.reader.verified.ops == f.op_count
+    assert f.digest.value == f.reader.verified.value == pool_digest(engine.rt.pool)
     engine.drive(20)  # and the usual catching up from there on
     assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
     engine.drive(3)
@@ -231,18 +235,20 @@ def test_a_sender_that_falls_behind_reads_the_backlog_a_batch_at_a_time_and_keep
 def test_a_backlog_beyond_a_share_of_the_pool_is_swept_instead_never_on_the_engine() -> None:
     engine = FollowedEngine(defer_digest=True)
     f = engine.follower
-    assert f.max_behind_rows == MIN_BEHIND_ROWS  # a small pool: the floor
-    f.max_behind_rows = 200  # (as a GPU pool's quarter is to its steps)
+    assert f.reader.max_behind_rows == MIN_BEHIND_ROWS  # a small pool: the floor
+    f.reader.max_behind_rows = 200  # (as a GPU pool's quarter is to its steps)
     ops_before = f.digest_ops
     for _ in range(120):
         engine.step()
-    assert f.sweep_due and f.sweep is None  # asked of the sender's thread ...
+    assert f.reader.sweep_due and f.reader.sweep is None  # asked of the sender's thread ...
     assert f.digests_on_engine == 0 and f.digest_ops == ops_before  # ... nothing read here
-    assert sum(map(len, f.pending)) <= 200 + max(map(len, f.pending))  # bounded meanwhile
+    pending = f.reader.pending
+    assert sum(map(len, pending)) <= 200 + max(map(len, pending))  # bounded meanwhile
     assert f.catch_up()  # one long moment here: the whole sweep
-    assert f.sweeps == 1 and not f.sweep_due and f.sweep is None and not f.pending
-    assert f.verified is not None and f.verified.ops == f.op_count
-    assert f.digest.value == f.verified.value == pool_digest(engine.rt.pool)
+    assert f.reader.sweeps == 1 and not f.reader.sweep_due
+    assert f.reader.sweep is None and not f.reader.pending
+    assert f.reader.verified is not None and f.reader.verified.ops == f.op_count
+    assert f.digest.value == f.reader.verified.value == pool_digest(engine.rt.pool)
     engine.drive(5)
     assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
@@ -251,32 +257,33 @@ def test_a_backlog_beyond_a_share_of_the_pool_is_swept_instead_never_on_the_engi
 def test_the_sender_begins_no_batch_it_cannot_read_before_the_engine_is_back() -> None:
     engine = FollowedEngine(defer_digest=True, windowed=True)
     f = engine.follower
-    for _ in range(WINDOWS_KEPT):  # forward passes of about 50 ms, as the engine's hooks say
-        f.forward_begins()
-        f.forward_began -= 50_000_000
-        f.forward_ends()
-    assert min(f.windows) >= 50_000_000
+    for _ in range(KEPT):  # forward passes of about 50 ms, as the engine's hooks say
+        f.passes.begins()
+        f.passes.began -= 50_000_000
+        f.passes.ends()
+    assert min(f.passes.lengths) >= 50_000_000
     engine.drive(6)  # three batches pending
-    parts = len(f.pending)
+    parts = len(f.reader.pending)
     assert parts >= 3
-    f.forward_begins()
-    f._plan_window()  # (what wait_turn does once woken)
-    assert f.deadline > f.forward_began
-    f.forward_began -= 49_000_000  # most of the pass gone: time for one batch, not more
-    f._plan_window()
-    f.read_ns_per_block = 1e9  # (a reading as slow as this would never end in time)
+    f.passes.begins()
+    f.passes.plan()  # (what wait_turn does once woken)
+    assert f.passes.deadline > f.passes.began
+    f.passes.began -= 49_000_000  # most of the pass gone: time for one batch, not more
+    f.passes.plan()
+    f.reader.read_ns_per_block = 1e9  # (a reading as slow as this would never end in time)
     assert not f.catch_up()
-    assert len(f.pending) == parts - 1 and f.digests_discarded == 0  # the first, always
-    f.forward_ends()
-    f.forward_begins()  # the next pass: planned afresh, time for all
-    f._plan_window()
-    f.read_ns_per_block = 1_000.0
-    assert f.catch_up() and not f.pending
+    assert len(f.reader.pending) == parts - 1  # the first, always
+    assert f.reader.digests_discarded == 0
+    f.passes.ends()
+    f.passes.begins()  # the next pass: planned afresh, time for all
+    f.passes.plan()
+    f.reader.read_ns_per_block = 1_000.0
+    assert f.catch_up() and not f.reader.pending
     assert f.digest.value == pool_digest(engine.rt.pool)
-    f.forward_ends()
-    f.last_flush = 0.0  # an idle engine: no plan, no deadline
-    f._plan_window()
-    assert f.deadline == 0
+    f.passes.ends()
+    f.passes.last_flush = 0.0  # an idle engine: no plan, no deadline
+    f.passes.plan()
+    assert f.passes.deadline == 0
     engine.rt.check()
 
 
@@ -286,22 +293,22 @@ def test_the_sender_reads_in_the_engines_forward_pass_and_lets_go_when_it_ends()
     engine.rt.apply(AllocateOp(num_blocks=600))
     f.flush()  # the engine is busy (it just flushed), not in a forward pass
     before = f.digest.value
-    assert not f.may_work() and not f.wait_turn(0.01)
+    assert not f.passes.may_work() and not f.passes.wait_turn(0.01)
     assert not f.catch_up()  # nothing read while the engine works: not even begun
-    assert f.digests_discarded == 0 and f.digest.value == before and f.pending
+    assert f.reader.digests_discarded == 0 and f.digest.value == before and f.reader.pending
 
     woke: list[bool] = []
-    t = threading.Thread(target=lambda: woke.append(f.wait_turn(60.0)))
+    t = threading.Thread(target=lambda: woke.append(f.passes.wait_turn(60.0)))
     t.start()
-    f.forward_begins()  # the scheduler handed the step to the model
+    f.passes.begins()  # the scheduler handed the step to the model
     t.join(60)
     assert woke == [True]  # the waiting sender woke for it
     assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
 
-    f.forward_ends()  # the engine's thread is back in the scheduler
-    assert not f.may_work() and not f.wait_turn(0.01)  # (no new forward pass)
-    f.last_flush = 0.0  # ... and once it has been idle a while, the sender may work
-    assert f.may_work() and f.wait_turn(0.01)
+    f.passes.ends()  # the engine's thread is back in the scheduler
+    assert not f.passes.may_work() and not f.passes.wait_turn(0.01)  # (no new forward pass)
+    f.passes.last_flush = 0.0  # ... and once it has been idle a while, the sender may work
+    assert f.passes.may_work() and f.passes.wait_turn(0.01)
     engine.rt.check()
 
 
@@ -317,27 +324,27 @@ def test_backlogs_read_in_parts_cut_anywhere_always_end_at_the_pools_digest(
     rng = random.Random(seed)
     engine = FollowedEngine(num_blocks=48, free_order=free_order, defer_digest=True)
     f = engine.follower
-    may_work = f.may_work
+    may_work = f.passes.may_work
     taken = 0
     for _ in range(60):
         engine.drive(rng.randrange(1, 8))
         left = rng.choice([0, 1, 2, 5, 10_000])
-        parts = len(f.pending)
+        parts = len(f.reader.pending)
 
         def cut(parts: int = parts, left: int = left) -> bool:
-            return parts - len(f.pending) <= left  # back after ``left`` + 1 batches
+            return parts - len(f.reader.pending) <= left  # back after ``left`` + 1 batches
 
-        f.may_work = cut  # type: ignore[method-assign]
+        f.passes.may_work = cut  # type: ignore[method-assign]
         done = f.catch_up()
-        f.may_work = may_work  # type: ignore[method-assign]
+        f.passes.may_work = may_work  # type: ignore[method-assign]
         if done:
             taken += 1
-            assert f.verified is not None and f.verified.ops == f.op_count
-            assert f.digest.value == f.verified.value == pool_digest(engine.rt.pool)
+            assert f.reader.verified is not None and f.reader.verified.ops == f.op_count
+            assert f.digest.value == f.reader.verified.value == pool_digest(engine.rt.pool)
         elif parts:
-            assert parts - len(f.pending) == left + 1  # those read are kept
-    assert f.sweeps == 0 and f.digests_discarded == 0
+            assert parts - len(f.reader.pending) == left + 1  # those read are kept
+    assert f.reader.sweeps == 0 and f.reader.digests_discarded == 0
     assert taken >= 5
-    assert f.catch_up() or not f.pending
+    assert f.catch_up() or not f.reader.pending
     assert f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()

@@ -12,7 +12,7 @@ from blockpool.mirror import digest as digest_module
 from blockpool.mirror import digest_sweep
 from blockpool.mirror.digest import pool_digest
 from blockpool.runtime.ops import AllocateOp, CacheOp, FinishOp, FreeOp, ResetOp
-from blockpool_vllm import follower as follower_module
+from blockpool_vllm import digest_reader, forward_pass
 from tests.mirror.workload import FollowedEngine
 
 
@@ -35,7 +35,7 @@ def test_a_sweep_between_pool_calls_ends_at_the_pools_digest(
     engine.rng = random.Random(seed)
     f = engine.follower
     engine.drive(10)
-    f.sweep_due = True
+    f.reader.sweep_due = True
     held: list[int] = []
     budget = [0]
 
@@ -43,7 +43,7 @@ def test_a_sweep_between_pool_calls_ends_at_the_pools_digest(
         budget[0] -= 1
         return budget[0] > 0
 
-    monkeypatch.setattr(f, "may_work", may_work)
+    monkeypatch.setattr(f.passes, "may_work", may_work)
     taken = 0
     for i in range(400):
         engine.step()
@@ -54,17 +54,17 @@ def test_a_sweep_between_pool_calls_ends_at_the_pools_digest(
             engine.rt.apply(FreeOp(block_ids=[held.pop(0)]))
             f.flush()
         if i % 90 == 60:
-            f.sweep_due = True  # as after a reset, or a sender that fell behind
+            f.reader.sweep_due = True  # as after a reset, or a sender that fell behind
         budget[0] = rng.randrange(2, 7)  # (+1: the first look, whether to begin at all)
         if f.catch_up():
-            assert f.verified is not None and f.verified.ops == f.op_count
-            assert f.verified.value == f.digest.value == pool_digest(engine.rt.pool)
+            assert f.reader.verified is not None and f.reader.verified.ops == f.op_count
+            assert f.reader.verified.value == f.digest.value == pool_digest(engine.rt.pool)
             taken += 1
-    assert f.sweeps >= 2 and taken >= 10
+    assert f.reader.sweeps >= 2 and taken >= 10
     budget[0] = 10**9
     engine.step()
     f.catch_up()
-    assert not f.pending and f.sweep is None and not f.sweep_due
+    assert not f.reader.pending and f.reader.sweep is None and not f.reader.sweep_due
     assert f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
 
@@ -76,7 +76,7 @@ def test_a_piece_read_while_the_engine_moved_is_thrown_away(
     engine = FollowedEngine(num_blocks=64, defer_digest=True)
     f = engine.follower
     engine.drive(15)
-    f.sweep_due = True
+    f.reader.sweep_due = True
     read_piece = digest_sweep.DigestSweep._read_piece
     moves = [2]
 
@@ -89,7 +89,7 @@ def test_a_piece_read_while_the_engine_moved_is_thrown_away(
 
     monkeypatch.setattr(digest_sweep.DigestSweep, "_read_piece", racing)
     assert not f.catch_up()  # the first piece saw the engine move: thrown away
-    assert f.sweep is not None and f.sweep.rows_read == 0
+    assert f.reader.sweep is not None and f.reader.sweep.rows_read == 0
     f.flush()
     assert not f.catch_up()
     f.flush()
@@ -102,7 +102,7 @@ def test_a_reset_is_read_again_off_the_engines_thread() -> None:
     engine = FollowedEngine(num_blocks=64, defer_digest=True)
     f = engine.follower
     engine.drive(10)
-    assert f.catch_up() or not f.pending
+    assert f.catch_up() or not f.reader.pending
     ops_before = f.digest_ops
     for rid in list(engine.rt.manager.requests):
         engine.rt.apply(FinishOp(request_id=rid))
@@ -111,20 +111,20 @@ def test_a_reset_is_read_again_off_the_engines_thread() -> None:
     engine.raw.clear()
     engine.rt.apply(ResetOp())
     f.flush()
-    assert f.sweep_due and f.digest_ops == ops_before  # the engine's thread read nothing
-    assert f.catch_up() and f.sweeps == 1
+    assert f.reader.sweep_due and f.digest_ops == ops_before  # the engine's thread read nothing
+    assert f.catch_up() and f.reader.sweeps == 1
     assert f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
 
 
 def test_ids_not_told_to_the_sweep_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(follower_module, "MAX_PENDING", 5)
+    monkeypatch.setattr(digest_reader, "MAX_PENDING", 5)
     engine = FollowedEngine(num_blocks=64, defer_digest=True)
     f = engine.follower
     for _ in range(60):
         engine.step()
-        assert len(f.pending) <= 6
-    assert f.sweep_due
+        assert len(f.reader.pending) <= 6
+    assert f.reader.sweep_due
     assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
 
@@ -142,8 +142,8 @@ def test_naming_and_reading_stop_when_the_engine_comes_back_and_resume_later(
     engine = FollowedEngine(num_blocks=128, defer_digest=True)
     f = engine.follower
     engine.drive(10)
-    assert f.catch_up() and f.sweep is None  # caught up, no sweep yet
-    f.sweep_due = True
+    assert f.catch_up() and f.reader.sweep is None  # caught up, no sweep yet
+    f.reader.sweep_due = True
     looks = [0]
     allowed = [10**9]
 
@@ -151,20 +151,20 @@ def test_naming_and_reading_stop_when_the_engine_comes_back_and_resume_later(
         looks[0] += 1
         return looks[0] <= allowed[0]
 
-    monkeypatch.setattr(f, "may_work", may_work)
+    monkeypatch.setattr(f.passes, "may_work", may_work)
     allowed[0] = 3  # the first look (begin), then the engine is back mid-piece
     assert not f.catch_up()
-    sweep = f.sweep
+    sweep = f.reader.sweep
     assert sweep is not None and sweep.pieces_discarded == 1 and sweep.rows_read == 0
     engine.drive(6)  # the engine's pool calls: more blocks named, ≥ 4 per batch
-    assert sum(len(p) for p in f.pending) >= 8
+    assert sum(len(p) for p in f.reader.pending) >= 8
     looks[0], allowed[0] = 0, 2  # now it comes back while they are named
     assert not f.catch_up()
-    assert f.pending and f.sweep is sweep  # not all named: kept for the next moment
+    assert f.reader.pending and f.reader.sweep is sweep  # not all named: kept for the next moment
     looks[0], allowed[0] = 0, 10**9
     assert f.catch_up()  # a moment long enough: named, every row read
-    assert f.sweep is None and not f.pending
-    assert f.verified is not None and f.verified.value == pool_digest(engine.rt.pool)
+    assert f.reader.sweep is None and not f.reader.pending
+    assert f.reader.verified is not None and f.reader.verified.value == pool_digest(engine.rt.pool)
     engine.rt.check()
 
 
@@ -217,7 +217,8 @@ def test_a_sweep_begins_no_piece_it_cannot_read_before_the_engine_is_back(
     back finds the sender waiting -- and goes on at the next moment."""
     monkeypatch.setattr(digest_sweep, "PIECE", 16)
     clock = [10**12]  # the follower's clock: rows read take 1 ms each
-    monkeypatch.setattr(follower_module, "_now", lambda: clock[0])
+    monkeypatch.setattr(forward_pass, "_now", lambda: clock[0])
+    monkeypatch.setattr(digest_reader, "_now", lambda: clock[0])
     read_piece = digest_sweep.DigestSweep._read_piece
 
     def timed(sweep: digest_sweep.DigestSweep, ids: list[int], pause: object) -> int:
@@ -227,34 +228,34 @@ def test_a_sweep_begins_no_piece_it_cannot_read_before_the_engine_is_back(
     monkeypatch.setattr(digest_sweep.DigestSweep, "_read_piece", timed)
     engine = FollowedEngine(num_blocks=256, defer_digest=True, windowed=True)
     f = engine.follower
-    for _ in range(follower_module.WINDOWS_KEPT):  # forward passes of 50 ms
-        f.forward_begins()
-        f.forward_began -= 50_000_000
-        f.forward_ends()
+    for _ in range(forward_pass.KEPT):  # forward passes of 50 ms
+        f.passes.begins()
+        f.passes.began -= 50_000_000
+        f.passes.ends()
     engine.drive(8)
-    f.sweep_due = True
-    f.forward_begins()
-    f.forward_began -= 22_500_000  # 20 ms left before the plan's end (85 % of 50 ms)
-    f._plan_window()
-    assert f.deadline == clock[0] + 20_000_000
-    f.sweep_ns_per_row = 1_000_000.0  # (as measured)
+    f.reader.sweep_due = True
+    f.passes.begins()
+    f.passes.began -= 22_500_000  # 20 ms left before the plan's end (85 % of 50 ms)
+    f.passes.plan()
+    assert f.passes.deadline == clock[0] + 20_000_000
+    f.reader.sweep_ns_per_row = 1_000_000.0  # (as measured)
     assert not f.catch_up()
-    sweep = f.sweep
-    assert sweep is not None and not f.pending  # the batches named first
+    sweep = f.reader.sweep
+    assert sweep is not None and not f.reader.pending  # the batches named first
     assert sweep.rows_read == 16 + 4  # a piece, then the 4 rows that fit: none begun after
-    assert sweep.pieces_discarded == 0 and clock[0] == f.deadline
-    assert f.sweep_ns_per_row == 1_000_000.0  # measured again: the same
-    f.forward_began -= 30_000_000
-    f.forward_ends()
-    f.forward_begins()  # the next pass, all of it left: 42.5 rows' time
-    f._plan_window()
+    assert sweep.pieces_discarded == 0 and clock[0] == f.passes.deadline
+    assert f.reader.sweep_ns_per_row == 1_000_000.0  # measured again: the same
+    f.passes.began -= 30_000_000
+    f.passes.ends()
+    f.passes.begins()  # the next pass, all of it left: 42.5 rows' time
+    f.passes.plan()
     assert not f.catch_up()
     assert sweep.rows_read == 20 + 42 and sweep.pieces_discarded == 0
-    f.forward_ends()
-    f.last_flush = 0.0  # an idle engine: no deadline, the rest in one go
-    f._plan_window()
-    assert f.deadline == 0
-    assert f.catch_up() and f.sweep is None and f.sweeps_finished == 1
+    f.passes.ends()
+    f.passes.last_flush = 0.0  # an idle engine: no deadline, the rest in one go
+    f.passes.plan()
+    assert f.passes.deadline == 0
+    assert f.catch_up() and f.reader.sweep is None and f.reader.sweeps_finished == 1
     assert sweep.pieces_discarded == 0 and sweep.rows_read == 255
-    assert f.verified is not None and f.verified.value == pool_digest(engine.rt.pool)
+    assert f.reader.verified is not None and f.reader.verified.value == pool_digest(engine.rt.pool)
     engine.rt.check()

@@ -1,0 +1,195 @@
+"""The follower's digest read off the engine's thread (``defer_digest``).
+
+Each batch the sender prepares hands the blocks its calls named to
+``DigestReader.add``; at a moment the engine stands still between batches
+(the follower's ``catch_up`` finds one, in a forward pass or while the
+engine is idle) ``read`` brings the digest up to the last batch:
+
+* usually a batch's blocks at a time (``PoolDigest.stage``), each batch's
+  reading kept once the engine did not move during it, so that a reader
+  that falls behind carries on where it stopped at the next moment.  Rows
+  read at different moments make a digest of no one moment -- but a row
+  that changed since it was read belongs to a block a later batch names,
+  or to one next to such a block, which the reading of that batch re-reads
+  (blockpool/mirror/digest.py): once no batch is pending, at a moment,
+  every row is the block as it is;
+* when more blocks are pending than a share of the pool (a sweep reads
+  each block once, however often it was named), or after a reset or a
+  call not followed, the digest is rebuilt in pieces instead
+  (blockpool/mirror/digest_sweep.py).
+
+Both are planned for the forward pass running (blockpool_vllm/forward_pass.py):
+the first batch (and a sweep's first piece) always, for progress; no other
+begun that is expected -- its measured time a block -- to end after the
+plan's deadline.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from time import perf_counter_ns as _now
+
+from blockpool.mirror.digest import PoolDigest
+from blockpool.mirror.digest_sweep import PIECE, DigestSweep
+from blockpool.mirror.protocol import Digest
+from blockpool_vllm.forward_pass import ForwardPasses
+
+# batches whose blocks have not been read yet: up to this many, their blocks
+# are not even counted (a reader a few passes behind catches up)
+MAX_BEHIND = 16
+# blocks pending (named by batches the digest has not read yet), at most: a
+# fraction of the pool -- beyond, a sweep reads every block once instead
+BEHIND_FRACTION = 4
+MIN_BEHIND_ROWS = 4096
+# batches whose blocks the sweep has not been told of, at most: beyond, it
+# starts again (their ids are not kept without bound)
+MAX_PENDING = 4096
+
+
+class DigestReader:
+    def __init__(self, digest: PoolDigest, passes: ForwardPasses) -> None:
+        self.digest = digest
+        self.passes = passes
+        self.pending: list[array[int]] = []  # batches' blocks not in the digest yet
+        # beyond this many blocks pending, the digest is rebuilt by a sweep
+        self.max_behind_rows = max(MIN_BEHIND_ROWS, len(digest.values) // BEHIND_FRACTION)
+        self.verified: Digest | None = None  # the last taken, for the next batch
+        # the digest rebuilt in pieces after the reader fell behind, a reset,
+        # or a call not followed
+        self.sweep: DigestSweep | None = None
+        self.sweep_due = False  # set by the engine's thread, acted on here
+        self.sweeps = 0  # sweeps started
+        self.sweeps_finished = 0
+        self.digests_taken = 0
+        self.digests_discarded = 0  # batches' readings thrown away (the engine moved)
+        self.windows_overrun = 0  # ... of which still running when the engine came back
+        # speeds, as last measured: reading (a batch's blocks, a sweep's rows)
+        # and invalidating (a sweep told of a batch's blocks)
+        self.read_ns_per_block = 2_000.0
+        self.sweep_ns_per_row = 2_000.0
+        self.named_ns_per_block = 1_000.0
+
+    @property
+    def due(self) -> bool:
+        """Whether there is anything to read."""
+        return bool(self.pending) or self.sweep_due or self.sweep is not None
+
+    def add(self, touched: list[int]) -> None:
+        """A prepared batch's blocks (-1: a reset, -2: a call not followed)."""
+        if touched:  # (an array: nothing for the garbage collector to walk)
+            self.pending.append(array("i", touched))
+        if self.too_far_behind():  # more to read than the pool: read whole, in pieces
+            self.pending.clear()
+            self.sweep_due = True
+
+    def too_far_behind(self) -> bool:
+        """Whether the blocks of the batches not read yet are more than
+        ``max_behind_rows`` (a fraction of the pool: a sweep reads each block
+        once, however often it was named), or their arrays more than
+        ``MAX_PENDING``."""
+        pending = self.pending
+        if len(pending) > MAX_PENDING:
+            return True
+        return len(pending) > MAX_BEHIND and sum(map(len, pending)) > self.max_behind_rows
+
+    def read(self, moved: Callable[[], bool], pause: Callable[[], bool]) -> bool:
+        """At a moment the engine stands still (``moved``: it has since;
+        ``pause``: let it in, and whether to go on): the digest brought up to
+        the last batch (True), or as far as the moment allowed (False)."""
+        if self.sweep_due or self.sweep is not None:
+            return self._sweep_on(moved, pause)
+        return self._drain(moved, pause)
+
+    def took(self, target: int) -> None:
+        """The digest is of the boundary after ``target`` operations."""
+        self.verified = Digest(target, self.digest.value)
+        self.digests_taken += 1
+
+    def _drain(self, moved: Callable[[], bool], pause: Callable[[], bool]) -> bool:
+        pending = self.pending
+        deadline = self.passes.deadline
+        first = True
+        while pending:
+            part = pending[0]
+            t = _now()
+            if deadline and not first and t + len(part) * self.read_ns_per_block > deadline:
+                return False  # would end after the engine is back: at its next pass
+            first = False
+            try:
+                staged = self.digest.stage(part, pause)
+            except Exception:  # the engine moved (Interrupted), or the pool changed under it
+                staged = None
+            if staged is None or moved():
+                self.digests_discarded += 1
+                if not self.passes.forwarding:
+                    self.windows_overrun += 1
+                return False
+            self.digest.commit(staged)
+            del pending[0]
+            if len(part) >= 64:  # (a small batch's time is mostly fixed costs)
+                spent = (_now() - t) / len(part)
+                self.read_ns_per_block += (spent - self.read_ns_per_block) * 0.25
+            if pending and not pause():  # the engine came back: the rest at the next moment
+                return False
+        return True
+
+    def new_sweep(self) -> None:
+        """Every row invalid: the blocks named before now are moot."""
+        self.sweep_due = False  # (first: a flag set from now on starts another)
+        self.sweep = DigestSweep(self.digest)
+        self.sweeps += 1
+        self.pending.clear()
+
+    def _sweep_on(self, moved: Callable[[], bool], pause: Callable[[], bool]) -> bool:
+        """While a sweep rebuilds the digest: the blocks named since the last
+        moment invalidated, a batch's at a time (told again if the engine
+        moved meanwhile: invalidating twice changes nothing), then rows read
+        a piece at a time, as planned."""
+        pending = self.pending
+        if self.sweep_due or self.sweep is None:
+            self.new_sweep()
+        sweep = self.sweep
+        assert sweep is not None
+        passes = self.passes
+        deadline = passes.deadline
+        first = True
+        while pending:
+            part = pending[0]
+            if -1 in part or -2 in part:  # a reset, a call not followed: from scratch
+                self.new_sweep()
+                return False
+            t = _now()
+            if deadline and not first and t + len(part) * self.named_ns_per_block > deadline:
+                return False  # at the engine's next pass
+            first = False
+            try:
+                sweep.named(part, pause)
+            except Exception:  # the pool changed under it, or the engine came back:
+                return False  # told again at the next moment
+            if moved():
+                return False
+            del pending[0]
+            if len(part) >= 64:
+                spent = (_now() - t) / len(part)
+                self.named_ns_per_block += (spent - self.named_ns_per_block) * 0.25
+            if not passes.may_work():
+                return False
+
+        def budget() -> int:  # rows the next piece may have
+            if not deadline:
+                return PIECE
+            return int((deadline - _now()) / self.sweep_ns_per_row)
+
+        t, rows, lost = _now(), sweep.rows_read, sweep.pieces_discarded
+        done = sweep.read(moved, pause, budget)
+        rows = sweep.rows_read - rows
+        if rows >= 64 and sweep.pieces_discarded == lost:
+            spent = (_now() - t) / rows
+            self.sweep_ns_per_row += (spent - self.sweep_ns_per_row) * 0.25
+        if not done:
+            return False
+        self.digest.total = sweep.total()
+        self.sweep = None
+        self.sweeps_finished += 1
+        return True

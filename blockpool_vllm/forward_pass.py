@@ -1,0 +1,107 @@
+"""The engine's forward passes, as the plugin's thread plans its work in them.
+
+The plugin's thread reads vLLM's pool only while the engine's thread does
+not need the interpreter: in its forward pass (the scheduler handed a step
+to the model: ``begins`` .. ``ends``, called by blockpool_vllm's scheduler
+hooks on the engine's thread, one clock read each), or once the engine has
+been idle a while.  ``ForwardPasses`` is what both threads share about that:
+whether a pass runs, how long the last ones were, and the plan for the one
+running -- the moment by which the plugin's thread begins no more work
+(``deadline``: 85 % of the shortest of the last ``KEPT`` passes), so that
+it is blocked, not holding the interpreter, when the engine comes back.
+It also paces that thread (blockpool_vllm/pacing.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from array import array
+from time import perf_counter_ns as _now
+
+from blockpool_vllm.pacing import Pacer
+
+# the engine is idle once it has not flushed a step for this long: the
+# plugin's thread may then work too, with no pass to plan by
+IDLE_AFTER_S = 0.05
+# the shortest of the last KEPT passes is what the plugin's thread counts on,
+# and it begins no piece of work it expects to end after END_SHARE of it
+# (what it read would be thrown away, and the engine, back, would wait for
+# the interpreter).  (It keeps pausing from the start: the engine may still
+# run Python a while after the pass is handed over -- vLLM's model runner
+# preparing it, the bench's fake one sampling -- and a thread that never
+# pauses keeps it waiting for the interpreter up to the 5 ms switch
+# interval, measured.)
+KEPT = 16
+END_SHARE = 0.85
+
+
+class ForwardPasses:
+    """The engine's forward passes (``windowed``: its scheduler's hooks say
+    when one begins and ends; else there are none to wait for, and the
+    plugin's thread may work whenever it likes)."""
+
+    def __init__(self, windowed: bool) -> None:
+        self.window = threading.Condition() if windowed else None
+        self.forwarding = False
+        self.count = 0  # passes begun
+        self._turn_seen = 0
+        self.began = 0  # perf_counter_ns at the last ``begins``
+        self.lengths = array("q", bytes(8 * KEPT))  # the last passes' lengths (ns), a ring
+        self.deadline = 0  # the plugin's thread's: no work begun that would end after it
+        # the plugin's thread sleeps a moment every ~0.1 ms of work, so that an
+        # engine back from its forward pass waits no longer for the interpreter
+        self.pace = Pacer()
+        self.last_flush = time.monotonic()  # the engine's last step (its flush)
+
+    def begins(self) -> None:
+        """The engine's thread: the scheduler handed a step to the model (its
+        forward pass runs now: the engine's thread waits for it, the
+        interpreter is free)."""
+        w = self.window
+        if w is not None:
+            with w:
+                self.began = _now()
+                self.forwarding = True
+                self.count += 1
+                w.notify_all()
+
+    def ends(self) -> None:
+        """The engine's thread is back in the scheduler (any hook's entry)."""
+        if self.forwarding:
+            self.forwarding = False
+            self.lengths[self.count % KEPT] = _now() - self.began
+
+    def may_work(self) -> bool:
+        """Whether the plugin's thread may work on the pool now without
+        taking the interpreter from the engine: its forward pass, or idle."""
+        return (
+            self.window is None
+            or self.forwarding
+            or time.monotonic() - self.last_flush >= IDLE_AFTER_S
+        )
+
+    def wait_turn(self, timeout: float) -> bool:
+        """The plugin's thread: wait (at most ``timeout``) for a forward pass
+        it has not worked in yet, or for idleness; whether it may work now
+        (the pass planned: ``deadline``)."""
+        w = self.window
+        if w is None:
+            return True
+        seen = self._turn_seen
+        with w:
+            w.wait_for(lambda: self.count != seen, timeout)
+        self._turn_seen = self.count
+        self.pace.rested()
+        self.plan()
+        return self.may_work()
+
+    def plan(self) -> None:
+        """The plan for the forward pass now running (see ``KEPT``): none
+        until the engine has made as many passes, or while it is idle (not
+        in a pass)."""
+        shortest = min(self.lengths)
+        if not self.forwarding or shortest <= 0:
+            self.deadline = 0
+            return
+        self.deadline = self.began + int(shortest * END_SHARE)
