@@ -19,9 +19,9 @@ engine is idle) ``read`` brings the digest up to the last batch:
   (blockpool/mirror/digest_sweep.py).
 
 Both are planned for the forward pass running (blockpool_vllm/forward_pass.py):
-the first batch (and a sweep's first piece) always, for progress; no other
-begun that is expected -- its measured time a block -- to end after the
-plan's deadline.
+as many blocks are read (or named, for a sweep) as are expected -- their
+measured time a block -- to be read before the plan's deadline, a batch's
+blocks in pieces if need be; at least a few at each moment, for progress.
 """
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ MIN_BEHIND_ROWS = 4096
 # batches whose blocks the sweep has not been told of, at most: beyond, it
 # starts again (their ids are not kept without bound)
 MAX_PENDING = 4096
+# blocks read at least at a moment of a planned forward pass (progress); a
+# part longer than the time left is read in pieces, each at a moment of its
+# own -- as exact as whole parts: what a reading takes is closed, and every
+# block changed after it was read is named by a later part
+# (blockpool/mirror/digest.py, ``PoolDigest.stage``)
+MIN_PIECE = 64
 
 
 class DigestReader:
@@ -106,16 +112,34 @@ class DigestReader:
         self.verified = Digest(target, self.digest.value)
         self.digests_taken += 1
 
+    def _fit(self, part: array[int], ns_per_block: float, first: bool) -> int:
+        """How many of ``part``'s blocks to read now, as planned: all of them
+        with no plan (an idle engine); else as many as are expected to be
+        read before the deadline -- at least ``MIN_PIECE`` for the first of a
+        moment (progress, however short the passes), none (0) for a later
+        one that would not read ``MIN_PIECE``."""
+        deadline = self.passes.deadline
+        if not deadline:
+            return len(part)
+        fit = int((deadline - _now()) / ns_per_block)
+        if fit >= len(part):
+            return len(part)
+        if fit < MIN_PIECE:
+            return min(len(part), MIN_PIECE) if first else 0
+        return fit
+
     def _drain(self, moved: Callable[[], bool], pause: Callable[[], bool]) -> bool:
         pending = self.pending
-        deadline = self.passes.deadline
         first = True
         while pending:
             part = pending[0]
-            t = _now()
-            if deadline and not first and t + len(part) * self.read_ns_per_block > deadline:
+            take = self._fit(part, self.read_ns_per_block, first)
+            if not take:
                 return False  # would end after the engine is back: at its next pass
             first = False
+            if take < len(part):  # a part read in pieces: each the blocks it names then
+                part = part[:take]
+            t = _now()
             try:
                 staged = self.digest.stage(part, pause)
             except Exception:  # the engine moved (Interrupted), or the pool changed under it
@@ -126,13 +150,21 @@ class DigestReader:
                     self.windows_overrun += 1
                 return False
             self.digest.commit(staged)
-            del pending[0]
-            if len(part) >= 64:  # (a small batch's time is mostly fixed costs)
-                spent = (_now() - t) / len(part)
+            self._done_with(take)
+            if take >= 64:  # (a small reading's time is mostly fixed costs)
+                spent = (_now() - t) / take
                 self.read_ns_per_block += (spent - self.read_ns_per_block) * 0.25
             if pending and not pause():  # the engine came back: the rest at the next moment
                 return False
         return True
+
+    def _done_with(self, taken: int) -> None:
+        """The first ``taken`` blocks of the first pending part are read."""
+        pending = self.pending
+        if taken >= len(pending[0]):
+            del pending[0]
+        else:
+            pending[0] = pending[0][taken:]
 
     def new_sweep(self) -> None:
         """Every row invalid: the blocks named before now are moot."""
@@ -159,19 +191,22 @@ class DigestReader:
             if -1 in part or -2 in part:  # a reset, a call not followed: from scratch
                 self.new_sweep()
                 return False
-            t = _now()
-            if deadline and not first and t + len(part) * self.named_ns_per_block > deadline:
+            take = self._fit(part, self.named_ns_per_block, first)
+            if not take:
                 return False  # at the engine's next pass
             first = False
+            if take < len(part):  # (naming a block twice changes nothing)
+                part = part[:take]
+            t = _now()
             try:
                 sweep.named(part, pause)
             except Exception:  # the pool changed under it, or the engine came back:
                 return False  # told again at the next moment
             if moved():
                 return False
-            del pending[0]
-            if len(part) >= 64:
-                spent = (_now() - t) / len(part)
+            self._done_with(take)
+            if take >= 64:
+                spent = (_now() - t) / take
                 self.named_ns_per_block += (spent - self.named_ns_per_block) * 0.25
             if not passes.may_work():
                 return False

@@ -5,10 +5,17 @@ seeded request stream (bench/gpu_scale/workload.py) for the same number of
 steps: plain (vLLM's class) and with the plugin (blockpool_vllm's subclass,
 ``BLOCKPOOL_MIRROR_ENDPOINT`` on a free loopback port; nobody subscribed
 unless ``--subscriber``).  Each run is a process of its own (its own heap and
-garbage collector).  A warm-up (not measured, no sleep) first fills the pool
+garbage collector).  A warm-up (not measured) first fills the pool
 until it evicts; then ``--steps`` measured steps with a ``--sleep-ms`` forward
-pass.  Reported per step: p50 / p99 / max of the scheduler's own time, the
-time the plugin adds at each percentile, steps/s (the sleep included) and its
+pass.  The warm-up has the same forward pass (``--warmup-sleep-ms``), as an
+engine's first steps do: the plugin follows from the first step, as in an
+engine.  ``--warmup-sleep-ms 0`` fills the pool faster and leaves the
+plugin's digest far behind (no pass to read in), rebuilt by a sweep in the
+settling steps and, if they are too few, the measured ones: its cost is then
+part of the figures (``plugin reports``: ``sweep_rows_left``).
+
+Reported per step: p50 / p99 / max of the scheduler's own time, the time the
+plugin adds at each percentile, steps/s (the sleep included) and its
 ratio, garbage collections, pool usage and evictions, and whether both runs
 scheduled exactly the same tokens and finished the same requests.
 
@@ -131,17 +138,18 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         gc.collect()
         gc.freeze()
         driver = Driver(sched, workload_of(args), shape, args.concurrency or shape.max_num_seqs)
-        # warm-up: no sleep, not measured, until the pool evicts (auto) or N steps
+        # warm-up: not measured, until the pool evicts (auto) or N steps
         t0 = time.perf_counter()
         driver.output_cap = args.warmup_max_tokens
+        warm = (args.sleep_ms if args.warmup_sleep_ms is None else args.warmup_sleep_ms) / 1e3
         if args.warmup == "auto":
             while driver.evictions == 0 and driver.steps_run < args.max_warmup:
-                driver.step(0.0, None, None)
+                driver.step(warm, None, None)
             for _ in range(args.warmup_extra):
-                driver.step(0.0, None, None)
+                driver.step(warm, None, None)
         else:
             for _ in range(int(args.warmup)):
-                driver.step(0.0, None, None)
+                driver.step(warm, None, None)
         driver.output_cap = 0
         warm_steps = driver.steps_run  # (the other variant's --warmup: the settling is its own)
         # then steps at the engine's pace (the forward pass included), not
@@ -199,6 +207,8 @@ def child_argv(args: argparse.Namespace, variant: str, async_sched: bool, warmup
     argv += ["--warmup-extra", str(args.warmup_extra), "--sleep-ms", str(args.sleep_ms)]
     argv += ["--warmup-max-tokens", str(args.warmup_max_tokens)]
     argv += ["--settle-steps", str(args.settle_steps)]
+    if args.warmup_sleep_ms is not None:
+        argv += ["--warmup-sleep-ms", str(args.warmup_sleep_ms)]
     argv += ["--seed", str(args.seed), "--concurrency", str(args.concurrency)]
     argv += ["--min-prompt", str(args.min_prompt), "--max-prompt", str(args.max_prompt)]
     if args.trace:
@@ -448,6 +458,7 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
             "max_model_len",
             "steps",
             "sleep_ms",
+            "warmup_sleep_ms",
             "seed",
             "rounds",
             "trace",
@@ -556,11 +567,18 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sleep-ms", type=float, default=6.0, help="the forward pass stand-in")
     p.add_argument(
+        "--warmup-sleep-ms",
+        type=float,
+        default=None,
+        help="the warm-up's forward pass (default: --sleep-ms; 0: a quicker warm-up "
+        "that leaves the plugin's digest behind, rebuilt by a sweep after it)",
+    )
+    p.add_argument(
         "--settle-steps",
         type=int,
         default=400,
         help="steps with the forward pass after the warm-up, before the measured ones "
-        "(a deferred digest that fell behind in the warm-up is rebuilt in ~300)",
+        "(after --warmup-sleep-ms 0: the plugin's digest rebuilt meanwhile, if they suffice)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-prompt", type=int, default=1024)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,8 @@ from blockpool.mirror.apply import Divergence
 from blockpool.mirror.digest import Interrupted, pool_digest
 from blockpool.mirror.protocol import Digest
 from blockpool.runtime.ops import AllocateOp, FreeOp
-from blockpool_vllm.digest_reader import MAX_BEHIND, MIN_BEHIND_ROWS
+from blockpool_vllm import digest_reader, forward_pass
+from blockpool_vllm.digest_reader import MAX_BEHIND, MIN_BEHIND_ROWS, MIN_PIECE
 from blockpool_vllm.forward_pass import KEPT
 from tests.mirror.test_apply import assert_same, mirror_of, wire
 from tests.mirror.workload import FollowedEngine
@@ -333,6 +335,107 @@ def test_backlogs_read_in_parts_cut_anywhere_always_end_at_the_pools_digest(
 
         def cut(parts: int = parts, left: int = left) -> bool:
             return parts - len(f.reader.pending) <= left  # back after ``left`` + 1 batches
+
+        f.passes.may_work = cut  # type: ignore[method-assign]
+        done = f.catch_up()
+        f.passes.may_work = may_work  # type: ignore[method-assign]
+        if done:
+            taken += 1
+            assert f.reader.verified is not None and f.reader.verified.ops == f.op_count
+            assert f.digest.value == f.reader.verified.value == pool_digest(engine.rt.pool)
+        elif parts:
+            assert parts - len(f.reader.pending) == left + 1  # those read are kept
+    assert f.reader.sweeps == 0 and f.reader.digests_discarded == 0
+    assert taken >= 5
+    assert f.catch_up() or not f.reader.pending
+    assert f.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
+
+
+def test_a_batch_longer_than_a_pass_is_read_in_pieces_that_fit_each_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch whose blocks take longer to read than any forward pass
+    leaves (a large prefill, many requests finishing at once) is read in
+    pieces: at each pass as many of its blocks as fit before the plan's
+    deadline (at least ``MIN_PIECE``), each piece kept, none thrown away;
+    once the last piece is read the digest is the pool's -- where reading
+    whole batches only would start that batch again at every pass, never
+    finish it, and fall behind for good."""
+    clock = [10**12]  # reading a named block takes 1 ms
+    monkeypatch.setattr(forward_pass, "_now", lambda: clock[0])
+    monkeypatch.setattr(digest_reader, "_now", lambda: clock[0])
+    engine = FollowedEngine(num_blocks=1024, defer_digest=True, windowed=True)
+    f = engine.follower
+    stage = f.digest.stage
+
+    def timed(ids: Any, pause: Any = None) -> Any:
+        clock[0] += 1_000_000 * len(ids)
+        return stage(ids, pause)
+
+    f.digest.stage = timed  # type: ignore[method-assign]
+    for _ in range(KEPT):  # forward passes of 100 ms: 85 blocks' time planned
+        f.passes.begins()
+        f.passes.began -= 100_000_000
+        f.passes.ends()
+    f.reader.read_ns_per_block = 1_000_000.0  # (as measured)
+    engine.rt.apply(AllocateOp(num_blocks=300))  # one step naming 300 blocks
+    f.flush()
+    assert [len(p) for p in f.reader.pending] == [300]
+    for left in (215, 130):
+        f.passes.begins()
+        f.passes.plan()
+        assert not f.catch_up()
+        assert [len(p) for p in f.reader.pending] == [left]  # 85 blocks read, kept
+        clock[0] = f.passes.began + 100_000_000
+        f.passes.ends()
+    assert f.reader.digests_discarded == 0 and f.reader.verified is None
+    f.passes.begins()
+    f.passes.plan()
+    f.passes.began -= 99_000_000  # 1 ms left: the first piece is read all the same
+    f.passes.plan()
+    assert not f.catch_up()
+    assert [len(p) for p in f.reader.pending] == [130 - MIN_PIECE]
+    f.passes.ends()
+    f.passes.begins()
+    f.passes.plan()
+    assert f.catch_up() and not f.reader.pending
+    assert f.reader.verified is not None and f.reader.verified.ops == f.op_count
+    assert f.digest.value == f.reader.verified.value == pool_digest(engine.rt.pool)
+    assert f.reader.digests_discarded == 0 and f.reader.sweeps == 0
+    engine.rt.check()
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("free_order", ORDERS)
+def test_batches_read_in_pieces_cut_anywhere_always_end_at_the_pools_digest(
+    seed: int, free_order: str
+) -> None:
+    """As above, with each batch's blocks also cut into pieces at random
+    places (what a pass too short for a batch does, ``MIN_PIECE``), each
+    piece read at a moment of its own: every digest taken is the pool's."""
+    rng = random.Random(1000 + seed)
+    engine = FollowedEngine(num_blocks=48, free_order=free_order, defer_digest=True)
+    f = engine.follower
+    may_work = f.passes.may_work
+    taken = 0
+    for _ in range(60):
+        engine.drive(rng.randrange(1, 8))
+        pending = f.reader.pending
+        pieces = []
+        for part in pending:
+            cuts = sorted({rng.randrange(len(part) + 1) for _ in range(rng.randrange(3))})
+            at = 0
+            for c in [*cuts, len(part)]:
+                if c > at:
+                    pieces.append(part[at:c])
+                    at = c
+        pending[:] = pieces
+        left = rng.choice([0, 1, 2, 5, 10_000])
+        parts = len(pending)
+
+        def cut(parts: int = parts, left: int = left) -> bool:
+            return parts - len(f.reader.pending) <= left  # back after ``left`` + 1 pieces
 
         f.passes.may_work = cut  # type: ignore[method-assign]
         done = f.catch_up()
