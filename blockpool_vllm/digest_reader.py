@@ -51,6 +51,10 @@ MAX_PENDING = 4096
 # block changed after it was read is named by a later part
 # (blockpool/mirror/digest.py, ``PoolDigest.stage``)
 MIN_PIECE = 64
+# ... and at most this many in one piece while a pass is planned: a reading
+# the engine interrupts (its pass shorter than planned, the reader slower)
+# is thrown away, and loses no more than this
+MAX_PIECE = 512
 
 
 class DigestReader:
@@ -115,18 +119,16 @@ class DigestReader:
     def _fit(self, part: array[int], ns_per_block: float, first: bool) -> int:
         """How many of ``part``'s blocks to read now, as planned: all of them
         with no plan (an idle engine); else as many as are expected to be
-        read before the deadline -- at least ``MIN_PIECE`` for the first of a
-        moment (progress, however short the passes), none (0) for a later
-        one that would not read ``MIN_PIECE``."""
+        read before the deadline, at most ``MAX_PIECE`` -- at least
+        ``MIN_PIECE`` for the first of a moment (progress, however short the
+        passes), none (0) for a later one that would not read ``MIN_PIECE``."""
         deadline = self.passes.deadline
         if not deadline:
             return len(part)
-        fit = int((deadline - _now()) / ns_per_block)
-        if fit >= len(part):
-            return len(part)
+        fit = min(MAX_PIECE, int((deadline - _now()) / ns_per_block))
         if fit < MIN_PIECE:
             return min(len(part), MIN_PIECE) if first else 0
-        return fit
+        return min(len(part), fit)
 
     def _drain(self, moved: Callable[[], bool], pause: Callable[[], bool]) -> bool:
         pending = self.pending

@@ -451,3 +451,47 @@ def test_batches_read_in_pieces_cut_anywhere_always_end_at_the_pools_digest(
     assert f.catch_up() or not f.reader.pending
     assert f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
+
+
+def test_a_planned_pass_reads_max_piece_blocks_at_once_an_interrupted_piece_loses_no_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(digest_reader, "MAX_PIECE", 100)
+    engine = FollowedEngine(num_blocks=1024, defer_digest=True, windowed=True)
+    f = engine.follower
+    for _ in range(KEPT):  # forward passes of 10 s: time for every block
+        f.passes.begins()
+        f.passes.began -= 10_000_000_000
+        f.passes.ends()
+    engine.rt.apply(AllocateOp(num_blocks=300))
+    f.flush()
+    assert [len(p) for p in f.reader.pending] == [300]
+    f.passes.begins()
+    f.passes.plan()
+    staged: list[int] = []
+    stage = f.digest.stage
+
+    def counted(ids: Any, pause: Any = None) -> Any:
+        staged.append(len(ids))
+        return stage(ids, pause)
+
+    f.digest.stage = counted  # type: ignore[method-assign]
+    may_work = f.passes.may_work
+    f.passes.may_work = lambda: len(staged) < 2  # type: ignore[method-assign]
+    assert not f.catch_up()  # the engine back during the second piece
+    assert staged == [100, 100] and [len(p) for p in f.reader.pending] == [200]
+    assert f.reader.digests_discarded == 1  # that piece thrown away, the first kept
+    f.passes.may_work = may_work  # type: ignore[method-assign]
+    assert f.catch_up() and not f.reader.pending  # the rest, 100 at a time
+    assert staged == [100, 100, 100, 100]
+    assert f.reader.verified is not None
+    assert f.digest.value == f.reader.verified.value == pool_digest(engine.rt.pool)
+    f.passes.ends()
+    engine.rt.apply(AllocateOp(num_blocks=300))
+    f.flush()
+    f.passes.last_flush = 0.0  # an idle engine: no plan, a batch read whole
+    f.passes.plan()
+    staged.clear()
+    assert f.catch_up() and staged == [300]
+    assert f.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
