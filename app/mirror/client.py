@@ -321,8 +321,7 @@ class MirrorClient:
             return
         if checked:
             self._beat_digest = d  # the same one, beat after beat, is checked once
-            st.digests_checked += 1
-            st.digests_checked_since_sync += 1
+            st.digest_matched()
 
     def _unsync(self) -> None:
         """The runtime is no longer the engine's: the next turn asks for a snapshot."""
@@ -380,8 +379,7 @@ class MirrorClient:
             st.batches += 1
             st.ops_applied += applied.ops
             if applied.digest_checked:
-                st.digests_checked += 1
-                st.digests_checked_since_sync += 1
+                st.digest_matched()
             st.lags_ms.append(max(0.0, (now - batch.ts) * 1000.0))
         if failed is not None:
             if isinstance(failed, Gap):

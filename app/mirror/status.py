@@ -66,6 +66,10 @@ class MirrorStatus:
     writer_calls: int = 0  # groups of batches handed to the writer
     ops_applied: int = 0
     digests_checked: int = 0
+    # the last digest that matched since the (re)sync: when (monotonic), and
+    # the operations applied up to it -- how old the proof of ``exact`` is
+    last_digest_at: float | None = None
+    ops_at_digest: int = 0
     divergences: int = 0
     syncs: int = 0  # snapshots restored (the first sync included)
     resyncs: int = 0  # ... after the first: the first sync is no resync
@@ -110,12 +114,21 @@ class MirrorStatus:
         self.resyncs = self.syncs - 1
         self.synced = True
         self.digests_checked_since_sync = 0
+        self.last_digest_at = None
         self.last_seq = seq
 
     def lost(self) -> None:
         """The runtime is no longer the engine's (a resync is due)."""
         self.synced = False
         self.digests_checked_since_sync = 0
+        self.last_digest_at = None
+
+    def digest_matched(self) -> None:
+        """One of the engine's digests matched the mirror's own."""
+        self.digests_checked += 1
+        self.digests_checked_since_sync += 1
+        self.last_digest_at = time.monotonic()
+        self.ops_at_digest = self.ops_applied
 
     # --------------------------------------------------------------- reading
 
@@ -242,6 +255,14 @@ class MirrorStatus:
             "max_lag_ms": self.max_lag_s * 1000.0,
             "problem": self.shape_problem,
             "digests_checked_since_sync": self.digests_checked_since_sync,
+            # how old the last match is (None: none since the sync): an engine
+            # whose plugin cannot keep up sends fewer digests, and says so here
+            "seconds_since_digest": None
+            if self.last_digest_at is None
+            else round(time.monotonic() - self.last_digest_at, 3),
+            "ops_since_digest": None
+            if self.last_digest_at is None
+            else self.ops_applied - self.ops_at_digest,
             "divergences": self.divergences,
             "syncs": self.syncs,
             "resyncs": self.resyncs,

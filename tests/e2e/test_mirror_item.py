@@ -67,6 +67,7 @@ def test_the_mirror_item_shows_an_exact_mirror(browser: Any) -> None:
         assert p.js("() => document.body.dataset.mirror") == "1"
         title = p.js("() => document.querySelector('[data-h=mirror]').title")
         assert endpoint in title and "divergences 0" in title
+        assert "last matching digest" in title and "operations since" in title  # exact: one matched
         assert client.status.exact
 
         # the lag from the engine's step to this page, from the frames' mirror header

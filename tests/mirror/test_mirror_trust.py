@@ -220,9 +220,35 @@ async def test_exact_only_after_the_first_digest_since_the_snapshot(keyed: Rig) 
         st = await api.ok("GET", "/api/mirror")
         assert st["synced"] and not st["exact"] and st["state"] == "synced"
         assert st["digests_checked_since_sync"] == 0
+        assert st["seconds_since_digest"] is None and st["ops_since_digest"] is None
         await exact_now(keyed, client)
         st = await api.ok("GET", "/api/mirror")
         assert st["exact"] and st["state"] == "exact" and st["digests_checked_since_sync"] >= 1
+        assert 0 <= st["seconds_since_digest"] < 60
+        assert 0 <= st["ops_since_digest"] <= st["ops_applied"]
+
+
+def test_the_status_says_how_old_the_last_matching_digest_is() -> None:
+    """``exact`` rests on the last digest that matched: /api/mirror says how
+    many seconds and operations ago (not known -- None -- since a sync until
+    one matches), so an engine whose plugin sends fewer shows it."""
+    st = mirror_status.MirrorStatus("tcp://e", "tcp://c")
+    st.resynced(1)
+    st.ops_applied = 40
+    d = st.as_dict()
+    assert d["seconds_since_digest"] is None and d["ops_since_digest"] is None
+    st.digest_matched()
+    st.ops_applied += 25  # batches applied since, none with a digest
+    d = st.as_dict()
+    assert d["ops_since_digest"] == 25 and 0 <= d["seconds_since_digest"] < 60
+    assert d["digests_checked"] == d["digests_checked_since_sync"] == 1
+    st.last_digest_at = time.monotonic() - 30.0
+    assert 29.0 <= st.as_dict()["seconds_since_digest"] < 60
+    st.lost()  # a resync due: no digest since the sync it leads to
+    assert st.as_dict()["ops_since_digest"] is None
+    st.resynced(9)
+    st.digest_matched()
+    assert st.as_dict()["ops_since_digest"] == 0
 
 
 async def test_a_silent_engine_is_not_exact_at_once_everywhere(

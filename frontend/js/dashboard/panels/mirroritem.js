@@ -144,6 +144,12 @@ export class MirrorItem {
     const title = [
       `following ${st.endpoint} (engine ${eng.engine_id || "?"})`,
       `operations applied ${int(st.ops_applied)} · digests checked ${int(st.digests_checked)}`,
+      // how old the proof of "exact" is (an older server says nothing of it)
+      ...("seconds_since_digest" in st
+        ? [st.seconds_since_digest === null
+          ? "last matching digest: none since the sync"
+          : `last matching digest ${st.seconds_since_digest.toFixed(1)}s ago, ${int(st.ops_since_digest)} operations since`]
+        : []),
       `divergences ${int(st.divergences)} · gaps ${int(st.gaps)} · resyncs ${int(resyncs)} (after the first sync) · engine drops ${int(st.engine_drops)}`,
       `applied: the engine's step to the mirror's pool, ${st.lag_ms === null ? "not known yet" : `${int(st.lag_ms)}ms for the latest batch`} · p50 ${st.lag_p50_ms === null ? "—" : `${st.lag_p50_ms.toFixed(1)}ms`} · p99 ${st.lag_p99_ms === null ? "—" : `${st.lag_p99_ms.toFixed(1)}ms`}`,
       "page: the engine's step to this page (hover it) · the top bar's frame lag: the server's tick to this page · analysis lag: operations the analysis has not yet read",
