@@ -125,7 +125,7 @@ class DigestReader:
         deadline = self.passes.deadline
         if not deadline:
             return len(part)
-        fit = min(MAX_PIECE, int((deadline - _now()) / ns_per_block))
+        fit = min(MAX_PIECE, int((deadline - _now()) / max(ns_per_block, 1.0)))
         if fit < MIN_PIECE:
             return min(len(part), MIN_PIECE) if first else 0
         return min(len(part), fit)
@@ -216,7 +216,7 @@ class DigestReader:
         def budget() -> int:  # rows the next piece may have
             if not deadline:
                 return PIECE
-            return int((deadline - _now()) / self.sweep_ns_per_row)
+            return int((deadline - _now()) / max(self.sweep_ns_per_row, 1.0))
 
         t, rows, lost = _now(), sweep.rows_read, sweep.pieces_discarded
         done = sweep.read(moved, pause, budget)
