@@ -48,7 +48,6 @@ SCHEME = f"tuplehash-v2:{hash((1, -2, 3, 1 << 70, -(1 << 65))) & MASK:x}"
 NOT_MAPPED = -2  # a block's map link when it is not in the map
 FIRST = -1  # ... when it is the first (or only) block of its key
 _from_bytes = int.from_bytes
-_REFRESH_CHUNK = 65_536
 PAUSE_EVERY = 64  # blocks read between two calls of a reading's pause
 
 
@@ -158,19 +157,15 @@ class PoolDigest:
     def refresh(self) -> None:
         """Every block re-read (after a reset, a restore: O(pool))."""
         n = len(self.pool.blocks)
-        self.total = n
         self.values[:] = array("Q", bytes(8 * len(self.values)))  # none counted yet
-        for lo in range(1, n, _REFRESH_CHUNK):
-            rows = Rows()
-            total = self._read_rows(range(lo, min(n, lo + _REFRESH_CHUNK)), self.total, rows)
-            self.commit(Staged(rows, total))
+        new, _ = self.read_into(range(1, n))
+        self.total = (n + new) & MASK
 
     def after_reset(self) -> None:
         """A prefix-cache reset cleared every hash and moved no block: the
         blocks that held a hash are re-read (a C-speed scan finds them)."""
-        rows = Rows()
-        total = self._read_rows(list(compress(range(len(self.keys)), self.keys)), self.total, rows)
-        self.commit(Staged(rows, total))
+        new, old = self.read_into(list(compress(range(len(self.keys)), self.keys)))
+        self.total = (self.total + new - old) & MASK
 
     def update(self, ids: Iterable[int]) -> None:
         """The blocks named by the pool calls since the last update changed
@@ -296,26 +291,25 @@ class PoolDigest:
             add_link(link)
         return Staged(rows, total & MASK)
 
-    def _read_rows(
-        self,
-        ids: Iterable[int],
-        total: int,
-        rows: Rows,
-        pause: Callable[[], bool] | None = None,
-    ) -> int:
-        """Read blocks into ``rows`` (the hot loop: block_value and _read,
-        inlined); the total with their new values instead of their old."""
+    def read_into(
+        self, ids: Iterable[int], pause: Callable[[], bool] | None = None
+    ) -> tuple[int, int]:
+        """Read blocks straight into this digest's rows (the hot loop:
+        block_value and _read, inlined), leaving the total to the caller:
+        the sum of their new values and of the values they replace.  A
+        reading stopped by ``pause`` (``Interrupted``) leaves the rows it
+        read written -- for a caller whose rows those are not yet (a sweep's
+        invalid rows, blockpool/mirror/digest_sweep.py)."""
         blocks = self.pool.blocks
         cache = self.pool.cached_block_hash_to_block._cache
-        values = self.values
-        add_id, add_value, add_prev, add_next, add_key, add_link = (
-            rows.ids.append,
-            rows.values.append,
-            rows.prev.append,
-            rows.next.append,
-            rows.keys.append,
-            rows.links.append,
+        values, sprev, snext, skeys, slinks = (
+            self.values,
+            self.prev,
+            self.next,
+            self.keys,
+            self.links,
         )
+        new = old = 0
         left = PAUSE_EVERY
         for bid in ids:
             if bid <= 0:
@@ -346,11 +340,11 @@ class PoolDigest:
                     link = NOT_MAPPED
                 v = hash((bid, b.ref_cnt, prev, nxt, link, _from_bytes(key, "little")))
             v &= MASK
-            total += v - values[bid]
-            add_id(bid)
-            add_value(v)
-            add_prev(prev)
-            add_next(nxt)
-            add_key(key)
-            add_link(link)
-        return total & MASK
+            new += v
+            old += values[bid]
+            values[bid] = v
+            sprev[bid] = prev
+            snext[bid] = nxt
+            skeys[bid] = key
+            slinks[bid] = link
+        return new, old

@@ -35,18 +35,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterable
 
-from blockpool.mirror.digest import (
-    FIRST,
-    MASK,
-    NOT_MAPPED,
-    NOT_QUEUED,
-    PAUSE_EVERY,
-    Interrupted,
-    PoolDigest,
-    map_link,
-)
-
-_from_bytes = int.from_bytes
+from blockpool.mirror.digest import MASK, Interrupted, PoolDigest
 
 PIECE = 256  # rows read between two looks at whether the pool moved
 NAMED_PAUSE_EVERY = 256  # blocks named between two calls of ``named``'s pause
@@ -186,49 +175,10 @@ class DigestSweep:
         return self.done
 
     def _read_piece(self, ids: list[int], pause: Callable[[], bool]) -> int:
-        """Read invalid rows straight into the digest's columns (the hot
-        loop: ``PoolDigest._read_rows``'s, without staging -- an invalid
-        row's columns are nobody's until it is valid, so a piece thrown
-        away leaves nothing to undo); the sum of their values."""
-        d = self.digest
-        blocks = d.pool.blocks
-        cache = d.pool.cached_block_hash_to_block._cache
-        values, sprev, snext, skeys, slinks = d.values, d.prev, d.next, d.keys, d.links
-        got = 0
-        left = PAUSE_EVERY
-        for bid in ids:
-            left -= 1
-            if not left:
-                left = PAUSE_EVERY
-                if not pause():
-                    raise Interrupted
-            b = blocks[bid]
-            p, x = b.prev_free_block, b.next_free_block
-            prev = NOT_QUEUED if p is None else p.block_id
-            nxt = NOT_QUEUED if x is None else x.block_id
-            k = b.block_hash
-            if k is None:
-                key = None
-                link = NOT_MAPPED
-                v = hash((bid, b.ref_cnt, prev, nxt, NOT_MAPPED, -1))
-            else:
-                key = bytes(k)
-                e = cache.get(k)
-                if e is b:
-                    link = FIRST
-                elif e.__class__ is dict:
-                    link = map_link(cache, k, b)
-                else:
-                    link = NOT_MAPPED
-                v = hash((bid, b.ref_cnt, prev, nxt, link, _from_bytes(key, "little")))
-            v &= MASK
-            got += v
-            values[bid] = v
-            sprev[bid] = prev
-            snext[bid] = nxt
-            skeys[bid] = key
-            slinks[bid] = link
-        return got
+        """Invalid rows read straight into the digest's columns (an invalid
+        row's columns are nobody's until it is valid, so a piece thrown away
+        leaves nothing to undo); the sum of their values."""
+        return self.digest.read_into(ids, pause)[0]
 
     def _commit(self, ids: list[int], got: int) -> None:
         """The rows ``_read_piece`` read are valid: their links kept."""

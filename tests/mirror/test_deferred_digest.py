@@ -314,22 +314,40 @@ def test_the_sender_reads_in_the_engines_forward_pass_and_lets_go_when_it_ends()
     engine.rt.check()
 
 
+def cut_into_pieces(pending: list[Any], rng: random.Random) -> None:
+    """Each pending batch's blocks cut at random places (what a pass too
+    short for a batch does, ``MIN_PIECE``): a piece for each."""
+    pieces = []
+    for part in pending:
+        cuts = sorted({rng.randrange(len(part) + 1) for _ in range(rng.randrange(3))})
+        at = 0
+        for c in [*cuts, len(part)]:
+            if c > at:
+                pieces.append(part[at:c])
+                at = c
+    pending[:] = pieces
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("free_order", ORDERS)
+@pytest.mark.parametrize("pieces", [False, True])
 def test_backlogs_read_in_parts_cut_anywhere_always_end_at_the_pools_digest(
-    seed: int, free_order: str
+    seed: int, free_order: str, pieces: bool
 ) -> None:
     """A sender that falls behind by a random number of batches and whose
-    moments end after a random number of them: every digest it takes is
-    the pool's (the parts read at earlier moments kept, none of their
-    neighbours' old links lost)."""
-    rng = random.Random(seed)
+    moments end after a random number of them (with ``pieces``, each batch
+    also cut into pieces read at moments of their own): every digest it
+    takes is the pool's (the parts read at earlier moments kept, none of
+    their neighbours' old links lost)."""
+    rng = random.Random(seed + (1000 if pieces else 0))
     engine = FollowedEngine(num_blocks=48, free_order=free_order, defer_digest=True)
     f = engine.follower
     may_work = f.passes.may_work
     taken = 0
     for _ in range(60):
         engine.drive(rng.randrange(1, 8))
+        if pieces:
+            cut_into_pieces(f.reader.pending, rng)
         left = rng.choice([0, 1, 2, 5, 10_000])
         parts = len(f.reader.pending)
 
@@ -403,53 +421,6 @@ def test_a_batch_longer_than_a_pass_is_read_in_pieces_that_fit_each_kept(
     assert f.reader.verified is not None and f.reader.verified.ops == f.op_count
     assert f.digest.value == f.reader.verified.value == pool_digest(engine.rt.pool)
     assert f.reader.digests_discarded == 0 and f.reader.sweeps == 0
-    engine.rt.check()
-
-
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("free_order", ORDERS)
-def test_batches_read_in_pieces_cut_anywhere_always_end_at_the_pools_digest(
-    seed: int, free_order: str
-) -> None:
-    """As above, with each batch's blocks also cut into pieces at random
-    places (what a pass too short for a batch does, ``MIN_PIECE``), each
-    piece read at a moment of its own: every digest taken is the pool's."""
-    rng = random.Random(1000 + seed)
-    engine = FollowedEngine(num_blocks=48, free_order=free_order, defer_digest=True)
-    f = engine.follower
-    may_work = f.passes.may_work
-    taken = 0
-    for _ in range(60):
-        engine.drive(rng.randrange(1, 8))
-        pending = f.reader.pending
-        pieces = []
-        for part in pending:
-            cuts = sorted({rng.randrange(len(part) + 1) for _ in range(rng.randrange(3))})
-            at = 0
-            for c in [*cuts, len(part)]:
-                if c > at:
-                    pieces.append(part[at:c])
-                    at = c
-        pending[:] = pieces
-        left = rng.choice([0, 1, 2, 5, 10_000])
-        parts = len(pending)
-
-        def cut(parts: int = parts, left: int = left) -> bool:
-            return parts - len(f.reader.pending) <= left  # back after ``left`` + 1 pieces
-
-        f.passes.may_work = cut  # type: ignore[method-assign]
-        done = f.catch_up()
-        f.passes.may_work = may_work  # type: ignore[method-assign]
-        if done:
-            taken += 1
-            assert f.reader.verified is not None and f.reader.verified.ops == f.op_count
-            assert f.digest.value == f.reader.verified.value == pool_digest(engine.rt.pool)
-        elif parts:
-            assert parts - len(f.reader.pending) == left + 1  # those read are kept
-    assert f.reader.sweeps == 0 and f.reader.digests_discarded == 0
-    assert taken >= 5
-    assert f.catch_up() or not f.reader.pending
-    assert f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
 
 

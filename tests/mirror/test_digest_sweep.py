@@ -138,7 +138,6 @@ def test_naming_and_reading_stop_when_the_engine_comes_back_and_resume_later(
     pool's."""
     monkeypatch.setattr(digest_sweep, "NAMED_PAUSE_EVERY", 4)
     monkeypatch.setattr(digest_module, "PAUSE_EVERY", 4)
-    monkeypatch.setattr(digest_sweep, "PAUSE_EVERY", 4)  # (its rows read as digest.py's)
     engine = FollowedEngine(num_blocks=128, defer_digest=True)
     f = engine.follower
     engine.drive(10)
