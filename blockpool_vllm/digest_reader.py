@@ -63,7 +63,7 @@ class DigestReader:
         self.passes = passes
         self.pending: list[array[int]] = []  # batches' blocks not in the digest yet
         # beyond this many blocks pending, the digest is rebuilt by a sweep
-        self.max_behind_rows = max(MIN_BEHIND_ROWS, len(digest.values) // BEHIND_FRACTION)
+        self.max_behind_rows = max(MIN_BEHIND_ROWS, digest.n // BEHIND_FRACTION)
         self.verified: Digest | None = None  # the last taken, for the next batch
         # the digest rebuilt in pieces after the reader fell behind, a reset,
         # or a call not followed
@@ -150,6 +150,7 @@ class DigestReader:
                 self.digests_discarded += 1
                 if not self.passes.forwarding:
                     self.windows_overrun += 1
+                    self._slower(take, self.passes.ended - t)
                 return False
             self.digest.commit(staged)
             self._done_with(take)
@@ -159,6 +160,17 @@ class DigestReader:
             if pending and not pause():  # the engine came back: the rest at the next moment
                 return False
         return True
+
+    def _slower(self, take: int, ns: int) -> None:
+        """A reading of ``take`` blocks had not ended ``ns`` after it began,
+        when the engine came back: at least ``ns / take`` a block, counted
+        where that is slower than measured -- else the speed, measured on the
+        readings kept only, would leave the slow ones out and plan too long
+        again."""
+        if take >= 64 and ns > 0:
+            at_least = ns / take
+            if at_least > self.read_ns_per_block:
+                self.read_ns_per_block += (at_least - self.read_ns_per_block) * 0.25
 
     def _done_with(self, taken: int) -> None:
         """The first ``taken`` blocks of the first pending part are read."""

@@ -32,7 +32,7 @@ queue's sentinels have block id -1), the map's ``_cache``.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from itertools import compress
 from typing import NamedTuple
 
@@ -49,31 +49,30 @@ NOT_MAPPED = -2  # a block's map link when it is not in the map
 FIRST = -1  # ... when it is the first (or only) block of its key
 _from_bytes = int.from_bytes
 PAUSE_EVERY = 64  # blocks read between two calls of a reading's pause
+# A block's row in ``PoolDigest.rows``, one array for all: a row's fields lie
+# side by side (one cache line read, not one per column: reading is bound by
+# memory, measured).  The value is kept as ``hash`` gives it (signed: the sum
+# mod 2**64 is the same); the key's fingerprint (its ``hash``, salted per
+# process: this process's own) tells a changed key without touching the
+# key kept in ``PoolDigest.keys``.
+ROW = 5
+VALUE, PREV, NEXT, LINK, KEY_FP = range(ROW)  # (the hot loops below say 0..4)
+NO_KEY = -1  # the fingerprint of no key (``hash`` never gives -1)
+EMPTY_ROW = (0, NOT_QUEUED, NOT_QUEUED, NOT_MAPPED, NO_KEY)
+STAGED = 1 + ROW  # a staged row: the block's id, then its row
 
 
 class Interrupted(Exception):
     """A staged reading stopped by its pause (the pool may have changed)."""
 
 
-class Rows:
-    """Blocks as read: id, value, links and key, in columns (arrays: nothing
-    here for the garbage collector to walk, however many blocks)."""
-
-    __slots__ = ("ids", "keys", "links", "next", "prev", "values")
-
-    def __init__(self) -> None:
-        self.ids = array("i")
-        self.values = array("Q")
-        self.prev = array("i")
-        self.next = array("i")
-        self.keys: list[bytes | None] = []
-        self.links = array("i")  # map links
-
-
 class Staged(NamedTuple):
-    """What ``PoolDigest.stage`` read: the blocks' rows and the new total."""
+    """What ``PoolDigest.stage`` read: the blocks' rows (``STAGED`` ints a
+    block, in one array: nothing for the garbage collector to walk), the keys
+    of those whose key changed, and the new total."""
 
-    rows: Rows
+    rows: array[int]
+    keys: dict[int, bytes | None]
     total: int
 
 
@@ -113,15 +112,6 @@ def _read(
     return b.ref_cnt, _link(b.prev_free_block), _link(b.next_free_block), link, key
 
 
-def _then(first: Iterable[int], more: list[int]) -> Iterator[int]:
-    """``first``, then ``more`` -- including what is added to it meanwhile."""
-    yield from first
-    i = 0
-    while i < len(more):
-        yield more[i]
-        i += 1
-
-
 def format_digest(total: int) -> str:
     return f"{total & MASK:016x}"
 
@@ -142,11 +132,9 @@ class PoolDigest:
     def __init__(self, pool: ReadPool) -> None:
         self.pool = pool
         n = len(pool.blocks)
-        self.values = array("Q", bytes(8 * n))
-        self.prev = array("i", [NOT_QUEUED]) * n
-        self.next = array("i", [NOT_QUEUED]) * n
-        self.keys: list[bytes | None] = [None] * n
-        self.links = array("i", [NOT_MAPPED]) * n
+        self.n = n
+        self.rows = array("q", EMPTY_ROW) * n  # block id * ROW: its row
+        self.keys: list[bytes | None] = [None] * n  # the key each row was read with
         self.total = n
         self.refresh()
 
@@ -154,10 +142,17 @@ class PoolDigest:
     def value(self) -> str:
         return format_digest(self.total)
 
+    def row(self, bid: int) -> tuple[int, int, int, int]:
+        """(value, prev, next, map link) of a block as last read."""
+        i = bid * ROW
+        r = self.rows
+        return r[i], r[i + PREV], r[i + NEXT], r[i + LINK]
+
     def refresh(self) -> None:
         """Every block re-read (after a reset, a restore: O(pool))."""
-        n = len(self.pool.blocks)
-        self.values[:] = array("Q", bytes(8 * len(self.values)))  # none counted yet
+        n = self.n
+        self.rows[:] = array("q", EMPTY_ROW) * n  # none counted yet
+        self.keys[:] = [None] * n
         new, _ = self.read_into(range(1, n))
         self.total = (n + new) & MASK
 
@@ -174,26 +169,14 @@ class PoolDigest:
 
     def commit(self, staged: Staged) -> None:
         """Take what ``stage`` read (nothing read it since: see ``stage``)."""
-        self.store(staged.rows)
+        rows, got = self.rows, staged.rows
+        for j in range(0, len(got), STAGED):
+            i = got[j] * ROW
+            rows[i : i + ROW] = got[j + 1 : j + STAGED]
+        keys = self.keys
+        for bid, key in staged.keys.items():
+            keys[bid] = key
         self.total = staged.total
-
-    def store(self, r: Rows) -> None:
-        """Keep blocks' rows as read (the total is the caller's)."""
-        values, sprev, snext, skeys, slinks = (
-            self.values,
-            self.prev,
-            self.next,
-            self.keys,
-            self.links,
-        )
-        for bid, v, prev, nxt, key, link in zip(
-            r.ids, r.values, r.prev, r.next, r.keys, r.links, strict=True
-        ):
-            values[bid] = v
-            sprev[bid] = prev
-            snext[bid] = nxt
-            skeys[bid] = key
-            slinks[bid] = link
 
     def stage(self, ids: Iterable[int], pause: Callable[[], bool] | None = None) -> Staged:
         """Read what the blocks named by the pool calls since the last update
@@ -214,24 +197,20 @@ class PoolDigest:
         moment of its own (a later call's blocks are named again later):
         a part's reading then takes the neighbours' old links with it."""
         blocks = self.pool.blocks
-        n = len(blocks)
+        n = self.n
         cache = self.pool.cached_block_hash_to_block._cache
-        values, sprev, snext, skeys = self.values, self.prev, self.next, self.keys
+        rows, skeys = self.rows, self.keys
         total = self.total
-        rows = Rows()
-        add_id, add_value, add_prev, add_next, add_key, add_link = (
-            rows.ids.append,
-            rows.values.append,
-            rows.prev.append,
-            rows.next.append,
-            rows.keys.append,
-            rows.links.append,
-        )
+        got = array("q")
+        put = got.extend
+        keys: dict[int, bytes | None] = {}
         done: set[int] = set()
-        more: list[int] = []  # found on the way: read after the named, the same way
-        add_more, extend_more = more.append, more.extend
+        # the named, then the blocks found on the way (read the same way):
+        # a list read while it grows
+        work = list(ids)
+        add_more, extend_more = work.append, work.extend
         left = PAUSE_EVERY
-        for bid in _then(ids, more):
+        for bid in work:
             if bid in done or not 0 < bid < n:
                 continue
             done.add(bid)
@@ -245,26 +224,26 @@ class PoolDigest:
             p, x = b.prev_free_block, b.next_free_block
             prev = NOT_QUEUED if p is None else p.block_id
             nxt = NOT_QUEUED if x is None else x.block_id
-            old = sprev[bid]
+            i = bid * ROW
+            old = rows[i + 1]
             if prev != old:  # both the old and the new neighbour changed links
                 if old > 0:
                     add_more(old)
                 if prev > 0:
                     add_more(prev)
-            old = snext[bid]
+            old = rows[i + 2]
             if nxt != old:
                 if old > 0:
                     add_more(old)
                 if nxt > 0:
                     add_more(nxt)
             k = b.block_hash
-            okey = skeys[bid]
             if k is None:
-                key = None
+                fp = NO_KEY
                 link = NOT_MAPPED
                 v = hash((bid, b.ref_cnt, prev, nxt, NOT_MAPPED, -1))
             else:
-                key = bytes(k)
+                fp = hash(k)
                 e = cache.get(k)
                 if e is b:
                     link = FIRST
@@ -273,23 +252,20 @@ class PoolDigest:
                     extend_more(e)  # the block after it may have a new link
                 else:
                     link = NOT_MAPPED
-                v = hash((bid, b.ref_cnt, prev, nxt, link, _from_bytes(key, "little")))
-            if okey is not None and okey != key:  # a key it left: the block after it
-                e = cache.get(okey)  # has a new link
-                if e is not None:
-                    if e.__class__ is dict:
-                        extend_more(e)
-                    else:
-                        add_more(e.block_id)
-            v &= MASK
-            total += v - values[bid]
-            add_id(bid)
-            add_value(v)
-            add_prev(prev)
-            add_next(nxt)
-            add_key(key)
-            add_link(link)
-        return Staged(rows, total & MASK)
+                v = hash((bid, b.ref_cnt, prev, nxt, link, _from_bytes(k, "little")))
+            if fp != rows[i + 4]:  # a new key (kept), or a key it left:
+                okey = skeys[bid]  # the block after it there has a new link
+                if okey is not None:
+                    e = cache.get(okey)
+                    if e is not None:
+                        if e.__class__ is dict:
+                            extend_more(e)
+                        else:
+                            add_more(e.block_id)
+                keys[bid] = None if k is None else bytes(k)
+            total += v - rows[i]
+            put((bid, v, prev, nxt, link, fp))
+        return Staged(got, keys, total & MASK)
 
     def read_into(
         self, ids: Iterable[int], pause: Callable[[], bool] | None = None
@@ -302,13 +278,7 @@ class PoolDigest:
         invalid rows, blockpool/mirror/digest_sweep.py)."""
         blocks = self.pool.blocks
         cache = self.pool.cached_block_hash_to_block._cache
-        values, sprev, snext, skeys, slinks = (
-            self.values,
-            self.prev,
-            self.next,
-            self.keys,
-            self.links,
-        )
+        rows, skeys = self.rows, self.keys
         new = old = 0
         left = PAUSE_EVERY
         for bid in ids:
@@ -326,11 +296,11 @@ class PoolDigest:
             nxt = NOT_QUEUED if x is None else x.block_id
             k = b.block_hash
             if k is None:
-                key = None
+                fp = NO_KEY
                 link = NOT_MAPPED
                 v = hash((bid, b.ref_cnt, prev, nxt, NOT_MAPPED, -1))
             else:
-                key = bytes(k)
+                fp = hash(k)
                 e = cache.get(k)
                 if e is b:
                     link = FIRST
@@ -338,13 +308,15 @@ class PoolDigest:
                     link = map_link(cache, k, b)
                 else:
                     link = NOT_MAPPED
-                v = hash((bid, b.ref_cnt, prev, nxt, link, _from_bytes(key, "little")))
-            v &= MASK
+                v = hash((bid, b.ref_cnt, prev, nxt, link, _from_bytes(k, "little")))
+            i = bid * ROW
             new += v
-            old += values[bid]
-            values[bid] = v
-            sprev[bid] = prev
-            snext[bid] = nxt
-            skeys[bid] = key
-            slinks[bid] = link
+            old += rows[i]
+            if fp != rows[i + 4]:
+                skeys[bid] = None if k is None else bytes(k)
+            rows[i] = v
+            rows[i + 1] = prev
+            rows[i + 2] = nxt
+            rows[i + 3] = link
+            rows[i + 4] = fp
         return new, old

@@ -35,7 +35,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterable
 
-from blockpool.mirror.digest import MASK, Interrupted, PoolDigest
+from blockpool.mirror.digest import LINK, MASK, NEXT, PREV, ROW, Interrupted, PoolDigest
 
 PIECE = 256  # rows read between two looks at whether the pool moved
 NAMED_PAUSE_EVERY = 256  # blocks named between two calls of ``named``'s pause
@@ -45,7 +45,7 @@ _NONE = -3
 class DigestSweep:
     def __init__(self, digest: PoolDigest) -> None:
         self.digest = digest
-        n = len(digest.values)
+        n = digest.n
         self.n = n
         self.valid = bytearray(n)
         self.valid_sum = 0  # the valid rows' values
@@ -70,16 +70,17 @@ class DigestSweep:
     def _invalidate(self, bid: int) -> None:
         if bid <= 0 or not self.valid[bid]:
             return
-        d = self.digest
+        rows = self.digest.rows
+        i = bid * ROW
         self.valid[bid] = 0
-        self.valid_sum -= d.values[bid]
-        t = d.next[bid]
+        self.valid_sum -= rows[i]
+        t = rows[i + NEXT]
         if t > 0 and self.back_next[t] == bid:
             self.back_next[t] = _NONE
-        t = d.prev[bid]
+        t = rows[i + PREV]
         if t > 0 and self.back_prev[t] == bid:
             self.back_prev[t] = _NONE
-        t = d.links[bid]
+        t = rows[i + LINK]
         if t > 0 and self.back_link[t] == bid:
             self.back_link[t] = _NONE
         self.again.add(bid)
@@ -94,7 +95,7 @@ class DigestSweep:
         d = self.digest
         blocks = d.pool.blocks
         n = self.n
-        valid, dprev, dnext = self.valid, d.prev, d.next
+        valid, rows = self.valid, d.rows
         back_next, back_prev, back_link = self.back_next, self.back_prev, self.back_link
         out = self._invalidate
         self.moments += 1
@@ -109,8 +110,9 @@ class DigestSweep:
                     if not pause():
                         raise Interrupted
             if valid[y]:
-                out(dprev[y])
-                out(dnext[y])
+                i = y * ROW
+                out(rows[i + PREV])
+                out(rows[i + NEXT])
                 out(y)
             t = back_next[y]
             if t > 0:
@@ -182,19 +184,19 @@ class DigestSweep:
 
     def _commit(self, ids: list[int], got: int) -> None:
         """The rows ``_read_piece`` read are valid: their links kept."""
-        d = self.digest
-        sprev, snext, slinks = d.prev, d.next, d.links
+        rows = self.digest.rows
         valid, back_next, back_prev = self.valid, self.back_next, self.back_prev
         back_link = self.back_link
         for bid in ids:
             valid[bid] = 1
-            t = snext[bid]
+            i = bid * ROW
+            t = rows[i + NEXT]
             if t > 0:
                 back_next[t] = bid
-            t = sprev[bid]
+            t = rows[i + PREV]
             if t > 0:
                 back_prev[t] = bid
-            t = slinks[bid]
+            t = rows[i + LINK]
             if t > 0:
                 back_link[t] = bid
         self.valid_sum += got
