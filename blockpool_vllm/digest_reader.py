@@ -139,8 +139,12 @@ class DigestReader:
             if not take:
                 return False  # would end after the engine is back: at its next pass
             first = False
+            joined = 1
             if take < len(part):  # a part read in pieces: each the blocks it names then
                 part = part[:take]
+            elif len(pending) > 1 and self.passes.deadline:
+                part, joined = self._joined(part)
+                take = len(part)
             t = _now()
             try:
                 staged = self.digest.stage(part, pause)
@@ -150,10 +154,12 @@ class DigestReader:
                 self.digests_discarded += 1
                 if not self.passes.forwarding:
                     self.windows_overrun += 1
-                    self._slower(take, self.passes.ended - t)
                 return False
             self.digest.commit(staged)
-            self._done_with(take)
+            if joined > 1:
+                del pending[:joined]
+            else:
+                self._done_with(take)
             if take >= 64:  # (a small reading's time is mostly fixed costs)
                 spent = (_now() - t) / take
                 self.read_ns_per_block += (spent - self.read_ns_per_block) * 0.25
@@ -161,16 +167,29 @@ class DigestReader:
                 return False
         return True
 
-    def _slower(self, take: int, ns: int) -> None:
-        """A reading of ``take`` blocks had not ended ``ns`` after it began,
-        when the engine came back: at least ``ns / take`` a block, counted
-        where that is slower than measured -- else the speed, measured on the
-        readings kept only, would leave the slow ones out and plan too long
-        again."""
-        if take >= 64 and ns > 0:
-            at_least = ns / take
-            if at_least > self.read_ns_per_block:
-                self.read_ns_per_block += (at_least - self.read_ns_per_block) * 0.25
+    def _joined(self, part: array[int]) -> tuple[array[int], int]:
+        """``part`` (the first pending batch, whole) and the whole batches
+        after it that the time planned leaves room for, up to ``MAX_PIECE``
+        blocks, as one reading -- its fixed costs paid once, and a block
+        several of them name read once (a reader behind reads a decoding
+        engine's small batches, which name the same blocks again) -- and how
+        many batches it joined.  As exact as batch by batch: a reading takes
+        the blocks named since the last, however many batches named them
+        (``PoolDigest.stage``)."""
+        left_ns = self.passes.deadline - _now()
+        room = min(MAX_PIECE, int(left_ns / max(self.read_ns_per_block, 1.0)))
+        batches = self.pending
+        n = len(part)
+        joined = 1
+        while joined < len(batches) and n + len(batches[joined]) <= room:
+            n += len(batches[joined])
+            joined += 1
+        if joined == 1:
+            return part, 1
+        whole = array("i", part)
+        for more in batches[1:joined]:
+            whole.extend(more)
+        return whole, joined
 
     def _done_with(self, taken: int) -> None:
         """The first ``taken`` blocks of the first pending part are read."""

@@ -47,7 +47,6 @@ class ForwardPasses:
         self.count = 0  # passes begun
         self._turn_seen = 0
         self.began = 0  # perf_counter_ns at the last ``begins``
-        self.ended = 0  # ... and at the last ``ends``
         self.lengths = array("q", bytes(8 * KEPT))  # the last passes' lengths (ns), a ring
         self.deadline = 0  # the plugin's thread's: no work begun that would end after it
         # the plugin's thread sleeps a moment every ~0.1 ms of work, so that an
@@ -70,10 +69,8 @@ class ForwardPasses:
     def ends(self) -> None:
         """The engine's thread is back in the scheduler (any hook's entry)."""
         if self.forwarding:
-            t = _now()
-            self.ended = t  # (before ``forwarding``: the plugin's thread reads it after)
             self.forwarding = False
-            self.lengths[self.count % KEPT] = t - self.began
+            self.lengths[self.count % KEPT] = _now() - self.began
 
     def may_work(self) -> bool:
         """Whether the plugin's thread may work on the pool now without

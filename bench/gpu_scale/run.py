@@ -346,8 +346,13 @@ def table(doc: dict[str, Any]) -> str:
             lines.append(
                 f"{label:<26}{a['sched'][key]:>10.3f}{b['sched'][key]:>10.3f}{d[key]:>+10.3f}"
             )
-        x, y = a["sched_no_gc"]["p50_ms"], b["sched_no_gc"]["p50_ms"]
-        lines.append(f"{'scheduler p50, no-GC steps':<26}{x:>10.3f}{y:>10.3f}{y - x:>+10.3f}")
+        # (vLLM's own young collections: at ~6,000 young objects, 300 requests'
+        # token lists among them, one takes 20-60 ms, plain or not, and lands in
+        # the measured steps of either variant by the allocations' timing)
+        for q in ("p50_ms", "max_ms"):
+            x, y = a["sched_no_gc"][q], b["sched_no_gc"][q]
+            label = f"scheduler {q[:-3]}, no-GC steps"
+            lines.append(f"{label:<26}{x:>10.3f}{y:>10.3f}{y - x:>+10.3f}")
         for label, part in (
             ("  schedule() p50", "schedule"),
             ("  update_from_output p50", "update"),
