@@ -1,8 +1,12 @@
-"""A reader behind, in a planned forward pass, reads the small batches
-pending as one reading where the time planned leaves room for them
-(blockpool_vllm/digest_reader.py, ``DigestReader._joined``): one stage of
-the pool for all of them, a block several name read once, and the digest
-the pool's -- as exact as reading them batch by batch."""
+"""The plugin's thread at work in the engine's forward passes
+(blockpool_vllm/digest_reader.py, follower.py):
+
+* a reader behind, in a planned pass, reads the small batches pending as
+  one reading where the time planned leaves room for them
+  (``DigestReader._joined``): one stage of the pool for all of them, a block
+  several name read once, and the digest the pool's -- as exact as reading
+  them batch by batch;
+* preparing a long batch for the wire lets the engine in between calls."""
 
 from __future__ import annotations
 
@@ -90,4 +94,26 @@ def test_only_whole_batches_the_plan_has_room_for_are_joined(room: int) -> None:
     f.passes.deadline = 0  # an idle engine: the rest batch by batch
     assert f.catch_up() == (joined < 4) and not f.reader.pending  # (nothing left: nothing due)
     assert f.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
+
+
+def test_the_senders_thread_lets_the_engine_in_while_it_prepares_a_long_batch() -> None:
+    """Preparing a batch (its calls' blocks read into wire operations, off
+    the engine's thread) paces between two calls, as reading the digest
+    does: a step naming thousands of blocks is milliseconds of work, and an
+    engine back from its pass meanwhile waits for the interpreter."""
+    engine = FollowedEngine(num_blocks=1024, defer_digest=True, windowed=True)
+    f = engine.follower
+    paced: list[int] = []
+    pace = f.passes.pace
+    f.passes.pace = lambda: paced.append(len(paced)) is None  # type: ignore[assignment,method-assign]
+    got = [engine.rt.apply(AllocateOp(num_blocks=3))["block_ids"] for _ in range(4)]
+    engine.rt.apply(FreeOp(block_ids=got[0]))
+    f.flush()  # (FollowedEngine's offer prepares it, as the sender's thread would)
+    assert len(paced) == 5  # once before each of the five calls
+    assert [len(p) for p in f.reader.pending] == [15]
+    assert [op.ids for op in engine.batches[-1].ops] == [*got, got[0]]
+    f.passes.pace = pace  # type: ignore[method-assign]
+    f.passes.last_flush = 0.0  # the engine idle since: the digest read
+    assert f.catch_up() and f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()
