@@ -62,6 +62,11 @@ class DigestReader:
         self.digest = digest
         self.passes = passes
         self.pending: list[array[int]] = []  # batches' blocks not in the digest yet
+        # the blocks in a pending part: a block a later batch names again while
+        # it waits is not added again -- read once, after every change those
+        # batches named (a reader behind reads a fifth fewer blocks 16 batches
+        # behind on the GPU-scale bench, more the further behind it is)
+        self.waiting = bytearray(digest.n)
         # beyond this many blocks pending, the digest is rebuilt by a sweep
         self.max_behind_rows = max(MIN_BEHIND_ROWS, digest.n // BEHIND_FRACTION)
         self.verified: Digest | None = None  # the last taken, for the next batch
@@ -86,12 +91,30 @@ class DigestReader:
         return bool(self.pending) or self.sweep_due or self.sweep is not None
 
     def add(self, touched: list[int]) -> None:
-        """A prepared batch's blocks (-1: a reset, -2: a call not followed)."""
-        if touched:  # (an array: nothing for the garbage collector to walk)
-            self.pending.append(array("i", touched))
+        """A prepared batch's blocks (-1: a reset, -2: a call not followed),
+        those not waiting already."""
+        if touched:
+            waiting = self.waiting
+            fresh = array("i")  # (an array: nothing for the garbage collector to walk)
+            keep = fresh.append
+            for i in touched:
+                if i <= 0:
+                    keep(i)  # a reset, a call not followed (the null block: ignored)
+                elif not waiting[i]:
+                    waiting[i] = 1
+                    keep(i)
+            if fresh:
+                self.pending.append(fresh)
         if self.too_far_behind():  # more to read than the pool: read whole, in pieces
-            self.pending.clear()
+            self.take_pending()
             self.sweep_due = True
+
+    def take_pending(self) -> list[int]:
+        """The blocks of every pending part (in order), none pending since."""
+        ids = [i for part in self.pending for i in part]
+        self.pending.clear()
+        self.waiting = bytearray(len(self.waiting))
+        return ids
 
     def too_far_behind(self) -> bool:
         """Whether the blocks of the batches not read yet are more than
@@ -156,10 +179,7 @@ class DigestReader:
                     self.windows_overrun += 1
                 return False
             self.digest.commit(staged)
-            if joined > 1:
-                del pending[:joined]
-            else:
-                self._done_with(take)
+            self._done_with(take, joined)
             if take >= 64:  # (a small reading's time is mostly fixed costs)
                 spent = (_now() - t) / take
                 self.read_ns_per_block += (spent - self.read_ns_per_block) * 0.25
@@ -191,11 +211,16 @@ class DigestReader:
             whole.extend(more)
         return whole, joined
 
-    def _done_with(self, taken: int) -> None:
-        """The first ``taken`` blocks of the first pending part are read."""
-        pending = self.pending
-        if taken >= len(pending[0]):
-            del pending[0]
+    def _done_with(self, taken: int, parts: int = 1) -> None:
+        """The first ``taken`` blocks of the first ``parts`` pending parts
+        (all of them, for more than one) are read: waiting no more."""
+        pending, waiting = self.pending, self.waiting
+        for part in pending[:parts]:
+            for i in part[:taken] if parts == 1 else part:
+                if i > 0:
+                    waiting[i] = 0
+        if parts > 1 or taken >= len(pending[0]):
+            del pending[:parts]
         else:
             pending[0] = pending[0][taken:]
 
@@ -204,7 +229,7 @@ class DigestReader:
         self.sweep_due = False  # (first: a flag set from now on starts another)
         self.sweep = DigestSweep(self.digest)
         self.sweeps += 1
-        self.pending.clear()
+        self.take_pending()
 
     def _sweep_on(self, moved: Callable[[], bool], pause: Callable[[], bool]) -> bool:
         """While a sweep rebuilds the digest: the blocks named since the last

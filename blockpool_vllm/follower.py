@@ -485,8 +485,7 @@ class PoolFollower:
             self.drops += 1
             if deferred:  # never prepared by the sender: its blocks are read here
                 batch.ops, touched = resolve(batch.ops)
-                if touched:
-                    self.reader.pending.append(array("i", touched))
+                self.reader.add(touched)
                 self.inflight.pop()
         # last: catch_up reads nothing before this batch's blocks are in flight or pending
         self.flushed_ops = self.op_count
@@ -510,10 +509,7 @@ class PoolFollower:
     def _update_digest(self, touched: list[int]) -> None:
         """The digest brought up to date on this thread (the engine's), over
         the blocks of the batches the sender's thread had not read yet too."""
-        pending = self.reader.pending
-        for ids in pending:
-            touched.extend(ids)
-        pending.clear()
+        touched.extend(self.reader.take_pending())
         if touched:
             if -2 in touched:  # something not followed: every block re-read
                 self.digest.refresh()

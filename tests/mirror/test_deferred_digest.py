@@ -235,7 +235,9 @@ def test_a_sender_that_falls_behind_reads_the_backlog_a_batch_at_a_time_and_keep
 
 
 def test_a_backlog_beyond_a_share_of_the_pool_is_swept_instead_never_on_the_engine() -> None:
-    engine = FollowedEngine(defer_digest=True)
+    # (a pool larger than the blocks 120 steps name: each waits once, however
+    # often named -- a small one's blocks would all be waiting after a few)
+    engine = FollowedEngine(num_blocks=1024, defer_digest=True)
     f = engine.follower
     assert f.reader.max_behind_rows == MIN_BEHIND_ROWS  # a small pool: the floor
     f.reader.max_behind_rows = 200  # (as a GPU pool's quarter is to its steps)
