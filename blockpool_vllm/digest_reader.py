@@ -106,15 +106,19 @@ class DigestReader:
             if fresh:
                 self.pending.append(fresh)
         if self.too_far_behind():  # more to read than the pool: read whole, in pieces
-            self.take_pending()
+            self.clear_pending()
             self.sweep_due = True
 
     def take_pending(self) -> list[int]:
         """The blocks of every pending part (in order), none pending since."""
         ids = [i for part in self.pending for i in part]
+        self.clear_pending()
+        return ids
+
+    def clear_pending(self) -> None:
+        """None pending (their blocks moot: a sweep reads every row)."""
         self.pending.clear()
         self.waiting = bytearray(len(self.waiting))
-        return ids
 
     def too_far_behind(self) -> bool:
         """Whether the blocks of the batches not read yet are more than
@@ -229,7 +233,7 @@ class DigestReader:
         self.sweep_due = False  # (first: a flag set from now on starts another)
         self.sweep = DigestSweep(self.digest)
         self.sweeps += 1
-        self.take_pending()
+        self.clear_pending()
 
     def _sweep_on(self, moved: Callable[[], bool], pause: Callable[[], bool]) -> bool:
         """While a sweep rebuilds the digest: the blocks named since the last

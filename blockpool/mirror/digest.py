@@ -142,12 +142,6 @@ class PoolDigest:
     def value(self) -> str:
         return format_digest(self.total)
 
-    def row(self, bid: int) -> tuple[int, int, int, int]:
-        """(value, prev, next, map link) of a block as last read."""
-        i = bid * ROW
-        r = self.rows
-        return r[i], r[i + PREV], r[i + NEXT], r[i + LINK]
-
     def refresh(self) -> None:
         """Every block re-read (after a reset, a restore: O(pool))."""
         n = self.n
