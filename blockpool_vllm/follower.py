@@ -38,6 +38,7 @@ from blockpool.mirror.protocol import (
     Batch,
     Cache,
     Digest,
+    DigestReading,
     Evict,
     Free,
     Op,
@@ -562,6 +563,25 @@ class PoolFollower:
             if self.digest_ops != self.flushed_ops or self.reader.pending or self.inflight:
                 return None  # the engine moved since: the next catch_up has it
             return Digest(self.digest_ops, self.digest.value)
+
+    def reading(self) -> DigestReading | None:
+        """How far the deferred digest is behind, for the handshake and a
+        beat (the sender's thread: the one that reads); None when the digest
+        is read on the engine's thread."""
+        if not self.defer_digest:
+            return None
+        r = self.reader
+        sweep = r.sweep
+        if sweep is not None:
+            left: int | None = max(0, sweep.left)
+        else:
+            left = self.digest.n if r.sweep_due else None
+        return DigestReading(
+            behind=sum(map(len, list(r.pending))),
+            sweep_left=left,
+            window_us=self.passes.shortest_us(),
+            taken=r.digests_taken,
+        )
 
     def cost_quantiles(self) -> tuple[float, float, float] | None:
         """The follower's time per step on the engine's thread (µs): p50 and

@@ -72,6 +72,14 @@ class ForwardPasses:
             self.forwarding = False
             self.lengths[self.count % KEPT] = _now() - self.began
 
+    def shortest_us(self) -> float | None:
+        """The shortest of the last ``KEPT`` passes (µs): the time the
+        plugin's thread plans with (about 0: an engine that never waits for
+        its passes); None before so many passes, or with no hooks."""
+        if self.window is None or self.count <= KEPT:
+            return None
+        return min(self.lengths) / 1000.0
+
     def may_work(self) -> bool:
         """Whether the plugin's thread may work on the pool now without
         taking the interpreter from the engine: its forward pass, or idle."""

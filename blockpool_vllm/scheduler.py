@@ -242,6 +242,7 @@ class _Mirrored:
             lambda: (follower.step, follower.cost_ns),
             cost_us=follower.cost_quantiles,
             digest=follower.latest_digest,
+            reading=follower.reading,
             background=follower.catch_up,
             prepare=follower.prepare,
             turn=follower.passes.wait_turn if deferred else None,

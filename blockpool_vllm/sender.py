@@ -119,6 +119,7 @@ class Sender:
         *,
         cost_us: Callable[[], tuple[float, float, float] | None] = lambda: None,
         digest: Callable[[], wire.Digest | None] = lambda: None,
+        reading: Callable[[], wire.DigestReading | None] = lambda: None,
         background: Callable[[], object] = lambda: None,
         prepare: Callable[[wire.Batch], wire.Batch] = lambda b: b,
         turn: Callable[[float], bool] | None = None,
@@ -141,6 +142,7 @@ class Sender:
         self._cost = cost  # (steps, ns): the follower's own cost on the engine's thread
         self._cost_us = cost_us  # its p50, p99, max per step (µs)
         self._digest = digest  # the engine's newest digest, for a beat
+        self._reading = reading  # how far behind the engine's digest is, for a beat
         self._background = background  # the follower's work off the engine's thread
         self._prepare = prepare  # a batch's operations read from the blocks (the follower)
         # waits for the engine's forward pass (or idleness): the thread works
@@ -237,6 +239,7 @@ class Sender:
             restarts=self.restarts,
             bad_requests=self.bad_requests,
             cost_us=self._cost_us(),
+            reading=self._reading(),
         )
 
     def beat(self) -> wire.Beat:
@@ -254,6 +257,7 @@ class Sender:
             bad_requests=self.bad_requests,
             boot=self._hello().boot,  # the run of the plugin (a mirror drops others')
             digest=self._digest(),
+            reading=self._reading(),
         )
 
     def _handled(self, batch: wire.Batch) -> None:

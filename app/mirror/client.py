@@ -254,6 +254,8 @@ class MirrorClient:
         st.hello = hello
         if hello.cost_us is not None:
             st.engine_cost_us = hello.cost_us
+        if hello.reading is not None:
+            st.engine_reading = hello.reading
         if self.boot is None:
             self.boot = hello.boot
         st.shape_problem = self._shape(hello)
@@ -302,6 +304,8 @@ class MirrorClient:
         st.engine_steps, st.engine_cost_ns = beat.steps, beat.cost_ns
         if beat.cost_us is not None:
             st.engine_cost_us = beat.cost_us
+        if beat.reading is not None:
+            st.engine_reading = beat.reading
         if self.what_if is not None:  # idle: the what-if may start from its counters
             self.what_if.begin(beat.stats)
         if self.applier.synced and beat.ops > self.applier.next_op:

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from blockpool.common.figures import Figures
-from blockpool.mirror.protocol import Hello
+from blockpool.mirror.protocol import DigestReading, Hello
 
 STALE_AFTER_S = 3.0  # no message (batch, beat or hello) for this long: stale
 REFUSED_WHY = (
@@ -89,6 +89,8 @@ class MirrorStatus:
     engine_cost_ns: int = 0
     # the plugin's time per step on the engine's thread (µs): p50, p99, max
     engine_cost_us: tuple[float, float, float] | None = None
+    # how far the plugin's digest is behind its engine (None: not said)
+    engine_reading: DigestReading | None = None
     last_problem: str | None = None
     last_problem_at: float | None = None
     lags_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
@@ -202,20 +204,24 @@ class MirrorStatus:
 
     def figures(self) -> dict[str, float]:
         v = self.view()
-        return {
-            "exact": float(v["exact"]),
-            "synced": float(self.synced),
-            "stale": float(v["stale"]),
-            "behind": float(v["behind"]),
-            "backlog": float(v["backlog"]),
-            "resyncs_total": float(self.resyncs),
-            "rebuilds_total": float(self.rebuilds),
-            "gaps_total": float(self.gaps),
-            "divergences_total": float(self.divergences),
-            "unauthenticated_total": float(self.unauthenticated),
-            "stale_discarded_total": float(self.stale_discarded),
-            "backlog_dropped_total": float(self.backlog_dropped),
-        } | self._plugin_figures()
+        return (
+            {
+                "exact": float(v["exact"]),
+                "synced": float(self.synced),
+                "stale": float(v["stale"]),
+                "behind": float(v["behind"]),
+                "backlog": float(v["backlog"]),
+                "resyncs_total": float(self.resyncs),
+                "rebuilds_total": float(self.rebuilds),
+                "gaps_total": float(self.gaps),
+                "divergences_total": float(self.divergences),
+                "unauthenticated_total": float(self.unauthenticated),
+                "stale_discarded_total": float(self.stale_discarded),
+                "backlog_dropped_total": float(self.backlog_dropped),
+            }
+            | self._plugin_figures()
+            | self._reading_figures()
+        )
 
     def _plugin_figures(self) -> dict[str, float]:
         """The plugin's time per step, once a beat said it (absent before: not known)."""
@@ -224,6 +230,35 @@ class MirrorStatus:
             return {}
         names = ("p50", "p99", "max")
         return {f"plugin_step_{q}_us": float(v) for q, v in zip(names, cost, strict=True)}
+
+    def _reading_figures(self) -> dict[str, float]:
+        """The plugin's digest's progress, once the engine said it (absent
+        before, and the forward pass while too few were seen: not known)."""
+        r = self.engine_reading
+        if r is None:
+            return {}
+        out = {
+            "plugin_digest_behind_blocks": float(r.behind),
+            "plugin_digests_taken_total": float(r.taken),
+        }
+        if r.window_us is not None:
+            out["plugin_forward_pass_ms"] = r.window_us / 1000.0
+        return out
+
+    def plugin_digest(self) -> dict[str, Any] | None:
+        """``/api/mirror``'s ``plugin_digest``: the engine's digest behind by
+        so many blocks (a rebuild's rows left), the shortest of its last
+        forward passes (the plugin's time to read in: 0, an engine that never
+        waits for its passes, gives it none), digests taken (None: not said)."""
+        r = self.engine_reading
+        if r is None:
+            return None
+        return {
+            "behind_blocks": r.behind,
+            "sweep_rows_left": r.sweep_left,
+            "forward_pass_ms": None if r.window_us is None else round(r.window_us / 1000.0, 3),
+            "digests_taken": r.taken,
+        }
 
     def as_dict(self) -> dict[str, Any]:
         lags = list(self.lags_ms)
@@ -293,6 +328,7 @@ class MirrorStatus:
             "plugin_step_us": None
             if self.engine_cost_us is None
             else dict(zip(("p50", "p99", "max"), self.engine_cost_us, strict=True)),
+            "plugin_digest": self.plugin_digest(),
             "last_problem": self.last_problem,
             "last_problem_at": self.last_problem_at,
             "engine": msgspec.to_builtins(hello) if hello is not None else None,
@@ -315,6 +351,10 @@ FIGURES_HELP = {
     "plugin_step_p50_us": "the plugin's time per scheduler step on the engine's thread, p50 (µs)",
     "plugin_step_p99_us": "the plugin's time per scheduler step on the engine's thread, p99 (µs)",
     "plugin_step_max_us": "the plugin's longest scheduler step on the engine's thread (µs)",
+    "plugin_digest_behind_blocks": "blocks the engine's digest has not read yet (the plugin's)",
+    "plugin_digests_taken_total": "digests the plugin took of its engine's pool",
+    "plugin_forward_pass_ms": "the shortest of the engine's last forward passes: the plugin's "
+    "time to read its pool in (ms; about 0: an engine that never waits for its passes)",
 }
 
 

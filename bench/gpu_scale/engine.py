@@ -468,6 +468,12 @@ def plugin_reported(sched: Any) -> dict[str, Any]:
         got["follower.sweep_rows_left"] = int(sweep.left)
         got["follower.sweep_moments"] = int(sweep.moments)
         got["follower.sweep_pieces_discarded"] = int(sweep.pieces_discarded)
+    reading = getattr(follower, "reading", None)
+    if callable(reading):  # how far its digest is behind, as its handshake says it
+        r = reading()
+        if r is not None:
+            got["follower.digest_behind_blocks"] = int(r.behind)
+            got["follower.shortest_pass_us"] = r.window_us
     quantiles = getattr(follower, "cost_quantiles", None)
     if callable(quantiles):  # its own time on the engine's thread, the last steps (µs)
         got["follower.cost_us_p50_p99_max"] = quantiles()

@@ -197,6 +197,21 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------- orchestration
 
 
+# what the plugin reports that is no count over the run: a setting, and the
+# sweep running's own figures (a sweep started in the measured steps has its
+# own): shown as they are, never as a difference
+NOT_COUNTS = frozenset(
+    (
+        "follower.digest_every",
+        "follower.sweep_rows_read",
+        "follower.sweep_rows_left",
+        "follower.sweep_moments",
+        "follower.sweep_pieces_discarded",
+        "follower.digest_behind_blocks",
+    )
+)
+
+
 def child_argv(args: argparse.Namespace, variant: str, async_sched: bool, warmup: str) -> list[str]:
     argv = [sys.executable, "-m", "bench.gpu_scale.run", "--child", variant]
     argv += ["--num-blocks", str(args.num_blocks), "--block-size", str(args.block_size)]
@@ -416,7 +431,7 @@ def table(doc: dict[str, Any]) -> str:
             measured = {
                 k: v - before[k]
                 for k, v in rep.items()
-                if isinstance(v, int) and isinstance(before.get(k), int)
+                if isinstance(v, int) and isinstance(before.get(k), int) and k not in NOT_COUNTS
             }
             lines.append("... of which in the measured steps: " + json.dumps(measured))
         if r1.get("subscriber"):

@@ -152,6 +152,21 @@ class Group(msgspec.Struct, frozen=True):
     block_size: Annotated[int, Meta(ge=1, le=1 << 20)]
 
 
+class DigestReading(msgspec.Struct, frozen=True):
+    """How far the plugin's digest is behind its engine.  The plugin reads
+    vLLM's pool only while the engine's thread waits for a forward pass (or
+    idles, blockpool_vllm/forward_pass.py): an engine that never waits --
+    its scheduling longer than its passes -- gets no digest, and says so
+    here rather than nothing."""
+
+    behind: Count  # blocks batches named that the digest has not read yet
+    sweep_left: Count | None = None  # a rebuild's rows still to read (None: none running)
+    # the shortest of the engine's last forward passes (µs): the time the
+    # plugin's thread has to read in; None: not known yet (too few passes)
+    window_us: Annotated[float, Meta(ge=0)] | None = None
+    taken: Count = 0  # digests taken since the plugin started
+
+
 class Hello(msgspec.Struct, tag="hello"):
     protocol: int
     engine_id: Text
@@ -178,6 +193,7 @@ class Hello(msgspec.Struct, tag="hello"):
     # in the handshake too, which goes out every few seconds however busy the
     # engine is (a beat only when it is idle)
     cost_us: tuple[float, float, float] | None = None
+    reading: DigestReading | None = None  # the digest's progress (None: on the engine's thread)
 
 
 class Digest(msgspec.Struct, frozen=True):
@@ -214,6 +230,7 @@ class Beat(msgspec.Struct, tag="beat"):
     # the engine's newest digest and the batch boundary it is of (an idle
     # engine's proof; a busy one's rides on its batches)
     digest: Digest | None = None
+    reading: DigestReading | None = None
 
 
 class Snapshot(msgspec.Struct, tag="snapshot"):

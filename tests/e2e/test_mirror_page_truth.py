@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from blockpool.mirror.protocol import Arrive, Finished, Scheduled
+from blockpool.mirror.protocol import Arrive, DigestReading, Finished, Scheduled
 from tests.e2e.conftest import Page, wait_for
 from tests.e2e.mirror_page import Mirrored, mirrored, walk_values
 from tests.mirror.workload import BLOCK
@@ -253,6 +253,22 @@ def test_unknowns_are_said_and_the_lags_labelled(
         assert "page: the engine's step to this page" in got["mirrorTitle"], got
         # a clean start: joining the engine is no resync
         assert "resyncs 0 (after the first sync)" in got["mirrorTitle"], got
+        # the digest's progress: this engine's plugin says none (read on its own
+        # thread) -- said so; then one starved of forward passes says why
+        if mirror.client.status.engine_reading is None:  # (the module's first page)
+            assert "engine's digest progress: not said by the plugin" in got["mirrorTitle"], got
+        mirror.rig.reading = DigestReading(behind=321, sweep_left=None, window_us=40.0)
+        try:
+            title = wait_for(
+                lambda: (t := p.js(LABELS_JS)["mirrorTitle"]).find("321 blocks behind") >= 0 and t,
+                what="the digest's progress in the mirror item's title",
+            )
+        finally:
+            mirror.rig.reading = None
+        assert (
+            "engine's digest: 321 blocks behind, 0 taken · the engine's shortest forward pass "
+            "0.04ms (the plugin reads its pool only while the engine waits for one)"
+        ) in title, title
         # tokens: never "100.0 % full · tail waste 0" without the engine's token counts
         assert "not known on a mirror" in got["note"] and "% full" not in got["note"], got
         assert "never how many tokens" in got["noteTitle"] or got["noteTitle"].startswith(

@@ -18,7 +18,7 @@ from app.main import create_app
 from app.mirror import setup as mirror_setup
 from app.mirror.client import MirrorClient
 from blockpool.mirror.auth import StreamKey
-from blockpool.mirror.protocol import Hello
+from blockpool.mirror.protocol import DigestReading, Hello
 from blockpool_vllm.sender import Sender
 from tests.app.conftest import free_port, make_settings
 from tests.mirror.workload import FollowedEngine
@@ -37,6 +37,9 @@ class Rig:
         self.key = key  # the engine's secret
         self.mirror_key = mirror_key if mirror_key is not None else key  # the mirror's
         self.engine = FollowedEngine(num_blocks=num_blocks, free_order=free_order)
+        # what the plugin's handshakes and beats say of its digest's progress
+        # (this engine's digest is read on its own thread: nothing, unless set)
+        self.reading: DigestReading | None = None
         self.sender = self._sender()
 
     def _sender(self) -> Sender:
@@ -55,6 +58,7 @@ class Rig:
             engine.follower.poll_snapshot,
             engine.stats,
             cost_us=engine.follower.cost_quantiles,
+            reading=lambda: self.reading,
             control_endpoint=self.control_endpoint,
             key=key,
             retry_s=0.05,

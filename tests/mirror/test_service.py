@@ -16,6 +16,7 @@ from app.main import create_app
 from app.mirror import setup as mirror_setup
 from app.mirror import status as mirror_status
 from blockpool.mirror import pool_digest
+from blockpool.mirror.protocol import DigestReading
 from tests.app.conftest import assert_error, free_port, make_settings, running
 from tests.mirror.rig import Rig, metric, until
 
@@ -187,6 +188,45 @@ async def test_the_plugins_time_per_step_is_shown_as_quantiles(rig: Rig) -> None
         assert 0 < q["p50"] <= q["p99"] <= q["max"] <= want[2]
         text = (await api.get("/metrics")).text
         assert metric(text, "blockpool_mirror_plugin_step_max_us") == q["max"]
+    app.state.engine.check()
+
+
+async def test_how_far_the_engines_digest_is_behind_is_shown(rig: Rig) -> None:
+    """What the plugin says of its digest (an engine that never waits for its
+    forward passes gives its thread no time to read: thousands of blocks
+    behind, passes of 35 µs) on /api/mirror and /metrics -- not known (null,
+    no series) before the engine said it; then a beat says the digest caught up."""
+    hello = await rig.hello()
+    app, client = rig.service(hello)
+    async with running(app) as api:
+        st = await api.ok("GET", "/api/mirror")
+        assert st["plugin_digest"] is None
+        with pytest.raises(AssertionError, match="no blockpool_mirror_plugin_digest"):
+            metric((await api.get("/metrics")).text, "blockpool_mirror_plugin_digest_behind_blocks")
+        starved = DigestReading(behind=4321, sweep_left=None, window_us=35.0, taken=0)
+        rig.reading = starved
+        await until(lambda: client.status.engine_reading == starved)  # the next handshake
+        st = await api.ok("GET", "/api/mirror")
+        assert st["plugin_digest"] == {
+            "behind_blocks": 4321,
+            "sweep_rows_left": None,
+            "forward_pass_ms": 0.035,
+            "digests_taken": 0,
+        }
+        assert st["state"] != "exact"  # no digest matched: "verifying", with the reason shown
+        text = (await api.get("/metrics")).text
+        assert metric(text, "blockpool_mirror_plugin_digest_behind_blocks") == 4321
+        assert metric(text, "blockpool_mirror_plugin_forward_pass_ms") == 0.035
+        caught_up = DigestReading(behind=0, sweep_left=None, window_us=None, taken=3)
+        rig.reading = caught_up
+        await rig.drive(client, 2, 3)  # batches, then a beat (or a handshake) says it
+        await until(lambda: client.status.engine_reading == caught_up)
+        st = await api.ok("GET", "/api/mirror")
+        assert st["plugin_digest"]["forward_pass_ms"] is None  # not known: not 0
+        text = (await api.get("/metrics")).text
+        with pytest.raises(AssertionError, match="no blockpool_mirror_plugin_forward_pass_ms"):
+            metric(text, "blockpool_mirror_plugin_forward_pass_ms")
+        assert metric(text, "blockpool_mirror_plugin_digests_taken_total") == 3
     app.state.engine.check()
 
 

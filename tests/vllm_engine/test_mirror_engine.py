@@ -114,6 +114,19 @@ def test_the_mirror_equals_the_engine_after_a_trace_slice(rig: dict[str, Any]) -
     st = mirror_state(rig)
     assert st["exact"] and st["divergences"] == 0 and st["gaps"] == 0, st
     assert st["digests_checked"] >= 1 and st["ops_applied"] > len(prompts)
+    # the plugin says how far its digest is behind (its handshakes, an idle
+    # engine's beats): caught up, digests taken, the real passes' length known
+    dg = until(
+        lambda: (
+            (d := mirror_state(rig)["plugin_digest"]) is not None
+            and d["behind_blocks"] == 0
+            and d["digests_taken"] >= 1
+            and d["forward_pass_ms"] is not None
+            and d
+        ),
+        what_for="the plugin's digest said caught up",
+    )
+    assert dg["forward_pass_ms"] > 0 and dg["sweep_rows_left"] is None, dg
     # the engine really evicted: the slice overflowed the pool
     summary = client.get(rig["mirror"].url + "/api/summary").json()
     assert summary["counters"]["evictions"] > 0

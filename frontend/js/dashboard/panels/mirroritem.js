@@ -23,6 +23,22 @@ const POLL_MS = 1000;
 /** The mirror's states in which the engine is not telling the page anything new. */
 const STALE_STATES = new Set(["stale", "refused", "behind", "rebuilding", "restart_needed"]);
 
+/**
+ * How far the engine's digest is behind, in words (GET /api/mirror's
+ * plugin_digest; null or absent: the plugin does not say).  The plugin reads
+ * vLLM's pool only while the engine waits for a forward pass: an engine that
+ * never waits (its passes ~0 ms) gets no digest, and this says why.
+ * @param {{behind_blocks: number, sweep_rows_left: number | null, forward_pass_ms: number | null, digests_taken: number} | null | undefined} d
+ */
+function digestText(d) {
+  if (!d) return "engine's digest progress: not said by the plugin";
+  const pass = d.forward_pass_ms === null ? "not known yet" : `${d.forward_pass_ms.toFixed(2)}ms`;
+  const where = d.sweep_rows_left === null
+    ? `${int(d.behind_blocks)} blocks behind`
+    : `rebuilding, ${int(d.sweep_rows_left)} rows left`;
+  return `engine's digest: ${where}, ${int(d.digests_taken)} taken · the engine's shortest forward pass ${pass} (the plugin reads its pool only while the engine waits for one)`;
+}
+
 /** @param {number} ts unix seconds */
 const clock = (ts) => new Date(ts * 1000).toTimeString().slice(0, 8);
 
@@ -157,6 +173,7 @@ export class MirrorItem {
       st.plugin_step_us
         ? `plugin per engine step p50 ${st.plugin_step_us.p50.toFixed(0)}µs · p99 ${st.plugin_step_us.p99.toFixed(0)}µs · max ${st.plugin_step_us.max.toFixed(0)}µs`
         : "plugin per engine step: not known yet",
+      digestText(st.plugin_digest),
       `stream ${st.authenticated ? "signed and verified" : "not authenticated (no shared secret)"}`,
       ...(eng.problems && eng.problems.length ? ["not followed exactly:", ...eng.problems] : []),
       ...(st.last_problem ? [`last problem: ${st.last_problem}`] : []),
