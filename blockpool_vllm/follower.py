@@ -1,11 +1,13 @@
 """Following a block pool: every call that changes it, recorded as it happens.
 
 ``PoolFollower`` wraps the pool *object's* methods (its instance attributes:
-vLLM's classes and files are left as they are) so that each call is kept as
-one typed operation of the mirror protocol (blockpool/mirror/protocol.py),
-and ``flush`` hands the operations since the last flush to a sender as one
-``Batch``.  Works on vLLM's BlockPool (0.16 and >= 0.24) and on blockpool's,
-which is how it is tested without vLLM.
+vLLM's classes and files are left as they are: blockpool_vllm/pool_hooks.py)
+so that each call is kept as one operation of the mirror protocol
+(blockpool/mirror/protocol.py; the usual ones read as such off the engine's
+thread, blockpool_vllm/call_records.py), and ``flush`` hands the operations
+since the last flush to a sender as one ``Batch``.  Works on vLLM's
+BlockPool (0.16 and >= 0.24) and on blockpool's, which is how it is tested
+without vLLM.
 
 Cost on the engine's thread, per scheduler step, is O(what the step did):
 an append per pool call, never a walk over the pool.  The digest over the
@@ -34,96 +36,21 @@ from typing import Any
 
 from blockpool.mirror.digest import PoolDigest
 from blockpool.mirror.protocol import (
-    Allocate,
     Batch,
-    Cache,
     Digest,
     DigestReading,
-    Evict,
-    Free,
-    Op,
     Record,
-    Reset,
     Snapshot,
-    Touch,
     Unsupported,
 )
+from blockpool_vllm.call_records import resolve
 from blockpool_vllm.capture import Capture
 from blockpool_vllm.digest_reader import DigestReader
 from blockpool_vllm.forward_pass import IDLE_AFTER_S, ForwardPasses
+from blockpool_vllm.pool_hooks import hook_pool
 
-# The pool methods the follower wraps: each call becomes one operation.
-WRAPPED = (
-    "get_new_blocks",
-    "free_blocks",
-    "touch",
-    "cache_full_blocks",
-    "evict_blocks",
-    "reset_prefix_cache",
-)
-# Pool methods that change it in ways the mirror does not model (vLLM >= 0.2x).
-UNSUPPORTED_METHODS = ("cache_partial_block", "unpin_blocks", "move_block_hashes")
 COSTS_KEPT = 2048  # the last steps' costs, for the quantiles
 CAPTURE_BUDGET_S = 0.0008  # a step's share of copying a snapshot
-
-
-# what a usual call leaves in ``PoolFollower.ops``, for ``resolve``: one flat
-# tuple per call (the kind, then what it gave) -- one object for the garbage
-# collector to count, not a tuple and its lists: the engine's collector runs
-# no more often for the calls followed while the sender has not read them
-_ALLOCATE, _FREE, _TOUCH, _CACHE = 0, 1, 2, 3
-_BY_KIND: tuple[type[Allocate] | type[Free] | type[Touch], ...] = (Allocate, Free, Touch)
-
-
-def resolve(
-    entries: list[Any], pace: Callable[[], object] | None = None
-) -> tuple[list[Op], list[int]]:
-    """The operations of one flush as the wire has them, and the block ids
-    they named (-1: a reset, -2: a call not followed) for the digest.  The
-    usual calls were kept as the blocks they gave (``(kind, *blocks)``, or for
-    a cache call ``(_CACHE, offset, group, n, *window, *hashes after,
-    *request's hash chain)``, the window and the hashes ``n`` long) and are
-    read here -- off the engine's thread when deferred, ``pace`` called
-    between two calls' (a step naming thousands of blocks took 4.5 ms of
-    the sender's thread here, measured: an engine back meanwhile would wait
-    for the interpreter).  A block's id never changes, and what was kept
-    was copied at the call: nothing here can change under it."""
-    ops: list[Op] = []
-    touched: list[int] = []
-    for e in entries:
-        if pace is not None:
-            pace()
-        if e.__class__ is tuple:
-            kind = e[0]
-            if kind == _CACHE:
-                off, group, n = e[1], e[2], e[3]
-                ids: list[int] = []
-                hashes: list[bytes] = []
-                first = -1
-                for i in range(n):
-                    h = e[4 + n + i]
-                    if h is None:
-                        continue
-                    if first < 0:
-                        first = i
-                    ids.append(e[4 + i].block_id)
-                    hashes.append(bytes(h)[:-4])
-                at = off + first - 1  # the parent's place in the chain kept
-                parent = bytes(e[4 + 2 * n + at]) if at >= 0 else None
-                ops.append(Cache(int(group), parent, ids, hashes))
-            else:
-                ids = [b.block_id for b in e[1:]]
-                ops.append(_BY_KIND[kind](ids))
-            touched.extend(ids)
-        else:
-            ops.append(e)
-            if isinstance(e, Reset):
-                touched.append(-1)
-            elif isinstance(e, Unsupported):
-                touched.append(-2)
-            else:
-                touched.extend(e.ids)
-    return ops, touched
 
 
 class PoolFollower:
@@ -153,7 +80,7 @@ class PoolFollower:
         self.ops: list[Any] = []
         self.requests: list[Record] = []
         # a batch's reset or unsupported call: its digest is taken at its flush
-        self._sync_due = False
+        self.sync_due = False
         self.op_count = 0  # operations recorded since the start
         self.first_op = 0  # the index of self.ops[0]
         self.seq = 0  # batches made
@@ -162,7 +89,7 @@ class PoolFollower:
         self.epoch = 0  # odd while a pool call runs
         self.problems: list[str] = []
         self.cost_ns = 0  # time spent recording and flushing (not the pool's own calls)
-        self._step_ns = 0  # this step's share of it so far
+        self.step_ns = 0  # this step's share of it so far
         self.costs = array("d", bytes(8 * COSTS_KEPT))  # µs per step, a ring
         self.cost_max_us = 0.0
         self.digest = PoolDigest(pool)  # O(pool), once, at start
@@ -178,235 +105,23 @@ class PoolFollower:
         self.capture: Capture | None = None
         self.captured: Capture | None = None  # a finished copy, for the sender
         self.captures_abandoned = 0
-        self._lock = threading.Lock()  # the sender copying while the engine is idle
-        self._wrap()
+        self.capture_lock = threading.Lock()  # the sender copying while the engine is idle
+        hook_pool(self)
 
-    # ------------------------------------------------------------ wrapping
-
-    def _wrap(self) -> None:
-        pool = self.pool
-        ops = self.ops
-        lock = self._lock
-        # the originals, in the order of WRAPPED
-        get_new_blocks, free_blocks, touch, cache_full_blocks, evict_blocks, reset_prefix_cache = (
-            getattr(pool, name) for name in WRAPPED
-        )
-        hash_block_size = pool.hash_block_size
-
-        def _get_new_blocks(num_blocks: int) -> Any:
-            t0 = _now()  # (the wrapper's time, the pool's own call left out)
-            self.epoch += 1  # before the look at capture (poll_snapshot's check)
-            cap = self.capture
-            try:
-                if cap is not None:
-                    with lock:
-                        cap.save_head(num_blocks)
-                        t1 = _now()
-                        ret = get_new_blocks(num_blocks)
-                else:
-                    t1 = _now()
-                    ret = get_new_blocks(num_blocks)
-                t = _now()
-                if ret:
-                    ops.append((_ALLOCATE, *ret))  # ids read later (resolve)
-                    self.op_count += 1
-                self._step_ns += _now() - t + t1 - t0
-                return ret
-            finally:
-                self.epoch += 1
-
-        def _blocks_call(
-            kind: int, call: Callable[[list[Any]], None], save: Callable[[Capture, list[Any]], None]
-        ) -> Callable[[Any], None]:
-            """free_blocks and touch: a call over blocks, kept as one record."""
-
-            def wrapper(some_blocks: Any) -> None:
-                t0 = _now()
-                blocks = list(some_blocks)
-                self.epoch += 1  # before the look at capture (poll_snapshot's check)
-                cap = self.capture
-                try:
-                    if cap is not None:
-                        with lock:
-                            save(cap, blocks)
-                            t1 = _now()
-                            call(blocks)
-                    else:
-                        t1 = _now()
-                        call(blocks)
-                    t = _now()
-                    if blocks:
-                        ops.append((kind, *blocks))
-                        self.op_count += 1
-                    self._step_ns += _now() - t + t1 - t0
-                finally:
-                    self.epoch += 1
-
-            return wrapper
-
-        def _save_freed(cap: Capture, blocks: list[Any]) -> None:
-            cap.save_all(blocks)
-            cap.save_ends()
-
-        def _save_touched(cap: Capture, blocks: list[Any]) -> None:
-            for b in blocks:
-                cap.save_queued(b)
-
-        _free_blocks = _blocks_call(_FREE, free_blocks, _save_freed)
-        _touch = _blocks_call(_TOUCH, touch, _save_touched)
-
-        def _cache_full_blocks(
-            request: Any,
-            blocks: Any,
-            num_cached_blocks: int,
-            num_full_blocks: int,
-            block_size: int,
-            kv_cache_group_id: int,
-            *rest: Any,
-            **kw: Any,
-        ) -> None:
-            t0 = _now()
-            window = blocks[num_cached_blocks:num_full_blocks]
-            before = [b.block_hash for b in window]
-            self.epoch += 1  # before the look at capture (poll_snapshot's check)
-            cap = self.capture
-            try:
-                args = (request, blocks, num_cached_blocks, num_full_blocks, block_size)
-                if cap is not None:
-                    with lock:
-                        cap.save_all(window)
-                        t1 = _now()
-                        cache_full_blocks(*args, kv_cache_group_id, *rest, **kw)
-                        new = [b for b, old in zip(window, before, strict=True) if old is None]
-                        cap.cached(
-                            {bytes(b.block_hash) for b in new if b.block_hash is not None},
-                            {b.block_id for b in new},
-                        )
-                else:
-                    t1 = _now()
-                    cache_full_blocks(*args, kv_cache_group_id, *rest, **kw)
-                t = _now()
-                after = [b.block_hash for b in window]
-                n_new = len(after) - after.count(None)
-                if n_new and before.count(None) == len(before) and block_size == hash_block_size:
-                    # the usual call: blocks hashed for the first time (resolve reads the rest)
-                    start = num_cached_blocks - 1 if num_cached_blocks > 0 else 0
-                    chain = request.block_hashes[start:num_full_blocks]
-                    off, group = num_cached_blocks - start, kv_cache_group_id
-                    ops.append((_CACHE, off, group, len(window), *window, *after, *chain))
-                    self.op_count += 1
-                elif n_new:
-                    self._cache_slowly(
-                        request, window, before, num_cached_blocks, block_size, kv_cache_group_id
-                    )
-                self._step_ns += _now() - t + t1 - t0
-            finally:
-                self.epoch += 1
-
-        def _evict_blocks(block_ids: Any) -> None:
-            ids = list(block_ids)
-            self.epoch += 1  # before the look at capture (poll_snapshot's check)
-            cap = self.capture
-            try:
-                arg = set(ids) if isinstance(block_ids, set) else ids
-                if cap is not None:
-                    with lock:
-                        cap.save_ids(ids)
-                        evict_blocks(arg)
-                else:
-                    evict_blocks(arg)
-                if ids:
-                    ops.append(Evict(ids))
-                    self.op_count += 1
-            finally:
-                self.epoch += 1
-
-        def _reset_prefix_cache() -> bool:
-            self.epoch += 1
-            try:
-                done: bool = reset_prefix_cache()
-                if done:
-                    self._abandon_capture()
-                    ops.append(Reset())
-                    self._sync_due = True
-                    self.op_count += 1
-                return done
-            finally:
-                self.epoch += 1
-
-        wrappers = (
-            _get_new_blocks,
-            _free_blocks,
-            _touch,
-            _cache_full_blocks,
-            _evict_blocks,
-            _reset_prefix_cache,
-        )
-        for name, wrapper in zip(WRAPPED, wrappers, strict=True):
-            setattr(pool, name, wrapper)
-        for name in UNSUPPORTED_METHODS:
-            original = getattr(pool, name, None)
-            if original is not None:
-                setattr(pool, name, self._flagging(name, original))
-
-    def _cache_slowly(
-        self,
-        request: Any,
-        window: list[Any],
-        before: list[Any],
-        num_cached_blocks: int,
-        block_size: int,
-        kv_cache_group_id: int,
-    ) -> None:
-        """A cache call over blocks some of which held a hash already (or a
-        group whose block size is not the hash block size): read at once."""
-        ids: list[int] = []
-        hashes: list[bytes] = []
-        first = -1
-        for i, (blk, old) in enumerate(zip(window, before, strict=True)):
-            new_hash = blk.block_hash
-            if new_hash is None or new_hash == old:
-                continue
-            if old is not None:
-                self._unsupported("a cached block re-hashed (partial-block caching)")
-                return
-            if first < 0:
-                first = num_cached_blocks + i
-            ids.append(blk.block_id)
-            hashes.append(bytes(new_hash)[:-4])
-        if ids:
-            parent = None
-            if first > 0:
-                if block_size != self.pool.hash_block_size:
-                    self._unsupported("a group whose block size is not the hash block size")
-                    return
-                parent = bytes(request.block_hashes[first - 1])
-            self.ops.append(Cache(int(kv_cache_group_id), parent, ids, hashes))
-            self.op_count += 1
-
-    def _flagging(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kw: Any) -> Any:
-            self.epoch += 1
-            try:
-                return original(*args, **kw)
-            finally:
-                self._unsupported(f"BlockPool.{name}")
-                self.epoch += 1
-
-        return call
-
-    def _unsupported(self, what: str) -> None:
+    def unsupported(self, what: str) -> None:
+        """A pool call the mirror does not model: said in the handshake, a
+        wire record of it, and the digest read again whole at the flush."""
         if what not in self.problems:
             self.problems.append(what)
-        self._abandon_capture()
+        self.abandon_capture()
         self.ops.append(Unsupported(what[:2000]))
-        self._sync_due = True
+        self.sync_due = True
         self.op_count += 1
 
-    def _abandon_capture(self) -> None:
+    def abandon_capture(self) -> None:
         """The pool changed as a whole: a copy in progress is of no moment."""
         if self.capture is not None:
-            with self._lock:
+            with self.capture_lock:
                 self.capture = None
             self.captures_abandoned += 1
             self.want_snapshot = True  # start again at the next step
@@ -428,8 +143,8 @@ class PoolFollower:
             batch = self._batch(force_digest)
         self._capture_step()
         self.passes.last_flush = time.monotonic()
-        spent = self._step_ns + _now() - t
-        self._step_ns = 0
+        spent = self.step_ns + _now() - t
+        self.step_ns = 0
         self.cost_ns += spent
         us = spent / 1000.0
         self.costs[self.step % COSTS_KEPT] = us
@@ -444,13 +159,13 @@ class PoolFollower:
         self.seq += 1
         # a digest asked for now (tools, tests: the engine's own hooks never
         # ask but after a reset, which a sweep rebuilds) is read here
-        deferred = self.defer_digest and not (force_digest and not self._sync_due)
+        deferred = self.defer_digest and not (force_digest and not self.sync_due)
         if self.defer_digest and not deferred:
             self.digests_on_engine += 1
         digest = None
         if deferred:  # the operations and the digest: the sender's thread (prepare, catch_up)
-            if self._sync_due:  # a reset, a call not followed: every row read again, there
-                self._sync_due = False
+            if self.sync_due:  # a reset, a call not followed: every row read again, there
+                self.sync_due = False
                 self.reader.sweep_due = True
             digest, self.reader.verified = self.reader.verified, None
             ops = raw
@@ -463,7 +178,7 @@ class PoolFollower:
                     self.reader.sweep, self.reader.sweep_due = None, False  # all read
                     touched.append(-2)
                 self._update_digest(touched)
-            self._sync_due = False
+            self.sync_due = False
             if force_digest or self.step % self.digest_every == 0:
                 digest = Digest(self.op_count, self.digest.value)
         batch = Batch(
@@ -502,7 +217,7 @@ class PoolFollower:
                 batch.ops, touched = resolve(batch.ops, self.passes.pace)
             except Exception:  # never expected: the engine's next flush re-reads every block
                 touched = [-2]
-                self._sync_due = True
+                self.sync_due = True
             self.reader.add(touched)  # first: catch_up waits for it
             inflight.popleft()
         return batch
@@ -612,12 +327,12 @@ class PoolFollower:
         if self.want_snapshot and self.capture is None and self.captured is None:
             cap = self._start_capture()
             if cap is not None:
-                with self._lock:
+                with self.capture_lock:
                     self.capture = cap
                     self.want_snapshot = False
         cap = self.capture
         if cap is not None:
-            with self._lock:
+            with self.capture_lock:
                 cap.advance(CAPTURE_BUDGET_S)
                 if cap.done:
                     self.captured, self.capture = cap, None
@@ -659,7 +374,7 @@ class PoolFollower:
             and not self._start_capture_between_steps()
         ):
             return None
-        with self._lock:
+        with self.capture_lock:
             cap = self.capture
             if cap is not None:
                 cap.advance(0.002)
@@ -670,7 +385,7 @@ class PoolFollower:
     def _start_capture_between_steps(self) -> bool:
         """From the sender's thread: a copy started now, if no pool call runs
         (one that begins meanwhile may not have seen it: undone)."""
-        with self._digest_lock, self._lock:
+        with self._digest_lock, self.capture_lock:
             if self.epoch & 1 or self.capture is not None or self.captured is not None:
                 return False
             e0 = self.epoch

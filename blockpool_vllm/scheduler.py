@@ -67,7 +67,8 @@ from blockpool.mirror.protocol import (
     Scheduled,
 )
 from blockpool_vllm.engine_facts import free_order_for, problems_of, served_model
-from blockpool_vllm.follower import UNSUPPORTED_METHODS, WRAPPED, PoolFollower
+from blockpool_vllm.follower import PoolFollower
+from blockpool_vllm.pool_hooks import UNSUPPORTED_METHODS, WRAPPED
 from blockpool_vllm.sender import Sender, next_port
 
 logger = logging.getLogger("blockpool_vllm")
@@ -294,7 +295,7 @@ class _Mirrored:
                     bool(skips),
                 )
             )
-            m._step_ns += time.perf_counter_ns() - t
+            m.step_ns += time.perf_counter_ns() - t
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         m = self._mirror
@@ -314,7 +315,7 @@ class _Mirrored:
                 for rid, done in zip(cached.req_ids, cached.num_computed_tokens, strict=False):
                     if rid in resumed:
                         m.request(Scheduled(str(rid), now, int(done)))
-            m._step_ns += time.perf_counter_ns() - t
+            m.step_ns += time.perf_counter_ns() - t
             m.flush()
             m.passes.begins()  # the engine hands the step to its model now
         return out

@@ -46,7 +46,7 @@ class Switch:
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
 
-        from blockpool_vllm.follower import WRAPPED
+        from blockpool_vllm.pool_hooks import WRAPPED
 
         self.sched = sched
         self.pool = sched.kv_cache_manager.block_pool

@@ -167,7 +167,7 @@ def test_something_the_mirror_cannot_follow_is_said() -> None:
     engine = FollowedEngine()
     rt, applier = mirror_of(engine)
     applier.synced = True
-    engine.follower._unsupported("BlockPool.cache_partial_block")
+    engine.follower.unsupported("BlockPool.cache_partial_block")
     b = engine.follower.flush()
     assert b is not None and b.ops[-1] == Unsupported("BlockPool.cache_partial_block")
     with pytest.raises(Divergence, match="not mirrored"):
