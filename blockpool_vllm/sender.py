@@ -4,7 +4,8 @@ The engine's thread only ever calls ``offer`` (a non-blocking put on a
 bounded queue: a full queue drops the batch, counted).  The thread encodes
 and publishes on a PUB socket (frames ``[TOPIC, payload, mac]``), re-sends
 the handshake every few seconds (a mirror started later learns the engine),
-sends a beat when idle, and answers snapshot requests on a ROUTER socket.
+sends a beat when idle, and answers snapshot requests on a ROUTER socket
+(blockpool_vllm/snapshot_requests.py).
 Binds loopback by default; an endpoint is ``tcp://HOST:PORT`` (the control
 socket takes ``control_endpoint``, by default the next port).
 
@@ -59,7 +60,6 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -69,16 +69,13 @@ import zmq
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.auth import StreamKey
 from blockpool_vllm.pacing import tighten_timer_slack
+from blockpool_vllm.snapshot_requests import SnapshotRequests
 
 logger = logging.getLogger("blockpool_vllm")
 
 HELLO_EVERY_S = 2.0
 BEAT_EVERY_S = 0.5
-REQUEST_MAX_SKEW_S = 60.0  # a signed request's ts this far from now is refused
-_FRAMES = 3  # identity, payload, mac
-_CONTROL_PER_LOOP = 256  # control messages read per loop turn
 _BATCHES_PER_LOOP = 1024  # batches sent per loop turn before the control socket's turn
-_NONCES_KEPT = 4096  # signed requests' nonces remembered (a replay is refused)
 _PEER_RCVHWM = 16
 _MAX_SOCKETS = 16
 _HANDSHAKE_MS = 5000
@@ -108,7 +105,7 @@ class _Stop(Exception):
     """close() was called."""
 
 
-class Sender:
+class Sender(SnapshotRequests):
     def __init__(
         self,
         endpoint: str,
@@ -134,10 +131,17 @@ class Sender:
         max_waiting: int = 64,
         peer_hwm: int = 2,
     ) -> None:
+        SnapshotRequests.__init__(
+            self,
+            capture,
+            key,
+            snapshot_every_s=snapshot_every_s,
+            request_ttl_s=request_ttl_s,
+            max_waiting=max_waiting,
+        )
         self.endpoint = endpoint
         self.control_endpoint = control_endpoint or next_port(endpoint)
         self._hello = hello
-        self._capture = capture
         self._stats = stats
         self._cost = cost  # (steps, ns): the follower's own cost on the engine's thread
         self._cost_us = cost_us  # its p50, p99, max per step (µs)
@@ -151,12 +155,8 @@ class Sender:
         # between two batches: a moment's sleep when due (blockpool_vllm/pacing.py)
         self._pace = pace
         self._last_turn = time.monotonic()
-        self._key = key
         self._hwm = hwm
         self.retry_s = retry_s
-        self.snapshot_every_s = snapshot_every_s
-        self.request_ttl_s = request_ttl_s
-        self.max_waiting = max_waiting
         self.peer_hwm = peer_hwm
         # the last batch sent or dropped, and the operations up to its end: a
         # beat claims no more than this (what is still queued comes after it)
@@ -166,23 +166,12 @@ class Sender:
         self._queue: queue.Queue[wire.Batch | None] = queue.Queue(maxsize=max_queue)
         self.sent = 0  # batches published
         self.dropped = 0  # batches dropped (a full queue, or not bound yet)
-        self.snapshots = 0  # snapshot replies queued to a peer
-        self.captures = 0  # captures started (each answers every waiting request)
-        self.bad_requests = 0  # control messages refused, never answered
-        self.requests = 0  # valid snapshot requests taken
-        self.requests_dropped = 0  # valid requests dropped: superseded, stale, too many
-        self.replies_dropped = 0  # replies a peer's queue could not take, or to peers gone
         self.restarts = 0  # the loop's restarts after an exception
         self.timer_slack_tight = False  # the thread asked Linux for short sleeps (pacing.py)
         self.bound = False
         self.bind_failures = 0
         self.bind_error: str | None = None
         self.control_port: int | None = None
-        # requests waiting for the next snapshot: identity -> (arrived, nonce)
-        self._waiting: OrderedDict[bytes, tuple[float, bytes]] = OrderedDict()
-        self._nonces: OrderedDict[bytes, None] = OrderedDict()
-        self._capturing = False
-        self._capture_started = -float("inf")
         self._last_hello = -float("inf")
         self._last_sent = time.monotonic()
         self._last_restart_log = -float("inf")
@@ -222,11 +211,6 @@ class Sender:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
-
-    @property
-    def waiting(self) -> int:
-        """Valid requests waiting for the next snapshot."""
-        return len(self._waiting)
 
     # -------------------------------------------------------- messages
 
@@ -463,94 +447,3 @@ class Sender:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-
-    # ----------------------------------------------------- control socket
-
-    def _serve_control(self, ctl: Any) -> None:
-        for _ in range(_CONTROL_PER_LOOP):
-            try:
-                frames = self._recv_message(ctl)
-            except zmq.Again:
-                return
-            try:
-                self._request(frames)
-            except Exception:  # the message's own error boundary
-                self.bad_requests += 1
-
-    def _recv_message(self, ctl: Any) -> list[bytes]:
-        """One whole message, at most _FRAMES + 1 of its frames kept."""
-        frames = [ctl.recv(zmq.NOBLOCK)]
-        while ctl.getsockopt(zmq.RCVMORE):
-            frame = ctl.recv(zmq.NOBLOCK)  # the rest of a message is there already
-            if len(frames) <= _FRAMES:
-                frames.append(frame)
-        return frames
-
-    def _request(self, frames: list[bytes]) -> None:
-        key = self._key
-        if len(frames) != _FRAMES:
-            self.bad_requests += 1
-            return
-        identity, payload, mac = frames
-        if len(payload) > wire.MAX_CONTROL_BYTES:
-            self.bad_requests += 1
-            return
-        if key is not None and not key.verify(mac, b"snapshot?", payload):
-            self.bad_requests += 1  # checked before a byte of it is decoded
-            return
-        try:
-            msg = wire.decode(payload, limit=wire.MAX_CONTROL_BYTES)
-        except wire.ProtocolError:
-            msg = None
-        if not isinstance(msg, wire.SnapshotRequest):
-            self.bad_requests += 1
-            return
-        if key is not None:
-            if not msg.nonce or not abs(msg.ts - time.time()) <= REQUEST_MAX_SKEW_S:
-                self.bad_requests += 1
-                return
-            if msg.nonce in self._nonces:  # a replay
-                self.bad_requests += 1
-                return
-            self._nonces[msg.nonce] = None
-            if len(self._nonces) > _NONCES_KEPT:
-                self._nonces.popitem(last=False)
-        self.requests += 1
-        if self._waiting.pop(identity, None) is not None:
-            self.requests_dropped += 1  # superseded by the peer's newer request
-        self._waiting[identity] = (time.monotonic(), msg.nonce)
-        while len(self._waiting) > self.max_waiting:
-            self._waiting.popitem(last=False)
-            self.requests_dropped += 1
-
-    def _snapshots(self, ctl: Any) -> None:
-        now = time.monotonic()
-        waiting = self._waiting
-        while waiting:
-            arrived, _ = next(iter(waiting.values()))
-            if now - arrived <= self.request_ttl_s:
-                break
-            waiting.popitem(last=False)  # oldest first: arrival order
-            self.requests_dropped += 1
-        if not self._capturing:
-            if not waiting or now - self._capture_started < self.snapshot_every_s:
-                return
-            self._capturing, self._capture_started = True, now
-            self.captures += 1
-        snap = self._capture()  # a slice copied here while the engine is idle
-        if snap is None:
-            return
-        self._capturing = False  # a capture once started is polled to its end
-        if not waiting:
-            return
-        payload = wire.encode(snap)  # once, for every request waiting
-        answered = list(waiting.items())
-        waiting.clear()
-        for identity, (_, nonce) in answered:
-            mac = self._key.sign(b"snapshot", nonce, payload) if self._key is not None else b""
-            self.snapshots += 1  # first: a peer that has its reply sees it counted
-            try:
-                ctl.send_multipart([identity, payload, mac], zmq.NOBLOCK)
-            except zmq.ZMQError:  # EAGAIN: its queue is full; EHOSTUNREACH: gone
-                self.snapshots -= 1
-                self.replies_dropped += 1
