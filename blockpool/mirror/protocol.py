@@ -52,6 +52,9 @@ RequestId = Annotated[str, Meta(max_length=256)]
 Count = Annotated[int, Meta(ge=0, le=2**62)]
 Text = Annotated[str, Meta(max_length=2048)]
 Boot = Annotated[str, Meta(max_length=64)]
+# every float on the wire: finite (NaN fails any bound, infinities these), so
+# nothing a peer sends makes a figure the service cannot write as JSON
+Float = Annotated[float, Meta(ge=-1e15, le=1e15)]
 
 
 # ----------------------------------------------------------------- operations
@@ -109,7 +112,7 @@ class Arrive(msgspec.Struct, tag="arrive", array_like=True, frozen=True, gc=Fals
     cache (``prompt_logprobs``), so no block of it can hit."""
 
     rid: RequestId
-    ts: float
+    ts: Float
     prompt_tokens: Count
     hashes: list[Hash]
     skips_cache: bool = False
@@ -119,18 +122,18 @@ class Scheduled(msgspec.Struct, tag="scheduled", array_like=True, frozen=True, g
     """Its first scheduling, with the prefix hit it got."""
 
     rid: RequestId
-    ts: float
+    ts: Float
     hit_tokens: Count
 
 
 class Preempted(msgspec.Struct, tag="preempted", array_like=True, frozen=True, gc=False):
     rid: RequestId
-    ts: float
+    ts: Float
 
 
 class Finished(msgspec.Struct, tag="finished", array_like=True, frozen=True, gc=False):
     rid: RequestId
-    ts: float
+    ts: Float
     num_tokens: Count
 
 
@@ -163,7 +166,7 @@ class DigestReading(msgspec.Struct, frozen=True):
     sweep_left: Count | None = None  # a rebuild's rows still to read (None: none running)
     # the shortest of the engine's last forward passes (µs): the time the
     # plugin's thread has to read in; None: not known yet (too few passes)
-    window_us: Annotated[float, Meta(ge=0)] | None = None
+    window_us: Annotated[float, Meta(ge=0, le=1e15)] | None = None
     taken: Count = 0  # digests taken since the plugin started
 
 
@@ -181,7 +184,7 @@ class Hello(msgspec.Struct, tag="hello"):
     problems: Annotated[list[Text], Meta(max_length=64)]
     digest_every: Annotated[int, Meta(ge=1)]
     control_port: Annotated[int, Meta(ge=1, le=65535)] | None
-    started_at: float
+    started_at: Float
     seq: Count  # the last batch sent
     model: Text | None = None  # the engine's (served) model name, where it says
     boot: Boot = ""  # this run of the plugin (see the module doc)
@@ -192,7 +195,7 @@ class Hello(msgspec.Struct, tag="hello"):
     # the follower's time per step on the engine's thread: p50, p99, max (µs);
     # in the handshake too, which goes out every few seconds however busy the
     # engine is (a beat only when it is idle)
-    cost_us: tuple[float, float, float] | None = None
+    cost_us: tuple[Float, Float, Float] | None = None
     reading: DigestReading | None = None  # the digest's progress (None: on the engine's thread)
 
 
@@ -204,7 +207,7 @@ class Digest(msgspec.Struct, frozen=True):
 class Batch(msgspec.Struct, tag="batch", gc=False):
     seq: Count
     step: Count
-    ts: float
+    ts: Float
     first_op: Count
     ops: list[Op]
     requests: list[Record]
@@ -216,7 +219,7 @@ class Batch(msgspec.Struct, tag="batch", gc=False):
 
 class Beat(msgspec.Struct, tag="beat"):
     seq: Count
-    ts: float
+    ts: Float
     ops: Count
     drops: Count
     stats: tuple[Count, Count, Count]
@@ -224,7 +227,7 @@ class Beat(msgspec.Struct, tag="beat"):
     cost_ns: Count = 0  # the follower's own time on the engine's thread so far
     boot: Boot = ""
     # the follower's time per step on the engine's thread: p50, p99, max (µs)
-    cost_us: tuple[float, float, float] | None = None
+    cost_us: tuple[Float, Float, Float] | None = None
     restarts: Count = 0
     bad_requests: Count = 0
     # the engine's newest digest and the batch boundary it is of (an idle
@@ -244,7 +247,7 @@ class Snapshot(msgspec.Struct, tag="snapshot"):
 
     ops: Count
     seq: Count  # the last batch enqueued before it
-    ts: float
+    ts: Float
     num_blocks: Annotated[int, Meta(ge=1, le=2**31 - 1)]
     refs: bytes
     prev: bytes
@@ -260,7 +263,7 @@ class Snapshot(msgspec.Struct, tag="snapshot"):
 
 class SnapshotRequest(msgspec.Struct, tag="snapshot?"):
     reason: Annotated[str, Meta(max_length=200)] = ""
-    ts: float = 0.0  # when asked (a signed request older than a minute is refused)
+    ts: Float = 0.0  # when asked (a signed request older than a minute is refused)
     nonce: Annotated[bytes, Meta(max_length=32)] = b""  # the reply's signature covers it
 
 

@@ -16,6 +16,7 @@ from app.main import create_app
 from app.mirror import setup as mirror_setup
 from app.mirror import status as mirror_status
 from blockpool.mirror import pool_digest
+from blockpool.mirror import protocol as wire
 from blockpool.mirror.protocol import DigestReading
 from tests.app.conftest import assert_error, free_port, make_settings, running
 from tests.mirror.rig import Rig, metric, until
@@ -227,6 +228,53 @@ async def test_how_far_the_engines_digest_is_behind_is_shown(rig: Rig) -> None:
         with pytest.raises(AssertionError, match="no blockpool_mirror_plugin_forward_pass_ms"):
             metric(text, "blockpool_mirror_plugin_forward_pass_ms")
         assert metric(text, "blockpool_mirror_plugin_digests_taken_total") == 3
+    app.state.engine.check()
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_a_float_not_finite_is_a_protocol_error(bad: float) -> None:
+    """Every float on the wire is finite: a figure the service shows as JSON
+    (which has no NaN or infinity) can never be one a peer made so."""
+    beat = wire.Beat(seq=1, ts=1.0, ops=0, drops=0, stats=(0, 0, 0), cost_us=(bad, 1.0, 2.0))
+    reading = DigestReading(behind=1, window_us=bad)
+    late = wire.Batch(
+        seq=1, step=1, ts=bad, first_op=0, ops=[], requests=[], stats=(0, 0, 0), drops=0
+    )
+    for msg in (
+        beat,
+        wire.Beat(seq=1, ts=1.0, ops=0, drops=0, stats=(0, 0, 0), reading=reading),
+        late,
+    ):
+        with pytest.raises(wire.ProtocolError, match="not a mirror message"):
+            wire.decode(wire.encode(msg))
+    assert (
+        wire.decode(wire.encode(wire.Beat(seq=1, ts=1.0, ops=0, drops=0, stats=(0, 0, 0))))
+        is not None
+    )
+
+
+async def test_a_handshake_with_a_float_not_finite_is_refused_and_the_state_still_answers(
+    rig: Rig,
+) -> None:
+    """Before: one handshake saying an infinite forward pass (or a NaN time)
+    made every ``GET /api/mirror`` a 500 until another said otherwise."""
+    hello = await rig.hello()
+    app, client = rig.service(hello)
+    async with running(app) as api:
+        await api.ok("GET", "/api/mirror")
+        for bad in (float("inf"), float("nan")):
+            before = client.status.bad_messages
+            rig.reading = DigestReading(behind=7, window_us=bad)
+            await until(lambda b=before: client.status.bad_messages > b)  # the next handshake
+            st = await api.ok("GET", "/api/mirror")  # answered, as JSON
+            assert st["plugin_digest"] is None and st["bad_messages"] > before
+            assert "window_us" in st["last_problem"], st["last_problem"]
+            assert "blockpool_mirror_plugin" not in (await api.get("/metrics")).text.replace(
+                "blockpool_mirror_plugin_step", ""
+            )
+        rig.reading = DigestReading(behind=7, window_us=40.0)
+        await until(lambda: client.status.engine_reading == rig.reading)
+        assert (await api.ok("GET", "/api/mirror"))["plugin_digest"]["behind_blocks"] == 7
     app.state.engine.check()
 
 
