@@ -34,6 +34,12 @@ IDLE_AFTER_S = 0.05
 # interval, measured.)
 KEPT = 16
 END_SHARE = 0.85
+# passes shorter than this are no time of the plugin's thread's own: an
+# engine that never waits for its forward pass (vLLM's AsyncScheduler on a
+# CPU slower than its GPU: the "pass" is its own Python, ~0.4 ms measured)
+# -- the thread is not woken for them (each wake takes the interpreter from
+# the busy engine), it works on its own turns (blockpool_vllm/sender.py)
+MIN_WINDOW_NS = 1_000_000
 
 
 class ForwardPasses:
@@ -80,12 +86,18 @@ class ForwardPasses:
             return None
         return min(self.lengths) / 1000.0
 
+    def windowless(self) -> bool:
+        """Whether the engine's passes are too short to work in (the last
+        ``KEPT`` passes, one shorter than ``MIN_WINDOW_NS``)."""
+        return self.count > KEPT and min(self.lengths) < MIN_WINDOW_NS
+
     def may_work(self) -> bool:
         """Whether the plugin's thread may work on the pool now without
-        taking the interpreter from the engine: its forward pass, or idle."""
+        taking the interpreter from the engine: its forward pass (one long
+        enough to work in), or idle."""
         return (
             self.window is None
-            or self.forwarding
+            or (self.forwarding and not self.windowless())
             or time.monotonic() - self.last_flush >= IDLE_AFTER_S
         )
 
@@ -96,13 +108,18 @@ class ForwardPasses:
         w = self.window
         if w is None:
             return True
-        seen = self._turn_seen
-        with w:
-            w.wait_for(lambda: self.count != seen, timeout)
+        if self.windowless():
+            time.sleep(timeout)  # no pass to be woken for (see MIN_WINDOW_NS)
+        else:
+            seen = self._turn_seen
+            with w:
+                w.wait_for(lambda: self.count != seen, timeout)
         self._turn_seen = self.count
         self.pace.rested()
         self.plan()
-        return self.may_work()
+        free = self.may_work()
+        self.pace.busy(not free)  # (a turn taken anyway, overdue: the engine works)
+        return free
 
     def plan(self) -> None:
         """The plan for the forward pass now running (see ``KEPT``): none
