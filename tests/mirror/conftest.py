@@ -1,4 +1,5 @@
-"""The ``rig`` fixture of the mirror tests: one per free order."""
+"""The mirror tests' fixtures: ``rig`` (one per free order), ``keyed`` (an
+engine and a mirror sharing a secret), ``quick_resync``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.mirror.rig import Rig
+from app.mirror import client as mirror_client
+from app.mirror import snapshot_request as mirror_snapshot_request
+from tests.mirror.rig import SECRET, Rig
 
 
 @pytest.fixture(params=["append_all", "uncached_first"])
@@ -17,3 +20,22 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
         yield r
     finally:
         r.close()
+
+
+@pytest.fixture
+async def keyed() -> AsyncIterator[Rig]:
+    """An engine and a mirror sharing one secret."""
+    r = Rig("uncached_first", key=SECRET)
+    r.start()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+@pytest.fixture
+def quick_resync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine that does not answer is given up on soon (and retried soon)."""
+    monkeypatch.setattr(mirror_snapshot_request, "SNAPSHOT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(mirror_client, "RETRY_S", 0.2)
+    monkeypatch.setattr(mirror_client, "RETRY_MAX_S", 0.5)

@@ -1,17 +1,21 @@
 """The rig of the ``serve --mirror`` tests: an engine followed as the plugin
 follows vLLM's pool, its batches sent by the plugin's own sender thread
 (blockpool_vllm/sender.py: signed PUB, ROUTER snapshots), and the real app
-mirroring it; waiting on conditions, reading /metrics."""
+mirroring it; waiting on conditions, reading /metrics; holding the mirror's
+processor (``gate``) and driving the engine until the mirror is exact
+(``exact_now``)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import msgspec
+import pytest
 from fastapi import FastAPI
 
 from app.main import create_app
@@ -22,6 +26,9 @@ from blockpool.mirror.protocol import DigestReading, Hello
 from blockpool_vllm.sender import Sender
 from tests.app.conftest import free_port, make_settings
 from tests.mirror.workload import FollowedEngine
+
+SECRET = StreamKey(b"the engine's secret, 32 chars ok")
+OTHER = StreamKey(b"another secret, 32 characters ok")
 
 
 class Rig:
@@ -151,3 +158,30 @@ async def until(what: Callable[[], Any], timeout: float = 60.0) -> Any:
             return got
         await anyio.sleep(0.02)
     raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def gate(client: MirrorClient, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Hold the mirror's processor before it handles its next group (the
+    reader goes on taking frames): set the event to let it go."""
+    go = asyncio.Event()
+    handle: Callable[[Any], Awaitable[None]] = client._handle_group
+
+    async def held(opened: Any) -> None:
+        await go.wait()
+        await handle(opened)
+
+    monkeypatch.setattr(client, "_handle_group", held)
+    return go
+
+
+async def exact_now(rig: Rig, client: MirrorClient) -> None:
+    """Drive the engine until the mirror caught up and a digest matched since its sync."""
+
+    def proved() -> bool:
+        if not (rig.caught_up(client) and client.status.digests_checked_since_sync > 0):
+            rig.engine.drive(1)
+            return False
+        return True
+
+    await until(proved)
+    await until(lambda: client.status.as_dict()["exact"])
