@@ -28,7 +28,8 @@ only when the engine is made to let go (the switch interval): a sleep
 every 100 µs then gave the plugin's thread 100 µs of every 5 ms, too
 little to send the engine's batches (1,500 queued after 3,000 steps,
 measured).  Then it works ``BUSY_EVERY_NS`` between two sleeps: an engine
-step delayed by at most that, the stream kept up.
+step delayed by at most that (an async run's batches sent: 580-963 of 961
+in six runs, against 431-438).
 """
 
 from __future__ import annotations
