@@ -11,16 +11,7 @@ from __future__ import annotations
 from blockpool.mirror.digest import pool_digest
 from blockpool.runtime.ops import AllocateOp, FreeOp
 from blockpool_vllm.forward_pass import KEPT
-from tests.mirror.workload import FollowedEngine
-
-
-def passes_of(engine: FollowedEngine, lengths_ns: list[int]) -> None:
-    """Forward passes this long (the engine's hooks, clocks moved back)."""
-    p = engine.follower.passes
-    for n in lengths_ns:
-        p.begins()
-        p.began -= n
-        p.ends()
+from tests.mirror.workload import FollowedEngine, passes_of
 
 
 def test_the_reading_counts_the_blocks_not_read_and_the_passes_to_read_in() -> None:

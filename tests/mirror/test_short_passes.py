@@ -19,19 +19,10 @@ from blockpool_vllm.forward_pass import KEPT, MIN_WINDOW_NS
 from blockpool_vllm.pacing import BUSY_EVERY_NS, EVERY_NS, Pacer
 from blockpool_vllm.sender import Sender
 from tests.app.conftest import free_port
-from tests.mirror.workload import FollowedEngine
+from tests.mirror.workload import FollowedEngine, passes_of
 from tests.support.wait import WAIT_TIMEOUT, eventually
 
 SHORT_NS = 30_000  # a pass of 30 µs
-
-
-def passes_of(engine: FollowedEngine, lengths_ns: list[int]) -> None:
-    """Forward passes this long (the engine's hooks, clocks moved back)."""
-    p = engine.follower.passes
-    for n in lengths_ns:
-        p.begins()
-        p.began -= n
-        p.ends()
 
 
 def test_the_pacer_works_longer_between_sleeps_while_the_engine_works() -> None:

@@ -163,3 +163,12 @@ class FollowedEngine:
         for _ in range(steps):
             self.step()
         self.rt.check()
+
+
+def passes_of(engine: FollowedEngine, lengths_ns: list[int]) -> None:
+    """Forward passes this long (the engine's hooks, clocks moved back)."""
+    p = engine.follower.passes
+    for n in lengths_ns:
+        p.begins()
+        p.began -= n
+        p.ends()
