@@ -1,6 +1,7 @@
 """What a usual pool call leaves in the follower's ``ops`` -- the blocks it
-gave, in one flat tuple -- and ``resolve``, which reads them as the wire's
-operations (blockpool/mirror/protocol.py) off the engine's thread.
+gave, flat, in the one list of the step's calls -- and ``resolve``, which reads
+them as the wire's operations (blockpool/mirror/protocol.py) off the engine's
+thread.
 """
 
 from __future__ import annotations
@@ -10,12 +11,31 @@ from typing import Any
 
 from blockpool.mirror.protocol import Allocate, Cache, Free, Op, Reset, Touch, Unsupported
 
-# what a usual call leaves in ``PoolFollower.ops``, for ``resolve``: one flat
-# tuple per call (the kind, then what it gave) -- one object for the garbage
-# collector to count, not a tuple and its lists: the engine's collector runs
-# no more often for the calls followed while the sender has not read them
+# what a usual call leaves in ``PoolFollower.ops``, for ``resolve``: its kind,
+# how many blocks, then the blocks it gave -- ``KIND, n, *blocks`` -- or for a
+# cache call ``CACHE, offset, group, n, m, *window, *hashes after, *request's
+# hash chain`` (the window and the hashes ``n`` long, the chain ``m``), in
+# the step's one list: no object of its own for the garbage collector to
+# count.  (A tuple a call was: an engine too busy to give the sender's thread
+# time held a thousand of them at once, queued, and its young collections
+# doubled -- each walking the engine's young requests, 15-25 ms, measured.)
+# Any other operation is a wire record of its own (one item).
 ALLOCATE, FREE, TOUCH, CACHE = 0, 1, 2, 3
 _BY_KIND: tuple[type[Allocate] | type[Free] | type[Touch], ...] = (Allocate, Free, Touch)
+
+
+def count_ops(entries: list[Any]) -> int:
+    """The operations ``entries`` hold (kept, or resolved: one each)."""
+    n = i = 0
+    end = len(entries)
+    while i < end:
+        e = entries[i]
+        if e.__class__ is int:
+            i += 5 + 2 * entries[i + 3] + entries[i + 4] if e == CACHE else 2 + entries[i + 1]
+        else:
+            i += 1
+        n += 1
+    return n
 
 
 def resolve(
@@ -23,40 +43,43 @@ def resolve(
 ) -> tuple[list[Op], list[int]]:
     """The operations of one flush as the wire has them, and the block ids
     they named (-1: a reset, -2: a call not followed) for the digest.  The
-    usual calls were kept as the blocks they gave (``(kind, *blocks)``, or for
-    a cache call ``(CACHE, offset, group, n, *window, *hashes after,
-    *request's hash chain)``, the window and the hashes ``n`` long) and are
-    read here -- off the engine's thread when deferred, ``pace`` called
+    usual calls were kept as the blocks they gave (flat: see ``CACHE``) and
+    are read here -- off the engine's thread when deferred, ``pace`` called
     between two calls' (a step naming thousands of blocks took 4.5 ms of
     the sender's thread here, measured: an engine back meanwhile would wait
     for the interpreter).  A block's id never changes, and what was kept
     was copied at the call: nothing here can change under it."""
     ops: list[Op] = []
     touched: list[int] = []
-    for e in entries:
+    i, end = 0, len(entries)
+    while i < end:
         if pace is not None:
             pace()
-        if e.__class__ is tuple:
-            kind = e[0]
-            if kind == CACHE:
-                off, group, n = e[1], e[2], e[3]
+        e = entries[i]
+        if e.__class__ is int:
+            if e == CACHE:
+                off, group, n, m = entries[i + 1], entries[i + 2], entries[i + 3], entries[i + 4]
+                window = i + 5  # then the hashes after at window + n, the chain at window + 2n
                 ids: list[int] = []
                 hashes: list[bytes] = []
                 first = -1
-                for i in range(n):
-                    h = e[4 + n + i]
+                for k in range(n):
+                    h = entries[window + n + k]
                     if h is None:
                         continue
                     if first < 0:
-                        first = i
-                    ids.append(e[4 + i].block_id)
+                        first = k
+                    ids.append(entries[window + k].block_id)
                     hashes.append(bytes(h)[:-4])
                 at = off + first - 1  # the parent's place in the chain kept
-                parent = bytes(e[4 + 2 * n + at]) if at >= 0 else None
+                parent = bytes(entries[window + 2 * n + at]) if at >= 0 else None
                 ops.append(Cache(int(group), parent, ids, hashes))
+                i = window + 2 * n + m
             else:
-                ids = [b.block_id for b in e[1:]]
-                ops.append(_BY_KIND[kind](ids))
+                n = entries[i + 1]
+                ids = [b.block_id for b in entries[i + 2 : i + 2 + n]]
+                ops.append(_BY_KIND[e](ids))
+                i += 2 + n
             touched.extend(ids)
         else:
             ops.append(e)
@@ -66,4 +89,5 @@ def resolve(
                 touched.append(-2)
             else:
                 touched.extend(e.ids)
+            i += 1
     return ops, touched

@@ -76,6 +76,10 @@ class Pacer:
         self.last = perf_counter_ns()
         self.sleeps = 0
 
+    def due(self) -> bool:
+        """Whether the next call sleeps."""
+        return perf_counter_ns() - self.last >= self.every_ns
+
     def __call__(self) -> bool:
         """Sleep if due; whether it slept (the engine may have moved)."""
         if perf_counter_ns() - self.last < self.every_ns:

@@ -1,7 +1,7 @@
 """The pool's calls, followed: ``hook_pool`` wraps the pool *object's*
 methods (its instance attributes: vLLM's classes and files are left as they
 are) so that each call that changes it is kept, as it happens, in the
-follower's ``ops`` -- an append per call on the engine's thread, the pool
+follower's ``ops`` -- an extend per call on the engine's thread, the pool
 never walked (blockpool_vllm/follower.py).  The usual calls are kept as the
 blocks they gave, read later off the engine's thread
 (blockpool_vllm/call_records.py); the rest as typed operations.  While a
@@ -41,6 +41,7 @@ def hook_pool(self: PoolFollower) -> None:
     ones as the blocks they gave: blockpool_vllm/call_records.py)."""
     pool = self.pool
     ops = self.ops
+    keep = ops.extend  # a usual call, flat (blockpool_vllm/call_records.py)
     lock = self.capture_lock
     # the originals, in the order of WRAPPED
     get_new_blocks, free_blocks, touch, cache_full_blocks, evict_blocks, reset_prefix_cache = (
@@ -63,7 +64,7 @@ def hook_pool(self: PoolFollower) -> None:
                 ret = get_new_blocks(num_blocks)
             t = _now()
             if ret:
-                ops.append((ALLOCATE, *ret))  # ids read later (resolve)
+                keep((ALLOCATE, len(ret), *ret))  # ids read later (resolve)
                 self.op_count += 1
             self.step_ns += _now() - t + t1 - t0
             return ret
@@ -91,7 +92,7 @@ def hook_pool(self: PoolFollower) -> None:
                     call(blocks)
                 t = _now()
                 if blocks:
-                    ops.append((kind, *blocks))
+                    keep((kind, len(blocks), *blocks))
                     self.op_count += 1
                 self.step_ns += _now() - t + t1 - t0
             finally:
@@ -148,7 +149,7 @@ def hook_pool(self: PoolFollower) -> None:
                 start = num_cached_blocks - 1 if num_cached_blocks > 0 else 0
                 chain = request.block_hashes[start:num_full_blocks]
                 off, group = num_cached_blocks - start, kv_cache_group_id
-                ops.append((CACHE, off, group, len(window), *window, *after, *chain))
+                keep((CACHE, off, group, len(window), len(chain), *window, *after, *chain))
                 self.op_count += 1
             elif n_new:
                 cache_slowly(

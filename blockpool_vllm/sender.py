@@ -2,7 +2,8 @@
 
 The engine's thread only ever calls ``offer`` (a non-blocking put on a
 bounded queue: a full queue drops the batch, counted).  The thread encodes
-and publishes on a PUB socket (frames ``[TOPIC, payload, mac]``), re-sends
+and publishes on a PUB socket (frames ``[TOPIC, payload, mac]``; what queued
+meanwhile in one message, blockpool_vllm/bundle.py), re-sends
 the handshake every few seconds (a mirror started later learns the engine),
 sends a beat when idle, and answers snapshot requests on a ROUTER socket
 (blockpool_vllm/snapshot_requests.py).
@@ -39,7 +40,7 @@ Nothing a peer sends, and nothing that fails here, reaches the engine:
   (``SNDHWM`` = ``peer_hwm`` replies, ``EAGAIN``) is dropped and counted in
   ``replies_dropped``, never waited on.  Requests are at most
   ``MAX_CONTROL_BYTES`` a frame (``MAXMSGSIZE``: a larger one disconnects
-  its peer) and ``_PEER_RCVHWM`` queued per peer.
+  its peer) and ``PEER_RCVHWM`` queued per peer (blockpool_vllm/sockets.py).
 * File descriptors: one per connected peer.  ``HANDSHAKE_IVL`` drops a
   connection that never completes ZMTP's greeting, ZMTP heartbeats and TCP
   keepalive drop dead peers; live idle peers are bounded by who can reach
@@ -68,18 +69,18 @@ import zmq
 
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.auth import StreamKey
-from blockpool_vllm.pacing import tighten_timer_slack
+from blockpool_vllm.bundle import Bundle
+from blockpool_vllm.call_records import count_ops
+from blockpool_vllm.pacing import Pacer, tighten_timer_slack
 from blockpool_vllm.snapshot_requests import SnapshotRequests
+from blockpool_vllm.sockets import bind_stream
 
 logger = logging.getLogger("blockpool_vllm")
 
 HELLO_EVERY_S = 2.0
 BEAT_EVERY_S = 0.5
 _BATCHES_PER_LOOP = 1024  # batches sent per loop turn before the control socket's turn
-_PEER_RCVHWM = 16
 _MAX_SOCKETS = 16
-_HANDSHAKE_MS = 5000
-_HEARTBEAT_MS = 10_000
 _RESTART_BACKOFF_S = (0.05, 5.0)
 _LOG_RESTART_EVERY_S = 60.0
 # with turns, the longest wait for one (a shorter one would wake the thread in
@@ -90,6 +91,7 @@ _OVERDUE_S = 0.25  # the engine never in a forward pass this long: the thread wo
 # batches queued from which the thread no longer pauses between two: an
 # engine with no time of its own still has its stream, at the price of waits
 _PACED_BACKLOG = 8
+_BUNDLE = 64  # batches in one message, at most (wire.MAX_BATCHES_PER_MESSAGE)
 _OVERDUE_BATCHES = 64  # ... or this many batches queued
 
 
@@ -120,7 +122,7 @@ class Sender(SnapshotRequests):
         background: Callable[[], object] = lambda: None,
         prepare: Callable[[wire.Batch], wire.Batch] = lambda b: b,
         turn: Callable[[float], bool] | None = None,
-        pace: Callable[[], bool] | None = None,
+        pace: Pacer | None = None,
         control_endpoint: str | None = None,
         key: StreamKey | None = None,
         max_queue: int = 4096,
@@ -165,6 +167,7 @@ class Sender(SnapshotRequests):
         self._batch_drops = 0  # the follower's drops, as its last batch handled said
         self._queue: queue.Queue[wire.Batch | None] = queue.Queue(maxsize=max_queue)
         self.sent = 0  # batches published
+        self.bundles = 0  # messages that held several (wire.Batches)
         self.dropped = 0  # batches dropped (a full queue, or not bound yet)
         self.restarts = 0  # the loop's restarts after an exception
         self.timer_slack_tight = False  # the thread asked Linux for short sleeps (pacing.py)
@@ -245,13 +248,20 @@ class Sender(SnapshotRequests):
         )
 
     def _handled(self, batch: wire.Batch) -> None:
-        if batch.seq > self.handled_seq:
-            self.handled_seq = batch.seq
-            self.handled_ops = batch.first_op + len(batch.ops)
-            self._batch_drops = max(self._batch_drops, batch.drops)
+        # (not prepared: its calls kept as the follower keeps them)
+        self._handled_upto(batch.seq, batch.first_op + count_ops(batch.ops), batch.drops)
+
+    def _handled_upto(self, seq: int, end_op: int, drops: int) -> None:
+        """Batches up to ``seq`` (its operations ending at ``end_op``) sent or dropped."""
+        if seq > self.handled_seq:
+            self.handled_seq = seq
+            self.handled_ops = end_op
+            self._batch_drops = max(self._batch_drops, drops)
 
     def _publish(self, pub: Any, msg: wire.Message) -> None:
-        payload = wire.encode(msg)
+        self._publish_payload(pub, wire.encode(msg))
+
+    def _publish_payload(self, pub: Any, payload: bytes) -> None:
         mac = self._key.sign(wire.TOPIC, payload) if self._key is not None else b""
         pub.send_multipart([wire.TOPIC, payload, mac])
 
@@ -325,33 +335,9 @@ class Sender(SnapshotRequests):
                 self._handled(item)
 
     def _bind(self, ctx: Any) -> tuple[Any, Any]:
-        made: list[Any] = []
-        try:
-            pub = ctx.socket(zmq.PUB)
-            made.append(pub)
-            pub.setsockopt(zmq.LINGER, 0)
-            pub.setsockopt(zmq.SNDHWM, self._hwm)
-            pub.setsockopt(zmq.MAXMSGSIZE, 1024)  # a subscriber only sends its topic
-            pub.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_MS)
-            pub.bind(self.endpoint)
-            ctl = ctx.socket(zmq.ROUTER)
-            made.append(ctl)
-            ctl.setsockopt(zmq.LINGER, 0)
-            ctl.setsockopt(zmq.MAXMSGSIZE, wire.MAX_CONTROL_BYTES)
-            ctl.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply that cannot go: an error, counted
-            ctl.setsockopt(zmq.SNDHWM, self.peer_hwm)
-            ctl.setsockopt(zmq.RCVHWM, _PEER_RCVHWM)
-            ctl.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_MS)
-            ctl.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_MS)
-            ctl.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * _HEARTBEAT_MS)
-            ctl.setsockopt(zmq.TCP_KEEPALIVE, 1)
-            ctl.bind(self.control_endpoint)
-            last = ctl.getsockopt(zmq.LAST_ENDPOINT)
-            self.control_port = int(last.decode().rpartition(":")[2])
-        except BaseException:
-            for s in made:
-                s.close(0)
-            raise
+        pub, ctl, self.control_port = bind_stream(
+            ctx, self.endpoint, self.control_endpoint, hwm=self._hwm, peer_hwm=self.peer_hwm
+        )
         return pub, ctl
 
     def _supervise(self, pub: Any, ctl: Any) -> None:
@@ -427,23 +413,41 @@ class Sender(SnapshotRequests):
 
     def _send_batches(self, pub: Any, item: wire.Batch | None) -> None:
         """This batch and what queued meanwhile, at most _BATCHES_PER_LOOP (the
-        rest waits for the next turn, after the control socket's)."""
-        for left in range(_BATCHES_PER_LOOP - 1, -1, -1):
-            if item is None:
-                raise _Stop
-            try:
-                self._publish(pub, self._prepare(item))
-            except BaseException:
-                self.dropped += 1  # this batch is lost (the mirror sees the gap)
-                self._handled(item)
-                raise
-            self.sent += 1
-            self._handled(item)
-            if not left:
-                return
-            if self._pace is not None and self._queue.qsize() < _PACED_BACKLOG:
-                self._pace()  # (a backlog is sent in one go: the stream keeps up)
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
+        rest waits for the next turn, after the control socket's), in as few
+        messages as they fit: up to _BUNDLE a message (blockpool_vllm/bundle.py)."""
+        bundle = Bundle()
+        try:
+            for left in range(_BATCHES_PER_LOOP - 1, -1, -1):
+                if item is None:
+                    raise _Stop
+                try:
+                    bundle.add(self._prepare(item))
+                except BaseException:
+                    self.dropped += 1  # this batch is lost (the mirror sees the gap)
+                    self._handled(item)
+                    raise
+                if not left:
+                    return
+                pace = self._pace if self._queue.qsize() < _PACED_BACKLOG else None
+                if len(bundle) >= _BUNDLE or (pace is not None and pace.due()):
+                    out, bundle = bundle, Bundle()  # (out before the engine is let in)
+                    self._publish_bundle(pub, out)
+                if pace is not None:
+                    pace()  # (a backlog is sent in one go: the stream keeps up)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+        finally:  # what was prepared goes out, whatever happened after
+            if bundle:
+                self._publish_bundle(pub, bundle)
+
+    def _publish_bundle(self, pub: Any, bundle: Bundle) -> None:
+        """What was not published is dropped and counted (the mirror sees the gap)."""
+        try:
+            bundle.publish(lambda payload: self._publish_payload(pub, payload))
+        finally:
+            self.sent += bundle.published
+            self.dropped += len(bundle) - bundle.published
+            self.bundles += bundle.one_message
+            self._handled_upto(bundle.seq, bundle.end_op, bundle.drops)

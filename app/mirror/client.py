@@ -204,10 +204,11 @@ class MirrorClient:
             st.messages += 1
             if signed and self.key is None:
                 st.signed_unverified += 1
-            if isinstance(msg, wire.Batch):
-                taken = self._take(msg)
-                if taken is not None:
-                    batches.append(taken)
+            if isinstance(msg, wire.Batch | wire.Batches):
+                for batch in msg.batches if isinstance(msg, wire.Batches) else (msg,):
+                    taken = self._take(batch)
+                    if taken is not None:
+                        batches.append(taken)
                 continue
             if batches:  # what came before it first
                 await self._apply_group(batches)
@@ -235,7 +236,7 @@ class MirrorClient:
             return True
         st = self.status
         if boot in self._old_boots:
-            st.stale_discarded += 1
+            st.stale_discarded += len(msg.batches) if isinstance(msg, wire.Batches) else 1
             return False
         self._old_boots.append(self.boot)
         self.boot = boot

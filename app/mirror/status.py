@@ -82,7 +82,7 @@ class MirrorStatus:
     unauthenticated: int = 0  # messages dropped: their mac did not verify
     signed_unverified: int = 0  # signed messages a mirror without the secret took
     engine_restarts: int = 0  # a new boot seen
-    stale_discarded: int = 0  # messages of a previous engine, dropped unread
+    stale_discarded: int = 0  # batches (and beats) of a previous engine, dropped unread
     backlog_dropped: int = 0  # messages dropped for a fresh snapshot (a backlog)
     last_seq: int = 0
     engine_steps: int = 0  # from the engine's beats: batches made, the plugin's own time
@@ -346,7 +346,7 @@ FIGURES_HELP = {
     "gaps_total": "batches or operations that never arrived",
     "divergences_total": "digests or operations that disagreed with the engine's",
     "unauthenticated_total": "messages dropped: not signed with the mirror's secret",
-    "stale_discarded_total": "messages of a previous run of the engine, dropped unread",
+    "stale_discarded_total": "batches of a previous run of the engine, dropped unread",
     "backlog_dropped_total": "messages dropped for a fresh snapshot (a backlog too large)",
     "plugin_step_p50_us": "the plugin's time per scheduler step on the engine's thread, p50 (µs)",
     "plugin_step_p99_us": "the plugin's time per scheduler step on the engine's thread, p99 (µs)",

@@ -478,7 +478,7 @@ def plugin_reported(sched: Any) -> dict[str, Any]:
     if callable(quantiles):  # its own time on the engine's thread, the last steps (µs)
         got["follower.cost_us_p50_p99_max"] = quantiles()
     sender = getattr(sched, "_mirror_sender", None)
-    for attr in ("sent", "dropped", "snapshots"):
+    for attr in ("sent", "bundles", "dropped", "snapshots"):
         v = getattr(sender, attr, None)
         if isinstance(v, int | float):
             got[f"sender.{attr}"] = v

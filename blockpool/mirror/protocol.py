@@ -15,6 +15,10 @@ second socket (DEALER to the engine's ROUTER): the request is
   batches, ``first_op`` the operations before it (a mirror checks both for
   gaps), plus what happened to requests, the engine's prefix-cache totals,
   the batches dropped so far and the digest of the real pool after it.
+* ``Batches``: several batches in one message, in order -- what an engine
+  too busy to give the plugin's thread time of its own queued meanwhile
+  (each socket call lets go of the interpreter, and a busy engine gives it
+  back only after the switch interval: one call for many batches).
 * ``Beat``: the engine is alive but idle (last seq and op count).
 * ``Snapshot``: the whole pool after ``ops`` operations.
 
@@ -36,7 +40,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-PROTOCOL = 3
+PROTOCOL = 4  # 4: Batches
 TOPIC = b"blockpool-mirror"
 # Sizes in bytes, per message kind: a step's batch, a request to the control
 # socket, a snapshot (only ever read from the engine's control socket).
@@ -217,6 +221,24 @@ class Batch(msgspec.Struct, tag="batch", gc=False):
     boot: Boot = ""
 
 
+MAX_BATCHES_PER_MESSAGE = 256  # in one ``Batches``
+
+
+class Batches(msgspec.Struct, tag="batches", gc=False):
+    """Consecutive batches, in the order they were made (each one checked
+    for gaps as if it came alone)."""
+
+    batches: Annotated[list[Batch], Meta(min_length=1, max_length=MAX_BATCHES_PER_MESSAGE)]
+    boot: Boot = ""
+
+
+class _EncodedBatches(msgspec.Struct, tag="batches", gc=False):
+    """A ``Batches`` of batches encoded already: the same bytes on the wire."""
+
+    batches: list[msgspec.Raw]
+    boot: Boot = ""
+
+
 class Beat(msgspec.Struct, tag="beat"):
     seq: Count
     ts: Float
@@ -267,7 +289,7 @@ class SnapshotRequest(msgspec.Struct, tag="snapshot?"):
     nonce: Annotated[bytes, Meta(max_length=32)] = b""  # the reply's signature covers it
 
 
-Message = Hello | Batch | Beat | Snapshot | SnapshotRequest
+Message = Hello | Batch | Batches | Beat | Snapshot | SnapshotRequest
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Message)
@@ -279,6 +301,13 @@ class ProtocolError(ValueError):
 
 def encode(msg: Message) -> bytes:
     return _ENCODER.encode(msg)
+
+
+def encode_batches(encoded: list[bytes], boot: str) -> bytes:
+    """A ``Batches`` message of batches each ``encode``-d already (the
+    plugin's sender holds bytes while it gathers them, not records: records
+    held a while are the garbage collector's work, measured)."""
+    return _ENCODER.encode(_EncodedBatches([msgspec.Raw(e) for e in encoded], boot))
 
 
 def decode(data: bytes, limit: int = MAX_MESSAGE_BYTES) -> Message:
