@@ -153,8 +153,7 @@ class PoolFollower:
         return batch
 
     def _batch(self, force_digest: bool) -> Batch:
-        raw = self.ops[:]
-        self.ops.clear()
+        raw, self.ops = self.ops, []  # (taken whole: the pool's hooks keep the next in a new one)
         self.step += 1
         self.seq += 1
         # a digest asked for now (tools, tests: the engine's own hooks never

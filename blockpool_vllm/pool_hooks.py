@@ -40,8 +40,6 @@ def hook_pool(self: PoolFollower) -> None:
     that changes the pool kept in ``self.ops`` as it happens (the usual
     ones as the blocks they gave: blockpool_vllm/call_records.py)."""
     pool = self.pool
-    ops = self.ops
-    keep = ops.extend  # a usual call, flat (blockpool_vllm/call_records.py)
     lock = self.capture_lock
     # the originals, in the order of WRAPPED
     get_new_blocks, free_blocks, touch, cache_full_blocks, evict_blocks, reset_prefix_cache = (
@@ -64,7 +62,9 @@ def hook_pool(self: PoolFollower) -> None:
                 ret = get_new_blocks(num_blocks)
             t = _now()
             if ret:
-                keep((ALLOCATE, len(ret), *ret))  # ids read later (resolve)
+                kept = self.ops  # (the step's list: a flush takes it whole)
+                kept.extend((ALLOCATE, len(ret)))  # flat, ids read later (resolve)
+                kept.extend(ret)
                 self.op_count += 1
             self.step_ns += _now() - t + t1 - t0
             return ret
@@ -92,7 +92,9 @@ def hook_pool(self: PoolFollower) -> None:
                     call(blocks)
                 t = _now()
                 if blocks:
-                    keep((kind, len(blocks), *blocks))
+                    kept = self.ops
+                    kept.extend((kind, len(blocks)))
+                    kept.extend(blocks)
                     self.op_count += 1
                 self.step_ns += _now() - t + t1 - t0
             finally:
@@ -149,7 +151,11 @@ def hook_pool(self: PoolFollower) -> None:
                 start = num_cached_blocks - 1 if num_cached_blocks > 0 else 0
                 chain = request.block_hashes[start:num_full_blocks]
                 off, group = num_cached_blocks - start, kv_cache_group_id
-                keep((CACHE, off, group, len(window), len(chain), *window, *after, *chain))
+                kept = self.ops
+                kept.extend((CACHE, off, group, len(window), len(chain)))
+                kept.extend(window)
+                kept.extend(after)
+                kept.extend(chain)
                 self.op_count += 1
             elif n_new:
                 cache_slowly(
@@ -172,7 +178,7 @@ def hook_pool(self: PoolFollower) -> None:
             else:
                 evict_blocks(arg)
             if ids:
-                ops.append(Evict(ids))
+                self.ops.append(Evict(ids))
                 self.op_count += 1
         finally:
             self.epoch += 1
@@ -183,7 +189,7 @@ def hook_pool(self: PoolFollower) -> None:
             done: bool = reset_prefix_cache()
             if done:
                 self.abandon_capture()
-                ops.append(Reset())
+                self.ops.append(Reset())
                 self.sync_due = True
                 self.op_count += 1
             return done
