@@ -109,6 +109,7 @@ class MirrorClient:
         self._decoder: ThreadPoolExecutor | None = None
         self.boot: str | None = None  # the engine run followed
         self._old_boots: deque[str] = deque(maxlen=64)
+        self._newer_said = 0  # a newer protocol the handshake said (said once)
         self._retry_at = 0.0  # monotonic: no resync before (backoff)
         self._chains: list[wire.Record] = []  # request records heard while out of step
         self._retry_s = RETRY_S
@@ -265,6 +266,15 @@ class MirrorClient:
             self._unsync()
             self._ask_rebuild(hello)
         st.unsupported = not hello.exact
+        if hello.protocol > wire.PROTOCOL and (first or self._newer_said != hello.protocol):
+            self._newer_said = hello.protocol
+            why = (
+                f"the engine's plugin speaks protocol {hello.protocol}, this mirror "
+                f"{wire.PROTOCOL}: what it cannot read is counted as bad messages "
+                "(install the same blockpool on both sides)"
+            )
+            st.problem(why)
+            logger.warning("mirror: %s", why)
         if first:
             logger.info(
                 "mirror: engine %s (vLLM %s, %d blocks, %s)%s",

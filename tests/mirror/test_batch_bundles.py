@@ -178,3 +178,26 @@ async def test_a_mirror_applies_bundled_batches_and_stays_exact() -> None:
     finally:
         rig.close()
     rig.engine.rt.check()
+
+
+@pytest.mark.anyio
+async def test_a_plugin_of_a_newer_protocol_is_said() -> None:
+    rig = Rig("uncached_first", key=SECRET)
+    said = rig.engine.hello
+    rig.engine.hello = lambda port=None: msgspec.structs.replace(  # type: ignore[method-assign]
+        said(port), protocol=wire.PROTOCOL + 1
+    )
+    rig.start()
+    try:
+        hello = await rig.hello()
+        assert hello.protocol == wire.PROTOCOL + 1
+        app, client = rig.service(hello)
+        async with running(app) as api:
+            await until(lambda: client.status.hello is not None)
+            st = await api.ok("GET", "/api/mirror")
+            newer = f"protocol {wire.PROTOCOL + 1}, this mirror {wire.PROTOCOL}"
+            assert newer in st["last_problem"]
+            await exact_now(rig, client)  # what it can read, it follows
+    finally:
+        rig.close()
+    rig.engine.rt.check()
