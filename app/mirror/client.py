@@ -206,7 +206,7 @@ class MirrorClient:
             if signed and self.key is None:
                 st.signed_unverified += 1
             if isinstance(msg, wire.Batch | wire.Batches):
-                for batch in msg.batches if isinstance(msg, wire.Batches) else (msg,):
+                for batch in wire.batches_of(msg):
                     taken = self._take(batch)
                     if taken is not None:
                         batches.append(taken)

@@ -303,6 +303,14 @@ def encode(msg: Message) -> bytes:
     return _ENCODER.encode(msg)
 
 
+def batches_of(msg: Message) -> list[Batch]:
+    """The batches a message carries, in order: a ``Batch`` itself, a
+    ``Batches`` its own; none in any other."""
+    if isinstance(msg, Batch):
+        return [msg]
+    return msg.batches if isinstance(msg, Batches) else []
+
+
 def encode_batches(encoded: list[bytes], boot: str) -> bytes:
     """A ``Batches`` message of batches each ``encode``-d already (the
     plugin's sender holds bytes while it gathers them, not records: records

@@ -39,9 +39,8 @@ async def test_the_pages_stream_carries_the_newest_applied_batchs_engine_time(ri
         while True:
             _, body, _mac = await sub.recv_multipart()
             msg = wire.decode(body)
-            for batch in msg.batches if isinstance(msg, wire.Batches) else (msg,):
-                if isinstance(batch, wire.Batch):
-                    sent[batch.seq] = batch.ts
+            for batch in wire.batches_of(msg):
+                sent[batch.seq] = batch.ts
 
     heard: list[dict[str, Any]] = []
 

@@ -60,13 +60,12 @@ class Subscriber:
         """Reads up to the batch numbered ``seq`` (every one before it in order)."""
         seen = 0
         while True:
-            msg = self.next()
-            if isinstance(msg, wire.Batch):
-                assert msg.seq > seen, (msg.seq, seen)
-                seen = msg.seq
-                if msg.seq >= seq:
-                    assert msg.seq == seq
-                    return msg
+            for batch in wire.batches_of(self.next()):
+                assert batch.seq > seen, (batch.seq, seen)
+                seen = batch.seq
+                if batch.seq >= seq:
+                    assert batch.seq == seq
+                    return batch
 
 
 class Rig:

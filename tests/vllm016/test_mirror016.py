@@ -24,7 +24,6 @@ import zmq
 
 from blockpool.mirror import (
     TOPIC,
-    Batch,
     Hello,
     MirrorApplier,
     Snapshot,
@@ -33,7 +32,7 @@ from blockpool.mirror import (
     encode,
     pool_digest,
 )
-from blockpool.mirror.protocol import Preempted
+from blockpool.mirror.protocol import Preempted, batches_of
 from blockpool.runtime import PoolRuntime, RuntimeConfig
 from tests.vllm_engine.engine import free_port_pair
 from tests.vllm_envs import vllm016_python
@@ -125,11 +124,10 @@ def test_the_mirror_follows_vllm_016s_scheduler(tmp_path: Path) -> None:
         final: dict[str, Any] | None = None
         checked = batches = preempted = 0
         while final is None or applier.next_op < final["ops"]:
-            msg = recv()
-            if isinstance(msg, Batch):
-                checked += rt.run(lambda m=msg: applier.apply_batch(m)).digest_checked
+            for batch in batches_of(recv()):
+                checked += rt.run(lambda m=batch: applier.apply_batch(m)).digest_checked
                 batches += 1
-                preempted += sum(1 for r in msg.requests if isinstance(r, Preempted))
+                preempted += sum(1 for r in batch.requests if isinstance(r, Preempted))
             while final is None and not out.empty():
                 line = out.get()
                 final = line if "ops" in line else None

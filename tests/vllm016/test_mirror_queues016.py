@@ -19,8 +19,8 @@ import pytest
 import zmq
 
 from app.mirror.queues import EngineQueues
-from blockpool.mirror import TOPIC, Batch, Hello, SnapshotRequest, decode, encode
-from blockpool.mirror.protocol import Preempted, Scheduled
+from blockpool.mirror import TOPIC, Hello, SnapshotRequest, decode, encode
+from blockpool.mirror.protocol import Preempted, Scheduled, batches_of
 from tests.vllm016.test_mirror016 import NUM_BLOCKS, REPO, TIMEOUT_S, lines_of
 from tests.vllm_engine.engine import free_port_pair
 from tests.vllm_envs import vllm016_python
@@ -80,11 +80,10 @@ def test_the_queues_equal_vllm_016s_scheduler_after_every_step(tmp_path: Path) -
         preempted = resumed = 0
         preempted_ids: set[str] = set()
         while final is None or queues.last_seq < max(truth, default=0):
-            msg = recv()
-            if isinstance(msg, Batch):
-                queues.batch(msg.seq, msg.ts, msg.requests)
-                mine[msg.seq] = (queues.running, queues.waiting)
-                for r in msg.requests:
+            for batch in batches_of(recv()):
+                queues.batch(batch.seq, batch.ts, batch.requests)
+                mine[batch.seq] = (queues.running, queues.waiting)
+                for r in batch.requests:
                     if isinstance(r, Preempted):
                         preempted += 1
                         preempted_ids.add(r.rid)
