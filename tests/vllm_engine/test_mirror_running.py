@@ -115,8 +115,21 @@ def mark(rig: dict[str, Any], n: int) -> int:
     """A one-token request, all of it applied by the mirror: the recorded
     moment of its last operation (after every record of what came before)."""
     client, mirror = rig["client"], rig["mirror"].url
+
+    def finished() -> int:  # requests the mirror heard end (its own count: none running)
+        got = client.get(mirror + "/api/summary").json()["counters"]["requests_finished"]
+        return int(got or 0)
+
+    before = finished()
     rig["engine"].complete(client, block_tokens(90_000 + n) + block_tokens(90_100 + n))
-    eventually(lambda: counts(rig) == ((0, 0), (0, 0), (0, 0)), 240, "the mark done")
+    # (zero counts alone also hold before the mark's records have reached the
+    # mirror at all -- its end then fell inside the next span, seen on a loaded
+    # machine: its end heard first)
+    eventually(
+        lambda: finished() > before and counts(rig) == ((0, 0), (0, 0), (0, 0)),
+        240,
+        "the mark done",
+    )
     # its records taken, and nothing received left to apply: its operations recorded
     eventually(lambda: client.get(mirror + "/api/mirror").json()["backlog"] == 0, 240, "applied")
     seq: int = client.get(mirror + "/api/history").json()["last_seq"]
