@@ -205,8 +205,8 @@ class MirrorClient:
             st.messages += 1
             if signed and self.key is None:
                 st.signed_unverified += 1
-            if isinstance(msg, wire.Batch | wire.Batches):
-                for batch in wire.batches_of(msg):
+            if carried := wire.batches_of(msg):
+                for batch in carried:
                     taken = self._take(batch)
                     if taken is not None:
                         batches.append(taken)
@@ -237,7 +237,7 @@ class MirrorClient:
             return True
         st = self.status
         if boot in self._old_boots:
-            st.stale_discarded += len(msg.batches) if isinstance(msg, wire.Batches) else 1
+            st.stale_discarded += len(wire.batches_of(msg)) or 1
             return False
         self._old_boots.append(self.boot)
         self.boot = boot
@@ -266,7 +266,7 @@ class MirrorClient:
             self._unsync()
             self._ask_rebuild(hello)
         st.unsupported = not hello.exact
-        if hello.protocol > wire.PROTOCOL and (first or self._newer_said != hello.protocol):
+        if hello.protocol > wire.PROTOCOL and hello.protocol != self._newer_said:
             self._newer_said = hello.protocol
             why = (
                 f"the engine's plugin speaks protocol {hello.protocol}, this mirror "

@@ -40,9 +40,9 @@ class Pub:
         out = []
         for topic, payload, mac in self.messages:
             assert topic == wire.TOPIC and SECRET.verify(mac, wire.TOPIC, payload)
-            msg = wire.decode(payload, wire.MAX_BATCH_BYTES)
-            assert isinstance(msg, wire.Batch | wire.Batches)
-            out.append(msg.batches if isinstance(msg, wire.Batches) else [msg])
+            batches = wire.batches_of(wire.decode(payload, wire.MAX_BATCH_BYTES))
+            assert batches
+            out.append(batches)
         return out
 
 
