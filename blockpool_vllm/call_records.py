@@ -13,12 +13,15 @@ from blockpool.mirror.protocol import Allocate, Cache, Free, Op, Reset, Touch, U
 
 # what a usual call leaves in ``PoolFollower.ops``, for ``resolve``: its kind,
 # how many blocks, then the blocks it gave -- ``KIND, n, *blocks`` -- or for a
-# cache call ``CACHE, offset, group, n, m, *window, *hashes after, *request's
-# hash chain`` (the window and the hashes ``n`` long, the chain ``m``), in
-# the step's one list: no object of its own for the garbage collector to
-# count.  (A tuple a call was: an engine too busy to give the sender's thread
-# time held a thousand of them at once, queued, and its young collections
-# doubled -- each walking the engine's young requests, 15-25 ms, measured.)
+# cache call ``CACHE, offset, group, n, m, *window, *request's hash chain``
+# (the window ``n`` long, the chain ``m``: the usual call hashes every block
+# of its window but the null block, its hash the chain's at ``offset`` + its
+# place, blockpool_vllm/pool_hooks.py), in the step's one list: no object of
+# its own for the garbage collector to count, and no hash read on the
+# engine's thread.  (A tuple a call was: an engine too busy to give the
+# sender's thread time held a thousand of them at once, queued, and its young
+# collections doubled -- each walking the engine's young requests, 15-25 ms,
+# measured.)
 # Any other operation is a wire record of its own (one item).
 ALLOCATE, FREE, TOUCH, CACHE = 0, 1, 2, 3
 _BY_KIND: tuple[type[Allocate] | type[Free] | type[Touch], ...] = (Allocate, Free, Touch)
@@ -31,7 +34,7 @@ def count_ops(entries: list[Any]) -> int:
     while i < end:
         e = entries[i]
         if e.__class__ is int:
-            i += 5 + 2 * entries[i + 3] + entries[i + 4] if e == CACHE else 2 + entries[i + 1]
+            i += 5 + entries[i + 3] + entries[i + 4] if e == CACHE else 2 + entries[i + 1]
         else:
             i += 1
         n += 1
@@ -59,22 +62,23 @@ def resolve(
         if e.__class__ is int:
             if e == CACHE:
                 off, group, n, m = entries[i + 1], entries[i + 2], entries[i + 3], entries[i + 4]
-                window = i + 5  # then the hashes after at window + n, the chain at window + 2n
+                window = i + 5  # then the chain at window + n
+                chain = window + n
                 ids: list[int] = []
                 hashes: list[bytes] = []
                 first = -1
                 for k in range(n):
-                    h = entries[window + n + k]
-                    if h is None:
+                    blk = entries[window + k]
+                    if blk.is_null:  # (never hashed)
                         continue
                     if first < 0:
                         first = k
-                    ids.append(entries[window + k].block_id)
-                    hashes.append(bytes(h)[:-4])
+                    ids.append(blk.block_id)
+                    hashes.append(bytes(entries[chain + off + k]))
                 at = off + first - 1  # the parent's place in the chain kept
-                parent = bytes(entries[window + 2 * n + at]) if at >= 0 else None
+                parent = bytes(entries[chain + at]) if first >= 0 and at >= 0 else None
                 ops.append(Cache(int(group), parent, ids, hashes))
-                i = window + 2 * n + m
+                i = chain + m
             else:
                 n = entries[i + 1]
                 ids = [b.block_id for b in entries[i + 2 : i + 2 + n]]

@@ -12,6 +12,7 @@ first, under the follower's ``capture_lock``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from time import perf_counter_ns as _now
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,8 @@ WRAPPED = (
 )
 # Pool methods that change it in ways the mirror does not model (vLLM >= 0.2x).
 UNSUPPORTED_METHODS = ("cache_partial_block", "unpin_blocks", "move_block_hashes")
+_hash_of = attrgetter("block_hash")
+_NO_MASK = {"block_mask": None}  # how vLLM >= 0.2x passes no mask
 
 
 def hook_pool(self: PoolFollower) -> None:
@@ -125,12 +128,24 @@ def hook_pool(self: PoolFollower) -> None:
     ) -> None:
         t0 = _now()
         window = blocks[num_cached_blocks:num_full_blocks]
-        before = [b.block_hash for b in window]
+        # the usual call: blocks of the hash block size, no mask, none hashed
+        # yet -- vLLM then hashes each of them but the null block, its hash the
+        # request's (``CACHE``: read off the engine's thread, from the chain);
+        # (the look at the hashes before is a loop in C, no list kept)
+        usual = (
+            block_size == hash_block_size
+            and not rest
+            and (not kw or kw == _NO_MASK)
+            and not any(map(_hash_of, window))
+        )
+        before = None if usual else [b.block_hash for b in window]
         self.epoch += 1  # before the look at capture (poll_snapshot's check)
         cap = self.capture
         try:
             args = (request, blocks, num_cached_blocks, num_full_blocks, block_size)
             if cap is not None:
+                if before is None:
+                    before = [b.block_hash for b in window]
                 with lock:
                     cap.save_all(window)
                     t1 = _now()
@@ -144,20 +159,17 @@ def hook_pool(self: PoolFollower) -> None:
                 t1 = _now()
                 cache_full_blocks(*args, kv_cache_group_id, *rest, **kw)
             t = _now()
-            after = [b.block_hash for b in window]
-            n_new = len(after) - after.count(None)
-            if n_new and before.count(None) == len(before) and block_size == hash_block_size:
-                # the usual call: blocks hashed for the first time (resolve reads the rest)
-                start = num_cached_blocks - 1 if num_cached_blocks > 0 else 0
-                chain = request.block_hashes[start:num_full_blocks]
-                off, group = num_cached_blocks - start, kv_cache_group_id
-                kept = self.ops
-                kept.extend((CACHE, off, group, len(window), len(chain)))
-                kept.extend(window)
-                kept.extend(after)
-                kept.extend(chain)
-                self.op_count += 1
-            elif n_new:
+            if usual:
+                if window:
+                    start = num_cached_blocks - 1 if num_cached_blocks > 0 else 0
+                    chain = request.block_hashes[start:num_full_blocks]
+                    off, n = num_cached_blocks - start, len(window)
+                    kept = self.ops
+                    kept.extend((CACHE, off, kv_cache_group_id, n, len(chain)))
+                    kept.extend(window)
+                    kept.extend(chain)
+                    self.op_count += 1
+            elif before is not None:
                 cache_slowly(
                     self, request, window, before, num_cached_blocks, block_size, kv_cache_group_id
                 )
