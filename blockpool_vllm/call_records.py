@@ -7,6 +7,7 @@ thread.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from blockpool.mirror.protocol import Allocate, Cache, Free, Op, Reset, Touch, Unsupported
@@ -24,6 +25,8 @@ from blockpool.mirror.protocol import Allocate, Cache, Free, Op, Reset, Touch, U
 # measured.)
 # Any other operation is a wire record of its own (one item).
 ALLOCATE, FREE, TOUCH, CACHE = 0, 1, 2, 3
+_id_of = attrgetter("block_id")
+_is_null = attrgetter("is_null")
 _BY_KIND: tuple[type[Allocate] | type[Free] | type[Touch], ...] = (Allocate, Free, Touch)
 
 
@@ -64,24 +67,23 @@ def resolve(
                 off, group, n, m = entries[i + 1], entries[i + 2], entries[i + 3], entries[i + 4]
                 window = i + 5  # then the chain at window + n
                 chain = window + n
-                ids: list[int] = []
-                hashes: list[bytes] = []
-                first = -1
-                for k in range(n):
-                    blk = entries[window + k]
-                    if blk.is_null:  # (never hashed)
-                        continue
-                    if first < 0:
-                        first = k
-                    ids.append(blk.block_id)
-                    hashes.append(bytes(entries[chain + off + k]))
+                blocks = entries[window:chain]
+                first = 0
+                if any(map(_is_null, blocks)):  # (never hashed: left out)
+                    kept = [k for k in range(n) if not blocks[k].is_null]
+                    first = kept[0] if kept else -1
+                    blocks = [blocks[k] for k in kept]
+                    hashes = [bytes(entries[chain + off + k]) for k in kept]
+                else:
+                    hashes = list(map(bytes, entries[chain + off : chain + off + n]))
+                ids = list(map(_id_of, blocks))
                 at = off + first - 1  # the parent's place in the chain kept
                 parent = bytes(entries[chain + at]) if first >= 0 and at >= 0 else None
                 ops.append(Cache(int(group), parent, ids, hashes))
                 i = chain + m
             else:
                 n = entries[i + 1]
-                ids = [b.block_id for b in entries[i + 2 : i + 2 + n]]
+                ids = list(map(_id_of, entries[i + 2 : i + 2 + n]))
                 ops.append(_BY_KIND[e](ids))
                 i += 2 + n
             touched.extend(ids)
