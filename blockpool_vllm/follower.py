@@ -106,7 +106,19 @@ class PoolFollower:
         self.captured: Capture | None = None  # a finished copy, for the sender
         self.captures_abandoned = 0
         self.capture_lock = threading.Lock()  # the sender copying while the engine is idle
+        self.passes.work_left = self._work_left
         hook_pool(self)
+
+    def _work_left(self) -> bool:
+        """The plugin's thread, at the end of its turn: work it has left (the
+        digest behind, a snapshot), for which it is woken at every forward
+        pass until done (blockpool_vllm/forward_pass.py, ``WAKE_EVERY_NS``)."""
+        return (
+            self.reader.due
+            or self.want_snapshot
+            or self.capture is not None
+            or self.captured is not None
+        )
 
     def unsupported(self, what: str) -> None:
         """A pool call the mirror does not model: said in the handshake, a

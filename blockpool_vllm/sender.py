@@ -121,7 +121,7 @@ class Sender(SnapshotRequests):
         reading: Callable[[], wire.DigestReading | None] = lambda: None,
         background: Callable[[], object] = lambda: None,
         prepare: Callable[[wire.Batch], wire.Batch] = lambda b: b,
-        turn: Callable[[float], bool] | None = None,
+        turn: Callable[[float, bool], bool] | None = None,
         pace: Pacer | None = None,
         control_endpoint: str | None = None,
         key: StreamKey | None = None,
@@ -371,8 +371,9 @@ class Sender(SnapshotRequests):
         the interpreter)."""
         # (batches waiting: a shorter wait, so that an engine gone idle has its
         # last step's batch out once it has been so for IDLE_AFTER_S)
-        wait = _TURN_WAIT_S if self._queue.empty() else _TURN_WAIT_QUEUED_S
-        if self._turn is None or self._turn(wait):
+        queued = not self._queue.empty()
+        wait = _TURN_WAIT_QUEUED_S if queued else _TURN_WAIT_S
+        if self._turn is None or self._turn(wait, queued):
             self._last_turn = time.monotonic()
             return True
         if (
