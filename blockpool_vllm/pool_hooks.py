@@ -138,14 +138,15 @@ def hook_pool(self: PoolFollower) -> None:
             and (not kw or kw == _NO_MASK)
             and not any(map(_hash_of, window))
         )
-        before = None if usual else [b.block_hash for b in window]
+        # (the usual call's: none, so no list)
+        before: list[Any] = [] if usual else [b.block_hash for b in window]
         self.epoch += 1  # before the look at capture (poll_snapshot's check)
         cap = self.capture
         try:
             args = (request, blocks, num_cached_blocks, num_full_blocks, block_size)
             if cap is not None:
-                if before is None:
-                    before = [b.block_hash for b in window]
+                if usual:
+                    before = [None] * len(window)
                 with lock:
                     cap.save_all(window)
                     t1 = _now()
@@ -169,7 +170,7 @@ def hook_pool(self: PoolFollower) -> None:
                     kept.extend(window)
                     kept.extend(chain)
                     self.op_count += 1
-            elif before is not None:
+            else:
                 cache_slowly(
                     self, request, window, before, num_cached_blocks, block_size, kv_cache_group_id
                 )
