@@ -46,15 +46,17 @@ MIN_WINDOW_NS = 1_000_000
 # has nothing left over from its last turn -- it then does the passes' work
 # since in one (their batches, the digest over their blocks: a block named
 # again read once) -- and for every pass while it has (``eager``).  Each wake
-# costs the engine more than the work done in it: the interpreter handed to
-# the thread and back, the engine's thread coming back from its pass to a
-# core the other thread just ran on.  (Measured on the GPU-scale bench,
-# bench.gpu_scale.ab, sync, 524,288 blocks, ~11.5 ms steps, 2 runs each: a
-# wake every pass cost the step p50 +0.39/+0.40 ms, 0.964x/0.973x; every
-# 4th +0.25/+0.21, 0.985x/0.981x; every 8th +0.11/+0.10, 0.992x/0.987x; both
-# modes plain, the same bench read +0.05/+0.16, 0.988x/0.983x.)  The stream
-# is that much later at most (the mirror's lag); a snapshot asked for, a
-# digest behind or batches left make the thread eager again.
+# costs the engine more than the work done in it (the interpreter handed to
+# the thread and back; measured on the GPU-scale bench, bench.gpu_scale.ab,
+# sync, 524,288 blocks, ~11.5 ms steps: the thread woken every pass with
+# nothing to send or read added about as much to the engine's step as with
+# its work, not woken at all less).  (Forced cadences there, 2 runs
+# each: every pass +0.39/+0.40 ms step p50, 0.964x/0.973x; every 4th
+# +0.25/+0.21, 0.985x/0.981x; every 8th +0.11/+0.10, 0.992x/0.987x -- part
+# of it the digest reading they left undone; both modes plain +0.05/+0.16,
+# 0.988x/0.983x.)  The stream is that much later at most (the mirror's
+# lag); a snapshot asked for, a digest behind or batches left make the
+# thread eager again.
 WAKE_EVERY_NS = 80_000_000
 
 
@@ -103,6 +105,7 @@ class ForwardPasses:
         if self.forwarding:
             self.forwarding = False
             self.lengths[self.count % KEPT] = _now() - self.began
+            self.pace.until_ns = 0  # (the pass is over: no long piece of work now)
 
     def shortest_us(self) -> float | None:
         """The shortest of the last ``KEPT`` passes (µs): the time the
@@ -155,6 +158,6 @@ class ForwardPasses:
         in a pass)."""
         shortest = min(self.lengths)
         if not self.forwarding or shortest <= 0:
-            self.deadline = 0
+            self.deadline = self.pace.until_ns = 0
             return
-        self.deadline = self.began + int(shortest * END_SHARE)
+        self.deadline = self.pace.until_ns = self.began + int(shortest * END_SHARE)
