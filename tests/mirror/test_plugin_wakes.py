@@ -20,6 +20,14 @@ def one_pass(engine: FollowedEngine) -> None:
     engine.follower.passes.ends()
 
 
+def after_a_pass() -> FollowedEngine:
+    """An engine followed as the plugin does, one forward pass made (its
+    thread woken for it: the first)."""
+    engine = FollowedEngine(num_blocks=1024, defer_digest=True, windowed=True)
+    one_pass(engine)
+    return engine
+
+
 def test_woken_at_most_every_so_often_while_nothing_is_left_over() -> None:
     engine = FollowedEngine(num_blocks=1024, defer_digest=True, windowed=True)
     p = engine.follower.passes
@@ -46,10 +54,8 @@ def test_woken_at_most_every_so_often_while_nothing_is_left_over() -> None:
 
 
 def test_woken_at_every_pass_while_the_digest_is_behind_then_not() -> None:
-    engine = FollowedEngine(num_blocks=1024, defer_digest=True, windowed=True)
-    f = engine.follower
-    p = f.passes
-    one_pass(engine)
+    engine = after_a_pass()
+    f, p = engine.follower, engine.follower.passes
     p.wait_turn(0.0)  # that pass's turn taken, nothing left: not eager
     assert not p.eager
     engine.rt.apply(AllocateOp(num_blocks=300))
@@ -73,10 +79,8 @@ def test_woken_at_every_pass_while_the_digest_is_behind_then_not() -> None:
 
 
 def test_a_snapshot_asked_for_makes_the_thread_eager() -> None:
-    engine = FollowedEngine(num_blocks=1024, defer_digest=True, windowed=True)
-    f = engine.follower
-    p = f.passes
-    one_pass(engine)
+    engine = after_a_pass()
+    f, p = engine.follower, engine.follower.passes
     f.want_snapshot = True  # (what a mirror's request sets, blockpool_vllm/follower.py)
     p.wait_turn(0.0)
     assert p.eager
