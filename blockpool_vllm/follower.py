@@ -70,7 +70,7 @@ class PoolFollower:
         # windowed: the scheduler's hooks say when the engine is in its forward
         # pass (``passes.begins``, ``passes.ends``): the sender's thread works
         # on the pool then, and lets go of it the moment the engine comes back
-        self.passes = ForwardPasses(windowed)
+        self.passes = ForwardPasses(windowed, work_left=self._work_left)
         self.offer = offer  # hands a batch to the sender; False: dropped
         self.digest_every = max(1, digest_every)
         self.stats = stats or (lambda: (0, 0, 0))
@@ -106,7 +106,6 @@ class PoolFollower:
         self.captured: Capture | None = None  # a finished copy, for the sender
         self.captures_abandoned = 0
         self.capture_lock = threading.Lock()  # the sender copying while the engine is idle
-        self.passes.work_left = self._work_left
         hook_pool(self)
 
     def _work_left(self) -> bool:

@@ -65,7 +65,7 @@ class ForwardPasses:
     when one begins and ends; else there are none to wait for, and the
     plugin's thread may work whenever it likes)."""
 
-    def __init__(self, windowed: bool) -> None:
+    def __init__(self, windowed: bool, work_left: Callable[[], bool] | None = None) -> None:
         self.window = threading.Condition() if windowed else None
         self.forwarding = False
         self.count = 0  # passes begun
@@ -74,7 +74,7 @@ class ForwardPasses:
         # the plugin's thread, going to wait: it has work left (woken for every pass)
         self.eager = False
         # what else the plugin's thread has left to do (the follower's digest, a snapshot)
-        self.work_left: Callable[[], bool] | None = None
+        self.work_left = work_left
         self._turn_seen = 0
         self.began = 0  # perf_counter_ns at the last ``begins``
         self.lengths = array("q", bytes(8 * KEPT))  # the last passes' lengths (ns), a ring
