@@ -253,12 +253,15 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
                     order = ["plain", "plugin"]
                 for variant in order:
                     endpoint = f"tcp://127.0.0.1:{free_port_pair()}"
+                    # (--aa: the "plugin" run is plain too -- the bench's own spread)
+                    run_as = "plain" if args.aa else variant
                     sub = None
-                    if variant == "plugin" and args.subscriber:
+                    if run_as == "plugin" and args.subscriber:
                         sub = start_subscriber(endpoint)
                     out = Path(tmp) / f"{variant}-{int(async_sched)}-{rnd}.json"
-                    argv = child_argv(args, variant, async_sched, warmup)
-                    sys.stderr.write(f"running {variant} ({'async' if async_sched else 'sync'})\n")
+                    argv = child_argv(args, run_as, async_sched, warmup)
+                    kind = "async" if async_sched else "sync"
+                    sys.stderr.write(f"running {variant} ({kind}{', as plain' * args.aa})\n")
                     doc = spawn(argv, endpoint, out, args.digest_on_engine)
                     if sub is not None:
                         doc["subscriber"] = stop_subscriber(sub)
@@ -286,6 +289,7 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
             "max_prompt",
             "subscriber",
             "digest_on_engine",
+            "aa",
         )
     }
     return {
@@ -413,6 +417,12 @@ def parser() -> argparse.ArgumentParser:
         "--digest-on-engine",
         action="store_true",
         help="the plugin with BLOCKPOOL_MIRROR_DEFER_DIGEST=0 (its digest on the engine's thread)",
+    )
+    p.add_argument(
+        "--aa",
+        action="store_true",
+        help="A/A: the plugin's runs plain too -- what the bench reads with no plugin at all "
+        "(two processes' heaps differ; read a plugin run against one of the same hour)",
     )
     p.add_argument("--json", help="write every figure here")
     p.add_argument(
