@@ -2,7 +2,8 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { MIN_SPAN, clockText, tickText, timeRange } from "../js/fleet/rate.js";
+import { clockText } from "../js/common/format.js";
+import { MIN_SPAN, tickText, timeRange } from "../js/fleet/rate.js";
 
 test("rate axis ticks: a few characters, never a cut ',000'", () => {
   assert.deepEqual([0, 5, 2.5, 950, 12000, 1500, 2500000, null].map(tickText), ["0", "5", "2.5", "950", "12k", "1.5k", "2.5M", ""]);
@@ -18,4 +19,6 @@ test("the x range: a lone point gets MIN_SPAN seconds before it, never years", (
   assert.equal(hi - lo, MIN_SPAN);
   assert.match(clockText(1796160871), /^\d\d:\d\d:\d\d$/);
   assert.equal(clockText(null), "");
+  assert.equal(clockText(undefined, "—"), "—"); // (a table's moment not known)
+  assert.equal(clockText(NaN), "");
 });

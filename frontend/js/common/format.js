@@ -91,3 +91,30 @@ export function tokensText(tokens, total) {
   const shown = (tokens || []).join(" ");
   return total > (tokens || []).length ? `${shown} …(${total})` : shown;
 }
+
+const two = (/** @type {number} */ n) => String(n).padStart(2, "0");
+
+/**
+ * Unix seconds as this browser's clock time, 14:05:30 (an axis tick, a
+ * moment in a table); `unknown` for a time not known (an axis: no label).
+ * @param {number | null | undefined} t
+ */
+export function clockText(t, unknown = "") {
+  if (t === null || t === undefined || !Number.isFinite(t)) return unknown;
+  const d = new Date(t * 1000);
+  return `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
+}
+
+/**
+ * A number in a few characters (12k, 1.5M, 0.3; a legend, a small axis).
+ * @param {number | null | undefined} v
+ */
+export function compact(v) {
+  if (v === null || v === undefined || !Number.isFinite(v)) return "—";
+  const a = Math.abs(v);
+  if (a >= 1e6) return `${(v / 1e6).toFixed(1)}M`;
+  if (a >= 1e4) return `${Math.round(v / 1e3)}k`;
+  if (a >= 1e3) return `${(v / 1e3).toFixed(1)}k`;
+  if (a >= 10 || v === Math.round(v)) return String(Math.round(v));
+  return v.toFixed(1);
+}

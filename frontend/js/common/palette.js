@@ -25,6 +25,9 @@ export const COLORS = {
 /** @param {RGB} rgb */
 export const rgbCss = ([r, g, b]) => `rgb(${r}, ${g}, ${b})`;
 
+/** @param {RGB} rgb @param {number} [a] its alpha */
+export const rgba = ([r, g, b], a = 1) => `rgba(${r}, ${g}, ${b}, ${a})`;
+
 /** ImageData's little-endian RGBA as one u32. */
 /** @param {RGB} rgb */
 export const abgr = ([r, g, b]) => ((255 << 24) | (b << 16) | (g << 8) | r) >>> 0;

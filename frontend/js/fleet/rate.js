@@ -1,6 +1,8 @@
 // @ts-check
 // Events per second per instance (uPlot, vendored), from the stream's ticks.
 
+import { clockText } from "../common/format.js";
+
 const POINTS = 150;
 /** The least span the x axis shows (s): one point still reads as a clock time, not years. */
 export const MIN_SPAN = 30;
@@ -32,17 +34,6 @@ export function tickText(v) {
   return String(Number(v.toPrecision(3)));
 }
 
-const two = (/** @type {number} */ n) => String(n).padStart(2, "0");
-
-/**
- * An x tick as a clock time (14:05:30): the same reading at any span.
- * @param {number | null | undefined} t unix seconds
- */
-export function clockText(t) {
-  if (t === null || t === undefined || !Number.isFinite(t)) return "";
-  const d = new Date(t * 1000);
-  return `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
-}
 
 export class RateChart {
   /** @param {HTMLElement} container */
@@ -108,7 +99,7 @@ export class RateChart {
         padding: [8, 28, 0, 0],
         scales: { x: { time: true, auto: false } },
         axes: [
-          { stroke: "#8b949e", grid: { stroke: "#2a313c" }, space: 70, values: (u, vals) => vals.map(clockText) },
+          { stroke: "#8b949e", grid: { stroke: "#2a313c" }, space: 70, values: (u, vals) => vals.map((v) => clockText(v)) },
           { stroke: "#8b949e", grid: { stroke: "#2a313c" }, size: 44, values: (u, vals) => vals.map(tickText) },
         ],
         series: [{}, ...names.map((n, k) => ({ label: n, stroke: colors[k % colors.length], width: 1 }))],

@@ -11,8 +11,8 @@ import { REASON_LABEL, REASON_RGB } from "../state/analysis.js";
 import { ApiError, api, get } from "../../common/api.js";
 import { $, h } from "../../common/dom.js";
 import { dur, int } from "../../common/format.js";
+import { rgba } from "../../common/palette.js";
 import { explain } from "../../common/terms.js";
-import { rgba } from "../render/minichart.js";
 import { blockCells, cellCounts, describeCell, renderBars } from "../render/reqbars.js";
 import { STATE_NAMES, hex64 } from "../wire/protocol.js";
 

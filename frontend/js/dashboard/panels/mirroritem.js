@@ -13,7 +13,7 @@
 
 import { api, getToken } from "../../common/api.js";
 import { $, h, setText } from "../../common/dom.js";
-import { int } from "../../common/format.js";
+import { clockText, int } from "../../common/format.js";
 
 /** A lag in ms as the item shows it ("—" before a sample). */
 const msText = (/** @type {number | null} */ ms) => (ms === null ? "—" : `${Math.round(ms)}ms`);
@@ -38,9 +38,6 @@ function digestText(d) {
     : `rebuilding, ${int(d.sweep_rows_left)} rows left`;
   return `engine's digest: ${where}, ${int(d.digests_taken)} taken · the engine's shortest forward pass ${pass} (the plugin reads its pool only while the engine waits for one)`;
 }
-
-/** @param {number} ts unix seconds */
-const clock = (ts) => new Date(ts * 1000).toTimeString().slice(0, 8);
 
 /**
  * The page is stale (the engine says nothing new) or not: the banner and body[data-engine].
@@ -192,7 +189,7 @@ export class MirrorItem {
       return;
     }
     const ago = st.seconds_since_message;
-    const since = ago === null || ago === undefined ? "" : ` as of ${clock(Date.now() / 1000 - ago)} (${int(ago)} s ago)`;
+    const since = ago === null || ago === undefined ? "" : ` as of ${clockText(Date.now() / 1000 - ago)} (${int(ago)} s ago)`;
     /** @type {Record<string, string>} */
     const what = {
       stale: `The engine has said nothing for ${ago === null || ago === undefined ? "a while" : `${int(ago)} s`}`,

@@ -7,7 +7,7 @@
 
 import { api } from "../../common/api.js";
 import { h, setText } from "../../common/dom.js";
-import { dur, int } from "../../common/format.js";
+import { clockText, dur, int } from "../../common/format.js";
 import { REASON_LABEL } from "../state/analysis.js";
 import { unknownEl } from "./unknown.js";
 
@@ -58,7 +58,6 @@ import { blockCells, cellAt, cellCounts, describeCell, renderBars } from "../ren
  * @property {string[]} [engine_ids] on a mirror: vLLM's requests made of that client id (n > 1: several)
  */
 
-const clock = (/** @type {number | null | undefined} */ ts) => (ts === null || ts === undefined ? "—" : new Date(ts * 1000).toTimeString().slice(0, 8));
 const after = (/** @type {number | null | undefined} */ ts, /** @type {number | null | undefined} */ t0) => (ts === null || ts === undefined || t0 === null || t0 === undefined ? "" : ` (+${dur(Math.max(0, ts - t0))})`);
 const ids = (/** @type {number[][] | undefined} */ tables) => (tables || []).map((t) => t.join(" ")).join(" | ");
 
@@ -145,7 +144,7 @@ export class RequestView {
       if (s.client_id && s.engine_ids) this.family = { client: s.client_id, ids: s.engine_ids };
       else if (!this.family || !this.family.ids.includes(s.request_id)) this.family = null;
       this.render(s);
-      setText(this.status, `as of ${clock(Date.now() / 1000)}`);
+      setText(this.status, `as of ${clockText(Date.now() / 1000)}`);
       this.el.dataset.state = s.state;
     } catch (err) {
       if (seq !== this.seq) return;
@@ -221,7 +220,7 @@ export class RequestView {
           "tr",
           { "data-time": k },
           h("th", null, k),
-          told && k.endsWith("decode") ? h("td", null, unknownEl(NO_DECODE)) : h("td", { class: "mono" }, clock(ts), h("span", { class: "muted" }, after(ts, t0))),
+          told && k.endsWith("decode") ? h("td", null, unknownEl(NO_DECODE)) : h("td", { class: "mono" }, clockText(ts, "—"), h("span", { class: "muted" }, after(ts, t0))),
           h("td", { class: "muted" }, note),
         ),
       ),
@@ -246,11 +245,11 @@ export class RequestView {
           ...(b.block_ids || []).map((id) => h("a", { href: "#", "data-block": String(id), onclick: (/** @type {MouseEvent} */ ev) => (ev.preventDefault(), this.opts.onBlock && this.opts.onBlock(id)) }, `#${id} `)),
         ),
         h("td", null, b.kind === "decode" ? "decode" : b.hit ? "hit" : REASON_LABEL[b.reason || ""] || b.reason || "—"),
-        h("td", { class: "muted" }, b.kind === "decode" && b.added_at ? `added ${clock(b.added_at)}` : ""),
+        h("td", { class: "muted" }, b.kind === "decode" && b.added_at ? `added ${clockText(b.added_at)}` : ""),
       ),
     );
     const timeline = (s.timeline || []).map((x) =>
-      h("tr", { "data-op": x.op, "data-seq": String(x.seq) }, h("td", { class: "num" }, String(x.seq)), h("td", { class: "mono" }, clock(x.ts)), h("td", null, x.op), h("td", { class: x.ok ? "" : "err" }, stepText(x))),
+      h("tr", { "data-op": x.op, "data-seq": String(x.seq) }, h("td", { class: "num" }, String(x.seq)), h("td", { class: "mono" }, clockText(x.ts, "—")), h("td", null, x.op), h("td", { class: x.ok ? "" : "err" }, stepText(x))),
     );
     if (s.timeline_omitted) timeline.splice(Math.ceil(timeline.length / 2), 0, h("tr", { class: "gap" }, h("td", { colspan: 4, class: "muted" }, `… ${int(s.timeline_omitted)} operations left out`)));
     const src = s.sources || {};

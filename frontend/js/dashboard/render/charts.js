@@ -4,23 +4,18 @@
 // eviction-sample histograms (lifetime, idle before eviction, reuse gaps).
 
 import { $ } from "../../common/dom.js";
-import { dur, durTick } from "../../common/format.js";
-import { COLORS, rgbCss } from "../../common/palette.js";
-import { apartFilter, barPaths, compact, labelWidth } from "./minichart.js";
+import { clockText, compact, dur, durTick } from "../../common/format.js";
+import { COLORS, rgbCss, rgba } from "../../common/palette.js";
+import { AXIS_STROKE, FONT, GRID, INT_INCRS, apartFilter, labelWidth } from "./chartscale.js";
+import { barPaths } from "./minichart.js";
 import { markMoment } from "./moment.js";
 
 /** @typedef {import("../../../vendor/uplot/uPlot")} UPlot */
 /** @typedef {import("../../../vendor/uplot/uPlot").Options} UPlotOptions */
 
 const uPlot = window.uPlot;
-const AXIS = { stroke: "#8b949e", grid: { stroke: "rgba(139,148,158,0.12)", width: 1 }, ticks: { show: false } };
-const FONT = "11px ui-sans-serif, system-ui, sans-serif";
+const AXIS = { stroke: AXIS_STROKE, grid: GRID, ticks: { show: false } };
 
-const hms = (/** @type {number} */ t) => {
-  const d = new Date(t * 1000);
-  return `${String(d.getHours()).padStart(2, "0")}:${String(d.getMinutes()).padStart(2, "0")}:${String(d.getSeconds()).padStart(2, "0")}`;
-};
-const INT_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
 
 /**
  * The time charts' axes: clock times on x, `yFmt` on y (uPlot's own when none).
@@ -29,15 +24,11 @@ const INT_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 
  */
 function axes(yFmt) {
   return [
-    { ...AXIS, font: FONT, space: 70, values: (u, vals) => vals.map(hms) },
+    { ...AXIS, font: FONT, space: 70, values: (u, vals) => vals.map((v) => clockText(v)) },
     { ...AXIS, font: FONT, size: 48, values: yFmt ? (u, vals) => vals.map(yFmt) : undefined },
   ];
 }
 
-/** @param {import("../../common/palette.js").RGB} rgb @param {number} a */
-function rgba([r, g, b], a) {
-  return `rgba(${r}, ${g}, ${b}, ${a})`;
-}
 
 // Fixed plot heights: sizes come from the container's width only (a height
 // read back from the container would grow with the plot).

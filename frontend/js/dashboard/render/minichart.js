@@ -6,10 +6,28 @@
 // scale with marked points. uPlot draws on setData and on resize only, never
 // per animation frame; a small legend line under the chart shows the values
 // at the cursor (or the latest), and a note covers the plot while there is
-// no data.
+// no data. What its scales show (ranges, ticks, stacked columns) is
+// chartscale.js's, shared with the live charts.
 
-import { context2d } from "../../common/dom.js";
+import { clockText, compact } from "../../common/format.js";
+import { rgba } from "../../common/palette.js";
 import { explain } from "../../common/terms.js";
+import {
+  AXIS_STROKE,
+  CAT_INCRS,
+  FONT,
+  GRID,
+  INT_INCRS,
+  TIME_INCRS,
+  Y_INCRS,
+  apartFilter,
+  labelWidth,
+  plotData,
+  stackBands,
+  xRange,
+  yRange,
+  ySpace,
+} from "./chartscale.js";
 import { markMoment } from "./moment.js";
 
 const uPlotLib = () => globalThis.uPlot;
@@ -74,202 +92,6 @@ export function barPaths(opts) {
  * A point drawn over a chart (a ring and its label) on axis 1 or 2.
  * @typedef {{x: number, y: number, rgb?: import("../../common/palette.js").RGB, label?: string, axis?: number}} ChartMark
  */
-
-const AXIS = "#8b949e";
-const GRID = { stroke: "rgba(139,148,158,0.12)", width: 1 };
-const FONT = "11px ui-sans-serif, system-ui, sans-serif";
-const TIME_INCRS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
-const CAT_INCRS = [1, 2, 3, 4, 5, 10, 20, 50, 100];
-// y ticks at 1, 2, 5 × 10^k (counts: whole numbers only)
-/** @type {number[]} */
-const Y_INCRS = [];
-for (let e = -4; e <= 9; e++) for (const m of [1, 2, 5]) Y_INCRS.push(Number((m * 10 ** e).toPrecision(1)));
-const INT_INCRS = Y_INCRS.filter((v) => v >= 1);
-// px between y ticks: at least 2 or 3 ticks on the smallest plots (the
-// histograms are ~40 px tall)
-const ySpace = (/** @type {number} */ dim) => Math.min(24, Math.max(12, dim / 3));
-
-/** @type {CanvasRenderingContext2D | null} */
-let measurer = null;
-/**
- * The widest of `labels` in px, drawn in the charts' axis font (0 without a DOM).
- * @param {unknown[]} labels
- */
-export function labelWidth(labels, font = FONT) {
-  if (!measurer) {
-    if (typeof document === "undefined") return 0;
-    measurer = context2d(document.createElement("canvas"));
-  }
-  measurer.font = font;
-  let w = 0;
-  for (const t of labels) if (t) w = Math.max(w, measurer.measureText(String(t)).width);
-  return Math.ceil(w);
-}
-
-/**
- * Which axis labels to draw so that none touches another: centred at px[i],
- * widths[i] wide, kept left to right while at least `gap` px clear of the
- * last one kept (an empty label is never kept and never blocks).
- * @param {number[]} px
- * @param {number[]} widths
- */
-export function keepApart(px, widths, gap = 6) {
-  const keep = px.map(() => false);
-  let right = -Infinity;
-  for (let i = 0; i < px.length; i++) {
-    if (!widths[i] || !Number.isFinite(px[i])) continue;
-    const left = px[i] - widths[i] / 2;
-    if (left >= right + gap) {
-      keep[i] = true;
-      right = px[i] + widths[i] / 2;
-    }
-  }
-  return keep;
-}
-
-/**
- * uPlot axis filter: leave out the x labels that would collide (label(v) their text).
- * @param {(v: number) => string} label
- * @returns {import("../../../vendor/uplot/uPlot").Axis.Filter}
- */
-export function apartFilter(label, font = FONT) {
-  return (u, splits) => {
-    const texts = splits.map((v) => (v === null || v === undefined ? "" : label(v)));
-    const px = splits.map((v) => (v === null || v === undefined ? NaN : u.valToPos(v, "x")));
-    const keep = keepApart(px, texts.map((t) => (t ? labelWidth([t], font) : 0)));
-    return splits.map((v, i) => (keep[i] ? v : null));
-  };
-}
-
-/** @param {import("../../common/palette.js").RGB} rgb @param {number} [a] */
-export const rgba = ([r, g, b], a = 1) => `rgba(${r}, ${g}, ${b}, ${a})`;
-
-export const hms = (/** @type {number} */ t) => {
-  const d = new Date(t * 1000);
-  return `${String(d.getHours()).padStart(2, "0")}:${String(d.getMinutes()).padStart(2, "0")}:${String(d.getSeconds()).padStart(2, "0")}`;
-};
-
-export const compact = (/** @type {number | null | undefined} */ v) => {
-  if (v === null || v === undefined || !Number.isFinite(v)) return "—";
-  const a = Math.abs(v);
-  if (a >= 1e6) return `${(v / 1e6).toFixed(1)}M`;
-  if (a >= 1e4) return `${Math.round(v / 1e3)}k`;
-  if (a >= 1e3) return `${(v / 1e3).toFixed(1)}k`;
-  if (a >= 10 || v === Math.round(v)) return String(Math.round(v));
-  return v.toFixed(1);
-};
-
-/**
- * @param {number | null | undefined} v
- * @returns {v is number}
- */
-const finite = (v) => v !== null && v !== undefined && Number.isFinite(v);
-
-/**
- * A y scale's top for data up to hi on a plot dim px tall: a multiple of the
- * tick step uPlot will choose (the smallest of incrs at least ySpace(dim)
- * px apart), so that the top line has its label.
- * @param {number} hi
- * @param {number} dim
- */
-export function niceTop(hi, dim, incrs = Y_INCRS) {
-  if (!(hi > 0)) hi = 1;
-  const space = ySpace(dim);
-  for (const incr of incrs) {
-    const top = Math.ceil(hi / incr - 1e-9) * incr;
-    if ((dim * incr) / top >= space) return Number(top.toPrecision(12));
-  }
-  return hi;
-}
-
-/**
- * uPlot's data from the chart's columns: x (category charts: the indices),
- * then one column per series, stacked series as running sums (a gap leaves
- * the sum below it unchanged).
- * @param {{x?: string, series: SeriesSpec[]}} o
- * @param {number[]} x
- * @param {(number | null | undefined)[][]} ys
- * @returns {[number[], ...(number | null)[][]]}
- */
-export function plotData(o, x, ys) {
-  const n = x.length;
-  /** @type {[number[], ...(number | null)[][]]} */
-  const out = [o.x === "cat" ? x.map((_, i) => i) : x.slice()];
-  const base = new Array(n).fill(0);
-  o.series.forEach((s, k) => {
-    const col = ys[k] || [];
-    if (!s.stack) {
-      out.push(Array.from({ length: n }, (_, i) => (finite(col[i]) ? col[i] : null)));
-      return;
-    }
-    const top = new Array(n);
-    for (let i = 0; i < n; i++) {
-      top[i] = finite(col[i]) ? base[i] + col[i] : null;
-      if (top[i] !== null) base[i] = top[i];
-    }
-    out.push(top);
-  });
-  return out;
-}
-
-/**
- * uPlot bands between consecutive stacked series (upper, lower: 1-based).
- * @param {{stack?: boolean}[]} series
- */
-export function stackBands(series) {
-  /** @type {{series: [number, number]}[]} */
-  const bands = [];
-  let below = -1;
-  series.forEach((s, k) => {
-    if (!s.stack) return;
-    if (below >= 0) bands.push({ series: [k + 1, below + 1] });
-    below = k;
-  });
-  return bands;
-}
-
-/**
- * A y scale's range: data and marks on that axis, then the axis's own
- * `range`, or 0 to a round top (niceTop on a plot dim px tall).
- * @param {AxisSpec | undefined} spec
- * @param {number | null | undefined} lo
- * @param {number | null | undefined} hi
- * @param {{marks?: ChartMark[], axis?: number, dim?: number, incrs?: number[]}} [opts]
- * @returns {[number, number]}
- */
-export function yRange(spec, lo, hi, opts = {}) {
-  const { marks = [], axis = 1, dim = 80, incrs = Y_INCRS } = opts;
-  for (const m of marks) {
-    if ((m.axis || 1) === axis && finite(m.y)) {
-      lo = finite(lo) ? Math.min(lo, m.y) : m.y;
-      hi = finite(hi) ? Math.max(hi, m.y) : m.y;
-    }
-  }
-  if (!finite(lo) || !finite(hi)) {
-    lo = 0;
-    hi = 1;
-  }
-  if (spec && spec.range) return spec.range(lo, hi);
-  return [Math.min(0, lo), niceTop(hi, dim, incrs)];
-}
-
-/**
- * The x scale's range: the data's span (log2 curves padded a little on each side).
- * @param {{x?: string, xLog2?: boolean}} o
- * @param {number[]} x
- * @returns {[number, number]}
- */
-export function xRange(o, x) {
-  if (o.x === "cat") return [-0.5, Math.max(0.5, x.length - 0.5)];
-  if (!x.length) return o.xLog2 ? [0.5, 2] : [0, 1];
-  const lo = x[0];
-  const hi = x[x.length - 1];
-  if (o.xLog2) {
-    const pad = 2 ** Math.max(0.25, Math.log2(hi / lo) * 0.08);
-    return [lo / pad, hi * pad];
-  }
-  return hi === lo ? [lo - 1, hi + 1] : [lo, hi];
-}
 
 /**
  * new MiniChart(el, {
@@ -361,7 +183,7 @@ export class MiniChart {
   /** @returns {import("../../../vendor/uplot/uPlot").Options} */
   _opts() {
     const o = this.o;
-    const axis = { stroke: AXIS, grid: GRID, ticks: { show: false }, font: FONT };
+    const axis = { stroke: AXIS_STROKE, grid: GRID, ticks: { show: false }, font: FONT };
     const bars = o.series.some((s) => s.bars);
     const xFmt = o.xFmt || String;
     const yIncrs = bars ? INT_INCRS : Y_INCRS;
@@ -380,7 +202,7 @@ export class MiniChart {
           const px = (v) => ((v - min) / (max - min)) * w;
           return splits.map((v) => (max > min && (px(v) < 20 || w - px(v) < room) ? null : v));
         },
-        values: (u, vals) => vals.map((v) => (this.x.length && v !== null ? hms(v) : "")),
+        values: (u, vals) => vals.map((v) => (this.x.length && v !== null ? clockText(v) : "")),
       };
     } else if (o.x === "cat") {
       // categories one label apart at least (the widest label, measured)
@@ -412,7 +234,7 @@ export class MiniChart {
     scales.x.range = () => xRange(o, this.x);
     const y2 = o.y2;
     if (y2) {
-      const c = y2.rgb ? rgba(y2.rgb) : AXIS;
+      const c = y2.rgb ? rgba(y2.rgb) : AXIS_STROKE;
       axes.push({ ...axis, scale: "y2", side: 1, stroke: c, grid: { show: false }, size: o.y2Width || 38, gap: 4, space: (u, i, min, max, dim) => ySpace(dim), incrs: Y_INCRS, values: (u, vals) => vals.map((v) => (y2.fmt || compact)(v)) });
       scales.y2 = { range: (u, lo, hi) => yRange(y2, lo, hi, { marks: this.marks, axis: 2, dim: this._plotHeight(u) }) };
     }
@@ -544,7 +366,7 @@ export class MiniChart {
     if (!this.legend) return;
     const o = this.o;
     const i = idx !== null ? idx : o.legendIdx ? o.legendIdx(this.x) : this.lastIndex;
-    if (this.xItem) this.xItem.textContent = i >= 0 && this.x.length ? hms(this.x[i]) : "";
+    if (this.xItem) this.xItem.textContent = i >= 0 && this.x.length ? clockText(this.x[i]) : "";
     for (let k = 0; k < o.series.length; k++) {
       const s = o.series[k];
       const v = i >= 0 && this.ys[k] ? this.ys[k][i] : null;

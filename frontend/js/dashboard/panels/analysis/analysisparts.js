@@ -9,13 +9,11 @@
 import { trimHistogram } from "../../state/analysis.js";
 import { api } from "../../../common/api.js";
 import { h } from "../../../common/dom.js";
-import { durTick, int } from "../../../common/format.js";
-import { MiniChart, compact, rgba } from "../../render/minichart.js";
+import { compact, durTick } from "../../../common/format.js";
+import { rgba } from "../../../common/palette.js";
+import { MiniChart } from "../../render/minichart.js";
 
 export const quiet = (path) => api("GET", path, undefined, { quiet: true });
-export const rateFmt = (v) => (v === null || v === undefined || !Number.isFinite(v) ? "—" : v >= 100 ? int(v) : v.toFixed(1));
-/** A unix time as the local HH:MM:SS. */
-export const clock = (ts) => new Date(ts * 1000).toTimeString().slice(0, 8);
 const boundLabel = (b, unit) => (b === "+Inf" ? "more" : unit === "s" ? `≤${durTick(b)}` : `≤${compact(b)}`);
 
 export function swatch(rgb) {

@@ -4,10 +4,11 @@
 // queue-position histograms and the recent requests.
 
 import { REASONS, REASON_HELP, REASON_LABEL, REASON_RGB, missColumns } from "../../state/analysis.js";
-import { clock, freshWindow, histChart, quiet, rateFmt, swatch } from "./analysisparts.js";
+import { freshWindow, histChart, quiet, swatch } from "./analysisparts.js";
 import { $, h, setText } from "../../../common/dom.js";
-import { dur, int, pct } from "../../../common/format.js";
-import { MiniChart, compact, rgba } from "../../render/minichart.js";
+import { clockText, compact, dur, int, pct, rate } from "../../../common/format.js";
+import { rgba } from "../../../common/palette.js";
+import { MiniChart } from "../../render/minichart.js";
 
 /** @typedef {{rate: HTMLElement, blocks: HTMLElement, tokens: HTMLElement, bar: HTMLElement, share: HTMLElement}} ReasonCells one reason's row */
 
@@ -94,11 +95,11 @@ export class MissPanel {
     const pts = this.pts || [];
     const idx = this.hoverIdx === null ? pts.length - 1 : this.hoverIdx;
     const pt = idx >= 0 ? pts[idx] : null;
-    setText(this.rateHead, this.hoverIdx === null ? (tokens ? "tok/s" : "blk/s") : `@${clock(pt.ts)}`);
+    setText(this.rateHead, this.hoverIdx === null ? (tokens ? "tok/s" : "blk/s") : `@${clockText(pt.ts)}`);
     for (const r of REASONS) {
       const c = this.rows[r];
       const v = pt ? (tokens ? pt.missTokens[r] : pt.misses[r]) : null;
-      setText(c.rate, rateFmt(v));
+      setText(c.rate, rate(v));
       if (!tot) continue;
       const t = tot.reasons[r];
       setText(c.blocks, int(t.blocks));

@@ -5,10 +5,10 @@
 
 import { MIRROR_WHY, onMirror, unknownEl } from "../unknown.js";
 import { REASON_RGB } from "../../state/analysis.js";
-import { freshWindow, histChart, quiet, rateFmt, timeColumns } from "./analysisparts.js";
+import { freshWindow, histChart, quiet, timeColumns } from "./analysisparts.js";
 import { $, h, setText } from "../../../common/dom.js";
-import { dur, int, pct } from "../../../common/format.js";
-import { MiniChart, compact } from "../../render/minichart.js";
+import { compact, dur, int, pct, rate } from "../../../common/format.js";
+import { MiniChart } from "../../render/minichart.js";
 
 export class RegretPanel {
   /**
@@ -49,7 +49,7 @@ export class RegretPanel {
     const ratio = sec.evictions ? sec.regrets / sec.evictions : null;
     this.summary.replaceChildren(
       h("span", { title: "hashes stored again after their eviction, of all evictions (reuse and the evict operation; a prefix-cache reset's drops are not evictions): the share of evictions that cost a recompute" }, "regrets ", h("b", { id: "regret-total" }, int(sec.regrets)), ` of ${int(sec.evictions)} evictions (${pct(ratio)})`),
-      h("span", { title: "over the last minute: regrets per second against evictions per second" }, "last min ", h("b", null, rateFmt(sec.regrets_per_s)), "/s vs ", h("b", null, rateFmt(sec.evictions_per_s)), " evictions/s"),
+      h("span", { title: "over the last minute: regrets per second against evictions per second" }, "last min ", h("b", null, rate(sec.regrets_per_s)), "/s vs ", h("b", null, rate(sec.evictions_per_s)), " evictions/s"),
       h("span", { title: "time from an eviction to the hash being stored again: median (p50) and 90th percentile (p90), as histogram bucket bounds" }, "gap p50 ", h("b", null, dur(sec.regret_gap_p50)), " p90 ", h("b", null, dur(sec.regret_gap_p90))),
     );
   }

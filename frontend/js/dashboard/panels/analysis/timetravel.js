@@ -8,8 +8,7 @@
 
 import { api, getToken } from "../../../common/api.js";
 import { $, h, setText } from "../../../common/dom.js";
-import { bytes, dur, int } from "../../../common/format.js";
-import { hms } from "../../render/minichart.js";
+import { bytes, clockText, dur, int } from "../../../common/format.js";
 import { HistorySource, diffRows, momentProblem, parseMoment, seqTime } from "../../state/history.js";
 
 const quiet = (path) => api("GET", path, undefined, { quiet: true });
@@ -162,9 +161,9 @@ export class TimeTravel {
     const secs = info.last_ts - info.first_ts;
     setText(
       this.span,
-      `${hms(info.first_ts)}–${hms(info.last_ts)} (${dur(secs)}) · ${horizonText(info.horizon)} · ops ${int(info.first_seq)}–${int(info.last_seq)} · ${int(info.keyframes.length)} keyframes · ${bytes(info.bytes_held)} in memory`,
+      `${clockText(info.first_ts)}–${clockText(info.last_ts)} (${dur(secs)}) · ${horizonText(info.horizon)} · ops ${int(info.first_seq)}–${int(info.last_seq)} · ${int(info.keyframes.length)} keyframes · ${bytes(info.bytes_held)} in memory`,
     );
-    if (!this.active) this._at(this.jumpError || `live · ${hms(info.last_ts)} · op ${int(info.last_seq)}`);
+    if (!this.active) this._at(this.jumpError || `live · ${clockText(info.last_ts)} · op ${int(info.last_seq)}`);
     this._marks();
   }
 
@@ -186,7 +185,7 @@ export class TimeTravel {
     if (!this.info) return;
     this.want = seq;
     const t = seqTime(this.info, seq);
-    this._at(`~${t ? hms(t) : "—"} · op ${int(seq)} · loading…`);
+    this._at(`~${t ? clockText(t) : "—"} · op ${int(seq)} · loading…`);
     this._fetch();
   }
 
@@ -228,10 +227,10 @@ export class TimeTravel {
     const b = sm.blocks;
     const ago = this.info ? this.info.last_ts - st.at.ts : null;
     // the clock first, the op seq beside it
-    this._at(`${hms(st.at.ts)} · op ${int(st.at.seq)}${ago !== null ? ` · latest −${dur(ago)}` : ""}`);
+    this._at(`${clockText(st.at.ts)} · op ${int(st.at.seq)}${ago !== null ? ` · latest −${dur(ago)}` : ""}`);
     $("history-text").replaceChildren(
       h("b", null, "HISTORY"),
-      ` ${hms(st.at.ts)} · op ${int(st.at.seq)} · in use ${int(b.in_use)} · cached ${int(b.cached)} · empty ${int(b.empty)} · ${int(sm.running_requests)} requests`,
+      ` ${clockText(st.at.ts)} · op ${int(st.at.seq)} · in use ${int(b.in_use)} · cached ${int(b.cached)} · empty ${int(b.empty)} · ${int(sm.running_requests)} requests`,
       h("span", { class: "hb-note" }, " · tiles, queue and block detail follow; charts mark the moment"),
     );
     this.state = st;
@@ -369,7 +368,7 @@ export class TimeTravel {
       .map(([k, v]) => `${v} ${k}`)
       .join(", ");
     this.diffSummary.replaceChildren(
-      h("span", null, "op ", h("b", null, int(d.from.seq)), " → ", h("b", null, int(d.to.seq)), ` (${hms(d.from.ts)} → ${hms(d.to.ts)}, ${dur(d.to.ts - d.from.ts)})`),
+      h("span", null, "op ", h("b", null, int(d.from.seq)), " → ", h("b", null, int(d.to.seq)), ` (${clockText(d.from.ts)} → ${clockText(d.to.ts)}, ${dur(d.to.ts - d.from.ts)})`),
       h("span", null, h("b", null, int(ops.total)), ` ops${by ? ` (${by})` : ""}`),
       h("span", null, h("b", null, int(d.blocks_changed_total)), " blocks changed"),
     );

@@ -8,8 +8,8 @@
 import { REASON_RGB } from "../../state/analysis.js";
 import { freshWindow, timeColumns } from "./analysisparts.js";
 import { $, setText } from "../../../common/dom.js";
-import { pct } from "../../../common/format.js";
-import { MiniChart, compact } from "../../render/minichart.js";
+import { compact, pct } from "../../../common/format.js";
+import { MiniChart } from "../../render/minichart.js";
 import { MIRROR_WHY, onMirror, unknownTitle } from "../unknown.js";
 
 /**

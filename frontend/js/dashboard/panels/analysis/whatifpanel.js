@@ -3,9 +3,9 @@
 // hit-rate curve, its what-if lines and table, from REST every few seconds.
 
 import { buildCurve, factorLabel, policyRgb, whatIf } from "../../state/analysis.js";
-import { clock, quiet, swatch } from "./analysisparts.js";
+import { quiet, swatch } from "./analysisparts.js";
 import { $, h, setText } from "../../../common/dom.js";
-import { int, pct } from "../../../common/format.js";
+import { clockText, int, pct } from "../../../common/format.js";
 import { MiniChart } from "../../render/minichart.js";
 
 const pctFmt = (v) => `${Math.round(v * 100)}%`;
@@ -111,7 +111,7 @@ export class WhatIfPanel {
       }
     });
     this.body.replaceChildren(...rows);
-    const since = d.since ? clock(d.since) : "—";
+    const since = d.since ? clockText(d.since) : "—";
     const how = fed ? `${fed.text} (${fed.blocks}) · ` : "";
     this.foot.title = fed ? `not fed: ${int(fed.not_fed.skips_cache)} skipping the prefix cache, ${int(fed.not_fed.not_heard)} first scheduled before the mirror heard them, ${int(fed.not_fed.forgotten)} let go` : "";
     setText(

@@ -1,12 +1,13 @@
-// MiniChart's data side (the uPlot adapter of the analysis charts): the
-// columns uPlot gets (stacked sums, category indices, gaps), the bands that
-// fill between stacked series, and the scales' ranges. The drawing itself is
-// uPlot's, checked in the browser tests (tests/e2e/test_analysis_panels.py).
+// The charts' data side (render/chartscale.js: the analysis row's MiniCharts
+// and the live charts): the columns uPlot gets (stacked sums, category
+// indices, gaps), the bands that fill between stacked series, the scales'
+// ranges, and axis labels kept apart. The drawing itself is uPlot's, checked
+// in the browser tests (tests/e2e/test_analysis_panels.py).
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { compact, keepApart, niceTop, plotData, stackBands, xRange, yRange } from "../js/dashboard/render/minichart.js";
-import { durTick } from "../js/common/format.js";
+import { keepApart, niceTop, plotData, stackBands, xRange, yRange } from "../js/dashboard/render/chartscale.js";
+import { compact, durTick } from "../js/common/format.js";
 
 const stacked = { x: "time", series: [{ stack: true }, { stack: true }, { stack: true }] };
 
