@@ -412,7 +412,7 @@ class Sender(SnapshotRequests):
                 self._publish(pub, self.beat())
             # last: the reading that the engine's return from its pass ends --
             # then straight back to waiting, no more Python in the engine's step
-            # (its whole step 0.1 ms shorter on average: bench.gpu_scale.ab, sync)
+            # (bench.gpu_scale.ab, sync: its mean step ~0.1 ms shorter, within that bench's spread)
             self._background()
 
     def _send_batches(self, pub: Any, item: wire.Batch | None) -> None:

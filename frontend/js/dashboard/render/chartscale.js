@@ -7,6 +7,37 @@
 
 import { context2d } from "../../common/dom.js";
 
+/**
+ * One series of a chart (MiniChart's).
+ * @typedef {object} SeriesSpec
+ * @property {string} label
+ * @property {import("../../common/palette.js").RGB} rgb
+ * @property {number} [fill] the alpha of the fill under it
+ * @property {number} [width]
+ * @property {boolean} [stack] stacked on the stacked series before it
+ * @property {number} [axis] 2: the right-hand axis
+ * @property {boolean} [bars]
+ * @property {boolean} [points] its points drawn
+ * @property {number[]} [dash]
+ * @property {boolean} [spanGaps]
+ * @property {(v: number) => string} [fmt] its legend value
+ * @property {string} [help] its legend's hover text (else the glossary's for its label)
+ * @property {string | null} [unknown] why the series is not known (its legend says "not known", the reason on hover)
+ */
+
+/**
+ * A y axis of a chart (MiniChart's).
+ * @typedef {object} AxisSpec
+ * @property {(v: number) => string} [fmt]
+ * @property {(lo: number, hi: number) => [number, number]} [range]
+ * @property {import("../../common/palette.js").RGB} [rgb]
+ */
+
+/**
+ * A point drawn over a chart (a ring and its label) on axis 1 or 2.
+ * @typedef {{x: number, y: number, rgb?: import("../../common/palette.js").RGB, label?: string, axis?: number}} ChartMark
+ */
+
 export const AXIS_STROKE = "#8b949e";
 export const GRID = { stroke: "rgba(139,148,158,0.12)", width: 1 };
 export const FONT = "11px ui-sans-serif, system-ui, sans-serif";
@@ -100,7 +131,7 @@ export function niceTop(hi, dim, incrs = Y_INCRS) {
  * uPlot's data from the chart's columns: x (category charts: the indices),
  * then one column per series, stacked series as running sums (a gap leaves
  * the sum below it unchanged).
- * @param {{x?: string, series: import("./minichart.js").SeriesSpec[]}} o
+ * @param {{x?: string, series: SeriesSpec[]}} o
  * @param {number[]} x
  * @param {(number | null | undefined)[][]} ys
  * @returns {[number[], ...(number | null)[][]]}
@@ -145,10 +176,10 @@ export function stackBands(series) {
 /**
  * A y scale's range: data and marks on that axis, then the axis's own
  * `range`, or 0 to a round top (niceTop on a plot dim px tall).
- * @param {import("./minichart.js").AxisSpec | undefined} spec
+ * @param {AxisSpec | undefined} spec
  * @param {number | null | undefined} lo
  * @param {number | null | undefined} hi
- * @param {{marks?: import("./minichart.js").ChartMark[], axis?: number, dim?: number, incrs?: number[]}} [opts]
+ * @param {{marks?: ChartMark[], axis?: number, dim?: number, incrs?: number[]}} [opts]
  * @returns {[number, number]}
  */
 export function yRange(spec, lo, hi, opts = {}) {

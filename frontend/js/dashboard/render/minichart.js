@@ -43,31 +43,9 @@ export function barPaths(opts) {
   return bars(opts);
 }
 
-/**
- * One series of a MiniChart.
- * @typedef {object} SeriesSpec
- * @property {string} label
- * @property {import("../../common/palette.js").RGB} rgb
- * @property {number} [fill] the alpha of the fill under it
- * @property {number} [width]
- * @property {boolean} [stack] stacked on the stacked series before it
- * @property {number} [axis] 2: the right-hand axis
- * @property {boolean} [bars]
- * @property {boolean} [points] its points drawn
- * @property {number[]} [dash]
- * @property {boolean} [spanGaps]
- * @property {(v: number) => string} [fmt] its legend value
- * @property {string} [help] its legend's hover text (else the glossary's for its label)
- * @property {string | null} [unknown] why the series is not known (its legend says "not known", the reason on hover)
- */
-
-/**
- * A y axis of a MiniChart.
- * @typedef {object} AxisSpec
- * @property {(v: number) => string} [fmt]
- * @property {(lo: number, hi: number) => [number, number]} [range]
- * @property {import("../../common/palette.js").RGB} [rgb]
- */
+/** @typedef {import("./chartscale.js").SeriesSpec} SeriesSpec */
+/** @typedef {import("./chartscale.js").AxisSpec} AxisSpec */
+/** @typedef {import("./chartscale.js").ChartMark} ChartMark */
 
 /**
  * A MiniChart's options (see the class).
@@ -88,10 +66,6 @@ export function barPaths(opts) {
  * @property {(idx: number | null) => void} [onhover]
  */
 
-/**
- * A point drawn over a chart (a ring and its label) on axis 1 or 2.
- * @typedef {{x: number, y: number, rgb?: import("../../common/palette.js").RGB, label?: string, axis?: number}} ChartMark
- */
 
 /**
  * new MiniChart(el, {
