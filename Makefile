@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo-check demo-check-vllm install run test test-fast lint lint-js fmt bench bench-vllm bench-mirror-rate bench-gpu bench-gpu-ab bench-gpu-016 vllm-envs soak browser clean plot-curve
+.PHONY: demo-check demo-check-vllm install run test test-fast lint lint-js fmt bench bench-vllm bench-mirror-rate bench-gpu bench-gpu-ab bench-gpu-forked bench-gpu-016 vllm-envs soak browser clean plot-curve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -162,12 +162,19 @@ BENCH_GPU_ARGS ?= --scheduler both
 bench-gpu: $(VLLM_CPU)/.blockpool-vllm
 	$(VLLM_CPU_PY) -m bench.gpu_scale.run $(BENCH_GPU_ARGS)
 
-## The same on vLLM 0.16.0's scheduler (installed --no-deps beside a CPU torch).
 ## the plugin on and off under one running scheduler (bench/gpu_scale/ab.py)
 ## make bench-gpu-ab BENCH_GPU_AB_ARGS="--async --rounds 20 --json out.json"
 BENCH_GPU_AB_ARGS ?=
 bench-gpu-ab: $(VLLM_CPU)/.blockpool-vllm
 	$(VLLM_CPU_PY) -m bench.gpu_scale.ab $(BENCH_GPU_AB_ARGS)
 
+## the engine thread's own cost of each part of the plugin, the same steps forked
+## once per mode (bench/gpu_scale/forked.py)
+## make bench-gpu-forked BENCH_GPU_FORKED_ARGS="--per-method --reps 8 --json out.json"
+BENCH_GPU_FORKED_ARGS ?= --per-method
+bench-gpu-forked: $(VLLM_CPU)/.blockpool-vllm
+	$(VLLM_CPU_PY) -m bench.gpu_scale.forked $(BENCH_GPU_FORKED_ARGS)
+
+## The same as bench-gpu on vLLM 0.16.0's scheduler (installed --no-deps beside a CPU torch).
 bench-gpu-016: $(VLLM016)/.blockpool-bench
 	$(VLLM016_PY) -m bench.gpu_scale.run $(BENCH_GPU_ARGS)

@@ -62,6 +62,10 @@ class Switch:
     def on(self) -> None:
         for name, wrapper in self.wrapped.items():
             setattr(self.pool, name, wrapper)
+        self.hooks_on()
+
+    def hooks_on(self) -> None:
+        """The scheduler's hooks (its class's methods) only: the pool as it is."""
         for name in HOOKS:
             with contextlib.suppress(AttributeError):
                 delattr(self.sched, name)
@@ -74,20 +78,39 @@ class Switch:
             setattr(self.sched, name, plain)
 
 
+def warmed_up(sched: Any, shape: Shape, args: argparse.Namespace) -> Driver:
+    """A driver of ``sched`` (the heap frozen, as vLLM's EngineCore does once
+    built) after quick steps until the pool evicts, and ``--warmup-extra``
+    more (``shared_options``)."""
+    gc.collect()
+    gc.freeze()
+    workload = Workload(args.seed, max_prompt=8192, min_prompt=1024)
+    driver = Driver(sched, workload, shape, shape.max_num_seqs)
+    driver.output_cap = 64  # warm-up: quick steps until the pool evicts
+    while driver.evictions == 0 and driver.steps_run < args.max_warmup:
+        driver.step(0.0, None, None)
+    for _ in range(args.warmup_extra):
+        driver.step(0.0, None, None)
+    driver.output_cap = 0
+    return driver
+
+
+def shared_options(p: argparse.ArgumentParser) -> None:
+    """The options of the one-process benches (this one, forked.py)."""
+    p.add_argument("--async", dest="async_sched", action="store_true")
+    p.add_argument("--num-blocks", type=int, default=524_288)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-warmup", type=int, default=3000)
+    p.add_argument("--warmup-extra", type=int, default=300)
+    p.add_argument("--json", type=Path)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     shape = Shape(num_blocks=args.num_blocks, async_sched=args.async_sched)
     port = free_port_pair()
     with tempfile.TemporaryDirectory(prefix="gpu-scale-ab-") as tmp:
         sched = build_scheduler(shape, Path(tmp), plugin=True, endpoint=f"tcp://127.0.0.1:{port}")
-        gc.collect()
-        gc.freeze()  # as vLLM's EngineCore does once built
-        driver = Driver(sched, Workload(args.seed, max_prompt=8192, min_prompt=1024), shape, 256)
-        driver.output_cap = 64  # warm-up: quick steps until the pool evicts
-        while driver.evictions == 0 and driver.steps_run < args.max_warmup:
-            driver.step(0.0, None, None)
-        for _ in range(args.warmup_extra):
-            driver.step(0.0, None, None)
-        driver.output_cap = 0
+        driver = warmed_up(sched, shape, args)
         forward = args.sleep_ms / 1e3
         for _ in range(args.settle_steps):  # at the engine's pace, plugin on
             driver.step(forward, None, None)
@@ -159,16 +182,11 @@ def table(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--async", dest="async_sched", action="store_true")
-    p.add_argument("--num-blocks", type=int, default=524_288)
+    shared_options(p)
     p.add_argument("--block", type=int, default=20, help="steps per mode, each round")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--sleep-ms", type=float, default=6.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-warmup", type=int, default=3000)
-    p.add_argument("--warmup-extra", type=int, default=300)
     p.add_argument("--settle-steps", type=int, default=400)
-    p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     doc = run(args)
     sys.stdout.write(table(doc) + "\n")

@@ -5,17 +5,14 @@ carries the per-step percentiles.  No timing is asserted."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.gpu_scale.benchrun import run_bench_module
 from tests.vllm_envs import vllm016_python, vllm_cpu_python
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = [
     "--num-blocks",
     "2048",
@@ -31,20 +28,7 @@ TINY = [
 
 
 def run_bench(python: str, tmp_path: Path, *extra: str) -> dict[str, Any]:
-    out = tmp_path / "gpu_scale.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BLOCKPOOL_", "VLLM_"))}
-    env.update(PYTHONPATH=str(REPO), PYTHONHASHSEED="0", HF_HOME=str(tmp_path / "hf"))
-    done = subprocess.run(
-        [python, "-m", "bench.gpu_scale.run", *TINY, *extra, "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=500,
-        cwd=REPO,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    doc: dict[str, Any] = json.loads(out.read_text())
-    return doc
+    return run_bench_module(python, tmp_path, "bench.gpu_scale.run", *TINY, *extra)
 
 
 def check(doc: dict[str, Any], kinds: list[str]) -> None:
