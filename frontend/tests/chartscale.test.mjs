@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { keepApart, niceTop, plotData, stackBands, xRange, yRange } from "../js/dashboard/render/chartscale.js";
+import { fitSize, keepApart, niceTop, plotData, stackBands, xRange, yRange } from "../js/dashboard/render/chartscale.js";
 import { compact, durTick } from "../js/common/format.js";
 
 const stacked = { x: "time", series: [{ stack: true }, { stack: true }, { stack: true }] };
@@ -110,4 +110,21 @@ test("keepApart: axis labels never touch, first come first kept, empty ones skip
 test("durTick: short axis durations", () => {
   assert.deepEqual([0.001, 0.25, 1, 30, 60, 120, 90, 1800, 5400].map(durTick), ["1ms", "250ms", "1s", "30s", "1m", "2m", "1.5m", "30m", "1.5h"]);
   assert.equal(durTick(null), "—");
+});
+
+test("a y axis is as wide as its widest label beside its ticks and gap, and never narrower than asked", () => {
+  // a canvas whose font draws 7 px a character (node has no DOM)
+  const measure = (/** @type {string} */ t) => ({ width: 7 * String(t).length });
+  const canvas = { getContext: () => ({ font: "", measureText: measure }) };
+  /** @type {any} */ (globalThis).document = { createElement: () => canvas };
+  try {
+    const size = fitSize(30);
+    const u = /** @type {any} */ ({ axes: [{}, { ticks: { size: 10 }, gap: 4 }] });
+    assert.equal(size(u, ["5", "50"], 1), 30); // 14 + 10 + 4 + 1 = 29: the least asked
+    assert.equal(size(u, ["100", "150"], 1), 36); // a count of 100 widens it: 21 + 15
+    assert.equal(size(u, ["1.5k"], 1), 43);
+    assert.equal(size(u, /** @type {any} */ (null), 1), 30); // before uPlot has labels
+  } finally {
+    delete (/** @type {any} */ (globalThis).document);
+  }
 });

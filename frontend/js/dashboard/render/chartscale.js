@@ -70,6 +70,21 @@ export function labelWidth(labels, font = FONT) {
 }
 
 /**
+ * A y axis's size (uPlot's `size`): `least` px, or more when its widest
+ * label needs it beside the axis's ticks and gap -- a count of 100 on a
+ * histogram's narrow axis.
+ * @param {number} least
+ * @returns {(u: import("../../../vendor/uplot/uPlot"), values: string[], i: number) => number}
+ */
+export function fitSize(least) {
+  return (u, values, i) => {
+    const ax = u.axes[i];
+    const beside = ((ax.ticks && ax.ticks.size) || 0) + (ax.gap || 0);
+    return Math.max(least, labelWidth(values || []) + beside + 1);
+  };
+}
+
+/**
  * Which axis labels to draw so that none touches another: centred at px[i],
  * widths[i] wide, kept left to right while at least `gap` px clear of the
  * last one kept (an empty label is never kept and never blocks).

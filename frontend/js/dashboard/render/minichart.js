@@ -21,6 +21,7 @@ import {
   TIME_INCRS,
   Y_INCRS,
   apartFilter,
+  fitSize,
   labelWidth,
   plotData,
   stackBands,
@@ -198,7 +199,7 @@ export class MiniChart {
     /** @type {import("../../../vendor/uplot/uPlot").Axis[]} */
     const axes = [
       { ...axis, ...xAxis, size: 18, gap: 3 },
-      { ...axis, scale: "y", size: o.yWidth || 38, gap: 4, space: (u, i, min, max, dim) => ySpace(dim), incrs: yIncrs, values: (u, vals) => vals.map((v) => ((o.y && o.y.fmt) || compact)(v)) },
+      { ...axis, scale: "y", size: fitSize(o.yWidth || 38), gap: 4, space: (u, i, min, max, dim) => ySpace(dim), incrs: yIncrs, values: (u, vals) => vals.map((v) => ((o.y && o.y.fmt) || compact)(v)) },
     ];
     /** @type {import("../../../vendor/uplot/uPlot").Scales} */
     const scales = {
@@ -209,7 +210,7 @@ export class MiniChart {
     const y2 = o.y2;
     if (y2) {
       const c = y2.rgb ? rgba(y2.rgb) : AXIS_STROKE;
-      axes.push({ ...axis, scale: "y2", side: 1, stroke: c, grid: { show: false }, size: o.y2Width || 38, gap: 4, space: (u, i, min, max, dim) => ySpace(dim), incrs: Y_INCRS, values: (u, vals) => vals.map((v) => (y2.fmt || compact)(v)) });
+      axes.push({ ...axis, scale: "y2", side: 1, stroke: c, grid: { show: false }, size: fitSize(o.y2Width || 38), gap: 4, space: (u, i, min, max, dim) => ySpace(dim), incrs: Y_INCRS, values: (u, vals) => vals.map((v) => (y2.fmt || compact)(v)) });
       scales.y2 = { range: (u, lo, hi) => yRange(y2, lo, hi, { marks: this.marks, axis: 2, dim: this._plotHeight(u) }) };
     }
     const barPath = bars ? barPaths({ size: [0.8, 40], gap: 1 }) : null;
