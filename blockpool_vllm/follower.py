@@ -90,7 +90,8 @@ class PoolFollower:
         self.problems: list[str] = []
         self.cost_ns = 0  # time spent recording and flushing (not the pool's own calls)
         self.step_ns = 0  # this step's share of it so far
-        self.costs = array("d", bytes(8 * COSTS_KEPT))  # µs per step, a ring
+        self.costs = array("d", bytes(8 * COSTS_KEPT))  # µs per batch flushed, a ring
+        self.costs_kept = 0  # figures put in it so far
         self.cost_max_us = 0.0
         self.digest = PoolDigest(pool)  # O(pool), once, at start
         self.digest_ops = 0  # the digest is of the pool after this many operations
@@ -155,10 +156,14 @@ class PoolFollower:
         self._capture_step()
         self.passes.last_flush = time.monotonic()
         spent = self.step_ns + _now() - t
+        if batch is None:  # (its time is the next batch's: one figure a batch, none lost)
+            self.step_ns = spent
+            return None
         self.step_ns = 0
         self.cost_ns += spent
         us = spent / 1000.0
-        self.costs[self.step % COSTS_KEPT] = us
+        self.costs[self.costs_kept % COSTS_KEPT] = us
+        self.costs_kept += 1
         if us > self.cost_max_us:
             self.cost_max_us = us
         return batch
@@ -309,9 +314,11 @@ class PoolFollower:
         )
 
     def cost_quantiles(self) -> tuple[float, float, float] | None:
-        """The follower's time per step on the engine's thread (µs): p50 and
-        p99 of the last steps, the maximum since the start."""
-        n = min(self.step, COSTS_KEPT)
+        """The follower's time on the engine's thread per batch (µs; a step
+        flushes one at its schedule and one at its output, a flush with
+        nothing to send adds to the next): p50 and p99 of the last
+        ``COSTS_KEPT``, the maximum since the start."""
+        n = min(self.costs_kept, COSTS_KEPT)
         if n == 0:
             return None
         s = sorted(self.costs[:n])

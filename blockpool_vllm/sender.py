@@ -165,7 +165,10 @@ class Sender(SnapshotRequests):
         self.handled_seq = 0
         self.handled_ops = 0
         self._batch_drops = 0  # the follower's drops, as its last batch handled said
-        self._queue: queue.Queue[wire.Batch | None] = queue.Queue(maxsize=max_queue)
+        # (a SimpleQueue, bounded here: the engine's put is one call in C, no
+        # lock and condition taken in Python -- ~0.5 µs less a flush, two a step)
+        self._queue: queue.SimpleQueue[wire.Batch | None] = queue.SimpleQueue()
+        self._max_queue = max_queue
         self.sent = 0  # batches published
         self.bundles = 0  # messages that held several (wire.Batches)
         self.dropped = 0  # batches dropped (a full queue, or not bound yet)
@@ -196,18 +199,17 @@ class Sender(SnapshotRequests):
 
     def offer(self, batch: wire.Batch) -> bool:
         """Queue a batch for sending; False (and counted) when the queue is full."""
-        try:
-            self._queue.put_nowait(batch)
-        except queue.Full:
+        # (the engine's thread is the one that puts: the size only falls meanwhile)
+        if self._queue.qsize() >= self._max_queue:
             self.dropped += 1
             self._handled(batch)
             return False
+        self._queue.put(batch)
         return True
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        with contextlib.suppress(queue.Full):
-            self._queue.put_nowait(None)
+        self._queue.put(None)  # (past the bound: the thread's signal to stop)
         if self._thread.is_alive():
             self._thread.join(timeout)
 

@@ -46,7 +46,7 @@ class Pub:
         return out
 
 
-def queued(steps: int) -> tuple[FollowedEngine, Sender]:
+def queued(steps: int, max_queue: int = 4096) -> tuple[FollowedEngine, Sender]:
     """An engine whose ``steps`` batches wait in a (keyed, not started) sender's queue."""
     engine = FollowedEngine(num_blocks=128)
     sender = Sender(
@@ -56,10 +56,11 @@ def queued(steps: int) -> tuple[FollowedEngine, Sender]:
         engine.stats,
         prepare=engine.follower.prepare,
         key=SECRET,
+        max_queue=max_queue,
     )
     engine.send = sender.offer
     engine.drive(steps)
-    assert sender._queue.qsize() == steps == engine.follower.seq
+    assert sender._queue.qsize() == min(steps, max_queue) and engine.follower.seq == steps
     return engine, sender
 
 
@@ -101,7 +102,10 @@ def test_a_lone_batch_is_a_batch_and_bundles_are_bounded(monkeypatch: pytest.Mon
 def test_past_the_size_bound_each_batch_goes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     engine, sender = queued(6)
     # the bound, below what six of them encode to (and above what each does)
-    sizes = [len(wire.encode(b)) for b in list(sender._queue.queue)]
+    waiting = [sender._queue.get_nowait() for _ in range(6)]
+    for b in waiting:
+        sender._queue.put(b)
+    sizes = [len(wire.encode(b)) for b in waiting]
     monkeypatch.setattr(wire, "MAX_BATCH_BYTES", sum(sizes) - 1)
     pub = Pub()
     send_queued(sender, pub)
@@ -201,3 +205,17 @@ async def test_a_plugin_of_a_newer_protocol_is_said() -> None:
     finally:
         rig.close()
     rig.engine.rt.check()
+
+
+def test_past_the_queue_bound_a_batch_is_dropped_and_counted() -> None:
+    engine, sender = queued(7, max_queue=4)
+    # the engine's 5th..7th batches found the queue full: dropped, counted on
+    # both sides, and a beat claims no more than the last one handled
+    assert sender.dropped == 3 and engine.follower.drops == 3
+    assert sender.handled_seq == 7
+    pub = Pub()
+    send_queued(sender, pub)
+    (got,) = pub.batches()
+    assert [b.seq for b in got] == [1, 2, 3, 4]  # the mirror sees the gap (5..7)
+    assert got[-1].drops == 0 and sender.sent == 4 and sender._queue.qsize() == 0
+    engine.rt.check()

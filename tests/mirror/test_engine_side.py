@@ -109,3 +109,26 @@ def test_the_served_model_name_is_the_handshakes() -> None:
     assert served_model(NS(model_config=NS(served_model_name=None, model="/m/x"))) == "/m/x"
     assert served_model(NS(model_config=None)) is None
     assert served_model(object()) is None
+
+
+def test_the_plugins_time_is_one_figure_a_batch_none_lost() -> None:
+    """Before: a figure's place in the ring was the batch count *after* the
+    batch, so the first figure read was a 0 never written (a p50 of 0 µs
+    after one batch), and a flush that made no batch wrote over the last
+    batch's figure."""
+    engine = FollowedEngine(num_blocks=64)
+    f = engine.follower
+    assert f.cost_quantiles() is None
+    assert f.flush() is None and f.cost_quantiles() is None  # nothing to send: no figure
+    carried = f.step_ns
+    assert carried > 0  # ... its time is the next batch's
+    engine.drive(1)
+    assert f.step == 1 and f.costs_kept == 1
+    p50, p99, top = f.cost_quantiles() or (0.0, 0.0, 0.0)
+    assert 0 < p50 == p99 == top and top * 1000 >= carried
+    assert f.flush() is None and f.cost_quantiles() == (p50, p99, top)  # not written over
+    engine.drive(30)
+    assert f.costs_kept == f.step > 20  # (a step of nothing to send makes no batch)
+    q = f.cost_quantiles()
+    assert q is not None and 0 < q[0] <= q[1] <= q[2] == f.cost_max_us
+    assert f.cost_ns >= sum(f.costs[: f.step]) * 1000 * 0.999  # (the ring's µs: rounded)
