@@ -21,7 +21,8 @@ The engine's thread never reads the pool for it.  A snapshot is
 copied a slice per step (``Capture``), and by the sender's thread while the
 engine is idle.  Nothing here blocks on I/O: a full sender queue drops the
 batch and counts it (the mirror sees the gap and resyncs).  The time each
-step spent here is kept per step (``cost_quantiles``: p50, p99, max).
+step spent here is kept per batch, for one batch in ``TIME_EVERY``
+(``cost_quantiles``: p50, p99, max).
 """
 
 from __future__ import annotations
@@ -49,7 +50,12 @@ from blockpool_vllm.digest_reader import DigestReader
 from blockpool_vllm.forward_pass import IDLE_AFTER_S, ForwardPasses
 from blockpool_vllm.pool_hooks import hook_pool
 
-COSTS_KEPT = 2048  # the last steps' costs, for the quantiles
+COSTS_KEPT = 2048  # the last timed batches' costs, for the quantiles
+# one batch in this many has its time taken (its calls' clocks read: ~4 reads
+# a pool call, ~35 calls a step -- bench/gpu_scale/forked.py --per-method: 6-17
+# µs a step); odd, so that a step's two batches (its schedule's, its output's)
+# are each timed in turn
+TIME_EVERY = 7
 CAPTURE_BUDGET_S = 0.0008  # a step's share of copying a snapshot
 
 
@@ -64,6 +70,7 @@ class PoolFollower:
         boot: str = "",
         defer_digest: bool = False,
         windowed: bool = False,
+        time_every: int = TIME_EVERY,
     ) -> None:
         self.pool = pool
         self.defer_digest = defer_digest
@@ -88,10 +95,14 @@ class PoolFollower:
         self.drops = 0
         self.epoch = 0  # odd while a pool call runs
         self.problems: list[str] = []
-        self.cost_ns = 0  # time spent recording and flushing (not the pool's own calls)
-        self.step_ns = 0  # this step's share of it so far
-        self.costs = array("d", bytes(8 * COSTS_KEPT))  # µs per batch flushed, a ring
-        self.costs_kept = 0  # figures put in it so far
+        # the time spent recording and flushing (not the pool's own calls), taken
+        # for one batch in ``time_every`` (``timed``: the calls until the next batch)
+        self.time_every = max(1, time_every)
+        self.timed = True
+        self.cost_ns = 0  # the timed batches' in all
+        self.step_ns = 0  # the timed batch's so far
+        self.costs = array("d", bytes(8 * COSTS_KEPT))  # µs per timed batch, a ring
+        self.costs_kept = 0  # batches timed so far (figures put in the ring)
         self.cost_max_us = 0.0
         self.digest = PoolDigest(pool)  # O(pool), once, at start
         self.digest_ops = 0  # the digest is of the pool after this many operations
@@ -149,12 +160,17 @@ class PoolFollower:
     def flush(self, force_digest: bool = False) -> Batch | None:
         """The operations and request records since the last flush, as one
         batch handed to the sender (None when there was nothing)."""
-        t = _now()
+        timed = self.timed
+        t = _now() if timed else 0
         batch = None
         if self.ops or self.requests or force_digest:
             batch = self._batch(force_digest)
         self._capture_step()
         self.passes.last_flush = time.monotonic()
+        if not timed:
+            if batch is not None:
+                self.timed = self.step % self.time_every == 0
+            return batch
         spent = self.step_ns + _now() - t
         if batch is None:  # (its time is the next batch's: one figure a batch, none lost)
             self.step_ns = spent
@@ -166,6 +182,7 @@ class PoolFollower:
         self.costs_kept += 1
         if us > self.cost_max_us:
             self.cost_max_us = us
+        self.timed = self.step % self.time_every == 0
         return batch
 
     def _batch(self, force_digest: bool) -> Batch:
@@ -316,8 +333,9 @@ class PoolFollower:
     def cost_quantiles(self) -> tuple[float, float, float] | None:
         """The follower's time on the engine's thread per batch (µs; a step
         flushes one at its schedule and one at its output, a flush with
-        nothing to send adds to the next): p50 and p99 of the last
-        ``COSTS_KEPT``, the maximum since the start."""
+        nothing to send adds to the next), of the batches timed (one in
+        ``time_every``): p50 and p99 of the last ``COSTS_KEPT``, the maximum
+        since the start."""
         n = min(self.costs_kept, COSTS_KEPT)
         if n == 0:
             return None

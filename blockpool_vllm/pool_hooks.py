@@ -62,25 +62,27 @@ def hook_pool(self: PoolFollower) -> None:
     hash_block_size = pool.hash_block_size
 
     def _get_new_blocks(num_blocks: int) -> Any:
-        t0 = _now()  # (the wrapper's time, the pool's own call left out)
+        # (the wrapper's time, the pool's own call left out; 0: not timed)
+        t0 = _now() if self.timed else 0
         self.epoch += 1  # before the look at capture (poll_snapshot's check)
         cap = self.capture
         try:
             if cap is not None:
                 with lock:
                     cap.save_head(num_blocks)
-                    t1 = _now()
+                    t1 = _now() if t0 else 0
                     ret = get_new_blocks(num_blocks)
             else:
-                t1 = _now()
+                t1 = _now() if t0 else 0
                 ret = get_new_blocks(num_blocks)
-            t = _now()
+            t = _now() if t0 else 0
             if ret:
                 kept = self.ops  # (the step's list: a flush takes it whole)
                 kept.extend((ALLOCATE, len(ret)))  # flat, ids read later (resolve)
                 kept.extend(ret)
                 self.op_count += 1
-            self.step_ns += _now() - t + t1 - t0
+            if t0:
+                self.step_ns += _now() - t + t1 - t0
             return ret
         finally:
             self.epoch += 1
@@ -91,7 +93,7 @@ def hook_pool(self: PoolFollower) -> None:
         """free_blocks and touch: a call over blocks, kept as one record."""
 
         def wrapper(some_blocks: Any) -> None:
-            t0 = _now()
+            t0 = _now() if self.timed else 0
             blocks = list(some_blocks)
             self.epoch += 1  # before the look at capture (poll_snapshot's check)
             cap = self.capture
@@ -99,18 +101,19 @@ def hook_pool(self: PoolFollower) -> None:
                 if cap is not None:
                     with lock:
                         save(cap, blocks)
-                        t1 = _now()
+                        t1 = _now() if t0 else 0
                         call(blocks)
                 else:
-                    t1 = _now()
+                    t1 = _now() if t0 else 0
                     call(blocks)
-                t = _now()
+                t = _now() if t0 else 0
                 if blocks:
                     kept = self.ops
                     kept.extend((kind, len(blocks)))
                     kept.extend(blocks)
                     self.op_count += 1
-                self.step_ns += _now() - t + t1 - t0
+                if t0:
+                    self.step_ns += _now() - t + t1 - t0
             finally:
                 self.epoch += 1
 
@@ -137,7 +140,7 @@ def hook_pool(self: PoolFollower) -> None:
         *rest: Any,
         **kw: Any,
     ) -> None:
-        t0 = _now()
+        t0 = _now() if self.timed else 0
         window = blocks[num_cached_blocks:num_full_blocks]
         # the usual call: blocks of the hash block size, no mask, none hashed
         # yet -- vLLM then hashes each of them but the null block, its hash the
@@ -160,7 +163,7 @@ def hook_pool(self: PoolFollower) -> None:
                     before = [None] * len(window)
                 with lock:
                     cap.save_all(window)
-                    t1 = _now()
+                    t1 = _now() if t0 else 0
                     cache_full_blocks(*args, kv_cache_group_id, *rest, **kw)
                     new = [b for b, old in zip(window, before, strict=True) if old is None]
                     cap.cached(
@@ -168,9 +171,9 @@ def hook_pool(self: PoolFollower) -> None:
                         {b.block_id for b in new},
                     )
             else:
-                t1 = _now()
+                t1 = _now() if t0 else 0
                 cache_full_blocks(*args, kv_cache_group_id, *rest, **kw)
-            t = _now()
+            t = _now() if t0 else 0
             if usual:
                 if window:
                     start = num_cached_blocks - 1 if num_cached_blocks > 0 else 0
@@ -185,7 +188,8 @@ def hook_pool(self: PoolFollower) -> None:
                 cache_slowly(
                     self, request, window, before, num_cached_blocks, block_size, kv_cache_group_id
                 )
-            self.step_ns += _now() - t + t1 - t0
+            if t0:
+                self.step_ns += _now() - t + t1 - t0
         finally:
             self.epoch += 1
 
@@ -204,13 +208,13 @@ def hook_pool(self: PoolFollower) -> None:
         (bench/gpu_scale/forked.py --per-method, the same engine steps: a
         cache call's added time 2.9-3.2 -> 2.6 µs, ~17 calls a step); any
         other call handed to ``_cache_full_blocks``."""
-        t0 = _now()
+        t0 = _now() if self.timed else 0
         if block_mask is None and block_size == hash_block_size:
             self.epoch += 1  # before the look at capture (poll_snapshot's check)
             try:
                 window = blocks[num_cached_blocks:num_full_blocks]
                 if self.capture is None and not any(map(_hash_of, window)):
-                    t1 = _now()
+                    t1 = _now() if t0 else 0
                     cache_full_blocks(
                         request,
                         blocks,
@@ -219,7 +223,7 @@ def hook_pool(self: PoolFollower) -> None:
                         block_size,
                         kv_cache_group_id,
                     )
-                    t = _now()
+                    t = _now() if t0 else 0
                     if window:
                         start = num_cached_blocks - 1 if num_cached_blocks > 0 else 0
                         chain = request.block_hashes[start:num_full_blocks]
@@ -229,7 +233,8 @@ def hook_pool(self: PoolFollower) -> None:
                         kept.extend(window)
                         kept.extend(chain)
                         self.op_count += 1
-                    self.step_ns += _now() - t + t1 - t0
+                    if t0:
+                        self.step_ns += _now() - t + t1 - t0
                     return
             finally:
                 self.epoch += 1

@@ -240,7 +240,7 @@ class _Mirrored:
             hello,
             follower.poll_snapshot,
             follower.stats,
-            lambda: (follower.step, follower.cost_ns),
+            lambda: (follower.costs_kept, follower.cost_ns),
             cost_us=follower.cost_quantiles,
             digest=follower.latest_digest,
             reading=follower.reading,
@@ -280,7 +280,7 @@ class _Mirrored:
             m.passes.ends()
         super().add_request(request)  # type: ignore[misc]
         if m is not None:
-            t = time.perf_counter_ns()
+            t = time.perf_counter_ns() if m.timed else 0  # (0: not timed)
             hashes = _as_bytes(getattr(request, "block_hashes", ()))
             skips = getattr(request, "skip_reading_prefix_cache", None)
             if skips is None:  # vLLM 0.16: prompt_logprobs skips the lookup
@@ -295,7 +295,8 @@ class _Mirrored:
                     bool(skips),
                 )
             )
-            m.step_ns += time.perf_counter_ns() - t
+            if t:
+                m.step_ns += time.perf_counter_ns() - t
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         m = self._mirror
@@ -303,7 +304,7 @@ class _Mirrored:
             m.passes.ends()
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         if m is not None:
-            t = time.perf_counter_ns()
+            t = time.perf_counter_ns() if m.timed else 0  # (0: not timed)
             now = time.time()
             for new in out.scheduled_new_reqs:
                 m.request(Scheduled(str(new.req_id), now, int(new.num_computed_tokens)))
@@ -315,7 +316,8 @@ class _Mirrored:
                 for rid, done in zip(cached.req_ids, cached.num_computed_tokens, strict=False):
                     if rid in resumed:
                         m.request(Scheduled(str(rid), now, int(done)))
-            m.step_ns += time.perf_counter_ns() - t
+            if t:
+                m.step_ns += time.perf_counter_ns() - t
             m.flush()
             m.passes.begins()  # the engine hands the step to its model now
         return out

@@ -85,7 +85,7 @@ class MirrorStatus:
     stale_discarded: int = 0  # batches (and beats) of a previous engine, dropped unread
     backlog_dropped: int = 0  # messages dropped for a fresh snapshot (a backlog)
     last_seq: int = 0
-    engine_steps: int = 0  # from the engine's beats: batches made, the plugin's own time
+    engine_steps: int = 0  # from the engine's beats: batches timed, the plugin's own time in them
     engine_cost_ns: int = 0
     # the plugin's time per step on the engine's thread (µs): p50, p99, max
     engine_cost_us: tuple[float, float, float] | None = None
@@ -348,9 +348,9 @@ FIGURES_HELP = {
     "unauthenticated_total": "messages dropped: not signed with the mirror's secret",
     "stale_discarded_total": "batches of a previous run of the engine, dropped unread",
     "backlog_dropped_total": "messages dropped for a fresh snapshot (a backlog too large)",
-    "plugin_step_p50_us": "the plugin's time per scheduler step on the engine's thread, p50 (µs)",
-    "plugin_step_p99_us": "the plugin's time per scheduler step on the engine's thread, p99 (µs)",
-    "plugin_step_max_us": "the plugin's longest scheduler step on the engine's thread (µs)",
+    "plugin_step_p50_us": "the plugin's time per batch on the engine's thread, p50 (µs, 1 in 7)",
+    "plugin_step_p99_us": "the plugin's time per batch on the engine's thread, p99 (µs, 1 in 7)",
+    "plugin_step_max_us": "the plugin's longest batch on the engine's thread (µs, 1 in 7)",
     "plugin_digest_behind_blocks": "blocks the engine's digest has not read yet (the plugin's)",
     "plugin_digests_taken_total": "digests the plugin took of its engine's pool",
     "plugin_forward_pass_ms": "the shortest of the engine's last forward passes: the plugin's "

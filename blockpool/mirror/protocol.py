@@ -245,8 +245,8 @@ class Beat(msgspec.Struct, tag="beat"):
     ops: Count
     drops: Count
     stats: tuple[Count, Count, Count]
-    steps: Count = 0  # batches made so far
-    cost_ns: Count = 0  # the follower's own time on the engine's thread so far
+    steps: Count = 0  # batches timed so far (the plugin times one batch in 7)
+    cost_ns: Count = 0  # the follower's own time on the engine's thread in them
     boot: Boot = ""
     # the follower's time per step on the engine's thread: p50, p99, max (µs)
     cost_us: tuple[Float, Float, Float] | None = None

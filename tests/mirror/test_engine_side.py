@@ -15,6 +15,7 @@ from blockpool.mirror import (
 )
 from blockpool.mirror.protocol import Group
 from blockpool_vllm.engine_facts import free_order_for, problems_of, served_model
+from blockpool_vllm.follower import TIME_EVERY
 from blockpool_vllm.sender import Sender, next_port
 from tests.app.conftest import free_port
 from tests.mirror.workload import FollowedEngine
@@ -118,6 +119,7 @@ def test_the_plugins_time_is_one_figure_a_batch_none_lost() -> None:
     batch's figure."""
     engine = FollowedEngine(num_blocks=64)
     f = engine.follower
+    f.time_every = 1  # every batch timed
     assert f.cost_quantiles() is None
     assert f.flush() is None and f.cost_quantiles() is None  # nothing to send: no figure
     carried = f.step_ns
@@ -132,3 +134,29 @@ def test_the_plugins_time_is_one_figure_a_batch_none_lost() -> None:
     q = f.cost_quantiles()
     assert q is not None and 0 < q[0] <= q[1] <= q[2] == f.cost_max_us
     assert f.cost_ns >= sum(f.costs[: f.step]) * 1000 * 0.999  # (the ring's µs: rounded)
+    engine.rt.check()
+
+
+def test_the_plugins_time_is_taken_for_one_batch_in_seven() -> None:
+    """The calls' clocks are read for one batch in ``TIME_EVERY`` (7: a
+    step's two batches timed in turn); the others' calls read none."""
+    engine = FollowedEngine(num_blocks=64)
+    f = engine.follower
+    assert f.time_every == TIME_EVERY == 7
+    timed_at: list[int] = []
+    untimed_ns: list[int] = []
+    while f.step < 50:
+        before = f.step
+        timed = f.timed
+        engine.step()
+        if f.step == before:
+            continue
+        if timed:
+            timed_at.append(f.step)
+        else:
+            untimed_ns.append(f.step_ns)
+    assert timed_at == [1, 8, 15, 22, 29, 36, 43, 50] and f.costs_kept == 8
+    assert set(untimed_ns) == {0}  # no time taken, none carried
+    q = f.cost_quantiles()
+    assert q is not None and 0 < q[0] <= q[1] <= q[2]
+    engine.rt.check()

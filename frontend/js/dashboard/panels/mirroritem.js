@@ -168,8 +168,8 @@ export class MirrorItem {
       "page: the engine's step to this page (hover it) · the top bar's frame lag: the server's tick to this page · analysis lag: operations the analysis has not yet read",
       ...(st.state === "behind" ? [`behind: ${int(st.backlog)} messages waiting, the oldest ${int(st.backlog_ms)}ms`] : []),
       st.plugin_step_us
-        ? `plugin per engine step p50 ${st.plugin_step_us.p50.toFixed(0)}µs · p99 ${st.plugin_step_us.p99.toFixed(0)}µs · max ${st.plugin_step_us.max.toFixed(0)}µs`
-        : "plugin per engine step: not known yet",
+        ? `plugin per batch (one in 7 timed; a step sends two) p50 ${st.plugin_step_us.p50.toFixed(0)}µs · p99 ${st.plugin_step_us.p99.toFixed(0)}µs · max ${st.plugin_step_us.max.toFixed(0)}µs`
+        : "plugin per batch: not known yet",
       digestText(st.plugin_digest),
       `stream ${st.authenticated ? "signed and verified" : "not authenticated (no shared secret)"}`,
       ...(eng.problems && eng.problems.length ? ["not followed exactly:", ...eng.problems] : []),
