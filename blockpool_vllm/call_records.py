@@ -10,7 +10,9 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
-from blockpool.mirror.protocol import Allocate, Cache, Free, Op, Reset, Touch, Unsupported
+from msgspec import Raw
+
+from blockpool.mirror.protocol import Allocate, Cache, Free, Reset, Touch, Unsupported, encode
 
 # what a usual call leaves in ``PoolFollower.ops``, for ``resolve``: its kind,
 # how many blocks, then the blocks it gave -- ``KIND, n, *blocks`` -- or for a
@@ -45,8 +47,8 @@ def count_ops(entries: list[Any]) -> int:
 
 
 def resolve(
-    entries: list[Any], pace: Callable[[], object] | None = None
-) -> tuple[list[Op], list[int]]:
+    entries: list[Any], pace: Callable[[], object] | None = None, encoded: bool = False
+) -> tuple[list[Any], list[int]]:
     """The operations of one flush as the wire has them, and the block ids
     they named (-1: a reset, -2: a call not followed) for the digest.  The
     usual calls were kept as the blocks they gave (flat: see ``CACHE``) and
@@ -54,8 +56,18 @@ def resolve(
     between two calls' (a step naming thousands of blocks took 4.5 ms of
     the sender's thread here, measured: an engine back meanwhile would wait
     for the interpreter).  A block's id never changes, and what was kept
-    was copied at the call: nothing here can change under it."""
-    ops: list[Op] = []
+    was copied at the call: nothing here can change under it.
+
+    ``encoded``: each operation as the wire's bytes (``msgspec.Raw``, which
+    a batch encodes as they are: the same message), not a record -- the
+    sender's thread holds a batch's operations until it has encoded the
+    batch, and their id and hash lists were objects the engine's garbage
+    collector counted (~30 a batch, hundreds for a prefill's, measured:
+    they set off the engine's young collections, each walking its young
+    requests' token lists, 15-50 ms at GPU scale).  Encoded one by one,
+    each operation's lists are freed before the next is read."""
+    ops: list[Any] = []
+    add = ops.append if not encoded else lambda op: ops.append(Raw(encode(op)))
     touched: list[int] = []
     i, end = 0, len(entries)
     while i < end:
@@ -79,16 +91,16 @@ def resolve(
                 ids = list(map(_id_of, blocks))
                 at = off + first - 1  # the parent's place in the chain kept
                 parent = bytes(entries[chain + at]) if first >= 0 and at >= 0 else None
-                ops.append(Cache(int(group), parent, ids, hashes))
+                add(Cache(int(group), parent, ids, hashes))
                 i = chain + m
             else:
                 n = entries[i + 1]
                 ids = list(map(_id_of, entries[i + 2 : i + 2 + n]))
-                ops.append(_BY_KIND[e](ids))
+                add(_BY_KIND[e](ids))
                 i += 2 + n
             touched.extend(ids)
         else:
-            ops.append(e)
+            add(e)
             if isinstance(e, Reset):
                 touched.append(-1)
             elif isinstance(e, Unsupported):

@@ -239,20 +239,25 @@ class PoolFollower:
         self.flushed_ops = self.op_count
         return batch
 
-    def prepare(self, batch: Batch) -> Batch:
+    def prepare(self, batch: Batch, encoded: bool = False) -> Batch:
         """The sender's thread, before it sends ``batch``: its operations as
         the wire has them (ids and hashes read from the blocks the calls
-        gave), and their blocks handed to the digest's catch_up."""
+        gave; ``encoded``: as their bytes, see ``resolve``), and their
+        blocks handed to the digest's catch_up."""
         inflight = self.inflight
         if inflight and inflight[0] is batch:
             try:
-                batch.ops, touched = resolve(batch.ops, self.passes.pace)
+                batch.ops, touched = resolve(batch.ops, self.passes.pace, encoded)
             except Exception:  # never expected: the engine's next flush re-reads every block
                 touched = [-2]
                 self.sync_due = True
             self.reader.add(touched)  # first: catch_up waits for it
             inflight.popleft()
         return batch
+
+    def prepare_encoded(self, batch: Batch) -> Batch:
+        """``prepare`` for the sender: the operations encoded one by one."""
+        return self.prepare(batch, True)
 
     def _update_digest(self, touched: list[int]) -> None:
         """The digest brought up to date on this thread (the engine's), over

@@ -245,7 +245,7 @@ class _Mirrored:
             digest=follower.latest_digest,
             reading=follower.reading,
             background=follower.catch_up,
-            prepare=follower.prepare,
+            prepare=follower.prepare_encoded,
             turn=follower.passes.wait_turn if deferred else None,
             pace=follower.passes.pace if deferred else None,
             control_endpoint=control,

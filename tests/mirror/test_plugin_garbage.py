@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gc
 
+import msgspec
+
 from blockpool.mirror import pool_digest
 from blockpool.mirror import protocol as wire
 from blockpool_vllm.call_records import count_ops, resolve
@@ -59,4 +61,33 @@ def test_a_reader_far_behind_keeps_few_parts_and_reads_them_exactly() -> None:
     assert f.catch_up() and not reader.pending
     assert reader.digests_taken == 1 and reader.sweeps == 0
     assert f.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.check()
+
+
+def test_a_batch_prepared_for_the_wire_holds_no_list_per_operation() -> None:
+    """The sender's thread holds a batch's operations until it encodes the
+    batch: encoded one by one they hold no id or hash list for the engine's
+    collector to count -- and the message is the same bytes, its blocks the
+    same for the digest."""
+    queued: list[wire.Batch] = []
+    engine = FollowedEngine(num_blocks=256, defer_digest=True, windowed=True)
+    engine.send = lambda b: queued.append(b) is None
+    engine.drive(60)
+    f = engine.follower
+    records = [
+        wire.Batch(**{k: getattr(b, k) for k in b.__struct_fields__}) for b in queued
+    ]  # the same calls, each batch prepared the usual way below
+    named: set[int] = set()
+    for b, r in zip(queued, records, strict=True):
+        r.ops, touched = resolve(list(b.ops))
+        named.update(i for i in touched if i > 0)
+        assert f.prepare_encoded(b) is b
+        assert len(b.ops) == len(r.ops) == count_ops(r.ops) > 0
+        assert all(type(op) is msgspec.Raw for op in b.ops)
+        assert not any(gc.is_tracked(op) for op in b.ops)
+        assert wire.encode(b) == wire.encode(r)
+        assert wire.decode(wire.encode(b)) == r
+    assert sum(len(r.ops) for r in records) == f.op_count
+    assert not f.inflight and f.reader.sweep is None  # every batch's blocks handed over ...
+    assert sorted(i for part in f.reader.pending for i in part) == sorted(named) != []
     engine.rt.check()
