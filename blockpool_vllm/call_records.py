@@ -11,8 +11,9 @@ from operator import attrgetter
 from typing import Any
 
 from msgspec import Raw
+from msgspec.msgpack import Encoder
 
-from blockpool.mirror.protocol import Allocate, Cache, Free, Reset, Touch, Unsupported, encode
+from blockpool.mirror.protocol import Allocate, Cache, Free, Reset, Touch, Unsupported
 
 # what a usual call leaves in ``PoolFollower.ops``, for ``resolve``: its kind,
 # how many blocks, then the blocks it gave -- ``KIND, n, *blocks`` -- or for a
@@ -29,6 +30,8 @@ from blockpool.mirror.protocol import Allocate, Cache, Free, Reset, Touch, Unsup
 ALLOCATE, FREE, TOUCH, CACHE = 0, 1, 2, 3
 _id_of = attrgetter("block_id")
 _is_null = attrgetter("is_null")
+# an operation's bytes as the wire's encoder writes them (its settings: the defaults)
+_encode = Encoder().encode
 _BY_KIND: tuple[type[Allocate] | type[Free] | type[Touch], ...] = (Allocate, Free, Touch)
 
 
@@ -67,7 +70,7 @@ def resolve(
     requests' token lists, 15-50 ms at GPU scale).  Encoded one by one,
     each operation's lists are freed before the next is read."""
     ops: list[Any] = []
-    add = ops.append if not encoded else lambda op: ops.append(Raw(encode(op)))
+    keep = ops.append
     touched: list[int] = []
     i, end = 0, len(entries)
     while i < end:
@@ -91,16 +94,18 @@ def resolve(
                 ids = list(map(_id_of, blocks))
                 at = off + first - 1  # the parent's place in the chain kept
                 parent = bytes(entries[chain + at]) if first >= 0 and at >= 0 else None
-                add(Cache(int(group), parent, ids, hashes))
+                op: Any = Cache(int(group), parent, ids, hashes)
+                keep(Raw(_encode(op)) if encoded else op)
                 i = chain + m
             else:
                 n = entries[i + 1]
                 ids = list(map(_id_of, entries[i + 2 : i + 2 + n]))
-                add(_BY_KIND[e](ids))
+                op = _BY_KIND[e](ids)
+                keep(Raw(_encode(op)) if encoded else op)
                 i += 2 + n
             touched.extend(ids)
         else:
-            add(e)
+            keep(Raw(_encode(e)) if encoded else e)
             if isinstance(e, Reset):
                 touched.append(-1)
             elif isinstance(e, Unsupported):
