@@ -30,9 +30,6 @@ from blockpool.mirror.protocol import Allocate, Cache, Free, Reset, Touch, Unsup
 ALLOCATE, FREE, TOUCH, CACHE = 0, 1, 2, 3
 _id_of = attrgetter("block_id")
 _is_null = attrgetter("is_null")
-# ``pace`` called before every this many operations read (each ~1 µs, a
-# prefill's cache call tens; a call of ``pace`` itself ~0.25 µs, measured)
-PACE_EVERY = 4
 # an operation's bytes as the wire's encoder writes them (its settings: the defaults)
 _encode = Encoder().encode
 _BY_KIND: tuple[type[Allocate] | type[Free] | type[Touch], ...] = (Allocate, Free, Touch)
@@ -59,7 +56,7 @@ def resolve(
     they named (-1: a reset, -2: a call not followed) for the digest.  The
     usual calls were kept as the blocks they gave (flat: see ``CACHE``) and
     are read here -- off the engine's thread when deferred, ``pace`` called
-    before every ``PACE_EVERY`` calls' (a step naming thousands of blocks took 4.5 ms of
+    between two calls' (a step naming thousands of blocks took 4.5 ms of
     the sender's thread here, measured: an engine back meanwhile would wait
     for the interpreter).  A block's id never changes, and what was kept
     was copied at the call: nothing here can change under it.
@@ -77,7 +74,7 @@ def resolve(
     touched: list[int] = []
     i, end = 0, len(entries)
     while i < end:
-        if pace is not None and not len(ops) % PACE_EVERY:
+        if pace is not None:
             pace()
         e = entries[i]
         if e.__class__ is int:

@@ -12,7 +12,7 @@ from typing import Any
 from blockpool.core.invariants import check_invariants
 from blockpool.mirror import protocol as wire
 from blockpool.runtime import PoolRuntime
-from blockpool_vllm.call_records import ALLOCATE, CACHE, PACE_EVERY, count_ops, resolve
+from blockpool_vllm.call_records import ALLOCATE, CACHE, count_ops, resolve
 from blockpool_vllm.follower import PoolFollower
 from blockpool_vllm.pool_hooks import CACHE_PARAMS, declared_as
 from tests.mirror.workload import BLOCK, FollowedEngine, config
@@ -172,17 +172,4 @@ def test_a_cache_call_declared_otherwise_passes_every_argument_through() -> None
     ids, hashed = [b.block_id for b in got], [hashed_by_pool(b) for b in got]
     assert f.ops[4:] == [wire.Cache(0, None, ids, hashed)]  # not the usual call: read at once
     assert count_ops(f.ops) == f.op_count == 2 and f.epoch % 2 == 0
-    check_invariants(pool)  # (the pool called directly: the runtime's own view is not)
-
-
-def test_the_sender_lets_the_engine_in_before_every_few_operations_it_reads() -> None:
-    engine = FollowedEngine(num_blocks=64, defer_digest=True)
-    pool, f = engine.rt.pool, engine.follower
-    got = [pool.get_new_blocks(1)[0] for _ in range(9)]  # nine calls, an operation each
-    paced: list[int] = []
-    ops, touched = resolve(f.ops, lambda: paced.append(1))
-    assert ops == [wire.Allocate([b.block_id]) for b in got]
-    assert touched == [b.block_id for b in got]
-    assert len(paced) == 3 == -(-9 // PACE_EVERY)  # before the 1st, 5th and 9th
-    assert resolve(f.ops, None, True)[1] == touched  # (not paced: the same reading)
     check_invariants(pool)  # (the pool called directly: the runtime's own view is not)
