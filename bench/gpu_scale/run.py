@@ -52,14 +52,13 @@ if str(REPO) not in sys.path:
 
 from bench.gpu_scale.engine import (  # noqa: E402
     Driver,
-    GcClock,
     Shape,
-    Steps,
     build_scheduler,
     plugin_reported,
     vllm_version,
 )
 from bench.gpu_scale.report import GOALS, compare, table  # noqa: E402
+from bench.gpu_scale.step_records import GcClock, Steps  # noqa: E402
 from bench.gpu_scale.workload import TraceWorkload, Workload  # noqa: E402
 
 # ------------------------------------------------------------------ helpers
