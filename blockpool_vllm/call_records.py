@@ -11,9 +11,16 @@ from operator import attrgetter
 from typing import Any
 
 from msgspec import Raw
-from msgspec.msgpack import Encoder
 
-from blockpool.mirror.protocol import Allocate, Cache, Free, Reset, Touch, Unsupported
+from blockpool.mirror.protocol import (
+    Allocate,
+    Cache,
+    Free,
+    Reset,
+    Touch,
+    Unsupported,
+    encode_record,
+)
 
 # what a usual call leaves in ``PoolFollower.ops``, for ``resolve``: its kind,
 # how many blocks, then the blocks it gave -- ``KIND, n, *blocks`` -- or for a
@@ -30,8 +37,6 @@ from blockpool.mirror.protocol import Allocate, Cache, Free, Reset, Touch, Unsup
 ALLOCATE, FREE, TOUCH, CACHE = 0, 1, 2, 3
 _id_of = attrgetter("block_id")
 _is_null = attrgetter("is_null")
-# an operation's bytes as the wire's encoder writes them (its settings: the defaults)
-_encode = Encoder().encode
 _BY_KIND: tuple[type[Allocate] | type[Free] | type[Touch], ...] = (Allocate, Free, Touch)
 
 
@@ -95,17 +100,17 @@ def resolve(
                 at = off + first - 1  # the parent's place in the chain kept
                 parent = bytes(entries[chain + at]) if first >= 0 and at >= 0 else None
                 op: Any = Cache(int(group), parent, ids, hashes)
-                keep(Raw(_encode(op)) if encoded else op)
+                keep(Raw(encode_record(op)) if encoded else op)
                 i = chain + m
             else:
                 n = entries[i + 1]
                 ids = list(map(_id_of, entries[i + 2 : i + 2 + n]))
                 op = _BY_KIND[e](ids)
-                keep(Raw(_encode(op)) if encoded else op)
+                keep(Raw(encode_record(op)) if encoded else op)
                 i += 2 + n
             touched.extend(ids)
         else:
-            keep(Raw(_encode(e)) if encoded else e)
+            keep(Raw(encode_record(e)) if encoded else e)
             if isinstance(e, Reset):
                 touched.append(-1)
             elif isinstance(e, Unsupported):

@@ -292,6 +292,10 @@ class SnapshotRequest(msgspec.Struct, tag="snapshot?"):
 Message = Hello | Batch | Batches | Beat | Snapshot | SnapshotRequest
 
 _ENCODER = msgspec.msgpack.Encoder()
+# any one record's bytes as a message carries them (the plugin's sender encodes
+# each operation as it reads it, blockpool_vllm/call_records.py: a bound
+# method, no Python call between)
+encode_record = _ENCODER.encode
 _DECODER = msgspec.msgpack.Decoder(Message)
 
 
