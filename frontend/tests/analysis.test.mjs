@@ -4,7 +4,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { AnalysisSeries, REASONS, TokenSeries, analysisHealth, buildCurve, missColumns, trimHistogram, whatIf } from "../js/dashboard/state/analysis.js";
+import { AnalysisSeries, TokenSeries, analysisHealth, missColumns, trimHistogram } from "../js/dashboard/state/analysis.js";
+import { REASONS } from "../js/dashboard/state/missreasons.js";
+import { buildCurve, whatIf } from "../js/dashboard/state/whatif.js";
 import { HistorySource, diffRows, momentProblem, parseMoment, seqTime } from "../js/dashboard/state/history.js";
 import { PoolModel } from "../js/dashboard/state/model.js";
 import { decodeFrame } from "../js/dashboard/wire/protocol.js";

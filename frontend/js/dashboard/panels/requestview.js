@@ -8,7 +8,7 @@
 import { api } from "../../common/api.js";
 import { h, setText } from "../../common/dom.js";
 import { clockText, dur, int } from "../../common/format.js";
-import { REASON_LABEL } from "../state/analysis.js";
+import { REASON_LABEL } from "../state/missreasons.js";
 import { unknownEl } from "./unknown.js";
 
 /** Why a mirrored engine's request has no decode times. */

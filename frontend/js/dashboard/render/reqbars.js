@@ -6,7 +6,7 @@
 // `blocks[i].reason` / `.detail`).
 
 import { rgbCss } from "../../common/palette.js";
-import { REASON_LABEL, REASON_RGB } from "../state/analysis.js";
+import { REASON_LABEL, REASON_RGB } from "../state/missreasons.js";
 
 /**
  * The extra keys a block was stored or asked with (null: none known).

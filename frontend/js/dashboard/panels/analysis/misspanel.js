@@ -3,7 +3,8 @@
 // totals table, and from REST every few seconds the evicted misses' age and
 // queue-position histograms and the recent requests.
 
-import { REASONS, REASON_HELP, REASON_LABEL, REASON_RGB, missColumns } from "../../state/analysis.js";
+import { missColumns } from "../../state/analysis.js";
+import { REASONS, REASON_HELP, REASON_LABEL, REASON_RGB } from "../../state/missreasons.js";
 import { freshWindow, histChart, quiet, swatch } from "./analysisparts.js";
 import { $, h, setText } from "../../../common/dom.js";
 import { clockText, compact, dur, int, pct, rate } from "../../../common/format.js";

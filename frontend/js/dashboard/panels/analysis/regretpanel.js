@@ -4,7 +4,7 @@
 // most regretted prefixes.
 
 import { MIRROR_WHY, onMirror, unknownEl } from "../unknown.js";
-import { REASON_RGB } from "../../state/analysis.js";
+import { REASON_RGB } from "../../state/missreasons.js";
 import { freshWindow, histChart, quiet, timeColumns } from "./analysisparts.js";
 import { $, h, setText } from "../../../common/dom.js";
 import { compact, dur, int, pct, rate } from "../../../common/format.js";

@@ -5,7 +5,7 @@
 // tokens) held, tail waste and the fill are "not known", with the reason on
 // hover, and only the slots reserved are drawn.
 
-import { REASON_RGB } from "../../state/analysis.js";
+import { REASON_RGB } from "../../state/missreasons.js";
 import { freshWindow, timeColumns } from "./analysisparts.js";
 import { $, setText } from "../../../common/dom.js";
 import { compact, pct } from "../../../common/format.js";

@@ -2,7 +2,7 @@
 // What a bigger cache or another free order would buy: the shadow pools'
 // hit-rate curve, its what-if lines and table, from REST every few seconds.
 
-import { buildCurve, factorLabel, policyRgb, whatIf } from "../../state/analysis.js";
+import { buildCurve, factorLabel, policyRgb, whatIf } from "../../state/whatif.js";
 import { quiet, swatch } from "./analysisparts.js";
 import { $, h, setText } from "../../../common/dom.js";
 import { clockText, int, pct } from "../../../common/format.js";
