@@ -33,9 +33,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_scale.children import free_port_pair
 from bench.gpu_scale.engine import Driver, Shape, build_scheduler
 from bench.gpu_scale.report import summarize
-from bench.gpu_scale.run import free_port_pair
 from bench.gpu_scale.step_records import GcClock, Steps
 from bench.gpu_scale.workload import Workload
 

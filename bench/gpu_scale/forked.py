@@ -44,8 +44,8 @@ from time import perf_counter_ns
 from typing import Any
 
 from bench.gpu_scale.ab import Switch, shared_options, warmed_up
+from bench.gpu_scale.children import free_port_pair
 from bench.gpu_scale.engine import Driver, Shape, build_scheduler
-from bench.gpu_scale.run import free_port_pair
 from bench.gpu_scale.step_records import Steps
 
 MODES = ("off", "on", "passthrough", "sched")
