@@ -15,12 +15,12 @@ from app.cli import main
 from blockpool.core.attention import FULL_ATTENTION, SLIDING_WINDOW
 from blockpool.trace.sizing.capacity import (
     flat_bytes,
-    layout_from_config,
     parse_capacity_list,
     parse_kv_cache_groups,
 )
 from blockpool.trace.sizing.hf_layers import layer_attention
 from blockpool.trace.sizing.kv_groups import kv_cache_groups
+from blockpool.trace.sizing.model_config import layout_from_config
 from tests.trace.helpers import row, rows_to_lines
 from tests.trace.hf_configs import (
     COMMAND_R7B,

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from blockpool.trace.sizing.capacity import layout_from_config
 from blockpool.trace.sizing.hf_layers import layer_attention
 from blockpool.trace.sizing.kv_groups import kv_cache_groups
+from blockpool.trace.sizing.model_config import layout_from_config
 from tests.support.cli import run_tool
 from tests.trace.hf_configs import GROUPED
 from tests.vllm_envs import REPO, vllm016_python

@@ -17,10 +17,10 @@ from blockpool.trace import OnePassCurve, parse_mooncake
 from blockpool.trace.plan.planner import log_grid, smallest_capacity
 from blockpool.trace.replay.optimal import OptimalCurve
 from blockpool.trace.sizing.capacity import (
-    layout_from_config,
     parse_bytes,
     parse_capacity_list,
 )
+from blockpool.trace.sizing.model_config import layout_from_config
 from tests.trace.helpers import row, rows_to_lines
 
 LLAMA_8B = {

@@ -15,7 +15,8 @@ from blockpool.core.request import Request
 from blockpool.runtime import PoolRuntime, RuntimeConfig
 from blockpool.runtime.ops import FinishOp
 from blockpool.trace.sched.runtime_slots import RuntimeSlots, live_request
-from blockpool.trace.sched.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from blockpool.trace.sched.sched_request import SchedRequest
+from blockpool.trace.sched.scheduler import Scheduler, SchedulerConfig
 from blockpool.trace.sched.slots import KVSlots
 from blockpool.trace.workload.reader import Trace
 from tests.trace.sched_traces import write_trace

@@ -30,8 +30,9 @@ from blockpool.trace.fleet.setup import FleetSetup
 from blockpool.trace.replay.results import CapacityResult
 from blockpool.trace.replay.sequence import make_pool, unbounded_blocks
 from blockpool.trace.sched.engine_core import SimulatedEngineCore, StepModel
+from blockpool.trace.sched.sched_request import SchedRequest
 from blockpool.trace.sched.scheduled import percentiles
-from blockpool.trace.sched.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from blockpool.trace.sched.scheduler import Scheduler, SchedulerConfig
 from blockpool.trace.sched.slots import KVSlots
 from blockpool.trace.workload.keys import make_request
 

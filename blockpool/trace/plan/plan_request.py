@@ -19,8 +19,8 @@ from blockpool.trace.sizing.capacity import (
     flat_bytes,
     groups_only,
     parse_kv_cache_groups,
-    read_model_config,
 )
+from blockpool.trace.sizing.model_config import read_model_config
 
 
 def flag(text: str, metavar: str | None = None) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from blockpool.trace.sched.scheduler import SchedRequest, Scheduler, StepPlan
+from blockpool.trace.sched.sched_request import SchedRequest
+from blockpool.trace.sched.scheduler import Scheduler, StepPlan
 
 
 @dataclass(frozen=True)

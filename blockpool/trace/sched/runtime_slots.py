@@ -36,7 +36,7 @@ from blockpool.core.hashing import BlockHash
 from blockpool.core.manager import RequestManager
 from blockpool.runtime.errors import NotEnoughBlocks, OperationError
 from blockpool.runtime.ops import AdmitOp, AppendOp, FinishOp, Op
-from blockpool.trace.sched.scheduler import SchedRequest
+from blockpool.trace.sched.sched_request import SchedRequest
 from blockpool.trace.sched.slots import LookupStats, MissArgs, SlotRequest
 from blockpool.trace.workload.reader import Trace, TraceRequest
 

@@ -38,7 +38,8 @@ from blockpool.trace.replay.results import CapacityResult, capacity_blocks
 from blockpool.trace.replay.sequence import make_pool, unbounded_blocks
 from blockpool.trace.sched.engine_core import SimulatedEngineCore, StepModel
 from blockpool.trace.sched.group_slots import GroupSlots, needs_groups, peak_blocks
-from blockpool.trace.sched.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from blockpool.trace.sched.sched_request import SchedRequest
+from blockpool.trace.sched.scheduler import Scheduler, SchedulerConfig
 from blockpool.trace.sched.slots import KVSlots, SlotBackend
 from blockpool.trace.workload.keys import make_request
 from blockpool.trace.workload.reader import Trace

@@ -29,20 +29,26 @@ scheduling: then its full blocks are cached), and a request that has its
 ``max_tokens`` outputs or reaches ``max_model_len`` tokens finishes and frees
 its blocks.  A request whose prompt has ``max_model_len`` tokens or more is
 rejected before it gets here (vLLM's input processor does that).
+
+A request as it holds one, and its waiting queues:
+blockpool/trace/sched/sched_request.py.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, get_args
+from typing import Literal, get_args
 
-from blockpool.core.hashing import BlockHash
+from blockpool.trace.sched.sched_request import (
+    FINISHED,
+    PREEMPTED,
+    RUNNING,
+    FcfsQueue,
+    PriorityQueue,
+    SchedRequest,
+)
 from blockpool.trace.sched.slots import SlotBackend
 
-WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 Policy = Literal["fcfs", "priority"]
 POLICIES: tuple[str, ...] = get_args(Policy)
 UNBOUNDED = 1 << 62
@@ -91,149 +97,6 @@ class SchedulerConfig:
         return UNBOUNDED if self.max_model_len is None else self.max_model_len
 
 
-class SchedTokens(Protocol):
-    """What the scheduler reads of a request's tokens (a ``Request``, or a
-    live replay's counts whose tokens are built a chunk at a time)."""
-
-    @property
-    def request_id(self) -> str: ...
-
-    @property
-    def num_tokens(self) -> int: ...
-
-    @property
-    def num_prompt_tokens(self) -> int: ...
-
-    @property
-    def block_hashes(self) -> list[BlockHash]: ...
-
-    def append_output_token_ids(self, token_ids: int) -> None: ...
-
-
-class SchedRequest:
-    """A request in the scheduler: its tokens, progress and times (ms)."""
-
-    __slots__ = (
-        "arrival_ms",
-        "finish_ms",
-        "first_sched_ms",
-        "first_token_ms",
-        "index",
-        "is_prefill_chunk",
-        "max_tokens",
-        "num_cached_tokens",
-        "num_computed",
-        "num_preemptions",
-        "outputs",
-        "placeholders",
-        "priority",
-        "req",
-        "rid",
-        "status",
-    )
-
-    def __init__(
-        self,
-        req: SchedTokens,
-        outputs: Sequence[int],
-        max_tokens: int,
-        arrival_ms: float,
-        priority: int = 0,
-        index: int = 0,
-    ) -> None:
-        self.req = req
-        self.rid = req.request_id
-        self.outputs = outputs
-        self.max_tokens = max_tokens
-        self.arrival_ms = arrival_ms
-        self.priority = priority
-        self.index = index
-        self.num_computed = 0
-        self.placeholders = 0
-        self.num_preemptions = 0
-        self.num_cached_tokens = -1
-        self.status = WAITING
-        self.is_prefill_chunk = False
-        self.first_sched_ms = -1.0
-        self.first_token_ms = -1.0
-        self.finish_ms = -1.0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.req.num_tokens
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.req.num_prompt_tokens
-
-    @property
-    def num_output_tokens(self) -> int:
-        return self.req.num_tokens - self.req.num_prompt_tokens
-
-    @property
-    def block_hashes(self) -> list[BlockHash]:
-        return self.req.block_hashes
-
-    @property
-    def hashable(self) -> object:
-        return self.req
-
-    def __lt__(self, other: SchedRequest) -> bool:  # the priority queue's order
-        if self.priority != other.priority:
-            return self.priority < other.priority
-        if self.arrival_ms != other.arrival_ms:
-            return self.arrival_ms < other.arrival_ms
-        return self.rid < other.rid
-
-
-class _Fcfs:
-    def __init__(self) -> None:
-        self.q: deque[SchedRequest] = deque()
-
-    def __len__(self) -> int:
-        return len(self.q)
-
-    def add(self, r: SchedRequest) -> None:
-        self.q.append(r)
-
-    def prepend(self, r: SchedRequest) -> None:
-        self.q.appendleft(r)
-
-    def peek(self) -> SchedRequest:
-        return self.q[0]
-
-    def pop(self) -> SchedRequest:
-        return self.q.popleft()
-
-    def remove(self, reqs: Iterable[SchedRequest]) -> None:
-        gone = set(map(id, reqs))
-        self.q = deque(r for r in self.q if id(r) not in gone)
-
-
-class _Priority:
-    def __init__(self) -> None:
-        self.h: list[SchedRequest] = []
-
-    def __len__(self) -> int:
-        return len(self.h)
-
-    def add(self, r: SchedRequest) -> None:
-        heapq.heappush(self.h, r)
-
-    prepend = add
-
-    def peek(self) -> SchedRequest:
-        return self.h[0]
-
-    def pop(self) -> SchedRequest:
-        return heapq.heappop(self.h)
-
-    def remove(self, reqs: Iterable[SchedRequest]) -> None:
-        gone = set(map(id, reqs))
-        self.h = [r for r in self.h if id(r) not in gone]
-        heapq.heapify(self.h)
-
-
 @dataclass
 class StepPlan:
     """What one ``schedule`` call scheduled."""
@@ -259,7 +122,9 @@ class Scheduler:
         self.slots = slots
         self.config = config
         self.requests: dict[str, SchedRequest] = {}
-        self.waiting: _Fcfs | _Priority = _Priority() if config.policy == "priority" else _Fcfs()
+        self.waiting: FcfsQueue | PriorityQueue = (
+            PriorityQueue() if config.policy == "priority" else FcfsQueue()
+        )
         self.running: list[SchedRequest] = []
         self.finished_since_schedule = 0
         self.preemptions = 0
