@@ -30,7 +30,7 @@ from array import array
 from collections.abc import Callable
 from time import perf_counter_ns as _now
 
-from blockpool.mirror.digest import PoolDigest
+from blockpool.mirror.digest import PAUSE_EVERY, Interrupted, PoolDigest, Staged
 from blockpool.mirror.digest_sweep import PIECE, DigestSweep
 from blockpool.mirror.protocol import Digest
 from blockpool_vllm.forward_pass import ForwardPasses
@@ -84,6 +84,9 @@ class DigestReader:
         self.digests_taken = 0
         self.digests_discarded = 0  # batches' readings thrown away (the engine moved)
         self.windows_overrun = 0  # ... of which still running when the engine came back
+        # readings stopped at the plan's deadline, what they read kept (the
+        # blocks left read first at the next moment)
+        self.readings_stopped = 0
         # speeds, as last measured: reading (a batch's blocks, a sweep's rows)
         # and invalidating (a sweep told of a batch's blocks)
         self.read_ns_per_block = 2_000.0
@@ -182,9 +185,12 @@ class DigestReader:
                 part, joined = self._joined(part)
                 take = len(part)
             t = _now()
+            left: list[int] | None = None
             try:
-                staged = self.digest.stage(part, pause)
-            except Exception:  # the engine moved (Interrupted), or the pool changed under it
+                staged: Staged | None = self.digest.stage(part, self._in_time(pause, first))
+            except Interrupted as stop:  # out of time (or the engine moved: below)
+                staged, left = stop.staged, stop.left
+            except Exception:  # the pool changed under it
                 staged = None
             if staged is None or moved():
                 self.digests_discarded += 1
@@ -193,12 +199,51 @@ class DigestReader:
                 return False
             self.digest.commit(staged)
             self._done_with(take, joined)
+            if left is not None:  # stopped in time: the rest first at the next moment
+                self.readings_stopped += 1
+                self._first(left)
+                return False
             if take >= 64:  # (a small reading's time is mostly fixed costs)
                 spent = (_now() - t) / take
                 self.read_ns_per_block += (spent - self.read_ns_per_block) * 0.25
             if pending and not pause():  # the engine came back: the rest at the next moment
                 return False
         return True
+
+    def _in_time(self, pause: Callable[[], bool], first: bool) -> Callable[[], bool]:
+        """``pause``, and past the plan's deadline a stop: a reading found
+        still going then keeps what it read, the rest read at the next
+        moment (how many blocks a batch's reading takes -- those it names,
+        their neighbours, the blocks after them under a key -- is not known
+        before it is read: a prefix hit names a block in the queue's middle,
+        two neighbours read with it; thrown away, as it was, a reading too
+        long for the pass was begun again at every pass and never kept --
+        GPU-scale bench, sync: 2 kept of ~790 a run).  The first reading of
+        a moment reads ``MIN_PIECE`` blocks before it looks (progress)."""
+        passes = self.passes
+        free = [MIN_PIECE // PAUSE_EVERY if first else 0]
+
+        def in_time() -> bool:
+            if not pause():
+                return False
+            if free[0] > 0:
+                free[0] -= 1
+                return True
+            return not passes.overdue()
+
+        return in_time
+
+    def _first(self, left: list[int]) -> None:
+        """A stopped reading's blocks left (every one not pending already),
+        the first to read at the next moment."""
+        waiting = self.waiting
+        part = array("i")
+        for i in left:
+            if not waiting[i]:
+                waiting[i] = 1
+                part.append(i)
+        if part:
+            self.pending.insert(0, part)
 
     def _joined(self, part: array[int]) -> tuple[array[int], int]:
         """``part`` (the first pending batch, whole) and the whole batches

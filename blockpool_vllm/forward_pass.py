@@ -152,6 +152,13 @@ class ForwardPasses:
         self.pace.busy(not free)  # (a turn taken anyway, overdue: the engine works)
         return free
 
+    def overdue(self) -> bool:
+        """Whether the plan's deadline for the pass running has passed (no
+        plan: never) -- the plugin's thread then stops what it reads, keeping
+        what it read, rather than be found reading when the engine is back."""
+        d = self.deadline
+        return bool(d) and _now() >= d
+
     def plan(self) -> None:
         """The plan for the forward pass now running (see ``KEPT``): none
         until the engine has made as many passes, or while it is idle (not

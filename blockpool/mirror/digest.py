@@ -19,10 +19,15 @@ block:
 A sum of per-block values can be updated block by block: ``PoolDigest``
 keeps each block's value and its links and key as last seen, and after any
 pool calls ``update(ids)`` re-reads the blocks those calls named, their
-neighbours in the queue before and after, and the other blocks under the
-keys they held or hold -- the only blocks whose values a pool call can
-change.  So following an engine costs O(blocks its step touched), never
-O(pool); ``pool_digest`` computes the same value from scratch (O(pool)).
+neighbours in the queue before and after, and under a key they left (or
+left and came back to) the block that followed them there -- the one whose
+row links to them: a block joins a key at its end -- the only blocks whose
+values a pool call can change.  (Not every block under the key: a prefix
+many requests computed at once is cached as many blocks under one hash, and
+re-reading them all for each was most of a reading's time on vLLM's
+GPU-scale bench, ``make bench-gpu``.)  So following an engine costs
+O(blocks its step touched), never O(pool); ``pool_digest`` computes the
+same value from scratch (O(pool)).
 
 Reads both blockpool's pool and vLLM's (0.16 and later): ``blocks`` with
 ``ref_cnt``, ``block_hash``, ``prev_free_block``/``next_free_block`` (the
@@ -63,7 +68,17 @@ STAGED = 1 + ROW  # a staged row: the block's id, then its row
 
 
 class Interrupted(Exception):
-    """A staged reading stopped by its pause (the pool may have changed)."""
+    """A staged reading stopped by its pause.  ``staged``: what it read
+    before (``stage``); ``left``: the blocks it had still to read -- named,
+    or found through a changed link -- once ``staged`` is taken: read at a
+    later moment, they leave the digest as exact as one reading of all
+    (each is read as it is then, its row's old links finding what changed
+    through it).  Neither may be taken if the pool moved meanwhile."""
+
+    def __init__(self, staged: Staged | None = None, left: list[int] | None = None) -> None:
+        super().__init__("the reading was stopped by its pause")
+        self.staged = staged
+        self.left = left if left is not None else []
 
 
 class Staged(NamedTuple):
@@ -175,13 +190,16 @@ class PoolDigest:
     def stage(self, ids: Iterable[int], pause: Callable[[], bool] | None = None) -> Staged:
         """Read what the blocks named by the pool calls since the last update
         are now -- them, then the blocks whose links to them changed (their
-        neighbours in the queue before and after, where a link differs) and
-        the other blocks under a key they left or share -- without changing
-        this digest: ``commit`` takes the result.  So another thread can read
-        while the pool may change under it, and throw the result away when
-        it did (``blockpool_vllm``'s follower, off the engine's thread).
-        ``pause``, called every ``PAUSE_EVERY`` blocks, may let the pool's
-        owner run and says whether to go on (else ``Interrupted``).
+        neighbours in the queue before and after, where a link differs, and
+        the block that followed them under a key they left or moved in) --
+        without changing this digest: ``commit`` takes the result.  So
+        another thread can read while the pool may change under it, and
+        throw the result away when it did (``blockpool_vllm``'s follower,
+        off the engine's thread).  ``pause``, called every ``PAUSE_EVERY``
+        blocks, may let the pool's owner run and says whether to go on (else
+        ``Interrupted``, with what was read so far and the blocks left: a
+        reader out of time whose pool stood still takes the one and reads
+        the others at its next moment).
 
         A block found that way is read as a named one is: where its own
         links differ from its row, the blocks on both sides are read too
@@ -202,18 +220,21 @@ class PoolDigest:
         # the named, then the blocks found on the way (read the same way):
         # a list read while it grows
         work = list(ids)
-        add_more, extend_more = work.append, work.extend
-        left = PAUSE_EVERY
-        for bid in work:
+        add_more = work.append
+        named = len(work)  # work[:named]: the blocks the calls named
+        left = PAUSE_EVERY + 1  # (the first pause once PAUSE_EVERY blocks are read)
+        for at, bid in enumerate(work):
             if bid in done or not 0 < bid < n:
                 continue
-            done.add(bid)
             if pause is not None:
                 left -= 1
                 if not left:
                     left = PAUSE_EVERY
                     if not pause():
-                        raise Interrupted
+                        rest = [y for y in work[at:] if y not in done and 0 < y < n]
+                        staged = Staged(got, keys, total & MASK)
+                        raise Interrupted(staged, list(dict.fromkeys(rest)))
+            done.add(bid)
             b = blocks[bid]
             p, x = b.prev_free_block, b.next_free_block
             prev = NOT_QUEUED if p is None else p.block_id
@@ -243,17 +264,22 @@ class PoolDigest:
                     link = FIRST
                 elif e.__class__ is dict:
                     link = map_link(cache, k, b)
-                    extend_more(e)  # the block after it may have a new link
+                    if at < named:  # a call named it: if it left and came back -- even
+                        for y in e:  # behind the same block -- the block that followed
+                            if rows[y * ROW + 3] == bid:  # it follows another now: the
+                                add_more(y)  # one whose row links to it
                 else:
                     link = NOT_MAPPED
                 v = hash((bid, b.ref_cnt, prev, nxt, link, _from_bytes(k, "little")))
             if fp != rows[i + 4]:  # a new key (kept), or a key it left:
-                okey = skeys[bid]  # the block after it there has a new link
+                okey = skeys[bid]  # the block that followed it there has a new link
                 if okey is not None:
                     e = cache.get(okey)
                     if e is not None:
                         if e.__class__ is dict:
-                            extend_more(e)
+                            for y in e:
+                                if rows[y * ROW + 3] == bid:
+                                    add_more(y)
                         else:
                             add_more(e.block_id)
                 keys[bid] = None if k is None else bytes(k)
