@@ -400,6 +400,7 @@ def plugin_reported(sched: Any) -> dict[str, Any]:
                 "sweeps",
                 "sweeps_finished",
                 "windows_overrun",
+                "readings_stopped",
                 "read_ns_per_block",
                 "sweep_ns_per_row",
                 "named_ns_per_block",
