@@ -55,7 +55,7 @@ MAX_PENDING = 4096
 # own -- as exact as whole parts: what a reading takes is closed, and every
 # block changed after it was read is named by a later part
 # (blockpool/mirror/digest.py, ``PoolDigest.stage``)
-MIN_PIECE = 64
+MIN_PIECE = PAUSE_EVERY  # 64 (a reading stopped in time keeps as many: _in_time)
 # ... and at most this many in one piece while a pass is planned: a reading
 # the engine interrupts (its pass shorter than planned, the reader slower)
 # is thrown away, and loses no more than this
@@ -187,7 +187,7 @@ class DigestReader:
             t = _now()
             left: list[int] | None = None
             try:
-                staged: Staged | None = self.digest.stage(part, self._in_time(pause, first))
+                staged: Staged | None = self.digest.stage(part, self._in_time(pause))
             except Interrupted as stop:  # out of time (or the engine moved: below)
                 staged, left = stop.staged, stop.left
             except Exception:  # the pool changed under it
@@ -210,7 +210,7 @@ class DigestReader:
                 return False
         return True
 
-    def _in_time(self, pause: Callable[[], bool], first: bool) -> Callable[[], bool]:
+    def _in_time(self, pause: Callable[[], bool]) -> Callable[[], bool]:
         """``pause``, and past the plan's deadline a stop: a reading found
         still going then keeps what it read, the rest read at the next
         moment (how many blocks a batch's reading takes -- those it names,
@@ -218,18 +218,13 @@ class DigestReader:
         before it is read: a prefix hit names a block in the queue's middle,
         two neighbours read with it; thrown away, as it was, a reading too
         long for the pass was begun again at every pass and never kept --
-        GPU-scale bench, sync: 0-112 kept of 672-790 a run).  The first reading of
-        a moment reads ``MIN_PIECE`` blocks before it looks (progress)."""
-        passes = self.passes
-        free = [MIN_PIECE // PAUSE_EVERY if first else 0]
+        GPU-scale bench, sync: 0-112 kept of 672-790 a run).  A reading
+        first looks after ``PAUSE_EVERY`` blocks: one stopped keeps
+        ``MIN_PIECE`` at least (progress, however late the moment)."""
+        overdue = self.passes.overdue
 
         def in_time() -> bool:
-            if not pause():
-                return False
-            if free[0] > 0:
-                free[0] -= 1
-                return True
-            return not passes.overdue()
+            return pause() and not overdue()
 
         return in_time
 
