@@ -333,6 +333,8 @@ class PoolFollower:
             sweep_left=left,
             window_us=self.passes.shortest_us(),
             taken=r.digests_taken,
+            discarded=r.digests_discarded,
+            stopped=r.readings_stopped,
         )
 
     def cost_quantiles(self) -> tuple[float, float, float] | None:

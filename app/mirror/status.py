@@ -243,13 +243,19 @@ class MirrorStatus:
         }
         if r.window_us is not None:
             out["plugin_forward_pass_ms"] = r.window_us / 1000.0
+        if r.discarded is not None:
+            out["plugin_digest_readings_discarded_total"] = float(r.discarded)
+        if r.stopped is not None:
+            out["plugin_digest_readings_stopped_total"] = float(r.stopped)
         return out
 
     def plugin_digest(self) -> dict[str, Any] | None:
         """``/api/mirror``'s ``plugin_digest``: the engine's digest behind by
         so many blocks (a rebuild's rows left), the shortest of its last
         forward passes (the plugin's time to read in: 0, an engine that never
-        waits for its passes, gives it none), digests taken (None: not said)."""
+        waits for its passes, gives it none), digests taken, readings thrown
+        away (the engine moved during them) and readings stopped in time (what
+        they read kept) (None: not said)."""
         r = self.engine_reading
         if r is None:
             return None
@@ -258,6 +264,8 @@ class MirrorStatus:
             "sweep_rows_left": r.sweep_left,
             "forward_pass_ms": None if r.window_us is None else round(r.window_us / 1000.0, 3),
             "digests_taken": r.taken,
+            "readings_discarded": r.discarded,
+            "readings_stopped": r.stopped,
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -353,6 +361,10 @@ FIGURES_HELP = {
     "plugin_step_max_us": "the plugin's longest batch on the engine's thread (µs, 1 in 7)",
     "plugin_digest_behind_blocks": "blocks the engine's digest has not read yet (the plugin's)",
     "plugin_digests_taken_total": "digests the plugin took of its engine's pool",
+    "plugin_digest_readings_discarded_total": "the plugin's digest readings thrown away: "
+    "the engine moved during them (read again)",
+    "plugin_digest_readings_stopped_total": "the plugin's digest readings stopped at the "
+    "forward pass's planned end, what they read kept",
     "plugin_forward_pass_ms": "the shortest of the engine's last forward passes: the plugin's "
     "time to read its pool in (ms; about 0: an engine that never waits for its passes)",
 }

@@ -172,6 +172,11 @@ class DigestReading(msgspec.Struct, frozen=True):
     # plugin's thread has to read in; None: not known yet (too few passes)
     window_us: Annotated[float, Meta(ge=0, le=1e15)] | None = None
     taken: Count = 0  # digests taken since the plugin started
+    # since the plugin started: readings the engine moved during (thrown
+    # away, read again), and readings stopped at the forward pass's planned
+    # end (what they read kept) -- None: a plugin that does not say
+    discarded: Count | None = None
+    stopped: Count | None = None
 
 
 class Hello(msgspec.Struct, tag="hello"):

@@ -257,7 +257,9 @@ def test_unknowns_are_said_and_the_lags_labelled(
         # thread) -- said so; then one starved of forward passes says why
         if mirror.client.status.engine_reading is None:  # (the module's first page)
             assert "engine's digest progress: not said by the plugin" in got["mirrorTitle"], got
-        mirror.rig.reading = DigestReading(behind=321, sweep_left=None, window_us=40.0)
+        mirror.rig.reading = DigestReading(
+            behind=321, sweep_left=None, window_us=40.0, discarded=4, stopped=12
+        )
         try:
             title = wait_for(
                 lambda: (t := p.js(LABELS_JS)["mirrorTitle"]).find("321 blocks behind") >= 0 and t,
@@ -266,7 +268,8 @@ def test_unknowns_are_said_and_the_lags_labelled(
         finally:
             mirror.rig.reading = None
         assert (
-            "engine's digest: 321 blocks behind, 0 taken · the engine's shortest forward pass "
+            "engine's digest: 321 blocks behind, 0 taken, 4 readings thrown away (the engine "
+            "moved during them), 12 stopped in time (kept) · the engine's shortest forward pass "
             "0.04ms (the plugin reads its pool only while the engine waits for one)"
         ) in title, title
         # tokens: never "100.0 % full · tail waste 0" without the engine's token counts

@@ -204,7 +204,9 @@ async def test_how_far_the_engines_digest_is_behind_is_shown(rig: Rig) -> None:
         assert st["plugin_digest"] is None
         with pytest.raises(AssertionError, match="no blockpool_mirror_plugin_digest"):
             metric((await api.get("/metrics")).text, "blockpool_mirror_plugin_digest_behind_blocks")
-        starved = DigestReading(behind=4321, sweep_left=None, window_us=35.0, taken=0)
+        starved = DigestReading(
+            behind=4321, sweep_left=None, window_us=35.0, taken=0, discarded=17, stopped=5
+        )
         rig.reading = starved
         await until(lambda: client.status.engine_reading == starved)  # the next handshake
         st = await api.ok("GET", "/api/mirror")
@@ -213,20 +215,29 @@ async def test_how_far_the_engines_digest_is_behind_is_shown(rig: Rig) -> None:
             "sweep_rows_left": None,
             "forward_pass_ms": 0.035,
             "digests_taken": 0,
+            "readings_discarded": 17,
+            "readings_stopped": 5,
         }
         assert st["state"] != "exact"  # no digest matched: "verifying", with the reason shown
         text = (await api.get("/metrics")).text
         assert metric(text, "blockpool_mirror_plugin_digest_behind_blocks") == 4321
         assert metric(text, "blockpool_mirror_plugin_forward_pass_ms") == 0.035
+        assert metric(text, "blockpool_mirror_plugin_digest_readings_discarded_total") == 17
+        assert metric(text, "blockpool_mirror_plugin_digest_readings_stopped_total") == 5
         caught_up = DigestReading(behind=0, sweep_left=None, window_us=None, taken=3)
         rig.reading = caught_up
         await rig.drive(client, 2, 3)  # batches, then a beat (or a handshake) says it
         await until(lambda: client.status.engine_reading == caught_up)
         st = await api.ok("GET", "/api/mirror")
         assert st["plugin_digest"]["forward_pass_ms"] is None  # not known: not 0
+        # a plugin that does not count its readings: not known, not 0
+        assert st["plugin_digest"]["readings_discarded"] is None
+        assert st["plugin_digest"]["readings_stopped"] is None
         text = (await api.get("/metrics")).text
         with pytest.raises(AssertionError, match="no blockpool_mirror_plugin_forward_pass_ms"):
             metric(text, "blockpool_mirror_plugin_forward_pass_ms")
+        with pytest.raises(AssertionError, match="no blockpool_mirror_plugin_digest_readings"):
+            metric(text, "blockpool_mirror_plugin_digest_readings_discarded_total")
         assert metric(text, "blockpool_mirror_plugin_digests_taken_total") == 3
     app.state.engine.check()
 

@@ -127,6 +127,8 @@ def test_the_mirror_equals_the_engine_after_a_trace_slice(rig: dict[str, Any]) -
         what_for="the plugin's digest said caught up",
     )
     assert dg["forward_pass_ms"] > 0 and dg["sweep_rows_left"] is None, dg
+    # the readings it threw away and stopped are counted (this plugin says them)
+    assert dg["readings_discarded"] >= 0 and dg["readings_stopped"] >= 0, dg
     # the engine really evicted: the slice overflowed the pool
     summary = client.get(rig["mirror"].url + "/api/summary").json()
     assert summary["counters"]["evictions"] > 0

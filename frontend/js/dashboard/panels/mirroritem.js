@@ -27,8 +27,10 @@ const STALE_STATES = new Set(["stale", "refused", "behind", "rebuilding", "resta
  * How far the engine's digest is behind, in words (GET /api/mirror's
  * plugin_digest; null or absent: the plugin does not say).  The plugin reads
  * vLLM's pool only while the engine waits for a forward pass: an engine that
- * never waits (its passes ~0 ms) gets no digest, and this says why.
- * @param {{behind_blocks: number, sweep_rows_left: number | null, forward_pass_ms: number | null, digests_taken: number} | null | undefined} d
+ * never waits (its passes ~0 ms) gets no digest, and this says why; readings
+ * thrown away (the engine moved during them) and stopped in time (what they
+ * read kept), where the plugin says them.
+ * @param {{behind_blocks: number, sweep_rows_left: number | null, forward_pass_ms: number | null, digests_taken: number, readings_discarded?: number | null, readings_stopped?: number | null} | null | undefined} d
  */
 function digestText(d) {
   if (!d) return "engine's digest progress: not said by the plugin";
@@ -36,7 +38,13 @@ function digestText(d) {
   const where = d.sweep_rows_left === null
     ? `${int(d.behind_blocks)} blocks behind`
     : `rebuilding, ${int(d.sweep_rows_left)} rows left`;
-  return `engine's digest: ${where}, ${int(d.digests_taken)} taken · the engine's shortest forward pass ${pass} (the plugin reads its pool only while the engine waits for one)`;
+  const thrown = d.readings_discarded === null || d.readings_discarded === undefined
+    ? ""
+    : `, ${int(d.readings_discarded)} readings thrown away (the engine moved during them)`;
+  const stopped = d.readings_stopped === null || d.readings_stopped === undefined
+    ? ""
+    : `, ${int(d.readings_stopped)} stopped in time (kept)`;
+  return `engine's digest: ${where}, ${int(d.digests_taken)} taken${thrown}${stopped} · the engine's shortest forward pass ${pass} (the plugin reads its pool only while the engine waits for one)`;
 }
 
 /**
