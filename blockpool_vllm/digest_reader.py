@@ -172,6 +172,7 @@ class DigestReader:
     def _drain(self, moved: Callable[[], bool], pause: Callable[[], bool]) -> bool:
         pending = self.pending
         first = True
+        in_time = self._in_time(pause)
         while pending:
             part = pending[0]
             take = self._fit(part, self.read_ns_per_block, first)
@@ -187,7 +188,7 @@ class DigestReader:
             t = _now()
             left: list[int] | None = None
             try:
-                staged: Staged | None = self.digest.stage(part, self._in_time(pause))
+                staged: Staged | None = self.digest.stage(part, in_time)
             except Interrupted as stop:  # out of time (or the engine moved: below)
                 staged, left = stop.staged, stop.left
             except Exception:  # the pool changed under it

@@ -38,12 +38,11 @@ function digestText(d) {
   const where = d.sweep_rows_left === null
     ? `${int(d.behind_blocks)} blocks behind`
     : `rebuilding, ${int(d.sweep_rows_left)} rows left`;
-  const thrown = d.readings_discarded === null || d.readings_discarded === undefined
-    ? ""
-    : `, ${int(d.readings_discarded)} readings thrown away (the engine moved during them)`;
-  const stopped = d.readings_stopped === null || d.readings_stopped === undefined
-    ? ""
-    : `, ${int(d.readings_stopped)} stopped in time (kept)`;
+  /** ", N words" where the plugin says N, nothing where it does not. */
+  const said = (/** @type {number | null | undefined} */ n, /** @type {string} */ words) =>
+    (n == null ? "" : `, ${int(n)} ${words}`);
+  const thrown = said(d.readings_discarded, "readings thrown away (the engine moved during them)");
+  const stopped = said(d.readings_stopped, "stopped in time (kept)");
   return `engine's digest: ${where}, ${int(d.digests_taken)} taken${thrown}${stopped} · the engine's shortest forward pass ${pass} (the plugin reads its pool only while the engine waits for one)`;
 }
 
