@@ -231,10 +231,10 @@ class PoolFollower:
             self.inflight.append(batch)
         if not self.offer(batch):
             self.drops += 1
-            if deferred:  # never prepared by the sender: its blocks are read here
-                batch.ops, touched = resolve(batch.ops)
-                self.reader.add(touched)
-                self.inflight.pop()
+            if deferred:  # never prepared by the sender: the digest is rebuilt whole, by
+                self.inflight.pop()  # its thread -- the reader's lists are that thread's
+                self.reader.sweep_due = True  # alone (a block named from here while it reads
+                # was lost: a part read before this batch's calls, done with after them)
         # last: catch_up reads nothing before this batch's blocks are in flight or pending
         self.flushed_ops = self.op_count
         return batch

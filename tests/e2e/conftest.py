@@ -24,7 +24,7 @@ from tests.chromium import CHROMIUM, CHROMIUM_ARGS, require_chromium
 from tests.e2e import hooks
 from tests.support.cli import wait_healthy
 from tests.support.ports import free_port
-from tests.support.wait import CLIENT_TIMEOUT, eventually
+from tests.support.wait import CLIENT_KEEPALIVE_S, CLIENT_TIMEOUT, eventually
 
 __all__ = ["free_port", "wait_for"]  # the e2e tests import them from here
 # a page's predicate asks the browser: every 0.1 s is often enough
@@ -44,7 +44,11 @@ class Server:
         self.name = name
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.http = httpx.Client(base_url=self.url, timeout=CLIENT_TIMEOUT)
+        self.http = httpx.Client(
+            base_url=self.url,
+            timeout=CLIENT_TIMEOUT,
+            limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_S),
+        )
         self.token: str | None = None
         self._log: Any = None
         self.starts = 0

@@ -18,7 +18,7 @@ from blockpool.mirror.auth import StreamKey
 from tests.mirror.rig import Rig, metric
 from tests.support.cli import ROOT, cli_env, stop_cli_server, wait_healthy
 from tests.support.ports import free_port
-from tests.support.wait import CLIENT_TIMEOUT, eventually
+from tests.support.wait import CLIENT_KEEPALIVE_S, CLIENT_TIMEOUT, eventually
 
 SECRET = "the engine's secret, 32 chars ok"
 WAIT_S = 180.0  # a bound for a stuck wait on a loaded machine, not a timing check
@@ -48,7 +48,11 @@ def test_serve_mirror_rebuilds_its_service_when_the_engine_restarts_as_another_p
     log = tmp_path / "serve.log"
     proc = serve_mirror(rig, port, secret, log)
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=CLIENT_TIMEOUT) as http:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}",
+            timeout=CLIENT_TIMEOUT,
+            limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_S),
+        ) as http:
 
             def exact_as(blocks: int) -> dict[str, Any] | None:
                 """/api/mirror once it says exact for an engine of ``blocks``

@@ -15,6 +15,11 @@ T = TypeVar("T")
 # An HTTP client's timeout in the suite: a request to a busy test server may
 # wait behind a long engine step on a machine whose cores are all taken.
 CLIENT_TIMEOUT = 60.0
+# ... and how long it keeps an idle connection: well under the server's
+# keep-alive (5 s), so that it never sends on one the server is closing at
+# that moment ("Server disconnected without sending a response", CI on a
+# loaded machine, a browser test's POST after its page's work)
+CLIENT_KEEPALIVE_S = 1.0
 # The default bound of a wait (not a timing check: a stuck wait fails after it).
 WAIT_TIMEOUT = 60.0
 POLL_S = 0.02

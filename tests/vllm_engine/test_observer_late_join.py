@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.wait import CLIENT_KEEPALIVE_S
 from tests.vllm_engine.engine import BLOCK, Engine, Service, conversation_trace
 from tests.vllm_engine.test_mirror_engine import caught_up, mirror_state, until
 from tests.vllm_envs import vllm_cpu_python
@@ -38,7 +39,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     services = [mirror]
     try:
         mirror.wait_up("/api/mirror")
-        with httpx.Client(timeout=60) as client:
+        limits = httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_S)
+        with httpx.Client(timeout=60, limits=limits) as client:
             yield {"engine": engine, "mirror": mirror, "client": client, "work": work,
                    "services": services}  # fmt: skip
     finally:
