@@ -55,7 +55,9 @@ class FollowedEngine:
                 return False
             if self.send is not None:
                 return self.send(b)
-            self.batches.append(self.follower.prepare(b))  # what the sender's thread does
+            # what the sender's thread does, here on the caller's: a test with a
+            # thread of its own calling catch_up passes ``send`` and prepares there
+            self.batches.append(self.follower.prepare(b))
             return True
 
         self.follower = PoolFollower(
