@@ -372,6 +372,28 @@ class Driver:
         }
 
 
+def settled_digest(sched: Any, timeout_s: float = 60.0) -> dict[str, Any] | None:
+    """Once the engine has stopped (after the measured steps): the plugin's
+    digest, caught up by its thread while the engine idles, against vLLM's
+    pool's own from scratch (O(pool), ``pool_digest``) -- whether what the
+    plugin would prove a mirror equal with is vLLM's pool.  None without a
+    plugin; ``caught_up`` False if its digest did not reach the last step in
+    ``timeout_s``."""
+    follower = getattr(sched, "_mirror", None)
+    latest = getattr(follower, "latest_digest", None)
+    if latest is None:
+        return None
+    from blockpool.mirror.digest import pool_digest
+
+    deadline = time.monotonic() + timeout_s
+    while (d := latest()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # (its thread reads once the engine is idle)
+    if d is None:
+        return {"caught_up": False}
+    truth = pool_digest(sched.kv_cache_manager.block_pool)
+    return {"caught_up": True, "ops": d.ops, "equal": d.value == truth}
+
+
 def plugin_reported(sched: Any) -> dict[str, Any]:
     """Whatever the plugin says about itself, if it says anything: a
     ``mirror_stats()``-like method, or the follower's and sender's counters.

@@ -207,6 +207,9 @@ def table(doc: dict[str, Any]) -> str:
                 if isinstance(v, int) and isinstance(before.get(k), int) and k not in NOT_COUNTS
             }
             lines.append("... of which in the measured steps: " + json.dumps(measured))
+        checks = [r.get("digest_check") for r in c["runs"]["plugin"]]
+        if any(checks):  # the plugin's digest, caught up once idle, against vLLM's pool's
+            lines.append("digest against vLLM's pool, each run: " + json.dumps(checks))
         if r1.get("subscriber"):
             lines.append("subscriber: " + json.dumps(r1["subscriber"]))
     return "\n".join(lines)

@@ -59,6 +59,7 @@ from bench.gpu_scale.engine import (  # noqa: E402
     Shape,
     build_scheduler,
     plugin_reported,
+    settled_digest,
     vllm_version,
 )
 from bench.gpu_scale.report import GOALS, compare, table  # noqa: E402
@@ -134,6 +135,8 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(args.steps):
                 driver.step(forward, rec, clock)
             measured_s = time.perf_counter() - t0
+        reported = plugin_reported(sched) if plugin else {}
+        digest_check = settled_digest(sched)  # (after: the engine idle, then O(pool))
         doc = {
             "variant": args.child,
             "scheduler": type(sched).__name__,
@@ -152,8 +155,9 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
             "gc_thresholds": list(gc.get_threshold()),
             "gc_tracked_objects": len(gc.get_objects()),
             "steps": rec.__dict__,
-            "plugin_reported": plugin_reported(sched) if plugin else {},
+            "plugin_reported": reported,
             "plugin_reported_before": reported_before,
+            "digest_check": digest_check,
         }
         sched.shutdown()
         return doc

@@ -1,7 +1,9 @@
 """bench/gpu_scale at a tiny size, in the real vLLM environments: the plugin
 leaves vLLM's scheduling as it is (both runs schedule the same tokens and
-finish the same requests), the pool fills and evicts, and the JSON report
-carries the per-step percentiles.  No timing is asserted."""
+finish the same requests), the pool fills and evicts, the plugin takes its
+digest in the forward passes of vLLM's own ``Scheduler`` and
+``AsyncScheduler`` and it is vLLM's pool's, and the JSON report carries the
+per-step percentiles.  No timing is asserted."""
 
 from __future__ import annotations
 
@@ -21,7 +23,11 @@ TINY = [
     "--steps",
     "30",
     "--sleep-ms",
-    "0",
+    "5",  # forward passes longer than a tiny step's scheduling: the plugin reads in them
+    "--warmup-sleep-ms",
+    "0",  # (a quick warm-up: the digest far behind after it, rebuilt by a sweep)
+    "--settle-steps",
+    "200",
     "--max-warmup",
     "2000",
 ]
@@ -61,6 +67,14 @@ def check(doc: dict[str, Any], kinds: list[str]) -> None:
                 assert set(fig[part]) >= {"p50_ms", "p99_ms", "max_ms"}
                 assert fig[part]["p50_ms"] <= fig[part]["p99_ms"] <= fig[part]["max_ms"]
             assert len(fig["gc"]["collections"]) == 3
+        # the plugin took digests in the forward passes of vLLM's own scheduler,
+        # sync and async alike, and once the engine idled its digest was vLLM's
+        # pool's (from scratch, after the run)
+        assert plugin["plugin_reported"]["follower.digests_taken"] > 0
+        settled = plugin["digest_check"]
+        assert settled["caught_up"] and settled["equal"], settled
+        assert settled["ops"] == plugin["plugin_reported"]["follower.op_count"]
+        assert plain["digest_check"] is None
         assert set(c["added"]) >= {"p50_ms", "p99_ms", "max_ms"}
         assert c["throughput_ratio"] > 0
         assert set(c["goals"]) == {"added_p50_ms<=0.2", "added_max_ms<=2", "throughput_ratio>=0.98"}
