@@ -137,9 +137,7 @@ class SnapshotRequests:
         if not waiting:
             return
         payload = wire.encode(snap)  # once, for every request waiting
-        answered = list(waiting.items())
-        waiting.clear()
-        for identity, (_, nonce) in answered:
+        for identity, (_, nonce) in list(waiting.items()):
             mac = self._key.sign(b"snapshot", nonce, payload) if self._key is not None else b""
             self.snapshots += 1  # first: a peer that has its reply sees it counted
             try:
@@ -147,3 +145,6 @@ class SnapshotRequests:
             except zmq.ZMQError:  # EAGAIN: its queue is full; EHOSTUNREACH: gone
                 self.snapshots -= 1
                 self.replies_dropped += 1
+            # waiting no more once counted: a reader of ``waiting`` and the counts
+            # (another thread: the beat, a test) never sees a request in neither
+            del waiting[identity]
