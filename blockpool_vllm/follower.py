@@ -70,6 +70,7 @@ class PoolFollower:
         boot: str = "",
         defer_digest: bool = False,
         windowed: bool = False,
+        pipelined: bool = False,
         time_every: int = TIME_EVERY,
     ) -> None:
         self.pool = pool
@@ -77,7 +78,9 @@ class PoolFollower:
         # windowed: the scheduler's hooks say when the engine is in its forward
         # pass (``passes.begins``, ``passes.ends``): the sender's thread works
         # on the pool then, and lets go of it the moment the engine comes back
-        self.passes = ForwardPasses(windowed, work_left=self._work_left)
+        # pipelined: the engine schedules a step while the one before runs
+        # (vLLM's AsyncScheduler), its passes planned by their ends
+        self.passes = ForwardPasses(windowed, work_left=self._work_left, pipelined=pipelined)
         self.offer = offer  # hands a batch to the sender; False: dropped
         self.digest_every = max(1, digest_every)
         self.stats = stats or (lambda: (0, 0, 0))

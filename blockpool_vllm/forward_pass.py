@@ -11,6 +11,22 @@ running -- the moment by which the plugin's thread begins no more work
 it is blocked, not holding the interpreter, when the engine comes back.
 It also paces that thread (blockpool_vllm/pacing.py), and wakes it for a
 pass only as often as it needs (``WAKE_EVERY_NS``).
+
+A *pipelined* engine (vLLM's ``AsyncScheduler``: step N+1 is scheduled while
+step N's forward pass runs, and the engine then waits for N) is planned
+otherwise.  What it waits for began on the GPU when the pass before it ended
+-- the engine's last wait -- not when the scheduler handed over its step, so
+how long it waits is the forward pass less however long the scheduling in
+between took: a step that scheduled a long prefill waits for almost nothing,
+one that scheduled decodes for most of a pass (vLLM 0.32's AsyncScheduler at
+524,288 blocks, 20 ms passes: waits p10 1.9 ms, p50 9.9 ms, 65 of 800 under
+1 ms).  The shortest wait of the last 16 -- the plan above -- was then under
+1 ms most of the time, the plugin's thread read a few blocks a step, fell
+behind the engine and took no digest while it ran.  So a pipelined engine's
+pass is planned to end a forward pass after the last one ended (the shortest
+time between two ends the engine waited for: how long a forward pass takes,
+``gaps``), and only when the engine waited for the last one (else its result
+came earlier, unseen, and so may this one).
 """
 
 from __future__ import annotations
@@ -58,6 +74,10 @@ MIN_WINDOW_NS = 1_000_000
 # lag); a snapshot asked for, a digest behind or batches left make the
 # thread eager again.
 WAKE_EVERY_NS = 80_000_000
+# a pipelined engine's pass is planned by its forward passes' lengths once
+# it waited for this many in a row (a pass shorter than ``MIN_WINDOW_NS``:
+# its result was there before it waited, when is not known)
+GAPS_KEPT = 8
 
 
 class ForwardPasses:
@@ -65,8 +85,14 @@ class ForwardPasses:
     when one begins and ends; else there are none to wait for, and the
     plugin's thread may work whenever it likes)."""
 
-    def __init__(self, windowed: bool, work_left: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        windowed: bool,
+        work_left: Callable[[], bool] | None = None,
+        pipelined: bool = False,
+    ) -> None:
         self.window = threading.Condition() if windowed else None
+        self.pipelined = pipelined  # the engine waits for the step before (module doc)
         self.forwarding = False
         self.count = 0  # passes begun
         self.wakes = 0  # ... of which the plugin's thread was woken for
@@ -78,6 +104,14 @@ class ForwardPasses:
         self._turn_seen = 0
         self.began = 0  # perf_counter_ns at the last ``begins``
         self.lengths = array("q", bytes(8 * KEPT))  # the last passes' lengths (ns), a ring
+        self.long_ones = 0  # ... of which at least MIN_WINDOW_NS
+        # pipelined: when the last pass ended (perf_counter_ns), whether the
+        # engine waited for it then (a pass of MIN_WINDOW_NS at least), the
+        # times between two such ends in a row (a forward pass: ns, a ring)
+        self.ended = 0
+        self.ended_waited = False
+        self.gaps = array("q", bytes(8 * GAPS_KEPT))
+        self.gaps_seen = 0
         self.deadline = 0  # the plugin's thread's: no work begun that would end after it
         # the plugin's thread sleeps a moment every ~0.1 ms of work, so that an
         # engine back from its forward pass waits no longer for the interpreter
@@ -104,7 +138,17 @@ class ForwardPasses:
         """The engine's thread is back in the scheduler (any hook's entry)."""
         if self.forwarding:
             self.forwarding = False
-            self.lengths[self.count % KEPT] = _now() - self.began
+            now = _now()
+            length = now - self.began
+            at = self.count % KEPT
+            waited = length >= MIN_WINDOW_NS
+            self.long_ones += waited - (self.lengths[at] >= MIN_WINDOW_NS)
+            self.lengths[at] = length
+            if self.pipelined:
+                if waited and self.ended_waited:
+                    self.gaps[self.gaps_seen % GAPS_KEPT] = now - self.ended
+                    self.gaps_seen += 1
+                self.ended, self.ended_waited = now, waited
             self.pace.until_ns = 0  # (the pass is over: no long piece of work now)
 
     def shortest_us(self) -> float | None:
@@ -116,9 +160,15 @@ class ForwardPasses:
         return min(self.lengths) / 1000.0
 
     def windowless(self) -> bool:
-        """Whether the engine's passes are too short to work in (the last
-        ``KEPT`` passes, one shorter than ``MIN_WINDOW_NS``)."""
-        return self.count > KEPT and min(self.lengths) < MIN_WINDOW_NS
+        """Whether the engine's passes are too short to work in: of the last
+        ``KEPT``, one shorter than ``MIN_WINDOW_NS`` -- a pipelined engine's,
+        half of them (its waits vary with what it scheduled meanwhile, and
+        its passes are planned by their ends: ``plan``)."""
+        if self.count <= KEPT:
+            return False
+        if self.pipelined:
+            return self.long_ones < KEPT // 2
+        return self.long_ones < KEPT
 
     def may_work(self) -> bool:
         """Whether the plugin's thread may work on the pool now without
@@ -162,9 +212,17 @@ class ForwardPasses:
     def plan(self) -> None:
         """The plan for the forward pass now running (see ``KEPT``): none
         until the engine has made as many passes, or while it is idle (not
-        in a pass)."""
+        in a pass).  A pipelined engine's, once it waited for its last pass
+        and ``GAPS_KEPT`` before it: ``END_SHARE`` of the time left until a
+        forward pass (the shortest of the last) after the last ended -- at
+        the latest when it began (a step whose scheduling outlasted it)."""
         shortest = min(self.lengths)
         if not self.forwarding or shortest <= 0:
             self.deadline = self.pace.until_ns = 0
             return
-        self.deadline = self.pace.until_ns = self.began + int(shortest * END_SHARE)
+        began = self.began
+        if self.pipelined and self.ended_waited and self.gaps_seen >= GAPS_KEPT:
+            left = self.ended + min(self.gaps) - began
+            self.deadline = self.pace.until_ns = began + max(0, int(left * END_SHARE))
+            return
+        self.deadline = self.pace.until_ns = began + int(shortest * END_SHARE)

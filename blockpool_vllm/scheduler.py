@@ -179,6 +179,7 @@ class _Mirrored:
             # deferred: the sender's thread works in the engine's forward passes
             # only (the hooks below say when they run)
             windowed=deferred,
+            pipelined=isinstance(self, AsyncScheduler),
         )
         free = mgr.free
 

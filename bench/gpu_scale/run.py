@@ -58,10 +58,9 @@ from bench.gpu_scale.engine import (  # noqa: E402
     Driver,
     Shape,
     build_scheduler,
-    plugin_reported,
-    settled_digest,
     vllm_version,
 )
+from bench.gpu_scale.plugin_report import plugin_reported, settled_digest  # noqa: E402
 from bench.gpu_scale.report import GOALS, compare, table  # noqa: E402
 from bench.gpu_scale.step_records import GcClock, Steps  # noqa: E402
 from bench.gpu_scale.workload import TraceWorkload, Workload  # noqa: E402
