@@ -10,11 +10,19 @@ moves: the engine's hooks at the moments such an engine calls them.
 from __future__ import annotations
 
 import math
+import queue
+import threading
+import time
+from collections import deque
 
 import pytest
 
+from blockpool.mirror.digest import pool_digest
+from blockpool.mirror.protocol import Batch, Digest
 from blockpool_vllm import forward_pass
 from blockpool_vllm.forward_pass import END_SHARE, GAPS_KEPT, KEPT, MIN_WINDOW_NS, ForwardPasses
+from tests.mirror.workload import FollowedEngine
+from tests.support.wait import eventually
 
 MS = 1_000_000
 FORWARD_NS = 20 * MS  # the GPU's forward pass, every step
@@ -149,3 +157,70 @@ def test_a_synchronous_engine_is_planned_by_its_shortest_pass(clock: Clock) -> N
     clock.ns += MS // 2
     p.ends()
     assert p.windowless()
+
+
+def test_a_threaded_pipelined_engine_is_read_in_its_passes_and_every_digest_is_its_pool() -> None:
+    """The engine on its thread, pipelined as vLLM's AsyncScheduler over a
+    GPU: each step it schedules (a few pool calls, then a stand-in for the
+    scheduler's time: 2 ms, every sixth step 25 ms -- a long prefill,
+    longer than the 15 ms forward pass), hands the step to the GPU and waits
+    for the step before.  Every sixth wait is thus for nothing: planned by
+    its shortest waits the plugin's thread found no pass to work in and read
+    only once the engine idled; planned by the passes' ends it reads in the
+    passes, and every digest it takes is the pool's at the boundary it
+    names."""
+    forward_s = 0.015
+    offered: queue.SimpleQueue[Batch] = queue.SimpleQueue()
+
+    def offer(b: Batch) -> bool:
+        offered.put(b)
+        return True
+
+    engine = FollowedEngine(
+        num_blocks=256, defer_digest=True, windowed=True, pipelined=True, send=offer
+    )
+    f = engine.follower
+    p = f.passes
+    truth: dict[int, str] = {}
+    stop = threading.Event()
+    in_passes: dict[int, Digest] = {}  # taken on a turn begun in a forward pass
+    idle: dict[int, Digest] = {}
+
+    def sender() -> None:  # as the plugin's sender thread: a turn, its batches, the digest
+        while not stop.is_set():
+            free = p.wait_turn(0.1, queued=not offered.empty())
+            in_pass = p.forwarding
+            while not offered.empty():
+                f.prepare(offered.get())
+            if free and f.catch_up() and f.reader.verified is not None:
+                d = f.reader.verified
+                (in_passes if in_pass else idle)[d.ops] = d
+
+    t = threading.Thread(target=sender)
+    t.start()
+    inflight: deque[float] = deque()
+    gpu_free = 0.0
+    try:
+        for i in range(180):
+            p.ends()  # (the scheduler's hooks: back from the wait)
+            engine.step()
+            truth[f.op_count] = pool_digest(engine.rt.pool)  # the engine's own, at each boundary
+            time.sleep(0.025 if i % 6 == 5 else 0.002)
+            gpu_free = max(time.perf_counter(), gpu_free) + forward_s
+            inflight.append(gpu_free)
+            p.begins()  # the step handed to the GPU
+            if len(inflight) >= 2:
+                time.sleep(max(0.0, inflight.popleft() - time.perf_counter()))
+        p.ends()
+    finally:
+        stop.set()
+        t.join()
+    assert not p.windowless() and p.gaps_seen >= GAPS_KEPT
+    assert len(in_passes) >= 10, (len(in_passes), len(idle), p.wakes)
+    for d in (*in_passes.values(), *idle.values()):
+        assert truth[d.ops] == d.value
+    while not offered.empty():
+        f.prepare(offered.get())
+    eventually(f.catch_up, what="the digest caught up once the engine idles")
+    assert f.digest.value == pool_digest(engine.rt.pool)
+    engine.rt.check()

@@ -43,6 +43,7 @@ class FollowedEngine:
         send: Callable[[Batch], bool] | None = None,
         defer_digest: bool = False,
         windowed: bool = False,
+        pipelined: bool = False,
     ) -> None:
         self.rt = PoolRuntime(config(num_blocks, free_order))
         self.batches: list[Batch] = []
@@ -67,6 +68,7 @@ class FollowedEngine:
             stats=lambda: (st.stats.requests, st.stats.queries, st.stats.hits),
             defer_digest=defer_digest,
             windowed=windowed,
+            pipelined=pipelined,
         )
         self.rng = random.Random(7)
         self.prefixes = [[self.rng.randrange(1000) for _ in range(BLOCK * 3)] for _ in range(4)]
