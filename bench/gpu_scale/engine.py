@@ -14,7 +14,8 @@ prefill is complete.  For the async scheduler it keeps two batches in flight
 as vLLM's engine core does with async scheduling (``step_with_batch_queue``):
 step N+1 is scheduled while step N "runs", and N's output comes back after;
 the forward passes run on a virtual GPU (one after another, each ``forward_s``
-long), so the scheduler's time hides behind the GPU as it would.
+long, plus ``forward_s_per_token`` for each token scheduled), so the
+scheduler's time hides behind the GPU as it would.
 
 Measured per step (perf_counter_ns around the calls): the scheduler's own time
 (``add_request`` + ``schedule`` + ``update_from_output``), the whole step, the
@@ -182,6 +183,9 @@ class Driver:
         self.inflight: deque[tuple[Any, Any, float]] = deque()
         self.gpu_free_at = 0.0
         self.output_cap = 0  # > 0: outputs no longer than this (a quick warm-up)
+        # a forward pass longer by this much per token scheduled (0: every pass
+        # ``forward_s`` long; a GPU's prefill-heavy steps take longer)
+        self.forward_s_per_token = 0.0
         self._count_evictions()
 
         from vllm.sampling_params import SamplingParams
@@ -309,6 +313,8 @@ class Driver:
             mro = self._model_output(out)
             t = time.perf_counter()
             launch = max(t, self.gpu_free_at)
+            if n and forward_s:  # (a pass as long as its tokens make it, on a GPU)
+                forward_s += n * self.forward_s_per_token
             self.gpu_free_at = launch + (forward_s if n else 0.0)
             self.inflight.append((out, mro, self.gpu_free_at))
         else:

@@ -123,6 +123,7 @@ def table(doc: dict[str, Any]) -> str:
             f"{cfg['num_blocks']:,} blocks x {cfg['block_size']}  max_num_seqs "
             f"{cfg['max_num_seqs']}  {a['steps']} steps/variant after "
             f"{r0['warmup_steps']} warm-up  sleep {cfg['sleep_ms']} ms"
+            + (f" + {per} us/token" if (per := cfg.get("forward_us_per_token")) else "")
         )
         lines.append(f"{'per step (ms)':<26}{'plain':>10}{'plugin':>10}{'added':>10}")
         for label, key in (

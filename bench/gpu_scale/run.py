@@ -103,6 +103,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         gc.collect()
         gc.freeze()
         driver = Driver(sched, workload_of(args), shape, args.concurrency or shape.max_num_seqs)
+        driver.forward_s_per_token = args.forward_us_per_token / 1e6
         # warm-up: not measured, until the pool evicts (auto) or N steps
         t0 = time.perf_counter()
         driver.output_cap = args.warmup_max_tokens
@@ -207,6 +208,7 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
             "max_model_len",
             "steps",
             "sleep_ms",
+            "forward_us_per_token",
             "warmup_sleep_ms",
             "seed",
             "rounds",
@@ -316,6 +318,13 @@ def parser() -> argparse.ArgumentParser:
         help="outputs cut to this many tokens in the warm-up (0: as planned)",
     )
     p.add_argument("--sleep-ms", type=float, default=6.0, help="the forward pass stand-in")
+    p.add_argument(
+        "--forward-us-per-token",
+        type=float,
+        default=0.0,
+        help="each forward pass longer by this for every token it runs (a GPU's "
+        "prefill-heavy steps take longer than its decodes; 0: every pass --sleep-ms)",
+    )
     p.add_argument(
         "--warmup-sleep-ms",
         type=float,
