@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 import zmq.asyncio
 
+from app.mirror.engine_runs import EngineRuns
 from app.mirror.inbox import MAX_BACKLOG, MirrorInbox, Opened
 from app.mirror.queues import EngineQueues
 from app.mirror.rebuild import ServiceRebuild
@@ -107,8 +107,7 @@ class MirrorClient:
         self._reader: asyncio.Task[None] | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._decoder: ThreadPoolExecutor | None = None
-        self.boot: str | None = None  # the engine run followed
-        self._old_boots: deque[str] = deque(maxlen=64)
+        self.runs = EngineRuns()  # the engine's run followed, and the earlier ones
         self._newer_said = 0  # a newer protocol the handshake said (said once)
         self._retry_at = 0.0  # monotonic: no resync before (backoff)
         self._chains: list[wire.Record] = []  # request records heard while out of step
@@ -117,6 +116,11 @@ class MirrorClient:
         self.service_rebuild = ServiceRebuild(rebuild, hello)
         if hello is not None:
             self._hello(hello)
+
+    @property
+    def boot(self) -> str | None:
+        """The engine run followed (None: none heard yet)."""
+        return self.runs.boot
 
     def feed_shadows(self, feed: MirrorShadowFeed) -> None:
         """What-if on the mirror: ``feed`` hears every batch's request records."""
@@ -231,16 +235,15 @@ class MirrorClient:
     def _admit(self, msg: wire.Message) -> bool:
         """Whether ``msg`` is of the engine run followed (a new run: a restart)."""
         boot = getattr(msg, "boot", "")
-        if self.boot is None or boot == self.boot:
-            if self.boot is None:
-                self.boot = boot
+        runs = self.runs
+        if runs.boot is None or boot == runs.boot:
+            runs.follow(boot)
             return True
         st = self.status
-        if boot in self._old_boots:
+        if runs.is_earlier(boot):
             st.stale_discarded += len(wire.batches_of(msg)) or 1
             return False
-        self._old_boots.append(self.boot)
-        self.boot = boot
+        runs.follow(boot)
         st.engine_restarts += 1
         self.queues.restart()  # the new run holds no request of the old one's
         st.problem("the engine restarted (a new boot): resyncing from a snapshot")
@@ -258,9 +261,11 @@ class MirrorClient:
             st.engine_cost_us = hello.cost_us
         if hello.reading is not None:
             st.engine_reading = hello.reading
-        if self.boot is None:
-            self.boot = hello.boot
-        st.shape_problem = self._shape(hello)
+        if self.runs.boot is None:
+            self.runs.follow(hello.boot)
+        pool, s = self.engine.pool, self.engine.settings
+        mine = (pool.num_gpu_blocks, s.block_size, s.hash_fn, s.free_order)
+        st.shape_problem = self.service_rebuild.mismatch(hello, mine)
         if st.shape_problem is not None:
             st.problem(st.shape_problem)
             self._unsync()
@@ -284,24 +289,6 @@ class MirrorClient:
                 hello.free_order,
                 "" if hello.exact else " NOT exact: " + "; ".join(hello.problems),
             )
-
-    def _shape(self, hello: wire.Hello) -> str | None:
-        """Why this engine's pool is not the mirror's (None: it is)."""
-        s, n = self.engine.settings, self.engine.pool.num_gpu_blocks
-        mine = (n, s.block_size, s.hash_fn, s.free_order)
-        theirs = (hello.num_gpu_blocks, hello.block_size, hello.hash_fn, hello.free_order)
-        if theirs == mine:
-            return None
-        return (
-            f"the engine restarted with {hello.num_gpu_blocks} blocks of {hello.block_size} "
-            f"tokens ({hello.hash_fn}, {hello.free_order}); the mirror follows {n} of "
-            f"{s.block_size} ({s.hash_fn}, {s.free_order}): "
-            + (
-                "rebuilding the service"
-                if self.service_rebuild.possible(hello)
-                else "restart the mirror"
-            )
-        )
 
     def _ask_rebuild(self, hello: wire.Hello) -> None:
         """Hand the engine's new handshake to ``rebuild`` (the message was
@@ -461,7 +448,7 @@ class MirrorClient:
                     f"{self.engine.pool.num_gpu_blocks}: waiting for its handshake"
                 )
                 raise Divergence(st.shape_problem)
-            if snap.boot in self._old_boots:
+            if self.runs.is_earlier(snap.boot):
                 raise wire.ProtocolError("a snapshot of an earlier run of the engine")
             await self.engine.submit(lambda: self._restore(snap))
         except (TimeoutError, wire.ProtocolError, Divergence) as exc:
@@ -472,12 +459,9 @@ class MirrorClient:
             self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
             return
         self._retry_s = RETRY_S
-        if snap.boot != self.boot:  # the engine restarted meanwhile: this is the new run
-            if self.boot is not None:
-                self._old_boots.append(self.boot)
-                st.engine_restarts += 1
-                self.queues.restart()
-            self.boot = snap.boot
+        if self.runs.follow(snap.boot):  # the engine restarted meanwhile: this is the new run
+            st.engine_restarts += 1
+            self.queues.restart()
         st.resynced(snap.seq)
         st.seen()  # the engine answered (signed, where keyed)
         if snap.problems:

@@ -46,6 +46,20 @@ class ServiceRebuild:
             self.built_from is None or shape_of(hello) != shape_of(self.built_from)
         )
 
+    def mismatch(self, hello: wire.Hello, mine: tuple[int, int, str, str]) -> str | None:
+        """Why the engine's pool (``hello``) is not the mirror's, of shape
+        ``mine`` (as ``shape_of``), and what follows (None: it is)."""
+        theirs = shape_of(hello)
+        if theirs == mine:
+            return None
+        n, block_size, hash_fn, free_order = mine
+        return (
+            f"the engine restarted with {hello.num_gpu_blocks} blocks of {hello.block_size} "
+            f"tokens ({hello.hash_fn}, {hello.free_order}); the mirror follows {n} of "
+            f"{block_size} ({hash_fn}, {free_order}): "
+            + ("rebuilding the service" if self.possible(hello) else "restart the mirror")
+        )
+
     def ask(self, hello: wire.Hello, status: MirrorStatus) -> None:
         """Hand the engine's new handshake to ``rebuild`` (where possible)."""
         if self.rebuild is None or not self.possible(hello):
