@@ -73,7 +73,7 @@ from blockpool_vllm.bundle import Bundle
 from blockpool_vllm.call_records import count_ops
 from blockpool_vllm.pacing import Pacer, tighten_timer_slack
 from blockpool_vllm.snapshot_requests import SnapshotRequests
-from blockpool_vllm.sockets import bind_stream
+from blockpool_vllm.sockets import StreamBinding
 
 logger = logging.getLogger("blockpool_vllm")
 
@@ -157,9 +157,10 @@ class Sender(SnapshotRequests):
         # between two batches: a moment's sleep when due (blockpool_vllm/pacing.py)
         self._pace = pace
         self._last_turn = time.monotonic()
-        self._hwm = hwm
-        self.retry_s = retry_s
-        self.peer_hwm = peer_hwm
+        # the sockets, bound (retried while they cannot be)
+        self.binding = StreamBinding(
+            endpoint, self.control_endpoint, hwm=hwm, peer_hwm=peer_hwm, retry_s=retry_s
+        )
         # the last batch sent or dropped, and the operations up to its end: a
         # beat claims no more than this (what is still queued comes after it)
         self.handled_seq = 0
@@ -174,10 +175,6 @@ class Sender(SnapshotRequests):
         self.dropped = 0  # batches dropped (a full queue, or not bound yet)
         self.restarts = 0  # the loop's restarts after an exception
         self.timer_slack_tight = False  # the thread asked Linux for short sleeps (pacing.py)
-        self.bound = False
-        self.bind_failures = 0
-        self.bind_error: str | None = None
-        self.control_port: int | None = None
         self._last_hello = -float("inf")
         self._last_sent = time.monotonic()
         self._last_restart_log = -float("inf")
@@ -195,7 +192,12 @@ class Sender(SnapshotRequests):
             self._ready.wait(timeout)
         except Exception:
             logger.exception("blockpool mirror: the sender did not start")
-        return self.bound
+        return self.binding.bound
+
+    @property
+    def control_port(self) -> int | None:
+        """The snapshot socket's port, once bound."""
+        return self.binding.control_port
 
     def offer(self, batch: wire.Batch) -> bool:
         """Queue a batch for sending; False (and counted) when the queue is full."""
@@ -275,7 +277,9 @@ class Sender(SnapshotRequests):
         try:
             with contextlib.suppress(zmq.ZMQError):
                 ctx.set(zmq.MAX_SOCKETS, _MAX_SOCKETS)
-            sockets = self._bind_until_bound(ctx)
+            sockets = self.binding.until_bound(
+                ctx, self._stop, self._ready.set, self._discard_queued
+            )
             if sockets is None:
                 return
             pub, ctl = sockets
@@ -287,43 +291,9 @@ class Sender(SnapshotRequests):
         except Exception:  # the supervisor itself: the stream ends, the engine runs on
             logger.exception("blockpool mirror: the sender stopped")
         finally:
-            self.bound = False
+            self.binding.bound = False
             self._ready.set()
             ctx.destroy(0)
-
-    def _bind_until_bound(self, ctx: Any) -> tuple[Any, Any] | None:
-        while not self._stop.is_set():
-            try:
-                sockets = self._bind(ctx)
-            except Exception as exc:  # a port in use, a bad endpoint, no more sockets
-                self.bind_failures += 1
-                self.bind_error = str(exc)
-                if self.bind_failures == 1:
-                    logger.warning(
-                        "blockpool mirror: cannot bind %s / %s (%s); the engine runs "
-                        "unfollowed, retrying every %g s",
-                        self.endpoint,
-                        self.control_endpoint,
-                        exc,
-                        self.retry_s,
-                    )
-            else:
-                self.bound, self.bind_error = True, None
-                if self.bind_failures:
-                    logger.warning(
-                        "blockpool mirror: bound %s / %s after %d failed attempts",
-                        self.endpoint,
-                        self.control_endpoint,
-                        self.bind_failures,
-                    )
-                self._ready.set()
-                return sockets
-            self._ready.set()
-            deadline = time.monotonic() + self.retry_s
-            while not self._stop.is_set() and time.monotonic() < deadline:
-                self._discard_queued()
-                self._stop.wait(0.05)
-        return None
 
     def _discard_queued(self) -> None:
         """Not bound: what the engine queued is dropped (the mirror resyncs)."""
@@ -335,12 +305,6 @@ class Sender(SnapshotRequests):
             if item is not None:
                 self.dropped += 1
                 self._handled(item)
-
-    def _bind(self, ctx: Any) -> tuple[Any, Any]:
-        pub, ctl, self.control_port = bind_stream(
-            ctx, self.endpoint, self.control_endpoint, hwm=self._hwm, peer_hwm=self.peer_hwm
-        )
-        return pub, ctl
 
     def _supervise(self, pub: Any, ctl: Any) -> None:
         backoff = _RESTART_BACKOFF_S[0]

@@ -1,14 +1,21 @@
 """The sender's two sockets, bound with every bound they keep (the rules:
 blockpool_vllm/sender.py): a PUB for the stream, a ROUTER for snapshot
-requests."""
+requests -- and bound again and again while they cannot be
+(``StreamBinding``): an engine whose port is taken runs unfollowed."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
 from blockpool.mirror import protocol as wire
+
+logger = logging.getLogger("blockpool_vllm")
 
 PEER_RCVHWM = 16  # requests queued per peer
 HANDSHAKE_MS = 5000  # a connection that never completes ZMTP's greeting is dropped
@@ -48,3 +55,71 @@ def bind_stream(
             s.close(0)
         raise
     return pub, ctl, port
+
+
+class StreamBinding:
+    """The two sockets on ``endpoint`` and ``control_endpoint``, bound by
+    ``until_bound``: a failure (a port in use, a bad endpoint, no more
+    sockets) logged once and retried every ``retry_s``, the success after
+    failures logged too."""
+
+    def __init__(
+        self, endpoint: str, control_endpoint: str, *, hwm: int, peer_hwm: int, retry_s: float
+    ) -> None:
+        self.endpoint = endpoint
+        self.control_endpoint = control_endpoint
+        self.hwm = hwm
+        self.peer_hwm = peer_hwm
+        self.retry_s = retry_s
+        self.bound = False
+        self.failures = 0
+        self.error: str | None = None
+        self.control_port: int | None = None
+
+    def until_bound(
+        self,
+        ctx: Any,
+        stop: threading.Event,
+        tried: Callable[[], None],
+        meanwhile: Callable[[], None],
+    ) -> tuple[Any, Any] | None:
+        """(pub, ctl) once bound; None once ``stop`` is set first.  ``tried``
+        after each attempt, ``meanwhile`` every 50 ms between two."""
+        while not stop.is_set():
+            try:
+                pub, ctl, self.control_port = bind_stream(
+                    ctx,
+                    self.endpoint,
+                    self.control_endpoint,
+                    hwm=self.hwm,
+                    peer_hwm=self.peer_hwm,
+                )
+            except Exception as exc:  # a port in use, a bad endpoint, no more sockets
+                self.failures += 1
+                self.error = str(exc)
+                if self.failures == 1:
+                    logger.warning(
+                        "blockpool mirror: cannot bind %s / %s (%s); the engine runs "
+                        "unfollowed, retrying every %g s",
+                        self.endpoint,
+                        self.control_endpoint,
+                        exc,
+                        self.retry_s,
+                    )
+            else:
+                self.bound, self.error = True, None
+                if self.failures:
+                    logger.warning(
+                        "blockpool mirror: bound %s / %s after %d failed attempts",
+                        self.endpoint,
+                        self.control_endpoint,
+                        self.failures,
+                    )
+                tried()
+                return pub, ctl
+            tried()
+            deadline = time.monotonic() + self.retry_s
+            while not stop.is_set() and time.monotonic() < deadline:
+                meanwhile()
+                stop.wait(0.05)
+        return None

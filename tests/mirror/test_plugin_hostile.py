@@ -274,7 +274,7 @@ def test_a_peer_that_never_reads_holds_at_most_a_few_replies() -> None:
         eventually(lambda: ask_until(20), WAIT, "twenty replies dropped")
         # its queue stayed full: nothing more was queued for it, the engine's
         # memory holds at most SNDHWM replies (and the sockets' buffers) for it
-        assert s.snapshots <= queued + s.peer_hwm
+        assert s.snapshots <= queued + s.binding.peer_hwm
         assert s.restarts == 0 and s.alive
         r.step_seen()
     finally:
@@ -294,15 +294,15 @@ def test_a_squatted_port_is_retried_until_it_is_free(which: str) -> None:
     try:
         assert r.sender.start() is False  # no raise: not bound, retried
         s = r.sender
-        assert s.alive and not s.bound and s.bind_error
+        assert s.alive and not s.binding.bound and s.binding.error
         # the engine runs on; its batches are dropped (and counted) meanwhile
         for _ in range(5):
             r.engine.step()
         eventually(lambda: s.dropped == 5, WAIT, "batches dropped while not bound")
         # many failed attempts leak no socket (the context allows 16)
-        eventually(lambda: s.bind_failures >= 40, WAIT, "forty attempts")
+        eventually(lambda: s.binding.failures >= 40, WAIT, "forty attempts")
         squatter.close()
-        eventually(lambda: s.bound, WAIT, "bound once the port is free")
+        eventually(lambda: s.binding.bound, WAIT, "bound once the port is free")
         hello = r.sub.until(lambda m: isinstance(m, wire.Hello), "a hello")
         assert hello.control_port == int(r.control.rpartition(":")[2])
         r.step_seen()

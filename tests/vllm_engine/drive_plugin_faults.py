@@ -166,14 +166,14 @@ def main() -> int:
         "followed": sched._mirror is not None,
         "wrapped": wrapped,
         "mgr_wrapped": mgr_wrapped,
-        "bound": bool(sender is not None and sender.bound),
+        "bound": bool(sender is not None and sender.binding.bound),
         "inline": inline,
     }
     say(finished=run(sched, 1, 12), **state)
     if case == "squatted":
         assert sender is not None
         sys.stdin.readline()  # the port is free now
-        while not sender.bound:
+        while not sender.binding.bound:
             time.sleep(0.02)
         say(finished=run(sched, 2, 6), bound=True, dropped=sender.dropped, sent=sender.sent)
     sys.stdin.read()
