@@ -64,10 +64,15 @@ def test_server_restart_is_survived(browser: Any) -> None:
         # the same port, another pool: the page must reconnect and resync
         srv.start("--num-blocks", "2048", "--demo", "--log-level", "warning")
         try:
+            # polled on a timer, not on animation frames: CI once found the page
+            # resynced (n 2048, the new server's 590 frames received) when a
+            # 40 s wait polled on frames timed out -- a page that draws no
+            # frame for a while must not make the wait miss what it waits for
             p.page.wait_for_function(
                 "(e) => window.__bp.model.epoch !== e && window.__bp.ready()",
                 arg=before["epoch"],
                 timeout=40_000,
+                polling=100,
             )
         except Exception as exc:
             state = p.js(
