@@ -24,6 +24,13 @@ class PoolBlock(Protocol):
     def block_hash(self) -> bytes | None: ...
 
     @property
+    def _block_hash(self) -> bytes | None:
+        """The same, as the block keeps it: read straight in the digest's hot
+        loops (every pool read -- vLLM 0.16 and later, blockpool's -- keeps it
+        so, behind a ``block_hash`` property: a Python call a block)."""
+        ...
+
+    @property
     def prev_free_block(self) -> PoolBlock | None: ...
 
     @property
