@@ -27,6 +27,19 @@ pass is planned to end a forward pass after the last one ended (the shortest
 time between two ends the engine waited for: how long a forward pass takes,
 ``gaps``), and only when the engine waited for the last one (else its result
 came earlier, unseen, and so may this one).
+
+A GPU's pass takes longer the more tokens it runs: a step of 8,192 prefill
+tokens several times a decode step's 256.  The shortest of the last passes
+is a decode's, and a prefill's pass planned by it left most of it unused
+-- the very passes whose steps name the most blocks (vLLM 0.32's
+AsyncScheduler at 524,288 blocks, passes of 12 ms + 2 us a token: the
+plugin's thread read in half of a wait and its digest fell behind after a
+burst of prefills, for good).  So a pass is planned by the shortest of the
+kept ones that ran at least half as many tokens as it and no more
+(``TOKENS_FLOOR``): a pass with fewer tokens is not longer, on a GPU, than
+one with more (the shortest of several: one slow pass moves nothing).  An
+engine whose passes are not so -- one ended before the deadline planned so
+-- is planned by the shortest of all for a while (``TOKENS_OFF_PASSES``).
 """
 
 from __future__ import annotations
@@ -78,6 +91,12 @@ WAKE_EVERY_NS = 80_000_000
 # it waited for this many in a row (a pass shorter than ``MIN_WINDOW_NS``:
 # its result was there before it waited, when is not known)
 GAPS_KEPT = 8
+# a pass is planned by the kept ones that ran from this share of its tokens
+# up to as many (module doc); after one ended before a plan made so, by the
+# shortest of all for this many passes
+TOKENS_FLOOR = 0.5
+TOKENS_ALIKE = 2  # ... once as many such are kept (one may have waited for its step)
+TOKENS_OFF_PASSES = 4 * KEPT
 
 
 class ForwardPasses:
@@ -104,6 +123,17 @@ class ForwardPasses:
         self._turn_seen = 0
         self.began = 0  # perf_counter_ns at the last ``begins``
         self.lengths = array("q", bytes(8 * KEPT))  # the last passes' lengths (ns), a ring
+        self.lengths_tokens = array("q", bytes(8 * KEPT))  # ... the tokens each ran
+        # the tokens of the pass running (pipelined: the step handed over before
+        # this one's -- that pass is what the engine waits for now) and of the next
+        self.tokens = 0
+        self.next_tokens = 0
+        # a plan by tokens for the pass running: its deadline (perf_counter_ns;
+        # 0: none) -- a pass that ended before it was planned too long --, plans
+        # by tokens found so, and from which pass on they are made again
+        self.tokens_end = 0
+        self.tokens_misses = 0
+        self.tokens_from = 0
         self.long_ones = 0  # ... of which at least MIN_WINDOW_NS
         # pipelined: when the last pass ended (perf_counter_ns), whether the
         # engine waited for it then (a pass of MIN_WINDOW_NS at least), the
@@ -111,21 +141,28 @@ class ForwardPasses:
         self.ended = 0
         self.ended_waited = False
         self.gaps = array("q", bytes(8 * GAPS_KEPT))
+        self.gaps_tokens = array("q", bytes(8 * GAPS_KEPT))  # ... the tokens each ran
         self.gaps_seen = 0
         self.deadline = 0  # the plugin's thread's: no work begun that would end after it
+        self.planned_by_tokens = False  # the plan for the pass running was (``_shortest``)
         # the plugin's thread sleeps a moment every ~0.1 ms of work, so that an
         # engine back from its forward pass waits no longer for the interpreter
         self.pace = Pacer()
         self.last_flush = time.monotonic()  # the engine's last step (its flush)
 
-    def begins(self) -> None:
-        """The engine's thread: the scheduler handed a step to the model (its
-        forward pass runs now: the engine's thread waits for it, the
-        interpreter is free)."""
+    def begins(self, tokens: int = 0) -> None:
+        """The engine's thread: the scheduler handed a step of ``tokens`` to
+        the model (its forward pass runs now: the engine's thread waits for
+        it, the interpreter is free)."""
         w = self.window
         if w is not None:
             now = _now()
             self.began = now
+            if self.pipelined:
+                self.tokens, self.next_tokens = self.next_tokens, tokens
+            else:
+                self.tokens = tokens
+            self.tokens_end = 0
             self.forwarding = True
             self.count += 1
             if self.eager or now - self.woken_at >= WAKE_EVERY_NS:
@@ -144,11 +181,17 @@ class ForwardPasses:
             waited = length >= MIN_WINDOW_NS
             self.long_ones += waited - (self.lengths[at] >= MIN_WINDOW_NS)
             self.lengths[at] = length
+            self.lengths_tokens[at] = self.tokens
             if self.pipelined:
                 if waited and self.ended_waited:
-                    self.gaps[self.gaps_seen % GAPS_KEPT] = now - self.ended
+                    g = self.gaps_seen % GAPS_KEPT
+                    self.gaps[g] = now - self.ended
+                    self.gaps_tokens[g] = self.tokens
                     self.gaps_seen += 1
                 self.ended, self.ended_waited = now, waited
+            if now < self.tokens_end:  # over before its deadline: not by tokens for a while
+                self.tokens_misses += 1
+                self.tokens_from = self.count + TOKENS_OFF_PASSES
             self.pace.until_ns = 0  # (the pass is over: no long piece of work now)
 
     def shortest_us(self) -> float | None:
@@ -222,7 +265,32 @@ class ForwardPasses:
             return
         began = self.began
         if self.pipelined and self.ended_waited and self.gaps_seen >= GAPS_KEPT:
-            left = self.ended + min(self.gaps) - began
+            end = self.ended + self._shortest(self.gaps, self.gaps_tokens)
+            left = end - began
             self.deadline = self.pace.until_ns = began + max(0, int(left * END_SHARE))
-            return
-        self.deadline = self.pace.until_ns = began + int(shortest * END_SHARE)
+        else:  # (a pipelined engine's waits are its passes less what it scheduled meanwhile:
+            # the shortest, with no regard to tokens)
+            if self.pipelined:
+                end, self.planned_by_tokens = began + shortest, False
+            else:
+                end = began + self._shortest(self.lengths, self.lengths_tokens)
+            self.deadline = self.pace.until_ns = began + int((end - began) * END_SHARE)
+        if self.planned_by_tokens:  # (a pass that ends before this: planned too long)
+            self.tokens_end = self.deadline
+
+    def _shortest(self, lengths: array[int], tokens: array[int]) -> int:
+        """How long the pass running takes at least (ns): the shortest of
+        ``lengths`` -- or, of those that ran from ``TOKENS_FLOOR`` of its
+        tokens up to as many, the shortest, when longer (module doc; its
+        ``planned_by_tokens``)."""
+        shortest = min(lengths)
+        self.planned_by_tokens = False
+        t = self.tokens
+        if t <= 0 or self.count < self.tokens_from:
+            return shortest
+        floor = int(t * TOKENS_FLOOR)
+        alike = [n for n, k in zip(lengths, tokens, strict=True) if floor <= k <= t]
+        if len(alike) < TOKENS_ALIKE or min(alike) <= shortest:
+            return shortest
+        self.planned_by_tokens = True
+        return min(alike)

@@ -320,7 +320,8 @@ class _Mirrored:
             if t:
                 m.step_ns += time.perf_counter_ns() - t
             m.flush()
-            m.passes.begins()  # the engine hands the step to its model now
+            # the engine hands the step to its model now
+            m.passes.begins(getattr(out, "total_num_scheduled_tokens", 0) or 0)
         return out
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:

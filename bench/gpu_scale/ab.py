@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_scale.args import non_negative, positive_int
 from bench.gpu_scale.children import free_port_pair
 from bench.gpu_scale.engine import Driver, Shape, build_scheduler
 from bench.gpu_scale.report import summarize
@@ -110,7 +111,7 @@ def warmed_up(sched: Any, shape: Shape, args: argparse.Namespace) -> Driver:
 def shared_options(p: argparse.ArgumentParser) -> None:
     """The options of the one-process benches (this one, forked.py)."""
     p.add_argument("--async", dest="async_sched", action="store_true")
-    p.add_argument("--num-blocks", type=int, default=524_288)
+    p.add_argument("--num-blocks", type=positive_int, default=524_288)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-warmup", type=int, default=3000)
     p.add_argument("--warmup-extra", type=int, default=300)
@@ -124,6 +125,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sched = build_scheduler(shape, Path(tmp), plugin=True, endpoint=f"tcp://127.0.0.1:{port}")
         driver = warmed_up(sched, shape, args)
         forward = args.sleep_ms / 1e3
+        driver.forward_s_per_token = args.forward_us_per_token / 1e6
+        if args.plan_by_shortest:  # (the plan before passes were planned by their tokens)
+            sched._mirror.passes.tokens_from = sys.maxsize
         for _ in range(args.settle_steps):  # at the engine's pace, plugin on
             driver.step(forward, None, None)
         switch = Switch(sched)
@@ -144,6 +148,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "block": args.block,
             "rounds": args.rounds,
             "sleep_ms": args.sleep_ms,
+            "forward_us_per_token": args.forward_us_per_token,
+            "plan_by_shortest": args.plan_by_shortest,
+            "tokens_misses": sched._mirror.passes.tokens_misses,
+            "digests_taken": sched._mirror.reader.digests_taken,
+            "windows_overrun": sched._mirror.reader.windows_overrun,
             "modes": {mode: _summary(steps[mode], clocks[mode]) for mode in steps},
             "follower_cost_us_p50_p99_max": follower.cost_quantiles(),
         }
@@ -173,7 +182,9 @@ def table(doc: dict[str, Any]) -> str:
     off, on, added = doc["modes"]["off"], doc["modes"]["on"], doc["added"]
     lines = [
         f"{doc['scheduler']}  {doc['num_blocks']:,} blocks  {doc['rounds']} rounds x "
-        f"{doc['block']} steps per mode (ABBA)  sleep {doc['sleep_ms']} ms",
+        f"{doc['block']} steps per mode (ABBA)  sleep {doc['sleep_ms']} ms"
+        f" + {doc['forward_us_per_token']} us/token"
+        + ("  (planned by the shortest pass)" if doc["plan_by_shortest"] else ""),
         f"{'per step (ms)':<30}{'off':>9}{'on':>9}{'added':>9}",
     ]
     lines.extend(
@@ -189,17 +200,36 @@ def table(doc: dict[str, Any]) -> str:
     lines.append(f"{'gc collections / ms (on)':<30}{on['gc_collections']!s:>14} {on['gc_ms']:>6}")
     lines.append(f"throughput ratio (mean step off/on): {doc['throughput_ratio']:.3f}x")
     lines.append(f"follower's own cost p50/p99/max us: {doc['follower_cost_us_p50_p99_max']}")
+    lines.append(
+        f"digests taken {doc['digests_taken']}, readings the engine came back to "
+        f"{doc['windows_overrun']}, plans by tokens found too long {doc['tokens_misses']}"
+    )
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     shared_options(p)
-    p.add_argument("--block", type=int, default=20, help="steps per mode, each round")
-    p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--sleep-ms", type=float, default=6.0)
+    p.add_argument("--block", type=positive_int, default=20, help="steps per mode, each round")
+    p.add_argument("--rounds", type=positive_int, default=20)
+    p.add_argument("--sleep-ms", type=non_negative, default=6.0)
+    p.add_argument(
+        "--forward-us-per-token",
+        type=non_negative,
+        default=0.0,
+        help="each forward pass longer by this for every token it runs",
+    )
+    p.add_argument(
+        "--plan-by-shortest",
+        action="store_true",
+        help="plan every pass by the shortest kept, not by its tokens (to compare)",
+    )
     p.add_argument("--settle-steps", type=int, default=400)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     doc = run(args)
     sys.stdout.write(table(doc) + "\n")
     if args.json:

@@ -44,6 +44,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from bench.gpu_scale.ab import Switch, shared_options, warmed_up
+from bench.gpu_scale.args import positive_int
 from bench.gpu_scale.children import free_port_pair
 from bench.gpu_scale.engine import Driver, Shape, build_scheduler
 from bench.gpu_scale.step_records import Steps
@@ -255,16 +256,21 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     shared_options(p)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--steps", type=int, default=300, help="steps a child runs")
-    p.add_argument("--points", type=int, default=2, help="moments forked at")
+    p.add_argument("--max-num-seqs", type=positive_int, default=256)
+    p.add_argument("--steps", type=positive_int, default=300, help="steps a child runs")
+    p.add_argument("--points", type=positive_int, default=2, help="moments forked at")
     p.add_argument("--between", type=int, default=150, help="steps before each point")
-    p.add_argument("--reps", type=int, default=6, help="children per mode and point")
+    p.add_argument("--reps", type=positive_int, default=6, help="children per mode and point")
     p.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
     p.add_argument("--per-method", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.modes[0] != "off" or not set(args.modes) <= set(MODES):
         p.error(f"--modes: off first, then any of {', '.join(MODES[1:])}")

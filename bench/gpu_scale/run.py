@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.gpu_scale.args import non_negative, positive, positive_int  # noqa: E402
 from bench.gpu_scale.children import (  # noqa: E402
     child_argv,
     free_port_pair,
@@ -294,18 +295,18 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--scheduler", choices=["sync", "async", "both"], default="sync")
-    p.add_argument("--num-blocks", type=int, default=524_288)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-batched-tokens", type=int, default=8192)
-    p.add_argument("--max-model-len", type=int, default=16_384)
+    p.add_argument("--num-blocks", type=positive_int, default=524_288)
+    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--max-num-seqs", type=positive_int, default=256)
+    p.add_argument("--max-batched-tokens", type=positive_int, default=8192)
+    p.add_argument("--max-model-len", type=positive_int, default=16_384)
     p.add_argument(
         "--concurrency",
         type=int,
         default=0,
         help="requests kept in the engine (default: max-num-seqs)",
     )
-    p.add_argument("--steps", type=int, default=300, help="measured steps per variant")
+    p.add_argument("--steps", type=positive_int, default=300, help="measured steps per variant")
     p.add_argument("--warmup", default="auto", help="warm-up steps, or auto: until the pool evicts")
     p.add_argument("--max-warmup", type=int, default=20_000)
     p.add_argument(
@@ -317,17 +318,17 @@ def parser() -> argparse.ArgumentParser:
         default=16,
         help="outputs cut to this many tokens in the warm-up (0: as planned)",
     )
-    p.add_argument("--sleep-ms", type=float, default=6.0, help="the forward pass stand-in")
+    p.add_argument("--sleep-ms", type=non_negative, default=6.0, help="the forward pass stand-in")
     p.add_argument(
         "--forward-us-per-token",
-        type=float,
+        type=non_negative,
         default=0.0,
         help="each forward pass longer by this for every token it runs (a GPU's "
         "prefill-heavy steps take longer than its decodes; 0: every pass --sleep-ms)",
     )
     p.add_argument(
         "--warmup-sleep-ms",
-        type=float,
+        type=non_negative,
         default=None,
         help="the warm-up's forward pass (default: --sleep-ms; 0: a quicker warm-up "
         "that leaves the plugin's digest behind, rebuilt by a sweep after it)",
@@ -343,7 +344,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-prompt", type=int, default=1024)
     p.add_argument("--max-prompt", type=int, default=8192)
     p.add_argument("--trace", help="a Mooncake JSONL trace instead of the conversations")
-    p.add_argument("--rounds", type=int, default=1, help="plain/plugin pairs (order alternates)")
+    p.add_argument(
+        "--rounds", type=positive_int, default=1, help="plain/plugin pairs (order alternates)"
+    )
     p.add_argument(
         "--subscriber",
         action="store_true",
@@ -367,8 +370,8 @@ def parser() -> argparse.ArgumentParser:
         help="only run the plugin's scheduler, paced, for a mirror",
     )
     p.add_argument("--endpoint", default="", help="the plugin's PUB endpoint")
-    p.add_argument("--steps-per-s", type=float, default=200.0)
-    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--steps-per-s", type=positive, default=200.0)
+    p.add_argument("--duration", type=positive, default=30.0)
     p.add_argument("--child", choices=["plain", "plugin"], help=argparse.SUPPRESS)
     p.add_argument("--child-async", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
