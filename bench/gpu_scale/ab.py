@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_scale.args import non_negative, positive_int
+from bench.gpu_scale.args import add_forward_options, non_negative, positive_int
 from bench.gpu_scale.children import free_port_pair
 from bench.gpu_scale.engine import Driver, Shape, build_scheduler
 from bench.gpu_scale.report import summarize
@@ -213,12 +213,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block", type=positive_int, default=20, help="steps per mode, each round")
     p.add_argument("--rounds", type=positive_int, default=20)
     p.add_argument("--sleep-ms", type=non_negative, default=6.0)
-    p.add_argument(
-        "--forward-us-per-token",
-        type=non_negative,
-        default=0.0,
-        help="each forward pass longer by this for every token it runs",
-    )
+    add_forward_options(p)
     p.add_argument(
         "--plan-by-shortest",
         action="store_true",

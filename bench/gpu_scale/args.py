@@ -33,3 +33,14 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be above 0, not {text!r}")
     return value
+
+
+def add_forward_options(p: argparse.ArgumentParser) -> None:
+    """``--forward-us-per-token`` (both GPU-scale benches' passes)."""
+    p.add_argument(
+        "--forward-us-per-token",
+        type=non_negative,
+        default=0.0,
+        help="each forward pass longer by this for every token it runs (a GPU's "
+        "prefill-heavy steps take longer than its decodes; 0: every pass --sleep-ms)",
+    )

@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.gpu_scale.args import non_negative, positive, positive_int  # noqa: E402
+from bench.gpu_scale.args import add_forward_options, non_negative, positive, positive_int  # noqa: E402
 from bench.gpu_scale.children import (  # noqa: E402
     child_argv,
     free_port_pair,
@@ -319,13 +319,7 @@ def parser() -> argparse.ArgumentParser:
         help="outputs cut to this many tokens in the warm-up (0: as planned)",
     )
     p.add_argument("--sleep-ms", type=non_negative, default=6.0, help="the forward pass stand-in")
-    p.add_argument(
-        "--forward-us-per-token",
-        type=non_negative,
-        default=0.0,
-        help="each forward pass longer by this for every token it runs (a GPU's "
-        "prefill-heavy steps take longer than its decodes; 0: every pass --sleep-ms)",
-    )
+    add_forward_options(p)
     p.add_argument(
         "--warmup-sleep-ms",
         type=non_negative,

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
-from blockpool_vllm import forward_pass
 from blockpool_vllm.forward_pass import (
     END_SHARE,
     GAPS_KEPT,
@@ -20,6 +17,7 @@ from blockpool_vllm.forward_pass import (
     TOKENS_OFF_PASSES,
     ForwardPasses,
 )
+from tests.mirror.conftest import PassClock
 
 MS = 1_000_000
 US = 1_000
@@ -30,35 +28,20 @@ def gpu_ns(tokens: int) -> int:
     return 12 * MS + 2 * US * tokens
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ns = 10**12
-
-    def __call__(self) -> int:
-        return self.ns
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(forward_pass, "_now", c)
-    return c
-
-
 def engine_passes(pipelined: bool) -> ForwardPasses:
     p = ForwardPasses(True, pipelined=pipelined)
     p.last_flush = math.inf  # (never idle)
     return p
 
 
-def sync_step(p: ForwardPasses, clock: Clock, tokens: int, length: int | None = None) -> None:
+def sync_step(p: ForwardPasses, clock: PassClock, tokens: int, length: int | None = None) -> None:
     clock.ns += 3 * MS  # scheduling
     p.begins(tokens)
     clock.ns += gpu_ns(tokens) if length is None else length
     p.ends()
 
 
-def planned(p: ForwardPasses, clock: Clock, tokens: int) -> int:
+def planned(p: ForwardPasses, clock: PassClock, tokens: int) -> int:
     """The plan for the next pass of ``tokens``: how long after it began (ns)."""
     clock.ns += 3 * MS
     p.begins(tokens)
@@ -69,7 +52,8 @@ def planned(p: ForwardPasses, clock: Clock, tokens: int) -> int:
 MIX = [256, 8192, 256, 4096, 256, 8192, 6000, 256]  # decodes, and steps of prefills
 
 
-def test_a_sync_pass_is_planned_by_the_passes_of_as_many_tokens(clock: Clock) -> None:
+def test_a_sync_pass_is_planned_by_the_passes_of_as_many_tokens(pass_clock: PassClock) -> None:
+    clock = pass_clock
     p = engine_passes(pipelined=False)
     for t in MIX * 3:
         sync_step(p, clock, t)
@@ -96,7 +80,8 @@ def test_a_sync_pass_is_planned_by_the_passes_of_as_many_tokens(clock: Clock) ->
     assert planned(p, clock, 0) == int(shortest * END_SHARE)
 
 
-def test_one_pass_of_as_many_tokens_is_not_enough_to_plan_by(clock: Clock) -> None:
+def test_one_pass_of_as_many_tokens_is_not_enough_to_plan_by(pass_clock: PassClock) -> None:
+    clock = pass_clock
     p = engine_passes(pipelined=False)
     for t in [256] * (KEPT - 1) + [8192]:
         sync_step(p, clock, t)
@@ -110,8 +95,9 @@ def test_one_pass_of_as_many_tokens_is_not_enough_to_plan_by(clock: Clock) -> No
 
 
 def test_a_pass_over_before_its_plan_by_tokens_turns_them_off_for_a_while(
-    clock: Clock,
+    pass_clock: PassClock,
 ) -> None:
+    clock = pass_clock
     # a GPU whose passes are not longer with more tokens (one of 8,192 as short as a decode's)
     p = engine_passes(pipelined=False)
     for t in MIX * 3:
@@ -132,7 +118,7 @@ def test_a_pass_over_before_its_plan_by_tokens_turns_them_off_for_a_while(
     assert p.planned_by_tokens and p.tokens_misses == 1
 
 
-def pipelined_step(p: ForwardPasses, clock: Clock, tokens: int, waited_tokens: int) -> None:
+def pipelined_step(p: ForwardPasses, clock: PassClock, tokens: int, waited_tokens: int) -> None:
     """A GPU-bound pipelined engine: a step of ``tokens`` scheduled 3 ms after the
     last wait ended, then the wait for the one before (``waited_tokens``),
     whose pass began when the last wait ended."""
@@ -143,7 +129,8 @@ def pipelined_step(p: ForwardPasses, clock: Clock, tokens: int, waited_tokens: i
     p.ends()
 
 
-def test_a_pipelined_pass_is_the_step_handed_over_before(clock: Clock) -> None:
+def test_a_pipelined_pass_is_the_step_handed_over_before(pass_clock: PassClock) -> None:
+    clock = pass_clock
     p = engine_passes(pipelined=True)
     steps = MIX * 3
     prev = 0
@@ -161,26 +148,24 @@ def test_a_pipelined_pass_is_the_step_handed_over_before(clock: Clock) -> None:
     assert p.tokens == steps[-1] == 256  # (MIX ends with a decode)
     clock.ns = ended + gpu_ns(256)
     p.ends()
-    ended = clock.ns
-    clock.ns = ended + 3 * MS
-    p.begins(300)  # ... waiting for the 256 of the last step: planned by the shortest
-    p.plan()
-    assert p.deadline == clock.ns + int((gpu_ns(256) - 3 * MS) * END_SHARE)
-    clock.ns = ended + gpu_ns(256)
-    p.ends()
-    ended = clock.ns
-    clock.ns = ended + 3 * MS
-    p.begins(8192)  # waiting for the 300: none kept of 150-300 but the decodes' 256
-    p.plan()
-    assert p.deadline == clock.ns + int((gpu_ns(256) - 3 * MS) * END_SHARE)
-    clock.ns = ended + gpu_ns(300)
-    p.ends()
-    ended = clock.ns
-    clock.ns = ended + 3 * MS
-    p.begins(256)  # waiting for the 8,192: planned by the kept passes of 4,096-8,192
-    p.plan()
-    assert p.planned_by_tokens
-    assert p.deadline == clock.ns + int((gpu_ns(4096) - 3 * MS) * END_SHARE)
-    clock.ns = ended + gpu_ns(8192)
-    p.ends()
+    # ... waiting for the 256 of the last step: planned by the shortest
+    assert planned_wait(p, clock, 300, 256) == gpu_ns(256) - 3 * MS
+    # waiting for the 300: none kept of 150-300 but the decodes' 256
+    assert planned_wait(p, clock, 8192, 300) == gpu_ns(256) - 3 * MS
+    # waiting for the 8,192: planned by the kept passes of 4,096-8,192
+    assert planned_wait(p, clock, 256, 8192) == gpu_ns(4096) - 3 * MS
     assert p.tokens_misses == 0
+
+
+def planned_wait(p: ForwardPasses, clock: PassClock, tokens: int, waited_tokens: int) -> int:
+    """``pipelined_step``, planned: what the plan counted on being left of the
+    pass waited for when the step was handed over (ns, before ``END_SHARE``)."""
+    ended = clock.ns
+    clock.ns = ended + 3 * MS
+    p.begins(tokens)
+    p.plan()
+    left = round((p.deadline - clock.ns) / END_SHARE)
+    assert p.planned_by_tokens == (left > gpu_ns(256) - 3 * MS + 1)
+    clock.ns = ended + gpu_ns(waited_tokens)
+    p.ends()
+    return left

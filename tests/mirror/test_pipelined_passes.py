@@ -15,32 +15,15 @@ import threading
 import time
 from collections import deque
 
-import pytest
-
 from blockpool.mirror.digest import pool_digest
 from blockpool.mirror.protocol import Batch, Digest
-from blockpool_vllm import forward_pass
 from blockpool_vllm.forward_pass import END_SHARE, GAPS_KEPT, KEPT, MIN_WINDOW_NS, ForwardPasses
+from tests.mirror.conftest import PassClock
 from tests.mirror.workload import FollowedEngine
 from tests.support.wait import eventually
 
 MS = 1_000_000
 FORWARD_NS = 20 * MS  # the GPU's forward pass, every step
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ns = 10**12
-
-    def __call__(self) -> int:
-        return self.ns
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(forward_pass, "_now", c)
-    return c
 
 
 def engine_passes(pipelined: bool = True) -> ForwardPasses:
@@ -49,7 +32,7 @@ def engine_passes(pipelined: bool = True) -> ForwardPasses:
     return p
 
 
-def pipelined_steps(p: ForwardPasses, clock: Clock, scheduling_ns: list[int]) -> None:
+def pipelined_steps(p: ForwardPasses, clock: PassClock, scheduling_ns: list[int]) -> None:
     """Steps of a GPU-bound pipelined engine: each scheduled for so long after
     the last wait ended (its pass handed over), then waiting for the step
     before until its forward pass, begun when the last wait ended, is done --
@@ -63,8 +46,9 @@ def pipelined_steps(p: ForwardPasses, clock: Clock, scheduling_ns: list[int]) ->
 
 
 def test_a_pipelined_pass_is_planned_to_end_a_forward_pass_after_the_last_ended(
-    clock: Clock,
+    pass_clock: PassClock,
 ) -> None:
+    clock = pass_clock
     p = engine_passes()
     # scheduling 2-18 ms a step: waits of 18 down to 2 ms, one of them 19.5 ms
     # (a long prefill: a wait of 0.5 ms, its result there all but at once)
@@ -88,8 +72,9 @@ def test_a_pipelined_pass_is_planned_to_end_a_forward_pass_after_the_last_ended(
 
 
 def test_after_a_wait_for_nothing_the_next_pass_is_planned_by_the_shortest_wait(
-    clock: Clock,
+    pass_clock: PassClock,
 ) -> None:
+    clock = pass_clock
     p = engine_passes()
     pipelined_steps(p, clock, [8 * MS] * (KEPT + 1) + [19_500_000])
     assert not p.ended_waited  # its result was there before: when, is not known
@@ -108,7 +93,8 @@ def test_after_a_wait_for_nothing_the_next_pass_is_planned_by_the_shortest_wait(
     assert p.deadline == clock.ns + int(16 * MS * END_SHARE)
 
 
-def test_a_step_scheduled_for_longer_than_a_pass_has_no_time_left(clock: Clock) -> None:
+def test_a_step_scheduled_for_longer_than_a_pass_has_no_time_left(pass_clock: PassClock) -> None:
+    clock = pass_clock
     p = engine_passes()
     pipelined_steps(p, clock, [6 * MS] * (KEPT + 1))
     ended = clock.ns
@@ -120,8 +106,9 @@ def test_a_step_scheduled_for_longer_than_a_pass_has_no_time_left(clock: Clock) 
 
 
 def test_a_pipelined_engine_is_windowless_when_most_of_its_waits_are_too_short(
-    clock: Clock,
+    pass_clock: PassClock,
 ) -> None:
+    clock = pass_clock
     p = engine_passes()
     # a CPU slower than its GPU: scheduling outlasts every forward pass
     pipelined_steps(p, clock, [25 * MS] * (KEPT + 1))
@@ -136,7 +123,8 @@ def test_a_pipelined_engine_is_windowless_when_most_of_its_waits_are_too_short(
     assert p.long_ones == KEPT // 2 - 1 and p.windowless()
 
 
-def test_a_synchronous_engine_is_planned_by_its_shortest_pass(clock: Clock) -> None:
+def test_a_synchronous_engine_is_planned_by_its_shortest_pass(pass_clock: PassClock) -> None:
+    clock = pass_clock
     # vLLM's Scheduler: the step handed over is the one waited for
     p = engine_passes(pipelined=False)
     lengths = [12 * MS, 6 * MS, 9 * MS] * 6
