@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 import zmq.asyncio
 
+from app.mirror.engine_reports import EngineReports
 from app.mirror.engine_runs import EngineRuns
 from app.mirror.inbox import MAX_BACKLOG, MirrorInbox, Opened
 from app.mirror.queues import EngineQueues
@@ -91,6 +92,7 @@ class MirrorClient:
         )
         # frames received, not yet handled (a backlog past its bound: a resync)
         self.inbox = MirrorInbox(self.status, key, max_backlog, self._unsync)
+        self.reports = EngineReports(self.status)  # the handshake's and beats' figures
         self.status.backlog = self.inbox.backlog
         self.book = RequestBook()
         # the engine's requests as a trace (GET /api/mirror/trace, the export)
@@ -108,7 +110,6 @@ class MirrorClient:
         self._ctx: zmq.asyncio.Context | None = None
         self._decoder: ThreadPoolExecutor | None = None
         self.runs = EngineRuns()  # the engine's run followed, and the earlier ones
-        self._newer_said = 0  # a newer protocol the handshake said (said once)
         self._retry_at = 0.0  # monotonic: no resync before (backoff)
         self._chains: list[wire.Record] = []  # request records heard while out of step
         self._retry_s = RETRY_S
@@ -255,12 +256,7 @@ class MirrorClient:
 
     def _hello(self, hello: wire.Hello) -> None:
         st = self.status
-        first = st.hello is None
-        st.hello = hello
-        if hello.cost_us is not None:
-            st.engine_cost_us = hello.cost_us
-        if hello.reading is not None:
-            st.engine_reading = hello.reading
+        first = self.reports.heard_hello(hello)
         if self.runs.boot is None:
             self.runs.follow(hello.boot)
         pool, s = self.engine.pool, self.engine.settings
@@ -270,25 +266,7 @@ class MirrorClient:
             st.problem(st.shape_problem)
             self._unsync()
             self._ask_rebuild(hello)
-        st.unsupported = not hello.exact
-        if hello.protocol > wire.PROTOCOL and hello.protocol != self._newer_said:
-            self._newer_said = hello.protocol
-            why = (
-                f"the engine's plugin speaks protocol {hello.protocol}, this mirror "
-                f"{wire.PROTOCOL}: what it cannot read is counted as bad messages "
-                "(install the same blockpool on both sides)"
-            )
-            st.problem(why)
-            logger.warning("mirror: %s", why)
-        if first:
-            logger.info(
-                "mirror: engine %s (vLLM %s, %d blocks, %s)%s",
-                hello.engine_id,
-                hello.vllm_version,
-                hello.num_gpu_blocks,
-                hello.free_order,
-                "" if hello.exact else " NOT exact: " + "; ".join(hello.problems),
-            )
+        self.reports.hello_said(hello, first)
 
     def _ask_rebuild(self, hello: wire.Hello) -> None:
         """Hand the engine's new handshake to ``rebuild`` (the message was
@@ -297,13 +275,7 @@ class MirrorClient:
             self.service_rebuild.ask(hello, self.status)
 
     def _beat(self, beat: wire.Beat) -> None:
-        st = self.status
-        st.engine_drops = beat.drops
-        st.engine_steps, st.engine_cost_ns = beat.steps, beat.cost_ns
-        if beat.cost_us is not None:
-            st.engine_cost_us = beat.cost_us
-        if beat.reading is not None:
-            st.engine_reading = beat.reading
+        self.reports.heard_beat(beat)
         if self.what_if is not None:  # idle: the what-if may start from its counters
             self.what_if.begin(beat.stats)
         if self.applier.synced and beat.ops > self.applier.next_op:
