@@ -3,7 +3,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { clockText } from "../js/common/format.js";
-import { MIN_SPAN, tickText, timeRange } from "../js/fleet/rate.js";
+import { MIN_SPAN, timeRange } from "../js/common/timeaxis.js";
+import { tickText } from "../js/fleet/rate.js";
 
 test("rate axis ticks: a few characters, never a cut ',000'", () => {
   assert.deepEqual([0, 5, 2.5, 950, 12000, 1500, 2500000, null].map(tickText), ["0", "5", "2.5", "950", "12k", "1.5k", "2.5M", ""]);

@@ -254,3 +254,97 @@ def test_fleet_page_nothing_clipped_and_its_rate_axis_reads_times(
         assert errors == []
     finally:
         ctx.close()
+
+
+# a machine whose system font is wider than this one's (CI's drew "21:46:09"
+# 53 px wide, and uPlot's own room right of a plot is 25 px): the charts' font
+# family resolves to DejaVu Sans Mono
+WIDE_FONT = """
+(() => {
+  const face = new FontFace("ui-sans-serif", 'local("DejaVu Sans Mono")');
+  document.fonts.add(face);
+  face.load();
+})();
+"""
+
+# The live time charts drawn from points the test gives the model (ending on a
+# whole minute: a clock label sits on the plot's right edge), all in one turn
+# of the page's loop so no tick from the server lands in between; what each
+# drew comes back: x span, clock labels, labels cut.  The page's points are
+# put back after.
+TIME_STATES_JS = (
+    """async (states) => {
+  const clipped = """
+    + CLIPPED_JS
+    + """;
+  const bp = window.__bp;
+  const kept = bp.model.points;
+  const ids = ['chart-usage', 'chart-hit', 'chart-rates'];
+  const out = [];
+  try {
+    for (const [name, xs] of states) {
+      bp.model.points = xs.map((ts) => ({ts, in_use: 3, cached: 2, empty: 5, hit_rate: 0.5,
+        hit_rate_total: 0.5, alloc_per_s: 1, evict_per_s: 0}));
+      bp.charts.update();
+      for (let i = 0; i < 4; i++) await Promise.resolve();  // uPlot draws in a microtask
+      const cut = clipped('body').cut.filter((c) => ids.some((id) => c.startsWith(id + ' axis 0')));
+      for (const u of window.__plots) {
+        const where = u.root.closest('[id]');
+        if (!where || !ids.includes(where.id)) continue;
+        out.push({state: name, chart: where.id, span: u.scales.x.max - u.scales.x.min,
+                  labels: (u.axes[0]._values || []).filter((t) => t), cut});
+      }
+    }
+  } finally {
+    bp.model.points = kept;
+    bp.charts.update();
+  }
+  return out;
+}"""
+)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
+def test_time_charts_read_clock_times_inside_the_chart_with_a_wide_font(
+    browser: Any, quiet: Server, size: tuple[int, int]
+) -> None:
+    p = _dashboard(browser, quiet.url, f"legible-time-axes-{size[0]}", size)
+    try:
+        p.ctx.add_init_script(script=WIDE_FONT)
+        p.page.reload()
+        p.page.wait_for_function("() => window.__bp && window.__bp.ready()", timeout=120_000)
+        p.page.wait_for_function("() => document.fonts.check('11px ui-sans-serif')")
+        width = p.js(
+            """() => { const c = document.createElement('canvas').getContext('2d');
+              c.font = '11px ui-sans-serif, system-ui, sans-serif';
+              return c.measureText('00:00:00').width; }"""
+        )
+        assert width > 52, f"the wide font did not take (a clock label {width} px)"
+        # a window resized: the charts lay out again in the font now loaded
+        p.page.set_viewport_size({"width": size[0] - 40, "height": size[1]})
+        wait_for(
+            lambda: p.js(
+                "() => window.__plots.every((u) => !u.root.isConnected"
+                " || Math.abs(u.width - Math.max(120, u.root.parentElement.clientWidth)) < 2)"
+            ),
+            what="the charts resized",
+        )
+        hi = (int(p.js("() => Date.now() / 1000")) // 60 + 1) * 60
+        states = [
+            ("one point", [hi]),
+            ("50 ms", [hi - 0.05, hi]),
+            ("a second of ticks", [hi - 1 + k / 20 for k in range(21)]),
+            ("40 s", [hi - 40 + k for k in range(41)]),
+        ]
+        got = p.js(TIME_STATES_JS, states)
+        assert len(got) == 3 * len(states), got
+        for d in got:
+            data_span = 40 if d["state"] == "40 s" else 30
+            assert abs(d["span"] - data_span) < 1e-6, d  # never a thousand days
+            assert len(d["labels"]) >= 2, d
+            assert len(set(d["labels"])) == len(d["labels"]), d  # no time repeated
+            assert all(len(t) == 8 and t.count(":") == 2 for t in d["labels"]), d
+            assert d["cut"] == [], d
+        assert p.errors == []
+    finally:
+        p.close()

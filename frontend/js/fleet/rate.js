@@ -2,25 +2,11 @@
 // Events per second per instance (uPlot, vendored), from the stream's ticks.
 
 import { clockText } from "../common/format.js";
+import { clockHalf, timeRange } from "../common/timeaxis.js";
 
 const POINTS = 150;
-/** The least span the x axis shows (s): one point still reads as a clock time, not years. */
-export const MIN_SPAN = 30;
-
-/**
- * The x range for points from lo to hi (unix s): at least MIN_SPAN, ending at the latest.
- * @param {number | null | undefined} lo
- * @param {number | null | undefined} hi
- * @returns {[number, number]}
- */
-export function timeRange(lo, hi) {
-  if (hi === null || hi === undefined || !Number.isFinite(hi)) {
-    const now = Date.now() / 1000;
-    return [now - MIN_SPAN, now];
-  }
-  const from = lo === null || lo === undefined || !Number.isFinite(lo) ? hi : lo;
-  return hi - from >= MIN_SPAN ? [from, hi] : [hi - MIN_SPAN, hi];
-}
+// the axes' font, named so the room for the last clock label is measured in it
+const AXIS_FONT = "12px system-ui, sans-serif";
 
 /**
  * An axis tick in three or four characters (12k, 1.5M): never cut to ",000".
@@ -96,11 +82,11 @@ export class RateChart {
         height: 120,
         legend: { show: true },
         // room on the right for half of the last clock label (centred on the plot's edge)
-        padding: [8, 28, 0, 0],
+        padding: [8, () => clockHalf(AXIS_FONT) + 2, 0, 0],
         scales: { x: { time: true, auto: false } },
         axes: [
-          { stroke: "#8b949e", grid: { stroke: "#2a313c" }, space: 70, values: (u, vals) => vals.map((v) => clockText(v)) },
-          { stroke: "#8b949e", grid: { stroke: "#2a313c" }, size: 44, values: (u, vals) => vals.map(tickText) },
+          { stroke: "#8b949e", grid: { stroke: "#2a313c" }, font: AXIS_FONT, space: 70, values: (u, vals) => vals.map((v) => clockText(v)) },
+          { stroke: "#8b949e", grid: { stroke: "#2a313c" }, font: AXIS_FONT, size: 44, values: (u, vals) => vals.map(tickText) },
         ],
         series: [{}, ...names.map((n, k) => ({ label: n, stroke: colors[k % colors.length], width: 1 }))],
       },

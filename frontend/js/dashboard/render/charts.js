@@ -6,6 +6,7 @@
 import { $ } from "../../common/dom.js";
 import { clockText, compact, dur, durTick } from "../../common/format.js";
 import { COLORS, rgbCss, rgba } from "../../common/palette.js";
+import { clockHalf, timeRange } from "../../common/timeaxis.js";
 import { AXIS_STROKE, FONT, GRID, INT_INCRS, apartFilter, labelWidth } from "./chartscale.js";
 import { barPaths } from "./minichart.js";
 import { markMoment } from "./moment.js";
@@ -109,7 +110,18 @@ export class Charts {
   make(id, opts) {
     const el = $(id);
     const plot = new uPlot(
-      { ...sizeOf(el), legend: { live: true }, cursor: { drag: { x: false, y: false } }, ...opts },
+      {
+        ...sizeOf(el),
+        legend: { live: true },
+        cursor: { drag: { x: false, y: false } },
+        // room right of the plot for half of the last clock label (centred on its edge)
+        padding: [null, () => clockHalf(FONT) + 2, null, null],
+        ...opts,
+        // the points' span, at least MIN_SPAN s: a dashboard just opened reads
+        // clock times (uPlot would widen one point to a thousand days, and a
+        // second of points to one time repeated)
+        scales: { ...opts.scales, x: { time: true, range: (u) => timeRange(u.data[0][0], u.data[0][u.data[0].length - 1]) } },
+      },
       [[], ...opts.series.slice(1).map(() => [])],
       el,
     );

@@ -5,7 +5,7 @@
 // ranges of x and y, and the columns uPlot plots (stacked series as running
 // sums). No drawing here: uPlot draws.
 
-import { context2d } from "../../common/dom.js";
+import { textWidth } from "../../common/textwidth.js";
 
 /**
  * One series of a chart (MiniChart's).
@@ -52,21 +52,12 @@ export const INT_INCRS = Y_INCRS.filter((v) => v >= 1);
 // histograms are ~40 px tall)
 export const ySpace = (/** @type {number} */ dim) => Math.min(24, Math.max(12, dim / 3));
 
-/** @type {CanvasRenderingContext2D | null} */
-let measurer = null;
 /**
  * The widest of `labels` in px, drawn in the charts' axis font (0 without a DOM).
  * @param {unknown[]} labels
  */
 export function labelWidth(labels, font = FONT) {
-  if (!measurer) {
-    if (typeof document === "undefined") return 0;
-    measurer = context2d(document.createElement("canvas"));
-  }
-  measurer.font = font;
-  let w = 0;
-  for (const t of labels) if (t) w = Math.max(w, measurer.measureText(String(t)).width);
-  return Math.ceil(w);
+  return textWidth(labels, font);
 }
 
 /**

@@ -12,6 +12,7 @@
 import { clockText, compact } from "../../common/format.js";
 import { rgba } from "../../common/palette.js";
 import { explain } from "../../common/terms.js";
+import { clockHalf } from "../../common/timeaxis.js";
 import {
   AXIS_STROKE,
   CAT_INCRS,
@@ -167,7 +168,9 @@ export class MiniChart {
       // a time label whose text would pass the plot's right edge (into the
       // second y axis or out of the chart), or reach under the y axis's
       // bottom label, is left out
-      const room = o.y2 ? 26 : 16;
+      // (half the widest clock label, less the 10 px of padding a chart
+      // without a second axis has on its right)
+      const room = () => clockHalf(FONT) + (o.y2 ? 2 : -8);
       xAxis = {
         space: 64,
         incrs: TIME_INCRS,
@@ -175,7 +178,8 @@ export class MiniChart {
           const { min, max } = u.scales.x;
           const w = u.bbox.width / (u.pxRatio || 1);
           const px = (v) => ((v - min) / (max - min)) * w;
-          return splits.map((v) => (max > min && (px(v) < 20 || w - px(v) < room) ? null : v));
+          const r = room();
+          return splits.map((v) => (max > min && (px(v) < 20 || w - px(v) < r) ? null : v));
         },
         values: (u, vals) => vals.map((v) => (this.x.length && v !== null ? clockText(v) : "")),
       };
