@@ -338,6 +338,8 @@ class PoolFollower:
             taken=r.digests_taken,
             discarded=r.digests_discarded,
             stopped=r.readings_stopped,
+            overrun=r.windows_overrun,
+            planned_too_long=self.passes.tokens_misses,
         )
 
     def cost_quantiles(self) -> tuple[float, float, float] | None:

@@ -247,6 +247,10 @@ class MirrorStatus:
             out["plugin_digest_readings_discarded_total"] = float(r.discarded)
         if r.stopped is not None:
             out["plugin_digest_readings_stopped_total"] = float(r.stopped)
+        if r.overrun is not None:
+            out["plugin_digest_readings_overrun_total"] = float(r.overrun)
+        if r.planned_too_long is not None:
+            out["plugin_forward_plans_too_long_total"] = float(r.planned_too_long)
         return out
 
     def plugin_digest(self) -> dict[str, Any] | None:
@@ -254,8 +258,10 @@ class MirrorStatus:
         so many blocks (a rebuild's rows left), the shortest of its last
         forward passes (the plugin's time to read in: 0, an engine that never
         waits for its passes, gives it none), digests taken, readings thrown
-        away (the engine moved during them) and readings stopped in time (what
-        they read kept) (None: not said)."""
+        away (the engine moved during them), of those the ones the engine
+        came back to, readings stopped in time (what they read kept), and
+        forward passes planned by their tokens found too long (None: not
+        said)."""
         r = self.engine_reading
         if r is None:
             return None
@@ -266,6 +272,8 @@ class MirrorStatus:
             "digests_taken": r.taken,
             "readings_discarded": r.discarded,
             "readings_stopped": r.stopped,
+            "readings_overrun": r.overrun,
+            "plans_too_long": r.planned_too_long,
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -365,6 +373,10 @@ FIGURES_HELP = {
     "the engine moved during them (read again)",
     "plugin_digest_readings_stopped_total": "the plugin's digest readings stopped at the "
     "forward pass's planned end, what they read kept",
+    "plugin_digest_readings_overrun_total": "of the plugin's digest readings thrown away, "
+    "those still running when the engine's thread came back",
+    "plugin_forward_plans_too_long_total": "forward passes planned by the passes of as many "
+    "tokens that ended before that plan (each turns it off for 64 passes)",
     "plugin_forward_pass_ms": "the shortest of the engine's last forward passes: the plugin's "
     "time to read its pool in (ms; about 0: an engine that never waits for its passes)",
 }

@@ -177,6 +177,13 @@ class DigestReading(msgspec.Struct, frozen=True):
     # end (what they read kept) -- None: a plugin that does not say
     discarded: Count | None = None
     stopped: Count | None = None
+    # since the plugin started: of the readings thrown away, those still
+    # running when the engine came back (its thread may have waited on the
+    # plugin's for the GIL); and forward passes planned by the passes of as
+    # many tokens that ended before that plan (each turns it off for a while)
+    # -- None: a plugin that does not say
+    overrun: Count | None = None
+    planned_too_long: Count | None = None
 
 
 class Hello(msgspec.Struct, tag="hello"):

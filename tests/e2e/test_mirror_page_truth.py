@@ -258,7 +258,13 @@ def test_unknowns_are_said_and_the_lags_labelled(
         if mirror.client.status.engine_reading is None:  # (the module's first page)
             assert "engine's digest progress: not said by the plugin" in got["mirrorTitle"], got
         mirror.rig.reading = DigestReading(
-            behind=321, sweep_left=None, window_us=40.0, discarded=4, stopped=12
+            behind=321,
+            sweep_left=None,
+            window_us=40.0,
+            discarded=4,
+            stopped=12,
+            overrun=1,
+            planned_too_long=2,
         )
         try:
             title = wait_for(
@@ -269,8 +275,10 @@ def test_unknowns_are_said_and_the_lags_labelled(
             mirror.rig.reading = None
         assert (
             "engine's digest: 321 blocks behind, 0 taken, 4 readings thrown away (the engine "
-            "moved during them), 12 stopped in time (kept) · the engine's shortest forward pass "
-            "0.04ms (the plugin reads its pool only while the engine waits for one)"
+            "moved during them), 1 of them still running when the engine came back, 12 stopped "
+            "in time (kept) · the engine's shortest forward pass 0.04ms (the plugin reads its "
+            "pool only while the engine waits for one), 2 passes planned by their tokens found "
+            "too long"
         ) in title, title
         # tokens: never "100.0 % full · tail waste 0" without the engine's token counts
         assert "not known on a mirror" in got["note"] and "% full" not in got["note"], got

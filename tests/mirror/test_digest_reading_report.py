@@ -20,6 +20,7 @@ def test_the_reading_counts_the_blocks_not_read_and_the_passes_to_read_in() -> N
     r = f.reading()
     assert r is not None and r.behind == 0 and r.sweep_left is None and r.taken == 0
     assert r.discarded == 0 and r.stopped == 0  # counted from the start: said, as 0
+    assert r.overrun == 0 and r.planned_too_long == 0
     assert r.window_us is None  # no pass seen yet: not known, not 0
     held: list[int] = []
     for _ in range(3):
@@ -47,6 +48,7 @@ def test_the_reading_counts_the_blocks_not_read_and_the_passes_to_read_in() -> N
     r = f.reading()
     assert r is not None and r.behind == 0 and r.taken == 1
     assert (r.discarded, r.stopped) == (f.reader.digests_discarded, f.reader.readings_stopped)
+    assert (r.overrun, r.planned_too_long) == (f.reader.windows_overrun, f.passes.tokens_misses)
     assert r.window_us is not None and 50_000.0 <= r.window_us < 51_000.0
     assert f.digest.value == pool_digest(engine.rt.pool)
     engine.rt.check()

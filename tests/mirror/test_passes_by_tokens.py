@@ -18,6 +18,7 @@ from blockpool_vllm.forward_pass import (
     ForwardPasses,
 )
 from tests.mirror.conftest import PassClock
+from tests.mirror.workload import FollowedEngine
 
 MS = 1_000_000
 US = 1_000
@@ -169,3 +170,27 @@ def planned_wait(p: ForwardPasses, clock: PassClock, tokens: int, waited_tokens:
     clock.ns = ended + gpu_ns(waited_tokens)
     p.ends()
     return left
+
+
+def test_the_plugin_says_how_many_plans_by_tokens_were_too_long(pass_clock: PassClock) -> None:
+    """The handshake's and beats' reading counts them (the mirror shows them):
+    0 from the start, then each pass over before its plan by tokens."""
+    engine = FollowedEngine(num_blocks=256, defer_digest=True, windowed=True)
+    f = engine.follower
+    p = f.passes
+    p.last_flush = math.inf  # (never idle)
+    r = f.reading()
+    assert r is not None and r.planned_too_long == 0 and r.overrun == 0  # said, as 0
+    clock = pass_clock
+    for t in MIX * 3:
+        sync_step(p, clock, t)
+    for n in (1, 2):
+        deadline_after = planned(p, clock, 8192)
+        assert p.planned_by_tokens
+        clock.ns += deadline_after - MS  # over before its plan
+        p.ends()
+        r = f.reading()
+        assert r is not None and r.planned_too_long == n == p.tokens_misses
+        p.tokens_from = p.count  # (on again at once, for the second)
+    assert r.overrun == f.reader.windows_overrun == 0
+    engine.rt.check()

@@ -205,7 +205,14 @@ async def test_how_far_the_engines_digest_is_behind_is_shown(rig: Rig) -> None:
         with pytest.raises(AssertionError, match="no blockpool_mirror_plugin_digest"):
             metric((await api.get("/metrics")).text, "blockpool_mirror_plugin_digest_behind_blocks")
         starved = DigestReading(
-            behind=4321, sweep_left=None, window_us=35.0, taken=0, discarded=17, stopped=5
+            behind=4321,
+            sweep_left=None,
+            window_us=35.0,
+            taken=0,
+            discarded=17,
+            stopped=5,
+            overrun=3,
+            planned_too_long=2,
         )
         rig.reading = starved
         await until(lambda: client.status.engine_reading == starved)  # the next handshake
@@ -217,6 +224,8 @@ async def test_how_far_the_engines_digest_is_behind_is_shown(rig: Rig) -> None:
             "digests_taken": 0,
             "readings_discarded": 17,
             "readings_stopped": 5,
+            "readings_overrun": 3,
+            "plans_too_long": 2,
         }
         assert st["state"] != "exact"  # no digest matched: "verifying", with the reason shown
         text = (await api.get("/metrics")).text
@@ -224,6 +233,8 @@ async def test_how_far_the_engines_digest_is_behind_is_shown(rig: Rig) -> None:
         assert metric(text, "blockpool_mirror_plugin_forward_pass_ms") == 0.035
         assert metric(text, "blockpool_mirror_plugin_digest_readings_discarded_total") == 17
         assert metric(text, "blockpool_mirror_plugin_digest_readings_stopped_total") == 5
+        assert metric(text, "blockpool_mirror_plugin_digest_readings_overrun_total") == 3
+        assert metric(text, "blockpool_mirror_plugin_forward_plans_too_long_total") == 2
         caught_up = DigestReading(behind=0, sweep_left=None, window_us=None, taken=3)
         rig.reading = caught_up
         await rig.drive(client, 2, 3)  # batches, then a beat (or a handshake) says it
@@ -233,6 +244,8 @@ async def test_how_far_the_engines_digest_is_behind_is_shown(rig: Rig) -> None:
         # a plugin that does not count its readings: not known, not 0
         assert st["plugin_digest"]["readings_discarded"] is None
         assert st["plugin_digest"]["readings_stopped"] is None
+        assert st["plugin_digest"]["readings_overrun"] is None
+        assert st["plugin_digest"]["plans_too_long"] is None
         text = (await api.get("/metrics")).text
         with pytest.raises(AssertionError, match="no blockpool_mirror_plugin_forward_pass_ms"):
             metric(text, "blockpool_mirror_plugin_forward_pass_ms")

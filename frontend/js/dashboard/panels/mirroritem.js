@@ -28,9 +28,11 @@ const STALE_STATES = new Set(["stale", "refused", "behind", "rebuilding", "resta
  * plugin_digest; null or absent: the plugin does not say).  The plugin reads
  * vLLM's pool only while the engine waits for a forward pass: an engine that
  * never waits (its passes ~0 ms) gets no digest, and this says why; readings
- * thrown away (the engine moved during them) and stopped in time (what they
- * read kept), where the plugin says them.
- * @param {{behind_blocks: number, sweep_rows_left: number | null, forward_pass_ms: number | null, digests_taken: number, readings_discarded?: number | null, readings_stopped?: number | null} | null | undefined} d
+ * thrown away (the engine moved during them; of those, the ones still
+ * running when the engine came back), stopped in time (what they read kept),
+ * and forward passes planned by their tokens found too long, where the plugin
+ * says them.
+ * @param {{behind_blocks: number, sweep_rows_left: number | null, forward_pass_ms: number | null, digests_taken: number, readings_discarded?: number | null, readings_stopped?: number | null, readings_overrun?: number | null, plans_too_long?: number | null} | null | undefined} d
  */
 function digestText(d) {
   if (!d) return "engine's digest progress: not said by the plugin";
@@ -42,8 +44,10 @@ function digestText(d) {
   const said = (/** @type {number | null | undefined} */ n, /** @type {string} */ words) =>
     (n == null ? "" : `, ${int(n)} ${words}`);
   const thrown = said(d.readings_discarded, "readings thrown away (the engine moved during them)");
+  const overrun = said(d.readings_overrun, "of them still running when the engine came back");
   const stopped = said(d.readings_stopped, "stopped in time (kept)");
-  return `engine's digest: ${where}, ${int(d.digests_taken)} taken${thrown}${stopped} · the engine's shortest forward pass ${pass} (the plugin reads its pool only while the engine waits for one)`;
+  const tooLong = said(d.plans_too_long, "passes planned by their tokens found too long");
+  return `engine's digest: ${where}, ${int(d.digests_taken)} taken${thrown}${overrun}${stopped} · the engine's shortest forward pass ${pass} (the plugin reads its pool only while the engine waits for one)${tooLong}`;
 }
 
 /**
