@@ -265,7 +265,7 @@ class ForwardPasses:
             return
         began = self.began
         if self.pipelined and self.ended_waited and self.gaps_seen >= GAPS_KEPT:
-            end = self.ended + self._shortest(self.gaps, self.gaps_tokens)
+            end = self.ended + self._shortest(self.gaps, self.gaps_tokens, min(self.gaps))
             left = end - began
             self.deadline = self.pace.until_ns = began + max(0, int(left * END_SHARE))
         else:  # (a pipelined engine's waits are its passes less what it scheduled meanwhile:
@@ -273,17 +273,16 @@ class ForwardPasses:
             if self.pipelined:
                 end, self.planned_by_tokens = began + shortest, False
             else:
-                end = began + self._shortest(self.lengths, self.lengths_tokens)
+                end = began + self._shortest(self.lengths, self.lengths_tokens, shortest)
             self.deadline = self.pace.until_ns = began + int((end - began) * END_SHARE)
         if self.planned_by_tokens:  # (a pass that ends before this: planned too long)
             self.tokens_end = self.deadline
 
-    def _shortest(self, lengths: array[int], tokens: array[int]) -> int:
-        """How long the pass running takes at least (ns): the shortest of
-        ``lengths`` -- or, of those that ran from ``TOKENS_FLOOR`` of its
-        tokens up to as many, the shortest, when longer (module doc; its
-        ``planned_by_tokens``)."""
-        shortest = min(lengths)
+    def _shortest(self, lengths: array[int], tokens: array[int], shortest: int) -> int:
+        """How long the pass running takes at least (ns): ``shortest``, the
+        shortest of ``lengths`` -- or, of those that ran from
+        ``TOKENS_FLOOR`` of its tokens up to as many, the shortest, when
+        longer (module doc; its ``planned_by_tokens``)."""
         self.planned_by_tokens = False
         t = self.tokens
         if t <= 0 or self.count < self.tokens_from:
