@@ -67,6 +67,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from blockpool.common.backoff import Backoff
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.auth import StreamKey
 from blockpool_vllm.bundle import Bundle
@@ -307,7 +308,7 @@ class Sender(SnapshotRequests):
                 self._handled(item)
 
     def _supervise(self, pub: Any, ctl: Any) -> None:
-        backoff = _RESTART_BACKOFF_S[0]
+        backoff = Backoff(*_RESTART_BACKOFF_S)
         while not self._stop.is_set():
             began = time.monotonic()
             try:
@@ -325,9 +326,8 @@ class Sender(SnapshotRequests):
                         self.restarts,
                     )
             if time.monotonic() - began > 10.0:
-                backoff = _RESTART_BACKOFF_S[0]  # it had run a while: a fresh failure
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, _RESTART_BACKOFF_S[1])
+                backoff.reset()  # it had run a while: a fresh failure
+            self._stop.wait(backoff.failed())
 
     def _waited_turn(self) -> bool:
         """Whether this loop turn may work: the engine's forward pass or

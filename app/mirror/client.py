@@ -54,6 +54,7 @@ from app.mirror.status import MirrorStatus
 from app.mirror.story import story_of
 from app.shared.errors import NotFound
 from blockpool.analysis.engine_misses import EngineMisses
+from blockpool.common.backoff import Backoff
 from blockpool.mirror import protocol as wire
 from blockpool.mirror.apply import Applied, Divergence, Gap, MirrorApplier
 from blockpool.mirror.auth import StreamKey
@@ -112,7 +113,7 @@ class MirrorClient:
         self.runs = EngineRuns()  # the engine's run followed, and the earlier ones
         self._retry_at = 0.0  # monotonic: no resync before (backoff)
         self._chains: list[wire.Record] = []  # request records heard while out of step
-        self._retry_s = RETRY_S
+        self._retry = Backoff(RETRY_S, RETRY_MAX_S)
         # a new pool: the service rebuilt from the engine's new handshake
         self.service_rebuild = ServiceRebuild(rebuild, hello)
         if hello is not None:
@@ -427,10 +428,9 @@ class MirrorClient:
             st.resync_failures += 1
             st.problem(f"resync failed: {exc}")
             logger.warning("mirror: resync failed: %s", exc)
-            self._retry_at = time.monotonic() + self._retry_s
-            self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
+            self._retry_at = time.monotonic() + self._retry.failed()
             return
-        self._retry_s = RETRY_S
+        self._retry.reset()
         if self.runs.follow(snap.boot):  # the engine restarted meanwhile: this is the new run
             st.engine_restarts += 1
             self.queues.restart()

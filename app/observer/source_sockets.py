@@ -29,6 +29,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from blockpool.common.backoff import Backoff
 from blockpool.kvevents.config import END_SEQ, SourceSpec
 from blockpool.kvevents.poison import PoisonCounter
 from blockpool.kvevents.replay_frames import replay_layout
@@ -94,8 +95,7 @@ class SourceSockets:
     async def supervise(self, ctx: zmq.asyncio.Context) -> None:
         """Run the socket loop; when it fails, restart it after a backoff
         that doubles (reset after a minute without failure)."""
-        first, most = self.src.restart_backoff
-        delay = first
+        backoff = Backoff(*self.src.restart_backoff)
         while True:
             self.src.task_state = "running"
             began = time.monotonic()
@@ -114,11 +114,10 @@ class SourceSockets:
                 self.src.tracker.on_replay_failed("the source's task restarted")
             self._replay_outstanding = None
             if time.monotonic() - began > 60.0:
-                delay = first
+                backoff.reset()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
-            delay = min(delay * 2, most)
+                await asyncio.wait_for(self._wake.wait(), backoff.failed())
 
     def _guarded(
         self, handle: Callable[[list[bytes]], int | None], frames: list[bytes]

@@ -34,6 +34,7 @@ from websockets.typing import Subprotocol
 from app.shared.auth import BEARER_B64_PREFIX, SUBPROTOCOL
 from app.stream.protocol import DELTA, Frame, decode
 from app.stream.replica import FrameGap, PoolReplica
+from blockpool.common.backoff import Backoff
 
 
 class StreamClient:
@@ -113,7 +114,7 @@ class StreamClient:
             await self._ws.close()
 
     async def _run(self) -> None:
-        delay = self.backoff[0]
+        backoff = Backoff(*self.backoff)
         while True:
             try:
                 async with websockets.connect(
@@ -126,14 +127,13 @@ class StreamClient:
                     self._ws = ws
                     self._pending_resume = None
                     self.connects += 1
-                    delay = self.backoff[0]
+                    backoff.reset()
                     await self._read(ws)
             except (TimeoutError, OSError, ConnectionClosed) as exc:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             finally:
                 self._ws = None
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, self.backoff[1])
+            await asyncio.sleep(backoff.failed() * (0.5 + random.random()))
 
     async def _read(self, ws: Any) -> None:
         async for data in ws:
