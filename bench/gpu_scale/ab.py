@@ -15,8 +15,11 @@ stream, and blocks of ``--block`` steps that alternate (ABBA) between
 Per step: the engine thread's CPU time in ``add_request`` + ``schedule`` +
 ``update_from_output`` (``thread_time``: not the time it waited for the
 interpreter or a core), their wall time, the whole step, and the garbage
-collector's time.  The pool moves on while the plugin is off; its digest is
-then out of date (nobody checks it here: no mirror subscribes).
+collector's time.  The pool moves on while the plugin is off, unfollowed:
+each on block starts from the plugin's digest made the pool's again, outside
+the measured steps (``Switch.fresh_digest``), and after the last block one
+more on block runs and the digest is checked against vLLM's pool from
+scratch.
 
     python -m bench.gpu_scale.ab [--async] [--block 20] [--rounds 20] [--sleep-ms 6]
 """
@@ -38,6 +41,7 @@ from typing import Any
 from bench.gpu_scale.args import add_forward_options, non_negative, positive_int
 from bench.gpu_scale.children import free_port_pair
 from bench.gpu_scale.engine import Driver, Shape, build_scheduler
+from bench.gpu_scale.plugin_report import settled_digest
 from bench.gpu_scale.report import summarize
 from bench.gpu_scale.step_records import GcClock, Steps
 from bench.gpu_scale.workload import Workload
@@ -65,10 +69,32 @@ class Switch:
         self.plain = {name: getattr(base, name).__get__(sched) for name in HOOKS}
 
     def on(self) -> None:
+        self.fresh_digest()
         for name, wrapper in self.wrapped.items():
             setattr(self.pool, name, wrapper)
         self.passes.last_flush = time.monotonic()
         self.hooks_on()
+
+    def fresh_digest(self, timeout_s: float = 60.0) -> None:
+        """The plugin's digest made the pool's again (O(pool), between two
+        blocks, not timed), as a followed engine's is: the steps of an off
+        block moved the pool unfollowed, and the rows they left stale were
+        found block by block in the on blocks after -- every link a
+        difference to read, the reader soon too far behind, a sweep of the
+        whole pool through every on block, never finished (the issue's
+        configuration, 30 rounds: 0 to 2 digests a run, 4 s read on the
+        plugin's thread; a followed engine's plugin ran no sweep in the
+        same steps, ``make bench-gpu``).  The sender's batches of the last
+        on block are prepared first (its thread adds their blocks)."""
+        follower = self.sched._mirror
+        deadline = time.monotonic() + timeout_s
+        while follower.inflight and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with follower._digest_lock:
+            reader = follower.reader
+            reader.clear_pending()
+            reader.sweep, reader.sweep_due, reader.verified = None, False, None
+            follower.digest.refresh()
 
     def hooks_on(self) -> None:
         """The scheduler's hooks (its class's methods) only: the pool as it is."""
@@ -139,7 +165,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 with clocks[mode] as clock:
                     for _ in range(args.block):
                         driver.step(forward, steps[mode], clock)
-        switch.on()
+        switch.on()  # (a fresh digest) then a block at the engine's pace, plugin on:
+        for _ in range(args.block):
+            driver.step(forward, None, None)
+        digest_check = settled_digest(sched)  # ... is the plugin's digest vLLM's pool's?
         follower = sched._mirror
         doc = {
             "bench": "gpu_scale_ab",
@@ -153,6 +182,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "tokens_misses": sched._mirror.passes.tokens_misses,
             "digests_taken": sched._mirror.reader.digests_taken,
             "windows_overrun": sched._mirror.reader.windows_overrun,
+            "sweeps": sched._mirror.reader.sweeps,
+            "digest_check": digest_check,
             "modes": {mode: _summary(steps[mode], clocks[mode]) for mode in steps},
             "follower_cost_us_p50_p99_max": follower.cost_quantiles(),
         }
@@ -202,8 +233,10 @@ def table(doc: dict[str, Any]) -> str:
     lines.append(f"follower's own cost p50/p99/max us: {doc['follower_cost_us_p50_p99_max']}")
     lines.append(
         f"digests taken {doc['digests_taken']}, readings the engine came back to "
-        f"{doc['windows_overrun']}, plans by tokens found too long {doc['tokens_misses']}"
+        f"{doc['windows_overrun']}, plans by tokens found too long {doc['tokens_misses']}, "
+        f"sweeps {doc['sweeps']}"
     )
+    lines.append(f"digest against vLLM's pool after a last on block: {doc['digest_check']}")
     return "\n".join(lines)
 
 

