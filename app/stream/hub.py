@@ -26,7 +26,7 @@ from app.stream.ring import ALL, Ring, Variant, select_header
 from app.web.broadcast import BroadcastCounts, Broadcaster, Subscriber
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.common.figures import Figures, counter, helps, totals
-from blockpool.common.keys import hash_hex, hex64
+from blockpool.common.keys import hash_hex, hex64_all
 
 if TYPE_CHECKING:
     from app.pool.engine import Engine, TickData
@@ -44,7 +44,7 @@ ANALYSIS_EVERY_S = 1.0  # the analysis section rides in at most one delta a seco
 def _hexes(hashes: list[Any]) -> list[str]:
     """``hash_hex`` of each (an event's hashes are all ints or all bytes)."""
     if hashes and isinstance(hashes[0], int):
-        return list(map(hex64, hashes))
+        return hex64_all(hashes)
     return [h.hex() for h in hashes]
 
 
