@@ -199,6 +199,16 @@ class Page:
         self.ctx.close()
 
 
+@pytest.fixture(scope="module")
+def mirror() -> Iterator[Any]:
+    """A dashboard on a mirror told of client requests, one a module (the
+    mirror page tests: tests/e2e/mirror_page.py, ``told_mirror``)."""
+    from tests.e2e.mirror_page import told_mirror  # (it imports this module)
+
+    with told_mirror() as m:
+        yield m
+
+
 @pytest.fixture
 def dashboard(browser: Any, server: Server, request: pytest.FixtureRequest) -> Iterator[Page]:
     page = Page(browser, server.url, request.node.name)

@@ -5,22 +5,15 @@ the requests' stories, and a story looked up by the client's id
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.e2e.conftest import wait_for
-from tests.e2e.mirror_page import WIDTHS, Mirrored, open_page, rest_json, told_mirror
+from tests.e2e.mirror_page import WIDTHS, Mirrored, open_page, rest_json
 from tests.mirror.workload import BLOCK
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def mirror() -> Iterator[Mirrored]:
-    with told_mirror() as m:
-        yield m
 
 
 def _evicted_in_stories(m: Mirrored) -> list[float]:

@@ -5,22 +5,15 @@ the lags labelled, and the whole page stale when the engine goes silent
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from blockpool.mirror.protocol import DigestReading
 from tests.e2e.conftest import wait_for
-from tests.e2e.mirror_page import WIDTHS, Mirrored, mirrored, open_page, told_mirror
+from tests.e2e.mirror_page import WIDTHS, Mirrored, mirrored, open_page
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def mirror() -> Iterator[Mirrored]:
-    with told_mirror() as m:
-        yield m
 
 
 # -------------------------------------------------------------- item 10

@@ -5,21 +5,14 @@ engine's own, and a default standing for an unknown fails it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.e2e.conftest import wait_for
-from tests.e2e.mirror_page import WIDTHS, Mirrored, open_page, rest_json, told_mirror, walk_values
+from tests.e2e.mirror_page import WIDTHS, Mirrored, open_page, rest_json, walk_values
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def mirror() -> Iterator[Mirrored]:
-    with told_mirror() as m:
-        yield m
 
 
 # -------------------------------------------------------------- the walk
