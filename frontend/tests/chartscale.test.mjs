@@ -107,6 +107,17 @@ test("keepApart: axis labels never touch, first come first kept, empty ones skip
   assert.ok(shown.length > 3);
 });
 
+test("keepApart: a label that would pass the canvas's edges is left out and blocks nothing", () => {
+  // the plot from 0 to 160 px, the canvas from -30 (under the y axis) to 170
+  // a last label 40 wide centred at 152 ends at 172: cut, so not kept
+  assert.deepEqual(keepApart([8, 72, 152], [40, 40, 40], 6, -30, 170), [true, true, false]);
+  // a first label reaching past -30 is left out; the next one is then kept
+  assert.deepEqual(keepApart([-20, 20, 70], [40, 40, 40], 6, -30, 170), [false, true, true]);
+  // exactly at the edges still fits; no bounds given: none is cut
+  assert.deepEqual(keepApart([-10, 150], [40, 40], 6, -30, 170), [true, true]);
+  assert.deepEqual(keepApart([8, 72, 152], [40, 40, 40], 6), [true, true, true]);
+});
+
 test("durTick: short axis durations", () => {
   assert.deepEqual([0.001, 0.25, 1, 30, 60, 120, 90, 1800, 5400].map(durTick), ["1ms", "250ms", "1s", "30s", "1m", "2m", "1.5m", "30m", "1.5h"]);
   assert.equal(durTick(null), "—");

@@ -348,3 +348,54 @@ def test_time_charts_read_clock_times_inside_the_chart_with_a_wide_font(
         assert p.errors == []
     finally:
         p.close()
+
+
+# narrow category histograms (the analysis panels' are ~200 px wide), one per
+# count of buckets: the bounds of the miss panel's age chart, in seconds
+NARROW_HISTS_JS = """async () => {
+  const { MiniChart } = await import('/static/js/dashboard/render/minichart.js');
+  const { durTick } = await import('/static/js/common/format.js');
+  const bounds = [0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250];
+  const host = document.createElement('div');
+  host.id = 'narrow-hists';
+  document.body.prepend(host);
+  for (const width of [150, 198, 240]) {
+    for (let n = 1; n <= bounds.length; n++) {
+      const box = document.createElement('div');
+      box.id = `hist-${width}-${n}`;
+      box.style.width = `${width}px`;
+      host.append(box);
+      const c = new MiniChart(box, {
+        height: 64, x: 'cat', legend: false, yWidth: 30,
+        xFmt: (b) => `≤${durTick(b)}`,
+        series: [{ label: 'count', rgb: [200, 80, 60], bars: true, fill: 0.75 }],
+      });
+      const xs = bounds.slice(0, n);
+      c.setData(xs, [xs.map((_, i) => 1 + ((i * 7) % 5))]);
+    }
+  }
+  return host.children.length;
+}"""
+
+
+def test_a_narrow_category_histogram_keeps_its_labels_inside_its_canvas(
+    browser: Any, quiet: Server
+) -> None:
+    """The CI's cut '≤200ms': a category axis centres each label on its bucket,
+    so with labels one in two or three, the last one kept can sit half a narrow
+    bucket from the canvas's right edge and be cut; such a label is left out."""
+    p = _dashboard(browser, quiet.url, "legible-narrow-hists", SIZES[0])
+    try:
+        made = p.js(NARROW_HISTS_JS)
+        assert made == 45
+        p.frames(3)
+        drawn = p.js(
+            "() => window.__plots.filter((u) => u.root.closest('#narrow-hists'))"
+            ".map((u) => (u.axes[0]._values || []).filter((v) => v).length)"
+        )
+        assert len(drawn) == 45 and all(k >= 1 for k in drawn), drawn
+        got = p.js(CLIPPED_JS, "#narrow-hists")
+        assert got["cut"] == [], got["cut"]
+        assert p.errors == []
+    finally:
+        p.close()

@@ -76,28 +76,35 @@ export function fitSize(least) {
 }
 
 /**
- * Which axis labels to draw so that none touches another: centred at px[i],
- * widths[i] wide, kept left to right while at least `gap` px clear of the
- * last one kept (an empty label is never kept and never blocks).
+ * Which axis labels to draw so that none touches another nor passes the
+ * canvas: centred at px[i], widths[i] wide, kept left to right while at
+ * least `gap` px clear of the last one kept and wholly inside lo..hi (an
+ * empty label, or one that would pass an edge, is never kept and never
+ * blocks).
  * @param {number[]} px
  * @param {number[]} widths
  */
-export function keepApart(px, widths, gap = 6) {
+export function keepApart(px, widths, gap = 6, lo = -Infinity, hi = Infinity) {
   const keep = px.map(() => false);
   let right = -Infinity;
   for (let i = 0; i < px.length; i++) {
     if (!widths[i] || !Number.isFinite(px[i])) continue;
     const left = px[i] - widths[i] / 2;
+    const end = px[i] + widths[i] / 2;
+    if (left < lo || end > hi) continue;
     if (left >= right + gap) {
       keep[i] = true;
-      right = px[i] + widths[i] / 2;
+      right = end;
     }
   }
   return keep;
 }
 
 /**
- * uPlot axis filter: leave out the x labels that would collide (label(v) their text).
+ * uPlot axis filter: leave out the x labels that would collide (label(v) their
+ * text) or be cut by the canvas's edges -- a category histogram's last label
+ * centred half a narrow slot from the right edge.  Positions are the plot's
+ * (CSS px from its left); the canvas runs from -bbox.left to width - bbox.left.
  * @param {(v: number) => string} label
  * @returns {import("../../../vendor/uplot/uPlot").Axis.Filter}
  */
@@ -105,7 +112,10 @@ export function apartFilter(label, font = FONT) {
   return (u, splits) => {
     const texts = splits.map((v) => (v === null || v === undefined ? "" : label(v)));
     const px = splits.map((v) => (v === null || v === undefined ? NaN : u.valToPos(v, "x")));
-    const keep = keepApart(px, texts.map((t) => (t ? labelWidth([t], font) : 0)));
+    const ratio = /** @type {{ pxRatio?: number }} */ (/** @type {unknown} */ (u)).pxRatio || 1;
+    const left = u.bbox.left / ratio;
+    const widths = texts.map((t) => (t ? labelWidth([t], font) : 0));
+    const keep = keepApart(px, widths, 6, -left, u.width - left);
     return splits.map((v, i) => (keep[i] ? v : null));
   };
 }
