@@ -118,15 +118,43 @@ class BlockColumns:
         if isinstance(ids, list) and len(ids) >= BULK:
             self._sync_bulk(ids)
             return
+        # _read inlined (a decode step syncs a block or two per operation)
         counts = self.counts
-        state = self.state
+        state, ref_cnt, hashed, hash64, group = (
+            self.state,
+            self.ref_cnt,
+            self.hashed,
+            self.hash64,
+            self.group,
+        )
         dirty = self.dirty
+        blocks = self.pool.blocks
+        from_bytes = int.from_bytes
         for bid in ids:
+            b = blocks[bid]
+            key = b._block_hash
+            ref = b.ref_cnt
+            if b.is_null:
+                new = NULL
+                ref = 0
+            elif ref > 0:
+                new = IN_USE
+            else:
+                new = EMPTY if key is None else CACHED
             old = int(state[bid])
-            new = self._read(bid)
             if new != old:
                 counts[old] -= 1
                 counts[new] += 1
+                state[bid] = new
+            ref_cnt[bid] = ref
+            if key is None:
+                hashed[bid] = 0
+                hash64[bid] = 0
+                group[bid] = 0
+            else:
+                hashed[bid] = 1
+                hash64[bid] = from_bytes(key[-12:-4], "big")  # key64, key_group
+                group[bid] = from_bytes(key[-4:], "big")
             dirty[bid] = True
 
     def _sync_bulk(self, ids: list[int]) -> None:

@@ -157,11 +157,12 @@ class PoolRuntime:
         if caps is None:
             result, change = handle(self, op)
         else:
+            before = self.caps  # the configuration's (a Caps built once)
             self.caps = caps
             try:
                 result, change = handle(self, op)
             finally:
-                self.caps = self.config.caps
+                self.caps = before
         if change is not None:
             self._changed(change)
         journal = self._journal

@@ -22,6 +22,9 @@ class Allocated(TypedDict):
     """cached blocks whose hash was dropped"""
 
 
+SMALL = 8  # blocks an allocation counts one by one
+
+
 class AllocateOp(OpRecord[Allocated], kw_only=True):
     """get_new_blocks(num_blocks): blocks from the queue's head, ref count 1."""
 
@@ -43,7 +46,12 @@ def allocate(rt: RuntimeState, op: AllocateOp) -> Outcome[Allocated]:
     ids = [b.block_id for b in blocks]
     hashed = rt.columns.hashed
     evicted = [i for i in ids if hashed[i]]
-    rt.raw_refs[ids] += 1
+    raw = rt.raw_refs
+    if n <= SMALL:  # a decode's block or two: numpy's fancy indexing costs ~3 us a call
+        for i in ids:
+            raw[i] += 1
+    else:
+        raw[ids] += 1  # (distinct ids: each once)
     change = Change(ChangeKind.ALLOCATE, sync=[ids], ids=ids, allocated=n)
     return {"block_ids": ids, "evicted": evicted}, change
 
