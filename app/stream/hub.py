@@ -67,6 +67,40 @@ def compact_event(seq: int, ev: KVCacheEvent) -> list[Any]:
     return [seq, -1]
 
 
+def compact_events(items: list[tuple[int, float, KVCacheEvent]]) -> list[list[Any]]:
+    """``compact_event`` of each (seq, ts, event): a tick's events, at a GPU
+    engine's rate mostly evictions and decode blocks of one int hash each
+    (~100k events a second), which take a path of their own -- the same
+    lists, without the calls ``compact_event`` makes for them."""
+    out: list[list[Any]] = []
+    add = out.append
+    ev_removed, ev_stored = p.EV_REMOVED, p.EV_STORED
+    for seq, _, ev in items:
+        if isinstance(ev, BlockRemoved):
+            hs = ev.block_hashes
+            if len(hs) == 1 and hs[0].__class__ is int:
+                add([seq, ev_removed, [f"{hs[0]:016x}"]])  # (hex64, inlined)
+                continue
+        elif isinstance(ev, BlockStored):
+            hs = ev.block_hashes
+            if len(hs) == 1 and hs[0].__class__ is int:
+                parent = ev.parent_block_hash
+                add(
+                    [
+                        seq,
+                        ev_stored,
+                        [f"{hs[0]:016x}"],
+                        None if parent is None else hash_hex(parent),
+                        len(ev.token_ids),
+                        ev.block_size,
+                        ev.lora_name,
+                    ]
+                )
+                continue
+        add(compact_event(seq, ev))
+    return out
+
+
 def _frame_seq(frame: bytes) -> int:
     return int.from_bytes(frame[8:16], "little")
 
@@ -246,7 +280,7 @@ class StreamHub:
         """Engine context: encode once, fan out with put_nowait only."""
         self.seq += 1
         e = self.engine
-        events = [compact_event(seq, ev) for seq, _, ev in data.events]
+        events = compact_events(data.events)
         self.recent_events.extend(events[-RECENT_EVENTS:])
         omitted = max(0, len(events) - MAX_EVENTS_PER_FRAME)
         ids = data.dirty

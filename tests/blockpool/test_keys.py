@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blockpool.common.keys import hex64, hex64_all, key64, key_hex
+from blockpool.common.keys import PACK_FROM, hex64, hex64_all, key64, key_hex
 
 
 @given(st.lists(st.integers(min_value=0, max_value=(1 << 64) - 1), max_size=600))
@@ -18,29 +18,40 @@ def test_a_list_of_64_bit_hashes_is_hexed_as_each_alone(values: list[int]) -> No
     assert all(len(h) == 16 for h in got)
 
 
-def test_the_edges_of_64_bits_keep_their_leading_zeros() -> None:
-    assert hex64_all([0, 1, 0xAB, (1 << 64) - 1, 1 << 63]) == [
-        "0000000000000000",
-        "0000000000000001",
-        "00000000000000ab",
-        "ffffffffffffffff",
-        "8000000000000000",
-    ]
+# a list hexed one by one (shorter than PACK_FROM) and one packed
+LENGTHS = [1, PACK_FROM - 1, PACK_FROM, 3 * PACK_FROM]
+EDGES = [0, 1, 0xAB, (1 << 64) - 1, 1 << 63]
+EDGES_HEX = [
+    "0000000000000000",
+    "0000000000000001",
+    "00000000000000ab",
+    "ffffffffffffffff",
+    "8000000000000000",
+]
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_the_edges_of_64_bits_keep_their_leading_zeros(n: int) -> None:
+    values = (EDGES * n)[:n]
+    assert hex64_all(values) == (EDGES_HEX * n)[:n]
     assert hex64_all([]) == []
 
 
+@pytest.mark.parametrize("n", LENGTHS)
 @pytest.mark.parametrize("odd", [-1, 1 << 64, -(1 << 70)])
-def test_a_value_outside_64_unsigned_bits_is_hexed_as_hex64_hexes_it(odd: int) -> None:
+def test_a_value_outside_64_unsigned_bits_is_hexed_as_hex64_hexes_it(odd: int, n: int) -> None:
     # (an event from elsewhere may carry one: named as before, never refused)
-    values = [5, odd, 7]
-    assert hex64_all(values) == [hex64(5), hex64(odd), hex64(7)]
+    values = [5] * (n - 1) + [odd]
+    assert hex64_all(values) == [hex64(v) for v in values]
+    assert hex64_all(values)[-1] == hex64(odd)
 
 
-def test_a_list_not_all_ints_fails_as_hex64_fails() -> None:
+@pytest.mark.parametrize("n", LENGTHS)
+def test_a_list_not_all_ints_fails_as_hex64_fails(n: int) -> None:
     with pytest.raises(TypeError, match="format"):
         hex64(b"\x01")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="format"):
-        hex64_all([1, b"\x01"])  # type: ignore[list-item]
+        hex64_all([1] * (n - 1) + [b"\x01"])  # type: ignore[list-item]
 
 
 def test_a_map_key_is_named_by_its_digests_last_8_bytes() -> None:

@@ -4,9 +4,12 @@ kept), the digest's bytes otherwise -- in the event's order."""
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from app.stream import protocol as p
-from app.stream.hub import compact_event
-from blockpool import AllBlocksCleared, BlockRemoved, BlockStored
+from app.stream.hub import compact_event, compact_events
+from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 
 def stored(hashes: list[int] | list[bytes], parent: int | bytes | None) -> BlockStored:
@@ -47,3 +50,51 @@ def test_an_int_hash_beyond_64_bits_is_named_not_refused() -> None:
 
 def test_a_clear_has_no_hashes() -> None:
     assert compact_event(4, AllBlocksCleared()) == [4, p.EV_CLEARED]
+
+
+INT_HASH = st.one_of(
+    st.integers(min_value=0, max_value=(1 << 64) - 1),
+    st.integers(min_value=-(1 << 70), max_value=1 << 70),  # named, never refused
+)
+BYTES_HASH = st.binary(min_size=1, max_size=40)
+
+
+@st.composite
+def events(draw: st.DrawFn) -> KVCacheEvent:
+    """An event of the pool's: its hashes all ints or all bytes."""
+    kind = draw(st.sampled_from(["removed", "stored", "cleared"]))
+    if kind == "cleared":
+        return AllBlocksCleared()
+    n = draw(st.sampled_from([1, 1, 1, 2, 9]))  # mostly one hash: an eviction, a decode block
+    hashes: list[int] | list[bytes]
+    parent: int | bytes | None
+    if draw(st.booleans()):
+        hashes = draw(st.lists(INT_HASH, min_size=n, max_size=n))
+        parent = draw(st.one_of(st.none(), INT_HASH))
+    else:
+        hashes = draw(st.lists(BYTES_HASH, min_size=n, max_size=n))
+        parent = draw(st.one_of(st.none(), BYTES_HASH))
+    if kind == "removed":
+        return BlockRemoved(block_hashes=hashes, medium=None)  # type: ignore[arg-type]
+    ev = stored(hashes, parent)
+    ev.lora_name = draw(st.one_of(st.none(), st.just("adapter")))
+    return ev
+
+
+@given(st.lists(events(), max_size=40))
+def test_a_ticks_events_are_each_events_compact_form_in_order(evs: list[KVCacheEvent]) -> None:
+    items = [(100 + i, 0.5, ev) for i, ev in enumerate(evs)]
+    assert compact_events(items) == [compact_event(seq, ev) for seq, _, ev in items]
+
+
+def test_an_evictions_one_int_hash_keeps_its_leading_zeros() -> None:
+    items = [
+        (1, 0.0, BlockRemoved(block_hashes=[0xAB], medium=None)),
+        (2, 0.0, stored([(1 << 64) - 1], None)),
+        (3, 0.0, stored([5], 0xC)),
+    ]
+    assert compact_events(items) == [
+        [1, p.EV_REMOVED, ["00000000000000ab"]],
+        [2, p.EV_STORED, ["ffffffffffffffff"], None, 16, 16, None],
+        [3, p.EV_STORED, ["0000000000000005"], "000000000000000c", 16, 16, None],
+    ]
