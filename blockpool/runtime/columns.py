@@ -30,14 +30,6 @@ STATE_NAMES = ("null", "in_use", "cached", "empty")
 BULK = 24  # blocks per sync from which the columns are written in one go
 
 
-def classify(block: KVCacheBlock) -> int:
-    if block.is_null:
-        return NULL
-    if block.ref_cnt > 0:
-        return IN_USE
-    return CACHED if block._block_hash is not None else EMPTY
-
-
 class BlockColumns:
     """Numpy columns mirroring every block of one pool."""
 
@@ -91,22 +83,6 @@ class BlockColumns:
         self.stamps.high = first + n
         self.counts = np.bincount(self.state, minlength=4).astype(int).tolist()
         self.dirty[:] = True
-
-    def _read(self, bid: int) -> int:
-        block = self.pool.blocks[bid]
-        st = classify(block)
-        self.state[bid] = st
-        self.ref_cnt[bid] = block.ref_cnt if not block.is_null else 0
-        key = block._block_hash
-        if key is None:
-            self.hashed[bid] = 0
-            self.hash64[bid] = 0
-            self.group[bid] = 0
-        else:
-            self.hashed[bid] = 1
-            self.hash64[bid] = key64(key)
-            self.group[bid] = key_group(key)
-        return st
 
     def stamp_freed(self, ordered: Iterable[KVCacheBlock]) -> None:
         """Call after ``pool.free_blocks(ordered)``: stamps the blocks that
