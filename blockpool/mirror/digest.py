@@ -173,8 +173,10 @@ class PoolDigest:
 
     def update(self, ids: Iterable[int]) -> None:
         """The blocks named by the pool calls since the last update changed
-        (see ``stage``): the digest brought up to date."""
-        self.commit(self.stage(ids))
+        (see ``stage``): the digest brought up to date -- read as ``stage``
+        reads them, each row written as it is read (the one writer's own
+        digest: nothing reads it meanwhile), then committed."""
+        self.commit(self._read_changed(ids, None, direct=True))
 
     def commit(self, staged: Staged) -> None:
         """Take what ``stage`` read (nothing read it since: see ``stage``)."""
@@ -208,6 +210,17 @@ class PoolDigest:
         blocks named since the last update may be read in parts, each at a
         moment of its own (a later call's blocks are named again later):
         a part's reading then takes the neighbours' old links with it."""
+        return self._read_changed(ids, pause, direct=False)
+
+    def _read_changed(
+        self, ids: Iterable[int], pause: Callable[[], bool] | None, *, direct: bool
+    ) -> Staged:
+        """``stage``'s reading; ``direct``: each row written into this
+        digest as it is read (``update``: no pause, nothing staged but the
+        keys and the total).  The same reading either way: a block is read
+        once, so its own row is still its old one when it is read; a block
+        read already whose row a later block's check sees is never read
+        again, whichever row that check sees."""
         blocks = self.pool.blocks
         n = self.n
         cache = self.pool.cached_block_hash_to_block._cache
@@ -286,7 +299,14 @@ class PoolDigest:
                             add_more(e.block_id)
                 keys[bid] = None if k is None else bytes(k)
             total += v - rows[i]
-            got += (bid, v, prev, nxt, link, fp)
+            if direct:
+                rows[i] = v
+                rows[i + 1] = prev
+                rows[i + 2] = nxt
+                rows[i + 3] = link
+                rows[i + 4] = fp
+            else:
+                got += (bid, v, prev, nxt, link, fp)
         return Staged(array("q", got), keys, total & MASK)
 
     def read_into(

@@ -117,3 +117,64 @@ def test_hashes_many_blocks_share_leave_and_join_and_the_digest_stays_the_pools(
         biggest = max([biggest, *(len(e) for e in entries if e.__class__ is dict)])
     assert biggest >= 8  # (the workload did share its hashes widely)
     rt.check()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_an_update_written_as_it_reads_equals_a_staged_one_row_for_row(seed: int) -> None:
+    """``update`` (the mirror's: each row written as it is read) and
+    ``stage`` + ``commit`` (the plugin's reader) of the same named blocks,
+    after random calls over hashes many blocks share, an eviction, a reset:
+    the same rows, keys and total, and the pool's digest."""
+    rng = random.Random(seed)
+    engine = FollowedEngine(num_blocks=96)
+    rt = engine.rt
+    direct, staged = PoolDigest(rt.pool), PoolDigest(rt.pool)
+    patterns = [[p] * BLOCK for p in (3, 5, 9)]
+    held: list[int] = []
+    for step in range(200):
+        named: list[int] = []
+        for _ in range(rng.randrange(1, 6)):
+            r = rng.random()
+            try:
+                if r < 0.3 and rt.pool.get_num_free_blocks() > 8:
+                    got = rt.apply(ops.AllocateOp(num_blocks=rng.randrange(1, 6)))["block_ids"]
+                    named += got
+                    tokens = rng.choice(patterns)
+                    for bid in got:
+                        rt.apply(ops.CacheOp(block_ids=[bid], token_ids=tokens))
+                    held += got
+                elif r < 0.6 and held:
+                    bid = held.pop(rng.randrange(len(held)))
+                    named.append(bid)
+                    rt.apply(ops.FreeOp(block_ids=[bid]))
+                elif r < 0.8:
+                    cached = [b.block_id for b in rt.pool.blocks if b.block_hash is not None]
+                    if cached:
+                        bid = rng.choice(cached)
+                        named.append(bid)
+                        rt.apply(ops.TouchOp(block_ids=[bid]))
+                        held.append(bid)
+                else:
+                    bid = rng.randrange(1, rt.pool.num_gpu_blocks)
+                    named.append(bid)
+                    rt.apply(ops.EvictOp(block_ids=[bid]))
+            except OperationError:
+                pass
+        if step == 150:  # every hash cleared at once (held blocks keep theirs out of the map)
+            for bid in held:
+                rt.apply(ops.FreeOp(block_ids=[bid]))
+            named += held
+            held = []
+            rt.apply(ops.ResetOp())
+            direct.update(named)
+            staged.commit(staged.stage(named))
+            direct.after_reset()
+            staged.after_reset()
+            named = []
+        rng.shuffle(named)
+        direct.update(named)
+        staged.commit(staged.stage(named))
+        assert direct.rows == staged.rows
+        assert direct.keys == staged.keys
+        assert direct.value == staged.value == pool_digest(rt.pool)
+    rt.check()
