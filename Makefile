@@ -28,7 +28,7 @@ test: $(STAMP) browser vllm-envs
 	BLOCKPOOL_REQUIRE_VLLM=1 BLOCKPOOL_VLLM016_PYTHON=$(abspath $(VLLM016_PY)) \
 	BLOCKPOOL_VLLM_PYTHON=$(abspath $(VLLM_CPU_PY)) \
 	BLOCKPOOL_REQUIRE_VLLM033=1 BLOCKPOOL_VLLM033_PYTHON=$(abspath $(VLLM033_PY)) \
-	$(PY) -m pytest -p no:cacheprovider --hypothesis-profile=ci \
+	$(PY) -m pytest -p no:cacheprovider --hypothesis-profile=ci --durations=25 \
 	  --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR)
 
 ## The floor under the coverage `make test` prints (blockpool/ and app/, lines):
