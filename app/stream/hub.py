@@ -69,33 +69,17 @@ def compact_event(seq: int, ev: KVCacheEvent) -> list[Any]:
 
 def compact_events(items: list[tuple[int, float, KVCacheEvent]]) -> list[list[Any]]:
     """``compact_event`` of each (seq, ts, event): a tick's events, at a GPU
-    engine's rate mostly evictions and decode blocks of one int hash each
-    (~100k events a second), which take a path of their own -- the same
-    lists, without the calls ``compact_event`` makes for them."""
+    engine's rate mostly evictions of one int hash each (~100k a second),
+    which take a path of their own -- the same list, without the calls
+    ``compact_event`` makes for it."""
     out: list[list[Any]] = []
     add = out.append
-    ev_removed, ev_stored = p.EV_REMOVED, p.EV_STORED
+    ev_removed = p.EV_REMOVED
     for seq, _, ev in items:
         if isinstance(ev, BlockRemoved):
             hs = ev.block_hashes
             if len(hs) == 1 and hs[0].__class__ is int:
                 add([seq, ev_removed, [f"{hs[0]:016x}"]])  # (hex64, inlined)
-                continue
-        elif isinstance(ev, BlockStored):
-            hs = ev.block_hashes
-            if len(hs) == 1 and hs[0].__class__ is int:
-                parent = ev.parent_block_hash
-                add(
-                    [
-                        seq,
-                        ev_stored,
-                        [f"{hs[0]:016x}"],
-                        None if parent is None else hash_hex(parent),
-                        len(ev.token_ids),
-                        ev.block_size,
-                        ev.lora_name,
-                    ]
-                )
                 continue
         add(compact_event(seq, ev))
     return out
