@@ -89,7 +89,17 @@ class SeqLog(Generic[T]):
         first = items[0][0]
         truncated = seq + 1 < first
         start = max(0, seq + 1 - first)
-        return list(islice(items, start, start + limit)), truncated
+        n = len(items)
+        stop = min(n, start + limit)
+        if stop <= start:
+            return [], truncated
+        if start < n - stop:
+            return list(islice(items, start, stop)), truncated
+        # nearer the newest end (a reader keeping up: the common case): walk
+        # from there, not past every older entry the log holds
+        out = list(islice(reversed(items), n - stop, n - start))
+        out.reverse()
+        return out, truncated
 
     def clear(self) -> None:
         self._items.clear()

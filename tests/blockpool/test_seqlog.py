@@ -61,3 +61,18 @@ def test_the_runtime_weighs_events_by_their_tokens() -> None:
     assert ev.dropped == 15 and ev.first_seq == 16
     assert ev.weight == sum(event_weight(e) for _, _, e in ev.since(0, 100)[0])
     rt.check()
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 7, 50])
+def test_since_returns_the_same_entries_from_either_end(capacity: int) -> None:
+    """A reader near the newest end is served from there: every (seq, limit)
+    gets exactly the entries after seq, oldest first, at most limit."""
+    log: SeqLog[int] = SeqLog(capacity)
+    log.extend(1.0, range(1, 31))  # seqs 1..30, item == seq
+    held = list(range(max(1, 31 - capacity), 31))
+    for seq in range(0, 32):
+        for limit in (0, 1, 2, 3, 5, 40):
+            got, cut = log.since(seq, limit)
+            assert [s for s, _, _ in got] == [x for _, _, x in got]
+            assert [s for s, _, _ in got] == [s for s in held if s > seq][:limit]
+            assert cut is (seq + 1 < held[0])
