@@ -78,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine.listeners.append(recent.on_tick)
     extra: dict[str, StatsSource] = {"demo": demo.figures, "stream": hub.figures}
     extra["trace"] = trace_driver.figures
+    extra["gc"] = engine.gc_pacer.figures
     if storage is not None:
         extra["storage"] = storage.metrics
 

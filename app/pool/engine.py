@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.analysis.host import AnalysisHost
+from app.pool.gc_pacer import GcPacer
 from app.pool.windowed import HitWindow
 from app.shared.errors import OperationError, Unavailable
 from app.shared.settings import Settings
@@ -108,6 +109,8 @@ class Engine:
         self._tasks: list[asyncio.Task[None]] = []
         rt.after_op = self._woken
         self.analysis = AnalysisHost(rt, settings) if settings.analysis else None
+        # full garbage collections at tick time, within a budget (gc_pacer.py)
+        self.gc_pacer = GcPacer()
         if self.analysis is not None:
             # the runtime tells the analysis of every change (worker mode: of
             # a jump of the pool only), and records
@@ -198,6 +201,7 @@ class Engine:
         if self.analysis is not None:
             self.analysis.start()
         self._queue = asyncio.Queue()
+        self.gc_pacer.start()
         self._tasks = [
             asyncio.create_task(self._consume(), name="engine-commands"),
             asyncio.create_task(self._ticker(), name="engine-ticks"),
@@ -221,6 +225,7 @@ class Engine:
                 if not fut.done():
                     fut.set_exception(Unavailable("the engine is shutting down"))
         self._queue = None
+        self.gc_pacer.stop()
         if self.analysis is not None:
             self.analysis.stop()
 
@@ -275,6 +280,7 @@ class Engine:
                 self.tick()
             except Exception:
                 logger.exception("tick failed")
+            self.gc_pacer.maybe_collect()
 
     # ----------------------------------------------------------- operations
 
