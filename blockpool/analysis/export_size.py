@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from blockpool import BlockRemoved, BlockStored
 from blockpool.analysis.export import entry_json, event_to_json
 from blockpool.analysis.segment import KINDS, Entry, EventsView, Sample, Segment
@@ -260,27 +262,42 @@ def _list_bytes(n: int, items: int) -> int:
     return items + 2 * (n - 1) if n else 0
 
 
+# 10, 100, ... 10**18: an int's digits are one more than the powers it reaches
+_POW10 = np.array([10**k for k in range(1, 19)], dtype=np.int64)
+
+
+def _digits(values: Any) -> int:
+    """The characters of these ints written in decimal, all of them
+    together (a minus sign included): counted, not written."""
+    a = np.asarray(values, dtype=np.int64)
+    if not a.size:
+        return 0
+    reached = np.searchsorted(_POW10, np.abs(a), side="right")
+    return int(a.size + int(reached.sum()) + int(np.count_nonzero(a < 0)))
+
+
 def line_bytes(kind: str, kf: RuntimeKeyframe) -> int:
     """The bytes of the keyframe's export line, exactly, without writing its
     per-block lists (a pool of 131,072 blocks: tens of MB of JSON, half a
-    second of the writer's time): an int list's JSON is its repr, a hash
-    is its hex in quotes, and the rest is written with those lists empty."""
+    second of the writer's time): an int list's JSON is its repr (its
+    digits counted, ``_digits``), a hash is its hex in quotes, and the rest
+    is written with those lists empty."""
     ps = kf.pool
     none = array("i")
     bare = replace(ps, refs=none, keys=[], queue=none, map_keys=[], map_ids=none, map_dicts={})
-    d = {"type": kind, **keyframe_json(replace(kf, pool=bare))}
+    d = {"type": kind, **keyframe_json(replace(kf, pool=bare, raw_refs=[]))}
     n = len(json.dumps(d)) + 1
-    refs, queue = ps.refs.tolist(), ps.queue.tolist()
-    n += len(str(refs)) + len(str(queue)) - 4  # their reprs, less the brackets counted
-    keys = ps.keys
-    hashed = [k for k in keys if k is not None]
-    n += _list_bytes(len(keys), 4 * (len(keys) - len(hashed)) + sum(map(len, hashed)) * 2
-                     + 2 * len(hashed))  # fmt: skip
+    n += _list_bytes(len(ps.refs), _digits(ps.refs)) + _list_bytes(len(ps.queue), _digits(ps.queue))
+    raw = kf.raw_refs  # [[block, count], ...]: "[" a ", " b "]" each
+    n += _list_bytes(len(raw), 4 * len(raw) + _digits(raw))
+    keys = ps.keys  # null, or a hash's hex in quotes
+    unset = keys.count(None)
+    hexed = 2 * sum(map(len, filter(None, keys)))
+    n += _list_bytes(len(keys), 4 * unset + hexed + 2 * (len(keys) - unset))
     m = len(ps.map_keys)
     if m:
-        ids: list[int | list[int]] = list(ps.map_ids.tolist())
+        values = _digits(ps.map_ids)
         for i, tup in ps.map_dicts.items():  # a promoted entry: its ids' list instead
-            ids[i] = list(tup)
-        values = len(str(ids)) - 2 - 2 * (m - 1)
+            values += len(str(list(tup))) - _digits([ps.map_ids[i]])
         n += _list_bytes(m, 6 * m + 2 * sum(map(len, ps.map_keys)) + values)
     return n

@@ -5,15 +5,29 @@ did over time and however rarely ticks came."""
 from __future__ import annotations
 
 import contextlib
+import json
 import random
+from array import array
 from collections.abc import Callable
 
+import pytest
+
 from app.pool.engine import Engine
-from app.pool.schemas import AdmitOp, AppendOp, FinishOp, PrefixLookupOp
+from app.pool.schemas import (
+    AdmitOp,
+    AllocateOp,
+    AppendOp,
+    CacheOp,
+    FinishOp,
+    PrefixLookupOp,
+    TouchOp,
+)
 from app.shared.errors import OperationError
 from blockpool import check_invariants
 from blockpool.analysis.export import export_lines
+from blockpool.analysis.export_size import _digits, line_bytes
 from blockpool.analysis.recording import Recorder
+from blockpool.runtime.state import keyframe_json, snapshot
 
 Factory = Callable[..., Engine]
 
@@ -99,3 +113,32 @@ def test_events_the_log_no_longer_holds_are_left_out(engine_factory: Factory) ->
     assert any(seg.ev_first[0] < first for seg in rec.segments if len(seg))
     assert_close(rec)
     check_invariants(e.runtime.pool)
+
+
+def test_ints_digits_are_counted_as_written() -> None:
+    edges = [0, 1, 9, 10, 99, 100, 12345, -1, -9, -10, -99, 10**18 - 1, 10**18, 2**63 - 1]
+    edges += [-(2**63 - 1), -(10**18)]
+    for v in edges:
+        assert _digits([v]) == len(str(v)), v
+    assert _digits(edges) == sum(len(str(v)) for v in edges)
+    assert _digits([]) == 0 and _digits(array("q")) == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_keyframes_line_is_counted_to_the_byte(engine_factory: Factory, seed: int) -> None:
+    """Refs, queue, raw refs, hashes and map entries (one block and several
+    under a hash) counted, never written: the line's exact bytes."""
+    e = engine_factory(num_blocks=128)
+    rng = random.Random(seed)
+    big_admits(e, rng, 12, 5)  # cached prompts, evictions
+    held = e.apply(AllocateOp(num_blocks=rng.randint(3, 6)))["block_ids"]
+    h = bytes(rng.randrange(256) for _ in range(32)).hex()
+    for bid in held[:2]:  # the same hash on two blocks: a promoted entry
+        e.apply(CacheOp(block_ids=[bid], block_hashes=[h]))
+    e.apply(TouchOp(block_ids=held[:1]))  # a raw ref of 2
+    kf = snapshot(e.runtime, 10**6 + seed, 1.5)
+    assert kf.pool.map_dicts and any(n == 2 for _, n in kf.raw_refs)
+    for kind in ("keyframe", "final"):
+        line = json.dumps({"type": kind, **keyframe_json(kf)}) + "\n"
+        assert line_bytes(kind, kf) == len(line.encode())
+    check_invariants(e.pool)
