@@ -65,6 +65,7 @@ def serve_mirror(args: argparse.Namespace, given: Settings, mirror: str) -> int:
     """``serve --mirror``: the service sized as the engine's pool, built
     again from the engine's new handshake whenever the engine restarts as
     another pool (same process, same port; app/mirror/setup.py)."""
+    from app.cli.forget_app import forget_served_app
     from app.main import create_app
     from app.mirror import setup as mirror_setup
 
@@ -101,6 +102,8 @@ def serve_mirror(args: argparse.Namespace, given: Settings, mirror: str) -> int:
         new = client.service_rebuild.rebuild_for
         if not stop.honoured or new is None:  # a signal, or a failed start
             return code
+        del app, client
+        forget_served_app()  # the last service's pool freed before the next one's
         rebuilds += 1
         logger.info(
             "mirror: the engine restarted as %d blocks of %d tokens (was %d): "
