@@ -25,7 +25,9 @@ tick time:
 The young generations are still collected as the interpreter does.
 
 The interpreter's collector is one per process: the first paced user sets
-the threshold, the last one to stop puts the one it found back.
+the threshold, the last one to stop puts the one it found back and thaws
+what was frozen (what froze before it -- the service's start -- thaws at its
+own stop anyway).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def _unpace() -> None:
         if _users == 0 and _saved is not None:
             gc.set_threshold(*_saved)
             _saved = None
+            gc.unfreeze()  # what it froze is the collector's again
 
 
 @dataclass

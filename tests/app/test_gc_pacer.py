@@ -119,8 +119,11 @@ def test_the_threshold_is_put_back_when_the_last_user_stops() -> None:
     a.stop()
     a.stop()
     assert gc.get_threshold()[2] == OUT_OF_REACH  # b still paces
+    gc.freeze()  # (as a tick would have)
+    assert gc.get_freeze_count() > 0
     b.stop()
     assert gc.get_threshold() == found and pc._users == 0
+    assert gc.get_freeze_count() == 0  # thawed: nothing left out of the collector's reach
 
 
 def _full_collections_while_keeping(n: int) -> int:
