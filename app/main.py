@@ -86,12 +86,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The pool's blocks live as long as the server: move them out of the
         # collector's way (a full collection over 200k linked blocks takes
-        # ~70 ms, a latency spike on every request in flight) -- after a
-        # full collection, so that a service rebuilt in this process (a
-        # mirror's engine restarted as another pool) does not freeze the
-        # last one's linked blocks with them.  From then on the engine paces
-        # the collections (app/pool/gc_pacer.py).
-        gc.collect()
+        # ~70 ms, a latency spike on every request in flight).  A service
+        # rebuilt in this process (a mirror's engine restarted as another
+        # pool) had the last one's garbage collected first
+        # (app/cli/forget_app.py).  From then on the engine paces the
+        # collections (app/pool/gc_pacer.py).
         gc.freeze()
         await engine.start()
         for hook in app.state.startup_hooks:

@@ -44,3 +44,27 @@ async def test_a_new_app_serves_after_its_predecessor_was_forgotten() -> None:
         assert_error(await a.post("/api/pool/allocate", json={"num_blocks": -1}), 422)
         a.check()
     app.state.engine.check()
+
+
+class _Linked:
+    """A block of the last service's pool: linked both ways."""
+
+    other: object = None
+
+
+def test_forgetting_collects_the_last_services_garbage_before_the_next_start() -> None:
+    """The next service's start freezes what is alive (app/main.py): what the
+    last one left as cyclic garbage must be gone by then, not frozen."""
+    was = gc.isenabled()
+    gc.disable()  # (no automatic collection frees it by chance)
+    try:
+        a, b = _Linked(), _Linked()
+        a.other, b.other = b, a
+        left = weakref.ref(a)
+        del a, b
+        assert left() is not None  # a cycle: only a collection frees it
+        forget_served_app()
+        assert left() is None
+    finally:
+        if was:
+            gc.enable()

@@ -204,38 +204,3 @@ def test_the_engine_paces_while_it_runs() -> None:
     asyncio.run(run())
     assert not engine.gc_pacer.paced and gc.get_threshold() == found
     engine.check()
-
-
-class _Linked:
-    """A block of a pool the last service held: linked both ways."""
-
-    other: object = None
-
-
-def test_a_service_starting_collects_before_it_freezes() -> None:
-    """A mirror whose engine restarted as another pool is rebuilt in the same
-    process: what the last service left as cyclic garbage (its linked
-    blocks) must be collected, not frozen for good by the new one's start."""
-    from tests.app.conftest import make_app
-
-    was = gc.isenabled()
-    gc.disable()  # (no automatic collection frees it by chance)
-    try:
-        a, b = _Linked(), _Linked()
-        a.other, b.other = b, a
-        left = weakref.ref(a)
-        del a, b
-        assert left() is not None  # a cycle: only a collection frees it
-        app = make_app(demo=False)
-
-        async def serve() -> None:
-            async with app.router.lifespan_context(app):
-                assert app.state.engine.gc_pacer.paced
-                assert left() is None
-                app.state.engine.check()
-
-        asyncio.run(serve())
-    finally:
-        gc.unfreeze()
-        if was:
-            gc.enable()
