@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -84,14 +83,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # The pool's blocks live as long as the server: move them out of the
-        # collector's way (a full collection over 200k linked blocks takes
-        # ~70 ms, a latency spike on every request in flight).  A service
-        # rebuilt in this process (a mirror's engine restarted as another
-        # pool) had the last one's garbage collected first
-        # (app/cli/forget_app.py).  From then on the engine paces the
-        # collections (app/pool/gc_pacer.py).
-        gc.freeze()
+        # The engine's start freezes the pool's blocks (they live as long as
+        # the server) and from then on paces the collections
+        # (app/pool/gc_pacer.py); a service rebuilt in this process (a
+        # mirror's engine restarted as another pool) had the last one's
+        # garbage collected first (app/cli/forget_app.py).
         await engine.start()
         for hook in app.state.startup_hooks:
             await hook()
@@ -107,7 +103,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for hook in reversed(app.state.shutdown_hooks):
                 await hook()
             await engine.stop()
-            gc.unfreeze()
 
     app = assembly.new_app(
         "blockpool",

@@ -25,9 +25,8 @@ tick time:
 The young generations are still collected as the interpreter does.
 
 The interpreter's collector is one per process: the first paced user sets
-the threshold, the last one to stop puts the one it found back and thaws
-what was frozen (what froze before it -- the service's start -- thaws at its
-own stop anyway).
+the threshold and freezes what lives then (the pool's blocks), the last one
+to stop puts the threshold it found back and thaws what was frozen.
 """
 
 from __future__ import annotations
@@ -57,6 +56,9 @@ def _pace() -> None:
         if _users == 0:
             young, middle, _ = _saved = gc.get_threshold()
             gc.set_threshold(young, middle, OUT_OF_REACH)
+            # what lives now -- the pool's blocks, built before the engine
+            # starts -- out of the collector's way at once
+            gc.freeze()
         _users += 1
 
 

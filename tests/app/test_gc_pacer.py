@@ -198,9 +198,11 @@ def test_the_engine_paces_while_it_runs() -> None:
         await engine.start()
         try:
             assert engine.gc_pacer.paced and gc.get_threshold()[2] == OUT_OF_REACH
+            assert gc.get_freeze_count() > 0  # the pool's blocks, out of the collector's way
         finally:
             await engine.stop()
 
     asyncio.run(run())
     assert not engine.gc_pacer.paced and gc.get_threshold() == found
+    assert gc.get_freeze_count() == 0
     engine.check()
