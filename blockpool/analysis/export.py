@@ -19,6 +19,7 @@ import msgspec
 
 from blockpool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from blockpool.analysis.segment import Entry, EventsView, Segment, unpack
+from blockpool.runtime.ops import public_form
 from blockpool.runtime.state import RuntimeKeyframe, keyframe_json
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ def header_json(
 
 def entry_json(entry: Entry, view: EventsView) -> dict[str, Any]:
     seq, ts, op, ok, payload = unpack(entry)
+    op, payload = public_form(op, ok, payload)  # an engine's hashes hexed here, once
     events = view.of(entry)
     return {
         "type": "op",

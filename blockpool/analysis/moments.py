@@ -246,7 +246,7 @@ def diff_json(
     unknown = 0
     for entry in between:
         _, _, op, ok, _ = unpack(entry)
-        ops[type(op).__name__.removesuffix("Op").lower()] += 1
+        ops[op.op] += 1
         failed += not ok
         events = view.of(entry)
         if events is None:

@@ -24,7 +24,15 @@ from blockpool.mirror.digest import PoolDigest
 from blockpool.mirror.poolview import BadSnapshot, to_pool_snapshot
 from blockpool.runtime.config import UNCAPPED
 from blockpool.runtime.errors import Conflict, OperationError
-from blockpool.runtime.ops import AllocateOp, CacheOp, EvictOp, FreeOp, Op, ResetOp, TouchOp
+from blockpool.runtime.ops import (
+    AllocateOp,
+    EngineCacheOp,
+    EvictOp,
+    FreeOp,
+    Op,
+    ResetOp,
+    TouchOp,
+)
 from blockpool.runtime.runtime import PoolRuntime
 
 BOUNDARIES_KEPT = 4096  # batch boundaries whose digest the mirror keeps
@@ -46,10 +54,6 @@ class Gap(Divergence):
 class Applied:
     ops: int  # operations applied
     digest_checked: bool
-
-
-def _hex(h: bytes) -> str:
-    return h.hex()
 
 
 class MirrorApplier:
@@ -174,11 +178,13 @@ class MirrorApplier:
             touched.extend(ids)
             if ids:
                 self.learn_chain(hashes, op.parent)
+                # the engine's hashes as they came (bytes: hexed only where
+                # they leave, the API's and a recording's export)
                 self._run(
-                    CacheOp(
+                    EngineCacheOp(
                         block_ids=ids,
-                        block_hashes=[_hex(h) for h in hashes],
-                        parent_block_hash=None if op.parent is None else _hex(op.parent),
+                        block_hashes=hashes,
+                        parent_block_hash=op.parent,
                         group_id=op.group,
                     ),
                     index,

@@ -12,7 +12,15 @@ import pytest
 from pydantic import ValidationError
 
 from app.pool.schemas import BODIES, BatchRequest, to_op
-from blockpool.runtime.ops import OP_BY_NAME, READ_ONLY, SPECS, Op, op_from_json
+from blockpool.runtime.ops import (
+    ENGINE_SPECS,
+    OP_BY_NAME,
+    READ_ONLY,
+    SPEC_OF,
+    SPECS,
+    Op,
+    op_from_json,
+)
 
 
 def _plain(schema: Any) -> Any:
@@ -43,8 +51,14 @@ def test_the_body_schema_is_the_records_schema(spec: Any) -> None:
 
 
 def test_the_registry_lists_every_operation_once() -> None:
-    assert {s.record for s in SPECS} == set(get_args(Op))
+    assert {s.record for s in (*SPECS, *ENGINE_SPECS)} == set(get_args(Op))
     assert len({s.name for s in SPECS}) == len(SPECS) == len(OP_BY_NAME)
+    # an engine's records: not the API's, each the API operation of its name
+    # (its change too), exported as that one
+    assert not {s.record for s in ENGINE_SPECS} & set(OP_BY_NAME.values()) & set(BODIES)
+    for s in ENGINE_SPECS:
+        assert s.public is not None
+        assert SPEC_OF[OP_BY_NAME[s.name]].change is s.change
     assert set(READ_ONLY) == {OP_BY_NAME["lookup"], OP_BY_NAME["prefix_lookup"]}
     assert all((s.change is None) == s.read_only for s in SPECS)
     assert all(s.change.value == s.name for s in SPECS if s.change is not None)

@@ -19,7 +19,7 @@ def _named_result(record: type[Any]) -> Any:
 
 
 def test_every_record_names_the_result_its_handler_returns() -> None:
-    for spec in ops.SPECS:
+    for spec in (*ops.SPECS, *ops.ENGINE_SPECS):
         result = _named_result(spec.record)
         handler = spec.handler
         module = __import__(handler.__module__, fromlist=["_"])
@@ -50,3 +50,11 @@ def test_what_each_handler_builds_has_its_result_keys() -> None:
         result = rt.apply(op)
         shape = _named_result(type(op))
         assert list(result) == list(get_type_hints(shape)), op.op
+    # an engine's record (a mirror's): its result too
+    (bid,) = rt.apply(ops.AllocateOp(num_blocks=1))["block_ids"]
+    engine = ops.EngineCacheOp(block_ids=[bid], block_hashes=[b"\x07" * 32])
+    assert {type(engine)} == {s.record for s in ops.ENGINE_SPECS}
+    result = rt.apply(engine)
+    assert list(result) == list(get_type_hints(_named_result(type(engine)))) == ["block_ids"]
+    assert rt.pool.blocks[bid].block_hash == b"\x07" * 32 + b"\0" * 4
+    rt.check()

@@ -8,7 +8,9 @@ returns, the service's response model too), its handler (validates the whole
 operation, then changes the pool, builds the result; a refusal raises an
 ``OperationError`` before any change) and its
 ``OpSpec`` (the handler, and the kind of change it reports, None for a
-read).  ``SPECS`` lists them; ``Op`` is their union.  The service's request
+read).  ``SPECS`` lists them; ``Op`` is their union.  ``ENGINE_SPECS``: the
+records only an engine's stream applies (a mirror), each exported as the
+REST operation it equals (``public_form``); not in the API.  The service's request
 bodies and OpenAPI schemas are derived from the records (app/pool/schemas.py).
 
 Adding an operation: a module here (result, record, handler, ``SPEC``), its entry in
@@ -17,7 +19,7 @@ Adding an operation: a module here (result, record, handler, ``SPEC``), its entr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -47,7 +49,7 @@ from blockpool.runtime.ops.base import (
     check_ids,
     check_tokens,
 )
-from blockpool.runtime.ops.cache import Cached, CacheOp
+from blockpool.runtime.ops.cache import Cached, CacheOp, EngineCached, EngineCacheOp
 from blockpool.runtime.ops.evict import Evicted, EvictOp
 from blockpool.runtime.ops.fields import BlockId, ExtraKey, GroupId, HexHash, RequestId, TokenId
 from blockpool.runtime.ops.finish import Finished, FinishOp
@@ -69,6 +71,7 @@ Op = (
     | AdmitOp
     | AppendOp
     | FinishOp
+    | EngineCacheOp
 )
 
 # In the order the API documents them.
@@ -88,8 +91,14 @@ SPECS: tuple[AnyOpSpec, ...] = tuple(
         finish,
     )
 )
-SPEC_OF: dict[type[OpRecord[Any]], AnyOpSpec] = {s.record: s for s in SPECS}
-OP_CLASSES: dict[str, type[OpRecord[Any]]] = {s.record.__name__: s.record for s in SPECS}
+# What an engine's stream applies with the engine's own values (raw hashes).
+ENGINE_SPECS: tuple[AnyOpSpec, ...] = (cache.ENGINE_SPEC,)
+SPEC_OF: dict[type[OpRecord[Any]], AnyOpSpec] = {s.record: s for s in (*SPECS, *ENGINE_SPECS)}
+# by class name: what a recording's entries name (engine records too)
+OP_CLASSES: dict[str, type[OpRecord[Any]]] = {
+    s.record.__name__: s.record for s in (*SPECS, *ENGINE_SPECS)
+}
+# by operation name: the API's (and an exported recording's) operations
 OP_BY_NAME: dict[str, type[OpRecord[Any]]] = {s.name: s.record for s in SPECS}
 # Operations that never change the pool (a batch of only these needs no undo).
 READ_ONLY: tuple[type[OpRecord[Any]], ...] = tuple(s.record for s in SPECS if s.read_only)
@@ -115,6 +124,16 @@ def precheck(rt: RuntimeState, op: Op) -> None:
         )
 
 
+def public_form(op: Op, ok: bool, payload: Any) -> tuple[Op, Any]:
+    """``op`` and its result (or error body) as the API names them: an
+    engine's record as the REST operation it equals, others as they are."""
+    convert = SPEC_OF[type(op)].public
+    if convert is None:
+        return op, payload
+    public, out = convert(op, ok, payload)
+    return cast(Op, public), out
+
+
 def op_from_fields(name: str, fields: dict[str, Any]) -> Op:
     """The operation ``name`` (its class name) with these fields."""
     op: Op = OP_CLASSES[name](**fields)  # type: ignore[assignment]
@@ -137,6 +156,7 @@ def op_from_json(d: object) -> Op:
 
 
 __all__ = [
+    "ENGINE_SPECS",
     "OP_BY_NAME",
     "OP_CLASSES",
     "READ_ONLY",
@@ -152,6 +172,8 @@ __all__ = [
     "BlockId",
     "CacheOp",
     "Cached",
+    "EngineCacheOp",
+    "EngineCached",
     "EvictOp",
     "Evicted",
     "ExtraKey",
@@ -179,4 +201,5 @@ __all__ = [
     "op_from_fields",
     "op_from_json",
     "precheck",
+    "public_form",
 ]

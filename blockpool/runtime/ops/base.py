@@ -69,11 +69,15 @@ T = TypeVar("T", bound="OpRecord[Any]")
 @dataclass(frozen=True)
 class OpSpec(Generic[T, R]):
     """One operation: its record class, its handler, whether it only reads,
-    and the kind of change it reports (None for a read)."""
+    and the kind of change it reports (None for a read).  ``public``: for an
+    engine's record (not the REST API's), the REST operation it equals and
+    its result, given (record, ok, result or error body): what a recording
+    exports."""
 
     record: type[T]
     handler: Callable[[RuntimeState, T], Outcome[R]]
     change: ChangeKind | None
+    public: Callable[[T, bool, Any], tuple[OpRecord[Any], Any]] | None = None
     # the handler as the registry calls it, on any record: ``SPEC_OF`` hands
     # each record to its own spec (the handler itself: no call in between)
     apply: Callable[[RuntimeState, OpRecord[Any]], Outcome[dict[str, Any]]] = field(
@@ -115,6 +119,9 @@ class AnyOpSpec(Protocol):
 
     @property
     def read_only(self) -> bool: ...
+
+    @property
+    def public(self) -> Callable[[Any, bool, Any], tuple[OpRecord[Any], Any]] | None: ...
 
     def apply(self, rt: RuntimeState, op: OpRecord[Any]) -> Outcome[dict[str, Any]]: ...
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import msgspec
 
@@ -72,15 +72,11 @@ def _chain(rt: RuntimeState, op: CacheOp, parent: BlockHash | None, n: int) -> l
     return hashes
 
 
-def cache(rt: RuntimeState, op: CacheOp) -> Outcome[Cached]:
-    ids = op.block_ids
+def _check_blocks(rt: RuntimeState, ids: list[int]) -> None:
+    """The blocks a cache operation names can take a hash (either record)."""
     check_ids(rt, ids, "cache")
     if len(set(ids)) != len(ids):
         raise InvalidInput("cache: block ids must be distinct", block_ids=ids[:50])
-    if (op.token_ids is None) == (op.block_hashes is None):
-        raise InvalidInput("cache: give exactly one of token_ids and block_hashes")
-    if op.block_hashes is not None and (op.lora_name or op.cache_salt):
-        raise InvalidInput("cache: lora_name and cache_salt apply to token_ids only")
     for bid in ids:
         block = rt.pool.blocks[bid]
         if bid == 0:
@@ -102,36 +98,114 @@ def cache(rt: RuntimeState, op: CacheOp) -> Outcome[Cached]:
                 "blocks itself as they fill",
                 block_id=bid,
             )
+
+
+def _check_count(ids: list[int], n_hashes: int) -> None:
+    if n_hashes != len(ids):
+        raise InvalidInput(
+            f"cache: {len(ids)} block(s) need {len(ids)} hashes, got {n_hashes}",
+            expected=len(ids),
+            given=n_hashes,
+        )
+
+
+def _store(
+    rt: RuntimeState,
+    ids: list[int],
+    hashes: list[BlockHash],
+    parent: BlockHash | None,
+    tokens: list[int],
+    lora: LoRARequest | None,
+    group_id: int,
+) -> None:
+    """The pool's cache_full_blocks on the checked blocks (BlockStored names
+    ``parent`` as the block before the first)."""
+    bs = rt.config.block_size
+    blocks = blocks_of(rt, ids)
+    if parent is None:
+        req = SimpleNamespace(block_hashes=hashes, all_token_ids=tokens, lora_request=lora)
+        rt.pool.cache_full_blocks(req, blocks, 0, len(ids), bs, group_id)
+    else:
+        # Slot 0 stands for the parent block so that BlockStored names it.
+        req = SimpleNamespace(
+            block_hashes=[parent, *hashes], all_token_ids=[0] * bs + tokens, lora_request=lora
+        )
+        rt.pool.cache_full_blocks(req, [rt.pool.null_block, *blocks], 1, len(ids) + 1, bs, group_id)
+
+
+def cache(rt: RuntimeState, op: CacheOp) -> Outcome[Cached]:
+    ids = op.block_ids
+    _check_blocks(rt, ids)
+    if (op.token_ids is None) == (op.block_hashes is None):
+        raise InvalidInput("cache: give exactly one of token_ids and block_hashes")
+    if op.block_hashes is not None and (op.lora_name or op.cache_salt):
+        raise InvalidInput("cache: lora_name and cache_salt apply to token_ids only")
     parent = BlockHash(bytes.fromhex(op.parent_block_hash)) if op.parent_block_hash else None
     if op.block_hashes is not None:
-        if len(op.block_hashes) != len(ids):
-            raise InvalidInput(
-                f"cache: {len(ids)} block(s) need {len(ids)} hashes, got {len(op.block_hashes)}",
-                expected=len(ids),
-                given=len(op.block_hashes),
-            )
+        _check_count(ids, len(op.block_hashes))
         hashes = [BlockHash(bytes.fromhex(h)) for h in op.block_hashes]
         tokens: list[int] = []
     else:
         check_tokens(rt, len(op.token_ids or []), "cache")
         hashes = _chain(rt, op, parent, len(ids))
         tokens = list(op.token_ids or [])
-    bs = rt.config.block_size
-    blocks = blocks_of(rt, ids)
     lora = LoRARequest(op.lora_name) if op.lora_name else None
-    if parent is None:
-        req = SimpleNamespace(block_hashes=hashes, all_token_ids=tokens, lora_request=lora)
-        rt.pool.cache_full_blocks(req, blocks, 0, len(ids), bs, op.group_id)
-    else:
-        # Slot 0 stands for the parent block so that BlockStored names it.
-        req = SimpleNamespace(
-            block_hashes=[parent, *hashes], all_token_ids=[0] * bs + tokens, lora_request=lora
-        )
-        rt.pool.cache_full_blocks(
-            req, [rt.pool.null_block, *blocks], 1, len(ids) + 1, bs, op.group_id
-        )
+    _store(rt, ids, hashes, parent, tokens, lora, op.group_id)
     result: Cached = {"block_ids": list(ids), "block_hashes": [h.hex() for h in hashes]}
     return result, Change(ChangeKind.CACHE, sync=[ids], hashes=hashes)
 
 
+# ------------------------------------------------------------ the engine's
+
+
+@shape
+class EngineCached(TypedDict):
+    """The blocks an engine's cache operation made reachable (their hashes
+    are the operation's own)."""
+
+    block_ids: list[int]
+
+
+class EngineCacheOp(OpRecord[EngineCached], kw_only=True):
+    """What an engine's ``cache_full_blocks`` did, as a mirror applies it:
+    the hashes raw, as the engine computed them, from its wire to the pool.
+
+    Not a REST operation (the service's bodies are ``CacheOp``'s, hex); a
+    recording holds it as it is and exports it as the ``cache`` operation it
+    equals (``engine_cache_public``): its hashes are hexed there, once."""
+
+    op: Literal["cache"] = "cache"
+    block_ids: list[BlockId]
+    block_hashes: list[bytes]
+    parent_block_hash: bytes | None = None
+    group_id: GroupId = 0
+
+
+def engine_cache(rt: RuntimeState, op: EngineCacheOp) -> Outcome[EngineCached]:
+    ids = op.block_ids
+    _check_blocks(rt, ids)
+    _check_count(ids, len(op.block_hashes))
+    hashes = cast(list[BlockHash], op.block_hashes)
+    parent = None if op.parent_block_hash is None else BlockHash(op.parent_block_hash)
+    _store(rt, ids, hashes, parent, [], None, op.group_id)
+    result: EngineCached = {"block_ids": list(ids)}
+    return result, Change(ChangeKind.CACHE, sync=[ids], hashes=hashes)
+
+
+def engine_cache_public(op: EngineCacheOp, ok: bool, payload: Any) -> tuple[CacheOp, Any]:
+    """The ``cache`` operation ``op`` equals, and its result (a refusal's
+    body stays as it is): what a recording exports, hex as the REST API's."""
+    hexed = [h.hex() for h in op.block_hashes]
+    public = CacheOp(
+        block_ids=op.block_ids,
+        block_hashes=hexed,
+        parent_block_hash=None if op.parent_block_hash is None else op.parent_block_hash.hex(),
+        group_id=op.group_id,
+    )
+    if ok:
+        payload = {"block_ids": payload["block_ids"], "block_hashes": hexed}
+    return public, payload
+
+
 SPEC = OpSpec(CacheOp, cache, ChangeKind.CACHE)
+ENGINE_SPEC = OpSpec(EngineCacheOp, engine_cache, ChangeKind.CACHE, public=engine_cache_public)
