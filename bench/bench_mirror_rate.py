@@ -210,6 +210,22 @@ def spy(pid: int, path: Path, seconds: float) -> list[subprocess.Popen[bytes]]:
     ]  # fmt: skip
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its children now (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps-per-s", type=float, default=200.0)
@@ -293,6 +309,7 @@ def main() -> None:
                     )
 
             spies = [] if args.profile is None else spy(proc.pid, args.profile, args.duration)
+            cpu0 = cpu_s(proc.pid)
             t0 = time.perf_counter()
             watcher = threading.Thread(target=watch, daemon=True)
             watcher.start()
@@ -316,6 +333,7 @@ def main() -> None:
                     break
                 time.sleep(0.1)
             drain_s = time.perf_counter() - t0 - sent_s
+            service_cpu = cpu_s(proc.pid) - cpu0
             stop.set()
             watcher.join()
             final = client.get(url).json()
@@ -352,6 +370,8 @@ def main() -> None:
             "lag_ms_max_sampled": max(lags) if lags else None,
             "backlog_max": max((s["backlog"] for s in samples), default=None),
             "drain_s": round(drain_s, 2),
+            # the service's CPU (its threads and its analysis worker) while it applied them
+            "service_cpu_s": round(service_cpu, 2),
             "exact_throughout": all(s["exact"] for s in samples),
         },
         "sender": {"sent": sender.sent, "dropped": sender.dropped},
