@@ -30,8 +30,11 @@ from tests.mirror.test_apply import assert_same, mirror_of, wire
 from tests.mirror.workload import FollowedEngine
 
 
-def recorded_mirror(steps: int) -> tuple[FollowedEngine, PoolRuntime, MirrorApplier, Recorder]:
-    """A mirror with a recording, following an engine's ``steps`` steps."""
+def recorded_mirror(
+    steps: int,
+) -> tuple[FollowedEngine, PoolRuntime, MirrorApplier, Recorder, list[Batch]]:
+    """A mirror with a recording, following an engine's ``steps`` steps; the
+    batches it applied (as they came off the wire)."""
     engine = FollowedEngine()
     rt, applier = mirror_of(engine)
     rec = Recorder(rt, max_ops=1_000_000, max_bytes=1 << 30, keyframe_ops=1_000_000)
@@ -39,10 +42,11 @@ def recorded_mirror(steps: int) -> tuple[FollowedEngine, PoolRuntime, MirrorAppl
     rt.recorder = rec
     applier.synced = True
     engine.drive(steps)
-    for b in map(wire, engine.batches):
+    applied = [wire(b) for b in engine.batches]
+    for b in applied:
         rt.run(lambda b=b: applier.apply_batch(b))
     engine.batches.clear()
-    return engine, rt, applier, rec
+    return engine, rt, applier, rec, applied
 
 
 def batch(first_op: int, ops: list[Allocate | Cache]) -> Batch:
@@ -63,16 +67,9 @@ def wire_caches(engine_batches: list[Batch]) -> list[Cache]:
 
 
 def test_the_engines_hashes_reach_the_pool_and_the_recording_as_bytes() -> None:
-    engine = FollowedEngine()
-    engine.drive(40)
-    sent = wire_caches([wire(b) for b in engine.batches])
+    engine, rt, _, rec, applied = recorded_mirror(40)
+    sent = wire_caches(applied)
     assert len(sent) > 10 and any(op.parent is not None for op in sent)
-    rt, applier = mirror_of(engine)
-    rec = Recorder(rt, max_ops=1_000_000, max_bytes=1 << 30, keyframe_ops=1_000_000)
-    rt.recorder = rec
-    applier.synced = True
-    for b in map(wire, engine.batches):
-        rt.run(lambda b=b: applier.apply_batch(b))
     assert_same(engine, rt)
 
     seg = rec.segments[-1]
@@ -98,7 +95,7 @@ def test_the_engines_hashes_reach_the_pool_and_the_recording_as_bytes() -> None:
 
 
 def test_the_export_hexes_them_once_as_the_apis_cache_and_replays(tmp_path: Path) -> None:
-    engine, rt, _, rec = recorded_mirror(60)
+    engine, rt, _, rec, _ = recorded_mirror(60)
     header, segs, final, view = rec.export_parts()
     lines = [json.loads(x) for x in export_lines(header, segs, final, view)]
     cache_lines = [x for x in lines if x["type"] == "op" and x["op"]["op"] == "cache"]
@@ -132,7 +129,7 @@ def test_the_export_hexes_them_once_as_the_apis_cache_and_replays(tmp_path: Path
 
 
 def test_an_engines_cache_the_pool_refuses_is_a_divergence_and_changes_nothing() -> None:
-    _, rt, applier, rec = recorded_mirror(20)
+    _, rt, applier, rec, _ = recorded_mirror(20)
     before = [(b.block_hash, b.ref_cnt) for b in rt.pool.blocks]
     free = next(b.block_id for b in rt.pool.free_block_queue if b.block_hash is None)
     for ids, hashes, what in (
