@@ -13,6 +13,12 @@ from array import array
 
 _BIG_ENDIAN = sys.byteorder == "big"
 
+# The longest block hash taken, raw (sha256's is 32 bytes): the one bound of
+# the API's hex hashes (blockpool/runtime/ops/fields.py), the engine's wire
+# (blockpool/mirror/protocol.py) and the engine's records applied from it.
+MAX_HASH_BYTES = 64
+GROUP_ID_BYTES = 4  # a map key: the hash, then its group id (big-endian)
+
 
 def digest64(digest: bytes) -> int:
     """A digest (no group id) as events show it: its last 8 bytes."""

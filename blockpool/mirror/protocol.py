@@ -40,6 +40,8 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from blockpool.common.keys import GROUP_ID_BYTES, MAX_HASH_BYTES
+
 PROTOCOL = 4  # 4: Batches
 TOPIC = b"blockpool-mirror"
 # Sizes in bytes, per message kind: a step's batch, a request to the control
@@ -50,8 +52,9 @@ MAX_SNAPSHOT_BYTES = 512 * 1024 * 1024
 MAX_MESSAGE_BYTES = MAX_SNAPSHOT_BYTES
 
 BlockId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
-Hash = Annotated[bytes, Meta(min_length=1, max_length=64)]  # a block hash (no group id)
-Key = Annotated[bytes, Meta(min_length=1, max_length=72)]  # a hash + its 4-byte group id
+# a block hash (no group id); a map key: a hash and its group id
+Hash = Annotated[bytes, Meta(min_length=1, max_length=MAX_HASH_BYTES)]
+Key = Annotated[bytes, Meta(min_length=1, max_length=MAX_HASH_BYTES + GROUP_ID_BYTES)]
 RequestId = Annotated[str, Meta(max_length=256)]
 Count = Annotated[int, Meta(ge=0, le=2**62)]
 Text = Annotated[str, Meta(max_length=2048)]

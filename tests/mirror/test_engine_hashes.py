@@ -156,3 +156,49 @@ def test_an_engines_cache_the_pool_refuses_is_a_divergence_and_changes_nothing()
     op, body = unpack(refused[-1])[2], unpack(refused[-1])[4]
     assert public_form(op, False, body)[1] is body
     rt.check()
+
+
+def test_the_longest_hash_an_engine_may_send_is_the_longest_the_api_takes() -> None:
+    """One bound (``MAX_HASH_BYTES``) for the engine's wire, its record and
+    the API's hex: an engine's hash the mirror took is one its export's
+    ``cache`` replays through REST; one byte more, refused by all three."""
+    from app.pool.schemas import BODIES
+    from blockpool.common.keys import GROUP_ID_BYTES, MAX_HASH_BYTES
+    from blockpool.mirror import ProtocolError
+    from blockpool.mirror.protocol import Key, decode, encode
+
+    _, rt, applier, rec, _ = recorded_mirror(10)
+    free = [b.block_id for b in rt.pool.free_block_queue if b.block_hash is None][:2]
+    longest, parent = b"\x07" * MAX_HASH_BYTES, b"\x08" * MAX_HASH_BYTES
+    ops = [Allocate(ids=free), Cache(group=3, parent=parent, ids=free[:1], hashes=[longest])]
+    rt.run(lambda: applier.apply_batch(wire(batch(applier.next_op, ops))))
+    assert bytes(rt.pool.blocks[free[0]].block_hash or b"") == longest + (3).to_bytes(
+        GROUP_ID_BYTES, "big"
+    )
+    x = entry_json(rec.segments[-1].entries()[-1], EventsView(rt.events))
+    assert x["op"]["block_hashes"] == [longest.hex()]
+    assert x["op"]["parent_block_hash"] == parent.hex()
+    assert isinstance(op_from_json(x["op"]), CacheOp)
+    BODIES[CacheOp].model_validate(x["op"])  # REST takes it back
+
+    over = b"\x07" * (MAX_HASH_BYTES + 1)
+    before = [(b.block_hash, b.ref_cnt) for b in rt.pool.blocks]
+    for bad in (
+        Cache(group=0, parent=None, ids=free[1:], hashes=[over]),
+        Cache(group=0, parent=over, ids=free[1:], hashes=[longest]),
+    ):
+        with pytest.raises(ProtocolError, match="length"):
+            decode(encode(batch(applier.next_op, [bad])))
+    with pytest.raises(msgspec.ValidationError, match="length"):
+        msgspec.convert({"block_ids": free[1:], "block_hashes": [over]}, EngineCacheOp)
+    too_long = {"op": "cache", "block_ids": free[1:], "block_hashes": [over.hex()]}
+    with pytest.raises(ValueError, match="operation 'cache'"):
+        op_from_json(too_long)
+    with pytest.raises(Exception, match="pattern"):
+        BODIES[CacheOp].model_validate(too_long)
+    # a map key (a snapshot's): the hash and its group id, no more
+    msgspec.convert(longest + bytes(GROUP_ID_BYTES), Key)
+    with pytest.raises(msgspec.ValidationError, match="length"):
+        msgspec.convert(over + bytes(GROUP_ID_BYTES), Key)
+    assert [(b.block_hash, b.ref_cnt) for b in rt.pool.blocks] == before
+    rt.check()

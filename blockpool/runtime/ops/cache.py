@@ -21,7 +21,7 @@ from blockpool.runtime.ops.base import (
     check_ids,
     check_tokens,
 )
-from blockpool.runtime.ops.fields import BlockId, ExtraKey, GroupId, HexHash, TokenId
+from blockpool.runtime.ops.fields import BlockId, ExtraKey, GroupId, HexHash, RawHash, TokenId
 
 
 @shape
@@ -176,8 +176,8 @@ class EngineCacheOp(OpRecord[EngineCached], kw_only=True):
 
     op: Literal["cache"] = "cache"
     block_ids: list[BlockId]
-    block_hashes: list[bytes]
-    parent_block_hash: bytes | None = None
+    block_hashes: list[RawHash]
+    parent_block_hash: RawHash | None = None
     group_id: GroupId = 0
 
 
