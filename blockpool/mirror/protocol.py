@@ -41,6 +41,7 @@ import msgspec
 from msgspec import Meta
 
 from blockpool.common.keys import GROUP_ID_BYTES, MAX_HASH_BYTES
+from blockpool.runtime.ops.fields import BlockId  # the operations' own bound
 
 PROTOCOL = 4  # 4: Batches
 TOPIC = b"blockpool-mirror"
@@ -51,7 +52,6 @@ MAX_CONTROL_BYTES = 4096
 MAX_SNAPSHOT_BYTES = 512 * 1024 * 1024
 MAX_MESSAGE_BYTES = MAX_SNAPSHOT_BYTES
 
-BlockId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 # a block hash (no group id); a map key: a hash and its group id
 Hash = Annotated[bytes, Meta(min_length=1, max_length=MAX_HASH_BYTES)]
 Key = Annotated[bytes, Meta(min_length=1, max_length=MAX_HASH_BYTES + GROUP_ID_BYTES)]
