@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo-check demo-check-vllm install run test test-fast lint lint-js fmt bench bench-vllm bench-mirror-rate bench-gpu bench-gpu-ab bench-gpu-forked bench-gpu-016 vllm-envs soak browser clean plot-curve
+.PHONY: demo-check demo-check-vllm install run test test-fast lint lint-js fmt bench bench-vllm bench-mirror-rate bench-gpu bench-gpu-ab bench-gpu-crossover bench-gpu-forked bench-gpu-016 vllm-envs soak browser clean plot-curve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -167,6 +167,13 @@ bench-gpu: $(VLLM_CPU)/.blockpool-vllm
 BENCH_GPU_AB_ARGS ?=
 bench-gpu-ab: $(VLLM_CPU)/.blockpool-vllm
 	$(VLLM_CPU_PY) -m bench.gpu_scale.ab $(BENCH_GPU_AB_ARGS)
+
+## bench-gpu-ab run twice, its first block off then on, every step paired with
+## itself in the other run (bench/gpu_scale/crossover.py)
+## make bench-gpu-crossover BENCH_GPU_CROSSOVER_ARGS="--rounds 30 --json out.json"
+BENCH_GPU_CROSSOVER_ARGS ?= --rounds 30
+bench-gpu-crossover: $(VLLM_CPU)/.blockpool-vllm
+	$(VLLM_CPU_PY) -m bench.gpu_scale.crossover $(BENCH_GPU_CROSSOVER_ARGS)
 
 ## the engine thread's own cost of each part of the plugin, the same steps forked
 ## once per mode (bench/gpu_scale/forked.py)

